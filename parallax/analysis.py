@@ -1,0 +1,275 @@
+"""Find what Parallax must know about a single-device training graph.
+
+No fork of TensorFlow and no hook into the optimizer is needed: a
+``tf.compat.v1.train`` optimizer creates each variable's update ops under
+``<optimizer>/update_<variable>/``, and the gradient tensors (or the values and
+indices of a sparse one) enter that scope from outside. So for every variable:
+
+1. collect the ops of its update scope;
+2. take the tensors that flow into the scope from outside it, dropping
+   constants, variables, reads of variables (``<slot>/read`` of ref
+   variables) and hyper-parameters (tensors that do not come from the
+   gradient computation, e.g. a learning-rate placeholder);
+3. what remains is the gradient: one floating tensor (dense), or a floating
+   ``values`` tensor plus an integer ``indices`` tensor (sparse, from an
+   ``IndexedSlices``).
+
+The training ops are the ``train_op`` collection when the graph has one, and
+otherwise the sinks of the update ops (the op ``apply_gradients`` returns).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from parallax.errors import AnalysisError
+
+__all__ = ["VariableInfo", "GradientInfo", "GraphAnalysis", "analyse_graph", "VARIABLE_OP_TYPES"]
+
+VARIABLE_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable", "AutoReloadVariable",
+                               "_VarHandlesOp"})
+_GRADIENT_SCOPE_RE = re.compile(r"(^|/)gradients(_\d+)?/")
+
+
+@dataclass(frozen=True)
+class VariableInfo:
+    """A variable of the single-device graph.
+
+    Attributes:
+        name: the variable's op name, e.g. ``dense/kernel``.
+        shape: its static shape (``None`` entries for unknown dimensions).
+        dtype: its dtype name, e.g. ``float32``.
+        trainable: whether it is in the ``trainable_variables`` collection.
+        resource: resource variable (``VarHandleOp``) or ref variable.
+    """
+
+    name: str
+    shape: tuple[int | None, ...]
+    dtype: str
+    trainable: bool
+    resource: bool
+
+    @property
+    def num_bytes(self) -> int:
+        """Size in bytes (unknown dimensions count as 1)."""
+        n = tf.dtypes.as_dtype(self.dtype).size
+        for d in self.shape:
+            n *= d or 1
+        return n
+
+
+@dataclass(frozen=True)
+class GradientInfo:
+    """The gradient that updates one variable.
+
+    Attributes:
+        variable: the variable's op name.
+        sparse: whether the gradient is an ``IndexedSlices``.
+        tensor: the dense gradient tensor's name, or the sparse one's values.
+        indices: the sparse gradient's indices tensor name (``None`` if dense).
+        dtype: the gradient's dtype name.
+        indices_dtype: the sparse gradient's indices dtype name.
+        update_ops: names of the ops in the variable's update scope.
+    """
+
+    variable: str
+    sparse: bool
+    tensor: str
+    indices: str | None
+    dtype: str
+    update_ops: tuple[str, ...]
+    indices_dtype: str | None = None
+
+    @property
+    def tensors(self) -> tuple[str, ...]:
+        """Every tensor that makes up the gradient."""
+        return (self.tensor,) if self.indices is None else (self.tensor, self.indices)
+
+
+@dataclass(frozen=True)
+class GraphAnalysis:
+    """What the rewrite needs to know about the single-device graph.
+
+    Attributes:
+        variables: every variable, sorted by name.
+        gradients: the gradient of every variable an optimizer updates, sorted
+            by variable name.
+        train_ops: names of the training ops.
+    """
+
+    variables: tuple[VariableInfo, ...]
+    gradients: tuple[GradientInfo, ...]
+    train_ops: tuple[str, ...]
+
+    def variable(self, name: str) -> VariableInfo:
+        """The variable called ``name``; ``KeyError`` if there is none."""
+        for v in self.variables:
+            if v.name == name:
+                return v
+        raise KeyError(name)
+
+    def gradient(self, variable: str) -> GradientInfo | None:
+        """The gradient of ``variable``, or ``None`` if no optimizer updates it."""
+        for g in self.gradients:
+            if g.variable == variable:
+                return g
+        return None
+
+    @property
+    def dense(self) -> tuple[GradientInfo, ...]:
+        return tuple(g for g in self.gradients if not g.sparse)
+
+    @property
+    def sparse(self) -> tuple[GradientInfo, ...]:
+        return tuple(g for g in self.gradients if g.sparse)
+
+
+def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
+    """Find the variables, their gradients and the training ops of ``graph``.
+
+    Args:
+        graph: a single-device graph with at least one ``tf.compat.v1.train``
+            optimizer update (``minimize`` or ``apply_gradients``).
+
+    Returns:
+        A :class:`GraphAnalysis`.
+
+    Raises:
+        AnalysisError: the graph has no training op, or a variable's gradient
+            cannot be told apart from other inputs of its update.
+    """
+    ops = graph.get_operations()
+    trainable = {_op_name(v) for v in graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
+    variables = []
+    for op in ops:
+        if op.type in VARIABLE_OP_TYPES:
+            shape = op.get_attr("shape")
+            dims = tuple(None if d.size < 0 else d.size for d in shape.dim) if hasattr(shape, "dim") \
+                else tuple(tf.TensorShape(shape).as_list())
+            variables.append(VariableInfo(op.name, dims, tf.dtypes.as_dtype(op.get_attr("dtype")).name,
+                                          op.name in trainable, op.type != "VariableV2"
+                                          and op.type != "Variable"))
+    variables.sort(key=lambda v: v.name)
+    scopes = _update_scopes(ops, [v.name for v in variables])
+    gradients = []
+    for var_name in sorted(scopes):
+        gradients.append(_gradient_of(var_name, scopes[var_name], graph))
+    train_ops = _train_ops(graph, scopes)
+    if not gradients or not train_ops:
+        raise AnalysisError(
+            "the graph has no training op: no variable is updated by a tf.compat.v1.train optimizer. "
+            "Build the training step with optimizer.minimize(loss) or optimizer.apply_gradients(...) "
+            "in the graph before calling parallel_run()")
+    return GraphAnalysis(tuple(variables), tuple(gradients), train_ops)
+
+
+def _op_name(obj) -> str:
+    op = getattr(obj, "op", None)
+    return op.name if op is not None else obj.name.split(":")[0]
+
+
+def _update_scopes(ops, var_names: list[str]) -> dict[str, list]:
+    """Map each variable name to the ops of its ``update_<var>`` scopes."""
+    patterns = sorted(var_names, key=len, reverse=True)
+    compiled = [(v, re.compile(r"(?:^|/)update_" + re.escape(v) + r"(?:_\d+)?/")) for v in patterns]
+    scopes: dict[str, list] = {}
+    for op in ops:
+        if "update_" not in op.name:
+            continue
+        best = None
+        for var, regex in compiled:
+            m = regex.search(op.name)
+            if m and (best is None or m.start() > best[1]):
+                best = (var, m.start())
+        if best is not None:
+            scopes.setdefault(best[0], []).append(op)
+    return scopes
+
+
+def _is_variable_read(op) -> bool:
+    if op.type in VARIABLE_OP_TYPES:
+        return True
+    if op.type in ("Identity", "ReadVariableOp") and op.inputs:
+        return op.inputs[0].op.type in VARIABLE_OP_TYPES
+    return False
+
+
+def _from_gradient_computation(tensor, cache: dict) -> bool:
+    """Whether ``tensor`` is computed from ops of a ``gradients`` name scope."""
+    start = tensor.op
+    if start.name in cache:
+        return cache[start.name]
+    seen = {start.name}
+    queue = deque([start])
+    found = False
+    while queue:
+        op = queue.popleft()
+        if _GRADIENT_SCOPE_RE.search(op.name + "/"):
+            found = True
+            break
+        for t in op.inputs:
+            if t.op.name not in seen and t.op.type not in VARIABLE_OP_TYPES:
+                seen.add(t.op.name)
+                queue.append(t.op)
+    cache[start.name] = found
+    return found
+
+
+def _gradient_of(var_name: str, scope_ops: list, graph: tf.Graph) -> GradientInfo:
+    inside = {op.name for op in scope_ops}
+    external = []
+    for op in scope_ops:
+        for t in op.inputs:
+            p = t.op
+            if p.name in inside or p.type == "Const" or _is_variable_read(p) or t.dtype == tf.resource:
+                continue
+            if t.name not in external:
+                external.append(t.name)
+    tensors = [graph.get_tensor_by_name(n) for n in external]
+    cache: dict = {}
+    grads = [t for t in tensors if _from_gradient_computation(t, cache)]
+    if not grads:
+        grads = tensors  # hand-built gradients: every non-constant input is a candidate
+    floats = [t for t in grads if t.dtype.is_floating or t.dtype.is_complex]
+    ints = [t for t in grads if t.dtype.is_integer]
+    update_ops = tuple(sorted(inside))
+    if len(floats) == 1 and not ints:
+        return GradientInfo(var_name, False, floats[0].name, None, floats[0].dtype.name, update_ops)
+    if len(floats) == 1 and len(ints) == 1:
+        return GradientInfo(var_name, True, floats[0].name, ints[0].name, floats[0].dtype.name, update_ops,
+                            ints[0].dtype.name)
+    raise AnalysisError(
+        f'cannot tell the gradient of variable "{var_name}" from the other inputs of its update ops '
+        f"(candidates: {', '.join(t.name for t in grads) or 'none'}). Expected one floating tensor "
+        "(dense) or values + indices (sparse) coming from tf.gradients / optimizer.compute_gradients")
+
+
+def _train_ops(graph: tf.Graph, scopes: dict[str, list]) -> tuple[str, ...]:
+    collected = graph.get_collection(tf.compat.v1.GraphKeys.TRAIN_OP)
+    if collected:
+        return tuple(dict.fromkeys(_op_name(t) for t in collected))
+    # Sinks reachable from the update ops (following data and control edges).
+    consumers: dict[str, list] = {}
+    for op in graph.get_operations():
+        for t in op.inputs:
+            consumers.setdefault(t.op.name, []).append(op)
+        for c in op.control_inputs:
+            consumers.setdefault(c.name, []).append(op)
+    starts = [op for ops in scopes.values() for op in ops]
+    seen = {op.name for op in starts}
+    queue = deque(starts)
+    sinks = []
+    while queue:
+        op = queue.popleft()
+        outs = consumers.get(op.name, [])
+        if not outs and op.name not in {o.name for o in starts}:
+            sinks.append(op.name)
+        for c in outs:
+            if c.name not in seen:
+                seen.add(c.name)
+                queue.append(c)
+    return tuple(sorted(sinks))

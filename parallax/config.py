@@ -1,0 +1,433 @@
+"""User-facing configuration objects, as in the seed API.
+
+``Config`` (also exported as ``ParallaxConfig``), ``CommunicationConfig``,
+``PSConfig``, ``MPIConfig``, ``CheckPointConfig`` and ``ProfileConfig`` keep the
+seed system's names, arguments and defaults. They stay mutable by attribute
+(``cfg.run_option = "PS"`` works, as the seed shows), and every assignment is
+checked at once: a bad value raises ``TypeError``/``ValueError`` naming the
+field, the value and what is allowed. Rules that involve two fields are
+checked by :meth:`validate`, which ``parallel_run`` calls. Parallax never writes
+to these objects; it derives its own frozen settings from them.
+
+Example::
+
+    cfg = parallax.Config(run_option="MPI")
+    cfg.ckpt_config = parallax.CheckPointConfig(ckpt_dir="/tmp/ckpt", save_ckpt_steps=100)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar
+
+__all__ = [
+    "Config",
+    "ParallaxConfig",
+    "CommunicationConfig",
+    "PSConfig",
+    "MPIConfig",
+    "CheckPointConfig",
+    "ProfileConfig",
+    "RUN_OPTIONS",
+]
+
+RUN_OPTIONS = ("PS", "MPI", "HYBRID", "AUTO")
+PS_PROTOCOLS = ("grpc", "grpc+verbs", "grpc+gdr", "grpc+mpi")
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+# --------------------------------------------------------------------------- #
+# Field checkers: each takes (owner name, field name, value) and returns the
+# value to store, or raises. Kept small and shared by every config class.
+# --------------------------------------------------------------------------- #
+
+def _bool(owner: str, field: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{owner}.{field} must be True or False, got {_describe(value)}")
+    return value
+
+
+def _optional_str(owner: str, field: str, value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{owner}.{field} must be a string or None, got {_describe(value)}")
+    if value == "":
+        raise ValueError(f"{owner}.{field} must not be empty; use None to leave it unset")
+    return value
+
+
+def _positive_int_or_none(owner: str, field: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{owner}.{field} must be a positive int or None, got {_describe(value)}")
+    if value <= 0:
+        raise ValueError(f"{owner}.{field} must be a positive int or None, got {value}")
+    return value
+
+
+def _positive_number_or_none(owner: str, field: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{owner}.{field} must be a positive number of seconds or None, "
+                        f"got {_describe(value)}")
+    if value <= 0:
+        raise ValueError(f"{owner}.{field} must be a positive number of seconds or None, got {value}")
+    return value
+
+
+def _instance_of(cls_getter: Callable[[], type], allow_none: bool = False) -> Callable:
+    def check(owner: str, field: str, value: Any) -> Any:
+        cls = cls_getter()
+        if value is None and allow_none:
+            return None
+        if not isinstance(value, cls):
+            raise TypeError(f"{owner}.{field} must be a parallax.{cls.__name__}, "
+                            f"got {_describe(value)}")
+        return value
+    return check
+
+
+class _ConfigBase:
+    """Attribute-checked config object.
+
+    Subclasses list their fields in ``_FIELDS`` as ``name -> (default factory,
+    checker)``. Every assignment runs the checker, so a bad value is reported
+    where it is set, not deep inside a run.
+    """
+
+    _FIELDS: ClassVar[dict[str, tuple[Callable[[], Any], Callable[[str, str, Any], Any]]]] = {}
+
+    def __init__(self, **values: Any) -> None:
+        for name, (default, _) in self._FIELDS.items():
+            setattr(self, name, values[name] if name in values else default())
+        self.validate()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self._FIELDS:
+            allowed = ", ".join(self._FIELDS)
+            raise AttributeError(f"{type(self).__name__} has no field {name!r}; its fields are: {allowed}")
+        checker = self._FIELDS[name][1]
+        object.__setattr__(self, name, checker(type(self).__name__, name, value))
+
+    def validate(self) -> None:
+        """Check rules that involve more than one field. Raises ValueError."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data view (nested configs become dicts), for logs and the launcher."""
+        out: dict[str, Any] = {}
+        for name in self._FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, _ConfigBase):
+                value = value.to_dict()
+            elif name == "sess_config" and value is not None:
+                value = str(value)
+            out[name] = value
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and all(
+            getattr(self, n) == getattr(other, n) for n in self._FIELDS)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{n}={getattr(self, n)!r}" for n in self._FIELDS)
+        return f"{type(self).__name__}({args})"
+
+
+# --------------------------------------------------------------------------- #
+# PSConfig
+# --------------------------------------------------------------------------- #
+
+def _protocol(owner: str, field: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{owner}.{field} must be a string, got {_describe(value)}")
+    if value not in PS_PROTOCOLS:
+        raise ValueError(f"{owner}.{field} is {value!r}; the protocols TensorFlow's servers accept "
+                         f"are {', '.join(PS_PROTOCOLS)} (stock TensorFlow builds have only 'grpc')")
+    return value
+
+
+class PSConfig(_ConfigBase):
+    """How PS (and the PS half of HYBRID) communicates.
+
+    Args:
+        protocol: the protocol of TensorFlow's servers: ``"grpc"`` (default;
+            the only one in stock TensorFlow builds), ``"grpc+verbs"``,
+            ``"grpc+gdr"``, ``"grpc+mpi"``.
+        replicate_variables: each replica reads a local copy of the variables,
+            refreshed after every update. Only with ``sync=True``.
+        local_aggregation: aggregate the gradients of a host's replicas before
+            sending them to the servers.
+        boundary_among_servers: place the ops between aggregated gradients and
+            the update on the variable's server.
+        boundary_between_workers_and_servers: move slicing/gathering to the side
+            that sends fewer bytes.
+    """
+
+    _FIELDS = {
+        "protocol": (lambda: "grpc", _protocol),
+        "replicate_variables": (lambda: True, _bool),
+        "local_aggregation": (lambda: True, _bool),
+        "boundary_among_servers": (lambda: True, _bool),
+        "boundary_between_workers_and_servers": (lambda: True, _bool),
+    }
+
+    def __init__(self, protocol: str = "grpc", replicate_variables: bool = True,
+                 local_aggregation: bool = True, boundary_among_servers: bool = True,
+                 boundary_between_workers_and_servers: bool = True) -> None:
+        super().__init__(protocol=protocol, replicate_variables=replicate_variables,
+                         local_aggregation=local_aggregation,
+                         boundary_among_servers=boundary_among_servers,
+                         boundary_between_workers_and_servers=boundary_between_workers_and_servers)
+
+
+# --------------------------------------------------------------------------- #
+# MPIConfig
+# --------------------------------------------------------------------------- #
+
+def _mpirun_options(owner: str, field: str, value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float)) for v in value):
+        return " ".join(str(v) for v in value)
+    raise TypeError(f"{owner}.{field} must be a string or a list of strings "
+                    f"(e.g. '-mca btl ^openib'), got {_describe(value)}")
+
+
+class MPIConfig(_ConfigBase):
+    """How MPI (and the all-reduce half of HYBRID) communicates.
+
+    Args:
+        use_allgatherv: all-gather sparse gradients with MPI ``Allgatherv``
+            whatever the all-reduce backend.
+        mpirun_options: extra ``mpirun`` options, a string or a list of strings
+            (a list is joined with spaces, as in the seed system).
+    """
+
+    _FIELDS = {
+        "use_allgatherv": (lambda: False, _bool),
+        "mpirun_options": (lambda: "", _mpirun_options),
+    }
+
+    def __init__(self, use_allgatherv: bool = False, mpirun_options: str | list[str] = "") -> None:
+        super().__init__(use_allgatherv=use_allgatherv, mpirun_options=mpirun_options)
+
+
+class CommunicationConfig(_ConfigBase):
+    """The PS and MPI communication settings together.
+
+    Args:
+        ps_config: a :class:`PSConfig` (a fresh default one when omitted).
+        mpi_config: an :class:`MPIConfig` (a fresh default one when omitted).
+    """
+
+    _FIELDS = {
+        "ps_config": (PSConfig, _instance_of(lambda: PSConfig)),
+        "mpi_config": (MPIConfig, _instance_of(lambda: MPIConfig)),
+    }
+
+    def __init__(self, ps_config: PSConfig | None = None, mpi_config: MPIConfig | None = None) -> None:
+        super().__init__(ps_config=ps_config if ps_config is not None else PSConfig(),
+                         mpi_config=mpi_config if mpi_config is not None else MPIConfig())
+
+
+# --------------------------------------------------------------------------- #
+# CheckPointConfig
+# --------------------------------------------------------------------------- #
+
+class CheckPointConfig(_ConfigBase):
+    """Checkpointing of the global variables.
+
+    Args:
+        ckpt_dir: directory to save checkpoints in and restore the latest from.
+        save_ckpt_steps: save every this many global steps.
+        save_ckpt_secs: save every this many seconds. At most one of
+            ``save_ckpt_steps`` and ``save_ckpt_secs`` may be set.
+    """
+
+    _FIELDS = {
+        "ckpt_dir": (lambda: None, _optional_str),
+        "save_ckpt_steps": (lambda: None, _positive_int_or_none),
+        "save_ckpt_secs": (lambda: None, _positive_number_or_none),
+    }
+
+    def __init__(self, ckpt_dir: str | None = None, save_ckpt_steps: int | None = None,
+                 save_ckpt_secs: float | None = None) -> None:
+        super().__init__(ckpt_dir=ckpt_dir, save_ckpt_steps=save_ckpt_steps,
+                         save_ckpt_secs=save_ckpt_secs)
+
+    def validate(self) -> None:
+        if self.save_ckpt_steps is not None and self.save_ckpt_secs is not None:
+            raise ValueError("CheckPointConfig: set save_ckpt_steps or save_ckpt_secs, not both "
+                             f"(got {self.save_ckpt_steps} steps and {self.save_ckpt_secs} secs)")
+        if self.ckpt_dir is None and (self.save_ckpt_steps or self.save_ckpt_secs):
+            raise ValueError("CheckPointConfig: save_ckpt_steps/save_ckpt_secs need ckpt_dir "
+                             "(the directory to save into)")
+
+
+# --------------------------------------------------------------------------- #
+# ProfileConfig
+# --------------------------------------------------------------------------- #
+
+def _profile_steps(owner: str, field: str, value: Any) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{owner}.{field} must be a list of step numbers, got {_describe(value)}")
+    steps = list(value)
+    for s in steps:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise ValueError(f"{owner}.{field} must hold non-negative ints, got {s!r} in {steps!r}")
+    return tuple(sorted(set(steps)))
+
+
+def _profile_range(owner: str, field: str, value: Any) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if (not isinstance(value, (list, tuple)) or len(value) != 2
+            or any(isinstance(v, bool) or not isinstance(v, int) for v in value)):
+        raise TypeError(f"{owner}.{field} must be a (start, end) pair of ints, got {_describe(value)}")
+    start, end = value
+    if start < 0 or end <= start:
+        raise ValueError(f"{owner}.{field} must satisfy 0 <= start < end, got ({start}, {end})")
+    return (start, end)
+
+
+def _profile_worker(owner: str, field: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{owner}.{field} must be a worker id (int >= 0) or None for every worker, "
+                         f"got {_describe(value)}")
+    return value
+
+
+class ProfileConfig(_ConfigBase):
+    """Profiling (RunMetadata and Chrome traces) of chosen steps.
+
+    Args:
+        profile_dir: directory for the RunMetadata and timeline files.
+        profile_steps: a list of steps to profile.
+        profile_range: a ``(start, end)`` pair: profile steps ``start <= s < end``.
+            Set ``profile_steps`` or ``profile_range``, not both.
+        profile_worker: the worker to profile; ``None`` profiles every worker.
+    """
+
+    _FIELDS = {
+        "profile_dir": (lambda: None, _optional_str),
+        "profile_steps": (lambda: None, _profile_steps),
+        "profile_range": (lambda: None, _profile_range),
+        "profile_worker": (lambda: None, _profile_worker),
+    }
+
+    def __init__(self, profile_dir: str | None = None, profile_steps: list[int] | None = None,
+                 profile_range: tuple[int, int] | None = None, profile_worker: int | None = None) -> None:
+        super().__init__(profile_dir=profile_dir, profile_steps=profile_steps,
+                         profile_range=profile_range, profile_worker=profile_worker)
+
+    def validate(self) -> None:
+        if self.profile_steps is not None and self.profile_range is not None:
+            raise ValueError("ProfileConfig: set profile_steps or profile_range, not both "
+                             f"(got profile_steps={list(self.profile_steps)}, "
+                             f"profile_range={self.profile_range})")
+        if self.profile_dir is None and (self.profile_steps is not None or self.profile_range is not None):
+            raise ValueError("ProfileConfig: profile_steps/profile_range need profile_dir "
+                             "(the directory to write profiles into)")
+
+
+# --------------------------------------------------------------------------- #
+# Config / ParallaxConfig
+# --------------------------------------------------------------------------- #
+
+def _run_option(owner: str, field: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, tuple) and len(value) == 1 and isinstance(value[0], str):
+        raise TypeError(f"{owner}.{field} must be a string, got the tuple {value!r}; "
+                        "is there a stray trailing comma after the assignment?")
+    if not isinstance(value, str):
+        raise TypeError(f"{owner}.{field} must be one of {', '.join(RUN_OPTIONS)} or None, "
+                        f"got {_describe(value)}")
+    if value.upper() not in RUN_OPTIONS:
+        raise ValueError(f"{owner}.{field} is {value!r}; allowed: {', '.join(RUN_OPTIONS)} "
+                         "(or None for the default, HYBRID)")
+    return value.upper()
+
+
+def _sess_config(owner: str, field: str, value: Any) -> Any:
+    if value is None:
+        return None
+    from tensorflow.core.protobuf import config_pb2  # local: keep `import parallax.config` light
+
+    if not isinstance(value, config_pb2.ConfigProto):
+        raise TypeError(f"{owner}.{field} must be a tf.compat.v1.ConfigProto or None, "
+                        f"got {_describe(value)}")
+    return value
+
+
+class Config(_ConfigBase):
+    """Everything that tunes a Parallax run besides the graph and the resources.
+
+    Args:
+        run_option: ``"PS"``, ``"MPI"``, ``"HYBRID"`` or ``"AUTO"`` (case does
+            not matter); ``None`` means the default, ``"HYBRID"``.
+        average_sparse: update sparse variables with the average of the
+            replicas' gradients instead of their sum (the seed's default, sum).
+        sess_config: a ``tf.compat.v1.ConfigProto`` for the session.
+        redirect_path: directory for each process's stdout/stderr.
+        search_partitions: search the partition count of variables built with
+            :func:`parallax.get_partitioner`.
+        communication_config: a :class:`CommunicationConfig`.
+        ckpt_config: a :class:`CheckPointConfig`.
+        profile_config: a :class:`ProfileConfig`.
+    """
+
+    _FIELDS = {
+        "run_option": (lambda: None, _run_option),
+        "average_sparse": (lambda: False, _bool),
+        "sess_config": (lambda: None, _sess_config),
+        "redirect_path": (lambda: None, _optional_str),
+        "search_partitions": (lambda: False, _bool),
+        "communication_config": (CommunicationConfig, _instance_of(lambda: CommunicationConfig)),
+        "ckpt_config": (CheckPointConfig, _instance_of(lambda: CheckPointConfig)),
+        "profile_config": (ProfileConfig, _instance_of(lambda: ProfileConfig)),
+    }
+
+    def __init__(self, run_option: str | None = None, average_sparse: bool = False,
+                 sess_config: Any = None, redirect_path: str | None = None,
+                 search_partitions: bool = False,
+                 communication_config: CommunicationConfig | None = None,
+                 ckpt_config: CheckPointConfig | None = None,
+                 profile_config: ProfileConfig | None = None) -> None:
+        super().__init__(
+            run_option=run_option, average_sparse=average_sparse, sess_config=sess_config,
+            redirect_path=redirect_path, search_partitions=search_partitions,
+            communication_config=communication_config if communication_config is not None
+            else CommunicationConfig(),
+            ckpt_config=ckpt_config if ckpt_config is not None else CheckPointConfig(),
+            profile_config=profile_config if profile_config is not None else ProfileConfig())
+
+    @property
+    def effective_run_option(self) -> str:
+        """``run_option`` with ``None`` resolved to the default, ``"HYBRID"``."""
+        return self.run_option or "HYBRID"
+
+    def validate(self, sync: bool = True) -> None:
+        """Check the whole configuration, nested configs included.
+
+        Args:
+            sync: the ``sync`` argument of ``parallel_run``.
+
+        Raises:
+            ValueError: a rule across fields is broken.
+        """
+        self.ckpt_config.validate()
+        self.profile_config.validate()
+        if not sync and self.run_option in ("MPI", "HYBRID", "AUTO"):
+            raise ValueError(f"sync=False needs run_option='PS' (got run_option={self.run_option!r}): "
+                             "all-reduce is synchronous by nature")
+
+
+ParallaxConfig = Config

@@ -1,0 +1,168 @@
+"""The Plan: what goes where, as plain frozen data.
+
+Vocabulary, used the same way everywhere in Parallax:
+
+* **task**: one process of the job (a worker, or later a parameter server).
+* **replica**: one copy of the model on one device. A worker task holds one
+  or more replicas (``num_replicas_per_worker``), built into its graph.
+* **server**: a parameter-server task.
+
+A :class:`Plan` is deterministic (sorted, no timestamps), round-trips through
+``to_dict``/``from_dict`` (JSON), and prints as a table with :meth:`Plan.describe`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["GradientRef", "VariablePlacement", "WorkerPlan", "TaskSpec", "Plan",
+           "AGGREGATIONS"]
+
+AGGREGATIONS = ("mean", "sum")
+
+
+@dataclass(frozen=True)
+class GradientRef:
+    """Where a variable's gradient is in the single-device graph.
+
+    ``tensor`` is the dense gradient, or the values of a sparse one, whose
+    ``indices`` are then given too. ``dtype``/``indices_dtype`` are their dtype names.
+    """
+
+    tensor: str
+    indices: str | None = None
+    dtype: str = "float32"
+    indices_dtype: str | None = None
+
+    @property
+    def sparse(self) -> bool:
+        return self.indices is not None
+
+
+@dataclass(frozen=True)
+class VariablePlacement:
+    """How one variable is synchronised.
+
+    Attributes:
+        name: the variable's op name in the single-device graph.
+        shape: its shape (``None`` for unknown dimensions).
+        dtype: dtype name.
+        trainable: whether it is trainable.
+        gradient: its gradient, or ``None`` when no optimizer updates it.
+        aggregation: ``"mean"`` or ``"sum"`` of the replicas' gradients.
+    """
+
+    name: str
+    shape: tuple[int | None, ...]
+    dtype: str
+    trainable: bool
+    gradient: GradientRef | None
+    aggregation: str = "mean"
+
+    @property
+    def sparse(self) -> bool:
+        return self.gradient is not None and self.gradient.sparse
+
+    @property
+    def num_bytes(self) -> int:
+        import numpy as np
+
+        n = np.dtype(self.dtype).itemsize if self.dtype != "bfloat16" else 2
+        for d in self.shape:
+            n *= d or 1
+        return int(n)
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """One worker task: its host and the TensorFlow device of each of its replicas."""
+
+    host: str
+    replica_devices: tuple[str, ...]
+    shared_device: str
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """The identity of the process a graph is rewritten for."""
+
+    worker_index: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole layout of a job.
+
+    Attributes:
+        run_option: ``PS``, ``MPI``, ``HYBRID`` or ``AUTO`` as resolved.
+        sync: synchronous training.
+        workers: every worker task, in worker-id order.
+        variables: every variable, sorted by name.
+        train_ops: the single-device graph's training ops.
+    """
+
+    run_option: str
+    sync: bool
+    workers: tuple[WorkerPlan, ...]
+    variables: tuple[VariablePlacement, ...]
+    train_ops: tuple[str, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.workers)
+
+    @property
+    def num_replicas(self) -> int:
+        """Replicas over all workers."""
+        return sum(len(w.replica_devices) for w in self.workers)
+
+    def first_replica(self, worker_index: int) -> int:
+        """Global index of the first replica of worker ``worker_index``."""
+        return sum(len(w.replica_devices) for w in self.workers[:worker_index])
+
+    def variable(self, name: str) -> VariablePlacement:
+        for v in self.variables:
+            if v.name == name:
+                return v
+        raise KeyError(name)
+
+    # ------------------------------------------------------------------ #
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """Inverse of :meth:`to_dict`."""
+        variables = tuple(
+            VariablePlacement(
+                name=v["name"], shape=tuple(v["shape"]), dtype=v["dtype"], trainable=v["trainable"],
+                gradient=GradientRef(**v["gradient"]) if v["gradient"] else None,
+                aggregation=v["aggregation"])
+            for v in data["variables"])
+        workers = tuple(WorkerPlan(w["host"], tuple(w["replica_devices"]), w["shared_device"])
+                        for w in data["workers"])
+        return cls(run_option=data["run_option"], sync=data["sync"], workers=workers,
+                   variables=variables, train_ops=tuple(data["train_ops"]),
+                   notes=tuple(data.get("notes", ())))
+
+    def describe(self) -> str:
+        """A table of the plan, for logs and ``parallax plan``."""
+        lines = [f"run_option={self.run_option} sync={self.sync} workers={self.num_workers} "
+                 f"replicas={self.num_replicas}"]
+        for i, w in enumerate(self.workers):
+            lines.append(f"  worker {i} on {w.host}: replicas on {', '.join(w.replica_devices)}; "
+                         f"shared state on {w.shared_device}")
+        rows = [("variable", "shape", "dtype", "bytes", "gradient", "aggregation")]
+        for v in self.variables:
+            kind = "-" if v.gradient is None else ("sparse" if v.sparse else "dense")
+            shape = "[" + ",".join("?" if d is None else str(d) for d in v.shape) + "]"
+            rows.append((v.name, shape, v.dtype, str(v.num_bytes), kind,
+                         v.aggregation if v.gradient is not None else "-"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        for r in rows:
+            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)

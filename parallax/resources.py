@@ -1,0 +1,263 @@
+"""Parse resource files into a frozen :class:`Cluster`.
+
+Two formats are accepted, told apart by their first meaningful line.
+
+The seed format: one host a line, optionally followed by its devices::
+
+    # comments and blank lines are ignored
+    10.0.0.1: 0,1,2,3        four GPUs: one replica on each
+    10.0.0.2                 every GPU of the host, or one CPU replica if it has none
+    localhost: cpu:0,cpu:1   two replicas on virtual CPU devices (laptops, CI)
+
+The same host on several lines means several worker processes on that host.
+
+The explicit-role cluster file (``role,host,port,device``), as in seed 000::
+
+    ps,ps1.example.com,1024,
+    worker,worker1.example.com,1024,0
+    worker,worker1.example.com,1025,cpu:1
+
+``parse_resource_text("h: 0,1")`` returns
+``Cluster(workers=(WorkerTask(host='h', devices=(Device('gpu', 0), Device('gpu', 1)), ...),), ...)``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from parallax.errors import ResourceFileError
+
+__all__ = ["Device", "WorkerTask", "ServerTask", "Cluster", "parse_resource_file",
+           "parse_resource_text", "LOCAL_HOSTS"]
+
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+
+_HOST_RE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])$")
+_SEED_EXPECTED = ('"<host>" or "<host>: <id>[,<id>...]" where an id is a GPU number '
+                  'or cpu:<n>')
+_ROLE_EXPECTED = '"ps,<host>,<port>," or "worker,<host>,<port>,<gpu id | cpu:<n> | empty>"'
+
+
+@dataclass(frozen=True, order=True)
+class Device:
+    """One device of a host: ``kind`` is ``"gpu"`` or ``"cpu"``."""
+
+    kind: str
+    index: int
+
+    @property
+    def tf_name(self) -> str:
+        """The TensorFlow device name within a task, e.g. ``/device:GPU:1``."""
+        return f"/device:{self.kind.upper()}:{self.index}"
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.index}"
+
+
+@dataclass(frozen=True)
+class WorkerTask:
+    """A worker process: where it runs and the devices its replicas use.
+
+    ``devices`` is ``None`` when the file leaves them to the host (a bare host
+    line): every GPU of the host, or one CPU replica when it has none.
+    ``port`` is set only by explicit-role files.
+    """
+
+    host: str
+    devices: tuple[Device, ...] | None
+    port: int | None
+    line: int
+
+
+@dataclass(frozen=True)
+class ServerTask:
+    """A parameter-server process named by an explicit-role file."""
+
+    host: str
+    port: int | None
+    line: int
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Every process the resource file asks for.
+
+    Attributes:
+        workers: the worker processes, in file order.
+        servers: parameter servers named in the file (explicit-role files
+            only; otherwise the plan places them).
+        source: the file the cluster came from (for messages).
+        explicit_roles: whether the file used the ``role,host,port,device`` format.
+    """
+
+    workers: tuple[WorkerTask, ...]
+    servers: tuple[ServerTask, ...]
+    source: str
+    explicit_roles: bool
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """Every host, in order of first appearance."""
+        seen: dict[str, None] = {}
+        for task in (*self.workers, *self.servers):
+            seen.setdefault(task.host, None)
+        return tuple(seen)
+
+    def workers_on(self, host: str) -> tuple[WorkerTask, ...]:
+        """The worker processes on ``host``."""
+        return tuple(w for w in self.workers if w.host == host)
+
+
+def parse_resource_file(path: str | os.PathLike) -> Cluster:
+    """Read and parse a resource file.
+
+    Raises:
+        ResourceFileError: the file is missing, unreadable or malformed; the
+            message names the file and the line.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError as e:
+        raise ResourceFileError(f"{path}: resource file not found. Expected a file with one line a "
+                                f"host, e.g. \"localhost: cpu:0,cpu:1\"") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise ResourceFileError(f"{path}: cannot read the resource file: {e}") from e
+    return parse_resource_text(text, source=path)
+
+
+def parse_resource_text(text: str, source: str = "<resource_info>") -> Cluster:
+    """Parse the text of a resource file (see the module docstring for the formats).
+
+    Raises:
+        ResourceFileError: naming ``source``, the line number and what was expected.
+    """
+    lines = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        content = raw.split("#", 1)[0].strip()
+        if content:
+            lines.append((number, content))
+    if not lines:
+        raise ResourceFileError(f"{source}: no hosts found (the file is empty or only comments). "
+                                f"Expected lines like {_SEED_EXPECTED}")
+    first_number, first = lines[0]
+    explicit = "," in first and first.split(",", 1)[0].strip().lower() in ("ps", "worker")
+    if explicit:
+        return _parse_roles(lines, source)
+    return _parse_seed(lines, source)
+
+
+def _fail(source: str, number: int, content: str, problem: str, expected: str) -> ResourceFileError:
+    return ResourceFileError(f'{source}, line {number}: "{content}" {problem}. Expected {expected}.')
+
+
+def _check_host(source: str, number: int, content: str, host: str, expected: str) -> str:
+    if not host:
+        raise _fail(source, number, content, "has no host name", expected)
+    if not _HOST_RE.match(host):
+        raise _fail(source, number, content, f'has an invalid host name "{host}"', expected)
+    return host
+
+
+def _parse_device(token: str) -> Device | None:
+    token = token.strip().lower()
+    match = re.fullmatch(r"(?:(cpu|gpu):)?(\d+)", token)
+    if not match:
+        return None
+    return Device(match.group(1) or "gpu", int(match.group(2)))
+
+
+def _split_host(content: str) -> tuple[str, str | None]:
+    if content.startswith("["):  # [ipv6]: ids
+        end = content.find("]")
+        if end < 0:
+            return content, None
+        host, rest = content[:end + 1], content[end + 1:].strip()
+        if not rest:
+            return host, None
+        return host, rest[1:] if rest.startswith(":") else rest
+    if ":" not in content:
+        return content.strip(), None
+    host, rest = content.split(":", 1)
+    return host.strip(), rest
+
+
+def _parse_seed(lines: list[tuple[int, str]], source: str) -> Cluster:
+    workers = []
+    used: dict[tuple[str, Device], int] = {}
+    for number, content in lines:
+        if "," in content and content.split(",", 1)[0].strip().lower() in ("ps", "worker"):
+            raise _fail(source, number, content, "is an explicit-role line, but the file started in "
+                        "the host-per-line format", _SEED_EXPECTED)
+        host, rest = _split_host(content)
+        _check_host(source, number, content, host, _SEED_EXPECTED)
+        if rest is None:
+            workers.append(WorkerTask(host, None, None, number))
+            continue
+        tokens = [t.strip() for t in rest.split(",")]
+        if not rest.strip() or any(t == "" for t in tokens):
+            raise _fail(source, number, content, "has an empty device id", _SEED_EXPECTED)
+        devices = []
+        for token in tokens:
+            device = _parse_device(token)
+            if device is None:
+                raise _fail(source, number, content,
+                            f'has device id "{token}"; GPU ids must be integers', _SEED_EXPECTED)
+            if device in devices:
+                raise _fail(source, number, content, f"lists {device} twice", _SEED_EXPECTED)
+            if (host, device) in used:
+                raise _fail(source, number, content,
+                            f"uses {device} of {host}, already used on line {used[(host, device)]}",
+                            "each device of a host on one line only")
+            used[(host, device)] = number
+            devices.append(device)
+        workers.append(WorkerTask(host, tuple(devices), None, number))
+    return Cluster(tuple(workers), (), source, explicit_roles=False)
+
+
+def _parse_roles(lines: list[tuple[int, str]], source: str) -> Cluster:
+    workers: list[WorkerTask] = []
+    servers: list[ServerTask] = []
+    addresses: dict[tuple[str, int], int] = {}
+    for number, content in lines:
+        fields = [f.strip() for f in content.split(",")]
+        if len(fields) == 3:
+            fields.append("")
+        if len(fields) != 4:
+            raise _fail(source, number, content, f"has {len(fields)} comma-separated fields, not 4",
+                        _ROLE_EXPECTED)
+        role, host, port_text, device_text = fields
+        role = role.lower()
+        if role not in ("ps", "worker"):
+            raise _fail(source, number, content, f'has role "{role}"; roles are ps and worker',
+                        _ROLE_EXPECTED)
+        _check_host(source, number, content, host, _ROLE_EXPECTED)
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise _fail(source, number, content, f'has port "{port_text}"; a port is 1-65535',
+                        _ROLE_EXPECTED)
+        port = int(port_text)
+        if (host, port) in addresses:
+            raise _fail(source, number, content, f"reuses {host}:{port}, already on line "
+                        f"{addresses[(host, port)]}", "one task per host:port")
+        addresses[(host, port)] = number
+        if role == "ps":
+            if device_text:
+                raise _fail(source, number, content, f'gives a parameter server the device "{device_text}"',
+                            "an empty last field for ps lines (servers run on the CPU)")
+            servers.append(ServerTask(host, port, number))
+            continue
+        devices: tuple[Device, ...] | None = None
+        if device_text:
+            device = _parse_device(device_text)
+            if device is None:
+                raise _fail(source, number, content, f'has device "{device_text}"; GPU ids must be '
+                            "integers", _ROLE_EXPECTED)
+            devices = (device,)
+        workers.append(WorkerTask(host, devices, port, number))
+    if not workers:
+        raise ResourceFileError(f"{source}: the cluster file has no worker line. Expected at least one "
+                                f"line like \"worker,<host>,<port>,<gpu>\"")
+    return Cluster(tuple(workers), tuple(servers), source, explicit_roles=True)

@@ -1,0 +1,1 @@
+"""Graph rewrite passes: pure functions ``(MetaGraphDef, Plan, TaskSpec) -> MetaGraphDef``."""

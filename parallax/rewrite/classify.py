@@ -1,0 +1,84 @@
+"""Split a single-device graph into per-replica ops and shared ops.
+
+* **Shared** ops exist once per worker: variables, their initializers, the
+  update path (the ops between the gradients and the training op), and
+  everything the training op needs that does not come from the gradient
+  computation (learning-rate schedules, global-step increments, a
+  learning-rate placeholder).
+* **Replicated** ops are copied onto every replica: the ancestors of the
+  gradients (forward and backward pass, variable reads, input pipeline) and
+  every other op fed by the input (placeholders, iterators, datasets), such
+  as an accuracy metric.
+
+Ops that are neither (a saver, ``init``) stay shared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tensorflow.core.framework import graph_pb2
+
+from parallax.analysis import VARIABLE_OP_TYPES
+from parallax.errors import RewriteError
+from parallax.plan.model import Plan
+from parallax.rewrite.graph_ops import ancestors, consumers, descendants, node_map, op_of
+
+__all__ = ["Classification", "classify", "is_input_op"]
+
+_INPUT_OP_TYPES = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault"})
+
+
+def is_input_op(op_type: str) -> bool:
+    """Whether an op type feeds data into a replica (placeholder, iterator, dataset)."""
+    return op_type in _INPUT_OP_TYPES or "Iterator" in op_type or "Dataset" in op_type
+
+
+@dataclass(frozen=True)
+class Classification:
+    """Op names by role. ``update_path`` is a subset of the shared ops."""
+
+    replicated: frozenset[str]
+    shared: frozenset[str]
+    update_path: frozenset[str]
+
+
+def classify(graph_def: graph_pb2.GraphDef, plan: Plan, extra_inputs: frozenset[str] = frozenset()
+             ) -> Classification:
+    """Classify every op of ``graph_def`` (see the module docstring).
+
+    Args:
+        graph_def: the single-device graph.
+        plan: names the gradients and training ops.
+        extra_inputs: op names to treat as per-replica inputs (shard ids).
+
+    Raises:
+        RewriteError: a gradient or training op named by the plan is missing.
+    """
+    nodes = node_map(graph_def)
+    for t in plan.train_ops:
+        if t not in nodes:
+            raise RewriteError(f'training op "{t}" named by the plan is not in the graph')
+    grad_ops = set()
+    for v in plan.variables:
+        if v.gradient is None:
+            continue
+        for tensor in (v.gradient.tensor, v.gradient.indices):
+            if tensor is None:
+                continue
+            if op_of(tensor) not in nodes:
+                raise RewriteError(f'gradient tensor "{tensor}" of variable "{v.name}" is not in the graph')
+            grad_ops.add(op_of(tensor))
+    variables = {n.name for n in graph_def.node if n.op in VARIABLE_OP_TYPES}
+    cons = consumers(graph_def)
+    forward = ancestors(nodes, grad_ops, stop=variables)
+    train_closure = ancestors(nodes, plan.train_ops)
+    update_path = (descendants(cons, grad_ops) - grad_ops) & train_closure
+    hyper = train_closure - forward
+    shared = variables | update_path | hyper
+    inputs = {n.name for n in graph_def.node if is_input_op(n.op)} | set(extra_inputs)
+    fed = descendants(cons, inputs)
+    replicated = (forward | fed) - shared
+    everything = set(nodes)
+    return Classification(frozenset(replicated), frozenset(everything - replicated),
+                          frozenset(update_path))

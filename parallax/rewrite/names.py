@@ -1,0 +1,47 @@
+"""Every op name the rewriter invents, derived only from the plan and original names.
+
+Every task computes the same names from the same plan, so collectives and
+parameter-server ops match across processes.
+"""
+
+from __future__ import annotations
+
+__all__ = ["REPLICA_PREFIX", "replica_op_name", "replica_tensor_name", "aggregate_scope",
+           "replica_frame_name"]
+
+REPLICA_PREFIX = "parallax_replica_"
+AGGREGATE_PREFIX = "parallax_aggregate"
+
+
+def replica_op_name(name: str, replica: int) -> str:
+    """The name of op ``name``'s copy on local replica ``replica``.
+
+    Replica 0 keeps the original name, so the single-device names keep working
+    for it (and for a single replica nothing is renamed at all).
+
+    >>> replica_op_name("dense/MatMul", 0), replica_op_name("dense/MatMul", 2)
+    ('dense/MatMul', 'parallax_replica_2/dense/MatMul')
+    """
+    return name if replica == 0 else f"{REPLICA_PREFIX}{replica}/{name}"
+
+
+def replica_tensor_name(tensor: str, replica: int) -> str:
+    """``replica_op_name`` for a tensor name ``op:index``."""
+    op, _, index = tensor.rpartition(":")
+    if not op or not index.isdigit():
+        op, index = tensor, "0"
+    return f"{replica_op_name(op, replica)}:{index}"
+
+
+def replica_frame_name(frame: str, replica: int) -> str:
+    """The while-loop frame name of a replica's copy of a v1 loop."""
+    return frame if replica == 0 else f"{REPLICA_PREFIX}{replica}/{frame}"
+
+
+def aggregate_scope(variable: str) -> str:
+    """The name scope of the ops that aggregate ``variable``'s gradient.
+
+    >>> aggregate_scope("dense/kernel")
+    'parallax_aggregate/dense/kernel/'
+    """
+    return f"{AGGREGATE_PREFIX}/{variable}/"

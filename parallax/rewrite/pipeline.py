@@ -1,0 +1,43 @@
+"""The ordered list of rewrite passes, and :func:`rewrite_for_task`."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from tensorflow.core.protobuf import meta_graph_pb2
+
+from parallax.plan.model import Plan, TaskSpec
+from parallax.rewrite.aggregate import aggregate_gradients
+from parallax.rewrite.replicate import replicate_graph
+
+__all__ = ["PASSES", "rewrite_for_task"]
+
+Pass = Callable[[meta_graph_pb2.MetaGraphDef, Plan, TaskSpec], meta_graph_pb2.MetaGraphDef]
+
+PASSES: tuple[Pass, ...] = (replicate_graph, aggregate_gradients)
+
+
+def rewrite_for_task(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec,
+                     debug_dir: str | None = None) -> meta_graph_pb2.MetaGraphDef:
+    """Turn the single-device graph into the graph ``task`` runs.
+
+    Args:
+        meta_graph: the single-device graph (not modified).
+        plan: the job's plan.
+        task: the process to rewrite for.
+        debug_dir: if given, each pass's output is written there as a text
+            proto, ``<NN>_<pass>.pbtxt``.
+
+    Returns:
+        The rewritten MetaGraphDef.
+    """
+    current = meta_graph
+    for number, rewrite_pass in enumerate(PASSES, start=1):
+        current = rewrite_pass(current, plan, task)
+        if debug_dir is not None:
+            os.makedirs(debug_dir, exist_ok=True)
+            path = os.path.join(debug_dir, f"{number:02d}_{rewrite_pass.__name__}.pbtxt")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(str(current))
+    return current

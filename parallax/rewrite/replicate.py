@@ -1,0 +1,151 @@
+"""Pass: copy the per-replica part of the graph onto every local replica.
+
+Ops added: for local replica ``r >= 1`` of this worker, a copy of every
+replicated op (see :mod:`parallax.rewrite.classify`) named
+``parallax_replica_<r>/<original name>``; replica 0 keeps the original names.
+
+Wiring:
+
+* a copy's inputs from replicated ops point at the same replica's copies;
+  inputs from shared ops (variables, a learning-rate placeholder) are kept;
+* a shared op's control input on a replicated op waits for every replica's
+  copy; its data inputs from replicated ops read replica 0 (the gradient
+  inputs of the update ops are rewired later by the aggregation pass);
+* colocation (``_class``) and v1 while-loop frame names follow the copy;
+* ``parallax.shard`` ids become constants: the global replica index and the
+  total number of replicas.
+
+Devices: a replica's ops go on its device (an op the user pinned to the CPU
+stays on the CPU when the replica is a GPU); shared ops without a device go
+on the worker's shared device.
+"""
+
+from __future__ import annotations
+
+from tensorflow.core.framework import attr_value_pb2, node_def_pb2
+from tensorflow.core.protobuf import meta_graph_pb2
+
+from parallax.errors import RewriteError
+from parallax.plan.model import Plan, TaskSpec
+from parallax.rewrite.classify import classify
+from parallax.rewrite.graph_ops import format_input, parse_input
+from parallax.rewrite.names import REPLICA_PREFIX, replica_frame_name, replica_op_name
+from parallax.shard import NUM_SHARDS_COLLECTION, SHARD_ID_COLLECTION
+
+__all__ = ["replicate_graph", "shard_op_names"]
+
+
+def shard_op_names(meta_graph: meta_graph_pb2.MetaGraphDef) -> tuple[str | None, str | None]:
+    """The op names of the ``parallax.shard`` count and id constants, if the graph has them."""
+    def first(key: str) -> str | None:
+        if key not in meta_graph.collection_def:
+            return None
+        values = meta_graph.collection_def[key].node_list.value
+        return parse_input(values[0])[0] if values else None
+    return first(NUM_SHARDS_COLLECTION), first(SHARD_ID_COLLECTION)
+
+
+def _device_for(original: str, replica_device: str) -> str:
+    if original and "CPU" in original.upper() and "GPU" in replica_device.upper():
+        return original
+    return replica_device
+
+
+def _set_const(node: node_def_pb2.NodeDef, value: int) -> None:
+    tensor = node.attr["value"].tensor
+    dtype = tensor.dtype
+    tensor.Clear()
+    tensor.dtype = dtype
+    if dtype == 9:  # DT_INT64
+        tensor.int64_val.append(value)
+    else:
+        tensor.int_val.append(value)
+
+
+def replicate_graph(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec
+                    ) -> meta_graph_pb2.MetaGraphDef:
+    """Copy the per-replica ops onto every replica of ``task``'s worker.
+
+    Args:
+        meta_graph: the single-device graph (not modified).
+        plan: the job's plan.
+        task: the worker to rewrite for.
+
+    Returns:
+        A new MetaGraphDef.
+
+    Raises:
+        RewriteError: an original op name already uses the replica prefix.
+    """
+    out = meta_graph_pb2.MetaGraphDef()
+    out.CopyFrom(meta_graph)
+    worker = plan.workers[task.worker_index]
+    devices = worker.replica_devices
+    num_shards_op, shard_id_op = shard_op_names(meta_graph)
+    shard_ops = frozenset(n for n in (num_shards_op, shard_id_op) if n)
+    roles = classify(meta_graph.graph_def, plan, extra_inputs=shard_ops)
+    replicated = roles.replicated | shard_ops
+    first_replica = plan.first_replica(task.worker_index)
+
+    new_nodes = []
+    for node in meta_graph.graph_def.node:
+        if node.name.startswith(REPLICA_PREFIX):
+            raise RewriteError(f'op "{node.name}" already uses the prefix "{REPLICA_PREFIX}" '
+                               "that Parallax reserves for replica copies; rename it")
+        if node.name not in replicated:
+            shared = node_def_pb2.NodeDef()
+            shared.CopyFrom(node)
+            if not shared.device:
+                shared.device = worker.shared_device
+            inputs = []
+            for text in node.input:
+                name, index, control = parse_input(text)
+                if control and name in replicated:
+                    inputs.extend(format_input(replica_op_name(name, r), 0, True)
+                                  for r in range(len(devices)))
+                else:
+                    inputs.append(text)
+            del shared.input[:]
+            shared.input.extend(inputs)
+            new_nodes.append(shared)
+            continue
+        for r, device in enumerate(devices):
+            copy = node_def_pb2.NodeDef()
+            copy.CopyFrom(node)
+            copy.name = replica_op_name(node.name, r)
+            copy.device = _device_for(node.device, device)
+            del copy.input[:]
+            for text in node.input:
+                name, index, control = parse_input(text)
+                if name in replicated:
+                    name = replica_op_name(name, r)
+                copy.input.append(format_input(name, index, control))
+            if "_class" in copy.attr:
+                locs = [s.decode() for s in copy.attr["_class"].list.s]
+                renamed = [("loc:@" + replica_op_name(s[5:], r)) if s.startswith("loc:@") and s[5:] in replicated
+                           else s for s in locs]
+                copy.attr["_class"].CopyFrom(attr_value_pb2.AttrValue(
+                    list=attr_value_pb2.AttrValue.ListValue(s=[s.encode() for s in renamed])))
+            if copy.op in ("Enter", "RefEnter") and "frame_name" in copy.attr:
+                frame = copy.attr["frame_name"].s.decode()
+                copy.attr["frame_name"].s = replica_frame_name(frame, r).encode()
+            if node.name == num_shards_op:
+                _set_const(copy, plan.num_replicas)
+            elif node.name == shard_id_op:
+                _set_const(copy, first_replica + r)
+            new_nodes.append(copy)
+    del out.graph_def.node[:]
+    out.graph_def.node.extend(new_nodes)
+    _extend_table_initializers(out, replicated, len(devices))
+    return out
+
+
+def _extend_table_initializers(meta_graph: meta_graph_pb2.MetaGraphDef, replicated: frozenset[str],
+                               num_replicas: int) -> None:
+    key = "table_initializer"
+    if key not in meta_graph.collection_def:
+        return
+    values = meta_graph.collection_def[key].node_list.value
+    extra = [replica_op_name(parse_input(v)[0], r) for v in values if parse_input(v)[0] in replicated
+             for r in range(1, num_replicas)]
+    values.extend(extra)

@@ -1,0 +1,187 @@
+"""The session ``parallel_run`` returns.
+
+It holds a TensorFlow session over the rewritten graph and translates the
+single-device graph's names, per the seed API: a fetch of an op or tensor of
+the single-device graph (or its name, also inside lists, tuples and dicts)
+comes back as a list with one value per local replica (``None`` for an op);
+a feed takes a list with one value per local replica. Nothing of
+TensorFlow's session classes is patched.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import tensorflow as tf
+
+from parallax.rewrite.names import replica_op_name, replica_tensor_name
+
+__all__ = ["ParallaxSession"]
+
+
+class ParallaxSession:
+    """Runs the distributed graph with the single-device graph's names.
+
+    Args:
+        session: the TensorFlow session (usually a ``MonitoredSession``) over
+            the rewritten graph.
+        graph: the rewritten graph.
+        single_graph: the user's single-device graph (objects from it are
+            accepted as fetches and feeds).
+        replicated: names of the ops copied per replica; other ops are shared
+            and fetched once.
+        num_replicas: number of local replicas.
+    """
+
+    def __init__(self, session: Any, graph: tf.Graph, single_graph: tf.Graph | None,
+                 replicated: frozenset[str], num_replicas: int) -> None:
+        self._session = session
+        self._graph = graph
+        self._single_graph = single_graph
+        self._replicated = replicated
+        self._num_replicas = num_replicas
+
+    # ------------------------------------------------------------------ #
+    @property
+    def graph(self) -> tf.Graph:
+        """The rewritten (distributed) graph this session runs."""
+        return self._graph
+
+    @property
+    def num_replicas(self) -> int:
+        return self._num_replicas
+
+    @property
+    def raw_session(self) -> Any:
+        """The underlying TensorFlow session, for what the wrapper does not cover."""
+        return self._session
+
+    def run(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
+            options: Any = None, run_metadata: Any = None) -> Any:
+        """Run one step, like ``tf.compat.v1.Session.run``.
+
+        Args:
+            fetches: ops, tensors or names of the single-device graph, alone or
+                nested in lists, tuples and dicts.
+            feed_dict: maps a placeholder (or its name) to a list with one value
+                per local replica.
+            options: a ``RunOptions`` proto, passed through.
+            run_metadata: a ``RunMetadata`` proto, passed through.
+
+        Returns:
+            ``fetches`` with each leaf replaced by a list of one value per replica.
+
+        Raises:
+            ValueError: a name is not in the graph, or a feed value is not a list
+                of one value per replica.
+            TypeError: a fetch or feed key is of an unsupported type.
+        """
+        targets: dict[str, int] = {}
+        structure = self._map_fetches(fetches, targets)
+        feeds = self._map_feeds(feed_dict or {})
+        names = list(targets)
+        elements = [self._graph.as_graph_element(n) for n in names]
+        values = self._session.run(elements, feed_dict=feeds, options=options, run_metadata=run_metadata)
+        return self._rebuild(structure, values, targets)
+
+    def should_stop(self) -> bool:
+        """Whether the underlying monitored session asks to stop."""
+        stop = getattr(self._session, "should_stop", None)
+        return bool(stop()) if stop else False
+
+    def close(self) -> None:
+        self._session.close()
+
+    def __enter__(self) -> ParallaxSession:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is tf.errors.OutOfRangeError:
+            self.close()
+            return True
+        self.close()
+        return False
+
+    # ------------------------------------------------------------------ #
+    def _name_of(self, item: Any, what: str) -> str:
+        if isinstance(item, str):
+            return item
+        if hasattr(item, "_as_graph_element") and not isinstance(item, (tf.Tensor, tf.Operation)):
+            item = item._as_graph_element()
+        if isinstance(item, (tf.Tensor, tf.Operation)):
+            if item.graph is not self._single_graph and item.graph is not self._graph:
+                raise ValueError(f"{what} {item.name!r} belongs to another graph than the one given "
+                                 "to parallel_run()")
+            return item.name
+        raise TypeError(f"{what} must be an op, a tensor or a name of the single-device graph, "
+                        f"got {type(item).__name__}: {item!r}")
+
+    def _check_exists(self, name: str, what: str) -> None:
+        try:
+            self._graph.as_graph_element(name)
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"{what} {name!r} is not in the single-device graph") from e
+
+    def _replica_names(self, name: str) -> list[str]:
+        op = name.split(":")[0]
+        if op not in self._replicated:
+            return [name] * self._num_replicas
+        if ":" in name:
+            return [replica_tensor_name(name, r) for r in range(self._num_replicas)]
+        return [replica_op_name(name, r) for r in range(self._num_replicas)]
+
+    def _map_fetches(self, fetches: Any, targets: dict[str, int]) -> Any:
+        if isinstance(fetches, dict):
+            return type(fetches)((k, self._map_fetches(v, targets)) for k, v in fetches.items())
+        if isinstance(fetches, tuple) and hasattr(fetches, "_fields"):
+            return type(fetches)(*(self._map_fetches(v, targets) for v in fetches))
+        if isinstance(fetches, (list, tuple)):
+            return type(fetches)(self._map_fetches(v, targets) for v in fetches)
+        name = self._name_of(fetches, "fetch")
+        self._check_exists(name, "fetch")
+        names = self._replica_names(name)
+        for n in names:
+            targets.setdefault(n, len(targets))
+        return _Leaf(names)
+
+    def _map_feeds(self, feed_dict: Mapping[Any, Any]) -> dict[Any, Any]:
+        feeds: dict[Any, Any] = {}
+        for key, value in feed_dict.items():
+            name = self._name_of(key, "feed key")
+            if ":" not in name:
+                name += ":0"
+            self._check_exists(name, "feed key")
+            if not isinstance(value, (list, tuple)) or len(value) != self._num_replicas:
+                got = f"a list of {len(value)}" if isinstance(value, (list, tuple)) else type(value).__name__
+                raise ValueError(
+                    f"feed for {name!r} must be a list with one value per replica "
+                    f"({self._num_replicas} replicas on this worker), got {got}")
+            names = self._replica_names(name)
+            if names[0] == names[-1] and self._num_replicas > 1:
+                first = np.asarray(value[0])
+                if any(not np.array_equal(first, np.asarray(v)) for v in value[1:]):
+                    raise ValueError(
+                        f"{name!r} is shared by all replicas (it feeds the update, not one replica's "
+                        "computation), so its per-replica values must be equal")
+                feeds[self._graph.as_graph_element(name)] = value[0]
+                continue
+            for n, v in zip(names, value):
+                feeds[self._graph.as_graph_element(n)] = v
+        return feeds
+
+    def _rebuild(self, structure: Any, values: list[Any], targets: dict[str, int]) -> Any:
+        if isinstance(structure, _Leaf):
+            return [values[targets[n]] for n in structure.names]
+        if isinstance(structure, dict):
+            return type(structure)((k, self._rebuild(v, values, targets)) for k, v in structure.items())
+        if isinstance(structure, tuple) and hasattr(structure, "_fields"):
+            return type(structure)(*(self._rebuild(v, values, targets) for v in structure))
+        return type(structure)(self._rebuild(v, values, targets) for v in structure)
+
+
+class _Leaf:
+    __slots__ = ("names",)
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names

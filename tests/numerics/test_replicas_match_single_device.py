@@ -1,0 +1,99 @@
+"""N in-graph replicas on virtual CPU devices train exactly like one device on the union batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import parallax
+from tests.conftest import cpu_resources
+from tests.models import batches, build_embedding, build_mlp, train_single_device
+
+STEPS = 4
+BATCH = 8  # union batch, split evenly over the replicas
+BUILDERS = {"mlp": build_mlp, "embedding": build_embedding}
+
+
+def train_parallel(model, data, resource_path, config=None):
+    sess, num_workers, worker_id, num_replicas = parallax.parallel_run(
+        model.graph, resource_path, parallax_config=config or parallax.Config(average_sparse=True))
+    assert (num_workers, worker_id) == (1, 0)
+    for feed in data:
+        sess.run(model.train_op, feed_dict={model.inputs[k]: np.split(v, num_replicas)
+                                            for k, v in feed.items()})
+    variables = model.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    values = sess.run(variables)
+    sess.close()
+    return {v.op.name: value for v, value in zip(variables, values)}, num_replicas
+
+
+def assert_same_variables(expected, got, num_replicas):
+    assert set(expected) == set(got)
+    for name, value in expected.items():
+        assert len(got[name]) == num_replicas, name
+        for replica_value in got[name]:
+            np.testing.assert_allclose(replica_value, value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_replicas", [1, 2, 4])
+@pytest.mark.parametrize("optimizer", ["gd", "momentum", "adam", "adagrad"])
+@pytest.mark.parametrize("model_name", ["mlp", "embedding"])
+def test_replicas_leave_every_variable_equal_to_single_device(resource_file, model_name, optimizer,
+                                                               num_replicas):
+    data = batches(model_name, STEPS, BATCH)
+    expected = train_single_device(BUILDERS[model_name](optimizer), data)
+    got, n = train_parallel(BUILDERS[model_name](optimizer), data, cpu_resources(resource_file, num_replicas))
+    assert n == num_replicas
+    assert_same_variables(expected, got, num_replicas)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["rmsprop", "adadelta", "ftrl"])
+@pytest.mark.parametrize("model_name", ["mlp", "embedding"])
+def test_other_optimizers_match_single_device(resource_file, model_name, optimizer):
+    data = batches(model_name, STEPS, BATCH)
+    expected = train_single_device(BUILDERS[model_name](optimizer), data)
+    got, n = train_parallel(BUILDERS[model_name](optimizer), data, cpu_resources(resource_file, 2))
+    assert_same_variables(expected, got, n)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["gd", "adam"])
+@pytest.mark.parametrize("model_name", ["mlp", "embedding"])
+def test_ref_variables_match_single_device(resource_file, model_name, optimizer):
+    data = batches(model_name, STEPS, BATCH)
+    expected = train_single_device(BUILDERS[model_name](optimizer, resource=False), data)
+    got, n = train_parallel(BUILDERS[model_name](optimizer, resource=False), data,
+                            cpu_resources(resource_file, 2))
+    assert_same_variables(expected, got, n)
+
+
+@pytest.mark.slow
+def test_without_global_step_matches_single_device(resource_file):
+    data = batches("mlp", STEPS, BATCH)
+    expected = train_single_device(build_mlp("momentum", global_step=False), data)
+    got, n = train_parallel(build_mlp("momentum", global_step=False), data, cpu_resources(resource_file, 2))
+    assert_same_variables(expected, got, n)
+
+
+@pytest.mark.slow
+def test_clip_that_does_not_bind_matches_single_device(resource_file):
+    data = batches("embedding", STEPS, BATCH)
+    expected = train_single_device(build_embedding("adam", clip=100.0), data)
+    got, n = train_parallel(build_embedding("adam", clip=100.0), data, cpu_resources(resource_file, 2))
+    assert_same_variables(expected, got, n)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_replicas", [2, 4])
+def test_sparse_gradients_are_summed_by_default(resource_file, num_replicas):
+    """Seed semantics: without average_sparse, a sparse variable gets the sum of the
+    replicas' gradients, i.e. num_replicas times the union-batch mean gradient."""
+    data = batches("embedding", STEPS, BATCH)
+    expected = train_single_device(build_embedding("gd", dense_part=False, lr_scale=num_replicas), data)
+    got, n = train_parallel(build_embedding("gd", dense_part=False), data,
+                            cpu_resources(resource_file, num_replicas),
+                            config=parallax.Config(average_sparse=False))
+    assert_same_variables(expected, got, n)
