@@ -32,6 +32,7 @@ __all__ = ["VariableInfo", "GradientInfo", "GraphAnalysis", "analyse_graph", "VA
 
 VARIABLE_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable", "AutoReloadVariable",
                                "_VarHandlesOp"})
+_PURE_READS = frozenset({"ReadVariableOp", "Identity", "Const", "Shape"})
 _GRADIENT_SCOPE_RE = re.compile(r"(^|/)gradients(_\d+)?/")
 
 
@@ -266,7 +267,7 @@ def _train_ops(graph: tf.Graph, scopes: dict[str, list]) -> tuple[str, ...]:
     while queue:
         op = queue.popleft()
         outs = consumers.get(op.name, [])
-        if not outs and op.name not in {o.name for o in starts}:
+        if not outs and op.name not in {o.name for o in starts} and op.type not in _PURE_READS:
             sinks.append(op.name)
         for c in outs:
             if c.name not in seen:

@@ -17,7 +17,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 __all__ = [
     "Config",

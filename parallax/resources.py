@@ -144,10 +144,15 @@ def parse_resource_text(text: str, source: str = "<resource_info>") -> Cluster:
         raise ResourceFileError(f"{source}: no hosts found (the file is empty or only comments). "
                                 f"Expected lines like {_SEED_EXPECTED}")
     first_number, first = lines[0]
-    explicit = "," in first and first.split(",", 1)[0].strip().lower() in ("ps", "worker")
+    explicit = _looks_like_role_line(first)
     if explicit:
         return _parse_roles(lines, source)
     return _parse_seed(lines, source)
+
+
+def _looks_like_role_line(content: str) -> bool:
+    fields = content.split(",")
+    return len(fields) >= 3 and ":" not in fields[0]
 
 
 def _fail(source: str, number: int, content: str, problem: str, expected: str) -> ResourceFileError:
@@ -189,7 +194,7 @@ def _parse_seed(lines: list[tuple[int, str]], source: str) -> Cluster:
     workers = []
     used: dict[tuple[str, Device], int] = {}
     for number, content in lines:
-        if "," in content and content.split(",", 1)[0].strip().lower() in ("ps", "worker"):
+        if _looks_like_role_line(content):
             raise _fail(source, number, content, "is an explicit-role line, but the file started in "
                         "the host-per-line format", _SEED_EXPECTED)
         host, rest = _split_host(content)

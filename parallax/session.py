@@ -10,7 +10,8 @@ TensorFlow's session classes is patched.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import tensorflow as tf

@@ -110,7 +110,8 @@ def aggregate_gradients(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, tas
             node.device = worker.shared_device
         added.extend(nodes)
         for original, aggregated in zip(parts, outputs):
-            rewire[_canonical(original)] = aggregated
+            op, index, _ = parse_input(aggregated)
+            rewire[_canonical(original)] = format_input(op, index, False)
     nodes = node_map(out.graph_def)
     for name in sorted(update_path):
         node = nodes[name]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable
+from collections.abc import Iterable
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 

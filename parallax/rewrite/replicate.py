@@ -28,7 +28,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from parallax.errors import RewriteError
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.classify import classify
-from parallax.rewrite.graph_ops import format_input, parse_input
+from parallax.rewrite.graph_ops import consumers, descendants, format_input, parse_input
 from parallax.rewrite.names import REPLICA_PREFIX, replica_frame_name, replica_op_name
 from parallax.shard import NUM_SHARDS_COLLECTION, SHARD_ID_COLLECTION
 
@@ -83,6 +83,15 @@ def replicate_graph(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
     devices = worker.replica_devices
     num_shards_op, shard_id_op = shard_op_names(meta_graph)
     shard_ops = frozenset(n for n in (num_shards_op, shard_id_op) if n)
+    if shard_ops:
+        types = {n.name: n.op for n in meta_graph.graph_def.node}
+        reached = descendants(consumers(meta_graph.graph_def), shard_ops) - shard_ops
+        if all("Dataset" in types[name] for name in reached):
+            raise RewriteError(
+                "parallax.shard() was used, but no op of the graph reads its shard id: the dataset "
+                "was probably turned into a one-shot iterator, whose function the rewrite cannot "
+                "reach, so every replica would read the same data. Use "
+                "tf.compat.v1.data.make_initializable_iterator(dataset) and run its initializer")
     roles = classify(meta_graph.graph_def, plan, extra_inputs=shard_ops)
     replicated = roles.replicated | shard_ops
     first_replica = plan.first_replica(task.worker_index)

@@ -1,0 +1,214 @@
+"""parallel_run and the session it returns, in one process with virtual CPU devices."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import parallax
+from parallax.errors import AnalysisError, LaunchError, ResourceFileError, RewriteError
+from tests.conftest import cpu_resources
+from tests.models import build_mlp
+
+
+def small_graph():
+    graph = tf.Graph()
+    with graph.as_default():
+        a = tf.compat.v1.placeholder(tf.float32, shape=[], name="a")
+        lr = tf.compat.v1.placeholder_with_default(0.1, [], name="lr")
+        w = tf.compat.v1.get_variable("w", [], initializer=tf.compat.v1.ones_initializer())
+        x = tf.add(a, a, name="x")
+        loss = tf.square(w * a, name="loss")
+        step = tf.compat.v1.train.get_or_create_global_step()
+        train = tf.compat.v1.train.GradientDescentOptimizer(lr).minimize(loss, global_step=step)
+    return graph, {"a": a, "lr": lr, "w": w, "x": x, "loss": loss, "train": train, "step": step}
+
+
+@pytest.fixture
+def three_replicas(resource_file):
+    graph, t = small_graph()
+    sess, num_workers, worker_id, num_replicas = parallax.parallel_run(graph, cpu_resources(resource_file, 3))
+    yield sess, t, (num_workers, worker_id, num_replicas)
+    sess.close()
+
+
+def test_seed_example_fetch_gives_one_value_per_replica(three_replicas):
+    sess, t, counts = three_replicas
+    assert counts == (1, 0, 3)
+    assert sess.run(t["x"], feed_dict={t["a"]: [1.0, 2.0, 3.0]}) == [2.0, 4.0, 6.0]
+
+
+def test_names_work_like_tensors_and_ops(three_replicas):
+    sess, t, _ = three_replicas
+    assert sess.run("x:0", feed_dict={"a:0": [1.0, 2.0, 3.0]}) == [2.0, 4.0, 6.0]
+    assert sess.run("x:0", feed_dict={"a": [1.0, 1.0, 1.0]}) == [2.0, 2.0, 2.0]
+    assert sess.run(t["train"].name, feed_dict={t["a"]: [1.0, 1.0, 1.0]}) == [None, None, None]
+
+
+def test_nested_fetches_keep_their_structure(three_replicas):
+    sess, t, _ = three_replicas
+    Pair = collections.namedtuple("Pair", "x loss")
+    feed = {t["a"]: [1.0, 2.0, 3.0]}
+    out = sess.run({"pair": Pair(t["x"], t["loss"]), "list": [t["x"], (t["train"],)]}, feed_dict=feed)
+    assert isinstance(out["pair"], Pair)
+    assert out["pair"].x == [2.0, 4.0, 6.0]
+    assert out["list"][1] == ([None, None, None],)
+
+
+def test_shared_tensors_are_fetched_once_and_repeated(three_replicas):
+    sess, t, _ = three_replicas
+    sess.run(t["train"], feed_dict={t["a"]: [1.0, 2.0, 3.0]})
+    steps = sess.run(t["step"])
+    assert steps == [1, 1, 1]
+    w = sess.run(t["w"])  # a tf.Variable of the single-device graph
+    # mean of d(w^2 a^2)/dw = 2 w a^2 over replicas: 2 * (1 + 4 + 9) / 3
+    np.testing.assert_allclose(w, [1.0 - 0.1 * 2 * 14 / 3] * 3, rtol=1e-6)
+
+
+@pytest.mark.parametrize("value, pattern", [
+    ([1.0, 2.0], r"feed for 'a:0' must be a list with one value per replica \(3 replicas on this worker\), "
+                 r"got a list of 2"),
+    (np.array([1.0, 2.0, 3.0]), r"got ndarray"),
+    (1.0, r"got float"),
+])
+def test_wrong_feeds_are_clear_errors(three_replicas, value, pattern):
+    sess, t, _ = three_replicas
+    with pytest.raises(ValueError, match=pattern):
+        sess.run(t["x"], feed_dict={t["a"]: value})
+
+
+def test_shared_placeholder_takes_equal_values(three_replicas):
+    sess, t, _ = three_replicas
+    sess.run(t["train"], feed_dict={t["a"]: [1.0, 1.0, 1.0], t["lr"]: [0.0, 0.0, 0.0]})
+    assert sess.run(t["w"]) == [1.0, 1.0, 1.0]  # learning rate 0: unchanged
+    with pytest.raises(ValueError, match=r"'lr:0' is shared by all replicas"):
+        sess.run(t["train"], feed_dict={t["a"]: [1.0, 1.0, 1.0], t["lr"]: [0.1, 0.2, 0.3]})
+
+
+def test_unknown_names_and_foreign_graphs_are_refused(three_replicas):
+    sess, t, _ = three_replicas
+    with pytest.raises(ValueError, match=r"fetch 'nope:0' is not in the single-device graph"):
+        sess.run("nope:0")
+    other = tf.Graph()
+    with other.as_default():
+        c = tf.constant(1.0, name="c")
+    with pytest.raises(ValueError, match=r"belongs to another graph"):
+        sess.run(c)
+    with pytest.raises(TypeError, match=r"fetch must be an op, a tensor or a name"):
+        sess.run(3)
+
+
+def test_bad_arguments(resource_file):
+    graph, _ = small_graph()
+    path = cpu_resources(resource_file, 1)
+    with pytest.raises(TypeError, match="single_gpu_graph must be a tf.Graph"):
+        parallax.parallel_run(42, path)
+    with pytest.raises(TypeError, match="resource_info must be the path"):
+        parallax.parallel_run(graph, None)
+    with pytest.raises(TypeError, match="sync must be True or False"):
+        parallax.parallel_run(graph, path, sync="yes")
+    with pytest.raises(TypeError, match="parallax_config must be a parallax.Config"):
+        parallax.parallel_run(graph, path, parallax_config={"run_option": "PS"})
+    with pytest.raises(ValueError, match=r"sync=False needs run_option='PS'"):
+        parallax.parallel_run(graph, path, sync=False, parallax_config=parallax.Config(run_option="MPI"))
+
+
+def test_resource_problems_name_the_file_and_line(resource_file):
+    graph, _ = small_graph()
+    with pytest.raises(ResourceFileError, match=r"line 2: .* GPU ids must be integers"):
+        parallax.parallel_run(graph, resource_file("localhost: cpu:0\nlocalhost: 1,a\n"))
+    if not tf.config.list_physical_devices("GPU"):
+        path = resource_file("# gpus\nlocalhost: 0,1\n")
+        with pytest.raises(LaunchError, match=rf"{path}, line 2: lists GPU 0 of localhost, but TensorFlow sees "
+                                              r"0 GPU\(s\).*cpu:<n>"):
+            parallax.parallel_run(graph, path)
+
+
+def test_graph_without_training_op(resource_file):
+    graph = tf.Graph()
+    with graph.as_default():
+        a = tf.compat.v1.placeholder(tf.float32, [])
+        tf.add(a, a)
+    with pytest.raises(AnalysisError, match="no training op"):
+        parallax.parallel_run(graph, cpu_resources(resource_file, 2))
+
+
+def test_bare_local_host_runs_one_replica_per_gpu_or_one_on_the_cpu(resource_file):
+    graph, t = small_graph()
+    sess, _, _, num_replicas = parallax.parallel_run(graph, resource_file("localhost\n"))
+    assert num_replicas == max(1, len(tf.config.list_physical_devices("GPU")))
+    sess.close()
+
+
+def test_meta_graph_file_is_accepted(resource_file, tmp_path):
+    model = build_mlp("adam")
+    path = str(tmp_path / "model.meta")
+    with model.graph.as_default():
+        tf.compat.v1.train.export_meta_graph(path)
+    sess, _, _, n = parallax.parallel_run(path, cpu_resources(resource_file, 2))
+    losses = sess.run("loss:0", feed_dict={"x:0": [np.ones((2, 4), np.float32)] * 2,
+                                           "y:0": [np.ones((2, 1), np.float32)] * 2})
+    assert len(losses) == n == 2 and losses[0] == losses[1]
+    sess.close()
+
+
+def test_sharded_dataset_gives_each_replica_its_own_part(resource_file):
+    graph = tf.Graph()
+    with graph.as_default():
+        ds = parallax.shard.shard(tf.data.Dataset.range(8).batch(2))
+        it = tf.compat.v1.data.make_initializable_iterator(ds)
+        batch = tf.cast(it.get_next(), tf.float32, name="batch")
+        w = tf.compat.v1.get_variable("w", [], initializer=tf.compat.v1.zeros_initializer())
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(batch * w))
+    sess, _, _, n = parallax.parallel_run(graph, cpu_resources(resource_file, 2))
+    sess.run(it.initializer)
+    first = sess.run(batch)
+    second = sess.run(batch)
+    assert [list(v) for v in first] == [[0, 1], [2, 3]]
+    assert [list(v) for v in second] == [[4, 5], [6, 7]]
+    sess.close()
+
+
+def test_one_shot_iterator_with_shard_is_refused(resource_file):
+    graph = tf.Graph()
+    with graph.as_default():
+        ds = parallax.shard.shard(tf.data.Dataset.range(8).batch(2))
+        batch = tf.cast(tf.compat.v1.data.make_one_shot_iterator(ds).get_next(), tf.float32)
+        w = tf.compat.v1.get_variable("w", [])
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(batch * w))
+    with pytest.raises(RewriteError, match="make_initializable_iterator"):
+        parallax.parallel_run(graph, cpu_resources(resource_file, 2))
+
+
+def test_keras_dense_layers_on_placeholders(resource_file):
+    """Keras 3 layers build resource variables in a v1 graph; the result still matches."""
+    def build():
+        graph = tf.Graph()
+        with graph.as_default():
+            tf.compat.v1.set_random_seed(3)
+            x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
+            y = tf.compat.v1.placeholder(tf.float32, [None, 1], name="y")
+            layer = tf.keras.layers.Dense(1, kernel_initializer="ones")
+            loss = tf.reduce_mean(tf.square(layer(x) - y))
+            train = tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss)
+        return graph, x, y, train
+    rng = np.random.RandomState(0)
+    xs, ys = rng.randn(8, 4).astype(np.float32), rng.randn(8, 1).astype(np.float32)
+    graph, x, y, train = build()
+    with graph.as_default(), tf.compat.v1.Session() as s:
+        s.run(tf.compat.v1.global_variables_initializer())
+        for _ in range(3):
+            s.run(train, {x: xs, y: ys})
+        variables = graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
+        expected = s.run(variables)
+    graph, x, y, train = build()
+    sess, _, _, n = parallax.parallel_run(graph, cpu_resources(resource_file, 2))
+    for _ in range(3):
+        sess.run(train, {x: np.split(xs, 2), y: np.split(ys, 2)})
+    got = sess.run(graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES))
+    for e, g in zip(expected, got):
+        np.testing.assert_allclose(g[0], e, rtol=1e-5, atol=1e-6)
+    sess.close()

@@ -1,0 +1,54 @@
+from parallax.rewrite.aggregate import aggregate_gradients
+from parallax.rewrite.pipeline import rewrite_for_task
+from parallax.rewrite.replicate import replicate_graph
+from tests.models import build_embedding
+from tests.unit.rewrite.helpers import export, nodes_of, plan_for
+
+
+def test_does_not_modify_its_input():
+    model = build_embedding("adam")
+    plan, task = plan_for(model, 2)
+    replicated = replicate_graph(export(model.graph), plan, task)
+    before = replicated.SerializeToString(deterministic=True)
+    aggregate_gradients(replicated, plan, task)
+    assert replicated.SerializeToString(deterministic=True) == before
+
+
+def test_dense_gradients_are_averaged_and_sparse_ones_concatenated():
+    model = build_embedding("adam")
+    plan, task = plan_for(model, 2, average_sparse=False)
+    nodes = nodes_of(rewrite_for_task(export(model.graph), plan, task))
+    dense = plan.variable("proj/kernel").gradient.tensor
+    add = nodes["parallax_aggregate/proj/kernel/AddN"]
+    assert list(add.input) == [dense, "parallax_replica_1/" + dense]
+    assert nodes["parallax_aggregate/proj/kernel/truediv"].op == "RealDiv"
+    sparse = plan.variable("embedding").gradient
+    concat = [n for n in nodes.values() if n.name.startswith("parallax_aggregate/embedding/")
+              and n.op == "ConcatV2"]
+    assert len(concat) == 2  # values and indices
+    assert not any(n.name.startswith("parallax_aggregate/embedding/") and n.op == "RealDiv"
+                   for n in nodes.values())  # summed: average_sparse=False
+    apply = nodes["Adam/update_proj/kernel/ResourceApplyAdam"]
+    assert "parallax_aggregate/proj/kernel/truediv" in apply.input
+    assert sparse.tensor not in [i for n in nodes.values() if n.name.startswith("Adam/update_embedding/")
+                                 for i in n.input]
+
+
+def test_aggregate_ops_live_on_the_shared_device_and_names_are_stable():
+    model = build_embedding("gd")
+    plan, task = plan_for(model, 2, average_sparse=True)
+    meta = export(model.graph)
+    a = rewrite_for_task(meta, plan, task)
+    b = rewrite_for_task(meta, plan, task)
+    assert a.graph_def.SerializeToString(deterministic=True) == b.graph_def.SerializeToString(deterministic=True)
+    for n in a.graph_def.node:
+        if n.name.startswith("parallax_aggregate/"):
+            assert n.device == "/device:CPU:0"
+
+
+def test_debug_dir_receives_one_file_per_pass(tmp_path):
+    model = build_embedding("gd")
+    plan, task = plan_for(model, 2)
+    rewrite_for_task(export(model.graph), plan, task, debug_dir=str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["01_replicate_graph.pbtxt",
+                                                          "02_aggregate_gradients.pbtxt"]

@@ -1,0 +1,110 @@
+import itertools
+
+import pytest
+import tensorflow as tf
+
+from parallax.analysis import analyse_graph
+from parallax.errors import AnalysisError
+from tests.models import OPTIMIZERS, build_embedding, build_mlp
+
+CASES = list(itertools.product(sorted(OPTIMIZERS), [True, False], [None, 1.0], [True, False]))
+
+
+@pytest.mark.parametrize("optimizer, resource, clip, global_step", CASES,
+                         ids=[f"{o}-{'resource' if r else 'ref'}-{'clip' if c else 'noclip'}-"
+                              f"{'step' if g else 'nostep'}" for o, r, c, g in CASES])
+def test_finds_dense_and_sparse_gradients_for_every_optimizer(optimizer, resource, clip, global_step):
+    model = build_embedding(optimizer, resource=resource, clip=clip, global_step=global_step)
+    analysis = analyse_graph(model.graph)
+    assert [g.variable for g in analysis.gradients] == ["embedding", "proj/kernel"]
+    emb, proj = analysis.gradients
+    assert emb.sparse and emb.indices is not None and emb.indices_dtype in ("int32", "int64")
+    assert not proj.sparse and proj.indices is None
+    graph = model.graph
+    assert graph.get_tensor_by_name(emb.tensor).shape.as_list() == [None, 4]
+    assert graph.get_tensor_by_name(proj.tensor).shape.as_list() == [4, 1]
+    if clip:
+        assert "clip_by_global_norm" in emb.tensor and "clip_by_global_norm" in proj.tensor
+    assert analysis.train_ops == (model.train_op.name,)
+    names = {v.name for v in analysis.variables}
+    assert {"embedding", "proj/kernel"} <= names
+    assert ("global_step" in names) == global_step
+
+
+def test_variables_carry_shape_dtype_and_trainability():
+    analysis = analyse_graph(build_mlp("adam").graph)
+    kernel = analysis.variable("dense/kernel")
+    assert (kernel.shape, kernel.dtype, kernel.trainable, kernel.resource) == ((4, 8), "float32", True, True)
+    assert kernel.num_bytes == 4 * 8 * 4
+    assert analysis.variable("global_step").trainable is False
+    assert analysis.gradient("global_step") is None
+    assert analysis.gradient("dense/kernel/Adam") is None  # slots have no gradient
+
+
+def test_learning_rate_placeholder_is_not_taken_for_a_gradient():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 2])
+        lr = tf.compat.v1.placeholder(tf.float32, [], name="lr")
+        w = tf.compat.v1.get_variable("w", [2, 1])
+        loss = tf.reduce_mean(tf.matmul(x, w))
+        train = tf.compat.v1.train.MomentumOptimizer(lr, 0.9).minimize(loss)
+    analysis = analyse_graph(graph)
+    assert analysis.gradient("w").tensor.startswith("gradients/")
+    assert analysis.train_ops == (train.name,)
+
+
+def test_two_optimizers_give_two_train_ops_without_the_collection():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 2])
+        a = tf.compat.v1.get_variable("a", [2, 1])
+        b = tf.compat.v1.get_variable("b", [2, 1])
+        loss = tf.reduce_mean(tf.matmul(x, a) + tf.matmul(x, b))
+        t1 = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=[a])
+        t2 = tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss, var_list=[b])
+        graph.clear_collection(tf.compat.v1.GraphKeys.TRAIN_OP)
+    analysis = analyse_graph(graph)
+    assert set(analysis.train_ops) == {t1.name, t2.name}
+
+
+def test_graph_loaded_from_a_meta_graph_file(tmp_path):
+    model = build_embedding("adagrad")
+    path = str(tmp_path / "model.meta")
+    with model.graph.as_default():
+        tf.compat.v1.train.export_meta_graph(path)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.train.import_meta_graph(path)
+    analysis = analyse_graph(graph)
+    assert [g.variable for g in analysis.gradients] == ["embedding", "proj/kernel"]
+
+
+def test_graph_built_before_importing_parallax_is_analysed(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import tensorflow as tf
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [None, 2])
+            w = tf.compat.v1.get_variable("w", [2, 1])
+            tf.compat.v1.train.AdamOptimizer(0.1).minimize(tf.reduce_sum(tf.matmul(x, w)))
+        from parallax.analysis import analyse_graph  # imported after the graph is built
+        print([x.variable for x in analyse_graph(g).gradients])
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "['w']" in out.stdout
+
+
+def test_graph_without_training_op_is_a_clear_error():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 2])
+        w = tf.compat.v1.get_variable("w", [2, 1])
+        tf.reduce_sum(tf.matmul(x, w))
+    with pytest.raises(AnalysisError, match=r"no training op.*optimizer.minimize\(loss\)"):
+        analyse_graph(graph)

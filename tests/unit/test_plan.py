@@ -1,0 +1,28 @@
+import json
+
+from parallax.plan import Plan
+from tests.models import build_embedding
+from tests.unit.rewrite.helpers import plan_for
+
+
+def test_round_trips_through_json():
+    plan, _ = plan_for(build_embedding("adam"), 2)
+    again = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert again == plan
+
+
+def test_counts_and_replica_offsets():
+    plan, _ = plan_for(build_embedding("gd"), 3)
+    assert (plan.num_workers, plan.num_replicas, plan.first_replica(0)) == (1, 3, 0)
+
+
+def test_describe_is_a_table():
+    plan, _ = plan_for(build_embedding("gd"), 2)
+    assert plan.describe() == "\n".join([
+        "run_option=HYBRID sync=True workers=1 replicas=2",
+        "  worker 0 on localhost: replicas on /device:CPU:0, /device:CPU:1; shared state on /device:CPU:0",
+        "  variable     shape   dtype    bytes  gradient  aggregation",
+        "  embedding    [20,4]  float32  320    sparse    sum",
+        "  global_step  []      int64    8      -         -",
+        "  proj/kernel  [4,1]   float32  16     dense     mean",
+    ])
