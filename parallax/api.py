@@ -68,6 +68,7 @@ def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
         raise TypeError(f"parallel_run: resource_info must be the path of a resource file, got "
                         f"{type(resource_info).__name__}")
     config.validate(sync=sync)
+    _warn_unapplied(config)
     graph, meta_graph = _load_graph(single_gpu_graph)
     cluster = parse_resource_file(resource_info)
     worker = _local_worker(cluster)
@@ -86,6 +87,22 @@ def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
 
 
 # --------------------------------------------------------------------------- #
+def _warn_unapplied(config: Config) -> None:
+    """Say which accepted settings this version does not act on yet (docs/status.md)."""
+    unapplied = []
+    if config.ckpt_config.ckpt_dir is not None:
+        unapplied.append("ckpt_config")
+    if config.profile_config.profile_dir is not None:
+        unapplied.append("profile_config")
+    if config.redirect_path is not None:
+        unapplied.append("redirect_path")
+    if config.search_partitions:
+        unapplied.append("search_partitions")
+    if unapplied:
+        logger.warning("Parallax: %s accepted and validated but not applied in this version "
+                       "(see docs/status.md)", ", ".join(unapplied))
+
+
 def _load_graph(single_gpu_graph) -> tuple[tf.Graph, meta_graph_pb2.MetaGraphDef]:
     if isinstance(single_gpu_graph, tf.Graph):
         with single_gpu_graph.as_default():

@@ -112,3 +112,42 @@ def train_single_device(model: Model, data: list[dict[str, np.ndarray]]) -> dict
         for feed in data:
             sess.run(model.train_op, {model.inputs[k]: v for k, v in feed.items()})
         return variable_values(sess, model.graph)
+
+
+def build_sequence(optimizer: str = "adam", partitions: int | None = None, loop: bool = True) -> Model:
+    """Sequence model: ids[?, 5] -> embedding (optionally partitioned with
+    parallax.get_partitioner) -> a tanh RNN written with tf.while_loop -> 1.
+    The learning rate decays with the global step (a shared hyper-parameter)."""
+    import parallax
+
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf.compat.v1.placeholder(tf.int64, [None, 5], name="ids")
+        y = tf.compat.v1.placeholder(tf.float32, [None, 1], name="y")
+        partitioner = parallax.get_partitioner(partitions) if partitions else None
+        emb = tf.compat.v1.get_variable("embedding", [VOCAB, FEATURES], partitioner=partitioner,
+                                        initializer=tf.compat.v1.random_uniform_initializer(-0.5, 0.5, seed=6))
+        rows = tf.nn.embedding_lookup(emb, ids)
+        if loop:
+            u = tf.compat.v1.get_variable("rnn/u", [FEATURES, 6], initializer=_init([FEATURES, 6], 7))
+            v = tf.compat.v1.get_variable("rnn/v", [6, 6], initializer=_init([6, 6], 8))
+
+            def body(t, h):
+                return t + 1, tf.tanh(tf.matmul(rows[:, t, :], u) + tf.matmul(h, v))
+
+            _, h = tf.while_loop(lambda t, h: t < 5, body, [tf.constant(0), tf.zeros([tf.shape(rows)[0], 6])])
+        else:
+            h = tf.reduce_sum(rows, 1)
+        w = tf.compat.v1.get_variable("out/kernel", [h.shape[-1], 1], initializer=_init([h.shape[-1], 1], 9))
+        loss = tf.reduce_mean(tf.square(tf.matmul(h, w) - y), name="loss")
+        step = tf.compat.v1.train.get_or_create_global_step()
+        lr = tf.compat.v1.train.exponential_decay(0.05, step, 2, 0.5)
+        cls, _, kwargs = OPTIMIZERS[optimizer]
+        train_op = cls(lr, **kwargs).minimize(loss, global_step=step)
+    return Model(graph, {"ids": ids, "y": y}, loss, train_op)
+
+
+def sequence_batches(steps: int, batch: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    rng = np.random.RandomState(seed)
+    return [{"ids": rng.randint(0, VOCAB, (batch, 5)).astype(np.int64),
+             "y": rng.randn(batch, 1).astype(np.float32)} for _ in range(steps)]

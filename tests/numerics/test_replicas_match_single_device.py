@@ -97,3 +97,17 @@ def test_sparse_gradients_are_summed_by_default(resource_file, num_replicas):
                             cpu_resources(resource_file, num_replicas),
                             config=parallax.Config(average_sparse=False))
     assert_same_variables(expected, got, n)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("partitions, loop", [(3, False), (None, True), (2, True)],
+                         ids=["partitioned", "while-loop-rnn", "partitioned-rnn"])
+def test_sequence_models_match_single_device(resource_file, partitions, loop):
+    from tests.models import build_sequence, sequence_batches
+
+    data = sequence_batches(STEPS, BATCH)
+    expected = train_single_device(build_sequence("adam", partitions, loop), data)
+    if partitions:
+        assert f"embedding/part_{partitions - 1}" in expected
+    got, n = train_parallel(build_sequence("adam", partitions, loop), data, cpu_resources(resource_file, 2))
+    assert_same_variables(expected, got, n)
