@@ -16,10 +16,32 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["GradientRef", "VariablePlacement", "WorkerPlan", "TaskSpec", "Plan",
-           "AGGREGATIONS"]
+__all__ = ["GradientRef", "VariablePlacement", "WorkerPlan", "TaskSpec", "Plan", "CommSpec",
+           "AGGREGATIONS", "SYNC_METHODS", "BACKENDS"]
 
 AGGREGATIONS = ("mean", "sum")
+SYNC_METHODS = ("local", "allreduce")
+BACKENDS = ("mpi", "collective", "horovod")
+
+
+@dataclass(frozen=True)
+class CommSpec:
+    """How gradients cross worker processes.
+
+    Attributes:
+        backend: ``mpi`` (mpi4py inside the graph), ``collective`` (TF
+            CollectiveReduceV2/CollectiveGatherV2) or ``horovod``.
+        fusion_bytes: the mpi backend fuses dense gradients into buffers of at
+            most this many bytes (a larger single gradient gets its own).
+        use_allgatherv: all-gather sparse gradients with MPI ``Allgatherv``
+            whatever the backend.
+        gpu: the replicas are GPUs (collectives use NCCL).
+    """
+
+    backend: str = "mpi"
+    fusion_bytes: int = 64 * 1024 * 1024
+    use_allgatherv: bool = False
+    gpu: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,6 +73,8 @@ class VariablePlacement:
         trainable: whether it is trainable.
         gradient: its gradient, or ``None`` when no optimizer updates it.
         aggregation: ``"mean"`` or ``"sum"`` of the replicas' gradients.
+        sync: ``"local"`` (only this worker's replicas aggregate, in its
+            graph) or ``"allreduce"`` (then across every worker).
     """
 
     name: str
@@ -59,6 +83,7 @@ class VariablePlacement:
     trainable: bool
     gradient: GradientRef | None
     aggregation: str = "mean"
+    sync: str = "local"
 
     @property
     def sparse(self) -> bool:
@@ -100,6 +125,8 @@ class Plan:
         workers: every worker task, in worker-id order.
         variables: every variable, sorted by name.
         train_ops: the single-device graph's training ops.
+        notes: remarks on choices made, printed by :meth:`describe`.
+        comm: how gradients cross worker processes.
     """
 
     run_option: str
@@ -108,6 +135,7 @@ class Plan:
     variables: tuple[VariablePlacement, ...]
     train_ops: tuple[str, ...]
     notes: tuple[str, ...] = field(default=())
+    comm: CommSpec = field(default_factory=CommSpec)
 
     @property
     def num_workers(self) -> int:
@@ -140,27 +168,31 @@ class Plan:
             VariablePlacement(
                 name=v["name"], shape=tuple(v["shape"]), dtype=v["dtype"], trainable=v["trainable"],
                 gradient=GradientRef(**v["gradient"]) if v["gradient"] else None,
-                aggregation=v["aggregation"])
+                aggregation=v["aggregation"], sync=v.get("sync", "local"))
             for v in data["variables"])
         workers = tuple(WorkerPlan(w["host"], tuple(w["replica_devices"]), w["shared_device"])
                         for w in data["workers"])
         return cls(run_option=data["run_option"], sync=data["sync"], workers=workers,
                    variables=variables, train_ops=tuple(data["train_ops"]),
-                   notes=tuple(data.get("notes", ())))
+                   notes=tuple(data.get("notes", ())), comm=CommSpec(**data.get("comm", {})))
 
     def describe(self) -> str:
         """A table of the plan, for logs and ``parallax plan``."""
         lines = [f"run_option={self.run_option} sync={self.sync} workers={self.num_workers} "
                  f"replicas={self.num_replicas}"]
+        if any(v.sync == "allreduce" for v in self.variables):
+            lines.append(f"  all-reduce backend {self.comm.backend}, fusion buffers up to "
+                         f"{self.comm.fusion_bytes} bytes, use_allgatherv={self.comm.use_allgatherv}")
         for i, w in enumerate(self.workers):
             lines.append(f"  worker {i} on {w.host}: replicas on {', '.join(w.replica_devices)}; "
                          f"shared state on {w.shared_device}")
-        rows = [("variable", "shape", "dtype", "bytes", "gradient", "aggregation")]
+        rows = [("variable", "shape", "dtype", "bytes", "gradient", "aggregation", "sync")]
         for v in self.variables:
             kind = "-" if v.gradient is None else ("sparse" if v.sparse else "dense")
             shape = "[" + ",".join("?" if d is None else str(d) for d in v.shape) + "]"
+            has_grad = v.gradient is not None
             rows.append((v.name, shape, v.dtype, str(v.num_bytes), kind,
-                         v.aggregation if v.gradient is not None else "-"))
+                         v.aggregation if has_grad else "-", v.sync if has_grad else "-"))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())

@@ -1,17 +1,22 @@
-"""Pass: aggregate the replicas' gradients of a worker before the update.
+"""Pass: aggregate the replicas' gradients, within the worker and across workers.
 
-Ops added, under ``parallax_aggregate/<variable>/`` on the worker's shared
-device, for every variable with a gradient:
+Ops added, on the worker's shared device, for every variable with a gradient
+(``<v>`` is the variable's name):
 
-* dense: ``AddN`` of the replicas' gradients, divided by the number of
-  replicas when the plan says ``mean``;
-* sparse: ``ConcatV2`` of the replicas' values and of their indices (the
-  update ops add duplicate rows up), values divided by the number of
-  replicas when the plan says ``mean``.
+1. local: ``parallax_aggregate/<v>/local/``: ``AddN`` of this worker's
+   replicas' dense gradients; ``ConcatV2`` of their sparse values and of
+   their indices;
+2. across workers, for variables whose plan says ``allreduce``: the backend's
+   ops under ``parallax_aggregate/allreduce/`` (dense sums) and
+   ``parallax_aggregate/allgather/`` (sparse values and indices), all built in
+   one call so the backend can fuse and order them;
+3. ``parallax_aggregate/<v>/grad`` (dense) or ``.../values`` and
+   ``.../indices`` (sparse): the result, divided by the total number of
+   replicas when the plan says ``mean``.
 
-The update ops (the shared ops on the path to the training op) then read
-the aggregate instead of replica 0's gradient. Other readers of a gradient
-(say, a logged gradient norm) keep their own replica's value.
+The update ops (the shared ops on the path to the training op) then read the
+result instead of replica 0's gradient. Other readers of a gradient (say, a
+logged gradient norm) keep their own replica's value.
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
+from parallax.comm.base import backend_for
 from parallax.plan.model import Plan, TaskSpec, VariablePlacement
 from parallax.rewrite.classify import classify
 from parallax.rewrite.graph_ops import format_input, node_map, parse_input
-from parallax.rewrite.names import aggregate_scope, replica_tensor_name
+from parallax.rewrite.names import AGGREGATE_PREFIX, replica_tensor_name
 
 __all__ = ["aggregate_gradients", "build_subgraph"]
 
@@ -45,42 +51,99 @@ def build_subgraph(builder, input_dtypes: list[tf.DType], input_names: list[str]
     for node in graph.as_graph_def().node:
         if node.name in replace:
             continue
-        del_inputs = list(node.input)
+        old_inputs = list(node.input)
         del node.input[:]
-        for text in del_inputs:
+        for text in old_inputs:
             name, index, control = parse_input(text)
             if name in replace:
-                if control:
-                    node.input.append(format_input(parse_input(replace[name])[0], 0, True))
-                else:
-                    node.input.append(replace[name])
+                target = replace[name]
+                node.input.append(format_input(parse_input(target)[0], 0, True) if control else target)
             else:
                 node.input.append(text)
         nodes.append(node)
     return nodes, [t.name for t in outputs]
 
 
-def _aggregate_fn(var: VariablePlacement, num: int):
-    def dense(ins):
-        total = tf.math.add_n(ins) if num > 1 else tf.identity(ins[0])
-        if var.aggregation == "mean" and num > 1:
-            total = total / tf.constant(num, dtype=total.dtype)
-        return [total]
+class _Layout:
+    """Where each variable's inputs sit in the flat input list of the scratch graph."""
 
-    def sparse(ins):
-        values, indices = ins[:num], ins[num:]
-        values = tf.concat(values, 0) if num > 1 else tf.identity(values[0])
-        indices = tf.concat(indices, 0) if num > 1 else tf.identity(indices[0])
-        if var.aggregation == "mean" and num > 1:
-            values = values / tf.constant(num, dtype=values.dtype)
-        return [values, indices]
+    def __init__(self, plan: Plan, num_local: int) -> None:
+        self.variables: list[VariablePlacement] = [v for v in plan.variables if v.gradient is not None]
+        self.names: list[str] = []
+        self.dtypes: list[tf.DType] = []
+        self.slices: dict[str, tuple[int, int]] = {}
+        for var in self.variables:
+            start = len(self.names)
+            parts = [(var.gradient.tensor, var.gradient.dtype)]
+            if var.sparse:
+                parts.append((var.gradient.indices, var.gradient.indices_dtype))
+            for tensor, dtype in parts:
+                for r in range(num_local):
+                    self.names.append(replica_tensor_name(tensor, r))
+                    self.dtypes.append(tf.dtypes.as_dtype(dtype))
+            self.slices[var.name] = (start, len(self.names))
 
-    return sparse if var.sparse else dense
+
+def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
+    """The scratch-graph builder: local reduce, cross-worker reduce, scale, name."""
+
+    def builder(inputs: list[tf.Tensor]) -> list[tf.Tensor]:
+        local: dict[str, tuple] = {}
+        for var in layout.variables:
+            start, end = layout.slices[var.name]
+            ins = inputs[start:end]
+            with tf.name_scope(f"{AGGREGATE_PREFIX}/{var.name}/local/"):
+                if var.sparse:
+                    values, indices = ins[:num_local], ins[num_local:]
+                    local[var.name] = (_concat(values), _concat(indices))
+                else:
+                    local[var.name] = (tf.math.add_n(ins) if num_local > 1 else tf.identity(ins[0]),)
+        crossed = dict(local)
+        reduce_vars = [v for v in layout.variables if v.sync == "allreduce"]
+        if reduce_vars:
+            backend = backend_for(plan.comm, plan.num_workers)
+            backend_nodes.append(backend)
+            dense = [v for v in reduce_vars if not v.sparse]
+            with tf.name_scope(f"{AGGREGATE_PREFIX}/allreduce/"):
+                summed = backend.allreduce_sum([local[v.name][0] for v in dense])
+            for v, t in zip(dense, summed):
+                crossed[v.name] = (t,)
+            sparse = [v for v in reduce_vars if v.sparse]
+            gatherer = backend
+            if sparse and plan.comm.use_allgatherv and plan.comm.backend != "mpi":
+                from dataclasses import replace
+
+                gatherer = backend_for(replace(plan.comm, backend="mpi"), plan.num_workers)
+                backend_nodes.append(gatherer)
+            with tf.name_scope(f"{AGGREGATE_PREFIX}/allgather/"):
+                gathered = gatherer.allgather([local[v.name] for v in sparse])
+            for v, pair in zip(sparse, gathered):
+                crossed[v.name] = pair
+        outputs = []
+        for var in layout.variables:
+            total = plan.num_replicas if var.sync == "allreduce" else num_local
+            scale = var.aggregation == "mean" and total > 1
+            with tf.name_scope(f"{AGGREGATE_PREFIX}/{var.name}/"):
+                first = crossed[var.name][0]
+                if scale:
+                    first = first / tf.constant(total, dtype=first.dtype)
+                if var.sparse:
+                    outputs.append(tf.identity(first, name="values"))
+                    outputs.append(tf.identity(crossed[var.name][1], name="indices"))
+                else:
+                    outputs.append(tf.identity(first, name="grad"))
+        return outputs
+
+    return builder
+
+
+def _concat(tensors: list[tf.Tensor]) -> tf.Tensor:
+    return tf.concat(tensors, 0) if len(tensors) > 1 else tf.identity(tensors[0])
 
 
 def aggregate_gradients(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec
                         ) -> meta_graph_pb2.MetaGraphDef:
-    """Aggregate every variable's gradient over ``task``'s local replicas.
+    """Aggregate every variable's gradient as the plan says (see the module docstring).
 
     Args:
         meta_graph: the graph after :func:`replicate_graph` (not modified).
@@ -93,37 +156,41 @@ def aggregate_gradients(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, tas
     out = meta_graph_pb2.MetaGraphDef()
     out.CopyFrom(meta_graph)
     worker = plan.workers[task.worker_index]
-    num = len(worker.replica_devices)
-    update_path = classify(out.graph_def, plan).update_path
+    num_local = len(worker.replica_devices)
+    layout = _Layout(plan, num_local)
+    if not layout.variables:
+        return out
+    backends: list = []
+    nodes, outputs = build_subgraph(_build(plan, layout, num_local, backends), layout.dtypes, layout.names,
+                                    AGGREGATE_PREFIX + "/")
+    for backend in backends:
+        backend.finalize_nodes(nodes)
+    for node in nodes:
+        node.device = worker.shared_device
     rewire: dict[str, str] = {}
-    added = []
-    for var in plan.variables:
-        if var.gradient is None:
-            continue
+    position = 0
+    for var in layout.variables:
         parts = [var.gradient.tensor] + ([var.gradient.indices] if var.sparse else [])
-        names = [replica_tensor_name(t, r) for t in parts for r in range(num)]
-        part_dtypes = [var.gradient.dtype] + ([var.gradient.indices_dtype] if var.sparse else [])
-        in_dtypes = [tf.dtypes.as_dtype(d) for d in part_dtypes for _ in range(num)]
-        nodes, outputs = build_subgraph(_aggregate_fn(var, num), in_dtypes, names,
-                                        aggregate_scope(var.name))
-        for node in nodes:
-            node.device = worker.shared_device
-        added.extend(nodes)
-        for original, aggregated in zip(parts, outputs):
-            op, index, _ = parse_input(aggregated)
+        for original in parts:
+            op, index, _ = parse_input(outputs[position])
             rewire[_canonical(original)] = format_input(op, index, False)
-    nodes = node_map(out.graph_def)
+            position += 1
+    update_path = classify(out.graph_def, plan).update_path
+    graph_nodes = node_map(out.graph_def)
     for name in sorted(update_path):
-        node = nodes[name]
+        node = graph_nodes[name]
         for i, text in enumerate(node.input):
             op, index, control = parse_input(text)
             key = _canonical(format_input(op, index, False))
             if not control and key in rewire:
                 node.input[i] = rewire[key]
-    out.graph_def.node.extend(added)
+    out.graph_def.node.extend(nodes)
     return out
 
 
 def _canonical(tensor: str) -> str:
     op, index, _ = parse_input(tensor)
     return f"{op}:{index}"
+
+
+

@@ -21,8 +21,8 @@ def test_describe_is_a_table():
     assert plan.describe() == "\n".join([
         "run_option=HYBRID sync=True workers=1 replicas=2",
         "  worker 0 on localhost: replicas on /device:CPU:0, /device:CPU:1; shared state on /device:CPU:0",
-        "  variable     shape   dtype    bytes  gradient  aggregation",
-        "  embedding    [20,4]  float32  320    sparse    sum",
-        "  global_step  []      int64    8      -         -",
-        "  proj/kernel  [4,1]   float32  16     dense     mean",
+        "  variable     shape   dtype    bytes  gradient  aggregation  sync",
+        "  embedding    [20,4]  float32  320    sparse    sum          local",
+        "  global_step  []      int64    8      -         -            -",
+        "  proj/kernel  [4,1]   float32  16     dense     mean         local",
     ])

@@ -19,9 +19,10 @@ def test_dense_gradients_are_averaged_and_sparse_ones_concatenated():
     plan, task = plan_for(model, 2, average_sparse=False)
     nodes = nodes_of(rewrite_for_task(export(model.graph), plan, task))
     dense = plan.variable("proj/kernel").gradient.tensor
-    add = nodes["parallax_aggregate/proj/kernel/AddN"]
+    add = nodes["parallax_aggregate/proj/kernel/local/AddN"]
     assert list(add.input) == [dense, "parallax_replica_1/" + dense]
     assert nodes["parallax_aggregate/proj/kernel/truediv"].op == "RealDiv"
+    assert nodes["parallax_aggregate/proj/kernel/grad"].input == ["parallax_aggregate/proj/kernel/truediv"]
     sparse = plan.variable("embedding").gradient
     concat = [n for n in nodes.values() if n.name.startswith("parallax_aggregate/embedding/")
               and n.op == "ConcatV2"]
@@ -29,7 +30,9 @@ def test_dense_gradients_are_averaged_and_sparse_ones_concatenated():
     assert not any(n.name.startswith("parallax_aggregate/embedding/") and n.op == "RealDiv"
                    for n in nodes.values())  # summed: average_sparse=False
     apply = nodes["Adam/update_proj/kernel/ResourceApplyAdam"]
-    assert "parallax_aggregate/proj/kernel/truediv" in apply.input
+    assert "parallax_aggregate/proj/kernel/grad" in apply.input
+    assert "parallax_aggregate/embedding/values" in [
+        i for n in nodes.values() if n.name.startswith("Adam/update_embedding/") for i in n.input]
     assert sparse.tensor not in [i for n in nodes.values() if n.name.startswith("Adam/update_embedding/")
                                  for i in n.input]
 

@@ -1,0 +1,70 @@
+"""The ``collective`` backend: TensorFlow's own collective ops.
+
+Ops added (under the caller's name scope), all in group 1 of
+``num_workers`` members, with instance keys numbered in the order the
+gradients come (sorted by variable name), identical on every worker:
+
+* ``CollectiveReduceV2`` (merge ``Add``) per dense gradient;
+* per sparse gradient: ``CollectiveGatherV2`` of each worker's row count,
+  then of the values and indices padded to the largest count, and a mask that
+  drops the padding.
+
+``communication_hint`` is ``nccl`` on GPUs and ``ring`` otherwise. The
+workers must run TensorFlow servers in one cluster (the launcher starts them)
+and the session must name a collective group leader.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from parallax.comm.base import Backend
+
+__all__ = ["CollectiveBackend", "GROUP_KEY", "TIMEOUT_SECONDS"]
+
+GROUP_KEY = 1
+TIMEOUT_SECONDS = 120.0
+
+
+class CollectiveBackend(Backend):
+    """TF collectives (see the module docstring)."""
+
+    name = "collective"
+
+    def __init__(self, spec, num_workers):
+        super().__init__(spec, num_workers)
+        self._instance = 0
+        self._hint = "nccl" if spec.gpu else "ring"
+
+    def _next_key(self) -> tf.Tensor:
+        self._instance += 1
+        return tf.constant(self._instance, name=f"instance_key_{self._instance}")
+
+    def _common(self):
+        return dict(group_size=tf.constant(self.num_workers, name="group_size"),
+                    group_key=tf.constant(GROUP_KEY, name="group_key"),
+                    instance_key=self._next_key(), ordering_token=[],
+                    communication_hint=self._hint, timeout_seconds=TIMEOUT_SECONDS)
+
+    def allreduce_sum(self, tensors):
+        return [tf.raw_ops.CollectiveReduceV2(input=t, merge_op="Add", final_op="Id", **self._common())
+                for t in tensors]
+
+    def _gather(self, t):
+        return tf.raw_ops.CollectiveGatherV2(input=t, **self._common())
+
+    def allgather(self, pairs):
+        results = []
+        for values, indices in pairs:
+            count = tf.shape(indices, out_type=tf.int32)[:1]
+            counts = self._gather(count)  # [num_workers]
+            longest = tf.reduce_max(counts)
+            pad = longest - count[0]
+            values_padded = tf.pad(values, tf.concat([[[0, pad]], tf.zeros([tf.rank(values) - 1, 2],
+                                                                            tf.int32)], 0))
+            indices_padded = tf.pad(indices, [[0, pad]])
+            all_values = self._gather(values_padded)
+            all_indices = self._gather(indices_padded)
+            keep = tf.reshape(tf.sequence_mask(counts, longest), [-1])
+            results.append((tf.boolean_mask(all_values, keep), tf.boolean_mask(all_indices, keep)))
+        return results

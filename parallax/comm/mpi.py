@@ -1,0 +1,177 @@
+"""The ``mpi`` backend: mpi4py ``Allreduce``/``Allgatherv`` called from the graph.
+
+Ops added (under the caller's name scope):
+
+* ``allreduce_<k>``: one ``PyFunc`` per fusion buffer: the dense gradients,
+  sorted by variable name, are flattened and concatenated into buffers of at
+  most ``fusion_bytes`` (per dtype), summed in place with
+  ``Allreduce(MPI.IN_PLACE, buffer)`` and split back;
+* ``allgatherv_<k>``: one ``PyFunc`` per sparse gradient: ``Allgatherv`` of
+  the values and of the indices.
+
+Every ``PyFunc`` has a control dependency on the one before it, so each
+worker issues the same MPI calls in the same order (unordered calls on one
+communicator give silently wrong sums). The graph names the Python function
+by a fixed token (``parallax_comm:mpi_allreduce`` ...); each process binds the
+token to its function with :func:`bind_py_functions` before importing the graph.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+
+from parallax.comm.base import Backend
+
+__all__ = ["MPIBackend", "bind_py_functions", "TOKEN_PREFIX"]
+
+TOKEN_PREFIX = "parallax_comm:"
+_ALLREDUCE = TOKEN_PREFIX + "mpi_allreduce"
+_ALLREDUCE_INPLACE = TOKEN_PREFIX + "mpi_allreduce_inplace"
+_ALLGATHERV = TOKEN_PREFIX + "mpi_allgatherv"
+_TRANSPORT_DTYPES = (tf.float32, tf.float64, tf.int32, tf.int64)
+
+
+def _unbound(*args):  # placeholder body; replaced per process by bind_py_functions
+    raise RuntimeError("Parallax MPI op ran before bind_py_functions()")
+
+
+def _py_func(inputs: list[tf.Tensor], out_dtypes: list[tf.DType], token: str, name: str,
+             tokens: dict[str, str]):
+    outputs = tf.numpy_function(_unbound, inputs, out_dtypes, stateful=True, name=name)
+    op = (outputs[0] if isinstance(outputs, (list, tuple)) else outputs).op
+    tokens[op.get_attr("token").decode()] = token  # scratch-graph token -> our fixed token
+    return outputs
+
+
+class MPIBackend(Backend):
+    """mpi4py inside the graph, fused and ordered (see the module docstring)."""
+
+    name = "mpi"
+
+    def __init__(self, spec, num_workers):
+        super().__init__(spec, num_workers)
+        self._tokens: dict[str, str] = {}
+
+    def finalize_nodes(self, nodes) -> None:
+        """Replace the scratch graph's PyFunc tokens by the fixed Parallax tokens."""
+        for node in nodes:
+            if node.op in ("PyFunc", "PyFuncStateless"):
+                token = node.attr["token"].s.decode()
+                if token in self._tokens:
+                    node.attr["token"].s = self._tokens[token].encode()
+
+    def allreduce_sum(self, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+        outputs: list[tf.Tensor | None] = [None] * len(tensors)
+        buckets: list[list[int]] = []
+        sizes: dict[int, int] = {}
+        current: dict[tf.DType, list[int]] = {}
+        for i, t in enumerate(tensors):
+            dtype = t.dtype if t.dtype in _TRANSPORT_DTYPES else tf.float32
+            nbytes = dtype.size * max(1, t.shape.num_elements() or 1)
+            bucket = current.get(dtype)
+            if bucket is None or sizes[id(bucket)] + nbytes > self.spec.fusion_bytes:
+                bucket = []
+                buckets.append(bucket)
+                current[dtype] = bucket
+                sizes[id(bucket)] = 0
+            bucket.append(i)
+            sizes[id(bucket)] += nbytes
+        for k, bucket in enumerate(buckets):
+            members = [tensors[i] for i in bucket]
+            transport = members[0].dtype if members[0].dtype in _TRANSPORT_DTYPES else tf.float32
+            flat = [tf.reshape(tf.cast(t, transport), [-1]) for t in members]
+            if len(flat) > 1:
+                fused = tf.concat(flat, 0, name=f"fuse_{k}")
+                token = _ALLREDUCE_INPLACE  # the concat's buffer is read by nobody else
+            else:
+                fused, token = flat[0], _ALLREDUCE
+            summed = self._chained(lambda f=fused, tok=token, k=k: [
+                _py_func([f], [transport], tok, f"allreduce_{k}", self._tokens)])[0]
+            if isinstance(summed, (list, tuple)):
+                summed = summed[0]
+            pieces = tf.split(summed, [tf.size(t) for t in members], name=f"unfuse_{k}") \
+                if len(members) > 1 else [summed]
+            for i, t, piece in zip(bucket, members, pieces):
+                outputs[i] = tf.cast(tf.reshape(piece, tf.shape(t)), t.dtype)
+        return outputs  # type: ignore[return-value]
+
+    def allgather(self, pairs):
+        results = []
+        for k, (values, indices) in enumerate(pairs):
+            transport = values.dtype if values.dtype in _TRANSPORT_DTYPES else tf.float32
+            v = tf.cast(values, transport)
+            gathered = self._chained(lambda v=v, ind=indices, k=k: _py_func(
+                [v, ind], [transport, ind.dtype], _ALLGATHERV, f"allgatherv_{k}", self._tokens))
+            all_values = tf.cast(tf.reshape(gathered[0], tf.concat([[-1], tf.shape(values)[1:]], 0)),
+                                 values.dtype)
+            results.append((all_values, tf.reshape(gathered[1], [-1])))
+        return results
+
+
+# --------------------------------------------------------------------------- #
+# Run time
+# --------------------------------------------------------------------------- #
+
+_BOUND: dict[str, object] = {}  # strong references: TF's registry holds functions weakly
+
+
+def _functions(comm):
+    from mpi4py import MPI
+
+    def allreduce(buf):
+        out = np.empty_like(buf)
+        comm.Allreduce(np.ascontiguousarray(buf), out, op=MPI.SUM)
+        return out
+
+    def allreduce_inplace(buf):
+        if not buf.flags.writeable or not buf.flags.c_contiguous:
+            return allreduce(buf)
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        return buf
+
+    def allgatherv(values, indices):
+        values = np.ascontiguousarray(values)
+        indices = np.ascontiguousarray(indices)
+        row = int(np.prod(values.shape[1:], dtype=np.int64))
+        counts = np.array(comm.allgather(int(values.shape[0])), dtype=np.int64)
+        all_indices = np.empty(int(counts.sum()), dtype=indices.dtype)
+        comm.Allgatherv(indices, [all_indices, counts])
+        all_values = np.empty((int(counts.sum()),) + values.shape[1:], dtype=values.dtype)
+        comm.Allgatherv(values.reshape(-1), [all_values.reshape(-1), counts * row])
+        return all_values, all_indices
+
+    return {_ALLREDUCE: allreduce, _ALLREDUCE_INPLACE: allreduce_inplace, _ALLGATHERV: allgatherv}
+
+
+def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None) -> graph_pb2.GraphDef:
+    """Point the graph's Parallax MPI ops at this process's functions.
+
+    Registers the functions in TensorFlow's ``numpy_function`` registry (once
+    per process) and returns a copy of ``graph_def`` whose ``PyFunc`` nodes use
+    the registry's tokens.
+
+    Args:
+        graph_def: a rewritten graph.
+        comm: the mpi4py communicator (a duplicate of ``COMM_WORLD`` by default).
+    """
+    from tensorflow.python.ops import script_ops
+
+    if not _BOUND:
+        if comm is None:
+            from mpi4py import MPI
+
+            comm = MPI.COMM_WORLD.Dup()
+        for key, fn in _functions(comm).items():
+            _BOUND[key] = (script_ops._py_funcs.insert(fn), fn)
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    for node in out.node:
+        if node.op in ("PyFunc", "PyFuncStateless"):
+            token = node.attr["token"].s.decode()
+            if token.startswith(TOKEN_PREFIX):
+                if token not in _BOUND:
+                    raise RuntimeError(f"no Parallax MPI function for token {token!r}")
+                node.attr["token"].s = _BOUND[token][0].encode()
+    return out
