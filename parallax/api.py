@@ -1,23 +1,29 @@
-"""``parallel_run``: resources -> analysis -> plan -> rewrite -> session."""
+"""``parallel_run``: resources -> analysis -> plan -> rewrite -> (launch) -> session."""
 
 from __future__ import annotations
 
 import logging
 import os
 import socket
+import sys
 
 import tensorflow as tf
-from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
+from tensorflow.core.protobuf import meta_graph_pb2
 
-from parallax.analysis import analyse_graph
+from parallax.analysis import GraphAnalysis, analyse_graph
 from parallax.config import Config
 from parallax.errors import LaunchError
+from parallax.launch.bootstrap import RankContext, launched_context
+from parallax.launch.launcher import current_program, launch
+from parallax.launch.layout import RankSpec, ranks_per_device
 from parallax.plan import Plan, TaskSpec, build_plan
+from parallax.plan.model import CommSpec
 from parallax.resources import LOCAL_HOSTS, Cluster, Device, WorkerTask, parse_resource_file
 from parallax.rewrite.classify import classify
 from parallax.rewrite.pipeline import rewrite_for_task
 from parallax.rewrite.replicate import shard_op_names
 from parallax.session import ParallaxSession
+from parallax.startup import start_collective_server, start_session
 
 __all__ = ["parallel_run"]
 
@@ -31,9 +37,14 @@ def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
     """Train ``single_gpu_graph`` data-parallel on the devices of ``resource_info``.
 
     The graph is analysed (variables, gradients, training op), a plan is made,
-    the graph is rewritten so that every listed device holds a replica, and a
-    session over the rewritten graph is returned, with the variables
-    initialized.
+    the graph is rewritten for this process, and a session over the rewritten
+    graph is returned with the variables initialized (equal on every worker).
+
+    With ``run_option='MPI'`` (or a resource file that needs several worker
+    processes), the first call starts the whole job: it runs this same program
+    once per device through ``mpirun``, where each process's ``parallel_run``
+    returns its own session; the launching process then waits and exits with
+    the job's exit code (it does not return).
 
     Example::
 
@@ -56,7 +67,7 @@ def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
         TypeError, ValueError: bad arguments or config values.
         ResourceFileError: the resource file is malformed.
         AnalysisError: the graph has no training op.
-        LaunchError: the resources cannot be used from this process.
+        LaunchError: the resources cannot be used as asked.
     """
     config = parallax_config if parallax_config is not None else Config()
     if not isinstance(config, Config):
@@ -68,34 +79,134 @@ def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
         raise TypeError(f"parallel_run: resource_info must be the path of a resource file, got "
                         f"{type(resource_info).__name__}")
     config.validate(sync=sync)
-    _warn_unapplied(config)
     graph, meta_graph = _load_graph(single_gpu_graph)
     cluster = parse_resource_file(resource_info)
-    worker = _local_worker(cluster)
-    devices = _resolve_devices(worker, cluster.source)
-
+    context = launched_context(config.redirect_path)
+    _warn_unapplied(config, launched=context is not None)
     analysis = analyse_graph(graph)
-    plan = build_plan(analysis, [(worker.host, devices)], run_option=config.effective_run_option,
-                      sync=sync, average_sparse=config.average_sparse)
+    if context is not None:
+        return _run_rank(context, cluster, graph, meta_graph, analysis, config, sync)
+    ranks = _multiprocess_layout(cluster, config.effective_run_option)
+    if ranks is None:
+        return _run_in_process(cluster, graph, meta_graph, analysis, config, sync)
+    _launch_and_exit(ranks, config)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# --------------------------------------------------------------------------- #
+# Which path
+# --------------------------------------------------------------------------- #
+
+def _multiprocess_layout(cluster: Cluster, run_option: str) -> tuple[RankSpec, ...] | None:
+    """The ranks to launch, or ``None`` when this process alone trains (one local worker)."""
+    single_local_worker = len(cluster.workers) == 1 and _is_local(cluster.workers[0].host)
+    if run_option == "MPI":
+        ranks = ranks_per_device(cluster)
+        if len(ranks) == 1 and single_local_worker:
+            return None
+        return ranks
+    if single_local_worker and not cluster.servers:
+        return None
+    if run_option == "PS":
+        raise LaunchError(
+            f"{cluster.source}: run_option='PS' across several processes (parameter servers, "
+            f"{len(cluster.workers)} worker line(s)) is not available in this version; one local "
+            "worker with in-graph replicas is. Use run_option='MPI' for several processes")
+    logger.warning("Parallax: run_option=%s across processes runs as MPI in this version: every "
+                   "variable is all-reduced (sparse ones all-gathered)%s", run_option,
+                   "; the ps lines of the cluster file are not used" if cluster.servers else "")
+    return ranks_per_device(cluster)
+
+
+def _launch_and_exit(ranks: tuple[RankSpec, ...], config: Config) -> None:
+    program = current_program()
+    mpi = config.communication_config.mpi_config
+    result = launch(ranks, "MPI", program, mpi.mpirun_options)
+    if result.failure is not None:
+        sys.stderr.write(f"\n{result.failure}\n")
+        sys.stderr.flush()
+    raise SystemExit(result.returncode)
+
+
+# --------------------------------------------------------------------------- #
+# One process, one worker, in-graph replicas
+# --------------------------------------------------------------------------- #
+
+def _run_in_process(cluster, graph, meta_graph, analysis, config, sync):
+    worker = cluster.workers[0]
+    devices = _resolve_devices(worker, cluster.source)
+    plan = build_plan(analysis, [(worker.host, tuple(d.tf_name for d in devices), "/device:CPU:0")],
+                      run_option=config.effective_run_option, sync=sync,
+                      average_sparse=config.average_sparse)
     logger.info("Parallax plan:\n%s", plan.describe())
     task = TaskSpec(worker_index=0)
     rewritten = rewrite_for_task(meta_graph, plan, task)
-    session, dist_graph = _start_session(rewritten, plan, devices, config)
-    replicated = _replicated_ops(meta_graph, plan)
-    wrapper = ParallaxSession(session, dist_graph, graph, replicated, len(devices))
+    cpus = max([d.index + 1 for d in devices if d.kind == "cpu"], default=0)
+    session, dist_graph = start_session(rewritten, config.sess_config, cpu_devices=cpus)
+    wrapper = ParallaxSession(session, dist_graph, graph, _replicated_ops(meta_graph, plan), len(devices))
     return wrapper, plan.num_workers, task.worker_index, len(devices)
 
 
 # --------------------------------------------------------------------------- #
-def _warn_unapplied(config: Config) -> None:
+# One rank of a launched job
+# --------------------------------------------------------------------------- #
+
+def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphAnalysis, config, sync):
+    expected = ranks_per_device(cluster)
+    if expected != context.ranks:
+        raise LaunchError(f"{cluster.source} describes {len(expected)} processes, but this job was launched "
+                          f"with {len(context.ranks)}; give parallel_run the resource file the job was "
+                          "started with")
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    mpi = config.communication_config.mpi_config
+    uses_gpu = [_rank_device(r, gpus).kind == "gpu" for r in context.ranks]
+    backend = mpi.backend if mpi.backend != "auto" else ("collective" if any(uses_gpu) else "mpi")
+    comm = CommSpec(backend=backend, fusion_bytes=mpi.fusion_bytes, use_allgatherv=mpi.use_allgatherv,
+                    gpu=any(uses_gpu))
+    server = None
+    if backend == "collective":
+        server = start_collective_server(context, config.sess_config)
+    workers = []
+    for r, spec in enumerate(context.ranks):
+        kind = "GPU" if uses_gpu[r] else "CPU"
+        prefix = f"/job:worker/replica:0/task:{r}" if server is not None else ""
+        device = f"{prefix}/device:{kind}:0"
+        workers.append((spec.host, (device,), device))
+    plan = build_plan(analysis, workers, run_option=context.run_option, sync=sync,
+                      average_sparse=config.average_sparse, cross_worker="allreduce", comm=comm)
+    if context.rank == 0:
+        logger.info("Parallax plan:\n%s", plan.describe())
+    task = TaskSpec(worker_index=context.rank)
+    rewritten = rewrite_for_task(meta_graph, plan, task)
+    my_device = _rank_device(context.spec, gpus)
+    session, dist_graph = start_session(
+        rewritten, config.sess_config, cpu_devices=0,
+        visible_gpu=my_device.index if my_device.kind == "gpu" else None,
+        server=server, task_index=context.rank, broadcast=True,
+        bind_mpi=backend == "mpi" or mpi.use_allgatherv, horovod=backend == "horovod")
+    wrapper = ParallaxSession(session, dist_graph, graph, _replicated_ops(meta_graph, plan), 1)
+    return wrapper, context.size, context.rank, 1
+
+
+def _rank_device(spec: RankSpec, gpus: int) -> Device:
+    if spec.device is None:
+        return Device("gpu", 0) if gpus else Device("cpu", 0)
+    return spec.device
+
+
+# --------------------------------------------------------------------------- #
+# Helpers
+# --------------------------------------------------------------------------- #
+
+def _warn_unapplied(config: Config, launched: bool) -> None:
     """Say which accepted settings this version does not act on yet (docs/status.md)."""
     unapplied = []
     if config.ckpt_config.ckpt_dir is not None:
         unapplied.append("ckpt_config")
     if config.profile_config.profile_dir is not None:
         unapplied.append("profile_config")
-    if config.redirect_path is not None:
-        unapplied.append("redirect_path")
+    if config.redirect_path is not None and not launched:
+        unapplied.append("redirect_path (applies to launched processes only)")
     if config.search_partitions:
         unapplied.append("search_partitions")
     if unapplied:
@@ -136,8 +247,7 @@ def _load_graph(single_gpu_graph) -> tuple[tf.Graph, meta_graph_pb2.MetaGraphDef
 def _is_local(host: str) -> bool:
     if host in LOCAL_HOSTS or host.startswith("127."):
         return True
-    names = {socket.gethostname(), socket.getfqdn()}
-    if host in names:
+    if host in {socket.gethostname(), socket.getfqdn()}:
         return True
     try:
         address = socket.gethostbyname(host.strip("[]"))
@@ -152,23 +262,6 @@ def _is_local(host: str) -> bool:
     return address in local
 
 
-def _local_worker(cluster: Cluster) -> WorkerTask:
-    if len(cluster.workers) > 1 or cluster.servers:
-        where = ", ".join(f"{w.host} (line {w.line})" for w in cluster.workers)
-        raise LaunchError(
-            f"{cluster.source}: describes {len(cluster.workers)} worker processes ({where})"
-            f"{' and parameter servers' if cluster.servers else ''}. This version of Parallax runs "
-            "one worker process with one replica per listed device of that host; list every device "
-            "of the host on one line (e.g. \"localhost: cpu:0,cpu:1\" or \"localhost: 0,1\")")
-    worker = cluster.workers[0]
-    if not _is_local(worker.host):
-        raise LaunchError(
-            f"{cluster.source}, line {worker.line}: host {worker.host!r} is not this machine "
-            f"({socket.gethostname()}). This version of Parallax runs on the local host only; "
-            "use localhost or this machine's name")
-    return worker
-
-
 def _resolve_devices(worker: WorkerTask, source: str) -> tuple[Device, ...]:
     gpus = len(tf.config.list_physical_devices("GPU"))
     if worker.devices is None:
@@ -180,30 +273,6 @@ def _resolve_devices(worker: WorkerTask, source: str) -> tuple[Device, ...]:
                 f"sees {gpus} GPU(s) on this machine. For replicas on the CPU write cpu:<n> ids, e.g. "
                 f"\"{worker.host}: cpu:0,cpu:1\"")
     return worker.devices
-
-
-def _session_config(config: Config, devices: tuple[Device, ...]) -> config_pb2.ConfigProto:
-    proto = config_pb2.ConfigProto()
-    if config.sess_config is not None:
-        proto.CopyFrom(config.sess_config)
-    proto.allow_soft_placement = True
-    cpus = max([d.index + 1 for d in devices if d.kind == "cpu"], default=0)
-    if cpus > proto.device_count.get("CPU", 1):
-        proto.device_count["CPU"] = cpus
-    return proto
-
-
-def _start_session(meta: meta_graph_pb2.MetaGraphDef, plan: Plan, devices: tuple[Device, ...],
-                   config: Config):
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.compat.v1.train.import_meta_graph(meta, clear_devices=False)
-        scaffold = tf.compat.v1.train.Scaffold()
-        session = tf.compat.v1.train.MonitoredTrainingSession(
-            is_chief=True, checkpoint_dir=None, scaffold=scaffold, config=_session_config(config, devices),
-            save_checkpoint_secs=None, save_summaries_steps=None, save_summaries_secs=None,
-            log_step_count_steps=None)
-    return session, graph
 
 
 def _replicated_ops(meta: meta_graph_pb2.MetaGraphDef, plan: Plan) -> frozenset[str]:

@@ -197,6 +197,22 @@ def _mpirun_options(owner: str, field: str, value: Any) -> str:
                     f"(e.g. '-mca btl ^openib'), got {_describe(value)}")
 
 
+ALLREDUCE_BACKENDS = ("auto", "mpi", "collective", "horovod")
+
+
+def _backend(owner: str, field: str, value: Any) -> str:
+    if not isinstance(value, str) or value.lower() not in ALLREDUCE_BACKENDS:
+        raise ValueError(f"{owner}.{field} is {value!r}; allowed: {', '.join(ALLREDUCE_BACKENDS)} "
+                         "('auto': mpi on CPUs, collective on GPUs)")
+    return value.lower()
+
+
+def _fusion_bytes(owner: str, field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{owner}.{field} must be an int >= 0 (bytes; 0 = no fusion), got {value!r}")
+    return value
+
+
 class MPIConfig(_ConfigBase):
     """How MPI (and the all-reduce half of HYBRID) communicates.
 
@@ -205,15 +221,26 @@ class MPIConfig(_ConfigBase):
             whatever the all-reduce backend.
         mpirun_options: extra ``mpirun`` options, a string or a list of strings
             (a list is joined with spaces, as in the seed system).
+        backend: the all-reduce backend: ``"mpi"`` (mpi4py inside the graph),
+            ``"collective"`` (TF collective ops; NCCL on GPUs), ``"horovod"``
+            (needs horovod installed), or ``"auto"`` (default: mpi on CPUs,
+            collective on GPUs). Not in the seed API.
+        fusion_bytes: the mpi backend fuses dense gradients into buffers of at
+            most this many bytes (default 64 MiB; 0 sends each on its own).
+            Not in the seed API.
     """
 
     _FIELDS = {
         "use_allgatherv": (lambda: False, _bool),
         "mpirun_options": (lambda: "", _mpirun_options),
+        "backend": (lambda: "auto", _backend),
+        "fusion_bytes": (lambda: 64 * 1024 * 1024, _fusion_bytes),
     }
 
-    def __init__(self, use_allgatherv: bool = False, mpirun_options: str | list[str] = "") -> None:
-        super().__init__(use_allgatherv=use_allgatherv, mpirun_options=mpirun_options)
+    def __init__(self, use_allgatherv: bool = False, mpirun_options: str | list[str] = "",
+                 backend: str = "auto", fusion_bytes: int = 64 * 1024 * 1024) -> None:
+        super().__init__(use_allgatherv=use_allgatherv, mpirun_options=mpirun_options, backend=backend,
+                         fusion_bytes=fusion_bytes)
 
 
 class CommunicationConfig(_ConfigBase):

@@ -151,3 +151,13 @@ def sequence_batches(steps: int, batch: int, seed: int = 0) -> list[dict[str, np
     rng = np.random.RandomState(seed)
     return [{"ids": rng.randint(0, VOCAB, (batch, 5)).astype(np.int64),
              "y": rng.randn(batch, 1).astype(np.float32)} for _ in range(steps)]
+
+
+BUILDERS = {"mlp": build_mlp, "embedding": build_embedding,
+            "embedding_only": lambda optimizer="gd", lr_scale=1.0: build_embedding(
+                optimizer, dense_part=False, lr_scale=lr_scale),
+            "sequence": lambda optimizer="adam": build_sequence(optimizer, partitions=2)}
+DATA = {"mlp": lambda steps, batch: batches("mlp", steps, batch),
+        "embedding": lambda steps, batch: batches("embedding", steps, batch),
+        "embedding_only": lambda steps, batch: batches("embedding", steps, batch),
+        "sequence": lambda steps, batch: sequence_batches(steps, batch)}

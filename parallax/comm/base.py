@@ -50,7 +50,7 @@ class Backend(ABC):
     def allgather(self, pairs: list[tuple[tf.Tensor, tf.Tensor]]) -> list[tuple[tf.Tensor, tf.Tensor]]:
         """Concatenate each ``(values, indices)`` pair over the workers, worker 0 first."""
 
-    def finalize_nodes(self, nodes: list) -> None:
+    def finalize_nodes(self, nodes: list) -> None:  # noqa: B027 - optional hook
         """Adjust the NodeDefs built in the scratch graph (default: nothing)."""
 
     def _chained(self, build):

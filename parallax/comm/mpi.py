@@ -87,10 +87,8 @@ class MPIBackend(Backend):
                 token = _ALLREDUCE_INPLACE  # the concat's buffer is read by nobody else
             else:
                 fused, token = flat[0], _ALLREDUCE
-            summed = self._chained(lambda f=fused, tok=token, k=k: [
-                _py_func([f], [transport], tok, f"allreduce_{k}", self._tokens)])[0]
-            if isinstance(summed, (list, tuple)):
-                summed = summed[0]
+            summed = self._chained(lambda f=fused, tok=token, k=k, d=transport: _py_func(
+                [f], [d], tok, f"allreduce_{k}", self._tokens))[0]
             pieces = tf.split(summed, [tf.size(t) for t in members], name=f"unfuse_{k}") \
                 if len(members) > 1 else [summed]
             for i, t, piece in zip(bucket, members, pieces):
@@ -103,7 +101,7 @@ class MPIBackend(Backend):
             transport = values.dtype if values.dtype in _TRANSPORT_DTYPES else tf.float32
             v = tf.cast(values, transport)
             gathered = self._chained(lambda v=v, ind=indices, k=k: _py_func(
-                [v, ind], [transport, ind.dtype], _ALLGATHERV, f"allgatherv_{k}", self._tokens))
+                [v, ind], [v.dtype, ind.dtype], _ALLGATHERV, f"allgatherv_{k}", self._tokens))
             all_values = tf.cast(tf.reshape(gathered[0], tf.concat([[-1], tf.shape(values)[1:]], 0)),
                                  values.dtype)
             results.append((all_values, tf.reshape(gathered[1], [-1])))
@@ -122,7 +120,7 @@ def _functions(comm):
 
     def allreduce(buf):
         out = np.empty_like(buf)
-        comm.Allreduce(np.ascontiguousarray(buf), out, op=MPI.SUM)
+        comm.Allreduce(np.require(buf, requirements="C"), out, op=MPI.SUM)
         return out
 
     def allreduce_inplace(buf):
@@ -132,8 +130,8 @@ def _functions(comm):
         return buf
 
     def allgatherv(values, indices):
-        values = np.ascontiguousarray(values)
-        indices = np.ascontiguousarray(indices)
+        values = np.require(values, requirements="C")
+        indices = np.require(indices, requirements="C")
         row = int(np.prod(values.shape[1:], dtype=np.int64))
         counts = np.array(comm.allgather(int(values.shape[0])), dtype=np.int64)
         all_indices = np.empty(int(counts.sum()), dtype=indices.dtype)

@@ -1,16 +1,16 @@
-"""Build a :class:`Plan` from the graph analysis, the cluster and the config."""
+"""Build a :class:`Plan` from the graph analysis, the workers and the config."""
 
 from __future__ import annotations
 
 from parallax.analysis import GraphAnalysis
-from parallax.plan.model import GradientRef, Plan, VariablePlacement, WorkerPlan
-from parallax.resources import Device
+from parallax.plan.model import CommSpec, GradientRef, Plan, VariablePlacement, WorkerPlan
 
 __all__ = ["build_plan"]
 
 
-def build_plan(analysis: GraphAnalysis, worker_devices: list[tuple[str, tuple[Device, ...]]], *,
-               run_option: str, sync: bool, average_sparse: bool) -> Plan:
+def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...], str]], *,
+               run_option: str, sync: bool, average_sparse: bool, cross_worker: str = "local",
+               comm: CommSpec | None = None) -> Plan:
     """Decide the layout of every variable and replica.
 
     Dense gradients are averaged over the replicas; sparse ones are summed,
@@ -18,24 +18,26 @@ def build_plan(analysis: GraphAnalysis, worker_devices: list[tuple[str, tuple[De
 
     Args:
         analysis: the single-device graph's analysis.
-        worker_devices: ``(host, devices)`` of every worker task, in worker-id
-            order, with the devices already resolved.
+        workers: ``(host, replica devices, shared device)`` of every worker
+            task, in worker-id order, as TensorFlow device names.
         run_option: the resolved run option.
         sync: synchronous training.
         average_sparse: average sparse gradients instead of summing them.
+        cross_worker: how gradients cross workers: ``"local"`` (one worker)
+            or ``"allreduce"``.
+        comm: the all-reduce settings (defaults when ``None``).
 
     Returns:
         The plan.
     """
-    workers = []
-    for host, devices in worker_devices:
-        replica_devices = tuple(d.tf_name for d in devices)
-        workers.append(WorkerPlan(host, replica_devices, shared_device="/device:CPU:0"))
+    worker_plans = tuple(WorkerPlan(host, tuple(devices), shared) for host, devices, shared in workers)
+    sync_method = cross_worker if len(worker_plans) > 1 else "local"
     variables = []
     for v in analysis.variables:
         g = analysis.gradient(v.name)
         ref = None if g is None else GradientRef(g.tensor, g.indices, g.dtype, g.indices_dtype)
         aggregation = "sum" if (g is not None and g.sparse and not average_sparse) else "mean"
-        variables.append(VariablePlacement(v.name, v.shape, v.dtype, v.trainable, ref, aggregation))
-    return Plan(run_option=run_option, sync=sync, workers=tuple(workers),
-                variables=tuple(variables), train_ops=analysis.train_ops)
+        variables.append(VariablePlacement(v.name, v.shape, v.dtype, v.trainable, ref, aggregation,
+                                           sync_method if g is not None else "local"))
+    return Plan(run_option=run_option, sync=sync, workers=worker_plans, variables=tuple(variables),
+                train_ops=analysis.train_ops, comm=comm or CommSpec())

@@ -11,8 +11,8 @@ def export(graph):
 
 
 def plan_for(model, num_replicas, average_sparse=False):
-    devices = tuple(Device("cpu", i) for i in range(num_replicas))
-    plan = build_plan(analyse_graph(model.graph), [("localhost", devices)], run_option="HYBRID",
+    devices = tuple(Device("cpu", i).tf_name for i in range(num_replicas))
+    plan = build_plan(analyse_graph(model.graph), [("localhost", devices, "/device:CPU:0")], run_option="HYBRID",
                       sync=True, average_sparse=average_sparse)
     return plan, TaskSpec(0)
 

@@ -53,9 +53,7 @@ def test_update_path_and_hyper_parameters_are_shared():
         tf.compat.v1.train.GradientDescentOptimizer(lr).minimize(loss)
     from parallax.analysis import analyse_graph
     from parallax.plan import build_plan
-    from parallax.resources import Device
-
-    plan = build_plan(analyse_graph(graph), [("h", (Device("cpu", 0), Device("cpu", 1)))],
+    plan = build_plan(analyse_graph(graph), [("h", ("/device:CPU:0", "/device:CPU:1"), "/device:CPU:0")],
                       run_option="HYBRID", sync=True, average_sparse=False)
     roles = classify(export(graph).graph_def, plan)
     assert {"x", "loss", accuracy.op.name} <= roles.replicated

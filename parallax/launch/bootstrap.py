@@ -1,0 +1,85 @@
+"""What a launched process does first: learn its rank, register, redirect output.
+
+The launcher passes the job to every rank in environment variables:
+``PARALLAX_LAUNCH`` (JSON: run option and the rank layout) and
+``PARALLAX_JOB_DIR`` (where ranks register for failure reports).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from dataclasses import dataclass
+
+from parallax.errors import LaunchError
+from parallax.launch.layout import RankSpec, layout_from_json, layout_to_json
+from parallax.launch.runner import register_rank
+
+__all__ = ["RankContext", "launched_context", "launch_env", "LAUNCH_ENV", "JOB_DIR_ENV"]
+
+LAUNCH_ENV = "PARALLAX_LAUNCH"
+JOB_DIR_ENV = "PARALLAX_JOB_DIR"
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """This process's place in a launched job."""
+
+    rank: int
+    size: int
+    ranks: tuple[RankSpec, ...]
+    run_option: str
+    job_dir: str
+
+    @property
+    def spec(self) -> RankSpec:
+        return self.ranks[self.rank]
+
+
+def launch_env(ranks: tuple[RankSpec, ...], run_option: str, job_dir: str) -> dict[str, str]:
+    """The environment variables the launcher gives every rank."""
+    return {LAUNCH_ENV: json.dumps({"run_option": run_option, "ranks": layout_to_json(ranks)}),
+            JOB_DIR_ENV: job_dir}
+
+
+def launched_context(redirect_path: str | None = None) -> RankContext | None:
+    """This process's :class:`RankContext` if the Parallax launcher started it, else ``None``.
+
+    Initializes MPI (through mpi4py), registers the rank in the job directory
+    and, with ``redirect_path``, sends this process's stdout and stderr to
+    ``<redirect_path>/worker_<rank>.stdout`` / ``.stderr``.
+
+    Raises:
+        LaunchError: MPI's world size disagrees with the layout the launcher sent.
+    """
+    text = os.environ.get(LAUNCH_ENV)
+    if not text:
+        return None
+    data = json.loads(text)
+    ranks = layout_from_json(data["ranks"])
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    if comm.size != len(ranks):
+        raise LaunchError(f"this process was launched with {comm.size} MPI ranks, but the job has "
+                          f"{len(ranks)}; start jobs with parallel_run or parallax-run, not a bare mpirun")
+    job_dir = os.environ.get(JOB_DIR_ENV, "")
+    log_path = None
+    if redirect_path:
+        os.makedirs(redirect_path, exist_ok=True)
+        base = os.path.join(redirect_path, f"worker_{comm.rank}")
+        log_path = base + ".stderr"
+        _redirect(base + ".stdout", 1, sys.stdout)
+        _redirect(log_path, 2, sys.stderr)
+    if job_dir:
+        register_rank(job_dir, comm.rank, socket.gethostname(), log_path)
+    return RankContext(comm.rank, comm.size, ranks, data["run_option"], job_dir)
+
+
+def _redirect(path: str, fd: int, stream) -> None:
+    stream.flush()
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(target, fd)
+    os.close(target)

@@ -1,0 +1,174 @@
+"""Start ``mpirun``, pass its output through, and explain a failure.
+
+The runner forwards SIGINT/SIGTERM to ``mpirun`` (which stops every rank),
+reads the first failed rank from ``mpirun``'s report, adds the host, pid and
+log path each rank registered in the job directory, and makes sure no rank
+process of this job is left on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from parallax.errors import TaskFailedError
+from parallax.launch.command import LaunchCommand
+
+__all__ = ["run_job", "JobResult", "parse_failure", "register_rank", "read_registry"]
+
+_SIGNAL_RE = re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) exited on\s+signal (\d+)")
+_ABORT_RE = re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) calling\s+\"abort\"")
+_EXIT_RE = re.compile(r"Process name:\s*\[[^\]]*,(\d+)\]\s*Exit code:\s*(-?\d+)")
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """How the job ended: ``returncode`` of mpirun and the first failure, if any."""
+
+    returncode: int
+    failure: TaskFailedError | None
+
+
+def register_rank(job_dir: str, rank: int, host: str, log_path: str | None) -> None:
+    """Called by each rank at start: record where it runs (for failure reports)."""
+    path = os.path.join(job_dir, f"rank_{rank}.json")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump({"rank": rank, "host": host, "pid": os.getpid(), "log": log_path}, f)
+    os.replace(path + ".tmp", path)
+
+
+def read_registry(job_dir: str) -> dict[int, dict]:
+    """What the ranks registered, by rank."""
+    out = {}
+    if not os.path.isdir(job_dir):
+        return out
+    for name in os.listdir(job_dir):
+        if name.startswith("rank_") and name.endswith(".json"):
+            try:
+                with open(os.path.join(job_dir, name), encoding="utf-8") as f:
+                    entry = json.load(f)
+                out[int(entry["rank"])] = entry
+            except (OSError, ValueError, KeyError):
+                continue
+    return out
+
+
+def parse_failure(output: str, registry: dict[int, dict], returncode: int) -> TaskFailedError:
+    """Turn mpirun's report into a :class:`TaskFailedError` naming rank and host."""
+    rank = host = None
+    exit_code: int | None = None
+    how = ""
+    m = _SIGNAL_RE.search(output)
+    if m:
+        rank, host, sig = int(m.group(1)), m.group(3), int(m.group(4))
+        exit_code = -sig
+        try:
+            how = f"was killed by signal {sig} ({signal.Signals(sig).name})"
+        except ValueError:
+            how = f"was killed by signal {sig}"
+    elif (m := _ABORT_RE.search(output)):
+        rank, host = int(m.group(1)), m.group(3)
+        exit_code = 1
+        how = "failed (an exception or a non-zero exit; its traceback is above)"
+    elif (m := _EXIT_RE.search(output)):
+        rank, exit_code = int(m.group(1)), int(m.group(2))
+        how = f"exited with code {exit_code}"
+    entry = registry.get(rank, {}) if rank is not None else {}
+    host = entry.get("host", host)
+    pid = entry.get("pid")
+    log = entry.get("log")
+    if rank is None:
+        message = f"Parallax job failed: mpirun exited with code {returncode}"
+    else:
+        message = (f"Parallax job failed: rank {rank} on host {host}"
+                   f"{f' (pid {pid})' if pid else ''} {how}; every other rank was stopped")
+    if log:
+        message += f". Its output: {log}"
+    return TaskFailedError(message, rank=rank, host=host, exit_code=exit_code, log_path=log)
+
+
+def _is_our_rank(pid: int, job_dir: str) -> bool:
+    """Whether ``pid`` is still a rank of this job (its environment names ``job_dir``)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"PARALLAX_JOB_DIR={job_dir}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def _kill_leftovers(registry: dict[int, dict], local_hosts: frozenset[str], job_dir: str) -> list[int]:
+    killed = []
+    for entry in registry.values():
+        pid = entry.get("pid")
+        if not pid or entry.get("host") not in local_hosts or not _is_our_rank(pid, job_dir):
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return killed
+
+
+def run_job(command: LaunchCommand, job_dir: str, local_hosts: frozenset[str],
+            popen: Callable[..., subprocess.Popen] = subprocess.Popen,
+            stderr_sink=None) -> JobResult:
+    """Run ``command`` to completion.
+
+    Args:
+        command: the mpirun command (see :mod:`parallax.launch.command`).
+        job_dir: directory where the ranks register.
+        local_hosts: names of this machine, whose leftover rank processes may be killed.
+        popen: process starter (injected by tests).
+        stderr_sink: where mpirun's stderr goes (default ``sys.stderr``).
+
+    Returns:
+        A :class:`JobResult`.
+    """
+    sink = stderr_sink or sys.stderr
+    env = dict(os.environ)
+    env.update(command.env)
+    proc = popen(list(command.argv), env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                 text=True, errors="replace", start_new_session=True)
+    tail: deque[str] = deque(maxlen=400)
+
+    def pump() -> None:
+        for line in proc.stderr:
+            tail.append(line)
+            sink.write(line)
+            sink.flush()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    previous = {}
+
+    def forward(signum, frame):
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, forward)
+    try:
+        returncode = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    reader.join(timeout=5)
+    registry = read_registry(job_dir)
+    time.sleep(0.1)
+    _kill_leftovers(registry, local_hosts, job_dir)
+    if returncode == 0:
+        return JobResult(0, None)
+    return JobResult(returncode, parse_failure("".join(tail), registry, returncode))

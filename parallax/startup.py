@@ -1,0 +1,149 @@
+"""Turn a rewritten graph into a running session in this process.
+
+Imports the rewritten ``MetaGraphDef`` into a fresh graph, binds what the
+communication backend needs in this process, starts a
+``MonitoredTrainingSession`` (which initializes the variables) and, for
+multi-process jobs, makes every worker start from worker 0's variable values.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
+
+from parallax.errors import LaunchError
+
+__all__ = ["start_session", "start_collective_server", "session_config"]
+
+logger = logging.getLogger("parallax")
+
+
+def session_config(user: config_pb2.ConfigProto | None, cpu_devices: int = 0, visible_gpu: int | None = None,
+                   group_leader: str | None = None) -> config_pb2.ConfigProto:
+    """A copy of the user's ``sess_config`` with what Parallax needs added."""
+    proto = config_pb2.ConfigProto()
+    if user is not None:
+        proto.CopyFrom(user)
+    proto.allow_soft_placement = True
+    if cpu_devices > proto.device_count.get("CPU", 1):
+        proto.device_count["CPU"] = cpu_devices
+    if visible_gpu is not None:
+        proto.gpu_options.visible_device_list = str(visible_gpu)
+    if group_leader is not None:
+        proto.experimental.collective_group_leader = group_leader
+    return proto
+
+
+def start_collective_server(context, user_config: config_pb2.ConfigProto | None, attempts: int = 3):
+    """Start this rank's TensorFlow server for the ``collective`` backend.
+
+    Every rank picks a free port, the ranks exchange ``host:port`` over MPI,
+    and each starts its server in the cluster ``{"worker": [...]}``. A port
+    taken between picking and binding makes every rank try again.
+
+    Raises:
+        LaunchError: no server could be started in ``attempts`` tries.
+    """
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    host = socket.gethostname()
+    last_error = None
+    for _ in range(attempts):
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        addresses = comm.allgather(f"{host}:{port}")
+        cluster = tf.train.ClusterSpec({"worker": addresses})
+        config = session_config(user_config, group_leader="/job:worker/replica:0/task:0")
+        try:
+            server = tf.distribute.Server(cluster, job_name="worker", task_index=context.rank, config=config,
+                                          start=True)
+            ok = True
+        except (tf.errors.UnknownError, tf.errors.InternalError, RuntimeError) as e:  # port taken
+            server, ok, last_error = None, False, e
+        if all(comm.allgather(ok)):
+            return server
+        time.sleep(0.2)
+    raise LaunchError(f"could not start the TensorFlow server of rank {context.rank} on {host}: {last_error}")
+
+
+def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.ConfigProto | None, *,
+                  cpu_devices: int = 0, visible_gpu: int | None = None, server=None, task_index: int = 0,
+                  broadcast: bool = False, bind_mpi: bool = False, horovod: bool = False):
+    """Import ``meta`` into a new graph and start a session on it.
+
+    Args:
+        meta: the rewritten graph.
+        user_config: the user's ``sess_config``.
+        cpu_devices: number of virtual CPU devices the replicas need.
+        visible_gpu: the one GPU this process uses.
+        server: the TensorFlow server of this process (collective backend).
+        task_index: this worker's index (for the collective group).
+        broadcast: after initialization, copy worker 0's variable values to
+            every worker (over MPI).
+        bind_mpi: bind the mpi backend's ops to this process's functions.
+        horovod: initialize Horovod in this process.
+
+    Returns:
+        ``(MonitoredSession, graph)``.
+    """
+    if bind_mpi:
+        from parallax.comm.mpi import bind_py_functions
+
+        bound = meta_graph_pb2.MetaGraphDef()
+        bound.CopyFrom(meta)
+        bound.graph_def.CopyFrom(bind_py_functions(meta.graph_def))
+        meta = bound
+    if horovod:
+        from parallax.comm.horovod import prepare_process
+
+        prepare_process()
+    leader = "/job:worker/replica:0/task:0" if server is not None else None
+    config = session_config(user_config, cpu_devices, visible_gpu, leader)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.train.import_meta_graph(meta, clear_devices=False)
+        assigns = _broadcast_ops(graph) if broadcast else None
+        scaffold = tf.compat.v1.train.Scaffold()
+        session = tf.compat.v1.train.MonitoredTrainingSession(
+            master=server.target if server is not None else "", is_chief=True, checkpoint_dir=None,
+            scaffold=scaffold, config=config, save_checkpoint_secs=None, save_summaries_steps=None,
+            save_summaries_secs=None, log_step_count_steps=None)
+    if assigns is not None:
+        _broadcast(session, assigns)
+    return session, graph
+
+
+def _broadcast_ops(graph: tf.Graph):
+    variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    ops = []
+    with tf.name_scope("parallax_broadcast/"):
+        for v in variables:
+            ph = tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape)
+            assign = tf.compat.v1.assign(v, ph, validate_shape=False)
+            ops.append((v, ph, assign.op if isinstance(assign, tf.Tensor) else assign))
+    return ops
+
+
+def _broadcast(session, assigns) -> None:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    values = session.run([v for v, _, _ in assigns])
+    feeds = {}
+    for (_, ph, _), value in zip(assigns, values):
+        value = np.array(value, order="C", copy=True)
+        if value.dtype == object:
+            value = comm.bcast(value, root=0)
+        else:
+            comm.Bcast(value, root=0)
+        feeds[ph] = value
+    if comm.rank != 0:
+        session.run([op for _, _, op in assigns], feed_dict=feeds)
+    comm.Barrier()

@@ -1,0 +1,63 @@
+"""Run a training script as a user would, in a loopback-only network namespace when
+this machine allows one (root + ``unshare -n``), bounded by a timeout."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "train_script.py")
+
+
+@functools.lru_cache(maxsize=1)
+def namespace_prefix() -> tuple[str, ...]:
+    """``unshare -n`` with loopback up, or nothing where namespaces are not allowed."""
+    unshare, ip = shutil.which("unshare"), shutil.which("ip")
+    if not unshare or not ip or os.environ.get("PARALLAX_TEST_NO_NETNS"):
+        return ()
+    probe = subprocess.run([unshare, "-n", "sh", "-c", f"{ip} link set lo up"], capture_output=True, timeout=20)
+    if probe.returncode != 0:
+        return ()
+    return (unshare, "-n", "sh", "-c", f'{ip} link set lo up && exec "$@"', "parallax-netns")
+
+
+@dataclass
+class Run:
+    returncode: int
+    output: str
+    seconds: float
+    out_dir: str
+    ended_at: float
+
+    def rank_values(self, rank: int) -> dict[str, np.ndarray]:
+        with np.load(os.path.join(self.out_dir, f"rank_{rank}.npz")) as data:
+            return {k.replace("__", "/"): data[k] for k in data.files}
+
+
+def run_script(tmp_path, resource_text: str, *args: str, timeout: float = 180, script: str = SCRIPT) -> Run:
+    resource = tmp_path / "resource_info"
+    resource.write_text(resource_text)
+    out_dir = tmp_path / "out"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    argv = [*namespace_prefix(), sys.executable, script, "--resource_info", str(resource),
+            "--out", str(out_dir), *args]
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                            env=env, cwd=str(tmp_path), start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        output, _ = proc.communicate()
+        raise AssertionError(f"job did not finish in {timeout}s:\n{output[-4000:]}") from None
+    return Run(proc.returncode, output, time.monotonic() - start, str(out_dir), time.time())

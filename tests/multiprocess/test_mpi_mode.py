@@ -1,0 +1,108 @@
+"""MPI mode across real processes on localhost: numerics, failures, launching."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+from parallax.comm import horovod_available
+from tests.models import BUILDERS, DATA, train_single_device
+from tests.multiprocess.harness import run_script
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+STEPS, BATCH = 4, 12  # 12 rows split evenly over 2 or 3 ranks
+BACKENDS = ["mpi", "collective"] + (["horovod"] if horovod_available() else [])
+
+
+def resources(num_ranks: int) -> str:
+    return "localhost: " + ",".join(f"cpu:{i}" for i in range(num_ranks)) + "\n"
+
+
+def expected_values(model: str, optimizer: str = "adam") -> dict[str, np.ndarray]:
+    return train_single_device(BUILDERS[model](optimizer), DATA[model](STEPS, BATCH))
+
+
+def check_ranks_match(run, expected, num_ranks):
+    assert run.returncode == 0, run.output[-6000:]
+    for rank in range(num_ranks):
+        got = run.rank_values(rank)
+        assert set(got) == set(expected)
+        for name, value in expected.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=f"rank {rank}: {name}")
+
+
+@pytest.mark.parametrize("num_ranks", [2, 3])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("model", ["mlp", "embedding"])
+def test_every_rank_ends_with_the_single_device_variables(tmp_path, model, backend, num_ranks):
+    run = run_script(tmp_path, resources(num_ranks), "--model", model, "--backend", backend,
+                     "--steps", str(STEPS), "--batch", str(BATCH), "--average_sparse")
+    check_ranks_match(run, expected_values(model), num_ranks)
+
+
+@pytest.mark.parametrize("backend", ["collective"])
+def test_use_allgatherv_sends_sparse_gradients_over_mpi(tmp_path, backend):
+    run = run_script(tmp_path, resources(2), "--model", "embedding", "--backend", backend, "--use_allgatherv",
+                     "--average_sparse")
+    check_ranks_match(run, expected_values("embedding"), 2)
+
+
+def test_no_fusion_and_partitioned_sequence_model(tmp_path):
+    run = run_script(tmp_path, resources(2), "--model", "sequence", "--fusion_bytes", "0", "--average_sparse")
+    check_ranks_match(run, expected_values("sequence"), 2)
+
+
+@pytest.mark.parametrize("num_ranks", [2, 3])
+def test_sparse_gradients_are_summed_without_average_sparse(tmp_path, num_ranks):
+    """Seed semantics: the sum of the ranks' gradients, i.e. num_ranks x the union-batch mean."""
+    run = run_script(tmp_path, resources(num_ranks), "--model", "embedding_only", "--optimizer", "gd")
+    expected = train_single_device(BUILDERS["embedding_only"]("gd", lr_scale=float(num_ranks)),
+                                   DATA["embedding_only"](STEPS, BATCH))
+    check_ranks_match(run, expected, num_ranks)
+
+
+def test_a_killed_rank_ends_the_job_quickly_naming_rank_and_host(tmp_path):
+    run = run_script(tmp_path, resources(3), "--kill_rank", "1", "--kill_step", "2", "--steps", "50")
+    assert run.returncode != 0
+    killed_at = float((tmp_path / "out" / "killed_at").read_text())
+    assert run.ended_at - killed_at < 30, run.ended_at - killed_at
+    assert re.search(r"Parallax job failed: rank 1 on host \S+ \(pid \d+\) was killed by signal 9", run.output), \
+        run.output[-3000:]
+    assert not _leftover_ranks(tmp_path)
+
+
+def test_an_exception_in_a_rank_ends_the_job_naming_it(tmp_path):
+    run = run_script(tmp_path, resources(2), "--raise_rank", "1", "--kill_step", "1", "--steps", "50")
+    assert run.returncode != 0
+    assert "deliberate failure on rank 1" in run.output
+    assert re.search(r"Parallax job failed: rank 1 on host \S+", run.output), run.output[-3000:]
+    assert not _leftover_ranks(tmp_path)
+
+
+def test_redirect_path_gives_each_rank_its_own_files(tmp_path):
+    logs = tmp_path / "logs"
+    run = run_script(tmp_path, resources(2), "--redirect_path", str(logs))
+    assert run.returncode == 0, run.output[-4000:]
+    assert sorted(os.listdir(logs)) == ["worker_0.stderr", "worker_0.stdout", "worker_1.stderr", "worker_1.stdout"]
+    assert "rank 1 of 2 done" in (logs / "worker_1.stdout").read_text()
+    assert "rank 1 of 2 done" not in run.output
+
+
+def _leftover_ranks(tmp_path) -> list[int]:
+    """PIDs of processes still running this test's script (there must be none)."""
+    marker = str(tmp_path).encode()
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found

@@ -1,0 +1,71 @@
+"""A training script run as a user would (``python train_script.py ...``); used by the
+multi-process tests. Each rank writes its final variables to ``<out>/rank_<id>.npz``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import parallax  # noqa: E402
+from tests.models import BUILDERS, DATA  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--resource_info", required=True)
+    p.add_argument("--model", default="mlp")
+    p.add_argument("--optimizer", default="adam")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--batch", type=int, default=12)
+    p.add_argument("--run_option", default="MPI")
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--average_sparse", action="store_true")
+    p.add_argument("--use_allgatherv", action="store_true")
+    p.add_argument("--fusion_bytes", type=int, default=64 * 1024 * 1024)
+    p.add_argument("--redirect_path", default=None)
+    p.add_argument("--kill_rank", type=int, default=-1)
+    p.add_argument("--kill_step", type=int, default=2)
+    p.add_argument("--raise_rank", type=int, default=-1)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+
+    model = BUILDERS[args.model](args.optimizer)
+    mpi = parallax.MPIConfig(backend=args.backend, use_allgatherv=args.use_allgatherv,
+                             fusion_bytes=args.fusion_bytes)
+    config = parallax.Config(run_option=args.run_option, average_sparse=args.average_sparse,
+                             redirect_path=args.redirect_path,
+                             communication_config=parallax.CommunicationConfig(mpi_config=mpi))
+    sess, num_workers, worker_id, num_replicas = parallax.parallel_run(model.graph, args.resource_info,
+                                                                       parallax_config=config)
+    data = DATA[args.model](args.steps, args.batch)
+    parts = num_workers * num_replicas
+    for step, feed in enumerate(data):
+        if worker_id == args.kill_rank and step == args.kill_step:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "killed_at"), "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        if worker_id == args.raise_rank and step == args.kill_step:
+            raise RuntimeError(f"deliberate failure on rank {worker_id}")
+        mine = {model.inputs[k]: np.split(v, parts)[worker_id * num_replicas:(worker_id + 1) * num_replicas]
+                for k, v in feed.items()}
+        sess.run(model.train_op, feed_dict=mine)
+    variables = model.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    values = sess.run(variables)
+    os.makedirs(args.out, exist_ok=True)
+    np.savez(os.path.join(args.out, f"rank_{worker_id}.npz"),
+             **{v.op.name.replace("/", "__"): value[0] for v, value in zip(variables, values)})
+    print(f"rank {worker_id} of {num_workers} done", flush=True)
+    sess.close()
+
+
+if __name__ == "__main__":
+    main()
