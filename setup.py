@@ -25,9 +25,9 @@ setup(
     extras_require={
         "cpu": [f"tensorflow-cpu=={TF_VERSION}"],
         "gpu": [f"tensorflow[and-cuda]=={TF_VERSION}"],
-        "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6"],
+        "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "matplotlib>=3.8"],
     },
-    entry_points={"console_scripts": []},
+    entry_points={"console_scripts": ["parallax-run = parallax.cli:main"]},
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",

@@ -2,50 +2,50 @@
 
 The public surface follows the seed system's API: :func:`parallel_run` and
 the config objects. See ``docs/`` for the guide.
+
+Names are imported on first use, so ``parallax-run`` and the launcher start
+without loading TensorFlow.
 """
 
-from parallax import shard
-from parallax.api import parallel_run
-from parallax.config import (
-    CheckPointConfig,
-    CommunicationConfig,
-    Config,
-    MPIConfig,
-    ParallaxConfig,
-    ProfileConfig,
-    PSConfig,
-)
-from parallax.errors import (
-    AnalysisError,
-    LaunchError,
-    ParallaxError,
-    PlanError,
-    ResourceFileError,
-    RewriteError,
-    TaskFailedError,
-)
-from parallax.partitioner import get_partitioner
-from parallax.plan import Plan
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "parallel_run",
-    "Config",
-    "ParallaxConfig",
-    "CommunicationConfig",
-    "PSConfig",
-    "MPIConfig",
-    "CheckPointConfig",
-    "ProfileConfig",
-    "get_partitioner",
-    "shard",
-    "Plan",
-    "ParallaxError",
-    "ResourceFileError",
-    "AnalysisError",
-    "PlanError",
-    "RewriteError",
-    "LaunchError",
-    "TaskFailedError",
-]
+_EXPORTS = {
+    "parallel_run": "parallax.api",
+    "Config": "parallax.config",
+    "ParallaxConfig": "parallax.config",
+    "CommunicationConfig": "parallax.config",
+    "PSConfig": "parallax.config",
+    "MPIConfig": "parallax.config",
+    "CheckPointConfig": "parallax.config",
+    "ProfileConfig": "parallax.config",
+    "get_partitioner": "parallax.partitioner",
+    "Plan": "parallax.plan.model",
+    "ParallaxError": "parallax.errors",
+    "ResourceFileError": "parallax.errors",
+    "AnalysisError": "parallax.errors",
+    "PlanError": "parallax.errors",
+    "RewriteError": "parallax.errors",
+    "LaunchError": "parallax.errors",
+    "TaskFailedError": "parallax.errors",
+}
+
+__all__ = [*_EXPORTS, "shard"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "shard":
+        return importlib.import_module("parallax.shard")
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'parallax' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -179,9 +179,11 @@ def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphA
     task = TaskSpec(worker_index=context.rank)
     rewritten = rewrite_for_task(meta_graph, plan, task)
     my_device = _rank_device(context.spec, gpus)
+    on_this_host = sum(1 for r in context.ranks if r.host == context.spec.host)
     session, dist_graph = start_session(
         rewritten, config.sess_config, cpu_devices=0,
         visible_gpu=my_device.index if my_device.kind == "gpu" else None,
+        threads=max(1, (os.cpu_count() or 1) // on_this_host) if on_this_host > 1 else 0,
         server=server, task_index=context.rank, broadcast=True,
         bind_mpi=backend == "mpi" or mpi.use_allgatherv, horovod=backend == "horovod")
     wrapper = ParallaxSession(session, dist_graph, graph, _replicated_ops(meta_graph, plan), 1)

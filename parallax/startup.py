@@ -24,11 +24,20 @@ logger = logging.getLogger("parallax")
 
 
 def session_config(user: config_pb2.ConfigProto | None, cpu_devices: int = 0, visible_gpu: int | None = None,
-                   group_leader: str | None = None) -> config_pb2.ConfigProto:
-    """A copy of the user's ``sess_config`` with what Parallax needs added."""
+                   group_leader: str | None = None, threads: int = 0) -> config_pb2.ConfigProto:
+    """A copy of the user's ``sess_config`` with what Parallax needs added.
+
+    ``threads``: when several ranks share a host, each gets its share of the
+    cores for TensorFlow's thread pools (unless the user set them).
+    """
     proto = config_pb2.ConfigProto()
     if user is not None:
         proto.CopyFrom(user)
+    if threads > 0:
+        if not proto.intra_op_parallelism_threads:
+            proto.intra_op_parallelism_threads = threads
+        if not proto.inter_op_parallelism_threads:
+            proto.inter_op_parallelism_threads = threads
     proto.allow_soft_placement = True
     if cpu_devices > proto.device_count.get("CPU", 1):
         proto.device_count["CPU"] = cpu_devices
@@ -74,7 +83,8 @@ def start_collective_server(context, user_config: config_pb2.ConfigProto | None,
 
 
 def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.ConfigProto | None, *,
-                  cpu_devices: int = 0, visible_gpu: int | None = None, server=None, task_index: int = 0,
+                  cpu_devices: int = 0, visible_gpu: int | None = None, threads: int = 0, server=None,
+                  task_index: int = 0,
                   broadcast: bool = False, bind_mpi: bool = False, horovod: bool = False):
     """Import ``meta`` into a new graph and start a session on it.
 
@@ -83,6 +93,7 @@ def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.Con
         user_config: the user's ``sess_config``.
         cpu_devices: number of virtual CPU devices the replicas need.
         visible_gpu: the one GPU this process uses.
+        threads: TensorFlow threads per pool for this process (0: TensorFlow's default).
         server: the TensorFlow server of this process (collective backend).
         task_index: this worker's index (for the collective group).
         broadcast: after initialization, copy worker 0's variable values to
@@ -105,7 +116,7 @@ def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.Con
 
         prepare_process()
     leader = "/job:worker/replica:0/task:0" if server is not None else None
-    config = session_config(user_config, cpu_devices, visible_gpu, leader)
+    config = session_config(user_config, cpu_devices, visible_gpu, leader, threads)
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.train.import_meta_graph(meta, clear_devices=False)

@@ -45,7 +45,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch_size", type=int, default=32, help="per replica")
     parser.add_argument("--learning_rate", type=float, default=0.5)
-    parser.add_argument("--run_option", default=None, help="PS, MPI, HYBRID or AUTO")
+    parser.add_argument("--run_option", default="MPI",
+                        help="PS, MPI (default here: one process per device), HYBRID or AUTO")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     logging.getLogger("parallax").setLevel(logging.INFO)
@@ -55,7 +56,8 @@ def main() -> None:
     config = parallax.Config(run_option=args.run_option)
     sess, num_workers, worker_id, num_replicas = parallax.parallel_run(
         graph, args.resource_info, sync=True, parallax_config=config)
-    print(f"worker {worker_id} of {num_workers}, {num_replicas} replica(s) on this worker")
+    chief = worker_id == 0
+    print(f"worker {worker_id} of {num_workers} ready, {num_replicas} replica(s) in this process", flush=True)
 
     rng = np.random.default_rng(worker_id)
     start = time.time()
@@ -63,12 +65,12 @@ def main() -> None:
         xs = [rng.random(args.batch_size, dtype=np.float32) for _ in range(num_replicas)]
         ys = [x * TRUE_W + TRUE_B for x in xs]
         losses, _ = sess.run([t["loss"], t["train_op"]], feed_dict={t["x"]: xs, t["y"]: ys})
-        if step == 1 or step % 20 == 0:
+        if chief and (step == 1 or step % 20 == 0):
             w, b = sess.run([t["W"], t["b"]])
-            print(f"step {step:4d}  loss per replica {', '.join(f'{v:.3e}' for v in losses)}  "
-                  f"W={w[0]:+.4f} b={b[0]:+.4f}")
+            print(f"step {step:4d}  loss {', '.join(f'{v:.3e}' for v in losses)}  "
+                  f"W={w[0]:+.4f} b={b[0]:+.4f}", flush=True)
     w, b, gstep = sess.run([t["W"], t["b"], t["global_step"]])
-    print(f"done: {args.steps} steps in {time.time() - start:.1f}s, global step {gstep[0]}; "
+    print(f"worker {worker_id} done: {args.steps} steps in {time.time() - start:.1f}s, global step {gstep[0]}; "
           f"final loss {float(np.mean(losses)):.2e}; learned W={w[0]:.4f} b={b[0]:.4f} "
           f"(true W={TRUE_W} b={TRUE_B})")
     sess.close()

@@ -83,12 +83,17 @@ class MPIBackend(Backend):
             transport = members[0].dtype if members[0].dtype in _TRANSPORT_DTYPES else tf.float32
             flat = [tf.reshape(tf.cast(t, transport), [-1]) for t in members]
             if len(flat) > 1:
+                # In place: MPI sums straight into the concat's buffer, which only the
+                # split below reads, after the call (control dependency). The call itself
+                # returns a one-element "done" flag, so no buffer is copied back.
                 fused = tf.concat(flat, 0, name=f"fuse_{k}")
-                token = _ALLREDUCE_INPLACE  # the concat's buffer is read by nobody else
+                done = self._chained(lambda f=fused, k=k: _py_func(
+                    [f], [tf.int32], _ALLREDUCE_INPLACE, f"allreduce_{k}", self._tokens))[0]
+                with tf.control_dependencies([done]):
+                    summed = tf.identity(fused, name=f"summed_{k}")
             else:
-                fused, token = flat[0], _ALLREDUCE
-            summed = self._chained(lambda f=fused, tok=token, k=k, d=transport: _py_func(
-                [f], [d], tok, f"allreduce_{k}", self._tokens))[0]
+                summed = self._chained(lambda f=flat[0], k=k, d=transport: _py_func(
+                    [f], [d], _ALLREDUCE, f"allreduce_{k}", self._tokens))[0]
             pieces = tf.split(summed, [tf.size(t) for t in members], name=f"unfuse_{k}") \
                 if len(members) > 1 else [summed]
             for i, t, piece in zip(bucket, members, pieces):
@@ -124,10 +129,12 @@ def _functions(comm):
         return out
 
     def allreduce_inplace(buf):
-        if not buf.flags.writeable or not buf.flags.c_contiguous:
-            return allreduce(buf)
+        if not buf.flags.c_contiguous:
+            raise RuntimeError("Parallax: the fused gradient buffer is not contiguous")
+        if not buf.flags.writeable:  # numpy marks TF's buffer read-only; it is ours alone
+            buf.flags.writeable = True
         comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-        return buf
+        return np.ones(1, np.int32)
 
     def allgatherv(values, indices):
         values = np.require(values, requirements="C")

@@ -1,0 +1,236 @@
+"""All-reduce inside the graph vs raw mpi4py, and MPI-mode training speed, in one run.
+
+    python benchmarks/allreduce.py                 # writes benchmarks/results/allreduce.{json,png}
+
+Part 1 (2 ranks on this machine): for 1, 16 and 64 MB of float32, the time of
+``comm.Allreduce`` on a numpy array (raw), and of Parallax's ``mpi`` backend
+op inside a TensorFlow graph, one tensor (out of place) and the same bytes as
+two fused tensors (in place). Medians over repetitions, measured in the same
+processes one after the other.
+
+Part 2: steps/s of a small MLP trained by ``parallel_run`` in MPI mode with 1
+and 2 ranks (the same per-rank batch, so 2 ranks process twice the examples).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+SIZES_MB = (1, 16, 64)
+
+
+# --------------------------------------------------------------------------- #
+# Part 1: runs in every rank
+# --------------------------------------------------------------------------- #
+
+def comm_worker(out: str, reps: int) -> None:
+    import numpy as np
+    import tensorflow as tf
+    from mpi4py import MPI
+
+    from parallax.comm.mpi import MPIBackend, bind_py_functions
+    from parallax.plan.model import CommSpec
+
+    comm = MPI.COMM_WORLD
+    results = []
+    for mb in SIZES_MB:
+        n = mb * 1024 * 1024 // 4
+        buf = np.ones(n, np.float32)
+        comm.Barrier()
+        raw = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            comm.Allreduce(MPI.IN_PLACE, buf)
+            raw.append(time.perf_counter() - t0)
+        timings = {"raw_mpi4py": raw}
+        for variant, pieces in (("in_graph", 1), ("in_graph_fused", 2)):
+            graph = tf.Graph()
+            with graph.as_default():
+                v = tf.Variable(tf.ones([n]), name="v")
+                g = v.read_value() * 1.0
+                parts = tf.split(g, pieces) if pieces > 1 else [g]
+                backend = MPIBackend(CommSpec(fusion_bytes=1 << 40), comm.size)
+                summed = backend.allreduce_sum(parts)
+                probe = tf.add_n([s[:1] for s in summed])
+                baseline = tf.add_n([p[:1] for p in parts])
+                graph_def = graph.as_graph_def()
+                backend.finalize_nodes(graph_def.node)
+                graph_def = bind_py_functions(graph_def)
+            run_graph = tf.Graph()
+            with run_graph.as_default():
+                tf.graph_util.import_graph_def(graph_def, name="")
+                init = run_graph.get_operation_by_name("v/Assign")
+                probe_t = run_graph.get_tensor_by_name(probe.name)
+                base_t = run_graph.get_tensor_by_name(baseline.name)
+                with tf.compat.v1.Session(graph=run_graph) as sess:
+                    sess.run(init)
+                    sess.run(probe_t)
+                    comm.Barrier()
+                    total, base = [], []
+                    for _ in range(reps):
+                        t0 = time.perf_counter()
+                        sess.run(probe_t)
+                        total.append(time.perf_counter() - t0)
+                    for _ in range(reps):
+                        t0 = time.perf_counter()
+                        sess.run(base_t)
+                        base.append(time.perf_counter() - t0)
+            # the graph's own cost (reading and scaling the variable) is subtracted
+            timings[variant] = [t - float(np.median(base)) for t in total]
+        results.append({"megabytes": mb, **{k: float(np.median(v)) * 1e3 for k, v in timings.items()}})
+    if comm.rank == 0:
+        with open(out, "w") as f:
+            json.dump(results, f)
+
+
+# --------------------------------------------------------------------------- #
+# Part 2: a training script run through parallel_run
+# --------------------------------------------------------------------------- #
+
+def train_worker(resource: str, out: str, steps: int, batch: int) -> None:
+    import numpy as np
+    import tensorflow as tf
+
+    import parallax
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 256])
+        y = tf.compat.v1.placeholder(tf.int64, [None])
+        h = x
+        for i, width in enumerate((512, 512)):
+            w = tf.compat.v1.get_variable(f"dense{i}/kernel", [h.shape[-1], width])
+            h = tf.nn.relu(tf.matmul(h, w))
+        logits = tf.matmul(h, tf.compat.v1.get_variable("out/kernel", [512, 10]))
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+        train = tf.compat.v1.train.MomentumOptimizer(0.01, 0.9).minimize(loss)
+    config = parallax.Config(run_option="MPI")
+    sess, num_workers, worker_id, _ = parallax.parallel_run(graph, resource, parallax_config=config)
+    rng = np.random.default_rng(worker_id)
+    feed = {x: [rng.standard_normal((batch, 256), np.float32)], y: [rng.integers(0, 10, batch)]}
+    for _ in range(5):
+        sess.run(train, feed_dict=feed)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        sess.run(train, feed_dict=feed)
+    seconds = time.perf_counter() - t0
+    if worker_id == 0:
+        params = sum(int(np.prod(v.shape)) for v in graph.get_collection("trainable_variables"))
+        with open(out, "w") as f:
+            json.dump({"ranks": num_workers, "steps_per_s": steps / seconds,
+                       "examples_per_s": steps * batch * num_workers / seconds, "parameters": params,
+                       "batch_per_rank": batch}, f)
+    sess.close()
+
+
+# --------------------------------------------------------------------------- #
+# Driver
+# --------------------------------------------------------------------------- #
+
+def _plot(data: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    rows = data["allreduce_2_ranks"]
+    sizes = [r["megabytes"] for r in rows]
+    width = 0.27
+    for i, (key, label) in enumerate((("raw_mpi4py", "raw mpi4py Allreduce"),
+                                      ("in_graph", "in graph (1 tensor)"),
+                                      ("in_graph_fused", "in graph (2 tensors fused, in place)"))):
+        left.bar([j + (i - 1) * width for j in range(len(sizes))], [r[key] for r in rows], width, label=label)
+    left.set_xticks(range(len(sizes)), [f"{s} MB" for s in sizes])
+    left.set_ylabel("milliseconds (median)")
+    left.set_title("All-reduce of float32, 2 ranks on localhost")
+    left.legend(fontsize=8)
+    train = data["training"]
+    labels = [f"{t['ranks']} rank{'s' if t['ranks'] > 1 else ''}" for t in train]
+    right.bar(labels, [t["examples_per_s"] for t in train], color="tab:green")
+    for i, t in enumerate(train):
+        right.text(i, t["examples_per_s"], f"{t['steps_per_s']:.0f} steps/s", ha="center", va="bottom")
+    right.set_ylabel("examples / s")
+    right.set_title(f"MPI mode, MLP {train[0]['parameters'] / 1e6:.2f}M params, batch {train[0]['batch_per_rank']}/rank")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command")
+    c = sub.add_parser("comm")
+    c.add_argument("--out", required=True)
+    c.add_argument("--reps", type=int, default=20)
+    t = sub.add_parser("train")
+    t.add_argument("--resource_info", required=True)
+    t.add_argument("--out", required=True)
+    t.add_argument("--steps", type=int, default=200)
+    t.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--results", default=os.path.join(ROOT, "benchmarks", "results"))
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=200)
+    args = parser.parse_args()
+    if args.command == "comm":
+        return comm_worker(args.out, args.reps)
+    if args.command == "train":
+        return train_worker(args.resource_info, args.out, args.steps, args.batch)
+
+    from parallax.launch.launcher import launch
+    from parallax.launch.layout import ranks_per_device
+    from parallax.resources import parse_resource_text
+
+    os.makedirs(args.results, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="parallax_bench_")
+    print("part 1: all-reduce, 2 ranks ...", flush=True)
+    comm_out = os.path.join(work, "comm.json")
+    ranks = ranks_per_device(parse_resource_text("localhost: cpu:0,cpu:1\n"))
+    result = launch(ranks, "MPI", [os.path.abspath(__file__), "comm", "--out", comm_out, "--reps", str(args.reps)])
+    if result.returncode != 0:
+        raise SystemExit(f"all-reduce benchmark failed: {result.failure}")
+    with open(comm_out) as f:
+        comm_rows = json.load(f)
+    training = []
+    for n in (1, 2):
+        print(f"part 2: training with {n} rank(s) ...", flush=True)
+        resource = os.path.join(work, f"resources_{n}")
+        with open(resource, "w") as f:
+            f.write("localhost: " + ",".join(f"cpu:{i}" for i in range(n)) + "\n")
+        out = os.path.join(work, f"train_{n}.json")
+        subprocess.run([sys.executable, os.path.abspath(__file__), "train", "--resource_info", resource,
+                        "--out", out, "--steps", str(args.steps)], check=True, cwd=work)
+        with open(out) as f:
+            training.append(json.load(f))
+    data = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+            "allreduce_2_ranks": comm_rows, "training": training}
+    for row in comm_rows:
+        row["in_graph_over_raw"] = row["in_graph"] / row["raw_mpi4py"]
+        row["in_graph_fused_over_raw"] = row["in_graph_fused"] / row["raw_mpi4py"]
+    data["training_speedup_2_over_1_examples"] = training[1]["examples_per_s"] / training[0]["examples_per_s"]
+    json_path = os.path.join(args.results, "allreduce.json")
+    with open(json_path, "w") as f:
+        json.dump(data, f, indent=2)
+    png_path = os.path.join(args.results, "allreduce.png")
+    _plot(data, png_path)
+    print(f"\n{'MB':>4} {'raw ms':>8} {'graph ms':>9} {'fused ms':>9} {'graph/raw':>10} {'fused/raw':>10}")
+    for r in comm_rows:
+        print(f"{r['megabytes']:>4} {r['raw_mpi4py']:>8.2f} {r['in_graph']:>9.2f} {r['in_graph_fused']:>9.2f} "
+              f"{r['in_graph_over_raw']:>10.2f} {r['in_graph_fused_over_raw']:>10.2f}")
+    for t in training:
+        print(f"{t['ranks']} rank(s): {t['steps_per_s']:.1f} steps/s, {t['examples_per_s']:.0f} examples/s")
+    print(f"\nwrote {json_path} and {png_path}")
+
+
+if __name__ == "__main__":
+    main()
