@@ -162,7 +162,8 @@ def _plot(data: dict, path: str) -> None:
     for i, t in enumerate(train):
         right.text(i, t["examples_per_s"], f"{t['steps_per_s']:.0f} steps/s", ha="center", va="bottom")
     right.set_ylabel("examples / s")
-    right.set_title(f"MPI mode, MLP {train[0]['parameters'] / 1e6:.2f}M params, batch {train[0]['batch_per_rank']}/rank")
+    first = train[0]
+    right.set_title(f"MPI mode, MLP {first['parameters'] / 1e6:.2f}M params, batch {first['batch_per_rank']}/rank")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
