@@ -14,6 +14,12 @@ indices of a sparse one) enter that scope from outside. So for every variable:
    ``values`` tensor plus an integer ``indices`` tensor (sparse, from an
    ``IndexedSlices``).
 
+When ops stand between ``tf.gradients`` and the update (``clip_by_global_norm``,
+a scaling), each gradient is also traced back to the raw ``tf.gradients``
+output it comes from (:func:`_find_raw_gradients`), so that Parallax can
+aggregate the replicas' raw gradients and run those ops once on the result,
+exactly as on one device.
+
 The training ops are the ``train_op`` collection when the graph has one, and
 otherwise the sinks of the update ops (the op ``apply_gradients`` returns).
 """
@@ -74,6 +80,9 @@ class GradientInfo:
         indices: the sparse gradient's indices tensor name (``None`` if dense).
         dtype: the gradient's dtype name.
         indices_dtype: the sparse gradient's indices dtype name.
+        raw_tensor, raw_indices: the output of ``tf.gradients`` that ``tensor``
+            and ``indices`` are computed from, when other ops (clipping,
+            scaling) stand between them; ``None`` otherwise.
         update_ops: names of the ops in the variable's update scope.
     """
 
@@ -84,6 +93,16 @@ class GradientInfo:
     dtype: str
     update_ops: tuple[str, ...]
     indices_dtype: str | None = None
+    raw_tensor: str | None = None
+    raw_indices: str | None = None
+
+    @property
+    def aggregation_tensors(self) -> tuple[str, str | None]:
+        """Where the replicas' gradients are aggregated: the raw output of
+        ``tf.gradients`` when ops (e.g. clipping) stand between it and the
+        update, so that those ops see the aggregated gradient; else the
+        update's own input."""
+        return (self.raw_tensor or self.tensor, self.raw_indices or self.indices)
 
     @property
     def tensors(self) -> tuple[str, ...]:
@@ -159,6 +178,7 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
     gradients = []
     for var_name in sorted(scopes):
         gradients.append(_gradient_of(var_name, scopes[var_name], graph))
+    gradients = _find_raw_gradients(graph, gradients)
     train_ops = _train_ops(graph, scopes)
     if not gradients or not train_ops:
         raise AnalysisError(
@@ -274,3 +294,83 @@ def _train_ops(graph: tf.Graph, scopes: dict[str, list]) -> tuple[str, ...]:
                 seen.add(c.name)
                 queue.append(c)
     return tuple(sorted(sinks))
+
+
+def _in_gradient_scope(op) -> bool:
+    return bool(_GRADIENT_SCOPE_RE.search(op.name))
+
+
+def _find_raw_gradients(graph: tf.Graph, gradients: list[GradientInfo]) -> list[GradientInfo]:
+    """Trace post-processed gradients back to the raw ``tf.gradients`` outputs.
+
+    The raw outputs are the tensors made in a ``gradients`` name scope that the
+    post-processing ops read (the frontier). A dense variable's raw gradient is
+    the nearest frontier tensor of the variable's shape; a sparse one's values
+    are the nearest frontier tensor made by the same gradient function as its
+    indices (which pass through unchanged). Every frontier tensor must be
+    claimed by exactly one variable; if not, the graph is left as it is and
+    aggregation happens at the update's inputs.
+    """
+    produced = [graph.get_tensor_by_name(t) for g in gradients for t in g.tensors]
+    if all(_in_gradient_scope(t.op) for t in produced):
+        return gradients  # nothing between tf.gradients and the update
+    frontier: set[str] = set()
+    distances: dict[str, dict[str, int]] = {}
+    for g in gradients:
+        start = graph.get_tensor_by_name(g.tensor)
+        distances[g.variable] = _frontier_distances(start, frontier)
+        if g.indices is not None:
+            indices = graph.get_tensor_by_name(g.indices)
+            if not _in_gradient_scope(indices.op):
+                return gradients
+            frontier.add(indices.name)
+    claimed: dict[str, str] = {}
+    result = []
+    for g in gradients:
+        near = sorted(distances[g.variable].items(), key=lambda kv: (kv[1], kv[0]))
+        if g.indices is None:
+            want = graph.get_tensor_by_name(g.tensor)
+            choice = next((t for t, _ in near if _same_shape(graph.get_tensor_by_name(t), want)), None)
+        else:
+            scope = graph.get_tensor_by_name(g.indices).op.name.rsplit("/", 1)[0]
+            choice = next((t for t, _ in near if graph.get_tensor_by_name(t).op.name.rsplit("/", 1)[0] == scope
+                           and graph.get_tensor_by_name(t).dtype.is_floating), None)
+            if choice is not None:
+                claimed[g.indices] = g.variable
+        if choice is None or choice in claimed:
+            return gradients
+        claimed[choice] = g.variable
+        result.append(GradientInfo(g.variable, g.sparse, g.tensor, g.indices, g.dtype, g.update_ops,
+                                   g.indices_dtype, raw_tensor=choice, raw_indices=g.indices))
+    if set(claimed) != frontier:
+        return gradients  # some raw gradient feeds the post-processing without being any variable's
+    return result
+
+
+def _frontier_distances(start, frontier: set[str]) -> dict[str, int]:
+    """Breadth-first backwards from ``start`` through ops outside gradient scopes;
+    returns the gradient-scope tensors reached, with their distance, and adds
+    them to ``frontier``."""
+    if _in_gradient_scope(start.op):
+        frontier.add(start.name)
+        return {start.name: 0}
+    found: dict[str, int] = {}
+    seen = {start.op.name}
+    queue = deque([(start.op, 1)])
+    while queue:
+        op, depth = queue.popleft()
+        for t in op.inputs:
+            p = t.op
+            if p.type in VARIABLE_OP_TYPES or p.type == "Const" or t.dtype == tf.resource:
+                continue
+            if _in_gradient_scope(p):
+                found.setdefault(t.name, depth)
+                frontier.add(t.name)
+            elif p.name not in seen:
+                seen.add(p.name)
+                queue.append((p, depth + 1))
+    return found
+
+
+def _same_shape(a, b) -> bool:
+    return a.dtype == b.dtype and a.shape.is_fully_defined() and a.shape == b.shape

@@ -35,7 +35,7 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
     variables = []
     for v in analysis.variables:
         g = analysis.gradient(v.name)
-        ref = None if g is None else GradientRef(g.tensor, g.indices, g.dtype, g.indices_dtype)
+        ref = None if g is None else GradientRef(*g.aggregation_tensors, g.dtype, g.indices_dtype)
         aggregation = "sum" if (g is not None and g.sparse and not average_sparse) else "mean"
         variables.append(VariablePlacement(v.name, v.shape, v.dtype, v.trainable, ref, aggregation,
                                            sync_method if g is not None else "local"))

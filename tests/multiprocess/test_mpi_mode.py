@@ -51,6 +51,13 @@ def test_use_allgatherv_sends_sparse_gradients_over_mpi(tmp_path, backend):
     check_ranks_match(run, expected_values("embedding"), 2)
 
 
+@pytest.mark.parametrize("model", ["mlp", "embedding"])
+def test_binding_clip_by_global_norm_matches_single_device(tmp_path, model):
+    run = run_script(tmp_path, resources(2), "--model", model, "--clip", "0.05", "--average_sparse")
+    expected = train_single_device(BUILDERS[model]("adam", clip=0.05), DATA[model](STEPS, BATCH))
+    check_ranks_match(run, expected, 2)
+
+
 def test_no_fusion_and_partitioned_sequence_model(tmp_path):
     run = run_script(tmp_path, resources(2), "--model", "sequence", "--fusion_bytes", "0", "--average_sparse")
     check_ranks_match(run, expected_values("sequence"), 2)

@@ -34,10 +34,12 @@ def main() -> None:
     p.add_argument("--kill_rank", type=int, default=-1)
     p.add_argument("--kill_step", type=int, default=2)
     p.add_argument("--raise_rank", type=int, default=-1)
+    p.add_argument("--clip", type=float, default=None)
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
-    model = BUILDERS[args.model](args.optimizer)
+    builder = BUILDERS[args.model]
+    model = builder(args.optimizer, clip=args.clip) if args.clip else builder(args.optimizer)
     mpi = parallax.MPIConfig(backend=args.backend, use_allgatherv=args.use_allgatherv,
                              fusion_bytes=args.fusion_bytes)
     config = parallax.Config(run_option=args.run_option, average_sparse=args.average_sparse,

@@ -79,10 +79,15 @@ def test_without_global_step_matches_single_device(resource_file):
 
 
 @pytest.mark.slow
-def test_clip_that_does_not_bind_matches_single_device(resource_file):
-    data = batches("embedding", STEPS, BATCH)
-    expected = train_single_device(build_embedding("adam", clip=100.0), data)
-    got, n = train_parallel(build_embedding("adam", clip=100.0), data, cpu_resources(resource_file, 2))
+@pytest.mark.parametrize("clip", [100.0, 0.05], ids=["loose", "binding"])
+@pytest.mark.parametrize("model_name, optimizer", [("embedding", "adam"), ("mlp", "gd"), ("embedding", "adagrad")])
+@pytest.mark.parametrize("num_replicas", [2, 4])
+def test_clip_by_global_norm_matches_single_device(resource_file, model_name, optimizer, clip, num_replicas):
+    """Clipping runs once, on the aggregated gradient, as on one device (even when it binds)."""
+    data = batches(model_name, STEPS, BATCH)
+    expected = train_single_device(BUILDERS[model_name](optimizer, clip=clip), data)
+    got, n = train_parallel(BUILDERS[model_name](optimizer, clip=clip), data,
+                            cpu_resources(resource_file, num_replicas))
     assert_same_variables(expected, got, n)
 
 

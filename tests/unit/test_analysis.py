@@ -25,6 +25,11 @@ def test_finds_dense_and_sparse_gradients_for_every_optimizer(optimizer, resourc
     assert graph.get_tensor_by_name(proj.tensor).shape.as_list() == [4, 1]
     if clip:
         assert "clip_by_global_norm" in emb.tensor and "clip_by_global_norm" in proj.tensor
+        # traced back to the raw tf.gradients outputs, where Parallax aggregates
+        assert emb.aggregation_tensors == ("gradients/embedding_lookup_grad/Reshape:0", emb.indices)
+        assert proj.aggregation_tensors[0].startswith("gradients/MatMul_grad/")
+    else:
+        assert emb.aggregation_tensors == (emb.tensor, emb.indices)
     assert analysis.train_ops == (model.train_op.name,)
     names = {v.name for v in analysis.variables}
     assert {"embedding", "proj/kernel"} <= names
@@ -108,3 +113,19 @@ def test_graph_without_training_op_is_a_clear_error():
         tf.reduce_sum(tf.matmul(x, w))
     with pytest.raises(AnalysisError, match=r"no training op.*optimizer.minimize\(loss\)"):
         analyse_graph(graph)
+
+
+def test_ambiguous_post_processing_falls_back_to_the_update_inputs():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 2])
+        a = tf.compat.v1.get_variable("a", [2, 1])
+        b = tf.compat.v1.get_variable("b", [2, 1])
+        loss = tf.reduce_sum(tf.matmul(x, a) + tf.matmul(x, b))
+        opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+        (ga, va), (gb, vb) = opt.compute_gradients(loss)
+        mixed = ga + gb  # one post-processed tensor made of two raw gradients, used for both
+        opt.apply_gradients([(mixed, va), (mixed * 2.0, vb)])
+    analysis = analyse_graph(graph)
+    for g in analysis.gradients:
+        assert g.aggregation_tensors == (g.tensor, None)
