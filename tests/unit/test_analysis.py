@@ -59,13 +59,18 @@ def test_learning_rate_placeholder_is_not_taken_for_a_gradient():
     assert analysis.train_ops == (train.name,)
 
 
+def two_variable_loss():
+    """Inside a graph context: variables a, b (both [2, 1]) and a loss using both."""
+    x = tf.compat.v1.placeholder(tf.float32, [None, 2])
+    a = tf.compat.v1.get_variable("a", [2, 1])
+    b = tf.compat.v1.get_variable("b", [2, 1])
+    return a, b, tf.reduce_mean(tf.matmul(x, a) + tf.matmul(x, b))
+
+
 def test_two_optimizers_give_two_train_ops_without_the_collection():
     graph = tf.Graph()
     with graph.as_default():
-        x = tf.compat.v1.placeholder(tf.float32, [None, 2])
-        a = tf.compat.v1.get_variable("a", [2, 1])
-        b = tf.compat.v1.get_variable("b", [2, 1])
-        loss = tf.reduce_mean(tf.matmul(x, a) + tf.matmul(x, b))
+        a, b, loss = two_variable_loss()
         t1 = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=[a])
         t2 = tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss, var_list=[b])
         graph.clear_collection(tf.compat.v1.GraphKeys.TRAIN_OP)
@@ -118,10 +123,7 @@ def test_graph_without_training_op_is_a_clear_error():
 def test_ambiguous_post_processing_falls_back_to_the_update_inputs():
     graph = tf.Graph()
     with graph.as_default():
-        x = tf.compat.v1.placeholder(tf.float32, [None, 2])
-        a = tf.compat.v1.get_variable("a", [2, 1])
-        b = tf.compat.v1.get_variable("b", [2, 1])
-        loss = tf.reduce_sum(tf.matmul(x, a) + tf.matmul(x, b))
+        _, _, loss = two_variable_loss()
         opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
         (ga, va), (gb, vb) = opt.compute_gradients(loss)
         mixed = ga + gb  # one post-processed tensor made of two raw gradients, used for both
