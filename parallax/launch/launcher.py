@@ -65,6 +65,13 @@ def local_host_names() -> frozenset[str]:
     return frozenset(LOCAL_HOSTS | {socket.gethostname(), socket.getfqdn()})
 
 
+def _count_hosts(ranks: tuple[RankSpec, ...]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in ranks:
+        counts[r.host] = counts.get(r.host, 0) + 1
+    return counts
+
+
 def launch(ranks: tuple[RankSpec, ...], run_option: str, program: list[str], mpirun_options: str = ""
            ) -> JobResult:
     """Run ``program`` in one process per rank and wait for the job to end.
@@ -85,7 +92,9 @@ def launch(ranks: tuple[RankSpec, ...], run_option: str, program: list[str], mpi
         mpirun, sys.executable, program, ranks, local_hosts=local, cpu_count=os.cpu_count() or 1,
         is_root=hasattr(os, "geteuid") and os.geteuid() == 0, user_options=mpirun_options,
         parallax_env=launch_env(ranks, run_option, job_dir), environ=dict(os.environ))
-    logger.info("Parallax: launching %d processes: %s", len(ranks), " ".join(command.argv))
+    hosts = ", ".join(f"{h} x{n}" for h, n in _count_hosts(ranks).items())
+    print(f"Parallax: starting {len(ranks)} processes ({hosts}) with mpirun", file=sys.stderr, flush=True)
+    logger.info("Parallax: %s", " ".join(command.argv))
     try:
         return run_job(command, job_dir, local)
     finally:
