@@ -52,6 +52,8 @@ class VariableInfo:
         dtype: its dtype name, e.g. ``float32``.
         trainable: whether it is in the ``trainable_variables`` collection.
         resource: resource variable (``VarHandleOp``) or ref variable.
+        colocate_with: the variable this one must live with (an optimizer
+            slot's primary variable), from the op's colocation attribute.
     """
 
     name: str
@@ -59,6 +61,7 @@ class VariableInfo:
     dtype: str
     trainable: bool
     resource: bool
+    colocate_with: str | None = None
 
     @property
     def num_bytes(self) -> int:
@@ -172,7 +175,7 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
                 else tuple(tf.TensorShape(shape).as_list())
             variables.append(VariableInfo(op.name, dims, tf.dtypes.as_dtype(op.get_attr("dtype")).name,
                                           op.name in trainable, op.type != "VariableV2"
-                                          and op.type != "Variable"))
+                                          and op.type != "Variable", _colocation(op)))
     variables.sort(key=lambda v: v.name)
     scopes = _update_scopes(ops, [v.name for v in variables])
     gradients = []
@@ -186,6 +189,17 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
             "Build the training step with optimizer.minimize(loss) or optimizer.apply_gradients(...) "
             "in the graph before calling parallel_run()")
     return GraphAnalysis(tuple(variables), tuple(gradients), train_ops)
+
+
+def _colocation(op) -> str | None:
+    try:
+        groups = [g.decode() for g in op.get_attr("_class")]
+    except ValueError:
+        return None
+    for g in groups:
+        if g.startswith("loc:@") and g[5:] != op.name:
+            return g[5:]
+    return None
 
 
 def _op_name(obj) -> str:

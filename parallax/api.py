@@ -15,7 +15,7 @@ from parallax.config import Config
 from parallax.errors import LaunchError
 from parallax.launch.bootstrap import RankContext, launched_context
 from parallax.launch.launcher import current_program, launch
-from parallax.launch.layout import RankSpec, ranks_per_device
+from parallax.launch.layout import RankSpec, ps_ranks, ranks_per_device
 from parallax.plan import Plan, TaskSpec, build_plan
 from parallax.plan.model import CommSpec
 from parallax.resources import LOCAL_HOSTS, Cluster, Device, WorkerTask, parse_resource_file
@@ -23,7 +23,7 @@ from parallax.rewrite.classify import classify
 from parallax.rewrite.pipeline import rewrite_for_task
 from parallax.rewrite.replicate import shard_op_names
 from parallax.session import ParallaxSession
-from parallax.startup import start_collective_server, start_session
+from parallax.startup import GROUP_LEADER, start_server, start_session
 
 __all__ = ["parallel_run"]
 
@@ -86,10 +86,10 @@ def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
     analysis = analyse_graph(graph)
     if context is not None:
         return _run_rank(context, cluster, graph, meta_graph, analysis, config, sync)
-    ranks = _multiprocess_layout(cluster, config.effective_run_option)
-    if ranks is None:
+    layout = _multiprocess_layout(cluster, config.effective_run_option)
+    if layout is None:
         return _run_in_process(cluster, graph, meta_graph, analysis, config, sync)
-    _launch_and_exit(ranks, config)
+    _launch_and_exit(*layout, config)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -97,31 +97,29 @@ def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
 # Which path
 # --------------------------------------------------------------------------- #
 
-def _multiprocess_layout(cluster: Cluster, run_option: str) -> tuple[RankSpec, ...] | None:
-    """The ranks to launch, or ``None`` when this process alone trains (one local worker)."""
+def _multiprocess_layout(cluster: Cluster, run_option: str) -> tuple[tuple[RankSpec, ...], str] | None:
+    """The ranks to launch and the run option they use, or ``None`` when this
+    process alone trains (one local worker, which needs no server)."""
     single_local_worker = len(cluster.workers) == 1 and _is_local(cluster.workers[0].host)
     if run_option == "MPI":
         ranks = ranks_per_device(cluster)
         if len(ranks) == 1 and single_local_worker:
             return None
-        return ranks
+        return ranks, "MPI"
     if single_local_worker and not cluster.servers:
         return None
     if run_option == "PS":
-        raise LaunchError(
-            f"{cluster.source}: run_option='PS' across several processes (parameter servers, "
-            f"{len(cluster.workers)} worker line(s)) is not available in this version; one local "
-            "worker with in-graph replicas is. Use run_option='MPI' for several processes")
+        return ps_ranks(cluster), "PS"
     logger.warning("Parallax: run_option=%s across processes runs as MPI in this version: every "
                    "variable is all-reduced (sparse ones all-gathered)%s", run_option,
                    "; the ps lines of the cluster file are not used" if cluster.servers else "")
-    return ranks_per_device(cluster)
+    return ranks_per_device(cluster), "MPI"
 
 
-def _launch_and_exit(ranks: tuple[RankSpec, ...], config: Config) -> None:
+def _launch_and_exit(ranks: tuple[RankSpec, ...], run_option: str, config: Config) -> None:
     program = current_program()
     mpi = config.communication_config.mpi_config
-    result = launch(ranks, "MPI", program, mpi.mpirun_options)
+    result = launch(ranks, run_option, program, mpi.mpirun_options)
     if result.failure is not None:
         sys.stderr.write(f"\n{result.failure}\n")
         sys.stderr.flush()
@@ -152,6 +150,8 @@ def _run_in_process(cluster, graph, meta_graph, analysis, config, sync):
 # --------------------------------------------------------------------------- #
 
 def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphAnalysis, config, sync):
+    if context.run_option == "PS":
+        return _run_ps_rank(context, cluster, graph, meta_graph, analysis, config, sync)
     expected = ranks_per_device(cluster)
     if expected != context.ranks:
         raise LaunchError(f"{cluster.source} describes {len(expected)} processes, but this job was launched "
@@ -165,7 +165,8 @@ def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphA
                     gpu=any(uses_gpu))
     server = None
     if backend == "collective":
-        server = start_collective_server(context, config.sess_config)
+        server = start_server(context.rank, [("worker", r) for r in range(context.size)], config.sess_config,
+                              group_leader=GROUP_LEADER)
     workers = []
     for r, spec in enumerate(context.ranks):
         kind = "GPU" if uses_gpu[r] else "CPU"
@@ -185,9 +186,70 @@ def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphA
         visible_gpu=my_device.index if my_device.kind == "gpu" else None,
         threads=max(1, (os.cpu_count() or 1) // on_this_host) if on_this_host > 1 else 0,
         server=server, task_index=context.rank, broadcast=True,
+        group_leader=GROUP_LEADER if server is not None else None,
         bind_mpi=backend == "mpi" or mpi.use_allgatherv, horovod=backend == "horovod")
     wrapper = ParallaxSession(session, dist_graph, graph, _replicated_ops(meta_graph, plan), 1)
     return wrapper, context.size, context.rank, 1
+
+
+def _run_ps_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphAnalysis, config, sync):
+    """A worker or parameter server of a PS job (see docs/modes.md)."""
+    import atexit
+
+    from mpi4py import MPI
+
+    expected = ps_ranks(cluster)
+    if expected != context.ranks:
+        raise LaunchError(f"{cluster.source} describes a different PS job than the one launched; give "
+                          "parallel_run the resource file the job was started with")
+    comm = MPI.COMM_WORLD
+    jobs, counters = [], {"worker": 0, "ps": 0}
+    for r in context.ranks:
+        jobs.append((r.role, counters[r.role]))
+        counters[r.role] += 1
+    role, index = jobs[context.rank]
+    # Each worker resolves its own devices; everyone learns everyone's.
+    mine = None
+    if role == "worker":
+        mine = _resolve_devices(WorkerTask(context.spec.host, context.spec.devices, None, context.spec.line),
+                                cluster.source)
+    all_devices = comm.allgather(None if mine is None else [(d.kind, d.index) for d in mine])
+    cpus = max([d.index + 1 for d in mine if d.kind == "cpu"], default=0) if mine else 0
+    server = start_server(context.rank, jobs, config.sess_config, cpu_devices=cpus, port=context.spec.port)
+    atexit.register(comm.Barrier)  # every process leaves together: servers wait for the workers
+    if role == "ps":
+        logger.info("Parallax: parameter server %d serving on %s", index, context.spec.host)
+        raise SystemExit(0)  # the barrier above holds this process until every worker has finished
+    workers = []
+    for (job, w), devices in zip(jobs, all_devices):
+        if job != "worker":
+            continue
+        prefix = f"/job:worker/replica:0/task:{w}"
+        workers.append((context.ranks[jobs.index((job, w))].host,
+                        tuple(f"{prefix}/device:{k.upper()}:{i}" for k, i in devices), f"{prefix}/device:CPU:0"))
+    servers = tuple(f"/job:ps/replica:0/task:{s}/device:CPU:0" for s in range(counters["ps"]))
+    plan = build_plan(analysis, workers, run_option="PS", sync=sync, average_sparse=config.average_sparse,
+                      cross_worker="ps", server_devices=servers)
+    if index == 0:
+        logger.info("Parallax plan:\n%s", plan.describe())
+    task = TaskSpec(worker_index=index)
+    rewritten = rewrite_for_task(meta_graph, plan, task)
+    session, dist_graph = start_session(
+        rewritten, config.sess_config, cpu_devices=cpus, server=server, task_index=index, is_chief=index == 0,
+        device_filters=("/job:ps", f"/job:worker/task:{index}"))
+    aliases = _fetch_aliases(rewritten)
+    wrapper = ParallaxSession(session, dist_graph, graph, _replicated_ops(meta_graph, plan), len(mine),
+                              aliases=aliases)
+    return wrapper, counters["worker"], index, len(mine)
+
+
+def _fetch_aliases(meta: meta_graph_pb2.MetaGraphDef) -> dict[str, str]:
+    from parallax.rewrite.names import FETCH_ALIAS_COLLECTION
+
+    if FETCH_ALIAS_COLLECTION not in meta.collection_def:
+        return {}
+    pairs = (v.decode().split("=", 1) for v in meta.collection_def[FETCH_ALIAS_COLLECTION].bytes_list.value)
+    return dict(pairs)
 
 
 def _rank_device(spec: RankSpec, gpus: int) -> Device:

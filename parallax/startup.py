@@ -18,7 +18,9 @@ from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
 
 from parallax.errors import LaunchError
 
-__all__ = ["start_session", "start_collective_server", "session_config"]
+__all__ = ["start_session", "start_server", "session_config", "GROUP_LEADER"]
+
+GROUP_LEADER = "/job:worker/replica:0/task:0"
 
 logger = logging.getLogger("parallax")
 
@@ -48,12 +50,23 @@ def session_config(user: config_pb2.ConfigProto | None, cpu_devices: int = 0, vi
     return proto
 
 
-def start_collective_server(context, user_config: config_pb2.ConfigProto | None, attempts: int = 3):
-    """Start this rank's TensorFlow server for the ``collective`` backend.
+def start_server(rank: int, jobs: list[tuple[str, int]], user_config: config_pb2.ConfigProto | None, *,
+                 group_leader: str | None = None, cpu_devices: int = 0, attempts: int = 3,
+                 port: int | None = None):
+    """Start this rank's TensorFlow server in the job's cluster.
 
     Every rank picks a free port, the ranks exchange ``host:port`` over MPI,
-    and each starts its server in the cluster ``{"worker": [...]}``. A port
-    taken between picking and binding makes every rank try again.
+    and each starts its server. A port taken between picking and binding
+    makes every rank try again.
+
+    Args:
+        rank: this process's MPI rank.
+        jobs: ``(job name, task index)`` of every rank, in rank order.
+        user_config: the user's ``sess_config``.
+        group_leader: the collective group leader, for the collective backend.
+        cpu_devices: virtual CPU devices this server must offer.
+        attempts: tries before giving up.
+        port: this rank's port, when the resource file fixes it (no retry then).
 
     Raises:
         LaunchError: no server could be started in ``attempts`` tries.
@@ -63,28 +76,37 @@ def start_collective_server(context, user_config: config_pb2.ConfigProto | None,
     comm = MPI.COMM_WORLD
     host = socket.gethostname()
     last_error = None
+    fixed = port
     for _ in range(attempts):
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
+        if fixed is None:
+            with socket.socket() as s:
+                s.bind(("", 0))
+                port = s.getsockname()[1]
         addresses = comm.allgather(f"{host}:{port}")
-        cluster = tf.train.ClusterSpec({"worker": addresses})
-        config = session_config(user_config, group_leader="/job:worker/replica:0/task:0")
+        spec: dict[str, list[str]] = {}
+        for (job, _index), address in zip(jobs, addresses):
+            spec.setdefault(job, []).append(address)
+        config = session_config(user_config, cpu_devices=cpu_devices, group_leader=group_leader)
+        job, index = jobs[rank]
         try:
-            server = tf.distribute.Server(cluster, job_name="worker", task_index=context.rank, config=config,
-                                          start=True)
+            server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=index,
+                                          config=config, start=True)
             ok = True
         except (tf.errors.UnknownError, tf.errors.InternalError, RuntimeError) as e:  # port taken
             server, ok, last_error = None, False, e
         if all(comm.allgather(ok)):
             return server
+        if any(p is not None for p in comm.allgather(fixed)):
+            break  # a port fixed by the resource file is taken: trying again will not help
         time.sleep(0.2)
-    raise LaunchError(f"could not start the TensorFlow server of rank {context.rank} on {host}: {last_error}")
+    raise LaunchError(f"could not start the TensorFlow servers (rank {rank} on {host}: "
+                      f"{last_error or 'another rank failed'}); is a port of the resource file in use?")
 
 
 def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.ConfigProto | None, *,
                   cpu_devices: int = 0, visible_gpu: int | None = None, threads: int = 0, server=None,
-                  task_index: int = 0,
+                  task_index: int = 0, is_chief: bool = True, device_filters: tuple[str, ...] = (),
+                  group_leader: str | None = None,
                   broadcast: bool = False, bind_mpi: bool = False, horovod: bool = False):
     """Import ``meta`` into a new graph and start a session on it.
 
@@ -94,8 +116,12 @@ def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.Con
         cpu_devices: number of virtual CPU devices the replicas need.
         visible_gpu: the one GPU this process uses.
         threads: TensorFlow threads per pool for this process (0: TensorFlow's default).
-        server: the TensorFlow server of this process (collective backend).
-        task_index: this worker's index (for the collective group).
+        server: the TensorFlow server of this process (collective backend, PS).
+        task_index: this worker's index.
+        is_chief: this worker initializes the variables; the others wait
+            for that (polling every 0.2 s, not TensorFlow's 30 s).
+        device_filters: the devices this worker's session may see.
+        group_leader: the collective group leader (collective backend).
         broadcast: after initialization, copy worker 0's variable values to
             every worker (over MPI).
         bind_mpi: bind the mpi backend's ops to this process's functions.
@@ -115,20 +141,47 @@ def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.Con
         from parallax.comm.horovod import prepare_process
 
         prepare_process()
-    leader = "/job:worker/replica:0/task:0" if server is not None else None
-    config = session_config(user_config, cpu_devices, visible_gpu, leader, threads)
+    config = session_config(user_config, cpu_devices, visible_gpu, group_leader, threads)
+    if device_filters and not config.device_filters:
+        config.device_filters.extend(device_filters)
+    if server is not None and not config.operation_timeout_in_ms:
+        config.operation_timeout_in_ms = OPERATION_TIMEOUT_MS
+    master = server.target if server is not None else ""
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.train.import_meta_graph(meta, clear_devices=False)
         assigns = _broadcast_ops(graph) if broadcast else None
         scaffold = tf.compat.v1.train.Scaffold()
-        session = tf.compat.v1.train.MonitoredTrainingSession(
-            master=server.target if server is not None else "", is_chief=True, checkpoint_dir=None,
-            scaffold=scaffold, config=config, save_checkpoint_secs=None, save_summaries_steps=None,
-            save_summaries_secs=None, log_step_count_steps=None)
+        if is_chief:
+            creator = tf.compat.v1.train.ChiefSessionCreator(scaffold=scaffold, master=master, config=config)
+        else:
+            creator = _WorkerSessionCreator(scaffold, master, config)
+        session = tf.compat.v1.train.MonitoredSession(session_creator=creator, hooks=[])
     if assigns is not None:
         _broadcast(session, assigns)
     return session, graph
+
+
+OPERATION_TIMEOUT_MS = 10 * 60 * 1000
+
+
+class _WorkerSessionCreator(tf.compat.v1.train.SessionCreator):
+    """A non-chief worker's session: waits for the chief's initialization,
+    checking every 0.2 s (TensorFlow's own worker creator checks every 30 s)."""
+
+    def __init__(self, scaffold, master: str, config, max_wait_secs: float = 600) -> None:
+        self._scaffold = scaffold
+        self._master = master
+        self._config = config
+        self._max_wait_secs = max_wait_secs
+
+    def create_session(self):
+        self._scaffold.finalize()
+        manager = tf.compat.v1.train.SessionManager(
+            local_init_op=self._scaffold.local_init_op, local_init_feed_dict=self._scaffold.local_init_feed_dict,
+            ready_op=self._scaffold.ready_op, ready_for_local_init_op=self._scaffold.ready_for_local_init_op,
+            graph=tf.compat.v1.get_default_graph(), recovery_wait_secs=0.2)
+        return manager.wait_for_session(self._master, config=self._config, max_wait_secs=self._max_wait_secs)
 
 
 def _broadcast_ops(graph: tf.Graph):

@@ -3,28 +3,47 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from parallax.resources import Cluster, Device
 
-__all__ = ["RankSpec", "ranks_per_device", "layout_to_json", "layout_from_json"]
+__all__ = ["RankSpec", "ranks_per_device", "ps_ranks", "layout_to_json", "layout_from_json"]
 
 
 @dataclass(frozen=True)
 class RankSpec:
-    """One process of an MPI-style job: its host and the one device it trains on.
+    """One process of a job.
 
-    ``device`` is ``None`` for a bare host line: the process then uses the
-    host's first GPU, or its CPU.
+    Attributes:
+        host: where it runs.
+        devices: the devices its replicas use; ``None`` for a bare host line
+            (the host's GPUs, or its CPU).
+        line: the resource-file line it comes from (0 when Parallax added it).
+        role: ``"worker"`` or ``"ps"`` (a parameter server).
+        port: the port an explicit-role file gives its server (PS mode), else ``None``.
     """
 
     host: str
-    device: Device | None
+    devices: tuple[Device, ...] | None
     line: int
+    role: str = "worker"
+    port: int | None = None
+
+    @property
+    def device(self) -> Device | None:
+        """The one device of an MPI-mode rank (``None``: the host's default)."""
+        return self.devices[0] if self.devices else None
+
+
+def _hosts_together(ranks: list[RankSpec]) -> tuple[RankSpec, ...]:
+    # mpirun maps ranks to hosts in the order of --host, filling each host: keep
+    # each host's ranks together, hosts in order of first appearance.
+    order = {h: i for i, h in enumerate(dict.fromkeys(r.host for r in ranks))}
+    return tuple(sorted(ranks, key=lambda r: order[r.host]))
 
 
 def ranks_per_device(cluster: Cluster) -> tuple[RankSpec, ...]:
-    """One rank per listed device, hosts in file order (one rank for a bare host).
+    """MPI mode: one rank per listed device, hosts in file order (one rank for a bare host).
 
     >>> from parallax.resources import parse_resource_text
     >>> [(r.host, str(r.device)) for r in ranks_per_device(parse_resource_text("a: 0,1\\nb"))]
@@ -35,20 +54,38 @@ def ranks_per_device(cluster: Cluster) -> tuple[RankSpec, ...]:
         if worker.devices is None:
             ranks.append(RankSpec(worker.host, None, worker.line))
         else:
-            ranks.extend(RankSpec(worker.host, d, worker.line) for d in worker.devices)
-    # mpirun maps ranks to hosts in the order of --host, filling each host: keep
-    # each host's ranks together, hosts in order of first appearance.
-    order = {h: i for i, h in enumerate(dict.fromkeys(r.host for r in ranks))}
-    return tuple(sorted(ranks, key=lambda r: order[r.host]))
+            ranks.extend(RankSpec(worker.host, (d,), worker.line) for d in worker.devices)
+    return _hosts_together(ranks)
+
+
+def ps_ranks(cluster: Cluster) -> tuple[RankSpec, ...]:
+    """PS mode: one worker rank per worker line (its devices become in-graph replicas)
+    and the parameter servers: the file's ps lines, or one per host.
+
+    Ranks are grouped by host (as mpirun places them); a worker's index is its
+    position among the workers, a server's among the servers.
+
+    >>> from parallax.resources import parse_resource_text
+    >>> [(r.role, r.host) for r in ps_ranks(parse_resource_text("a: 0,1\\nb: 0"))]
+    [('worker', 'a'), ('ps', 'a'), ('worker', 'b'), ('ps', 'b')]
+    """
+    workers = [RankSpec(w.host, w.devices, w.line, "worker", w.port) for w in cluster.workers]
+    if cluster.servers:
+        servers = [RankSpec(s.host, None, s.line, "ps", s.port) for s in cluster.servers]
+    else:
+        servers = [RankSpec(h, None, 0, "ps") for h in dict.fromkeys(w.host for w in cluster.workers)]
+    return _hosts_together([*workers, *servers])
 
 
 def layout_to_json(ranks: tuple[RankSpec, ...]) -> str:
-    return json.dumps([asdict(r) for r in ranks], sort_keys=True)
+    return json.dumps([{"host": r.host, "line": r.line, "role": r.role, "port": r.port,
+                        "devices": None if r.devices is None else [[d.kind, d.index] for d in r.devices]}
+                       for r in ranks], sort_keys=True)
 
 
 def layout_from_json(text: str) -> tuple[RankSpec, ...]:
     out = []
     for r in json.loads(text):
-        device = Device(**r["device"]) if r["device"] else None
-        out.append(RankSpec(r["host"], device, r["line"]))
+        devices = None if r["devices"] is None else tuple(Device(k, i) for k, i in r["devices"])
+        out.append(RankSpec(r["host"], devices, r["line"], r["role"], r.get("port")))
     return tuple(out)

@@ -20,7 +20,7 @@ __all__ = ["GradientRef", "VariablePlacement", "WorkerPlan", "TaskSpec", "Plan",
            "AGGREGATIONS", "SYNC_METHODS", "BACKENDS"]
 
 AGGREGATIONS = ("mean", "sum")
-SYNC_METHODS = ("local", "allreduce")
+SYNC_METHODS = ("local", "allreduce", "ps")
 BACKENDS = ("mpi", "collective", "horovod")
 
 
@@ -74,7 +74,11 @@ class VariablePlacement:
         gradient: its gradient, or ``None`` when no optimizer updates it.
         aggregation: ``"mean"`` or ``"sum"`` of the replicas' gradients.
         sync: ``"local"`` (only this worker's replicas aggregate, in its
-            graph) or ``"allreduce"`` (then across every worker).
+            graph), ``"allreduce"`` (then across every worker) or ``"ps"``
+            (the variable lives on a parameter server; workers send it their
+            gradients).
+        server: the parameter server holding the variable (index into
+            ``Plan.server_devices``), or ``None``.
     """
 
     name: str
@@ -84,6 +88,7 @@ class VariablePlacement:
     gradient: GradientRef | None
     aggregation: str = "mean"
     sync: str = "local"
+    server: int | None = None
 
     @property
     def sparse(self) -> bool:
@@ -127,6 +132,7 @@ class Plan:
         train_ops: the single-device graph's training ops.
         notes: remarks on choices made, printed by :meth:`describe`.
         comm: how gradients cross worker processes.
+        server_devices: the TensorFlow device of each parameter server.
     """
 
     run_option: str
@@ -136,6 +142,7 @@ class Plan:
     train_ops: tuple[str, ...]
     notes: tuple[str, ...] = field(default=())
     comm: CommSpec = field(default_factory=CommSpec)
+    server_devices: tuple[str, ...] = field(default=())
 
     @property
     def num_workers(self) -> int:
@@ -168,13 +175,14 @@ class Plan:
             VariablePlacement(
                 name=v["name"], shape=tuple(v["shape"]), dtype=v["dtype"], trainable=v["trainable"],
                 gradient=GradientRef(**v["gradient"]) if v["gradient"] else None,
-                aggregation=v["aggregation"], sync=v.get("sync", "local"))
+                aggregation=v["aggregation"], sync=v.get("sync", "local"), server=v.get("server"))
             for v in data["variables"])
         workers = tuple(WorkerPlan(w["host"], tuple(w["replica_devices"]), w["shared_device"])
                         for w in data["workers"])
         return cls(run_option=data["run_option"], sync=data["sync"], workers=workers,
                    variables=variables, train_ops=tuple(data["train_ops"]),
-                   notes=tuple(data.get("notes", ())), comm=CommSpec(**data.get("comm", {})))
+                   notes=tuple(data.get("notes", ())), comm=CommSpec(**data.get("comm", {})),
+                   server_devices=tuple(data.get("server_devices", ())))
 
     def describe(self) -> str:
         """A table of the plan, for logs and ``parallax plan``."""
@@ -186,13 +194,19 @@ class Plan:
         for i, w in enumerate(self.workers):
             lines.append(f"  worker {i} on {w.host}: replicas on {', '.join(w.replica_devices)}; "
                          f"shared state on {w.shared_device}")
-        rows = [("variable", "shape", "dtype", "bytes", "gradient", "aggregation", "sync")]
+        for i, device in enumerate(self.server_devices):
+            load = sum(v.num_bytes for v in self.variables if v.server == i)
+            lines.append(f"  server {i}: {device}, {load} bytes of variables")
+        with_servers = bool(self.server_devices)
+        rows = [("variable", "shape", "dtype", "bytes", "gradient", "aggregation", "sync")
+                + (("server",) if with_servers else ())]
         for v in self.variables:
             kind = "-" if v.gradient is None else ("sparse" if v.sparse else "dense")
             shape = "[" + ",".join("?" if d is None else str(d) for d in v.shape) + "]"
             has_grad = v.gradient is not None
             rows.append((v.name, shape, v.dtype, str(v.num_bytes), kind,
-                         v.aggregation if has_grad else "-", v.sync if has_grad else "-"))
+                         v.aggregation if has_grad else "-", v.sync if has_grad else "-")
+                        + (("-" if v.server is None else str(v.server),) if with_servers else ()))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())

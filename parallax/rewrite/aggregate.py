@@ -121,7 +121,7 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
                 crossed[v.name] = pair
         outputs = []
         for var in layout.variables:
-            total = plan.num_replicas if var.sync == "allreduce" else num_local
+            total = plan.num_replicas if var.sync != "local" else num_local
             scale = var.aggregation == "mean" and total > 1
             with tf.name_scope(f"{AGGREGATE_PREFIX}/{var.name}/"):
                 first = crossed[var.name][0]

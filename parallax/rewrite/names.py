@@ -7,10 +7,13 @@ parameter-server ops match across processes.
 from __future__ import annotations
 
 __all__ = ["REPLICA_PREFIX", "replica_op_name", "replica_tensor_name", "aggregate_scope",
-           "replica_frame_name"]
+           "replica_frame_name", "aggregate_outputs", "SYNC_PREFIX", "FETCH_ALIAS_COLLECTION"]
 
 REPLICA_PREFIX = "parallax_replica_"
 AGGREGATE_PREFIX = "parallax_aggregate"
+SYNC_PREFIX = "parallax_sync"
+#: MetaGraphDef collection of "<original op>=<op to run instead>" entries for the session.
+FETCH_ALIAS_COLLECTION = "parallax_fetch_alias"
 
 
 def replica_op_name(name: str, replica: int) -> str:
@@ -45,3 +48,13 @@ def aggregate_scope(variable: str) -> str:
     'parallax_aggregate/dense/kernel/'
     """
     return f"{AGGREGATE_PREFIX}/{variable}/"
+
+
+def aggregate_outputs(variable: str, sparse: bool) -> tuple[str, ...]:
+    """The tensors the aggregation pass leaves for ``variable``: its gradient, or values and indices.
+
+    >>> aggregate_outputs("emb", True)
+    ('parallax_aggregate/emb/values:0', 'parallax_aggregate/emb/indices:0')
+    """
+    scope = aggregate_scope(variable)
+    return (f"{scope}values:0", f"{scope}indices:0") if sparse else (f"{scope}grad:0",)

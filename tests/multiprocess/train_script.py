@@ -35,6 +35,7 @@ def main() -> None:
     p.add_argument("--kill_step", type=int, default=2)
     p.add_argument("--raise_rank", type=int, default=-1)
     p.add_argument("--clip", type=float, default=None)
+    p.add_argument("--async", dest="sync", action="store_false")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -46,7 +47,7 @@ def main() -> None:
                              redirect_path=args.redirect_path,
                              communication_config=parallax.CommunicationConfig(mpi_config=mpi))
     sess, num_workers, worker_id, num_replicas = parallax.parallel_run(model.graph, args.resource_info,
-                                                                       parallax_config=config)
+                                                                       sync=args.sync, parallax_config=config)
     data = DATA[args.model](args.steps, args.batch)
     parts = num_workers * num_replicas
     for step, feed in enumerate(data):

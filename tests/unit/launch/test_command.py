@@ -40,4 +40,4 @@ def test_remote_hosts_user_options_and_module_programs():
 
 
 def test_rank_spec_is_plain_data():
-    assert RankSpec("h", None, 3) == RankSpec("h", None, 3)
+    assert RankSpec("h", None, 3) == RankSpec("h", None, 3, "worker")

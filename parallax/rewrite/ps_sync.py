@@ -1,0 +1,160 @@
+"""Pass: synchronous training through parameter servers.
+
+Each variable the plan marks ``ps`` lives on its server (see
+:mod:`parallax.rewrite.placement`). For ``sync=True`` this pass adds, with
+names that every worker computes alike:
+
+* ``parallax_sync/<v>/accumulator``: a ``ConditionalAccumulator`` (dense) or
+  ``SparseConditionalAccumulator`` (sparse) on ``<v>``'s server, shared by
+  name, reduction ``SUM``;
+* on every worker, ``parallax_sync/<v>/apply``: adds this worker's gradient
+  (its replicas' sum divided by the total number of replicas, or just their
+  sum for sparse gradients without ``average_sparse``) to the accumulator;
+* on the chief (worker 0), ``parallax_sync/<v>/take``: waits for one
+  gradient from every worker and returns their sum, which the update ops
+  then read instead of the local gradient;
+* ``parallax_sync/token_<w>``: one FIFO queue per other worker ``w`` on
+  server 0. After the update the chief puts one token in each; worker ``w``
+  takes its token before it may start the next step;
+* ``parallax_sync/train_op``: what a fetch of the training op runs: on the
+  chief, the original training op and then the tokens; elsewhere, the
+  gradient applies and then this worker's token. The rewritten graph records
+  the substitution in the ``parallax_fetch_alias`` collection.
+
+The protocol per step: every worker applies its gradient; the chief takes
+the sums, updates the variables (each on its server), and releases the
+others. No worker can run ahead, so no gradient is stale and the result
+equals one device on the union batch.
+
+For ``sync=False`` nothing is added: every worker applies its own gradient
+to the variables on the servers, without waiting for the others.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from tensorflow.core.protobuf import meta_graph_pb2
+
+from parallax.errors import RewriteError
+from parallax.plan.model import Plan, TaskSpec
+from parallax.rewrite.aggregate import build_subgraph
+from parallax.rewrite.graph_ops import format_input, parse_input
+from parallax.rewrite.names import FETCH_ALIAS_COLLECTION, SYNC_PREFIX, aggregate_outputs
+
+__all__ = ["add_ps_sync"]
+
+_ALWAYS_FRESH = 2 ** 62  # local_step that is never stale: the token protocol keeps workers in step
+
+
+def add_ps_sync(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec
+                ) -> meta_graph_pb2.MetaGraphDef:
+    """Add the synchronous PS protocol (see the module docstring). Returns a new MetaGraphDef.
+
+    Raises:
+        RewriteError: the graph has more than one training op.
+    """
+    out = meta_graph_pb2.MetaGraphDef()
+    out.CopyFrom(meta_graph)
+    variables = [v for v in plan.variables if v.sync == "ps" and v.gradient is not None]
+    if not plan.sync or not variables:
+        return out
+    if len(plan.train_ops) != 1:
+        raise RewriteError(f"synchronous PS training supports one training op; the graph has "
+                           f"{len(plan.train_ops)}: {', '.join(plan.train_ops)}")
+    train_op = plan.train_ops[0]
+    num_workers = plan.num_workers
+    chief = task.worker_index == 0
+    worker = plan.workers[task.worker_index]
+
+    names: list[str] = []
+    dtypes: list[tf.DType] = []
+    for v in variables:
+        outputs = aggregate_outputs(v.name, v.sparse)
+        names.extend(outputs)
+        dtypes.append(tf.dtypes.as_dtype(v.gradient.dtype))
+        if v.sparse:
+            dtypes.append(tf.dtypes.as_dtype(v.gradient.indices_dtype))
+    names.append(f"^{train_op}")  # a control input on the original training op (chief)
+    dtypes.append(tf.float32)
+
+    def builder(inputs):
+        applies, takes = [], []
+        position = 0
+        for v in variables:
+            scope = f"{SYNC_PREFIX}/{v.name}/"
+            with tf.name_scope(scope):
+                dtype = tf.dtypes.as_dtype(v.gradient.dtype)
+                shape = tf.TensorShape([d for d in v.shape])
+                if v.sparse:
+                    values, indices = inputs[position], inputs[position + 1]
+                    position += 2
+                    acc = tf.compat.v1.SparseConditionalAccumulator(
+                        dtype, shape=shape, shared_name=f"{scope}accumulator", name="accumulator",
+                        reduction_type="SUM")
+                    applies.append(acc.apply_grad(tf.cast(indices, tf.int64), values,
+                                                  local_step=_ALWAYS_FRESH, name="apply"))
+                    if chief:
+                        with tf.control_dependencies(applies):
+                            taken = acc.take_indexed_slices_grad(num_workers, name="take")
+                        takes.extend([taken.values, tf.cast(taken.indices, indices.dtype)])
+                else:
+                    grad = inputs[position]
+                    position += 1
+                    acc = tf.compat.v1.ConditionalAccumulator(
+                        dtype, shape=shape, shared_name=f"{scope}accumulator", name="accumulator",
+                        reduction_type="SUM")
+                    applies.append(acc.apply_grad(grad, local_step=_ALWAYS_FRESH, name="apply"))
+                    if chief:
+                        with tf.control_dependencies(applies):
+                            takes.append(acc.take_grad(num_workers, name="take"))
+        original = inputs[position]
+        with tf.name_scope(f"{SYNC_PREFIX}/"):
+            queues = {w: tf.queue.FIFOQueue(-1, [tf.int64], shapes=[[]], shared_name=f"{SYNC_PREFIX}/token_{w}",
+                                            name=f"token_{w}") for w in range(1, num_workers)
+                      if chief or w == task.worker_index}
+            if chief:
+                with tf.control_dependencies([original.op]):
+                    releases = [q.enqueue(tf.constant(0, tf.int64), name=f"release_{w}") for w, q in queues.items()]
+                done = tf.group(original.op, *releases, name="train_op")
+            else:
+                with tf.control_dependencies(applies):
+                    token = queues[task.worker_index].dequeue(name="wait")
+                done = tf.group(token, name="train_op")
+        return [done] + takes
+
+    nodes, outputs = build_subgraph(builder, dtypes, names, "")
+    token_device = plan.server_devices[0]
+    server_of = {v.name: plan.server_devices[v.server] for v in variables}
+    for node in nodes:
+        scope = node.name[len(SYNC_PREFIX) + 1:]
+        var = next((name for name in sorted(server_of, key=len, reverse=True) if scope.startswith(name + "/")),
+                   None)
+        if var is not None:
+            node.device = server_of[var]
+        elif node.name.startswith(f"{SYNC_PREFIX}/token_") or "/release_" in node.name or \
+                node.name == f"{SYNC_PREFIX}/wait":
+            node.device = token_device
+        else:
+            node.device = worker.shared_device
+    # The chief's train op must not depend on a placeholder for the original op (replaced above).
+    if chief:
+        takes = outputs[1:]
+        rewire = {}
+        position = 0
+        for v in variables:
+            for original in aggregate_outputs(v.name, v.sparse):
+                op, index, _ = parse_input(takes[position])
+                rewire[original] = format_input(op, index, False)
+                position += 1
+        for node in out.graph_def.node:
+            if node.name.startswith(("parallax_aggregate/", f"{SYNC_PREFIX}/")):
+                continue
+            for i, text in enumerate(node.input):
+                op, index, control = parse_input(text)
+                key = f"{op}:{index}"
+                if not control and key in rewire:
+                    node.input[i] = rewire[key]
+    out.graph_def.node.extend(nodes)
+    alias = out.collection_def[FETCH_ALIAS_COLLECTION].bytes_list.value
+    alias.append(f"{train_op}={parse_input(outputs[0])[0]}".encode())
+    return out

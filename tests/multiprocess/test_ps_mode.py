@@ -1,0 +1,73 @@
+"""PS mode across real processes on localhost: parameter servers over TF's gRPC runtime."""
+
+from __future__ import annotations
+
+import re
+import socket
+
+import numpy as np
+import pytest
+
+from tests.models import BUILDERS, DATA, train_single_device
+from tests.multiprocess.harness import run_script
+from tests.multiprocess.test_mpi_mode import BATCH, STEPS, check_ranks_match, expected_values
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+TWO_WORKERS = "localhost: cpu:0\nlocalhost: cpu:1\n"
+TWO_WORKERS_TWO_REPLICAS = "localhost: cpu:0,cpu:1\nlocalhost: cpu:2,cpu:3\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("resources", [TWO_WORKERS, TWO_WORKERS_TWO_REPLICAS], ids=["2x1", "2x2"])
+@pytest.mark.parametrize("model", ["mlp", "embedding"])
+def test_sync_ps_equals_single_device(tmp_path, model, resources):
+    run = run_script(tmp_path, resources, "--run_option", "PS", "--model", model, "--average_sparse",
+                     "--steps", str(STEPS), "--batch", str(BATCH))
+    check_ranks_match(run, expected_values(model), 2)
+
+
+def test_explicit_role_file_with_two_servers(tmp_path):
+    ports = [free_port() for _ in range(4)]
+    text = (f"ps,localhost,{ports[0]},\nps,localhost,{ports[1]},\n"
+            f"worker,localhost,{ports[2]},cpu:0\nworker,localhost,{ports[3]},cpu:0\n")
+    run = run_script(tmp_path, text, "--run_option", "PS", "--model", "embedding", "--average_sparse")
+    check_ranks_match(run, expected_values("embedding"), 2)
+
+
+def test_binding_clip_on_dense_gradients(tmp_path):
+    """Clipping runs once, on the chief, on the sum of the workers' raw gradients."""
+    run = run_script(tmp_path, TWO_WORKERS, "--run_option", "PS", "--model", "mlp", "--clip", "0.05")
+    expected = train_single_device(BUILDERS["mlp"]("adam", clip=0.05), DATA["mlp"](STEPS, BATCH))
+    check_ranks_match(run, expected, 2)
+
+
+def test_sparse_gradients_are_summed_without_average_sparse(tmp_path):
+    run = run_script(tmp_path, TWO_WORKERS, "--run_option", "PS", "--model", "embedding_only", "--optimizer", "gd")
+    expected = train_single_device(BUILDERS["embedding_only"]("gd", lr_scale=2.0),
+                                   DATA["embedding_only"](STEPS, BATCH))
+    check_ranks_match(run, expected, 2)
+
+
+def test_async_workers_make_progress_and_finish(tmp_path):
+    """Each worker applies its own gradients, without waiting: every update lands (the
+    shared global step counts both workers' steps) and nobody deadlocks at the end."""
+    run = run_script(tmp_path, TWO_WORKERS, "--run_option", "PS", "--async", "--steps", "30")
+    assert run.returncode == 0, run.output[-4000:]
+    a, b = run.rank_values(0), run.rank_values(1)
+    assert max(int(a["global_step"]), int(b["global_step"])) == 60
+    initial = train_single_device(BUILDERS["mlp"]("adam"), [])
+    assert not np.allclose(a["dense/kernel"], initial["dense/kernel"])
+
+
+def test_a_killed_worker_ends_the_job_naming_it(tmp_path):
+    run = run_script(tmp_path, TWO_WORKERS, "--run_option", "PS", "--kill_rank", "1", "--steps", "50")
+    assert run.returncode != 0
+    killed_at = float((tmp_path / "out" / "killed_at").read_text())
+    assert run.ended_at - killed_at < 30, run.ended_at - killed_at
+    assert re.search(r"Parallax job failed: rank \d+ on host \S+ \(pid \d+\) was killed by signal 9", run.output)
