@@ -17,7 +17,7 @@ from parallax.launch.bootstrap import RankContext, launched_context
 from parallax.launch.launcher import current_program, launch
 from parallax.launch.layout import RankSpec, ps_ranks, ranks_per_device
 from parallax.plan import Plan, TaskSpec, build_plan
-from parallax.plan.model import CommSpec
+from parallax.plan.model import CommSpec, PSSpec
 from parallax.resources import LOCAL_HOSTS, Cluster, Device, WorkerTask, parse_resource_file
 from parallax.rewrite.classify import classify
 from parallax.rewrite.pipeline import rewrite_for_task
@@ -215,7 +215,8 @@ def _run_ps_rank(context: RankContext, cluster, graph, meta_graph, analysis: Gra
                                 cluster.source)
     all_devices = comm.allgather(None if mine is None else [(d.kind, d.index) for d in mine])
     cpus = max([d.index + 1 for d in mine if d.kind == "cpu"], default=0) if mine else 0
-    server = start_server(context.rank, jobs, config.sess_config, cpu_devices=cpus, port=context.spec.port)
+    server = start_server(context.rank, jobs, config.sess_config, cpu_devices=cpus, port=context.spec.port,
+                          protocol=config.communication_config.ps_config.protocol)
     atexit.register(comm.Barrier)  # every process leaves together: servers wait for the workers
     if role == "ps":
         logger.info("Parallax: parameter server %d serving on %s", index, context.spec.host)
@@ -228,8 +229,10 @@ def _run_ps_rank(context: RankContext, cluster, graph, meta_graph, analysis: Gra
         workers.append((context.ranks[jobs.index((job, w))].host,
                         tuple(f"{prefix}/device:{k.upper()}:{i}" for k, i in devices), f"{prefix}/device:CPU:0"))
     servers = tuple(f"/job:ps/replica:0/task:{s}/device:CPU:0" for s in range(counters["ps"]))
+    ps_config = config.communication_config.ps_config
     plan = build_plan(analysis, workers, run_option="PS", sync=sync, average_sparse=config.average_sparse,
-                      cross_worker="ps", server_devices=servers)
+                      cross_worker="ps", server_devices=servers,
+                      ps=PSSpec(local_aggregation=ps_config.local_aggregation, protocol=ps_config.protocol))
     if index == 0:
         logger.info("Parallax plan:\n%s", plan.describe())
     task = TaskSpec(worker_index=index)

@@ -52,7 +52,7 @@ def session_config(user: config_pb2.ConfigProto | None, cpu_devices: int = 0, vi
 
 def start_server(rank: int, jobs: list[tuple[str, int]], user_config: config_pb2.ConfigProto | None, *,
                  group_leader: str | None = None, cpu_devices: int = 0, attempts: int = 3,
-                 port: int | None = None):
+                 port: int | None = None, protocol: str = "grpc"):
     """Start this rank's TensorFlow server in the job's cluster.
 
     Every rank picks a free port, the ranks exchange ``host:port`` over MPI,
@@ -67,6 +67,7 @@ def start_server(rank: int, jobs: list[tuple[str, int]], user_config: config_pb2
         cpu_devices: virtual CPU devices this server must offer.
         attempts: tries before giving up.
         port: this rank's port, when the resource file fixes it (no retry then).
+        protocol: the servers' protocol (``PSConfig.protocol``).
 
     Raises:
         LaunchError: no server could be started in ``attempts`` tries.
@@ -90,8 +91,12 @@ def start_server(rank: int, jobs: list[tuple[str, int]], user_config: config_pb2
         job, index = jobs[rank]
         try:
             server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=index,
-                                          config=config, start=True)
+                                          config=config, protocol=protocol, start=True)
             ok = True
+        except tf.errors.NotFoundError as e:  # no server for this protocol in this TensorFlow build
+            available = str(e).rsplit("available server factories are:", 1)[-1].strip()
+            raise LaunchError(f"PSConfig.protocol={protocol!r} is not supported by this TensorFlow build "
+                              f"(its servers: {available}); use protocol='grpc'") from e
         except (tf.errors.UnknownError, tf.errors.InternalError, RuntimeError) as e:  # port taken
             server, ok, last_error = None, False, e
         if all(comm.allgather(ok)):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["GradientRef", "VariablePlacement", "WorkerPlan", "TaskSpec", "Plan", "CommSpec",
+__all__ = ["GradientRef", "VariablePlacement", "WorkerPlan", "TaskSpec", "Plan", "CommSpec", "PSSpec",
            "AGGREGATIONS", "SYNC_METHODS", "BACKENDS"]
 
 AGGREGATIONS = ("mean", "sum")
@@ -60,6 +60,20 @@ class GradientRef:
     @property
     def sparse(self) -> bool:
         return self.indices is not None
+
+
+@dataclass(frozen=True)
+class PSSpec:
+    """How PS-synchronised variables communicate (from ``PSConfig``).
+
+    Attributes:
+        local_aggregation: sum a worker's replicas' gradients before sending
+            them (one send per worker); otherwise each replica sends its own.
+        protocol: the servers' protocol.
+    """
+
+    local_aggregation: bool = True
+    protocol: str = "grpc"
 
 
 @dataclass(frozen=True)
@@ -133,6 +147,7 @@ class Plan:
         notes: remarks on choices made, printed by :meth:`describe`.
         comm: how gradients cross worker processes.
         server_devices: the TensorFlow device of each parameter server.
+        ps: the PS communication settings.
     """
 
     run_option: str
@@ -143,6 +158,7 @@ class Plan:
     notes: tuple[str, ...] = field(default=())
     comm: CommSpec = field(default_factory=CommSpec)
     server_devices: tuple[str, ...] = field(default=())
+    ps: PSSpec = field(default_factory=PSSpec)
 
     @property
     def num_workers(self) -> int:
@@ -182,7 +198,7 @@ class Plan:
         return cls(run_option=data["run_option"], sync=data["sync"], workers=workers,
                    variables=variables, train_ops=tuple(data["train_ops"]),
                    notes=tuple(data.get("notes", ())), comm=CommSpec(**data.get("comm", {})),
-                   server_devices=tuple(data.get("server_devices", ())))
+                   server_devices=tuple(data.get("server_devices", ())), ps=PSSpec(**data.get("ps", {})))
 
     def describe(self) -> str:
         """A table of the plan, for logs and ``parallax plan``."""
@@ -194,6 +210,9 @@ class Plan:
         for i, w in enumerate(self.workers):
             lines.append(f"  worker {i} on {w.host}: replicas on {', '.join(w.replica_devices)}; "
                          f"shared state on {w.shared_device}")
+        if self.server_devices:
+            lines.append(f"  parameter servers: local_aggregation={self.ps.local_aggregation} "
+                         f"protocol={self.ps.protocol}")
         for i, device in enumerate(self.server_devices):
             load = sum(v.num_bytes for v in self.variables if v.server == i)
             lines.append(f"  server {i}: {device}, {load} bytes of variables")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from parallax.analysis import GraphAnalysis
-from parallax.plan.model import CommSpec, GradientRef, Plan, VariablePlacement, WorkerPlan
+from parallax.plan.model import CommSpec, GradientRef, Plan, PSSpec, VariablePlacement, WorkerPlan
 
 __all__ = ["build_plan", "place_by_bytes"]
 
@@ -46,7 +46,8 @@ def place_by_bytes(analysis: GraphAnalysis, num_servers: int) -> dict[str, int]:
 
 def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...], str]], *,
                run_option: str, sync: bool, average_sparse: bool, cross_worker: str = "local",
-               comm: CommSpec | None = None, server_devices: tuple[str, ...] = ()) -> Plan:
+               comm: CommSpec | None = None, server_devices: tuple[str, ...] = (),
+               ps: PSSpec | None = None) -> Plan:
     """Decide the layout of every variable and replica.
 
     Dense gradients are averaged over the replicas; sparse ones are summed,
@@ -64,6 +65,7 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
             placed by :func:`place_by_bytes`).
         comm: the all-reduce settings (defaults when ``None``).
         server_devices: TensorFlow devices of the parameter servers (PS).
+        ps: the PS communication settings (defaults when ``None``).
 
     Returns:
         The plan.
@@ -79,4 +81,5 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
         variables.append(VariablePlacement(v.name, v.shape, v.dtype, v.trainable, ref, aggregation,
                                            sync_method if g is not None else "local", placement.get(v.name)))
     return Plan(run_option=run_option, sync=sync, workers=worker_plans, variables=tuple(variables),
-                train_ops=analysis.train_ops, comm=comm or CommSpec(), server_devices=tuple(server_devices))
+                train_ops=analysis.train_ops, comm=comm or CommSpec(), server_devices=tuple(server_devices),
+                ps=ps or PSSpec())

@@ -132,9 +132,28 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
                     outputs.append(tf.identity(crossed[var.name][1], name="indices"))
                 else:
                     outputs.append(tf.identity(first, name="grad"))
+                if var.sync == "ps" and not plan.ps.local_aggregation:
+                    _per_replica_outputs(var, inputs[slice(*layout.slices[var.name])], num_local, total)
         return outputs
 
     return builder
+
+
+def _per_replica_outputs(var: VariablePlacement, ins: list[tf.Tensor], num_local: int, total: int) -> None:
+    """Without local aggregation each replica sends its own gradient: name each one,
+    scaled like the aggregate (``<v>/grad_<r>``, or ``values_<r>`` and ``indices_<r>``)."""
+    for r in range(num_local):
+        if var.sparse:
+            values, indices = ins[r], ins[num_local + r]
+            if var.aggregation == "mean" and total > 1:
+                values = values / tf.constant(total, dtype=values.dtype)
+            tf.identity(values, name=f"values_{r}")
+            tf.identity(indices, name=f"indices_{r}")
+        else:
+            grad = ins[r]
+            if var.aggregation == "mean" and total > 1:
+                grad = grad / tf.constant(total, dtype=grad.dtype)
+            tf.identity(grad, name=f"grad_{r}")
 
 
 def _concat(tensors: list[tf.Tensor]) -> tf.Tensor:

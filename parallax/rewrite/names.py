@@ -50,11 +50,17 @@ def aggregate_scope(variable: str) -> str:
     return f"{AGGREGATE_PREFIX}/{variable}/"
 
 
-def aggregate_outputs(variable: str, sparse: bool) -> tuple[str, ...]:
-    """The tensors the aggregation pass leaves for ``variable``: its gradient, or values and indices.
+def aggregate_outputs(variable: str, sparse: bool, replica: int | None = None) -> tuple[str, ...]:
+    """The tensors the aggregation pass leaves for ``variable``: its gradient, or values and
+    indices; with ``replica``, that one replica's (scaled) gradient.
 
     >>> aggregate_outputs("emb", True)
     ('parallax_aggregate/emb/values:0', 'parallax_aggregate/emb/indices:0')
+    >>> aggregate_outputs("w", False, replica=1)
+    ('parallax_aggregate/w/grad_1:0',)
     """
     scope = aggregate_scope(variable)
-    return (f"{scope}values:0", f"{scope}indices:0") if sparse else (f"{scope}grad:0",)
+    suffix = "" if replica is None else f"_{replica}"
+    if sparse:
+        return (f"{scope}values{suffix}:0", f"{scope}indices{suffix}:0")
+    return (f"{scope}grad{suffix}:0",)

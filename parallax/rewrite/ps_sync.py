@@ -65,15 +65,18 @@ def add_ps_sync(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskS
     num_workers = plan.num_workers
     chief = task.worker_index == 0
     worker = plan.workers[task.worker_index]
+    # One gradient per worker (local aggregation) or one per replica.
+    senders = [None] if plan.ps.local_aggregation else list(range(len(worker.replica_devices)))
+    required = num_workers if plan.ps.local_aggregation else plan.num_replicas
 
     names: list[str] = []
     dtypes: list[tf.DType] = []
     for v in variables:
-        outputs = aggregate_outputs(v.name, v.sparse)
-        names.extend(outputs)
-        dtypes.append(tf.dtypes.as_dtype(v.gradient.dtype))
-        if v.sparse:
-            dtypes.append(tf.dtypes.as_dtype(v.gradient.indices_dtype))
+        for sender in senders:
+            names.extend(aggregate_outputs(v.name, v.sparse, sender))
+            dtypes.append(tf.dtypes.as_dtype(v.gradient.dtype))
+            if v.sparse:
+                dtypes.append(tf.dtypes.as_dtype(v.gradient.indices_dtype))
     names.append(f"^{train_op}")  # a control input on the original training op (chief)
     dtypes.append(tf.float32)
 
@@ -86,27 +89,29 @@ def add_ps_sync(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskS
                 dtype = tf.dtypes.as_dtype(v.gradient.dtype)
                 shape = tf.TensorShape([d for d in v.shape])
                 if v.sparse:
-                    values, indices = inputs[position], inputs[position + 1]
-                    position += 2
                     acc = tf.compat.v1.SparseConditionalAccumulator(
                         dtype, shape=shape, shared_name=f"{scope}accumulator", name="accumulator",
                         reduction_type="SUM")
-                    applies.append(acc.apply_grad(tf.cast(indices, tf.int64), values,
-                                                  local_step=_ALWAYS_FRESH, name="apply"))
+                    for _ in senders:
+                        values, indices = inputs[position], inputs[position + 1]
+                        position += 2
+                        applies.append(acc.apply_grad(tf.cast(indices, tf.int64), values,
+                                                      local_step=_ALWAYS_FRESH, name="apply"))
                     if chief:
                         with tf.control_dependencies(applies):
-                            taken = acc.take_indexed_slices_grad(num_workers, name="take")
+                            taken = acc.take_indexed_slices_grad(required, name="take")
                         takes.extend([taken.values, tf.cast(taken.indices, indices.dtype)])
                 else:
-                    grad = inputs[position]
-                    position += 1
                     acc = tf.compat.v1.ConditionalAccumulator(
                         dtype, shape=shape, shared_name=f"{scope}accumulator", name="accumulator",
                         reduction_type="SUM")
-                    applies.append(acc.apply_grad(grad, local_step=_ALWAYS_FRESH, name="apply"))
+                    for _ in senders:
+                        grad = inputs[position]
+                        position += 1
+                        applies.append(acc.apply_grad(grad, local_step=_ALWAYS_FRESH, name="apply"))
                     if chief:
                         with tf.control_dependencies(applies):
-                            takes.append(acc.take_grad(num_workers, name="take"))
+                            takes.append(acc.take_grad(required, name="take"))
         original = inputs[position]
         with tf.name_scope(f"{SYNC_PREFIX}/"):
             queues = {w: tf.queue.FIFOQueue(-1, [tf.int64], shapes=[[]], shared_name=f"{SYNC_PREFIX}/token_{w}",

@@ -32,6 +32,13 @@ def test_sync_ps_equals_single_device(tmp_path, model, resources):
     check_ranks_match(run, expected_values(model), 2)
 
 
+@pytest.mark.parametrize("model", ["mlp", "embedding"])
+def test_without_local_aggregation_each_replica_sends_and_the_result_is_the_same(tmp_path, model):
+    run = run_script(tmp_path, TWO_WORKERS_TWO_REPLICAS, "--run_option", "PS", "--model", model,
+                     "--average_sparse", "--no_local_aggregation")
+    check_ranks_match(run, expected_values(model), 2)
+
+
 def test_explicit_role_file_with_two_servers(tmp_path):
     ports = [free_port() for _ in range(4)]
     text = (f"ps,localhost,{ports[0]},\nps,localhost,{ports[1]},\n"
@@ -71,3 +78,10 @@ def test_a_killed_worker_ends_the_job_naming_it(tmp_path):
     killed_at = float((tmp_path / "out" / "killed_at").read_text())
     assert run.ended_at - killed_at < 30, run.ended_at - killed_at
     assert re.search(r"Parallax job failed: rank \d+ on host \S+ \(pid \d+\) was killed by signal 9", run.output)
+
+
+def test_an_unsupported_protocol_is_a_clear_error(tmp_path):
+    run = run_script(tmp_path, TWO_WORKERS, "--run_option", "PS", "--protocol", "grpc+verbs")
+    assert run.returncode != 0
+    assert "PSConfig.protocol='grpc+verbs' is not supported by this TensorFlow build" in run.output
+    assert re.search(r"Parallax job failed: rank \d+ on host \S+", run.output)

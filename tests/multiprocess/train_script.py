@@ -36,6 +36,8 @@ def main() -> None:
     p.add_argument("--raise_rank", type=int, default=-1)
     p.add_argument("--clip", type=float, default=None)
     p.add_argument("--async", dest="sync", action="store_false")
+    p.add_argument("--protocol", default="grpc")
+    p.add_argument("--no_local_aggregation", dest="local_aggregation", action="store_false")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -43,9 +45,10 @@ def main() -> None:
     model = builder(args.optimizer, clip=args.clip) if args.clip else builder(args.optimizer)
     mpi = parallax.MPIConfig(backend=args.backend, use_allgatherv=args.use_allgatherv,
                              fusion_bytes=args.fusion_bytes)
+    ps = parallax.PSConfig(protocol=args.protocol, local_aggregation=args.local_aggregation)
     config = parallax.Config(run_option=args.run_option, average_sparse=args.average_sparse,
                              redirect_path=args.redirect_path,
-                             communication_config=parallax.CommunicationConfig(mpi_config=mpi))
+                             communication_config=parallax.CommunicationConfig(ps_config=ps, mpi_config=mpi))
     sess, num_workers, worker_id, num_replicas = parallax.parallel_run(model.graph, args.resource_info,
                                                                        sync=args.sync, parallax_config=config)
     data = DATA[args.model](args.steps, args.batch)

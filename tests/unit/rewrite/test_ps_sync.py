@@ -1,0 +1,124 @@
+import pytest
+
+from parallax.analysis import analyse_graph
+from parallax.plan import TaskSpec, build_plan
+from parallax.plan.policies import place_by_bytes
+from parallax.rewrite.names import FETCH_ALIAS_COLLECTION
+from parallax.rewrite.pipeline import rewrite_for_task
+from tests.models import build_embedding, build_sequence
+from tests.unit.rewrite.helpers import export, nodes_of
+
+SERVERS = ("/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0")
+
+
+def ps_plan(model, num_workers=2, replicas=1, sync=True, servers=SERVERS):
+    workers = []
+    for w in range(num_workers):
+        prefix = f"/job:worker/replica:0/task:{w}"
+        workers.append(("h", tuple(f"{prefix}/device:CPU:{i}" for i in range(replicas)), f"{prefix}/device:CPU:0"))
+    return build_plan(analyse_graph(model.graph), workers, run_option="PS", sync=sync, average_sparse=True,
+                      cross_worker="ps", server_devices=servers)
+
+
+def test_placement_balances_bytes_and_keeps_slots_with_their_variable():
+    analysis = analyse_graph(build_embedding("adam").graph)
+    placement = place_by_bytes(analysis, 2)
+    # embedding group (320 B x 3 + beta powers) is the largest: alone on server 0
+    assert placement["embedding"] == placement["embedding/Adam"] == placement["embedding/Adam_1"] == 0
+    assert placement["proj/kernel"] == placement["proj/kernel/Adam"] == 1
+    assert placement["global_step"] == 1
+
+
+def test_partitions_spread_over_servers():
+    plan = ps_plan(build_sequence("adam", partitions=2))
+    servers = {v.name: v.server for v in plan.variables}
+    assert servers["embedding/part_0"] != servers["embedding/part_1"]
+
+
+def test_variables_and_their_update_ops_go_to_their_server():
+    model = build_embedding("adam")
+    plan = ps_plan(model)
+    nodes = nodes_of(rewrite_for_task(export(model.graph), plan, TaskSpec(1)))
+    server = SERVERS[plan.variable("embedding").server]
+    assert nodes["embedding"].device == server
+    assert nodes["embedding/Adam"].device == server
+    assert nodes["Adam/update_embedding/ResourceScatterAdd"].device == server
+    assert nodes["Adam/update_embedding/UnsortedSegmentSum"].device == server
+
+
+def test_chief_takes_and_releases_the_others():
+    model = build_embedding("adam")
+    plan = ps_plan(model, num_workers=3)
+    meta = rewrite_for_task(export(model.graph), plan, TaskSpec(0))
+    nodes = nodes_of(meta)
+    assert nodes["parallax_sync/embedding/accumulator"].op == "SparseConditionalAccumulator"
+    assert nodes["parallax_sync/embedding/accumulator"].attr["shared_name"].s == b"parallax_sync/embedding/accumulator"
+    assert nodes["parallax_sync/proj/kernel/accumulator"].op == "ResourceConditionalAccumulator"
+    assert {"parallax_sync/release_1", "parallax_sync/release_2"} <= set(nodes)
+    take = [n for n in nodes if n.startswith("parallax_sync/proj/kernel/take")]
+    assert take, "chief must take the summed gradient"
+    update_inputs = [i for n in nodes.values() if n.name.startswith("Adam/update_proj/kernel/") for i in n.input]
+    assert any(i.startswith("parallax_sync/proj/kernel/take") for i in update_inputs)
+    alias = meta.collection_def[FETCH_ALIAS_COLLECTION].bytes_list.value
+    assert alias == [b"Adam=parallax_sync/train_op"]
+
+
+def test_other_workers_apply_and_wait_for_their_token():
+    model = build_embedding("adam")
+    plan = ps_plan(model, num_workers=3)
+    nodes = nodes_of(rewrite_for_task(export(model.graph), plan, TaskSpec(2)))
+    assert not [n for n in nodes if "/take" in n]
+    assert nodes["parallax_sync/token_2"].attr["shared_name"].s == b"parallax_sync/token_2"
+    assert "parallax_sync/token_1" not in nodes
+    assert nodes["parallax_sync/wait"].op == "QueueDequeueV2"
+    assert nodes["parallax_sync/wait"].device == SERVERS[0]
+
+
+def test_async_adds_no_protocol():
+    model = build_embedding("adam")
+    nodes = nodes_of(rewrite_for_task(export(model.graph), ps_plan(model, sync=False), TaskSpec(1)))
+    assert not [n for n in nodes if n.startswith("parallax_sync/")]
+    assert nodes["embedding"].device.startswith("/job:ps/")
+
+
+def test_same_plan_gives_the_same_graph_on_every_call():
+    model = build_embedding("adagrad")
+    plan = ps_plan(model)
+    meta = export(model.graph)
+    a = rewrite_for_task(meta, plan, TaskSpec(1)).graph_def.SerializeToString(deterministic=True)
+    b = rewrite_for_task(meta, plan, TaskSpec(1)).graph_def.SerializeToString(deterministic=True)
+    assert a == b
+
+
+def test_two_training_ops_are_refused_in_sync_ps():
+    import tensorflow as tf
+
+    from parallax.errors import RewriteError
+    from tests.models import Model
+    from tests.unit.test_analysis import two_variable_loss
+
+    graph = tf.Graph()
+    with graph.as_default():
+        a, b, loss = two_variable_loss()
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=[a])
+        tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss, var_list=[b])
+    model = Model(graph, {}, None, None)
+    with pytest.raises(RewriteError, match="supports one training op"):
+        rewrite_for_task(export(graph), ps_plan(model), TaskSpec(0))
+
+
+@pytest.mark.parametrize("local_aggregation, applies, required", [(True, 1, 2), (False, 3, 6)])
+def test_local_aggregation_sends_one_gradient_per_worker_instead_of_per_replica(local_aggregation, applies,
+                                                                                 required):
+    from dataclasses import replace
+
+    from parallax.plan.model import PSSpec
+
+    model = build_embedding("adam")
+    plan = replace(ps_plan(model, num_workers=2, replicas=3), ps=PSSpec(local_aggregation=local_aggregation))
+    nodes = nodes_of(rewrite_for_task(export(model.graph), plan, TaskSpec(0)))
+    for var in ("embedding", "proj/kernel"):
+        sends = [n for n in nodes.values() if n.name.startswith(f"parallax_sync/{var}/apply")
+                 and "Apply" in n.op]
+        assert len(sends) == applies
+        assert nodes[f"parallax_sync/{var}/take/num_required"].attr["value"].tensor.int_val == [required]
