@@ -103,22 +103,18 @@ def train_worker(resource: str, out: str, steps: int, batch: int) -> None:
     import tensorflow as tf
 
     import parallax
+    from benchmarks.common import mlp
 
     graph = tf.Graph()
     with graph.as_default():
-        x = tf.compat.v1.placeholder(tf.float32, [None, 256])
-        y = tf.compat.v1.placeholder(tf.int64, [None])
-        h = x
-        for i, width in enumerate((512, 512)):
-            w = tf.compat.v1.get_variable(f"dense{i}/kernel", [h.shape[-1], width])
-            h = tf.nn.relu(tf.matmul(h, w))
-        logits = tf.matmul(h, tf.compat.v1.get_variable("out/kernel", [512, 10]))
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+        x, y, loss = mlp()
         train = tf.compat.v1.train.MomentumOptimizer(0.01, 0.9).minimize(loss)
     config = parallax.Config(run_option="MPI")
     sess, num_workers, worker_id, _ = parallax.parallel_run(graph, resource, parallax_config=config)
-    rng = np.random.default_rng(worker_id)
-    feed = {x: [rng.standard_normal((batch, 256), np.float32)], y: [rng.integers(0, 10, batch)]}
+    from benchmarks.common import batch as make_batch
+
+    xs, ys = make_batch(worker_id, batch)
+    feed = {x: [xs], y: [ys]}
     for _ in range(5):
         sess.run(train, feed_dict=feed)
     t0 = time.perf_counter()

@@ -80,6 +80,16 @@ def test_a_killed_worker_ends_the_job_naming_it(tmp_path):
     assert re.search(r"Parallax job failed: rank \d+ on host \S+ \(pid \d+\) was killed by signal 9", run.output)
 
 
+def test_a_killed_server_ends_the_job_naming_it(tmp_path):
+    # layout of TWO_WORKERS: rank 0 and 1 are the workers, rank 2 the parameter server
+    run = run_script(tmp_path, TWO_WORKERS, "--run_option", "PS", "--kill_server_rank", "2", "--steps", "50")
+    assert run.returncode != 0
+    killed_at = float((tmp_path / "out" / "killed_at").read_text())
+    assert run.ended_at - killed_at < 30, run.ended_at - killed_at
+    assert re.search(r"Parallax job failed: rank 2 on host \S+ \(pid \d+\) was killed by signal 9", run.output), \
+        run.output[-3000:]
+
+
 def test_an_unsupported_protocol_is_a_clear_error(tmp_path):
     run = run_script(tmp_path, TWO_WORKERS, "--run_option", "PS", "--protocol", "grpc+verbs")
     assert run.returncode != 0

@@ -4,6 +4,7 @@ multi-process tests. Each rank writes its final variables to ``<out>/rank_<id>.n
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -34,6 +35,7 @@ def main() -> None:
     p.add_argument("--kill_rank", type=int, default=-1)
     p.add_argument("--kill_step", type=int, default=2)
     p.add_argument("--raise_rank", type=int, default=-1)
+    p.add_argument("--kill_server_rank", type=int, default=-1, help="worker 0 kills this (server) rank")
     p.add_argument("--clip", type=float, default=None)
     p.add_argument("--async", dest="sync", action="store_false")
     p.add_argument("--protocol", default="grpc")
@@ -59,6 +61,14 @@ def main() -> None:
             with open(os.path.join(args.out, "killed_at"), "w") as f:
                 f.write(repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
+        if worker_id == 0 and args.kill_server_rank >= 0 and step == args.kill_step:
+            registry = os.path.join(os.environ["PARALLAX_JOB_DIR"], f"rank_{args.kill_server_rank}.json")
+            with open(registry) as f:
+                victim = json.load(f)["pid"]
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "killed_at"), "w") as f:
+                f.write(repr(time.time()))
+            os.kill(victim, signal.SIGKILL)
         if worker_id == args.raise_rank and step == args.kill_step:
             raise RuntimeError(f"deliberate failure on rank {worker_id}")
         mine = {model.inputs[k]: np.split(v, parts)[worker_id * num_replicas:(worker_id + 1) * num_replicas]
