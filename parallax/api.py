@@ -232,7 +232,8 @@ def _run_ps_rank(context: RankContext, cluster, graph, meta_graph, analysis: Gra
     ps_config = config.communication_config.ps_config
     plan = build_plan(analysis, workers, run_option="PS", sync=sync, average_sparse=config.average_sparse,
                       cross_worker="ps", server_devices=servers,
-                      ps=PSSpec(local_aggregation=ps_config.local_aggregation, protocol=ps_config.protocol))
+                      ps=PSSpec(local_aggregation=ps_config.local_aggregation, protocol=ps_config.protocol,
+                                replicate_variables=ps_config.replicate_variables))
     if index == 0:
         logger.info("Parallax plan:\n%s", plan.describe())
     task = TaskSpec(worker_index=index)

@@ -70,10 +70,13 @@ class PSSpec:
         local_aggregation: sum a worker's replicas' gradients before sending
             them (one send per worker); otherwise each replica sends its own.
         protocol: the servers' protocol.
+        replicate_variables: each replica reads local copies of the dense
+            variables, refreshed once per step (synchronous training only).
     """
 
     local_aggregation: bool = True
     protocol: str = "grpc"
+    replicate_variables: bool = True
 
 
 @dataclass(frozen=True)
@@ -212,7 +215,7 @@ class Plan:
                          f"shared state on {w.shared_device}")
         if self.server_devices:
             lines.append(f"  parameter servers: local_aggregation={self.ps.local_aggregation} "
-                         f"protocol={self.ps.protocol}")
+                         f"replicate_variables={self.ps.replicate_variables} protocol={self.ps.protocol}")
         for i, device in enumerate(self.server_devices):
             load = sum(v.num_bytes for v in self.variables if v.server == i)
             lines.append(f"  server {i}: {device}, {load} bytes of variables")

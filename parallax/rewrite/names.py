@@ -7,11 +7,12 @@ parameter-server ops match across processes.
 from __future__ import annotations
 
 __all__ = ["REPLICA_PREFIX", "replica_op_name", "replica_tensor_name", "aggregate_scope",
-           "replica_frame_name", "aggregate_outputs", "SYNC_PREFIX", "FETCH_ALIAS_COLLECTION"]
+           "replica_frame_name", "aggregate_outputs", "SYNC_PREFIX", "LOCAL_COPY_PREFIX", "FETCH_ALIAS_COLLECTION"]
 
 REPLICA_PREFIX = "parallax_replica_"
 AGGREGATE_PREFIX = "parallax_aggregate"
 SYNC_PREFIX = "parallax_sync"
+LOCAL_COPY_PREFIX = "parallax_local"
 #: MetaGraphDef collection of "<original op>=<op to run instead>" entries for the session.
 FETCH_ALIAS_COLLECTION = "parallax_fetch_alias"
 

@@ -9,6 +9,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.aggregate import aggregate_gradients
+from parallax.rewrite.local_copies import use_local_copies
 from parallax.rewrite.placement import place_variables
 from parallax.rewrite.ps_sync import add_ps_sync
 from parallax.rewrite.replicate import replicate_graph
@@ -17,7 +18,7 @@ __all__ = ["PASSES", "rewrite_for_task"]
 
 Pass = Callable[[meta_graph_pb2.MetaGraphDef, Plan, TaskSpec], meta_graph_pb2.MetaGraphDef]
 
-PASSES: tuple[Pass, ...] = (replicate_graph, aggregate_gradients, place_variables, add_ps_sync)
+PASSES: tuple[Pass, ...] = (replicate_graph, aggregate_gradients, place_variables, add_ps_sync, use_local_copies)
 
 
 def rewrite_for_task(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec,

@@ -32,6 +32,12 @@ def test_sync_ps_equals_single_device(tmp_path, model, resources):
     check_ranks_match(run, expected_values(model), 2)
 
 
+def test_without_replicated_variables_replicas_read_the_servers_and_the_result_is_the_same(tmp_path):
+    run = run_script(tmp_path, TWO_WORKERS_TWO_REPLICAS, "--run_option", "PS", "--model", "mlp",
+                     "--no_replicate_variables")
+    check_ranks_match(run, expected_values("mlp"), 2)
+
+
 @pytest.mark.parametrize("model", ["mlp", "embedding"])
 def test_without_local_aggregation_each_replica_sends_and_the_result_is_the_same(tmp_path, model):
     run = run_script(tmp_path, TWO_WORKERS_TWO_REPLICAS, "--run_option", "PS", "--model", model,

@@ -122,3 +122,28 @@ def test_local_aggregation_sends_one_gradient_per_worker_instead_of_per_replica(
                  and "Apply" in n.op]
         assert len(sends) == applies
         assert nodes[f"parallax_sync/{var}/take/num_required"].attr["value"].tensor.int_val == [required]
+
+
+@pytest.mark.parametrize("replicate", [True, False])
+def test_replicate_variables_gives_each_replica_a_local_copy_of_dense_variables(replicate):
+    from dataclasses import replace
+
+    from parallax.plan.model import PSSpec
+
+    model = build_embedding("adam")
+    plan = replace(ps_plan(model, num_workers=2, replicas=2), ps=PSSpec(replicate_variables=replicate))
+    meta = rewrite_for_task(export(model.graph), plan, TaskSpec(1))
+    nodes = nodes_of(meta)
+    read0, read1 = nodes["MatMul/ReadVariableOp"], nodes["parallax_replica_1/MatMul/ReadVariableOp"]
+    if not replicate:
+        assert read0.input[0] == read1.input[0] == "proj/kernel"
+        assert not [n for n in nodes if n.startswith("parallax_local/")]
+        return
+    assert read0.input[0] == "parallax_local/replica_0/proj/kernel"
+    assert read1.input[0] == "parallax_local/replica_1/proj/kernel"
+    assert "^parallax_local/replica_1/proj/kernel/refresh" in read1.input
+    assert nodes["parallax_local/replica_1/proj/kernel"].device == "/job:worker/replica:0/task:1/device:CPU:1"
+    assert len(meta.collection_def["local_variables"].bytes_list.value) == 2
+    # sparse variables are read on the server (gathered rows), the update reads the server
+    assert not [n for n in nodes if n.startswith("parallax_local/") and "embedding" in n]
+    assert "proj/kernel" in nodes["Adam/update_proj/kernel/ResourceApplyAdam"].input

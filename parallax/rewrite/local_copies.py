@@ -1,0 +1,102 @@
+"""Pass: replicas read local copies of the server-held variables (``PSConfig.replicate_variables``).
+
+Ops added, for every dense variable ``<v>`` the plan keeps on a parameter
+server, and every local replica ``r`` of this worker (synchronous PS only):
+
+* ``parallax_local/replica_<r>/<v>``: a local (non-trainable) variable on the
+  replica's device, in the ``local_variables`` collection, so every worker
+  initializes its own;
+* ``parallax_local/replica_<r>/<v>/refresh``: assigns the server's current
+  value to the copy.
+
+The replica's own reads of ``<v>`` (its forward pass) then read the copy,
+each after the refresh. The token protocol of :mod:`parallax.rewrite.ps_sync`
+guarantees that the server holds the previous step's result when a step
+starts, so every replica computes with exactly the values it would read from
+the server, fetched once per replica and step. Sparse variables (embeddings)
+are not copied: their rows are gathered on the server. Reads outside the
+replicas (the update, a fetch of the variable) still read the server.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from tensorflow.core.protobuf import meta_graph_pb2
+
+from parallax.plan.model import Plan, TaskSpec
+from parallax.rewrite.aggregate import build_subgraph
+from parallax.rewrite.classify import classify
+from parallax.rewrite.names import LOCAL_COPY_PREFIX, REPLICA_PREFIX
+
+__all__ = ["use_local_copies"]
+
+
+def _replica_of(name: str, replicated: frozenset[str]) -> int | None:
+    if name.startswith(REPLICA_PREFIX):
+        return int(name[len(REPLICA_PREFIX):].split("/", 1)[0])
+    return 0 if name in replicated else None
+
+
+def use_local_copies(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec
+                     ) -> meta_graph_pb2.MetaGraphDef:
+    """Give each replica local copies of the dense server variables (see the module docstring).
+
+    Returns:
+        A new MetaGraphDef (unchanged unless PS, sync and ``replicate_variables``).
+    """
+    out = meta_graph_pb2.MetaGraphDef()
+    out.CopyFrom(meta_graph)
+    if not (plan.server_devices and plan.sync and plan.ps.replicate_variables):
+        return out
+    node_types = {n.name: n.op for n in out.graph_def.node}
+    variables = [v for v in plan.variables if v.sync == "ps" and v.gradient is not None and not v.sparse
+                 and node_types.get(v.name) == "VarHandleOp"]
+    if not variables:
+        return out
+    worker = plan.workers[task.worker_index]
+    replicated = classify(out.graph_def, plan).replicated
+    reads: dict[tuple[str, int], list] = {}
+    for node in out.graph_def.node:
+        if node.op != "ReadVariableOp" or not node.input:
+            continue
+        r = _replica_of(node.name, replicated)
+        if r is not None and node.input[0] in {v.name for v in variables}:
+            reads.setdefault((node.input[0], r), []).append(node)
+    if not reads:
+        return out
+    keys = sorted(reads)
+    dtype_of = {v.name: tf.dtypes.as_dtype(v.dtype) for v in variables}
+    shape_of = {v.name: v.shape for v in variables}
+    protos: list[bytes] = []
+
+    def builder(handles):
+        outputs = []
+        for (name, r), handle in zip(keys, handles):
+            scope = f"{LOCAL_COPY_PREFIX}/replica_{r}/{name}"
+            copy = tf.compat.v1.Variable(tf.zeros(shape_of[name], dtype_of[name]), trainable=False,
+                                         use_resource=True, name=scope,
+                                         collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+            value = tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype_of[name], name=f"{scope}/server_value")
+            refresh = copy.assign(value, read_value=False, name=f"{scope}/refresh")
+            protos.append(copy.to_proto().SerializeToString())
+            outputs.append(copy.handle)
+            outputs.append(refresh)
+        return outputs
+
+    nodes, names = build_subgraph(builder, [tf.resource] * len(keys), [name for name, _ in keys], "")
+    devices = {f"{LOCAL_COPY_PREFIX}/replica_{r}/{name}": worker.replica_devices[r] for name, r in keys}
+    for node in nodes:
+        owner = next((scope for scope in devices if node.name == scope or node.name.startswith(scope + "/")), None)
+        if owner is not None and not node.name.endswith("/server_value"):
+            node.device = devices[owner]
+    for i, key in enumerate(keys):
+        handle_op = names[2 * i].split(":")[0]
+        refresh_op = names[2 * i + 1].split(":")[0]
+        for node in reads[key]:
+            node.input[0] = handle_op
+            node.input.append(f"^{refresh_op}")
+            if "_class" in node.attr:
+                del node.attr["_class"]
+    out.graph_def.node.extend(nodes)
+    out.collection_def[tf.compat.v1.GraphKeys.LOCAL_VARIABLES].bytes_list.value.extend(protos)
+    return out
