@@ -72,11 +72,14 @@ class PSSpec:
         protocol: the servers' protocol.
         replicate_variables: each replica reads local copies of the dense
             variables, refreshed once per step (synchronous training only).
+        boundary_among_servers: the ops between the gradients and the update
+            (clipping) run on the servers instead of the chief worker.
     """
 
     local_aggregation: bool = True
     protocol: str = "grpc"
     replicate_variables: bool = True
+    boundary_among_servers: bool = True
 
 
 @dataclass(frozen=True)
@@ -215,7 +218,8 @@ class Plan:
                          f"shared state on {w.shared_device}")
         if self.server_devices:
             lines.append(f"  parameter servers: local_aggregation={self.ps.local_aggregation} "
-                         f"replicate_variables={self.ps.replicate_variables} protocol={self.ps.protocol}")
+                         f"replicate_variables={self.ps.replicate_variables} "
+                         f"boundary_among_servers={self.ps.boundary_among_servers} protocol={self.ps.protocol}")
         for i, device in enumerate(self.server_devices):
             load = sum(v.num_bytes for v in self.variables if v.server == i)
             lines.append(f"  server {i}: {device}, {load} bytes of variables")

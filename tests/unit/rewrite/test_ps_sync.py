@@ -147,3 +147,22 @@ def test_replicate_variables_gives_each_replica_a_local_copy_of_dense_variables(
     # sparse variables are read on the server (gathered rows), the update reads the server
     assert not [n for n in nodes if n.startswith("parallax_local/") and "embedding" in n]
     assert "proj/kernel" in nodes["Adam/update_proj/kernel/ResourceApplyAdam"].input
+
+
+@pytest.mark.parametrize("boundary", [True, False])
+def test_boundary_among_servers_moves_clipping_to_the_servers(boundary):
+    from dataclasses import replace
+
+    from parallax.plan.model import PSSpec
+    from tests.models import build_mlp
+
+    model = build_mlp("adam", clip=1.0)
+    plan = replace(ps_plan(model), ps=PSSpec(boundary_among_servers=boundary))
+    nodes = nodes_of(rewrite_for_task(export(model.graph), plan, TaskSpec(0)))
+    scaling = ["clip_by_global_norm/mul_1", "clip_by_global_norm/clip_by_global_norm/_0",
+               "clip_by_global_norm/Minimum"]
+    devices = {nodes[name].device for name in scaling}
+    if boundary:
+        assert all(d.startswith("/job:ps/") for d in devices), devices
+    else:
+        assert devices == {"/job:worker/replica:0/task:0/device:CPU:0"}
