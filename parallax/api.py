@@ -234,7 +234,9 @@ def _run_ps_rank(context: RankContext, cluster, graph, meta_graph, analysis: Gra
                       cross_worker="ps", server_devices=servers,
                       ps=PSSpec(local_aggregation=ps_config.local_aggregation, protocol=ps_config.protocol,
                                 replicate_variables=ps_config.replicate_variables,
-                                boundary_among_servers=ps_config.boundary_among_servers))
+                                boundary_among_servers=ps_config.boundary_among_servers,
+                                boundary_between_workers_and_servers=(
+                                    ps_config.boundary_between_workers_and_servers)))
     if index == 0:
         logger.info("Parallax plan:\n%s", plan.describe())
     task = TaskSpec(worker_index=index)

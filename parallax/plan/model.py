@@ -74,12 +74,16 @@ class PSSpec:
             variables, refreshed once per step (synchronous training only).
         boundary_among_servers: the ops between the gradients and the update
             (clipping) run on the servers instead of the chief worker.
+        boundary_between_workers_and_servers: gathers of rows (embedding
+            lookups) run on the server, so only the rows travel; otherwise
+            the replica reads the whole variable and gathers locally.
     """
 
     local_aggregation: bool = True
     protocol: str = "grpc"
     replicate_variables: bool = True
     boundary_among_servers: bool = True
+    boundary_between_workers_and_servers: bool = True
 
 
 @dataclass(frozen=True)
@@ -219,7 +223,9 @@ class Plan:
         if self.server_devices:
             lines.append(f"  parameter servers: local_aggregation={self.ps.local_aggregation} "
                          f"replicate_variables={self.ps.replicate_variables} "
-                         f"boundary_among_servers={self.ps.boundary_among_servers} protocol={self.ps.protocol}")
+                         f"boundary_among_servers={self.ps.boundary_among_servers} "
+                         f"boundary_between_workers_and_servers={self.ps.boundary_between_workers_and_servers} "
+                         f"protocol={self.ps.protocol}")
         for i, device in enumerate(self.server_devices):
             load = sum(v.num_bytes for v in self.variables if v.server == i)
             lines.append(f"  server {i}: {device}, {load} bytes of variables")

@@ -27,7 +27,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from parallax.comm.base import backend_for
 from parallax.plan.model import Plan, TaskSpec, VariablePlacement
 from parallax.rewrite.classify import classify
-from parallax.rewrite.graph_ops import format_input, node_map, parse_input
+from parallax.rewrite.graph_ops import add_nodes, format_input, node_map, parse_input
 from parallax.rewrite.names import AGGREGATE_PREFIX, replica_tensor_name
 
 __all__ = ["aggregate_gradients", "build_subgraph"]
@@ -203,7 +203,7 @@ def aggregate_gradients(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, tas
             key = _canonical(format_input(op, index, False))
             if not control and key in rewire:
                 node.input[i] = rewire[key]
-    out.graph_def.node.extend(nodes)
+    add_nodes(out.graph_def, nodes)
     return out
 
 

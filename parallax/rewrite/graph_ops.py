@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 __all__ = ["parse_input", "format_input", "op_of", "node_map", "consumers", "ancestors",
-           "descendants"]
+           "descendants", "add_nodes"]
 
 
 def parse_input(text: str) -> tuple[str, int, bool]:
@@ -77,3 +77,20 @@ def descendants(consumer_map: dict[str, list[str]], starts: Iterable[str]) -> se
                 seen.add(name)
                 queue.append(name)
     return seen
+
+
+def add_nodes(graph_def: graph_pb2.GraphDef, nodes) -> None:
+    """Append ``nodes`` to ``graph_def``, refusing a name the graph already has.
+
+    Raises:
+        RewriteError: naming the clashing op.
+    """
+    from parallax.errors import RewriteError
+
+    existing = {n.name for n in graph_def.node}
+    for node in nodes:
+        if node.name in existing:
+            raise RewriteError(f'op "{node.name}" that Parallax adds already exists in the graph; '
+                               "rename the graph's op (names under parallax_* are reserved)")
+        existing.add(node.name)
+    graph_def.node.extend(nodes)

@@ -26,6 +26,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.aggregate import build_subgraph
 from parallax.rewrite.classify import classify
+from parallax.rewrite.graph_ops import add_nodes
 from parallax.rewrite.names import LOCAL_COPY_PREFIX, REPLICA_PREFIX
 
 __all__ = ["use_local_copies"]
@@ -73,8 +74,9 @@ def use_local_copies(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: 
         outputs = []
         for (name, r), handle in zip(keys, handles):
             scope = f"{LOCAL_COPY_PREFIX}/replica_{r}/{name}"
-            copy = tf.compat.v1.Variable(tf.zeros(shape_of[name], dtype_of[name]), trainable=False,
-                                         use_resource=True, name=scope,
+            with tf.name_scope(f"{scope}/"):  # every op under the copy's own scope: no clash with the graph
+                initial = tf.zeros(shape_of[name], dtype_of[name], name="initial_value")
+            copy = tf.compat.v1.Variable(initial, trainable=False, use_resource=True, name=scope,
                                          collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
             value = tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype_of[name], name=f"{scope}/server_value")
             refresh = copy.assign(value, read_value=False, name=f"{scope}/refresh")
@@ -97,6 +99,6 @@ def use_local_copies(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: 
             node.input.append(f"^{refresh_op}")
             if "_class" in node.attr:
                 del node.attr["_class"]
-    out.graph_def.node.extend(nodes)
+    add_nodes(out.graph_def, nodes)
     out.collection_def[tf.compat.v1.GraphKeys.LOCAL_VARIABLES].bytes_list.value.extend(protos)
     return out

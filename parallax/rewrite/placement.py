@@ -5,6 +5,12 @@ server's device, and so does every op colocated with it (``_class`` =
 ``loc:@<variable>``): its initializer, its optimizer slots, and its update
 ops, so the update runs where the variable is.
 
+With ``boundary_between_workers_and_servers`` (default on) a replica's
+gather of rows from a server variable (``embedding_lookup``) runs on the
+server, so only the rows travel. Off, the gather runs on the replica's
+device: ``<gather>/parallax_read`` reads the whole variable from the server
+and a ``GatherV2`` of the same name as the original picks the rows there.
+
 With ``boundary_among_servers`` (``PSConfig``, default on), the other ops
 between the gradients and the update (clipping, scaling) also move to a
 server: the server of the variable whose update they feed, or, for ops that
@@ -14,12 +20,14 @@ they stay on the worker. Does nothing for plans without servers.
 
 from __future__ import annotations
 
+from tensorflow.core.framework import node_def_pb2, types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
+from tensorflow.python.framework import tensor_util
 
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.classify import classify
-from parallax.rewrite.graph_ops import consumers, descendants
-from parallax.rewrite.names import AGGREGATE_PREFIX, SYNC_PREFIX
+from parallax.rewrite.graph_ops import add_nodes, consumers, descendants
+from parallax.rewrite.names import AGGREGATE_PREFIX, REPLICA_PREFIX, SYNC_PREFIX
 
 __all__ = ["place_variables"]
 
@@ -44,7 +52,40 @@ def place_variables(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
                     break
     if plan.ps.boundary_among_servers:
         _place_boundary_ops(out, plan, device_of)
+    if not plan.ps.boundary_between_workers_and_servers:
+        _gather_on_workers(out, plan, task, device_of)
     return out
+
+
+def _gather_on_workers(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec,
+                       device_of: dict[str, str]) -> None:
+    worker = plan.workers[task.worker_index]
+    added = []
+    for node in meta_graph.graph_def.node:
+        if node.op != "ResourceGather" or not node.input or node.input[0] not in device_of:
+            continue
+        replica = int(node.name[len(REPLICA_PREFIX):].split("/", 1)[0]) if node.name.startswith(REPLICA_PREFIX) else 0
+        device = worker.replica_devices[min(replica, len(worker.replica_devices) - 1)]
+        dtype, tindices = node.attr["dtype"].type, node.attr["Tindices"].type
+        read = node_def_pb2.NodeDef(name=f"{node.name}/parallax_read", op="ReadVariableOp", input=[node.input[0]])
+        read.attr["dtype"].type = dtype
+        axis = node_def_pb2.NodeDef(name=f"{node.name}/parallax_axis", op="Const", device=device)
+        axis.attr["dtype"].type = types_pb2.DT_INT32
+        axis.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(0, dtype=types_pb2.DT_INT32))
+        batch_dims = node.attr["batch_dims"].i
+        indices = [i for i in node.input[1:]]
+        node.op = "GatherV2"
+        del node.input[:]
+        node.input.extend([read.name, indices[0], axis.name, *indices[1:]])
+        for key in list(node.attr):
+            del node.attr[key]
+        node.attr["Tparams"].type = dtype
+        node.attr["Tindices"].type = tindices
+        node.attr["Taxis"].type = types_pb2.DT_INT32
+        node.attr["batch_dims"].i = batch_dims
+        node.device = device
+        added.extend([read, axis])
+    add_nodes(meta_graph.graph_def, added)
 
 
 def _place_boundary_ops(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, device_of: dict[str, str]) -> None:

@@ -38,7 +38,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from parallax.errors import RewriteError
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.aggregate import build_subgraph
-from parallax.rewrite.graph_ops import format_input, parse_input
+from parallax.rewrite.graph_ops import add_nodes, format_input, parse_input
 from parallax.rewrite.names import FETCH_ALIAS_COLLECTION, SYNC_PREFIX, aggregate_outputs
 
 __all__ = ["add_ps_sync"]
@@ -159,7 +159,7 @@ def add_ps_sync(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskS
                 key = f"{op}:{index}"
                 if not control and key in rewire:
                     node.input[i] = rewire[key]
-    out.graph_def.node.extend(nodes)
+    add_nodes(out.graph_def, nodes)
     alias = out.collection_def[FETCH_ALIAS_COLLECTION].bytes_list.value
     alias.append(f"{train_op}={parse_input(outputs[0])[0]}".encode())
     return out

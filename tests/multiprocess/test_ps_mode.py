@@ -32,6 +32,18 @@ def test_sync_ps_equals_single_device(tmp_path, model, resources):
     check_ranks_match(run, expected_values(model), 2)
 
 
+def test_boundaries_off_give_the_same_result(tmp_path):
+    run = run_script(tmp_path, TWO_WORKERS_TWO_REPLICAS, "--run_option", "PS", "--model", "embedding",
+                     "--average_sparse", "--no_boundary_between", "--no_boundary_among", "--clip", "100")
+    expected = train_single_device(BUILDERS["embedding"]("adam", clip=100.0), DATA["embedding"](STEPS, BATCH))
+    check_ranks_match(run, expected, 2)
+
+
+def test_partitioned_sequence_model(tmp_path):
+    run = run_script(tmp_path, TWO_WORKERS, "--run_option", "PS", "--model", "sequence", "--average_sparse")
+    check_ranks_match(run, expected_values("sequence"), 2)
+
+
 def test_without_replicated_variables_replicas_read_the_servers_and_the_result_is_the_same(tmp_path):
     run = run_script(tmp_path, TWO_WORKERS_TWO_REPLICAS, "--run_option", "PS", "--model", "mlp",
                      "--no_replicate_variables")

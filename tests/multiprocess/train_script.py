@@ -41,6 +41,8 @@ def main() -> None:
     p.add_argument("--protocol", default="grpc")
     p.add_argument("--no_local_aggregation", dest="local_aggregation", action="store_false")
     p.add_argument("--no_replicate_variables", dest="replicate_variables", action="store_false")
+    p.add_argument("--no_boundary_among", dest="boundary_among", action="store_false")
+    p.add_argument("--no_boundary_between", dest="boundary_between", action="store_false")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -49,7 +51,8 @@ def main() -> None:
     mpi = parallax.MPIConfig(backend=args.backend, use_allgatherv=args.use_allgatherv,
                              fusion_bytes=args.fusion_bytes)
     ps = parallax.PSConfig(protocol=args.protocol, local_aggregation=args.local_aggregation,
-                           replicate_variables=args.replicate_variables)
+                           replicate_variables=args.replicate_variables, boundary_among_servers=args.boundary_among,
+                           boundary_between_workers_and_servers=args.boundary_between)
     config = parallax.Config(run_option=args.run_option, average_sparse=args.average_sparse,
                              redirect_path=args.redirect_path,
                              communication_config=parallax.CommunicationConfig(ps_config=ps, mpi_config=mpi))

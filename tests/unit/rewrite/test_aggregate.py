@@ -56,3 +56,21 @@ def test_debug_dir_receives_one_file_per_pass(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "01_replicate_graph.pbtxt", "02_aggregate_gradients.pbtxt", "03_place_variables.pbtxt",
         "04_add_ps_sync.pbtxt", "05_use_local_copies.pbtxt"]
+
+
+def test_an_op_name_parallax_needs_is_a_clear_error():
+    import pytest
+    import tensorflow as tf
+
+    from parallax.errors import RewriteError
+    from tests.models import Model
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 2])
+        w = tf.compat.v1.get_variable("w", [2, 1])
+        tf.identity(x, name="parallax_aggregate/w/grad")
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(tf.matmul(x, w)))
+    plan, task = plan_for(Model(graph, {}, None, None), 2)
+    with pytest.raises(RewriteError, match=r'op "parallax_aggregate/w/grad" that Parallax adds already exists'):
+        rewrite_for_task(export(graph), plan, task)

@@ -166,3 +166,23 @@ def test_boundary_among_servers_moves_clipping_to_the_servers(boundary):
         assert all(d.startswith("/job:ps/") for d in devices), devices
     else:
         assert devices == {"/job:worker/replica:0/task:0/device:CPU:0"}
+
+
+@pytest.mark.parametrize("boundary", [True, False])
+def test_boundary_between_workers_and_servers_decides_where_rows_are_gathered(boundary):
+    from dataclasses import replace
+
+    from parallax.plan.model import PSSpec
+
+    model = build_embedding("adam")
+    plan = replace(ps_plan(model, replicas=2), ps=PSSpec(boundary_between_workers_and_servers=boundary))
+    nodes = nodes_of(rewrite_for_task(export(model.graph), plan, TaskSpec(1)))
+    for r, name in enumerate(("embedding_lookup", "parallax_replica_1/embedding_lookup")):
+        gather = nodes[name]
+        if boundary:  # on the server, through colocation with the variable: only rows travel
+            assert gather.op == "ResourceGather" and gather.device == SERVERS[plan.variable("embedding").server]
+        else:  # the replica reads the whole table and gathers locally
+            assert gather.op == "GatherV2"
+            assert gather.device == f"/job:worker/replica:0/task:1/device:CPU:{r}"
+            assert nodes[gather.input[0]].op == "ReadVariableOp"
+            assert nodes[gather.input[0]].input == ["embedding"]
