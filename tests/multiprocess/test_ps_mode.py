@@ -10,7 +10,7 @@ import pytest
 
 from tests.models import BUILDERS, DATA, train_single_device
 from tests.multiprocess.harness import run_script
-from tests.multiprocess.test_mpi_mode import BATCH, STEPS, check_ranks_match, expected_values
+from tests.multiprocess.test_mpi_mode import BATCH, STEPS, _leftover_ranks, check_ranks_match, expected_values
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -96,6 +96,7 @@ def test_a_killed_worker_ends_the_job_naming_it(tmp_path):
     killed_at = float((tmp_path / "out" / "killed_at").read_text())
     assert run.ended_at - killed_at < 30, run.ended_at - killed_at
     assert re.search(r"Parallax job failed: rank \d+ on host \S+ \(pid \d+\) was killed by signal 9", run.output)
+    assert not _leftover_ranks(tmp_path)
 
 
 def test_a_killed_server_ends_the_job_naming_it(tmp_path):
@@ -106,6 +107,7 @@ def test_a_killed_server_ends_the_job_naming_it(tmp_path):
     assert run.ended_at - killed_at < 30, run.ended_at - killed_at
     assert re.search(r"Parallax job failed: rank 2 on host \S+ \(pid \d+\) was killed by signal 9", run.output), \
         run.output[-3000:]
+    assert not _leftover_ranks(tmp_path)
 
 
 def test_an_unsupported_protocol_is_a_clear_error(tmp_path):
