@@ -165,8 +165,10 @@ def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphA
                     gpu=any(uses_gpu))
     server = None
     if backend == "collective":
+        mine = _rank_device(context.spec, gpus)
         server = start_server(context.rank, [("worker", r) for r in range(context.size)], config.sess_config,
-                              group_leader=GROUP_LEADER)
+                              group_leader=GROUP_LEADER,
+                              visible_gpus=str(mine.index) if mine.kind == "gpu" else None)
     workers = []
     for r, spec in enumerate(context.ranks):
         kind = "GPU" if uses_gpu[r] else "CPU"
@@ -213,10 +215,15 @@ def _run_ps_rank(context: RankContext, cluster, graph, meta_graph, analysis: Gra
     if role == "worker":
         mine = _resolve_devices(WorkerTask(context.spec.host, context.spec.devices, None, context.spec.line),
                                 cluster.source)
+    # A worker sees only its own GPUs, renumbered from 0 (two workers on one host share none).
+    gpu_ids = [d.index for d in mine if d.kind == "gpu"] if mine else []
+    visible = ",".join(str(i) for i in gpu_ids) if gpu_ids else None
+    if mine:
+        mine = tuple(Device("gpu", gpu_ids.index(d.index)) if d.kind == "gpu" else d for d in mine)
     all_devices = comm.allgather(None if mine is None else [(d.kind, d.index) for d in mine])
     cpus = max([d.index + 1 for d in mine if d.kind == "cpu"], default=0) if mine else 0
     server = start_server(context.rank, jobs, config.sess_config, cpu_devices=cpus, port=context.spec.port,
-                          protocol=config.communication_config.ps_config.protocol)
+                          protocol=config.communication_config.ps_config.protocol, visible_gpus=visible)
     atexit.register(comm.Barrier)  # every process leaves together: servers wait for the workers
     if role == "ps":
         logger.info("Parallax: parameter server %d serving on %s", index, context.spec.host)
@@ -242,7 +249,8 @@ def _run_ps_rank(context: RankContext, cluster, graph, meta_graph, analysis: Gra
     task = TaskSpec(worker_index=index)
     rewritten = rewrite_for_task(meta_graph, plan, task)
     session, dist_graph = start_session(
-        rewritten, config.sess_config, cpu_devices=cpus, server=server, task_index=index, is_chief=index == 0,
+        rewritten, config.sess_config, cpu_devices=cpus, visible_gpu=visible, server=server, task_index=index,
+        is_chief=index == 0,
         device_filters=("/job:ps", f"/job:worker/task:{index}"))
     aliases = _fetch_aliases(rewritten)
     wrapper = ParallaxSession(session, dist_graph, graph, _replicated_ops(meta_graph, plan), len(mine),

@@ -25,7 +25,7 @@ GROUP_LEADER = "/job:worker/replica:0/task:0"
 logger = logging.getLogger("parallax")
 
 
-def session_config(user: config_pb2.ConfigProto | None, cpu_devices: int = 0, visible_gpu: int | None = None,
+def session_config(user: config_pb2.ConfigProto | None, cpu_devices: int = 0, visible_gpu: int | str | None = None,
                    group_leader: str | None = None, threads: int = 0) -> config_pb2.ConfigProto:
     """A copy of the user's ``sess_config`` with what Parallax needs added.
 
@@ -52,7 +52,7 @@ def session_config(user: config_pb2.ConfigProto | None, cpu_devices: int = 0, vi
 
 def start_server(rank: int, jobs: list[tuple[str, int]], user_config: config_pb2.ConfigProto | None, *,
                  group_leader: str | None = None, cpu_devices: int = 0, attempts: int = 3,
-                 port: int | None = None, protocol: str = "grpc"):
+                 port: int | None = None, protocol: str = "grpc", visible_gpus: str | None = None):
     """Start this rank's TensorFlow server in the job's cluster.
 
     Every rank picks a free port, the ranks exchange ``host:port`` over MPI,
@@ -68,6 +68,8 @@ def start_server(rank: int, jobs: list[tuple[str, int]], user_config: config_pb2
         attempts: tries before giving up.
         port: this rank's port, when the resource file fixes it (no retry then).
         protocol: the servers' protocol (``PSConfig.protocol``).
+        visible_gpus: the GPUs this process may use (``"1"``, ``"0,1"``), which
+            then appear as GPU:0... in it; the same list must go to the session.
 
     Raises:
         LaunchError: no server could be started in ``attempts`` tries.
@@ -88,6 +90,8 @@ def start_server(rank: int, jobs: list[tuple[str, int]], user_config: config_pb2
         for (job, _index), address in zip(jobs, addresses):
             spec.setdefault(job, []).append(address)
         config = session_config(user_config, cpu_devices=cpu_devices, group_leader=group_leader)
+        if visible_gpus is not None:
+            config.gpu_options.visible_device_list = visible_gpus
         job, index = jobs[rank]
         try:
             server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=index,
@@ -109,7 +113,7 @@ def start_server(rank: int, jobs: list[tuple[str, int]], user_config: config_pb2
 
 
 def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.ConfigProto | None, *,
-                  cpu_devices: int = 0, visible_gpu: int | None = None, threads: int = 0, server=None,
+                  cpu_devices: int = 0, visible_gpu: int | str | None = None, threads: int = 0, server=None,
                   task_index: int = 0, is_chief: bool = True, device_filters: tuple[str, ...] = (),
                   group_leader: str | None = None,
                   broadcast: bool = False, bind_mpi: bool = False, horovod: bool = False):
@@ -119,7 +123,7 @@ def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.Con
         meta: the rewritten graph.
         user_config: the user's ``sess_config``.
         cpu_devices: number of virtual CPU devices the replicas need.
-        visible_gpu: the one GPU this process uses.
+        visible_gpu: the GPU(s) this process uses (an id, or ids joined by commas).
         threads: TensorFlow threads per pool for this process (0: TensorFlow's default).
         server: the TensorFlow server of this process (collective backend, PS).
         task_index: this worker's index.
