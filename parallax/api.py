@@ -13,7 +13,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from parallax.analysis import GraphAnalysis, analyse_graph
 from parallax.config import Config
 from parallax.errors import LaunchError
-from parallax.launch.bootstrap import RankContext, launched_context
+from parallax.launch.bootstrap import RankContext, finish_together, launched_context
 from parallax.launch.launcher import current_program, launch
 from parallax.launch.layout import RankSpec, ps_ranks, ranks_per_device
 from parallax.plan import Plan, TaskSpec, build_plan
@@ -157,6 +157,7 @@ def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphA
         raise LaunchError(f"{cluster.source} describes {len(expected)} processes, but this job was launched "
                           f"with {len(context.ranks)}; give parallel_run the resource file the job was "
                           "started with")
+    finish_together(context.rank)
     gpus = len(tf.config.list_physical_devices("GPU"))
     mpi = config.communication_config.mpi_config
     uses_gpu = [_rank_device(r, gpus).kind == "gpu" for r in context.ranks]

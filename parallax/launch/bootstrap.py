@@ -17,10 +17,13 @@ from parallax.errors import LaunchError
 from parallax.launch.layout import RankSpec, layout_from_json, layout_to_json
 from parallax.launch.runner import register_rank
 
-__all__ = ["RankContext", "launched_context", "launch_env", "LAUNCH_ENV", "JOB_DIR_ENV"]
+__all__ = ["RankContext", "launched_context", "launch_env", "finish_together", "LAUNCH_ENV", "JOB_DIR_ENV",
+           "FINISH_TIMEOUT_ENV"]
 
 LAUNCH_ENV = "PARALLAX_LAUNCH"
 JOB_DIR_ENV = "PARALLAX_JOB_DIR"
+FINISH_TIMEOUT_ENV = "PARALLAX_FINISH_TIMEOUT"
+DEFAULT_FINISH_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True)
@@ -83,3 +86,36 @@ def _redirect(path: str, fd: int, stream) -> None:
     target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(target, fd)
     os.close(target)
+
+
+def finish_together(rank: int, timeout: float | None = None) -> None:
+    """Register an exit check for an all-reduce rank: wait for every rank to end too.
+
+    Ranks of a synchronous all-reduce job run in lockstep, so when one ends the
+    others end within about a step. If they do not within ``timeout`` seconds
+    (``PARALLAX_FINISH_TIMEOUT``, default 60), they are waiting in an all-reduce
+    this rank will never join (it ran fewer steps): the job is aborted with a
+    message instead of hanging.
+    """
+    import atexit
+    import time
+
+    if timeout is None:
+        timeout = float(os.environ.get(FINISH_TIMEOUT_ENV, DEFAULT_FINISH_TIMEOUT))
+
+    def check() -> None:
+        from mpi4py import MPI
+
+        request = MPI.COMM_WORLD.Ibarrier()
+        deadline = time.monotonic() + timeout
+        while not request.Test():
+            if time.monotonic() > deadline:
+                sys.stderr.write(
+                    f"Parallax: rank {rank} finished, but after {timeout:.0f} s other ranks are still "
+                    "waiting in an all-reduce it will never join: every rank must run the same number of "
+                    "steps (give each the same number of batches)\n")
+                sys.stderr.flush()
+                MPI.COMM_WORLD.Abort(3)
+            time.sleep(0.01)
+
+    atexit.register(check)

@@ -90,6 +90,14 @@ def test_an_exception_in_a_rank_ends_the_job_naming_it(tmp_path):
     assert not _leftover_ranks(tmp_path)
 
 
+def test_a_rank_running_fewer_steps_ends_the_job_instead_of_hanging(tmp_path, monkeypatch):
+    monkeypatch.setenv("PARALLAX_FINISH_TIMEOUT", "5")
+    run = run_script(tmp_path, resources(2), "--short_rank", "1", "--steps", "6", timeout=120)
+    assert run.returncode != 0
+    assert "rank 1 finished, but after 5 s other ranks are still waiting in an all-reduce" in run.output
+    assert not _leftover_ranks(tmp_path)
+
+
 def test_redirect_path_gives_each_rank_its_own_files(tmp_path):
     logs = tmp_path / "logs"
     run = run_script(tmp_path, resources(2), "--redirect_path", str(logs))

@@ -35,6 +35,7 @@ def main() -> None:
     p.add_argument("--kill_rank", type=int, default=-1)
     p.add_argument("--kill_step", type=int, default=2)
     p.add_argument("--raise_rank", type=int, default=-1)
+    p.add_argument("--short_rank", type=int, default=-1, help="this rank runs one step fewer")
     p.add_argument("--kill_server_rank", type=int, default=-1, help="worker 0 kills this (server) rank")
     p.add_argument("--clip", type=float, default=None)
     p.add_argument("--async", dest="sync", action="store_false")
@@ -60,6 +61,8 @@ def main() -> None:
                                                                        sync=args.sync, parallax_config=config)
     data = DATA[args.model](args.steps, args.batch)
     parts = num_workers * num_replicas
+    if worker_id == args.short_rank:
+        data = data[:-1]
     for step, feed in enumerate(data):
         if worker_id == args.kill_rank and step == args.kill_step:
             os.makedirs(args.out, exist_ok=True)
