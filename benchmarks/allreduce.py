@@ -15,7 +15,6 @@ and 2 ranks (the same per-rank batch, so 2 ranks process twice the examples).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
@@ -26,6 +25,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from benchmarks.common import read_json, write_json  # noqa: E402
 
 SIZES_MB = (1, 16, 64)
 
@@ -90,8 +91,7 @@ def comm_worker(out: str, reps: int) -> None:
             timings[variant] = [t - float(np.median(base)) for t in total]
         results.append({"megabytes": mb, **{k: float(np.median(v)) * 1e3 for k, v in timings.items()}})
     if comm.rank == 0:
-        with open(out, "w") as f:
-            json.dump(results, f)
+        write_json(out, results)
 
 
 # --------------------------------------------------------------------------- #
@@ -123,10 +123,9 @@ def train_worker(resource: str, out: str, steps: int, batch: int) -> None:
     seconds = time.perf_counter() - t0
     if worker_id == 0:
         params = sum(int(np.prod(v.shape)) for v in graph.get_collection("trainable_variables"))
-        with open(out, "w") as f:
-            json.dump({"ranks": num_workers, "steps_per_s": steps / seconds,
-                       "examples_per_s": steps * batch * num_workers / seconds, "parameters": params,
-                       "batch_per_rank": batch}, f)
+        write_json(out, {"ranks": num_workers, "steps_per_s": steps / seconds,
+                         "examples_per_s": steps * batch * num_workers / seconds, "parameters": params,
+                         "batch_per_rank": batch})
     sess.close()
 
 
@@ -196,8 +195,7 @@ def main() -> None:
     result = launch(ranks, "MPI", [os.path.abspath(__file__), "comm", "--out", comm_out, "--reps", str(args.reps)])
     if result.returncode != 0:
         raise SystemExit(f"all-reduce benchmark failed: {result.failure}")
-    with open(comm_out) as f:
-        comm_rows = json.load(f)
+    comm_rows = read_json(comm_out)
     training = []
     for n in (1, 2):
         print(f"part 2: training with {n} rank(s) ...", flush=True)
@@ -207,8 +205,7 @@ def main() -> None:
         out = os.path.join(work, f"train_{n}.json")
         subprocess.run([sys.executable, os.path.abspath(__file__), "train", "--resource_info", resource,
                         "--out", out, "--steps", str(args.steps)], check=True, cwd=work)
-        with open(out) as f:
-            training.append(json.load(f))
+        training.append(read_json(out))
     data = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
             "allreduce_2_ranks": comm_rows, "training": training}
     for row in comm_rows:
@@ -216,8 +213,7 @@ def main() -> None:
         row["in_graph_fused_over_raw"] = row["in_graph_fused"] / row["raw_mpi4py"]
     data["training_speedup_2_over_1_examples"] = training[1]["examples_per_s"] / training[0]["examples_per_s"]
     json_path = os.path.join(args.results, "allreduce.json")
-    with open(json_path, "w") as f:
-        json.dump(data, f, indent=2)
+    write_json(json_path, data)
     png_path = os.path.join(args.results, "allreduce.png")
     _plot(data, png_path)
     print(f"\n{'MB':>4} {'raw ms':>8} {'graph ms':>9} {'fused ms':>9} {'graph/raw':>10} {'fused/raw':>10}")

@@ -35,3 +35,8 @@ def write_json(path: str, data) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(data, f, indent=2)
+
+
+def read_json(path: str):
+    with open(path) as f:
+        return json.load(f)

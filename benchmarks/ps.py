@@ -27,7 +27,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks.common import RESULTS, batch, mlp, write_json  # noqa: E402
+from benchmarks.common import RESULTS, batch, mlp, read_json, write_json  # noqa: E402
 
 WARMUP = 5
 
@@ -166,7 +166,7 @@ def main() -> None:
     subprocess.run([sys.executable, me, "parallax", "--resource_info", resource, "--out", out,
                     "--steps", str(args.steps), "--batch", str(args.batch), "--started", repr(time.time())],
                    check=True, cwd=work)
-    results["Parallax PS"] = _load(out)
+    results["Parallax PS"] = read_json(out)
     print("TensorFlow replica_device_setter + SyncReplicasOptimizer ...", flush=True)
     out = os.path.join(work, "native.json")
     ranks = ranks_per_device(parse_resource_text("localhost: cpu:0,cpu:1,cpu:2\n"))
@@ -174,7 +174,7 @@ def main() -> None:
                                    str(args.batch), "--started", repr(time.time())])
     if result.returncode != 0:
         raise SystemExit(f"native job failed: {result.failure}")
-    results["TF SyncReplicas"] = _load(out)
+    results["TF SyncReplicas"] = read_json(out)
     ratio = results["Parallax PS"]["steps_per_s"] / results["TF SyncReplicas"]["steps_per_s"]
     data = {"results": results, "parallax_over_tf_steps": ratio}
     write_json(os.path.join(RESULTS, "ps.json"), data)
@@ -184,13 +184,6 @@ def main() -> None:
               f"first step after {r['startup_s']:.1f} s")
     print(f"Parallax / TensorFlow steps/s: {ratio:.2f}")
     print(f"wrote {os.path.join(RESULTS, 'ps.json')} and {os.path.join(RESULTS, 'ps.png')}")
-
-
-def _load(path: str) -> dict:
-    import json
-
-    with open(path) as f:
-        return json.load(f)
 
 
 if __name__ == "__main__":

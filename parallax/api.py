@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 
 import tensorflow as tf
@@ -14,11 +13,11 @@ from parallax.analysis import GraphAnalysis, analyse_graph
 from parallax.config import Config
 from parallax.errors import LaunchError
 from parallax.launch.bootstrap import RankContext, finish_together, launched_context
-from parallax.launch.launcher import current_program, launch
+from parallax.launch.launcher import current_program, is_local_host, launch
 from parallax.launch.layout import RankSpec, ps_ranks, ranks_per_device
 from parallax.plan import Plan, TaskSpec, build_plan
 from parallax.plan.model import CommSpec, PSSpec
-from parallax.resources import LOCAL_HOSTS, Cluster, Device, WorkerTask, parse_resource_file
+from parallax.resources import Cluster, Device, WorkerTask, parse_resource_file
 from parallax.rewrite.classify import classify
 from parallax.rewrite.pipeline import rewrite_for_task
 from parallax.rewrite.replicate import shard_op_names
@@ -100,7 +99,7 @@ def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
 def _multiprocess_layout(cluster: Cluster, run_option: str) -> tuple[tuple[RankSpec, ...], str] | None:
     """The ranks to launch and the run option they use, or ``None`` when this
     process alone trains (one local worker, which needs no server)."""
-    single_local_worker = len(cluster.workers) == 1 and _is_local(cluster.workers[0].host)
+    single_local_worker = len(cluster.workers) == 1 and is_local_host(cluster.workers[0].host)
     if run_option == "MPI":
         ranks = ranks_per_device(cluster)
         if len(ranks) == 1 and single_local_worker:
@@ -152,11 +151,7 @@ def _run_in_process(cluster, graph, meta_graph, analysis, config, sync):
 def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphAnalysis, config, sync):
     if context.run_option == "PS":
         return _run_ps_rank(context, cluster, graph, meta_graph, analysis, config, sync)
-    expected = ranks_per_device(cluster)
-    if expected != context.ranks:
-        raise LaunchError(f"{cluster.source} describes {len(expected)} processes, but this job was launched "
-                          f"with {len(context.ranks)}; give parallel_run the resource file the job was "
-                          "started with")
+    _check_launched_layout(ranks_per_device(cluster), context, cluster.source)
     finish_together(context.rank)
     gpus = len(tf.config.list_physical_devices("GPU"))
     mpi = config.communication_config.mpi_config
@@ -164,12 +159,12 @@ def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphA
     backend = mpi.backend if mpi.backend != "auto" else ("collective" if any(uses_gpu) else "mpi")
     comm = CommSpec(backend=backend, fusion_bytes=mpi.fusion_bytes, use_allgatherv=mpi.use_allgatherv,
                     gpu=any(uses_gpu))
+    my_device = _rank_device(context.spec, gpus)
+    my_gpu = my_device.index if my_device.kind == "gpu" else None
     server = None
     if backend == "collective":
-        mine = _rank_device(context.spec, gpus)
         server = start_server(context.rank, [("worker", r) for r in range(context.size)], config.sess_config,
-                              group_leader=GROUP_LEADER,
-                              visible_gpus=str(mine.index) if mine.kind == "gpu" else None)
+                              group_leader=GROUP_LEADER, visible_gpus=None if my_gpu is None else str(my_gpu))
     workers = []
     for r, spec in enumerate(context.ranks):
         kind = "GPU" if uses_gpu[r] else "CPU"
@@ -182,13 +177,11 @@ def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphA
         logger.info("Parallax plan:\n%s", plan.describe())
     task = TaskSpec(worker_index=context.rank)
     rewritten = rewrite_for_task(meta_graph, plan, task)
-    my_device = _rank_device(context.spec, gpus)
     on_this_host = sum(1 for r in context.ranks if r.host == context.spec.host)
     session, dist_graph = start_session(
-        rewritten, config.sess_config, cpu_devices=0,
-        visible_gpu=my_device.index if my_device.kind == "gpu" else None,
+        rewritten, config.sess_config, cpu_devices=0, visible_gpu=my_gpu,
         threads=max(1, (os.cpu_count() or 1) // on_this_host) if on_this_host > 1 else 0,
-        server=server, task_index=context.rank, broadcast=True,
+        server=server, broadcast=True,
         group_leader=GROUP_LEADER if server is not None else None,
         bind_mpi=backend == "mpi" or mpi.use_allgatherv, horovod=backend == "horovod")
     wrapper = ParallaxSession(session, dist_graph, graph, _replicated_ops(meta_graph, plan), 1)
@@ -201,10 +194,7 @@ def _run_ps_rank(context: RankContext, cluster, graph, meta_graph, analysis: Gra
 
     from mpi4py import MPI
 
-    expected = ps_ranks(cluster)
-    if expected != context.ranks:
-        raise LaunchError(f"{cluster.source} describes a different PS job than the one launched; give "
-                          "parallel_run the resource file the job was started with")
+    _check_launched_layout(ps_ranks(cluster), context, cluster.source)
     comm = MPI.COMM_WORLD
     jobs, counters = [], {"worker": 0, "ps": 0}
     for r in context.ranks:
@@ -230,12 +220,12 @@ def _run_ps_rank(context: RankContext, cluster, graph, meta_graph, analysis: Gra
         logger.info("Parallax: parameter server %d serving on %s", index, context.spec.host)
         raise SystemExit(0)  # the barrier above holds this process until every worker has finished
     workers = []
-    for (job, w), devices in zip(jobs, all_devices):
+    for spec, (job, w), devices in zip(context.ranks, jobs, all_devices):
         if job != "worker":
             continue
         prefix = f"/job:worker/replica:0/task:{w}"
-        workers.append((context.ranks[jobs.index((job, w))].host,
-                        tuple(f"{prefix}/device:{k.upper()}:{i}" for k, i in devices), f"{prefix}/device:CPU:0"))
+        workers.append((spec.host, tuple(f"{prefix}/device:{k.upper()}:{i}" for k, i in devices),
+                        f"{prefix}/device:CPU:0"))
     servers = tuple(f"/job:ps/replica:0/task:{s}/device:CPU:0" for s in range(counters["ps"]))
     ps_config = config.communication_config.ps_config
     plan = build_plan(analysis, workers, run_option="PS", sync=sync, average_sparse=config.average_sparse,
@@ -250,8 +240,7 @@ def _run_ps_rank(context: RankContext, cluster, graph, meta_graph, analysis: Gra
     task = TaskSpec(worker_index=index)
     rewritten = rewrite_for_task(meta_graph, plan, task)
     session, dist_graph = start_session(
-        rewritten, config.sess_config, cpu_devices=cpus, visible_gpu=visible, server=server, task_index=index,
-        is_chief=index == 0,
+        rewritten, config.sess_config, cpu_devices=cpus, visible_gpu=visible, server=server, is_chief=index == 0,
         device_filters=("/job:ps", f"/job:worker/task:{index}"))
     aliases = _fetch_aliases(rewritten)
     wrapper = ParallaxSession(session, dist_graph, graph, _replicated_ops(meta_graph, plan), len(mine),
@@ -266,6 +255,13 @@ def _fetch_aliases(meta: meta_graph_pb2.MetaGraphDef) -> dict[str, str]:
         return {}
     pairs = (v.decode().split("=", 1) for v in meta.collection_def[FETCH_ALIAS_COLLECTION].bytes_list.value)
     return dict(pairs)
+
+
+def _check_launched_layout(expected: tuple[RankSpec, ...], context: RankContext, source: str) -> None:
+    if expected != context.ranks:
+        raise LaunchError(f"{source} does not describe the {context.run_option} job this process was "
+                          f"launched in ({len(expected)} processes in the file, {len(context.ranks)} launched); "
+                          "give parallel_run the resource file the job was started with")
 
 
 def _rank_device(spec: RankSpec, gpus: int) -> Device:
@@ -322,24 +318,6 @@ def _load_graph(single_gpu_graph) -> tuple[tf.Graph, meta_graph_pb2.MetaGraphDef
         return graph, single_gpu_graph
     raise TypeError(f"parallel_run: single_gpu_graph must be a tf.Graph or a MetaGraphDef, got "
                     f"{type(single_gpu_graph).__name__}")
-
-
-def _is_local(host: str) -> bool:
-    if host in LOCAL_HOSTS or host.startswith("127."):
-        return True
-    if host in {socket.gethostname(), socket.getfqdn()}:
-        return True
-    try:
-        address = socket.gethostbyname(host.strip("[]"))
-    except OSError:
-        return False
-    if address.startswith("127."):
-        return True
-    try:
-        local = {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}
-    except OSError:
-        local = set()
-    return address in local
 
 
 def _resolve_devices(worker: WorkerTask, source: str) -> tuple[Device, ...]:

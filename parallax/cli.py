@@ -18,7 +18,7 @@ import os
 import sys
 
 from parallax.errors import ParallaxError
-from parallax.launch.launcher import launch
+from parallax.launch.launcher import job_command, launch
 from parallax.launch.layout import ranks_per_device
 from parallax.resources import parse_resource_file
 
@@ -55,14 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ranks = ranks_per_device(parse_resource_file(args.resource_info))
         if args.dry_run:
-            from parallax.launch.bootstrap import launch_env
-            from parallax.launch.command import build_mpirun_command
-            from parallax.launch.launcher import find_mpirun, local_host_names
-
-            command = build_mpirun_command(find_mpirun(), sys.executable, program, ranks,
-                                           local_hosts=local_host_names(), cpu_count=os.cpu_count() or 1,
-                                           is_root=os.geteuid() == 0, user_options=args.mpirun_options,
-                                           parallax_env=launch_env(ranks, "MPI", "<job dir>"))
+            command, _ = job_command(ranks, "MPI", program, args.mpirun_options, "<job dir>")
             print(" ".join(command.argv))
             return 0
         result = launch(ranks, "MPI", program, args.mpirun_options)

@@ -101,11 +101,8 @@ class ParallaxSession:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is tf.errors.OutOfRangeError:
-            self.close()
-            return True
         self.close()
-        return False
+        return exc_type is tf.errors.OutOfRangeError  # the end of an input pipeline ends quietly
 
     # ------------------------------------------------------------------ #
     def _name_of(self, item: Any, what: str) -> str:

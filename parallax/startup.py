@@ -114,7 +114,7 @@ def start_server(rank: int, jobs: list[tuple[str, int]], user_config: config_pb2
 
 def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.ConfigProto | None, *,
                   cpu_devices: int = 0, visible_gpu: int | str | None = None, threads: int = 0, server=None,
-                  task_index: int = 0, is_chief: bool = True, device_filters: tuple[str, ...] = (),
+                  is_chief: bool = True, device_filters: tuple[str, ...] = (),
                   group_leader: str | None = None,
                   broadcast: bool = False, bind_mpi: bool = False, horovod: bool = False):
     """Import ``meta`` into a new graph and start a session on it.
@@ -126,7 +126,6 @@ def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.Con
         visible_gpu: the GPU(s) this process uses (an id, or ids joined by commas).
         threads: TensorFlow threads per pool for this process (0: TensorFlow's default).
         server: the TensorFlow server of this process (collective backend, PS).
-        task_index: this worker's index.
         is_chief: this worker initializes the variables; the others wait
             for that (polling every 0.2 s, not TensorFlow's 30 s).
         device_filters: the devices this worker's session may see.

@@ -13,15 +13,16 @@ import shutil
 import socket
 import sys
 import tempfile
+from collections import Counter
 
 from parallax.errors import LaunchError
 from parallax.launch.bootstrap import launch_env
-from parallax.launch.command import build_mpirun_command
+from parallax.launch.command import LaunchCommand, build_mpirun_command
 from parallax.launch.layout import RankSpec
 from parallax.launch.runner import JobResult, run_job
 from parallax.resources import LOCAL_HOSTS
 
-__all__ = ["find_mpirun", "current_program", "launch", "local_host_names"]
+__all__ = ["find_mpirun", "current_program", "launch", "job_command", "local_host_names", "is_local_host"]
 
 logger = logging.getLogger("parallax")
 
@@ -62,14 +63,36 @@ def current_program() -> list[str]:
 
 
 def local_host_names() -> frozenset[str]:
+    """The names that certainly mean this machine (loopback names and its own names)."""
     return frozenset(LOCAL_HOSTS | {socket.gethostname(), socket.getfqdn()})
 
 
-def _count_hosts(ranks: tuple[RankSpec, ...]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for r in ranks:
-        counts[r.host] = counts.get(r.host, 0) + 1
-    return counts
+def is_local_host(host: str) -> bool:
+    """Whether ``host`` (a name or address from a resource file) is this machine."""
+    if host in local_host_names() or host.startswith("127."):
+        return True
+    try:
+        address = socket.gethostbyname(host.strip("[]"))
+    except OSError:
+        return False
+    if address.startswith("127."):
+        return True
+    try:
+        local = {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}
+    except OSError:
+        local = set()
+    return address in local
+
+
+def job_command(ranks: tuple[RankSpec, ...], run_option: str, program: list[str], mpirun_options: str,
+                job_dir: str) -> tuple[LaunchCommand, frozenset[str]]:
+    """The mpirun command for a job on this machine's terms, and the hosts that are this machine."""
+    local = local_host_names() | {r.host for r in ranks if is_local_host(r.host)}
+    command = build_mpirun_command(
+        find_mpirun(), sys.executable, program, ranks, local_hosts=local, cpu_count=os.cpu_count() or 1,
+        is_root=hasattr(os, "geteuid") and os.geteuid() == 0, user_options=mpirun_options,
+        parallax_env=launch_env(ranks, run_option, job_dir), environ=dict(os.environ))
+    return command, local
 
 
 def launch(ranks: tuple[RankSpec, ...], run_option: str, program: list[str], mpirun_options: str = ""
@@ -85,14 +108,9 @@ def launch(ranks: tuple[RankSpec, ...], run_option: str, program: list[str], mpi
     Returns:
         How the job ended.
     """
-    mpirun = find_mpirun()
-    local = local_host_names()
     job_dir = tempfile.mkdtemp(prefix="parallax_job_")
-    command = build_mpirun_command(
-        mpirun, sys.executable, program, ranks, local_hosts=local, cpu_count=os.cpu_count() or 1,
-        is_root=hasattr(os, "geteuid") and os.geteuid() == 0, user_options=mpirun_options,
-        parallax_env=launch_env(ranks, run_option, job_dir), environ=dict(os.environ))
-    hosts = ", ".join(f"{h} x{n}" for h, n in _count_hosts(ranks).items())
+    command, local = job_command(ranks, run_option, program, mpirun_options, job_dir)
+    hosts = ", ".join(f"{h} x{n}" for h, n in Counter(r.host for r in ranks).items())
     print(f"Parallax: starting {len(ranks)} processes ({hosts}) with mpirun", file=sys.stderr, flush=True)
     logger.info("Parallax: %s", " ".join(command.argv))
     try:

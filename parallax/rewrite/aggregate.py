@@ -21,6 +21,8 @@ logged gradient norm) keep their own replica's value.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
@@ -111,8 +113,6 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
             sparse = [v for v in reduce_vars if v.sparse]
             gatherer = backend
             if sparse and plan.comm.use_allgatherv and plan.comm.backend != "mpi":
-                from dataclasses import replace
-
                 gatherer = backend_for(replace(plan.comm, backend="mpi"), plan.num_workers)
                 backend_nodes.append(gatherer)
             with tf.name_scope(f"{AGGREGATE_PREFIX}/allgather/"):
@@ -122,11 +122,8 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
         outputs = []
         for var in layout.variables:
             total = plan.num_replicas if var.sync != "local" else num_local
-            scale = var.aggregation == "mean" and total > 1
             with tf.name_scope(f"{AGGREGATE_PREFIX}/{var.name}/"):
-                first = crossed[var.name][0]
-                if scale:
-                    first = first / tf.constant(total, dtype=first.dtype)
+                first = _scaled(crossed[var.name][0], var, total)
                 if var.sparse:
                     outputs.append(tf.identity(first, name="values"))
                     outputs.append(tf.identity(crossed[var.name][1], name="indices"))
@@ -144,16 +141,17 @@ def _per_replica_outputs(var: VariablePlacement, ins: list[tf.Tensor], num_local
     scaled like the aggregate (``<v>/grad_<r>``, or ``values_<r>`` and ``indices_<r>``)."""
     for r in range(num_local):
         if var.sparse:
-            values, indices = ins[r], ins[num_local + r]
-            if var.aggregation == "mean" and total > 1:
-                values = values / tf.constant(total, dtype=values.dtype)
-            tf.identity(values, name=f"values_{r}")
-            tf.identity(indices, name=f"indices_{r}")
+            tf.identity(_scaled(ins[r], var, total), name=f"values_{r}")
+            tf.identity(ins[num_local + r], name=f"indices_{r}")
         else:
-            grad = ins[r]
-            if var.aggregation == "mean" and total > 1:
-                grad = grad / tf.constant(total, dtype=grad.dtype)
-            tf.identity(grad, name=f"grad_{r}")
+            tf.identity(_scaled(ins[r], var, total), name=f"grad_{r}")
+
+
+def _scaled(gradient: tf.Tensor, var: VariablePlacement, total: int) -> tf.Tensor:
+    """``gradient`` divided by the number of replicas when the plan averages ``var``."""
+    if var.aggregation == "mean" and total > 1:
+        return gradient / tf.constant(total, dtype=gradient.dtype)
+    return gradient
 
 
 def _concat(tensors: list[tf.Tensor]) -> tf.Tensor:

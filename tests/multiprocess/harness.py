@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -61,3 +62,30 @@ def run_script(tmp_path, resource_text: str, *args: str, timeout: float = 180, s
         output, _ = proc.communicate()
         raise AssertionError(f"job did not finish in {timeout}s:\n{output[-4000:]}") from None
     return Run(proc.returncode, output, time.monotonic() - start, str(out_dir), time.time())
+
+
+def leftover_processes(tmp_path) -> list[int]:
+    """PIDs of processes still running a job of this test (there must be none)."""
+    marker = str(tmp_path).encode()
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def assert_killed_rank_ended_the_job(run: Run, tmp_path, rank: str) -> None:
+    """The job exited non-zero within 30 s of the kill the script recorded, named the
+    killed rank (a regex) and its host, and left no process behind."""
+    assert run.returncode != 0
+    killed_at = float((tmp_path / "out" / "killed_at").read_text())
+    assert run.ended_at - killed_at < 30, run.ended_at - killed_at
+    assert re.search(rf"Parallax job failed: rank {rank} on host \S+ \(pid \d+\) was killed by signal 9",
+                     run.output), run.output[-3000:]
+    assert not leftover_processes(tmp_path)

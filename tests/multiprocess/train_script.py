@@ -19,6 +19,14 @@ import parallax  # noqa: E402
 from tests.models import BUILDERS, DATA  # noqa: E402
 
 
+def kill(pid: int, out: str) -> None:
+    """SIGKILL ``pid``, first writing the time to ``<out>/killed_at`` for the test to measure from."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "killed_at"), "w") as f:
+        f.write(repr(time.time()))
+    os.kill(pid, signal.SIGKILL)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--resource_info", required=True)
@@ -65,18 +73,11 @@ def main() -> None:
         data = data[:-1]
     for step, feed in enumerate(data):
         if worker_id == args.kill_rank and step == args.kill_step:
-            os.makedirs(args.out, exist_ok=True)
-            with open(os.path.join(args.out, "killed_at"), "w") as f:
-                f.write(repr(time.time()))
-            os.kill(os.getpid(), signal.SIGKILL)
+            kill(os.getpid(), args.out)
         if worker_id == 0 and args.kill_server_rank >= 0 and step == args.kill_step:
             registry = os.path.join(os.environ["PARALLAX_JOB_DIR"], f"rank_{args.kill_server_rank}.json")
             with open(registry) as f:
-                victim = json.load(f)["pid"]
-            os.makedirs(args.out, exist_ok=True)
-            with open(os.path.join(args.out, "killed_at"), "w") as f:
-                f.write(repr(time.time()))
-            os.kill(victim, signal.SIGKILL)
+                kill(json.load(f)["pid"], args.out)
         if worker_id == args.raise_rank and step == args.kill_step:
             raise RuntimeError(f"deliberate failure on rank {worker_id}")
         mine = {model.inputs[k]: np.split(v, parts)[worker_id * num_replicas:(worker_id + 1) * num_replicas]
