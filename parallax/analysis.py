@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tensorflow as tf
 
 from parallax.errors import AnalysisError
 
-__all__ = ["VariableInfo", "GradientInfo", "GraphAnalysis", "analyse_graph", "VARIABLE_OP_TYPES"]
+__all__ = ["VariableInfo", "GradientInfo", "GraphAnalysis", "analyse_graph", "VARIABLE_OP_TYPES",
+           "update_scope_owner"]
 
 VARIABLE_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable", "AutoReloadVariable",
                                "_VarHandlesOp"})
@@ -87,6 +88,11 @@ class GradientInfo:
             and ``indices`` are computed from, when other ops (clipping,
             scaling) stand between them; ``None`` otherwise.
         update_ops: names of the ops in the variable's update scope.
+        indices_count: the number of indices a sparse gradient has per replica
+            and step, when the graph's static shapes say it (an upper bound on
+            the rows it touches); ``None`` when unknown or dense.
+        coupled_with: the other variables whose raw gradients feed this one's
+            update (``clip_by_global_norm`` couples every variable it clips).
     """
 
     variable: str
@@ -98,6 +104,8 @@ class GradientInfo:
     indices_dtype: str | None = None
     raw_tensor: str | None = None
     raw_indices: str | None = None
+    indices_count: int | None = None
+    coupled_with: tuple[str, ...] = ()
 
     @property
     def aggregation_tensors(self) -> tuple[str, str | None]:
@@ -207,21 +215,33 @@ def _op_name(obj) -> str:
     return op.name if op is not None else obj.name.split(":")[0]
 
 
-def _update_scopes(ops, var_names: list[str]) -> dict[str, list]:
-    """Map each variable name to the ops of its ``update_<var>`` scopes."""
+def update_scope_owner(var_names: list[str]):
+    """A function from an op name to the variable whose ``update_<var>`` scope
+    holds the op (the innermost such scope), or ``None``."""
     patterns = sorted(var_names, key=len, reverse=True)
     compiled = [(v, re.compile(r"(?:^|/)update_" + re.escape(v) + r"(?:_\d+)?/")) for v in patterns]
-    scopes: dict[str, list] = {}
-    for op in ops:
-        if "update_" not in op.name:
-            continue
+
+    def owner(op_name: str) -> str | None:
+        if "update_" not in op_name:
+            return None
         best = None
         for var, regex in compiled:
-            m = regex.search(op.name)
+            m = regex.search(op_name)
             if m and (best is None or m.start() > best[1]):
                 best = (var, m.start())
-        if best is not None:
-            scopes.setdefault(best[0], []).append(op)
+        return None if best is None else best[0]
+
+    return owner
+
+
+def _update_scopes(ops, var_names: list[str]) -> dict[str, list]:
+    """Map each variable name to the ops of its ``update_<var>`` scopes."""
+    owner = update_scope_owner(var_names)
+    scopes: dict[str, list] = {}
+    for op in ops:
+        var = owner(op.name)
+        if var is not None:
+            scopes.setdefault(var, []).append(op)
     return scopes
 
 
@@ -275,8 +295,9 @@ def _gradient_of(var_name: str, scope_ops: list, graph: tf.Graph) -> GradientInf
     if len(floats) == 1 and not ints:
         return GradientInfo(var_name, False, floats[0].name, None, floats[0].dtype.name, update_ops)
     if len(floats) == 1 and len(ints) == 1:
+        count = ints[0].shape.num_elements() if ints[0].shape.is_fully_defined() else None
         return GradientInfo(var_name, True, floats[0].name, ints[0].name, floats[0].dtype.name, update_ops,
-                            ints[0].dtype.name)
+                            ints[0].dtype.name, indices_count=count)
     raise AnalysisError(
         f'cannot tell the gradient of variable "{var_name}" from the other inputs of its update ops '
         f"(candidates: {', '.join(t.name for t in grads) or 'none'}). Expected one floating tensor "
@@ -354,11 +375,11 @@ def _find_raw_gradients(graph: tf.Graph, gradients: list[GradientInfo]) -> list[
         if choice is None or choice in claimed:
             return gradients
         claimed[choice] = g.variable
-        result.append(GradientInfo(g.variable, g.sparse, g.tensor, g.indices, g.dtype, g.update_ops,
-                                   g.indices_dtype, raw_tensor=choice, raw_indices=g.indices))
+        result.append(replace(g, raw_tensor=choice, raw_indices=g.indices))
     if set(claimed) != frontier:
         return gradients  # some raw gradient feeds the post-processing without being any variable's
-    return result
+    return [replace(g, coupled_with=tuple(sorted({claimed[t] for t in distances[g.variable]} - {g.variable})))
+            for g in result]
 
 
 def _frontier_distances(start, frontier: set[str]) -> dict[str, int]:

@@ -14,9 +14,10 @@ from parallax.config import Config
 from parallax.errors import LaunchError
 from parallax.launch.bootstrap import RankContext, finish_together, launched_context
 from parallax.launch.launcher import current_program, is_local_host, launch
-from parallax.launch.layout import RankSpec, ps_ranks, ranks_per_device
+from parallax.launch.layout import RankSpec, hybrid_ranks, ps_ranks, ranks_per_device
 from parallax.plan import Plan, TaskSpec, build_plan
 from parallax.plan.model import CommSpec, PSSpec
+from parallax.plan.policies import choose_sync
 from parallax.resources import Cluster, Device, WorkerTask, parse_resource_file
 from parallax.rewrite.classify import classify
 from parallax.rewrite.pipeline import rewrite_for_task
@@ -85,7 +86,7 @@ def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
     analysis = analyse_graph(graph)
     if context is not None:
         return _run_rank(context, cluster, graph, meta_graph, analysis, config, sync)
-    layout = _multiprocess_layout(cluster, config.effective_run_option)
+    layout = _multiprocess_layout(cluster, _run_option(config, sync), analysis, config)
     if layout is None:
         return _run_in_process(cluster, graph, meta_graph, analysis, config, sync)
     _launch_and_exit(*layout, config)
@@ -96,23 +97,37 @@ def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
 # Which path
 # --------------------------------------------------------------------------- #
 
-def _multiprocess_layout(cluster: Cluster, run_option: str) -> tuple[tuple[RankSpec, ...], str] | None:
-    """The ranks to launch and the run option they use, or ``None`` when this
-    process alone trains (one local worker, which needs no server)."""
+def _multiprocess_layout(cluster: Cluster, run_option: str, analysis: GraphAnalysis,
+                         config: Config) -> tuple[tuple[RankSpec, ...], str] | None:
+    """The ranks to launch and the layout they use (``MPI``, ``PS`` or ``HYBRID``), or
+    ``None`` when this process alone trains (one local worker, which needs no server).
+
+    HYBRID and AUTO decide per variable first (:func:`choose_sync`): without
+    variables for the servers they run as MPI, with nothing to all-reduce as PS."""
     single_local_worker = len(cluster.workers) == 1 and is_local_host(cluster.workers[0].host)
     if run_option == "MPI":
         ranks = ranks_per_device(cluster)
         if len(ranks) == 1 and single_local_worker:
             return None
         return ranks, "MPI"
-    if single_local_worker and not cluster.servers:
-        return None
     if run_option == "PS":
+        return None if single_local_worker and not cluster.servers else (ps_ranks(cluster), "PS")
+    per_device = ranks_per_device(cluster)
+    if len(per_device) == 1 and single_local_worker and not cluster.servers:
+        return None
+    choices, _ = choose_sync(analysis, len(per_device), 1, run_option.lower(), config.plan_overrides)
+    on_servers = sorted(name for name, c in choices.items() if c.sync == "ps")
+    if not on_servers:
+        logger.warning("Parallax: run_option=%s: no variable goes to parameter servers (%s), so the job runs as "
+                       "MPI%s", run_option, "no sparse gradient" if run_option == "HYBRID" else "the cost model "
+                       "chose all-reduce or all-gather for every variable",
+                       "; the ps lines of the cluster file are not used" if cluster.servers else "")
+        return per_device, "MPI"
+    if len(on_servers) == len(choices):
+        logger.warning("Parallax: run_option=%s: every variable goes to parameter servers (%s), so the job runs "
+                       "as PS", run_option, "no dense gradient" if run_option == "HYBRID" else "cost model")
         return ps_ranks(cluster), "PS"
-    logger.warning("Parallax: run_option=%s across processes runs as MPI in this version: every "
-                   "variable is all-reduced (sparse ones all-gathered)%s", run_option,
-                   "; the ps lines of the cluster file are not used" if cluster.servers else "")
-    return ranks_per_device(cluster), "MPI"
+    return hybrid_ranks(cluster), "HYBRID"
 
 
 def _launch_and_exit(ranks: tuple[RankSpec, ...], run_option: str, config: Config) -> None:
@@ -133,8 +148,8 @@ def _run_in_process(cluster, graph, meta_graph, analysis, config, sync):
     worker = cluster.workers[0]
     devices = _resolve_devices(worker, cluster.source)
     plan = build_plan(analysis, [(worker.host, tuple(d.tf_name for d in devices), "/device:CPU:0")],
-                      run_option=config.effective_run_option, sync=sync,
-                      average_sparse=config.average_sparse)
+                      run_option=_run_option(config, sync), sync=sync, average_sparse=config.average_sparse,
+                      overrides=_local_overrides(config))
     logger.info("Parallax plan:\n%s", plan.describe())
     task = TaskSpec(worker_index=0)
     rewritten = rewrite_for_task(meta_graph, plan, task)
@@ -149,8 +164,8 @@ def _run_in_process(cluster, graph, meta_graph, analysis, config, sync):
 # --------------------------------------------------------------------------- #
 
 def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphAnalysis, config, sync):
-    if context.run_option == "PS":
-        return _run_ps_rank(context, cluster, graph, meta_graph, analysis, config, sync)
+    if context.run_option in ("PS", "HYBRID"):
+        return _run_server_job_rank(context, cluster, graph, meta_graph, analysis, config, sync)
     _check_launched_layout(ranks_per_device(cluster), context, cluster.source)
     finish_together(context.rank)
     gpus = len(tf.config.list_physical_devices("GPU"))
@@ -171,8 +186,10 @@ def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphA
         prefix = f"/job:worker/replica:0/task:{r}" if server is not None else ""
         device = f"{prefix}/device:{kind}:0"
         workers.append((spec.host, (device,), device))
+    auto = _run_option(config, sync) == "AUTO"
     plan = build_plan(analysis, workers, run_option=context.run_option, sync=sync,
-                      average_sparse=config.average_sparse, cross_worker="allreduce", comm=comm)
+                      average_sparse=config.average_sparse, cross_worker="auto" if auto else "allreduce", comm=comm,
+                      overrides=config.plan_overrides)
     if context.rank == 0:
         logger.info("Parallax plan:\n%s", plan.describe())
     task = TaskSpec(worker_index=context.rank)
@@ -188,22 +205,34 @@ def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphA
     return wrapper, context.size, context.rank, 1
 
 
-def _run_ps_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphAnalysis, config, sync):
-    """A worker or parameter server of a PS job (see docs/modes.md)."""
+def _run_server_job_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphAnalysis, config,
+                         sync):
+    """A worker or parameter server of a PS or HYBRID job (see docs/modes.md).
+
+    PS: one worker per worker line, its devices in-graph replicas. HYBRID: one
+    worker per device, as in MPI mode; the all-reduced variables' gradients go
+    over MPI among the workers only (servers are not in that communicator).
+    """
     import atexit
 
     from mpi4py import MPI
 
-    _check_launched_layout(ps_ranks(cluster), context, cluster.source)
-    comm = MPI.COMM_WORLD
+    hybrid = context.run_option == "HYBRID"
+    _check_launched_layout(hybrid_ranks(cluster) if hybrid else ps_ranks(cluster), context, cluster.source)
+    world = MPI.COMM_WORLD
     jobs, counters = [], {"worker": 0, "ps": 0}
     for r in context.ranks:
         jobs.append((r.role, counters[r.role]))
         counters[r.role] += 1
     role, index = jobs[context.rank]
+    hosts = list(dict.fromkeys(r.host for r in context.ranks))
+    workers_comm = world.Split(0 if role == "worker" else MPI.UNDEFINED, context.rank)
+    host_comm = world.Split(hosts.index(context.spec.host) if role == "worker" else MPI.UNDEFINED, context.rank)
     # Each worker resolves its own devices; everyone learns everyone's.
     mine = None
-    if role == "worker":
+    if role == "worker" and hybrid:
+        mine = (_rank_device(context.spec, len(tf.config.list_physical_devices("GPU"))),)
+    elif role == "worker":
         mine = _resolve_devices(WorkerTask(context.spec.host, context.spec.devices, None, context.spec.line),
                                 cluster.source)
     # A worker sees only its own GPUs, renumbered from 0 (two workers on one host share none).
@@ -211,11 +240,11 @@ def _run_ps_rank(context: RankContext, cluster, graph, meta_graph, analysis: Gra
     visible = ",".join(str(i) for i in gpu_ids) if gpu_ids else None
     if mine:
         mine = tuple(Device("gpu", gpu_ids.index(d.index)) if d.kind == "gpu" else d for d in mine)
-    all_devices = comm.allgather(None if mine is None else [(d.kind, d.index) for d in mine])
+    all_devices = world.allgather(None if mine is None else [(d.kind, d.index) for d in mine])
     cpus = max([d.index + 1 for d in mine if d.kind == "cpu"], default=0) if mine else 0
     server = start_server(context.rank, jobs, config.sess_config, cpu_devices=cpus, port=context.spec.port,
                           protocol=config.communication_config.ps_config.protocol, visible_gpus=visible)
-    atexit.register(comm.Barrier)  # every process leaves together: servers wait for the workers
+    atexit.register(world.Barrier)  # every process leaves together: servers wait for the workers
     if role == "ps":
         logger.info("Parallax: parameter server %d serving on %s", index, context.spec.host)
         raise SystemExit(0)  # the barrier above holds this process until every worker has finished
@@ -228,8 +257,16 @@ def _run_ps_rank(context: RankContext, cluster, graph, meta_graph, analysis: Gra
                         f"{prefix}/device:CPU:0"))
     servers = tuple(f"/job:ps/replica:0/task:{s}/device:CPU:0" for s in range(counters["ps"]))
     ps_config = config.communication_config.ps_config
-    plan = build_plan(analysis, workers, run_option="PS", sync=sync, average_sparse=config.average_sparse,
-                      cross_worker="ps", server_devices=servers,
+    mpi = config.communication_config.mpi_config
+    backend = "horovod" if mpi.backend == "horovod" else "mpi"  # no TF collectives beside a PS (DESIGN.md)
+    if hybrid and mpi.backend == "collective":
+        logger.warning("Parallax: HYBRID all-reduces over MPI: TF collectives abort beside parameter servers")
+    cross_worker = "ps" if not hybrid else ("auto" if _run_option(config, sync) == "AUTO" else "hybrid")
+    plan = build_plan(analysis, workers, run_option=context.run_option, sync=sync,
+                      average_sparse=config.average_sparse, cross_worker=cross_worker, server_devices=servers,
+                      comm=CommSpec(backend=backend, fusion_bytes=mpi.fusion_bytes, use_allgatherv=mpi.use_allgatherv,
+                                    gpu=any(d.kind == "gpu" for d in mine)),
+                      overrides=config.plan_overrides,
                       ps=PSSpec(local_aggregation=ps_config.local_aggregation, protocol=ps_config.protocol,
                                 replicate_variables=ps_config.replicate_variables,
                                 boundary_among_servers=ps_config.boundary_among_servers,
@@ -239,9 +276,13 @@ def _run_ps_rank(context: RankContext, cluster, graph, meta_graph, analysis: Gra
         logger.info("Parallax plan:\n%s", plan.describe())
     task = TaskSpec(worker_index=index)
     rewritten = rewrite_for_task(meta_graph, plan, task)
+    on_this_host = sum(1 for r in context.ranks if r.host == context.spec.host and r.role == "worker")
     session, dist_graph = start_session(
         rewritten, config.sess_config, cpu_devices=cpus, visible_gpu=visible, server=server, is_chief=index == 0,
-        device_filters=("/job:ps", f"/job:worker/task:{index}"))
+        device_filters=("/job:ps", f"/job:worker/task:{index}"),
+        threads=max(1, (os.cpu_count() or 1) // on_this_host) if hybrid and on_this_host > 1 else 0,
+        broadcast=hybrid, bind_mpi=hybrid, horovod=hybrid and backend == "horovod",
+        comm=workers_comm, mpi_groups={"host": host_comm} if hybrid else None)
     aliases = _fetch_aliases(rewritten)
     wrapper = ParallaxSession(session, dist_graph, graph, _replicated_ops(meta_graph, plan), len(mine),
                               aliases=aliases)
@@ -273,6 +314,18 @@ def _rank_device(spec: RankSpec, gpus: int) -> Device:
 # --------------------------------------------------------------------------- #
 # Helpers
 # --------------------------------------------------------------------------- #
+
+def _run_option(config: Config, sync: bool) -> str:
+    """The run option in force: the default (``HYBRID``) becomes ``PS`` for ``sync=False``."""
+    if config.run_option is None and not sync:
+        return "PS"
+    return config.effective_run_option
+
+
+def _local_overrides(config: Config) -> dict:
+    """In one process every variable is local: only the densities of the overrides matter."""
+    return {k: {"density": v["density"]} for k, v in config.plan_overrides.items() if "density" in v}
+
 
 def _warn_unapplied(config: Config, launched: bool) -> None:
     """Say which accepted settings this version does not act on yet (docs/status.md)."""

@@ -395,6 +395,36 @@ def _sess_config(owner: str, field: str, value: Any) -> Any:
     return value
 
 
+_OVERRIDE_SYNC = ("allreduce", "allgather", "ps")
+
+
+def _plan_overrides(owner: str, field: str, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"{owner}.{field} must be a dict from variable names (or globs) to a sync method "
+                        f"or to {{'sync': ..., 'density': ...}}, got {_describe(value)}")
+    checked: dict[str, Any] = {}
+    for name, entry in value.items():
+        where = f"{owner}.{field}[{name!r}]"
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{owner}.{field}: keys must be variable names or globs, got {_describe(name)}")
+        if isinstance(entry, str):
+            entry = {"sync": entry}
+        if not isinstance(entry, dict) or not entry or set(entry) - {"sync", "density"}:
+            raise ValueError(f"{where} must be one of {', '.join(_OVERRIDE_SYNC)} or a dict with keys "
+                             f"'sync' and/or 'density', got {_describe(entry)}")
+        if "sync" in entry and entry["sync"] not in _OVERRIDE_SYNC:
+            raise ValueError(f"{where}: sync must be one of {', '.join(_OVERRIDE_SYNC)}, got {entry['sync']!r}")
+        if "density" in entry:
+            d = entry["density"]
+            if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 < d <= 1:
+                raise ValueError(f"{where}: density must be a number in (0, 1] (the fraction of rows one "
+                                 f"worker's gradient touches per step), got {_describe(d)}")
+        checked[name] = dict(entry)
+    return checked
+
+
 class Config(_ConfigBase):
     """Everything that tunes a Parallax run besides the graph and the resources.
 
@@ -410,6 +440,13 @@ class Config(_ConfigBase):
         communication_config: a :class:`CommunicationConfig`.
         ckpt_config: a :class:`CheckPointConfig`.
         profile_config: a :class:`ProfileConfig`.
+        plan_overrides: (Parallax only) per-variable choices that win over
+            the run option's: ``{"embedding": "ps", "softmax/*": {"sync":
+            "allgather"}, "emb": {"density": 0.02}}``. Keys are variable names
+            or globs (a partitioned variable's name covers its parts); values
+            a sync method (``"allreduce"``, ``"allgather"``, ``"ps"``) or a
+            dict with ``sync`` and/or ``density`` (the fraction of rows one
+            worker touches per step, for the cost model). See docs/modes.md.
     """
 
     _FIELDS = {
@@ -421,6 +458,7 @@ class Config(_ConfigBase):
         "communication_config": (CommunicationConfig, _instance_of(lambda: CommunicationConfig)),
         "ckpt_config": (CheckPointConfig, _instance_of(lambda: CheckPointConfig)),
         "profile_config": (ProfileConfig, _instance_of(lambda: ProfileConfig)),
+        "plan_overrides": (dict, _plan_overrides),
     }
 
     def __init__(self, run_option: str | None = None, average_sparse: bool = False,
@@ -428,8 +466,9 @@ class Config(_ConfigBase):
                  search_partitions: bool = False,
                  communication_config: CommunicationConfig | None = None,
                  ckpt_config: CheckPointConfig | None = None,
-                 profile_config: ProfileConfig | None = None) -> None:
-        super().__init__(
+                 profile_config: ProfileConfig | None = None,
+                 plan_overrides: dict[str, Any] | None = None) -> None:
+        super().__init__(plan_overrides=plan_overrides,
             run_option=run_option, average_sparse=average_sparse, sess_config=sess_config,
             redirect_path=redirect_path, search_partitions=search_partitions,
             communication_config=communication_config if communication_config is not None

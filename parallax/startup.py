@@ -115,8 +115,8 @@ def start_server(rank: int, jobs: list[tuple[str, int]], user_config: config_pb2
 def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.ConfigProto | None, *,
                   cpu_devices: int = 0, visible_gpu: int | str | None = None, threads: int = 0, server=None,
                   is_chief: bool = True, device_filters: tuple[str, ...] = (),
-                  group_leader: str | None = None,
-                  broadcast: bool = False, bind_mpi: bool = False, horovod: bool = False):
+                  group_leader: str | None = None, broadcast: bool = False, bind_mpi: bool = False,
+                  horovod: bool = False, comm=None, mpi_groups: dict | None = None):
     """Import ``meta`` into a new graph and start a session on it.
 
     Args:
@@ -130,10 +130,13 @@ def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.Con
             for that (polling every 0.2 s, not TensorFlow's 30 s).
         device_filters: the devices this worker's session may see.
         group_leader: the collective group leader (collective backend).
-        broadcast: after initialization, copy worker 0's variable values to
-            every worker (over MPI).
+        broadcast: after initialization, copy worker 0's values of the
+            variables this worker holds itself (not those on parameter
+            servers) to every worker (over MPI).
         bind_mpi: bind the mpi backend's ops to this process's functions.
         horovod: initialize Horovod in this process.
+        comm: the workers' MPI communicator (``COMM_WORLD`` when ``None``).
+        mpi_groups: communicators of named worker groups (``{"host": ...}``).
 
     Returns:
         ``(MonitoredSession, graph)``.
@@ -143,7 +146,8 @@ def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.Con
 
         bound = meta_graph_pb2.MetaGraphDef()
         bound.CopyFrom(meta)
-        bound.graph_def.CopyFrom(bind_py_functions(meta.graph_def))
+        bound.graph_def.CopyFrom(bind_py_functions(meta.graph_def, comm=comm.Dup() if comm is not None else None,
+                                                   groups=mpi_groups))
         meta = bound
     if horovod:
         from parallax.comm.horovod import prepare_process
@@ -166,7 +170,7 @@ def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.Con
             creator = _WorkerSessionCreator(scaffold, master, config)
         session = tf.compat.v1.train.MonitoredSession(session_creator=creator, hooks=[])
     if assigns is not None:
-        _broadcast(session, assigns)
+        _broadcast(session, assigns, comm)
     return session, graph
 
 
@@ -193,7 +197,8 @@ class _WorkerSessionCreator(tf.compat.v1.train.SessionCreator):
 
 
 def _broadcast_ops(graph: tf.Graph):
-    variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    variables = [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+                 + graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES) if "/job:ps" not in v.device]
     ops = []
     with tf.name_scope("parallax_broadcast/"):
         for v in variables:
@@ -203,10 +208,10 @@ def _broadcast_ops(graph: tf.Graph):
     return ops
 
 
-def _broadcast(session, assigns) -> None:
+def _broadcast(session, assigns, comm=None) -> None:
     from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD
+    comm = comm if comm is not None else MPI.COMM_WORLD
     values = session.run([v for v, _, _ in assigns])
     feeds = {}
     for (_, ph, _), value in zip(assigns, values):

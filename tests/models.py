@@ -54,7 +54,8 @@ def build_mlp(optimizer: str = "gd", resource: bool = True, clip: float | None =
 
 
 def build_embedding(optimizer: str = "gd", resource: bool = True, clip: float | None = None,
-                    global_step: bool = True, dense_part: bool = True, lr_scale: float = 1.0) -> Model:
+                    global_step: bool = True, dense_part: bool = True, lr_scale: float = 1.0,
+                    sparse_lr_scale: float = 1.0) -> Model:
     """Sparse model: ids[?] -> embedding(20, 4) -> (dense 4 -> 1) -> squared error."""
     graph = tf.Graph()
     with graph.as_default():
@@ -70,15 +71,18 @@ def build_embedding(optimizer: str = "gd", resource: bool = True, clip: float | 
         else:
             pred = tf.reduce_sum(rows, axis=1, keepdims=True)
         loss = tf.reduce_mean(tf.square(pred - y), name="loss")
-        train_op = _train(loss, optimizer, clip, global_step, lr_scale)
+        train_op = _train(loss, optimizer, clip, global_step, lr_scale, sparse_lr_scale)
     return Model(graph, {"ids": ids, "y": y}, loss, train_op)
 
 
-def _train(loss, optimizer, clip, global_step, lr_scale):
+def _train(loss, optimizer, clip, global_step, lr_scale, sparse_lr_scale=1.0):
     step = tf.compat.v1.train.get_or_create_global_step() if global_step else None
     cls, lr, kwargs = OPTIMIZERS[optimizer]
     opt = cls(lr * lr_scale, **kwargs)
     grads_and_vars = opt.compute_gradients(loss)
+    if sparse_lr_scale != 1.0:  # sparse gradients scaled (plain GD: the same as a larger learning rate for them)
+        grads_and_vars = [(tf.IndexedSlices(g.values * sparse_lr_scale, g.indices, g.dense_shape), v)
+                          if isinstance(g, tf.IndexedSlices) else (g, v) for g, v in grads_and_vars]
     if clip is not None:
         grads, variables = zip(*grads_and_vars)
         grads, _ = tf.clip_by_global_norm(grads, clip)

@@ -68,8 +68,11 @@ def horovod_available() -> bool:
     return importlib.util.find_spec("horovod") is not None
 
 
-def backend_for(spec: CommSpec, num_workers: int) -> Any:
+def backend_for(spec: CommSpec, num_workers: int, group: str = "") -> Any:
     """The backend object ``spec.backend`` names.
+
+    ``group``: a named subset of the workers (``"host"``); only the mpi
+    backend supports one.
 
     Raises:
         PlanError: the backend is unknown, or horovod is asked for but not installed.
@@ -77,7 +80,9 @@ def backend_for(spec: CommSpec, num_workers: int) -> Any:
     if spec.backend == "mpi":
         from parallax.comm.mpi import MPIBackend
 
-        return MPIBackend(spec, num_workers)
+        return MPIBackend(spec, num_workers, group)
+    if group:
+        raise PlanError(f"the {spec.backend} backend cannot communicate within a group of workers")
     if spec.backend == "collective":
         from parallax.comm.collective import CollectiveBackend
 

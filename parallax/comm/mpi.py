@@ -14,6 +14,10 @@ worker issues the same MPI calls in the same order (unordered calls on one
 communicator give silently wrong sums). The graph names the Python function
 by a fixed token (``parallax_comm:mpi_allreduce`` ...); each process binds the
 token to its function with :func:`bind_py_functions` before importing the graph.
+
+A backend built for a ``group`` other than the default (``"host"``: the
+workers of one host) suffixes its tokens with ``@<group>``; each process binds
+them to its communicator for that group.
 """
 
 from __future__ import annotations
@@ -50,9 +54,10 @@ class MPIBackend(Backend):
 
     name = "mpi"
 
-    def __init__(self, spec, num_workers):
+    def __init__(self, spec, num_workers, group: str = ""):
         super().__init__(spec, num_workers)
         self._tokens: dict[str, str] = {}
+        self._suffix = f"@{group}" if group else ""
 
     def finalize_nodes(self, nodes) -> None:
         """Replace the scratch graph's PyFunc tokens by the fixed Parallax tokens."""
@@ -60,7 +65,7 @@ class MPIBackend(Backend):
             if node.op in ("PyFunc", "PyFuncStateless"):
                 token = node.attr["token"].s.decode()
                 if token in self._tokens:
-                    node.attr["token"].s = self._tokens[token].encode()
+                    node.attr["token"].s = (self._tokens[token] + self._suffix).encode()
 
     def allreduce_sum(self, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
         outputs: list[tf.Tensor | None] = [None] * len(tensors)
@@ -150,26 +155,35 @@ def _functions(comm):
     return {_ALLREDUCE: allreduce, _ALLREDUCE_INPLACE: allreduce_inplace, _ALLGATHERV: allgatherv}
 
 
-def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None) -> graph_pb2.GraphDef:
+def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None, groups: dict | None = None) -> graph_pb2.GraphDef:
     """Point the graph's Parallax MPI ops at this process's functions.
 
     Registers the functions in TensorFlow's ``numpy_function`` registry (once
-    per process) and returns a copy of ``graph_def`` whose ``PyFunc`` nodes use
-    the registry's tokens.
+    per process and group) and returns a copy of ``graph_def`` whose
+    ``PyFunc`` nodes use the registry's tokens.
 
     Args:
         graph_def: a rewritten graph.
-        comm: the mpi4py communicator (a duplicate of ``COMM_WORLD`` by default).
+        comm: the mpi4py communicator of the default group (a duplicate of
+            ``COMM_WORLD`` when ``None``).
+        groups: communicators of named groups (``{"host": ...}``).
     """
     from tensorflow.python.ops import script_ops
 
-    if not _BOUND:
+    comms = dict(groups or {})
+    if "" not in _BOUND_GROUPS:
         if comm is None:
             from mpi4py import MPI
 
             comm = MPI.COMM_WORLD.Dup()
-        for key, fn in _functions(comm).items():
-            _BOUND[key] = (script_ops._py_funcs.insert(fn), fn)
+        comms[""] = comm
+    for group, group_comm in comms.items():
+        if group in _BOUND_GROUPS:
+            continue
+        _BOUND_GROUPS.add(group)
+        suffix = f"@{group}" if group else ""
+        for key, fn in _functions(group_comm).items():
+            _BOUND[key + suffix] = (script_ops._py_funcs.insert(fn), fn)
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
     for node in out.node:
@@ -180,3 +194,6 @@ def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None) -> graph_pb2.Gra
                     raise RuntimeError(f"no Parallax MPI function for token {token!r}")
                 node.attr["token"].s = _BOUND[token][0].encode()
     return out
+
+
+_BOUND_GROUPS: set[str] = set()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from parallax.resources import Cluster, Device
 
-__all__ = ["RankSpec", "ranks_per_device", "ps_ranks", "layout_to_json", "layout_from_json"]
+__all__ = ["RankSpec", "ranks_per_device", "ps_ranks", "hybrid_ranks", "layout_to_json", "layout_from_json"]
 
 
 @dataclass(frozen=True)
@@ -70,11 +70,25 @@ def ps_ranks(cluster: Cluster) -> tuple[RankSpec, ...]:
     [('worker', 'a'), ('ps', 'a'), ('worker', 'b'), ('ps', 'b')]
     """
     workers = [RankSpec(w.host, w.devices, w.line, "worker", w.port) for w in cluster.workers]
+    return _hosts_together([*workers, *_servers(cluster)])
+
+
+def hybrid_ranks(cluster: Cluster) -> tuple[RankSpec, ...]:
+    """HYBRID (and AUTO with servers): one worker rank per device, as in MPI mode,
+    and the parameter servers of :func:`ps_ranks`.
+
+    >>> from parallax.resources import parse_resource_text
+    >>> [(r.role, r.host, str(r.device)) for r in hybrid_ranks(parse_resource_text("a: 0,1"))]
+    [('worker', 'a', 'gpu:0'), ('worker', 'a', 'gpu:1'), ('ps', 'a', 'None')]
+    """
+    return _hosts_together([*ranks_per_device(cluster), *_servers(cluster)])
+
+
+def _servers(cluster: Cluster) -> list[RankSpec]:
+    """The file's ps lines, or one server per worker host."""
     if cluster.servers:
-        servers = [RankSpec(s.host, None, s.line, "ps", s.port) for s in cluster.servers]
-    else:
-        servers = [RankSpec(h, None, 0, "ps") for h in dict.fromkeys(w.host for w in cluster.workers)]
-    return _hosts_together([*workers, *servers])
+        return [RankSpec(s.host, None, s.line, "ps", s.port) for s in cluster.servers]
+    return [RankSpec(h, None, 0, "ps") for h in dict.fromkeys(w.host for w in cluster.workers)]
 
 
 def layout_to_json(ranks: tuple[RankSpec, ...]) -> str:

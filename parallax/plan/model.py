@@ -20,7 +20,7 @@ __all__ = ["GradientRef", "VariablePlacement", "WorkerPlan", "TaskSpec", "Plan",
            "AGGREGATIONS", "SYNC_METHODS", "BACKENDS"]
 
 AGGREGATIONS = ("mean", "sum")
-SYNC_METHODS = ("local", "allreduce", "ps")
+SYNC_METHODS = ("local", "allreduce", "allgather", "ps")
 BACKENDS = ("mpi", "collective", "horovod")
 
 
@@ -77,6 +77,9 @@ class PSSpec:
         boundary_between_workers_and_servers: gathers of rows (embedding
             lookups) run on the server, so only the rows travel; otherwise
             the replica reads the whole variable and gathers locally.
+        host_aggregation: (HYBRID, one replica per worker) the workers of a
+            host gather their sparse gradients over MPI and only the host's
+            first worker sends their sum, rows merged, to the servers.
     """
 
     local_aggregation: bool = True
@@ -84,6 +87,7 @@ class PSSpec:
     replicate_variables: bool = True
     boundary_among_servers: bool = True
     boundary_between_workers_and_servers: bool = True
+    host_aggregation: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,11 +102,20 @@ class VariablePlacement:
         gradient: its gradient, or ``None`` when no optimizer updates it.
         aggregation: ``"mean"`` or ``"sum"`` of the replicas' gradients.
         sync: ``"local"`` (only this worker's replicas aggregate, in its
-            graph), ``"allreduce"`` (then across every worker) or ``"ps"``
-            (the variable lives on a parameter server; workers send it their
-            gradients).
+            graph), ``"allreduce"`` (then summed across every worker; a
+            sparse gradient is made dense first), ``"allgather"`` (a sparse
+            gradient's rows are gathered from every worker) or ``"ps"`` (the
+            variable lives on a parameter server; workers send it their
+            gradients). Variables without a gradient are ``"local"``.
         server: the parameter server holding the variable (index into
-            ``Plan.server_devices``), or ``None``.
+            ``Plan.server_devices``), or ``None`` (it lives on every worker).
+        density: the estimated fraction of the rows one worker's gradient
+            touches per step (sparse gradients), or ``None`` when unknown.
+        density_source: where ``density`` comes from: ``"shapes"`` (static
+            shapes of the gradient's indices), ``"override"`` or ``"unknown"``.
+        partition_of: the partitioned variable this one is a part of.
+        bytes_per_worker: the estimated bytes one worker sends per step to
+            synchronise this variable (see :mod:`parallax.plan.cost`).
     """
 
     name: str
@@ -113,6 +126,10 @@ class VariablePlacement:
     aggregation: str = "mean"
     sync: str = "local"
     server: int | None = None
+    density: float | None = None
+    density_source: str = ""
+    partition_of: str | None = None
+    bytes_per_worker: int = 0
 
     @property
     def sparse(self) -> bool:
@@ -183,6 +200,11 @@ class Plan:
         """Global index of the first replica of worker ``worker_index``."""
         return sum(len(w.replica_devices) for w in self.workers[:worker_index])
 
+    @property
+    def bytes_per_worker(self) -> int:
+        """Estimated bytes one worker sends per step, all variables together."""
+        return sum(v.bytes_per_worker for v in self.variables)
+
     def variable(self, name: str) -> VariablePlacement:
         for v in self.variables:
             if v.name == name:
@@ -201,7 +223,9 @@ class Plan:
             VariablePlacement(
                 name=v["name"], shape=tuple(v["shape"]), dtype=v["dtype"], trainable=v["trainable"],
                 gradient=GradientRef(**v["gradient"]) if v["gradient"] else None,
-                aggregation=v["aggregation"], sync=v.get("sync", "local"), server=v.get("server"))
+                aggregation=v["aggregation"], sync=v.get("sync", "local"), server=v.get("server"),
+                density=v.get("density"), density_source=v.get("density_source", ""),
+                partition_of=v.get("partition_of"), bytes_per_worker=v.get("bytes_per_worker", 0))
             for v in data["variables"])
         workers = tuple(WorkerPlan(w["host"], tuple(w["replica_devices"]), w["shared_device"])
                         for w in data["workers"])
@@ -214,7 +238,7 @@ class Plan:
         """A table of the plan, for logs and ``parallax plan``."""
         lines = [f"run_option={self.run_option} sync={self.sync} workers={self.num_workers} "
                  f"replicas={self.num_replicas}"]
-        if any(v.sync == "allreduce" for v in self.variables):
+        if any(v.sync in ("allreduce", "allgather") for v in self.variables):
             lines.append(f"  all-reduce backend {self.comm.backend}, fusion buffers up to "
                          f"{self.comm.fusion_bytes} bytes, use_allgatherv={self.comm.use_allgatherv}")
         for i, w in enumerate(self.workers):
@@ -225,22 +249,27 @@ class Plan:
                          f"replicate_variables={self.ps.replicate_variables} "
                          f"boundary_among_servers={self.ps.boundary_among_servers} "
                          f"boundary_between_workers_and_servers={self.ps.boundary_between_workers_and_servers} "
-                         f"protocol={self.ps.protocol}")
+                         f"protocol={self.ps.protocol} host_aggregation={self.ps.host_aggregation}")
         for i, device in enumerate(self.server_devices):
             load = sum(v.num_bytes for v in self.variables if v.server == i)
             lines.append(f"  server {i}: {device}, {load} bytes of variables")
-        with_servers = bool(self.server_devices)
-        rows = [("variable", "shape", "dtype", "bytes", "gradient", "aggregation", "sync")
-                + (("server",) if with_servers else ())]
+        rows = [("variable", "shape", "dtype", "bytes", "gradient", "density", "aggregation", "sync", "where",
+                 "partition of", "bytes/worker/step")]
         for v in self.variables:
             kind = "-" if v.gradient is None else ("sparse" if v.sparse else "dense")
             shape = "[" + ",".join("?" if d is None else str(d) for d in v.shape) + "]"
+            density = "unknown" if v.density is None else f"{v.density:.3g} ({v.density_source})"
+            if not v.sparse:
+                density = "-"
+            where = f"ps:{v.server}" if v.server is not None else "every worker"
             has_grad = v.gradient is not None
-            rows.append((v.name, shape, v.dtype, str(v.num_bytes), kind,
-                         v.aggregation if has_grad else "-", v.sync if has_grad else "-")
-                        + (("-" if v.server is None else str(v.server),) if with_servers else ()))
+            rows.append((v.name, shape, v.dtype, str(v.num_bytes), kind, density,
+                         v.aggregation if has_grad else "-", v.sync if has_grad else "-", where,
+                         v.partition_of or "-", str(v.bytes_per_worker)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        lines.append(f"  estimated bytes each worker sends per step: {self.bytes_per_worker} "
+                     "(see parallax/plan/cost.py)")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import fnmatch
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import tensorflow as tf
+
 from parallax.analysis import GraphAnalysis
+from parallax.errors import PlanError
+from parallax.plan.cost import bytes_per_worker, choose, estimate_density
 from parallax.plan.model import CommSpec, GradientRef, Plan, PSSpec, VariablePlacement, WorkerPlan
 
-__all__ = ["build_plan", "place_by_bytes"]
+__all__ = ["build_plan", "place_by_bytes", "choose_sync", "partition_of", "Choice", "CROSS_WORKER"]
+
+_PART_RE = re.compile(r"^(.*)/part_\d+$")
 
 
-def place_by_bytes(analysis: GraphAnalysis, num_servers: int) -> dict[str, int]:
+def place_by_bytes(analysis: GraphAnalysis, num_servers: int, names: list[str] | None = None) -> dict[str, int]:
     """Assign every variable to a server, balancing bytes (not round-robin).
 
     A variable and the variables colocated with it (its optimizer slots) form
@@ -17,9 +29,10 @@ def place_by_bytes(analysis: GraphAnalysis, num_servers: int) -> dict[str, int]:
     result depends only on the variables, never on creation order.
 
     Example: groups of 400, 300 and 200 bytes on two servers give
-    ``{400}`` on server 0 and ``{300, 200}`` on server 1.
+    ``{400}`` on server 0 and ``{300, 200}`` on server 1. ``names``: only
+    these variables (default: all).
     """
-    names = {v.name for v in analysis.variables}
+    names = {v.name for v in analysis.variables} if names is None else set(names)
 
     def root(name: str) -> str:
         seen = set()
@@ -32,7 +45,8 @@ def place_by_bytes(analysis: GraphAnalysis, num_servers: int) -> dict[str, int]:
 
     groups: dict[str, list[str]] = {}
     for v in analysis.variables:
-        groups.setdefault(root(v.name), []).append(v.name)
+        if v.name in names:
+            groups.setdefault(root(v.name), []).append(v.name)
     sizes = {r: sum(analysis.variable(n).num_bytes for n in members) for r, members in groups.items()}
     loads = [0] * num_servers
     placement: dict[str, int] = {}
@@ -44,14 +58,138 @@ def place_by_bytes(analysis: GraphAnalysis, num_servers: int) -> dict[str, int]:
     return placement
 
 
+#: ``cross_worker`` values of :func:`build_plan` (``"local"``: one worker).
+CROSS_WORKER = ("local", "allreduce", "ps", "hybrid", "auto")
+_OVERRIDE_SYNC = ("allreduce", "allgather", "ps")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """How one variable with a gradient is synchronised, and why."""
+
+    sync: str
+    density: float | None
+    density_source: str
+    reason: str
+
+
+def partition_of(name: str) -> str | None:
+    """The partitioned variable ``name`` is a part of (``emb/part_3`` -> ``emb``), else ``None``."""
+    m = _PART_RE.match(name)
+    return m.group(1) if m else None
+
+
+def _override_for(name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The override entries that match ``name`` or its partitioned variable (globs allowed)."""
+    merged: dict[str, Any] = {}
+    whole = partition_of(name)
+    for pattern in sorted(overrides):
+        if fnmatch.fnmatchcase(name, pattern) or (whole is not None and fnmatch.fnmatchcase(whole, pattern)):
+            value = overrides[pattern]
+            merged.update({"sync": value} if isinstance(value, str) else dict(value))
+    return merged
+
+
+def choose_sync(analysis: GraphAnalysis, num_workers: int, replicas_per_worker: int, cross_worker: str,
+                overrides: Mapping[str, Any] | None = None) -> tuple[dict[str, Choice], tuple[str, ...]]:
+    """Decide how every variable with a gradient crosses workers.
+
+    ``cross_worker``: ``"local"``, ``"allreduce"`` (MPI: dense all-reduced,
+    sparse all-gathered), ``"ps"`` (everything on servers), ``"hybrid"``
+    (sparse on servers, dense all-reduced) or ``"auto"`` (per variable, the
+    cheapest by :mod:`parallax.plan.cost`). ``overrides`` maps variable names
+    or globs (a partitioned variable's name covers its parts) to a sync
+    method or to ``{"sync": ..., "density": ...}``.
+
+    In a plan that mixes servers and all-reduce, a variable on the servers
+    whose gradient feeds another variable's update (``clip_by_global_norm``
+    over every gradient) is all-gathered instead: each worker updates its own
+    copies of the all-reduced variables and must see the whole gradient.
+
+    Returns:
+        ``({variable: Choice}, notes)``.
+
+    Raises:
+        PlanError: an override names an unknown method, or asks for one the
+            variable cannot use.
+    """
+    if cross_worker not in CROSS_WORKER:
+        raise PlanError(f"unknown cross_worker {cross_worker!r}; expected one of {', '.join(CROSS_WORKER)}")
+    overrides = overrides or {}
+    choices: dict[str, Choice] = {}
+    forced: set[str] = set()
+    for g in analysis.gradients:
+        var = analysis.variable(g.variable)
+        extra = _override_for(g.variable, overrides)
+        density = estimate_density(var.shape, g.indices_count, replicas_per_worker) if g.sparse else None
+        source = "shapes" if density is not None else "unknown"
+        if "density" in extra:
+            density, source = float(extra["density"]), "override"
+        itemsize = tf.dtypes.as_dtype(var.dtype).size
+        if num_workers == 1 and cross_worker != "ps":
+            sync, reason = "local", "one worker"
+        elif cross_worker == "allreduce":
+            sync, reason = ("allgather" if g.sparse else "allreduce"), "MPI"
+        elif cross_worker == "ps":
+            sync, reason = "ps", "PS"
+        elif cross_worker == "hybrid":
+            sync, reason = ("ps" if g.sparse else "allreduce"), "HYBRID"
+        else:
+            sync = choose(var.shape, itemsize, g.sparse, density, num_workers)
+            reason = "AUTO: " + ", ".join(
+                f"{s} {bytes_per_worker(s, var.shape, itemsize, g.sparse, density, num_workers)}"
+                for s in (("allgather", "allreduce", "ps") if g.sparse else ("allreduce", "ps")))
+        if "sync" in extra:
+            sync, reason = extra["sync"], "override"
+            if sync not in _OVERRIDE_SYNC:
+                raise PlanError(f'plan override for "{g.variable}": sync must be one of '
+                                f"{', '.join(_OVERRIDE_SYNC)}, got {sync!r}")
+            if sync == "allgather" and not g.sparse:
+                raise PlanError(f'plan override for "{g.variable}": "allgather" needs a sparse gradient; '
+                                "this variable's gradient is dense (use \"allreduce\" or \"ps\")")
+            if num_workers == 1 and sync != "ps":
+                sync = "local"
+            forced.add(g.variable)
+        choices[g.variable] = Choice(sync, density, source, reason)
+    notes: list[str] = []
+    changed = True
+    while changed:  # servers + all-reduce: a server variable coupled to a worker-side update cannot stay
+        changed = False
+        on_workers = {n for n, c in choices.items() if c.sync in ("allreduce", "allgather")}
+        if not on_workers:
+            break
+        for g in analysis.gradients:
+            c = choices[g.variable]
+            if c.sync != "ps" or not set(g.coupled_with) & on_workers:
+                continue
+            if g.variable in forced:
+                raise PlanError(f'plan override puts "{g.variable}" on the parameter servers, but its gradient '
+                                f"also feeds the update of {', '.join(sorted(set(g.coupled_with) & on_workers))}, "
+                                "which every worker applies itself (e.g. clip_by_global_norm over all "
+                                "gradients); put them all on the servers or none")
+            sync = "allgather" if g.sparse else "allreduce"
+            choices[g.variable] = Choice(sync, c.density, c.density_source, "coupled to all-reduced updates")
+            notes.append(f"{g.variable}: {sync} instead of ps, because its gradient feeds the update of "
+                         f"all-reduced variables (e.g. clip_by_global_norm)")
+            changed = True
+    return choices, tuple(notes)
+
+
 def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...], str]], *,
                run_option: str, sync: bool, average_sparse: bool, cross_worker: str = "local",
                comm: CommSpec | None = None, server_devices: tuple[str, ...] = (),
-               ps: PSSpec | None = None) -> Plan:
+               ps: PSSpec | None = None, overrides: Mapping[str, Any] | None = None,
+               notes: tuple[str, ...] = ()) -> Plan:
     """Decide the layout of every variable and replica.
 
     Dense gradients are averaged over the replicas; sparse ones are summed,
     or averaged when ``average_sparse`` is set (the seed system's semantics).
+
+    Variables with a gradient are synchronised as :func:`choose_sync` says.
+    Those on parameter servers are placed by :func:`place_by_bytes` with
+    their optimizer slots. When every such variable is on the servers (PS),
+    so is every other variable (global step, Adam's powers); when some are
+    all-reduced, the others live on every worker.
 
     Args:
         analysis: the single-device graph's analysis.
@@ -60,26 +198,58 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
         run_option: the resolved run option.
         sync: synchronous training.
         average_sparse: average sparse gradients instead of summing them.
-        cross_worker: how gradients cross workers: ``"local"`` (one worker),
-            ``"allreduce"`` or ``"ps"`` (variables on ``server_devices``,
-            placed by :func:`place_by_bytes`).
+        cross_worker: see :func:`choose_sync`.
         comm: the all-reduce settings (defaults when ``None``).
-        server_devices: TensorFlow devices of the parameter servers (PS).
+        server_devices: TensorFlow devices of the parameter servers.
         ps: the PS communication settings (defaults when ``None``).
+        overrides: per-variable choices (see :func:`choose_sync`).
+        notes: remarks to keep in the plan.
 
     Returns:
         The plan.
+
+    Raises:
+        PlanError: variables go to parameter servers but there are none, or a
+            bad override.
     """
     worker_plans = tuple(WorkerPlan(host, tuple(devices), shared) for host, devices, shared in workers)
-    sync_method = cross_worker if (len(worker_plans) > 1 or cross_worker == "ps") else "local"
-    placement = place_by_bytes(analysis, len(server_devices)) if server_devices else {}
+    replicas = max(1, len(worker_plans[0].replica_devices)) if worker_plans else 1
+    choices, more_notes = choose_sync(analysis, len(worker_plans), replicas, cross_worker, overrides)
+    on_servers = {name for name, c in choices.items() if c.sync == "ps"}
+    if on_servers and not server_devices:
+        raise PlanError(f"the plan puts {', '.join(sorted(on_servers))} on parameter servers, but the job has "
+                        "none; use run_option='PS', 'HYBRID' or 'AUTO' with several workers")
+    mixed = bool(on_servers) and any(c.sync != "ps" for c in choices.values())
+    if mixed:
+        names = [v.name for v in analysis.variables if _server_group(analysis, v.name) in on_servers]
+    else:
+        names = [v.name for v in analysis.variables]
+    placement = place_by_bytes(analysis, len(server_devices), names) if on_servers else {}
+    ps = ps or PSSpec()
+    if mixed and ps.local_aggregation and replicas == 1:
+        ps = replace(ps, host_aggregation=True)
+    n = len(worker_plans)
     variables = []
     for v in analysis.variables:
         g = analysis.gradient(v.name)
         ref = None if g is None else GradientRef(*g.aggregation_tensors, g.dtype, g.indices_dtype)
         aggregation = "sum" if (g is not None and g.sparse and not average_sparse) else "mean"
-        variables.append(VariablePlacement(v.name, v.shape, v.dtype, v.trainable, ref, aggregation,
-                                           sync_method if g is not None else "local", placement.get(v.name)))
+        c = choices.get(v.name, Choice("local", None, "", ""))
+        itemsize = tf.dtypes.as_dtype(v.dtype).size
+        cost = bytes_per_worker(c.sync, v.shape, itemsize, bool(g and g.sparse), c.density, n)
+        variables.append(VariablePlacement(v.name, v.shape, v.dtype, v.trainable, ref, aggregation, c.sync,
+                                           placement.get(v.name), c.density, c.density_source,
+                                           partition_of(v.name), cost))
     return Plan(run_option=run_option, sync=sync, workers=worker_plans, variables=tuple(variables),
-                train_ops=analysis.train_ops, comm=comm or CommSpec(), server_devices=tuple(server_devices),
-                ps=ps or PSSpec())
+                train_ops=analysis.train_ops, notes=tuple(notes) + more_notes, comm=comm or CommSpec(),
+                server_devices=tuple(server_devices), ps=ps)
+
+
+def _server_group(analysis: GraphAnalysis, name: str) -> str:
+    """The variable whose server ``name`` follows: its own, or an optimizer slot's primary
+    (``<primary>/<slot>``, colocated with it). Adam's ``beta1_power`` is colocated
+    with the first variable but is no slot of it: it follows nobody."""
+    target = analysis.variable(name).colocate_with
+    if target is not None and name.startswith(target + "/"):
+        return target
+    return name

@@ -6,10 +6,16 @@ Ops added, on the worker's shared device, for every variable with a gradient
 1. local: ``parallax_aggregate/<v>/local/``: ``AddN`` of this worker's
    replicas' dense gradients; ``ConcatV2`` of their sparse values and of
    their indices;
-2. across workers, for variables whose plan says ``allreduce``: the backend's
-   ops under ``parallax_aggregate/allreduce/`` (dense sums) and
+2. across workers, for variables whose plan says ``allreduce`` or
+   ``allgather``: the backend's ops under ``parallax_aggregate/allreduce/``
+   (dense sums; a sparse gradient is first summed into the variable's shape,
+   ``<v>/densify/``, with a count of the replicas that touched each row, and
+   the touched rows are taken back out after, ``<v>/resparsify/``) and
    ``parallax_aggregate/allgather/`` (sparse values and indices), all built in
-   one call so the backend can fuse and order them;
+   one call so the backend can fuse and order them; for sparse variables on
+   parameter servers with ``host_aggregation``, an all-gather among the
+   workers of the host (``parallax_aggregate/host/``) whose rows are then
+   merged (``<v>/merge/``: one row per index);
 3. ``parallax_aggregate/<v>/grad`` (dense) or ``.../values`` and
    ``.../indices`` (sparse): the result, divided by the total number of
    replicas when the plan says ``mean``.
@@ -27,6 +33,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from parallax.comm.base import backend_for
+from parallax.errors import RewriteError
 from parallax.plan.model import Plan, TaskSpec, VariablePlacement
 from parallax.rewrite.classify import classify
 from parallax.rewrite.graph_ops import add_nodes, format_input, node_map, parse_input
@@ -101,24 +108,44 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
                 else:
                     local[var.name] = (tf.math.add_n(ins) if num_local > 1 else tf.identity(ins[0]),)
         crossed = dict(local)
-        reduce_vars = [v for v in layout.variables if v.sync == "allreduce"]
+        reduce_vars = [v for v in layout.variables if v.sync in ("allreduce", "allgather")]
+        backend = None
         if reduce_vars:
             backend = backend_for(plan.comm, plan.num_workers)
             backend_nodes.append(backend)
-            dense = [v for v in reduce_vars if not v.sparse]
+            dense = [v for v in reduce_vars if v.sync == "allreduce"]
             with tf.name_scope(f"{AGGREGATE_PREFIX}/allreduce/"):
-                summed = backend.allreduce_sum([local[v.name][0] for v in dense])
-            for v, t in zip(dense, summed):
-                crossed[v.name] = (t,)
-            sparse = [v for v in reduce_vars if v.sparse]
+                summed = backend.allreduce_sum([t for v in dense for t in _densified(v, local[v.name])])
+            position = 0
+            for v in dense:
+                if v.sparse:  # the summed rows, and the count of replicas that touched each row
+                    crossed[v.name] = _resparsified(v, summed[position], summed[position + 1])
+                    position += 2
+                else:
+                    crossed[v.name] = (summed[position],)
+                    position += 1
+            sparse = [v for v in reduce_vars if v.sync == "allgather"]
             gatherer = backend
             if sparse and plan.comm.use_allgatherv and plan.comm.backend != "mpi":
                 gatherer = backend_for(replace(plan.comm, backend="mpi"), plan.num_workers)
+                gatherer._last = backend._last
                 backend_nodes.append(gatherer)
             with tf.name_scope(f"{AGGREGATE_PREFIX}/allgather/"):
                 gathered = gatherer.allgather([local[v.name] for v in sparse])
             for v, pair in zip(sparse, gathered):
                 crossed[v.name] = pair
+            backend = gatherer
+        host_vars = [v for v in layout.variables if v.sync == "ps" and v.sparse and plan.ps.host_aggregation]
+        if host_vars:
+            host = backend_for(replace(plan.comm, backend="mpi"), plan.num_workers, group="host")
+            host._last = backend._last if backend is not None else None  # one order of MPI calls per process
+            backend_nodes.append(host)
+            with tf.name_scope(f"{AGGREGATE_PREFIX}/host/"):
+                gathered = host.allgather([local[v.name] for v in host_vars])
+            for v, (values, indices) in zip(host_vars, gathered):
+                with tf.name_scope(f"{AGGREGATE_PREFIX}/{v.name}/merge/"):
+                    unique, position = tf.unique(indices)
+                    crossed[v.name] = (tf.math.unsorted_segment_sum(values, position, tf.size(unique)), unique)
         outputs = []
         for var in layout.variables:
             total = plan.num_replicas if var.sync != "local" else num_local
@@ -145,6 +172,30 @@ def _per_replica_outputs(var: VariablePlacement, ins: list[tf.Tensor], num_local
             tf.identity(ins[num_local + r], name=f"indices_{r}")
         else:
             tf.identity(_scaled(ins[r], var, total), name=f"grad_{r}")
+
+
+def _densified(var: VariablePlacement, local: tuple) -> list[tf.Tensor]:
+    """What to all-reduce for ``var``: its dense gradient, or for a sparse one the
+    rows summed into the variable's shape plus how often each row was touched."""
+    if not var.sparse:
+        return [local[0]]
+    values, indices = local
+    rows = var.shape[0]
+    if rows is None:
+        raise RewriteError(f'cannot all-reduce the sparse gradient of "{var.name}" as a dense one: its first '
+                           'dimension is unknown; use sync "allgather" or "ps" for it')
+    with tf.name_scope(f"{AGGREGATE_PREFIX}/{var.name}/densify/"):
+        dense = tf.math.unsorted_segment_sum(values, indices, rows)
+        touched = tf.math.unsorted_segment_sum(tf.ones_like(indices, dtype=values.dtype), indices, rows)
+    return [dense, touched]
+
+
+def _resparsified(var: VariablePlacement, dense: tf.Tensor, touched: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """The rows some replica touched, as values and indices again (each row once)."""
+    with tf.name_scope(f"{AGGREGATE_PREFIX}/{var.name}/resparsify/"):
+        indices = tf.reshape(tf.where(touched > 0), [-1])
+        values = tf.gather(dense, indices)
+        return values, tf.cast(indices, tf.dtypes.as_dtype(var.gradient.indices_dtype))
 
 
 def _scaled(gradient: tf.Tensor, var: VariablePlacement, total: int) -> tf.Tensor:

@@ -16,6 +16,12 @@ between the gradients and the update (clipping, scaling) also move to a
 server: the server of the variable whose update they feed, or, for ops that
 feed several (a global norm), of the first such variable by name. Otherwise
 they stay on the worker. Does nothing for plans without servers.
+
+When some variables stay on the workers (HYBRID, AUTO), their ops stay there
+too, even when TensorFlow colocated them with a server variable (Adam's
+``beta1_power`` is colocated with the first variable), and they move from
+the ``variables`` collection to ``local_variables``: each worker initializes
+its own copy.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ def place_variables(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
     if not plan.server_devices:
         return out
     device_of = {v.name: plan.server_devices[v.server] for v in plan.variables if v.server is not None}
+    on_workers = sorted((v.name for v in plan.variables if v.server is None), key=len, reverse=True)
+    worker_device = plan.workers[task.worker_index].shared_device
     for node in out.graph_def.node:
         if node.name in device_of:
             node.device = device_of[node.name]
@@ -48,13 +56,49 @@ def place_variables(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
             for loc in node.attr["_class"].list.s:
                 target = loc.decode()[5:] if loc.startswith(b"loc:@") else None
                 if target in device_of:
-                    node.device = device_of[target]
+                    if _belongs_to_worker_variable(node, on_workers):
+                        del node.attr["_class"]  # e.g. Adam's beta1_power, colocated with a server variable
+                        node.device = worker_device
+                    else:
+                        node.device = device_of[target]
                     break
+    if on_workers:
+        _make_worker_variables_local(out, set(on_workers))
     if plan.ps.boundary_among_servers:
         _place_boundary_ops(out, plan, device_of)
     if not plan.ps.boundary_between_workers_and_servers:
         _gather_on_workers(out, plan, task, device_of)
     return out
+
+
+def _belongs_to_worker_variable(node, on_workers: list[str]) -> bool:
+    """Whether ``node`` is a worker-held variable, one of its own ops (``<v>/...``),
+    or reads or writes one (its first input is the variable)."""
+    first = node.input[0].lstrip("^").split(":")[0] if node.input else ""
+    return any(node.name == v or node.name.startswith(v + "/") or first == v for v in on_workers)
+
+
+def _make_worker_variables_local(meta_graph: meta_graph_pb2.MetaGraphDef, on_workers: set[str]) -> None:
+    """Variables every worker holds itself, beside others on servers, become local
+    variables: each worker initializes its own (then worker 0's values are copied
+    to all), and nobody waits for the chief to initialize them."""
+    import tensorflow as tf
+    from tensorflow.core.framework import variable_pb2
+
+    global_key, local_key = tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, tf.compat.v1.GraphKeys.LOCAL_VARIABLES
+    if global_key not in meta_graph.collection_def:
+        return
+    kept, moved = [], []
+    for raw in meta_graph.collection_def[global_key].bytes_list.value:
+        proto = variable_pb2.VariableDef()
+        proto.ParseFromString(raw)
+        name = proto.variable_name.split(":")[0]
+        (moved if name in on_workers else kept).append(raw)
+    if not moved:
+        return
+    del meta_graph.collection_def[global_key].bytes_list.value[:]
+    meta_graph.collection_def[global_key].bytes_list.value.extend(kept)
+    meta_graph.collection_def[local_key].bytes_list.value.extend(moved)
 
 
 def _gather_on_workers(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec,

@@ -21,6 +21,13 @@ names that every worker computes alike:
   gradient applies and then this worker's token. The rewritten graph records
   the substitution in the ``parallax_fetch_alias`` collection.
 
+Plans that mix servers and all-reduce (HYBRID, AUTO): the other workers also
+run the original training op, for their own copies of the all-reduced
+variables, with the server variables' update scopes made no-ops (the chief
+updates those). With ``host_aggregation`` only the first worker of each host
+sends the host's merged sparse gradients (the others still take part in the
+host all-gather), and the chief takes one gradient per host.
+
 The protocol per step: every worker applies its gradient; the chief takes
 the sums, updates the variables (each on its server), and releases the
 others. No worker can run ahead, so no gradient is stale and the result
@@ -35,6 +42,7 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
+from parallax.analysis import update_scope_owner
 from parallax.errors import RewriteError
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.aggregate import build_subgraph
@@ -65,9 +73,20 @@ def add_ps_sync(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskS
     num_workers = plan.num_workers
     chief = task.worker_index == 0
     worker = plan.workers[task.worker_index]
-    # One gradient per worker (local aggregation) or one per replica.
-    senders = [None] if plan.ps.local_aggregation else list(range(len(worker.replica_devices)))
-    required = num_workers if plan.ps.local_aggregation else plan.num_replicas
+    mixed = any(v.gradient is not None and v.sync != "ps" for v in plan.variables)
+    hosts = list(dict.fromkeys(w.host for w in plan.workers))
+    # One gradient per host (host aggregation), per worker (local aggregation) or per replica.
+    listen: list[str] = []  # gradients this worker computes but does not send (its host's leader does)
+    if plan.ps.host_aggregation:
+        leader = next(i for i, w in enumerate(plan.workers) if w.host == worker.host) == task.worker_index
+        senders = [None] if leader else []
+        required = len(hosts)
+        if not leader:
+            listen = [f"^{parse_input(t)[0]}" for v in variables for t in aggregate_outputs(v.name, v.sparse)]
+    elif plan.ps.local_aggregation:
+        senders, required = [None], num_workers
+    else:
+        senders, required = list(range(len(worker.replica_devices))), plan.num_replicas
 
     names: list[str] = []
     dtypes: list[tf.DType] = []
@@ -77,8 +96,10 @@ def add_ps_sync(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskS
             dtypes.append(tf.dtypes.as_dtype(v.gradient.dtype))
             if v.sparse:
                 dtypes.append(tf.dtypes.as_dtype(v.gradient.indices_dtype))
-    names.append(f"^{train_op}")  # a control input on the original training op (chief)
+    names.append(f"^{train_op}")  # a control input on the original training op
     dtypes.append(tf.float32)
+    names.extend(listen)
+    dtypes.extend([tf.float32] * len(listen))
 
     def builder(inputs):
         applies, takes = [], []
@@ -113,6 +134,7 @@ def add_ps_sync(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskS
                         with tf.control_dependencies(applies):
                             takes.append(acc.take_grad(required, name="take"))
         original = inputs[position]
+        heard = [t.op for t in inputs[position + 1:]]
         with tf.name_scope(f"{SYNC_PREFIX}/"):
             queues = {w: tf.queue.FIFOQueue(-1, [tf.int64], shapes=[[]], shared_name=f"{SYNC_PREFIX}/token_{w}",
                                             name=f"token_{w}") for w in range(1, num_workers)
@@ -122,7 +144,10 @@ def add_ps_sync(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskS
                     releases = [q.enqueue(tf.constant(0, tf.int64), name=f"release_{w}") for w, q in queues.items()]
                 done = tf.group(original.op, *releases, name="train_op")
             else:
-                with tf.control_dependencies(applies):
+                # Mixed plans: this worker also runs the training op, for its own copies of
+                # the all-reduced variables (the server variables' updates are taken out).
+                before = applies + heard + ([original.op] if mixed else [])
+                with tf.control_dependencies(before):
                     token = queues[task.worker_index].dequeue(name="wait")
                 done = tf.group(token, name="train_op")
         return [done] + takes
@@ -159,7 +184,34 @@ def add_ps_sync(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskS
                 key = f"{op}:{index}"
                 if not control and key in rewire:
                     node.input[i] = rewire[key]
+    if mixed and not chief:
+        _drop_server_updates(out, plan, {v.name for v in variables}, worker.shared_device)
     add_nodes(out.graph_def, nodes)
     alias = out.collection_def[FETCH_ALIAS_COLLECTION].bytes_list.value
     alias.append(f"{train_op}={parse_input(outputs[0])[0]}".encode())
     return out
+
+
+def _drop_server_updates(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, on_servers: set[str],
+                         device: str) -> None:
+    """On a worker other than the chief, the ops of the server variables'
+    ``update_<var>`` scopes become no-ops: the chief updates those variables."""
+    owner = update_scope_owner([v.name for v in plan.variables])
+    dropped = set()
+    for node in meta_graph.graph_def.node:
+        if owner(node.name) in on_servers:
+            dropped.add(node.name)
+            node.op = "NoOp"
+            del node.input[:]
+            for key in list(node.attr):
+                del node.attr[key]
+            node.device = device
+    for node in meta_graph.graph_def.node:
+        if node.name in dropped:
+            continue
+        for text in node.input:
+            op, _, control = parse_input(text)
+            if op in dropped and not control:
+                raise RewriteError(f'op "{node.name}" reads the output of "{op}", an update of a variable on the '
+                                   "parameter servers; this graph cannot mix servers and all-reduce "
+                                   "(use run_option='PS' or 'MPI')")

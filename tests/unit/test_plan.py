@@ -21,8 +21,13 @@ def test_describe_is_a_table():
     assert plan.describe() == "\n".join([
         "run_option=HYBRID sync=True workers=1 replicas=2",
         "  worker 0 on localhost: replicas on /device:CPU:0, /device:CPU:1; shared state on /device:CPU:0",
-        "  variable     shape   dtype    bytes  gradient  aggregation  sync",
-        "  embedding    [20,4]  float32  320    sparse    sum          local",
-        "  global_step  []      int64    8      -         -            -",
-        "  proj/kernel  [4,1]   float32  16     dense     mean         local",
+        "  variable     shape   dtype    bytes  gradient  density  aggregation  sync   where         partition of"
+        "  bytes/worker/step",
+        "  embedding    [20,4]  float32  320    sparse    unknown  sum          local  every worker  -"
+        "             0",
+        "  global_step  []      int64    8      -         -        -            -      every worker  -"
+        "             0",
+        "  proj/kernel  [4,1]   float32  16     dense     -        mean         local  every worker  -"
+        "             0",
+        "  estimated bytes each worker sends per step: 0 (see parallax/plan/cost.py)",
     ])
