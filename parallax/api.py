@@ -89,6 +89,9 @@ def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
     layout = _multiprocess_layout(cluster, _run_option(config, sync), analysis, config)
     if layout is None:
         return _run_in_process(cluster, graph, meta_graph, analysis, config, sync)
+    for worker in cluster.workers:  # this machine's device lists are checked before anything starts
+        if is_local_host(worker.host):
+            _resolve_devices(worker, cluster.source)
     _launch_and_exit(*layout, config)
     raise AssertionError("unreachable")  # pragma: no cover
 

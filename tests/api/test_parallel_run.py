@@ -14,6 +14,12 @@ from tests.conftest import cpu_resources
 from tests.models import build_mlp
 
 
+def in_process() -> "parallax.Config":
+    """One worker line with several devices trains in this process (in-graph replicas) with
+    run_option='PS' (no server needed); HYBRID and MPI would start one process per device."""
+    return parallax.Config(run_option="PS")
+
+
 def small_graph():
     graph = tf.Graph()
     with graph.as_default():
@@ -30,7 +36,7 @@ def small_graph():
 @pytest.fixture
 def three_replicas(resource_file):
     graph, t = small_graph()
-    sess, num_workers, worker_id, num_replicas = parallax.parallel_run(graph, cpu_resources(resource_file, 3))
+    sess, num_workers, worker_id, num_replicas = parallax.parallel_run(graph, cpu_resources(resource_file, 3), parallax_config=in_process())
     yield sess, t, (num_workers, worker_id, num_replicas)
     sess.close()
 
@@ -133,7 +139,7 @@ def test_graph_without_training_op(resource_file):
         a = tf.compat.v1.placeholder(tf.float32, [])
         tf.add(a, a)
     with pytest.raises(AnalysisError, match="no training op"):
-        parallax.parallel_run(graph, cpu_resources(resource_file, 2))
+        parallax.parallel_run(graph, cpu_resources(resource_file, 2), parallax_config=in_process())
 
 
 def test_bare_local_host_runs_one_replica_per_gpu_or_one_on_the_cpu(resource_file):
@@ -148,7 +154,7 @@ def test_meta_graph_file_is_accepted(resource_file, tmp_path):
     path = str(tmp_path / "model.meta")
     with model.graph.as_default():
         tf.compat.v1.train.export_meta_graph(path)
-    sess, _, _, n = parallax.parallel_run(path, cpu_resources(resource_file, 2))
+    sess, _, _, n = parallax.parallel_run(path, cpu_resources(resource_file, 2), parallax_config=in_process())
     losses = sess.run("loss:0", feed_dict={"x:0": [np.ones((2, 4), np.float32)] * 2,
                                            "y:0": [np.ones((2, 1), np.float32)] * 2})
     assert len(losses) == n == 2 and losses[0] == losses[1]
@@ -163,7 +169,7 @@ def test_sharded_dataset_gives_each_replica_its_own_part(resource_file):
         batch = tf.cast(it.get_next(), tf.float32, name="batch")
         w = tf.compat.v1.get_variable("w", [], initializer=tf.compat.v1.zeros_initializer())
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(batch * w))
-    sess, _, _, n = parallax.parallel_run(graph, cpu_resources(resource_file, 2))
+    sess, _, _, n = parallax.parallel_run(graph, cpu_resources(resource_file, 2), parallax_config=in_process())
     sess.run(it.initializer)
     first = sess.run(batch)
     second = sess.run(batch)
@@ -180,7 +186,7 @@ def test_one_shot_iterator_with_shard_is_refused(resource_file):
         w = tf.compat.v1.get_variable("w", [])
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(batch * w))
     with pytest.raises(RewriteError, match="make_initializable_iterator"):
-        parallax.parallel_run(graph, cpu_resources(resource_file, 2))
+        parallax.parallel_run(graph, cpu_resources(resource_file, 2), parallax_config=in_process())
 
 
 def test_keras_dense_layers_on_placeholders(resource_file):
@@ -205,7 +211,7 @@ def test_keras_dense_layers_on_placeholders(resource_file):
         variables = graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
         expected = s.run(variables)
     graph, x, y, train = build()
-    sess, _, _, n = parallax.parallel_run(graph, cpu_resources(resource_file, 2))
+    sess, _, _, n = parallax.parallel_run(graph, cpu_resources(resource_file, 2), parallax_config=in_process())
     for _ in range(3):
         sess.run(train, {x: np.split(xs, 2), y: np.split(ys, 2)})
     got = sess.run(graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES))

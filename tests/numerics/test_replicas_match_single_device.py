@@ -17,7 +17,7 @@ BUILDERS = {"mlp": build_mlp, "embedding": build_embedding}
 
 def train_parallel(model, data, resource_path, config=None):
     sess, num_workers, worker_id, num_replicas = parallax.parallel_run(
-        model.graph, resource_path, parallax_config=config or parallax.Config(average_sparse=True))
+        model.graph, resource_path, parallax_config=config or parallax.Config(run_option="PS", average_sparse=True))
     assert (num_workers, worker_id) == (1, 0)
     for feed in data:
         sess.run(model.train_op, feed_dict={model.inputs[k]: np.split(v, num_replicas)
@@ -100,7 +100,7 @@ def test_sparse_gradients_are_summed_by_default(resource_file, num_replicas):
     expected = train_single_device(build_embedding("gd", dense_part=False, lr_scale=num_replicas), data)
     got, n = train_parallel(build_embedding("gd", dense_part=False), data,
                             cpu_resources(resource_file, num_replicas),
-                            config=parallax.Config(average_sparse=False))
+                            config=parallax.Config(run_option="PS", average_sparse=False))
     assert_same_variables(expected, got, n)
 
 

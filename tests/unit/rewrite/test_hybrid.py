@@ -1,0 +1,64 @@
+"""The HYBRID rewrite without processes: what each worker's graph holds."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from parallax.analysis import analyse_graph
+from parallax.plan import TaskSpec, build_plan
+from parallax.rewrite.names import FETCH_ALIAS_COLLECTION
+from parallax.rewrite.pipeline import rewrite_for_task
+from tests.models import build_embedding
+from tests.unit.rewrite.helpers import export, nodes_of
+
+SERVER = "/job:ps/replica:0/task:0/device:CPU:0"
+
+
+def hybrid(model, hosts=("h", "h", "g")):
+    workers = [(host, (f"/job:worker/replica:0/task:{w}/device:CPU:0",), f"/job:worker/replica:0/task:{w}/device:CPU:0")
+               for w, host in enumerate(hosts)]
+    return build_plan(analyse_graph(model.graph), workers, run_option="HYBRID", sync=True, average_sparse=True,
+                      cross_worker="hybrid", server_devices=(SERVER,))
+
+
+def rewrite(model, plan, worker):
+    return rewrite_for_task(export(model.graph), plan, TaskSpec(worker))
+
+
+def test_server_variables_on_the_server_the_rest_on_the_worker():
+    model = build_embedding("adam")
+    plan = hybrid(model)
+    meta = rewrite(model, plan, 1)
+    nodes = nodes_of(meta)
+    assert nodes["embedding"].device == nodes["embedding/Adam"].device == SERVER
+    worker = "/job:worker/replica:0/task:1/device:CPU:0"
+    # Adam's beta1_power is colocated with "embedding" by TensorFlow, but each worker keeps its own
+    assert nodes["beta1_power"].device == worker and "_class" not in nodes["beta1_power"].attr
+    assert nodes["proj/kernel"].device != SERVER
+    local = meta.collection_def[tf.compat.v1.GraphKeys.LOCAL_VARIABLES].bytes_list.value
+    assert len(local) == 6  # proj/kernel (+2 slots), global_step, beta1/2_power: each worker initializes its own
+
+
+def test_other_workers_leave_server_updates_to_the_chief_but_run_their_own():
+    model = build_embedding("adam")
+    plan = hybrid(model)
+    chief, other = nodes_of(rewrite(model, plan, 0)), nodes_of(rewrite(model, plan, 1))
+    sparse_update = [n for n in other if "update_embedding/" in n]
+    assert sparse_update and all(other[n].op == "NoOp" for n in sparse_update)
+    assert any(chief[n].op != "NoOp" for n in sparse_update)
+    assert any(n.op == "ResourceApplyAdam" for n in other.values())  # its own dense update
+    wait = other["parallax_sync/wait"]
+    assert any(i.lstrip("^") == plan.train_ops[0] for i in wait.input)  # runs the training op, then waits
+
+
+def test_host_aggregation_one_sender_per_host():
+    model = build_embedding("adam")
+    plan = hybrid(model)  # hosts h, h, g: workers 0 and 2 lead their hosts
+    applies = {w: [n for n in nodes_of(rewrite(model, plan, w)) if n.endswith("/apply")] for w in range(3)}
+    assert len(applies[0]) == 1 and len(applies[2]) == 1 and applies[1] == []
+    take = nodes_of(rewrite(model, plan, 0))["parallax_sync/embedding/take"]
+    assert take.op == "SparseAccumulatorTakeGradient"
+    meta = rewrite(model, plan, 1)
+    aliases = [v.decode() for v in meta.collection_def[FETCH_ALIAS_COLLECTION].bytes_list.value]
+    assert aliases == [f"{plan.train_ops[0]}=parallax_sync/train_op"]
+    assert any(n.startswith("parallax_aggregate/host/") for n in nodes_of(meta))

@@ -1,0 +1,159 @@
+"""Which way each variable is synchronised: the cost model, HYBRID, AUTO and overrides (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+import tensorflow as tf
+
+from parallax.analysis import analyse_graph
+from parallax.errors import PlanError
+from parallax.plan import build_plan
+from parallax.plan.cost import bytes_per_worker, choose
+from parallax.plan.policies import choose_sync, partition_of
+from tests.models import build_embedding, build_mlp, build_sequence
+
+SERVER = ("/job:ps/replica:0/task:0/device:CPU:0",)
+VOCAB, DIM, IDS = 1000, 16, 8
+
+
+def static_embedding(clip: float | None = None):
+    """ids[8] (static) -> embedding(1000, 16) -> dense 16 -> 1, Adam."""
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf.compat.v1.placeholder(tf.int64, [IDS], name="ids")
+        emb = tf.compat.v1.get_variable("emb", [VOCAB, DIM])
+        w = tf.compat.v1.get_variable("w", [DIM, 1])
+        loss = tf.reduce_mean(tf.matmul(tf.nn.embedding_lookup(emb, ids), w))
+        opt = tf.compat.v1.train.AdamOptimizer()
+        gv = opt.compute_gradients(loss)
+        if clip is not None:
+            grads, variables = zip(*gv)
+            gv = list(zip(tf.clip_by_global_norm(grads, clip)[0], variables))
+        opt.apply_gradients(gv, global_step=tf.compat.v1.train.get_or_create_global_step())
+    return analyse_graph(graph)
+
+
+def workers(n: int, replicas: int = 1, hosts: int = 1):
+    out = []
+    for w in range(n):
+        prefix = f"/job:worker/replica:0/task:{w}"
+        out.append((f"h{w % hosts}", tuple(f"{prefix}/device:CPU:{i}" for i in range(replicas)),
+                    f"{prefix}/device:CPU:0"))
+    return out
+
+
+def syncs(analysis, n, mode, overrides=None):
+    choices, notes = choose_sync(analysis, n, 1, mode, overrides)
+    return {name: c.sync for name, c in choices.items()}, notes
+
+
+# ----------------------------------------------------------------------------- cost model
+@pytest.mark.parametrize("n", [2, 3])
+def test_all_gather_only_below_about_two_over_n_of_the_rows(n):
+    shape, row = (10_000, 64), 64 * 4
+    threshold = 2 / n * row / (row + 8)  # all-gather (n-1)k(r+i) == all-reduce 2(n-1)/n R r
+    assert choose(shape, 4, True, threshold * 0.95, n) == "allgather"
+    assert choose(shape, 4, True, min(1.0, threshold * 1.05), n) == "allreduce"
+
+
+def test_servers_win_over_all_gather_from_four_workers():
+    shape = (10_000, 64)
+    assert choose(shape, 4, True, 0.01, 3) == "allgather"  # a tie at n = 3 keeps all-gather
+    assert choose(shape, 4, True, 0.01, 4) == "ps"
+    assert choose(shape, 4, True, 0.9, 4) == "allreduce"
+
+
+def test_dense_gradients_are_always_all_reduced():
+    for n in (2, 3, 8, 64):
+        assert choose((1000, 100), 4, False, None, n) == "allreduce"
+        assert bytes_per_worker("allreduce", (1000, 100), 4, False, None, n) < \
+            bytes_per_worker("ps", (1000, 100), 4, False, None, n)
+
+
+def test_byte_estimates():
+    assert bytes_per_worker("allreduce", (100, 10), 4, False, None, 2) == 4000  # 2 (n-1)/n B
+    assert bytes_per_worker("ps", (100, 10), 4, False, None, 2) == 8000  # push + pull
+    assert bytes_per_worker("allgather", (100, 10), 4, True, 0.1, 3) == 2 * 10 * 48  # (n-1) k (r + i)
+    assert bytes_per_worker("ps", (100, 10), 4, True, 0.1, 3) == 2 * 10 * 48
+    assert bytes_per_worker("local", (100, 10), 4, False, None, 3) == 0
+
+
+# ----------------------------------------------------------------------------- per mode
+def test_density_comes_from_the_static_shape_of_the_indices():
+    choices, _ = choose_sync(static_embedding(), 2, 2, "auto")
+    assert choices["emb"].density == pytest.approx(2 * IDS / VOCAB)  # 2 replicas per worker
+    assert choices["emb"].density_source == "shapes"
+    assert choices["w"].density is None
+
+
+@pytest.mark.parametrize("n, expected", [(2, "allgather"), (3, "allgather"), (4, "ps"), (8, "ps")])
+def test_auto_flips_from_all_gather_to_servers_with_the_number_of_workers(n, expected):
+    chosen, _ = syncs(static_embedding(), n, "auto")
+    assert chosen == {"emb": expected, "w": "allreduce"}
+
+
+@pytest.mark.parametrize("density, expected", [(0.5, "allgather"), (0.99, "allreduce")])
+def test_auto_flips_to_all_reduce_when_most_rows_are_touched(density, expected):
+    chosen, _ = syncs(static_embedding(), 2, "auto", {"emb": {"density": density}})
+    assert chosen["emb"] == expected
+
+
+def test_hybrid_puts_sparse_on_servers_and_all_reduces_dense():
+    assert syncs(static_embedding(), 2, "hybrid")[0] == {"emb": "ps", "w": "allreduce"}
+    assert syncs(analyse_graph(build_mlp("adam").graph), 2, "hybrid")[0] == \
+        {"dense/bias": "allreduce", "dense/kernel": "allreduce", "out/kernel": "allreduce"}
+
+
+def test_mpi_all_gathers_sparse_and_ps_puts_everything_on_servers():
+    assert syncs(static_embedding(), 2, "allreduce")[0] == {"emb": "allgather", "w": "allreduce"}
+    assert syncs(static_embedding(), 2, "ps")[0] == {"emb": "ps", "w": "ps"}
+    assert syncs(static_embedding(), 1, "hybrid")[0] == {"emb": "local", "w": "local"}
+
+
+def test_a_server_variable_coupled_to_all_reduced_updates_is_all_gathered():
+    chosen, notes = syncs(static_embedding(clip=1.0), 2, "hybrid")
+    assert chosen == {"emb": "allgather", "w": "allreduce"}
+    assert any("clip_by_global_norm" in n for n in notes)
+    with pytest.raises(PlanError, match='puts "emb" on the parameter servers.*feeds the update of w'):
+        syncs(static_embedding(clip=1.0), 2, "hybrid", {"emb": "ps"})
+
+
+def test_overrides_match_globs_and_partitioned_variables():
+    analysis = analyse_graph(build_sequence("adam", partitions=2).graph)
+    chosen, _ = syncs(analysis, 2, "hybrid", {"embedding": "allgather", "rnn/*": "ps"})
+    assert chosen["embedding/part_0"] == chosen["embedding/part_1"] == "allgather"
+    assert partition_of("embedding/part_1") == "embedding" and partition_of("embedding") is None
+    assert all(s == "ps" for name, s in chosen.items() if name.startswith("rnn/"))
+
+
+def test_bad_overrides_are_refused():
+    with pytest.raises(PlanError, match='"w": "allgather" needs a sparse gradient'):
+        syncs(static_embedding(), 2, "auto", {"w": "allgather"})
+    with pytest.raises(PlanError, match="sync must be one of"):
+        syncs(static_embedding(), 2, "auto", {"w": "broadcast"})
+
+
+# ----------------------------------------------------------------------------- the whole plan
+def test_mixed_plan_keeps_non_slot_variables_on_every_worker():
+    plan = build_plan(static_embedding(), workers(3, hosts=2), run_option="HYBRID", sync=True, average_sparse=True,
+                      cross_worker="hybrid", server_devices=SERVER)
+    where = {v.name: v.server for v in plan.variables}
+    assert where["emb"] == where["emb/Adam"] == where["emb/Adam_1"] == 0
+    assert where["w"] is where["w/Adam"] is where["global_step"] is where["beta1_power"] is None
+    assert plan.ps.host_aggregation
+    assert plan.variable("emb").bytes_per_worker == 2 * IDS * (DIM * 4 + 8)
+    assert plan.bytes_per_worker == plan.variable("emb").bytes_per_worker + plan.variable("w").bytes_per_worker
+    assert "ps:0" in plan.describe() and "host_aggregation=True" in plan.describe()
+
+
+def test_pure_ps_plan_puts_every_variable_on_servers():
+    plan = build_plan(analyse_graph(build_embedding("adam").graph), workers(2), run_option="PS", sync=True,
+                      average_sparse=True, cross_worker="ps", server_devices=SERVER)
+    assert all(v.server == 0 for v in plan.variables)
+    assert not plan.ps.host_aggregation
+
+
+def test_servers_asked_for_but_none_given():
+    with pytest.raises(PlanError, match="puts emb on parameter servers, but the job has none"):
+        build_plan(static_embedding(), workers(2), run_option="MPI", sync=True, average_sparse=True,
+                   cross_worker="allreduce", overrides={"emb": "ps"})
