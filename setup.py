@@ -27,7 +27,7 @@ setup(
         "gpu": [f"tensorflow[and-cuda]=={TF_VERSION}"],
         "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "matplotlib>=3.8"],
     },
-    entry_points={"console_scripts": ["parallax-run = parallax.cli:main"]},
+    entry_points={"console_scripts": ["parallax-run = parallax.cli:main", "parallax = parallax.cli:parallax_main"]},
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",

@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "parallel_run": "parallax.api",
+    "preview_plan": "parallax.api",
     "Config": "parallax.config",
     "ParallaxConfig": "parallax.config",
     "CommunicationConfig": "parallax.config",

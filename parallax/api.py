@@ -12,7 +12,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from parallax.analysis import GraphAnalysis, analyse_graph
 from parallax.config import Config
 from parallax.errors import LaunchError
-from parallax.launch.bootstrap import RankContext, finish_together, launched_context
+from parallax.launch.bootstrap import LAUNCH_ENV, RankContext, finish_together, launched_context
 from parallax.launch.launcher import current_program, is_local_host, launch
 from parallax.launch.layout import RankSpec, hybrid_ranks, ps_ranks, ranks_per_device
 from parallax.plan import Plan, TaskSpec, build_plan
@@ -25,7 +25,7 @@ from parallax.rewrite.replicate import shard_op_names
 from parallax.session import ParallaxSession
 from parallax.startup import GROUP_LEADER, start_server, start_session
 
-__all__ = ["parallel_run"]
+__all__ = ["parallel_run", "preview_plan", "PLAN_ENV"]
 
 logger = logging.getLogger("parallax")
 
@@ -79,6 +79,8 @@ def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
         raise TypeError(f"parallel_run: resource_info must be the path of a resource file, got "
                         f"{type(resource_info).__name__}")
     config.validate(sync=sync)
+    if os.environ.get(PLAN_ENV) and os.environ.get(LAUNCH_ENV) is None:
+        _print_plan_and_exit(single_gpu_graph, resource_info, sync, config)
     graph, meta_graph = _load_graph(single_gpu_graph)
     cluster = parse_resource_file(resource_info)
     context = launched_context(config.redirect_path)
@@ -150,9 +152,8 @@ def _launch_and_exit(ranks: tuple[RankSpec, ...], run_option: str, config: Confi
 def _run_in_process(cluster, graph, meta_graph, analysis, config, sync):
     worker = cluster.workers[0]
     devices = _resolve_devices(worker, cluster.source)
-    plan = build_plan(analysis, [(worker.host, tuple(d.tf_name for d in devices), "/device:CPU:0")],
-                      run_option=_run_option(config, sync), sync=sync, average_sparse=config.average_sparse,
-                      overrides=_local_overrides(config))
+    plan = _job_plan("local", [(worker.host, tuple(d.tf_name for d in devices), "/device:CPU:0")], (),
+                     analysis, config, sync, CommSpec())
     logger.info("Parallax plan:\n%s", plan.describe())
     task = TaskSpec(worker_index=0)
     rewritten = rewrite_for_task(meta_graph, plan, task)
@@ -174,9 +175,8 @@ def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphA
     gpus = len(tf.config.list_physical_devices("GPU"))
     mpi = config.communication_config.mpi_config
     uses_gpu = [_rank_device(r, gpus).kind == "gpu" for r in context.ranks]
-    backend = mpi.backend if mpi.backend != "auto" else ("collective" if any(uses_gpu) else "mpi")
-    comm = CommSpec(backend=backend, fusion_bytes=mpi.fusion_bytes, use_allgatherv=mpi.use_allgatherv,
-                    gpu=any(uses_gpu))
+    comm = _mpi_comm(config, any(uses_gpu))
+    backend = comm.backend
     my_device = _rank_device(context.spec, gpus)
     my_gpu = my_device.index if my_device.kind == "gpu" else None
     server = None
@@ -189,10 +189,7 @@ def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphA
         prefix = f"/job:worker/replica:0/task:{r}" if server is not None else ""
         device = f"{prefix}/device:{kind}:0"
         workers.append((spec.host, (device,), device))
-    auto = _run_option(config, sync) == "AUTO"
-    plan = build_plan(analysis, workers, run_option=context.run_option, sync=sync,
-                      average_sparse=config.average_sparse, cross_worker="auto" if auto else "allreduce", comm=comm,
-                      overrides=config.plan_overrides)
+    plan = _job_plan("MPI", workers, (), analysis, config, sync, comm)
     if context.rank == 0:
         logger.info("Parallax plan:\n%s", plan.describe())
     task = TaskSpec(worker_index=context.rank)
@@ -259,22 +256,11 @@ def _run_server_job_rank(context: RankContext, cluster, graph, meta_graph, analy
         workers.append((spec.host, tuple(f"{prefix}/device:{k.upper()}:{i}" for k, i in devices),
                         f"{prefix}/device:CPU:0"))
     servers = tuple(f"/job:ps/replica:0/task:{s}/device:CPU:0" for s in range(counters["ps"]))
-    ps_config = config.communication_config.ps_config
     mpi = config.communication_config.mpi_config
-    backend = "horovod" if mpi.backend == "horovod" else "mpi"  # no TF collectives beside a PS (DESIGN.md)
     if hybrid and mpi.backend == "collective":
         logger.warning("Parallax: HYBRID all-reduces over MPI: TF collectives abort beside parameter servers")
-    cross_worker = "ps" if not hybrid else ("auto" if _run_option(config, sync) == "AUTO" else "hybrid")
-    plan = build_plan(analysis, workers, run_option=context.run_option, sync=sync,
-                      average_sparse=config.average_sparse, cross_worker=cross_worker, server_devices=servers,
-                      comm=CommSpec(backend=backend, fusion_bytes=mpi.fusion_bytes, use_allgatherv=mpi.use_allgatherv,
-                                    gpu=any(d.kind == "gpu" for d in mine)),
-                      overrides=config.plan_overrides,
-                      ps=PSSpec(local_aggregation=ps_config.local_aggregation, protocol=ps_config.protocol,
-                                replicate_variables=ps_config.replicate_variables,
-                                boundary_among_servers=ps_config.boundary_among_servers,
-                                boundary_between_workers_and_servers=(
-                                    ps_config.boundary_between_workers_and_servers)))
+    plan = _job_plan(context.run_option, workers, servers, analysis, config, sync,
+                     _server_job_comm(config, any(d.kind == "gpu" for d in mine)))
     if index == 0:
         logger.info("Parallax plan:\n%s", plan.describe())
     task = TaskSpec(worker_index=index)
@@ -284,7 +270,7 @@ def _run_server_job_rank(context: RankContext, cluster, graph, meta_graph, analy
         rewritten, config.sess_config, cpu_devices=cpus, visible_gpu=visible, server=server, is_chief=index == 0,
         device_filters=("/job:ps", f"/job:worker/task:{index}"),
         threads=max(1, (os.cpu_count() or 1) // on_this_host) if hybrid and on_this_host > 1 else 0,
-        broadcast=hybrid, bind_mpi=hybrid, horovod=hybrid and backend == "horovod",
+        broadcast=hybrid, bind_mpi=hybrid, horovod=hybrid and plan.comm.backend == "horovod",
         comm=workers_comm, mpi_groups={"host": host_comm} if hybrid else None)
     aliases = _fetch_aliases(rewritten)
     wrapper = ParallaxSession(session, dist_graph, graph, _replicated_ops(meta_graph, plan), len(mine),
@@ -317,6 +303,97 @@ def _rank_device(spec: RankSpec, gpus: int) -> Device:
 # --------------------------------------------------------------------------- #
 # Helpers
 # --------------------------------------------------------------------------- #
+
+def _job_plan(layout: str, workers: list, servers: tuple[str, ...], analysis: GraphAnalysis, config: Config,
+              sync: bool, comm: CommSpec) -> Plan:
+    """The plan of a job laid out as ``layout`` (``local``, ``MPI``, ``PS``, ``HYBRID``);
+    the same in every process, and in ``parallax plan``."""
+    auto = _run_option(config, sync) == "AUTO"
+    cross_worker = {"local": "local", "MPI": "auto" if auto else "allreduce", "PS": "ps",
+                    "HYBRID": "auto" if auto else "hybrid"}[layout]
+    ps_config = config.communication_config.ps_config
+    notes = (f"run_option={_run_option(config, sync)} runs as {layout}",) \
+        if layout not in ("local", _run_option(config, sync)) else ()
+    return build_plan(analysis, workers, run_option=layout if layout != "local" else _run_option(config, sync),
+                      sync=sync, average_sparse=config.average_sparse, cross_worker=cross_worker, comm=comm,
+                      server_devices=servers, notes=notes,
+                      overrides=config.plan_overrides if layout != "local" else _local_overrides(config),
+                      ps=PSSpec(local_aggregation=ps_config.local_aggregation, protocol=ps_config.protocol,
+                                replicate_variables=ps_config.replicate_variables,
+                                boundary_among_servers=ps_config.boundary_among_servers,
+                                boundary_between_workers_and_servers=(
+                                    ps_config.boundary_between_workers_and_servers)))
+
+
+def _mpi_comm(config: Config, gpu: bool) -> CommSpec:
+    """All-reduce settings of an MPI job: ``backend='auto'`` is TF collectives (NCCL) on GPUs, else MPI."""
+    mpi = config.communication_config.mpi_config
+    backend = mpi.backend if mpi.backend != "auto" else ("collective" if gpu else "mpi")
+    return CommSpec(backend=backend, fusion_bytes=mpi.fusion_bytes, use_allgatherv=mpi.use_allgatherv, gpu=gpu)
+
+
+def _server_job_comm(config: Config, gpu: bool) -> CommSpec:
+    """All-reduce settings beside parameter servers: MPI (or horovod), never TF collectives (DESIGN.md)."""
+    mpi = config.communication_config.mpi_config
+    return CommSpec(backend="horovod" if mpi.backend == "horovod" else "mpi", fusion_bytes=mpi.fusion_bytes,
+                    use_allgatherv=mpi.use_allgatherv, gpu=gpu)
+
+
+def preview_plan(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
+                 resource_info: str | os.PathLike, sync: bool = True,
+                 parallax_config: Config | None = None) -> Plan:
+    """The plan ``parallel_run`` would use for worker 0, without starting anything.
+
+    Devices are taken from the resource file (a bare host counts as one CPU),
+    so the device names may differ from a real run's; what goes where does not.
+    This is what ``parallax plan`` prints.
+    """
+    config = parallax_config if parallax_config is not None else Config()
+    config.validate(sync=sync)
+    graph, _ = _load_graph(single_gpu_graph)
+    cluster = parse_resource_file(resource_info)
+    analysis = analyse_graph(graph)
+    layout = _multiprocess_layout(cluster, _run_option(config, sync), analysis, config)
+    if layout is None:
+        worker = cluster.workers[0]
+        devices = worker.devices or (Device("cpu", 0),)
+        return _job_plan("local", [(worker.host, tuple(d.tf_name for d in devices), "/device:CPU:0")], (),
+                         analysis, config, sync, CommSpec())
+    ranks, kind = layout
+    workers, servers = [], []
+    for r in ranks:
+        devices = r.devices or (Device("cpu", 0),)
+        if r.role == "ps":
+            servers.append(f"/job:ps/replica:0/task:{len(servers)}/device:CPU:0")
+            continue
+        prefix = f"/job:worker/replica:0/task:{len(workers)}"
+        names = tuple(f"{prefix}/device:{d.kind.upper()}:{d.index}" for d in devices)
+        workers.append((r.host, names, f"{prefix}/device:CPU:0"))
+    gpu = any(d.kind == "gpu" for r in ranks for d in (r.devices or ()))
+    comm = _mpi_comm(config, gpu) if kind == "MPI" else _server_job_comm(config, gpu)
+    return _job_plan(kind, workers, tuple(servers), analysis, config, sync, comm)
+
+
+#: Set by ``parallax plan``: parallel_run prints the plan and exits (JSON: resource_info,
+#: run_option, overrides, output; each optional).
+PLAN_ENV = "PARALLAX_PLAN_ONLY"
+
+
+def _print_plan_and_exit(graph, resource_info, sync: bool, config: Config) -> None:
+    import json
+
+    request = json.loads(os.environ[PLAN_ENV])
+    if request.get("run_option"):
+        config.run_option = request["run_option"]
+    if request.get("overrides"):
+        config.plan_overrides = {**config.plan_overrides, **request["overrides"]}
+    plan = preview_plan(graph, request.get("resource_info") or resource_info, sync, config)
+    print(plan.describe(), flush=True)
+    if request.get("output"):
+        with open(request["output"], "w", encoding="utf-8") as f:
+            json.dump(plan.to_dict(), f, indent=1, sort_keys=True)
+    raise SystemExit(0)
+
 
 def _run_option(config: Config, sync: bool) -> str:
     """The run option in force: the default (``HYBRID``) becomes ``PS`` for ``sync=False``."""

@@ -1,4 +1,7 @@
-"""``parallax-run``: launch a training script on every device of a resource file.
+"""Command line: ``parallax-run`` and ``parallax {run,plan}``.
+
+``parallax-run`` (= ``parallax run``) launches a training script on every
+device of a resource file:
 
     parallax-run --resource_info resource_info train.py --steps 1000
     parallax-run --resource_info resource_info -m mypackage.train
@@ -8,6 +11,14 @@ parallax_config=...)`` as usual; each launched process gets its own session.
 ``parallel_run`` launches by itself when the script is run with plain
 ``python``; this command is for users who prefer to launch explicitly (in a
 batch script, with extra ``mpirun`` options).
+
+``parallax plan`` prints the plan a training script would use, without training:
+
+    parallax plan train.py resource_info [--run_option AUTO] [--override emb=ps] [-- script args]
+
+The script runs up to its ``parallel_run`` call, which prints the plan (and
+writes it as JSON with ``--json``) and ends the script. The resource file and
+run option given here replace the script's own.
 """
 
 from __future__ import annotations
@@ -22,7 +33,7 @@ from parallax.launch.launcher import job_command, launch
 from parallax.launch.layout import ranks_per_device
 from parallax.resources import parse_resource_file
 
-__all__ = ["main"]
+__all__ = ["main", "parallax_main", "plan_main"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -65,6 +76,78 @@ def main(argv: list[str] | None = None) -> int:
     if result.failure is not None:
         print(f"\n{result.failure}", file=sys.stderr)
     return result.returncode
+
+
+def _plan_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="parallax plan", description="Print the plan (what goes where, estimated bytes per worker and step) "
+        "that a training script's parallel_run would use, without training.")
+    parser.add_argument("script", help="the training script (it must call parallax.parallel_run)")
+    parser.add_argument("resource_info", help="the resource file to plan for (replaces the script's)")
+    parser.add_argument("--run_option", choices=["PS", "MPI", "HYBRID", "AUTO"], type=str.upper, default=None,
+                        help="plan for this run option instead of the script's")
+    parser.add_argument("--override", action="append", default=[], metavar="VARIABLE=SYNC",
+                        help="a per-variable choice (allreduce, allgather or ps), as Config.plan_overrides; "
+                             "repeatable")
+    parser.add_argument("--json", default=None, metavar="FILE", help="also write the plan as JSON")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds before giving up on the script")
+    parser.epilog = "Arguments for the script go after --, e.g. parallax plan train.py res -- --steps 10"
+    return parser
+
+
+def plan_main(argv: list[str] | None = None) -> int:
+    """Entry point of ``parallax plan``; returns an exit code."""
+    import json
+    import subprocess
+    import tempfile
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = _plan_parser().parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    for path, what in ((args.script, "script"), (args.resource_info, "resource file")):
+        if not os.path.exists(path):
+            print(f"parallax plan: {what} {path!r} not found", file=sys.stderr)
+            return 2
+    overrides = {}
+    for item in args.override:
+        name, sep, sync = item.partition("=")
+        if not sep or not name or sync not in ("allreduce", "allgather", "ps"):
+            print(f"parallax plan: --override {item!r}: expected VARIABLE=SYNC with SYNC one of allreduce, "
+                  "allgather, ps", file=sys.stderr)
+            return 2
+        overrides[name] = sync
+    with tempfile.TemporaryDirectory() as tmp:
+        output = args.json or os.path.join(tmp, "plan.json")
+        if os.path.exists(output):
+            os.remove(output)
+        request = {"resource_info": os.path.abspath(args.resource_info), "run_option": args.run_option,
+                   "overrides": overrides, "output": os.path.abspath(output)}
+        from parallax.api import PLAN_ENV  # noqa: PLC0415 - only this command needs it
+
+        env = {**os.environ, PLAN_ENV: json.dumps(request)}
+        try:
+            proc = subprocess.run([sys.executable, os.path.abspath(args.script), *script_args], env=env,
+                                  timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            print(f"parallax plan: {args.script} did not reach parallel_run in {args.timeout:.0f} s", file=sys.stderr)
+            return 1
+        if proc.returncode != 0:
+            return proc.returncode
+        if not os.path.exists(output):
+            print(f"parallax plan: {args.script} ended without calling parallax.parallel_run", file=sys.stderr)
+            return 1
+    return 0
+
+
+def parallax_main(argv: list[str] | None = None) -> int:
+    """Entry point of ``parallax``: ``parallax run ...`` or ``parallax plan ...``."""
+    argv = sys.argv[1:] if argv is None else argv
+    commands = {"run": main, "plan": plan_main}
+    if not argv or argv[0] not in commands:
+        print("usage: parallax {run,plan} ...\n  run   launch a training script on every device of a resource file"
+              "\n  plan  print the plan a training script would use, without training", file=sys.stderr)
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    return commands[argv[0]](argv[1:])
 
 
 if __name__ == "__main__":

@@ -269,7 +269,8 @@ class Plan:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-        lines.append(f"  estimated bytes each worker sends per step: {self.bytes_per_worker} "
-                     "(see parallax/plan/cost.py)")
+        unknown = any(v.sparse and v.density is None and v.sync != "local" for v in self.variables)
+        lines.append(f"  estimated bytes each worker sends per step: {self.bytes_per_worker} (see parallax/plan/cost.py"
+                     + ("; an unknown density counts as 1% of the rows" if unknown else "") + ")")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)

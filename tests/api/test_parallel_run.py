@@ -14,7 +14,7 @@ from tests.conftest import cpu_resources
 from tests.models import build_mlp
 
 
-def in_process() -> "parallax.Config":
+def in_process() -> parallax.Config:
     """One worker line with several devices trains in this process (in-graph replicas) with
     run_option='PS' (no server needed); HYBRID and MPI would start one process per device."""
     return parallax.Config(run_option="PS")
@@ -36,7 +36,8 @@ def small_graph():
 @pytest.fixture
 def three_replicas(resource_file):
     graph, t = small_graph()
-    sess, num_workers, worker_id, num_replicas = parallax.parallel_run(graph, cpu_resources(resource_file, 3), parallax_config=in_process())
+    sess, num_workers, worker_id, num_replicas = parallax.parallel_run(graph, cpu_resources(resource_file, 3),
+                                                                       parallax_config=in_process())
     yield sess, t, (num_workers, worker_id, num_replicas)
     sess.close()
 

@@ -1,0 +1,55 @@
+"""``parallax plan``: the plan of a training script, printed without training."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from parallax.cli import parallax_main
+from tests.multiprocess.harness import SCRIPT
+
+
+@pytest.fixture
+def resources(tmp_path):
+    path = tmp_path / "resource_info"
+    path.write_text("localhost: cpu:0,cpu:1,cpu:2\n")
+    return str(path)
+
+
+def plan(tmp_path, resources, *options, model="embedding", run_option="HYBRID"):
+    out = tmp_path / "plan.json"
+    code = parallax_main(["plan", SCRIPT, resources, "--json", str(out), *options, "--",
+                          "--resource_info", "/nonexistent/replaced/by/the/command", "--out", str(tmp_path),
+                          "--model", model, "--run_option", run_option])
+    return code, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def test_prints_the_plan_as_a_table_without_training(tmp_path, resources, capfd):
+    code, data = plan(tmp_path, resources)
+    assert code == 0
+    printed = capfd.readouterr().out
+    assert "run_option=HYBRID sync=True workers=3" in printed
+    assert "estimated bytes each worker sends per step" in printed
+    syncs = {v["name"]: (v["sync"], v["server"]) for v in data["variables"]}
+    assert syncs["embedding"] == ("ps", 0) and syncs["proj/kernel"] == ("allreduce", None)
+    assert not os.path.exists(tmp_path / "rank_0.npz")  # nothing trained
+
+
+def test_run_option_and_overrides_replace_the_scripts(tmp_path, resources):
+    _, data = plan(tmp_path, resources, "--run_option", "MPI")
+    assert {v["name"]: v["sync"] for v in data["variables"] if v["gradient"]} == \
+        {"embedding": "allgather", "proj/kernel": "allreduce"}
+    _, data = plan(tmp_path, resources, "--override", "embedding=allreduce", run_option="AUTO")
+    assert {v["name"]: v["sync"] for v in data["variables"] if v["gradient"]}["embedding"] == "allreduce"
+
+
+def test_bad_input_is_named(tmp_path, resources, capfd):
+    assert parallax_main(["plan", SCRIPT, resources, "--override", "embedding"]) == 2
+    assert "expected VARIABLE=SYNC" in capfd.readouterr().err
+    assert parallax_main(["plan", str(tmp_path / "missing.py"), resources]) == 2
+    script = tmp_path / "no_parallax.py"
+    script.write_text("print('hello')\n")
+    assert parallax_main(["plan", str(script), resources]) == 1
+    assert "ended without calling parallax.parallel_run" in capfd.readouterr().err
