@@ -9,6 +9,7 @@ import sys
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
+from parallax import search
 from parallax.analysis import GraphAnalysis, analyse_graph
 from parallax.config import Config
 from parallax.errors import LaunchError
@@ -87,10 +88,14 @@ def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
     _warn_unapplied(config, launched=context is not None)
     analysis = analyse_graph(graph)
     if context is not None:
-        return _run_rank(context, cluster, graph, meta_graph, analysis, config, sync)
+        if config.search_partitions:
+            _search_partitions(graph, cluster, config, sync, context, launching=False)
+        return _in_trial(_run_rank(context, cluster, graph, meta_graph, analysis, config, sync))
     layout = _multiprocess_layout(cluster, _run_option(config, sync), analysis, config)
+    if config.search_partitions:
+        _search_partitions(graph, cluster, config, sync, None, launching=layout is not None)
     if layout is None:
-        return _run_in_process(cluster, graph, meta_graph, analysis, config, sync)
+        return _in_trial(_run_in_process(cluster, graph, meta_graph, analysis, config, sync))
     for worker in cluster.workers:  # this machine's device lists are checked before anything starts
         if is_local_host(worker.host):
             _resolve_devices(worker, cluster.source)
@@ -171,7 +176,8 @@ def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphA
     if context.run_option in ("PS", "HYBRID"):
         return _run_server_job_rank(context, cluster, graph, meta_graph, analysis, config, sync)
     _check_launched_layout(ranks_per_device(cluster), context, cluster.source)
-    finish_together(context.rank)
+    if "finish" not in _PROCESS:
+        _PROCESS["finish"] = finish_together(context.rank)
     gpus = len(tf.config.list_physical_devices("GPU"))
     mpi = config.communication_config.mpi_config
     uses_gpu = [_rank_device(r, gpus).kind == "gpu" for r in context.ranks]
@@ -181,8 +187,11 @@ def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphA
     my_gpu = my_device.index if my_device.kind == "gpu" else None
     server = None
     if backend == "collective":
-        server = start_server(context.rank, [("worker", r) for r in range(context.size)], config.sess_config,
-                              group_leader=GROUP_LEADER, visible_gpus=None if my_gpu is None else str(my_gpu))
+        if "server" not in _PROCESS:  # once per process (a partition search runs this again)
+            _PROCESS["server"] = start_server(context.rank, [("worker", r) for r in range(context.size)],
+                                              config.sess_config, group_leader=GROUP_LEADER,
+                                              visible_gpus=None if my_gpu is None else str(my_gpu))
+        server = _PROCESS["server"]
     workers = []
     for r, spec in enumerate(context.ranks):
         kind = "GPU" if uses_gpu[r] else "CPU"
@@ -225,9 +234,7 @@ def _run_server_job_rank(context: RankContext, cluster, graph, meta_graph, analy
         jobs.append((r.role, counters[r.role]))
         counters[r.role] += 1
     role, index = jobs[context.rank]
-    hosts = list(dict.fromkeys(r.host for r in context.ranks))
-    workers_comm = world.Split(0 if role == "worker" else MPI.UNDEFINED, context.rank)
-    host_comm = world.Split(hosts.index(context.spec.host) if role == "worker" else MPI.UNDEFINED, context.rank)
+    workers_comm, host_comm = _worker_comms(context)
     # Each worker resolves its own devices; everyone learns everyone's.
     mine = None
     if role == "worker" and hybrid:
@@ -240,11 +247,16 @@ def _run_server_job_rank(context: RankContext, cluster, graph, meta_graph, analy
     visible = ",".join(str(i) for i in gpu_ids) if gpu_ids else None
     if mine:
         mine = tuple(Device("gpu", gpu_ids.index(d.index)) if d.kind == "gpu" else d for d in mine)
-    all_devices = world.allgather(None if mine is None else [(d.kind, d.index) for d in mine])
+    if "devices" not in _PROCESS:
+        _PROCESS["devices"] = world.allgather(None if mine is None else [(d.kind, d.index) for d in mine])
+    all_devices = _PROCESS["devices"]
     cpus = max([d.index + 1 for d in mine if d.kind == "cpu"], default=0) if mine else 0
-    server = start_server(context.rank, jobs, config.sess_config, cpu_devices=cpus, port=context.spec.port,
-                          protocol=config.communication_config.ps_config.protocol, visible_gpus=visible)
-    atexit.register(world.Barrier)  # every process leaves together: servers wait for the workers
+    if "server" not in _PROCESS:
+        protocol = config.communication_config.ps_config.protocol
+        _PROCESS["server"] = start_server(context.rank, jobs, config.sess_config, cpu_devices=cpus,
+                                          port=context.spec.port, protocol=protocol, visible_gpus=visible)
+        atexit.register(world.Barrier)  # every process leaves together: servers wait for the workers
+    server = _PROCESS["server"]
     if role == "ps":
         logger.info("Parallax: parameter server %d serving on %s", index, context.spec.host)
         raise SystemExit(0)  # the barrier above holds this process until every worker has finished
@@ -276,6 +288,21 @@ def _run_server_job_rank(context: RankContext, cluster, graph, meta_graph, analy
     wrapper = ParallaxSession(session, dist_graph, graph, _replicated_ops(meta_graph, plan), len(mine),
                               aliases=aliases)
     return wrapper, counters["worker"], index, len(mine)
+
+
+def _worker_comms(context: RankContext):
+    """The MPI communicators of a PS or HYBRID job's workers, and of the workers of this
+    rank's host (``None`` on servers); made once per process, by every rank together."""
+    from mpi4py import MPI
+
+    if "workers_comm" not in _PROCESS:
+        world = MPI.COMM_WORLD
+        worker = context.spec.role == "worker"
+        hosts = list(dict.fromkeys(r.host for r in context.ranks))
+        _PROCESS["workers_comm"] = world.Split(0 if worker else MPI.UNDEFINED, context.rank)
+        _PROCESS["host_comm"] = world.Split(hosts.index(context.spec.host) if worker else MPI.UNDEFINED,
+                                            context.rank)
+    return _PROCESS["workers_comm"], _PROCESS["host_comm"]
 
 
 def _fetch_aliases(meta: meta_graph_pb2.MetaGraphDef) -> dict[str, str]:
@@ -407,6 +434,94 @@ def _local_overrides(config: Config) -> dict:
     return {k: {"density": v["density"]} for k, v in config.plan_overrides.items() if "density" in v}
 
 
+def _in_trial(result: tuple) -> tuple:
+    """During a partition-search trial, the session times its steps and ends the trial."""
+    trial = search.active_trial()
+    if trial is None:
+        return result
+    session, *rest = result
+    return (search.TrialSession(session, trial), *rest)
+
+
+def _search_partitions(graph: tf.Graph, cluster: Cluster, config: Config, sync: bool,
+                       context: RankContext | None, launching: bool) -> None:
+    """``search_partitions=True`` (see :mod:`parallax.search`): returns when this call should
+    go on as usual; otherwise searches, trains with the best count and ends the process."""
+    from parallax.partitioner import PARTITIONS_ENV
+
+    if search.active_trial() is not None or search.in_final_run():
+        return  # a nested run of the script, inside the search
+    if context is not None and context.spec.role == "ps":
+        return  # servers serve every trial
+    start = search.min_partitions(graph)
+    if start is None:
+        logger.warning("Parallax: search_partitions=True, but no variable is built with "
+                       "parallax.get_partitioner(): nothing to search")
+        return
+    if os.environ.get(PARTITIONS_ENV):
+        logger.warning("Parallax: partition count %s given (%s): no search", os.environ[PARTITIONS_ENV],
+                       PARTITIONS_ENV)
+        return
+    with open(cluster.source, encoding="utf-8") as f:
+        key = search.cache_key(graph, f.read(), _run_option(config, sync), sync)
+    cached = search.cached_count(key) if context is None else None
+    if cached is not None:
+        logger.warning("Parallax: partition search: using %d partitions found by an earlier search (cache %s)",
+                       cached, key[:12])
+        os.environ[PARTITIONS_ENV] = str(cached)
+        if launching:
+            return  # the launched processes build the graph with it
+        search.run_final(cached)
+        raise SystemExit(0)
+    if launching:
+        return  # the launched processes search
+    comm = None
+    if context is not None and context.run_option in ("PS", "HYBRID"):
+        comm = _worker_comms(context)[0]  # the servers make these with the workers, then serve every trial
+    elif context is not None:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    rows = max((d[0] or 1) for d in _partitioned_shapes(graph)) if _partitioned_shapes(graph) else 1
+
+    def agree(seconds: float | None) -> float | None:
+        if comm is None:
+            return seconds
+        values = [v for v in comm.allgather(seconds) if v is not None]
+        return max(values) if len(values) == comm.size else None
+
+    def between_trials() -> None:
+        if comm is not None:
+            comm.Barrier()
+        server = _PROCESS.get("server")
+        if server is not None and (comm is None or comm.rank == 0):
+            tf.compat.v1.Session.reset(server.target)  # the servers forget the trial's variables
+        if comm is not None:
+            comm.Barrier()
+
+    best, results, seconds = search.search(start, rows, agree, between_trials, report=comm is None or comm.rank == 0)
+    if comm is None or comm.rank == 0:
+        path = search.store_count(key, best, results, seconds)
+        logger.warning("Parallax: partition search chose %d partitions (%s) in %.1f s; stored in %s", best,
+                       ", ".join(f"{p}: {t * 1e3:.2f} ms/step" for p, t in results.items()), seconds, path)
+    search.run_final(best)
+    raise SystemExit(0)
+
+
+def _partitioned_shapes(graph: tf.Graph) -> list[tuple]:
+    """Full shapes of the variables split by a partitioner (their ``save_slice_info``)."""
+    shapes = []
+    for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES):
+        info = getattr(v, "_save_slice_info", None)
+        if info is not None:
+            shapes.append(tuple(info.full_shape))
+    return shapes
+
+
+#: What a process starts once and keeps across partition-search trials.
+_PROCESS: dict[str, object] = {}
+
+
 def _warn_unapplied(config: Config, launched: bool) -> None:
     """Say which accepted settings this version does not act on yet (docs/status.md)."""
     unapplied = []
@@ -416,8 +531,6 @@ def _warn_unapplied(config: Config, launched: bool) -> None:
         unapplied.append("profile_config")
     if config.redirect_path is not None and not launched:
         unapplied.append("redirect_path (applies to launched processes only)")
-    if config.search_partitions:
-        unapplied.append("search_partitions")
     if unapplied:
         logger.warning("Parallax: %s accepted and validated but not applied in this version "
                        "(see docs/status.md)", ", ".join(unapplied))

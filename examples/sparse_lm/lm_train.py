@@ -158,13 +158,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--corpus_sequences", type=int, default=50_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--log_every", type=int, default=20)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.log_every < 1:
+        parser.error("--steps and --log_every must be at least 1")
+    return args
 
 
 def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    tf.get_logger().setLevel(logging.WARNING)
+    tf.get_logger().setLevel(logging.ERROR)  # TensorFlow's deprecation notices
 
     graph, t = build_graph(args.vocab, args.dim, args.hidden, args.batch, args.seq_len, args.num_sampled,
                            args.seed, args.learning_rate)

@@ -52,7 +52,8 @@ def current_program() -> list[str]:
     argv = list(getattr(sys, "orig_argv", []))[1:] or list(sys.argv)
     # drop interpreter options before the program (e.g. -u, -W ...)
     while argv and argv[0].startswith("-") and argv[0] not in ("-m", "-c"):
-        argv.pop(0)
+        if argv.pop(0) in ("-X", "-W") and argv:  # options with a separate value
+            argv.pop(0)
     if not argv or argv[0] == "-c" or argv[0] == "" or (argv[0] != "-m" and not os.path.exists(argv[0])):
         raise LaunchError("parallel_run must start one process per device by running this program again, "
                           "but it was not started from a script (interactive session or python -c). Save "

@@ -53,6 +53,7 @@ def main() -> None:
     p.add_argument("--no_boundary_among", dest="boundary_among", action="store_false")
     p.add_argument("--no_boundary_between", dest="boundary_between", action="store_false")
     p.add_argument("--overrides", default=None, help="Config.plan_overrides as JSON")
+    p.add_argument("--search_partitions", action="store_true")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -64,7 +65,7 @@ def main() -> None:
                            replicate_variables=args.replicate_variables, boundary_among_servers=args.boundary_among,
                            boundary_between_workers_and_servers=args.boundary_between)
     config = parallax.Config(run_option=args.run_option, average_sparse=args.average_sparse,
-                             redirect_path=args.redirect_path,
+                             redirect_path=args.redirect_path, search_partitions=args.search_partitions,
                              plan_overrides=json.loads(args.overrides) if args.overrides else None,
                              communication_config=parallax.CommunicationConfig(ps_config=ps, mpi_config=mpi))
     sess, num_workers, worker_id, num_replicas = parallax.parallel_run(model.graph, args.resource_info,

@@ -1,0 +1,47 @@
+"""search_partitions: trials inside the running job, the best count trains, the next run reuses it."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.models import DATA, build_sequence, train_single_device
+from tests.multiprocess.harness import run_script
+from tests.multiprocess.test_mpi_mode import BATCH, check_ranks_match, resources
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+STEPS = 6  # 1 warm-up + 2 timed steps per trial, then the real run
+
+
+def search_run(tmp_path, monkeypatch, resource_text, run_option):
+    monkeypatch.setenv("PARALLAX_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PARALLAX_SEARCH_STEPS", "1,2")
+    return run_script(tmp_path, resource_text, "--run_option", run_option, "--model", "sequence",
+                      "--average_sparse", "--steps", str(STEPS), "--batch", str(BATCH), "--search_partitions")
+
+
+@pytest.mark.parametrize("resource_text, run_option, workers", [
+    (resources(2), "MPI", 2), (resources(2), "HYBRID", 2), ("localhost: cpu:0\n", "MPI", 1)],
+    ids=["mpi", "hybrid", "one-process"])
+def test_search_picks_a_count_trains_with_it_and_caches_it(tmp_path, monkeypatch, resource_text, run_option,
+                                                           workers):
+    run = search_run(tmp_path, monkeypatch, resource_text, run_option)
+    assert run.returncode == 0, run.output[-5000:]
+    chosen = re.search(r"partition search chose (\d+) partitions \((.*)\) in ([\d.]+) s", run.output)
+    assert chosen, run.output[-3000:]
+    count = int(chosen.group(1))
+    tried = [int(p) for p in re.findall(r"(\d+): [\d.]+ ms/step", chosen.group(2))]
+    assert tried[:2] == [2, 4] and count in tried  # from get_partitioner's minimum, doubling
+    assert run.output.count("done") == workers  # the script's end ran once per worker: the real run only
+    expected = train_single_device(build_sequence("adam", partitions=count), DATA["sequence"](STEPS, BATCH))
+    check_ranks_match(run, expected, workers)
+    cache = json.loads((tmp_path / "cache" / "partitions.json").read_text())
+    assert [entry["partitions"] for entry in cache.values()] == [count]
+
+    again = search_run(tmp_path, monkeypatch, resource_text, run_option)
+    assert f"using {count} partitions found by an earlier search" in again.output
+    assert "partition search chose" not in again.output
+    check_ranks_match(again, expected, workers)
