@@ -1,7 +1,9 @@
 """The sparse language model in PS, MPI and HYBRID mode at 2 and 3 ranks: words/s and bytes sent per step.
 
     python benchmarks/sparse_lm.py            # writes benchmarks/results/sparse_lm.{json,png}
-    python benchmarks/sparse_lm.py --quick    # a small smoke run: benchmarks/results/sparse_lm_quick.{json,png}
+    python benchmarks/sparse_lm.py --quick    # a small smoke run; results in a temporary directory
+    python benchmarks/sparse_lm.py --ranks 3 --modes MPI --mpirun_options "--mca mpi_yield_when_idle 1" \
+        --out_dir /tmp/yield                  # extra mpirun options for every job
 
 The model is ``examples/sparse_lm/lm_train.py`` (100k-word embedding, LSTM,
 sampled softmax; the embedding and the softmax weights get sparse gradients),
@@ -20,11 +22,15 @@ onto TCP (``--mca btl self,tcp``) instead of shared memory, so every byte any
 process of the job sends to another crosses ``lo``. Worker 0 reads the ``lo``
 TX counter of ``/proc/net/dev`` after the warm-up steps and after the timed
 steps: the difference over the steps is the job's traffic per step (all
-processes together; also given per worker process). Without a namespace the
-counter would include the rest of the machine, so the figure is then left
-empty (null) rather than wrong.
+processes together, parameter servers' replies included; "per worker" divides
+it by the number of worker processes). Without a namespace the counter would
+include the rest of the machine, so the figure is then left empty (null)
+rather than wrong.
 
 Words/s: words of every replica of the job per second, timed on worker 0.
+With more processes than cores, Open MPI's busy polling starves the rank being
+waited for; ``--mpirun_options "--mca mpi_yield_when_idle 1"`` shows the
+difference.
 """
 
 from __future__ import annotations
@@ -79,7 +85,7 @@ def job(args: argparse.Namespace) -> None:
     tf.get_logger().setLevel(logging.ERROR)
     graph, t = build_graph(args.vocab, args.dim, args.hidden, args.batch, args.seq_len, args.num_sampled, seed=1)
     config = parallax.Config(run_option=args.mode)
-    config.communication_config.mpi_config.mpirun_options = MPIRUN_OPTIONS
+    config.communication_config.mpi_config.mpirun_options = f"{MPIRUN_OPTIONS} {args.mpirun_options}".strip()
     sess, num_workers, worker_id, replicas = parallax.parallel_run(graph, args.resource_info, sync=True,
                                                                    parallax_config=config)
     corpus = make_corpus(args.vocab, args.corpus_sequences, args.seq_len, seed=1)
@@ -155,11 +161,11 @@ def run_job(mode: str, ranks: int, args: argparse.Namespace, work: str) -> dict:
             "--resource_info", resource, "--out", out, "--steps", str(args.steps), "--warmup", str(args.warmup),
             "--vocab", str(args.vocab), "--dim", str(args.dim), "--hidden", str(args.hidden),
             "--batch", str(args.batch), "--seq_len", str(args.seq_len), "--num_sampled", str(args.num_sampled),
-            "--corpus_sequences", str(args.corpus_sequences)]
+            "--corpus_sequences", str(args.corpus_sequences), f"--mpirun_options={args.mpirun_options}"]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     row = {"mode": mode, "ranks": ranks, "words_per_sec": None, "steps_per_sec": None, "bytes_per_step": None,
            "bytes_per_step_per_worker": None, "vocab": args.vocab, "batch": args.batch, "seq_len": args.seq_len,
-           "steps": args.steps}
+           "steps": args.steps, "mpirun_options": f"{MPIRUN_OPTIONS} {args.mpirun_options}".strip()}
     start = time.monotonic()
     with open(log, "w") as logfile:
         proc = subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT, env=env, cwd=work,
@@ -254,7 +260,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=None, help="default 100000; --quick 10000")
     parser.add_argument("--ranks", default="2,3", help="comma-separated process counts (default 2,3)")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated run options (default PS,MPI,HYBRID)")
-    parser.add_argument("--quick", action="store_true", help="a small smoke run, written to sparse_lm_quick.*")
+    parser.add_argument("--quick", action="store_true",
+                        help="a small smoke run (vocab 10000, 20 steps), written to a temporary directory")
+    parser.add_argument("--out_dir", default=None,
+                        help=f"where sparse_lm.json/.png go (default {RESULTS}; --quick: a temporary directory)")
+    parser.add_argument("--mpirun_options", default="", help=f"mpirun options added to {MPIRUN_OPTIONS!r}")
     parser.add_argument("--timeout", type=int, default=600, help="seconds before a job is killed")
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=64)
@@ -300,8 +310,8 @@ def main() -> None:
             print(f"    done in {row['wall_seconds']:.0f} s: ran as {row['ran_as']} with {row['processes']} "
                   f"processes, {row['words_per_sec']:.0f} words/s, {traffic} over loopback per step", flush=True)
 
-    stem = "sparse_lm_quick" if args.quick else "sparse_lm"
-    json_path, png_path = os.path.join(RESULTS, f"{stem}.json"), os.path.join(RESULTS, f"{stem}.png")
+    out_dir = args.out_dir or (tempfile.mkdtemp(prefix="parallax_sparse_lm_quick_") if args.quick else RESULTS)
+    json_path, png_path = os.path.join(out_dir, "sparse_lm.json"), os.path.join(out_dir, "sparse_lm.png")
     write_json(json_path, rows)
     title = (f"Sparse LM (vocab {args.vocab:,}, batch {args.batch}x{args.seq_len} per replica, Adagrad), "
              f"{args.steps} steps, localhost, {os.cpu_count()} cores" + ("" if netns else "; bytes not measured"))

@@ -13,7 +13,7 @@ from parallax import search
 from parallax.analysis import GraphAnalysis, analyse_graph
 from parallax.config import Config
 from parallax.errors import LaunchError
-from parallax.launch.bootstrap import LAUNCH_ENV, RankContext, finish_together, launched_context
+from parallax.launch.bootstrap import LAUNCH_ENV, RankContext, finish_together, launched_context, leave_together
 from parallax.launch.launcher import current_program, is_local_host, launch
 from parallax.launch.layout import RankSpec, hybrid_ranks, ps_ranks, ranks_per_device
 from parallax.plan import Plan, TaskSpec, build_plan
@@ -255,7 +255,7 @@ def _run_server_job_rank(context: RankContext, cluster, graph, meta_graph, analy
         protocol = config.communication_config.ps_config.protocol
         _PROCESS["server"] = start_server(context.rank, jobs, config.sess_config, cpu_devices=cpus,
                                           port=context.spec.port, protocol=protocol, visible_gpus=visible)
-        atexit.register(world.Barrier)  # every process leaves together: servers wait for the workers
+        atexit.register(leave_together)  # servers wait for the workers; a failed worker does not wait
     server = _PROCESS["server"]
     if role == "ps":
         logger.info("Parallax: parameter server %d serving on %s", index, context.spec.host)

@@ -17,8 +17,8 @@ from parallax.errors import LaunchError
 from parallax.launch.layout import RankSpec, layout_from_json, layout_to_json
 from parallax.launch.runner import register_rank
 
-__all__ = ["RankContext", "launched_context", "launch_env", "finish_together", "LAUNCH_ENV", "JOB_DIR_ENV",
-           "FINISH_TIMEOUT_ENV"]
+__all__ = ["RankContext", "launched_context", "launch_env", "finish_together", "leave_together", "LAUNCH_ENV",
+           "JOB_DIR_ENV", "FINISH_TIMEOUT_ENV"]
 
 LAUNCH_ENV = "PARALLAX_LAUNCH"
 JOB_DIR_ENV = "PARALLAX_JOB_DIR"
@@ -78,6 +78,7 @@ def launched_context(redirect_path: str | None = None) -> RankContext | None:
         _redirect(log_path, 2, sys.stderr)
     if job_dir:
         register_rank(job_dir, comm.rank, socket.gethostname(), log_path)
+    _note_failures()
     return RankContext(comm.rank, comm.size, ranks, data["run_option"], job_dir)
 
 
@@ -86,6 +87,35 @@ def _redirect(path: str, fd: int, stream) -> None:
     target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(target, fd)
     os.close(target)
+
+
+_FAILED: list[bool] = []
+
+
+def _note_failures() -> None:
+    """Remember when this process ends with an unhandled exception (mpi4py then aborts
+    the job at exit, which an exit handler must not delay)."""
+    if getattr(sys.excepthook, "_parallax", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback):
+        _FAILED.append(True)
+        previous(kind, value, traceback)
+
+    hook._parallax = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
+def leave_together() -> None:
+    """Exit handler of PS and HYBRID processes: every process leaves when all do (servers
+    wait for the workers), except one ending with an exception, which leaves at once so
+    that mpi4py's abort ends the whole job."""
+    if _FAILED:
+        return
+    from mpi4py import MPI
+
+    MPI.COMM_WORLD.Barrier()
 
 
 def finish_together(rank: int, timeout: float | None = None) -> None:

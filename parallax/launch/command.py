@@ -60,7 +60,8 @@ def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tu
     argv = [mpirun, "-np", str(len(ranks)), "--host", hosts, "--map-by", "slot", "--bind-to", "none"]
     local = all(h in local_hosts for h in slots)
     if any(n > cpu_count for h, n in slots.items() if h in local_hosts):
-        argv.append("--oversubscribe")
+        # more ranks than cores: waiting ranks must yield the core instead of busy-polling (10x slower)
+        argv += ["--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
     if local:
         argv += ["--mca", "btl_tcp_if_include", "lo"]
     env = dict(parallax_env or {})

@@ -87,3 +87,10 @@ def test_a_killed_worker_ends_a_hybrid_job(tmp_path):
     run = run_script(tmp_path, resources(3), "--run_option", "HYBRID", "--model", "embedding",
                      "--kill_rank", "1", "--kill_step", "2", "--steps", "50")
     assert_killed_rank_ended_the_job(run, tmp_path, rank="1")
+
+
+def test_an_exception_in_a_worker_ends_a_hybrid_job_quickly(tmp_path):
+    run = run_script(tmp_path, resources(2), "--run_option", "HYBRID", "--model", "embedding", "--raise_rank", "1",
+                     "--kill_step", "1", "--steps", "50", timeout=90)
+    assert run.returncode != 0 and "deliberate failure on rank 1" in run.output
+    assert run.seconds < 60, f"took {run.seconds:.0f} s"

@@ -106,3 +106,10 @@ def test_an_unsupported_protocol_is_a_clear_error(tmp_path):
     assert run.returncode != 0
     assert "PSConfig.protocol='grpc+verbs' is not supported by this TensorFlow build" in run.output
     assert re.search(r"Parallax job failed: rank \d+ on host \S+", run.output)
+
+
+def test_an_exception_in_a_worker_ends_the_job_quickly(tmp_path):
+    run = run_script(tmp_path, TWO_WORKERS, "--run_option", "PS", "--raise_rank", "1", "--kill_step", "1",
+                     "--steps", "50", timeout=90)
+    assert run.returncode != 0 and "deliberate failure on rank 1" in run.output
+    assert run.seconds < 60, f"took {run.seconds:.0f} s"

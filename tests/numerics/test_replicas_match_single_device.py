@@ -116,3 +116,33 @@ def test_sequence_models_match_single_device(resource_file, partitions, loop):
         assert f"embedding/part_{partitions - 1}" in expected
     got, n = train_parallel(build_sequence("adam", partitions, loop), data, cpu_resources(resource_file, 2))
     assert_same_variables(expected, got, n)
+
+
+@pytest.mark.parametrize("optimizer", ["gd", "adagrad"])
+def test_static_batch_shapes_with_several_replicas(resource_file, optimizer):
+    """Placeholders with a fixed batch: the joined sparse gradient has twice the rows the
+    single-device graph recorded for its update ops (their shapes are inferred again)."""
+    def build(rows):
+        graph = tf.Graph()
+        with graph.as_default():
+            ids = tf.compat.v1.placeholder(tf.int64, [rows, 2], name="ids")
+            emb = tf.compat.v1.get_variable("emb", [10, 3], initializer=tf.compat.v1.constant_initializer(
+                np.arange(30, dtype=np.float32).reshape(10, 3) / 30))
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, ids))
+            cls = {"gd": tf.compat.v1.train.GradientDescentOptimizer,
+                   "adagrad": tf.compat.v1.train.AdagradOptimizer}[optimizer]
+            train = cls(0.1).minimize(loss)
+        return graph, ids, emb, train
+
+    graph, ids, emb, train = build(4)
+    feeds = [np.array([[1, 2], [3, 4]]), np.array([[1, 1], [5, 6]])]
+    with tf.compat.v1.Session(graph=graph) as sess:  # one device, the union batch (the loss is a sum)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(train, {ids: np.concatenate(feeds)})
+        expected = sess.run(emb)
+    graph, ids, emb, train = build(2)
+    sess, _, _, n = parallax.parallel_run(graph, cpu_resources(resource_file, 2),
+                                          parallax_config=parallax.Config(run_option="PS"))
+    sess.run(train, feed_dict={ids: feeds})
+    np.testing.assert_allclose(sess.run(emb)[0], expected, rtol=1e-6)
+    sess.close()

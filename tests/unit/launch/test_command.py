@@ -23,7 +23,8 @@ def test_local_job_argv():
                                environ={"PYTHONPATH": "/p", "HOME": "/root"})
     assert list(cmd.argv) == [
         "/v/bin/mpirun", "-np", "3", "--host", "localhost:3", "--map-by", "slot", "--bind-to", "none",
-        "--oversubscribe", "--mca", "btl_tcp_if_include", "lo", "-x", "PARALLAX_LAUNCH", "-x", "PYTHONPATH",
+        "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_tcp_if_include", "lo",
+        "-x", "PARALLAX_LAUNCH", "-x", "PYTHONPATH",
         "/v/bin/python", "-m", "mpi4py", "/x/train.py", "--steps", "3"]
     assert cmd.env == {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                        "PARALLAX_LAUNCH": "{}"}
