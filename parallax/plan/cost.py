@@ -50,8 +50,13 @@ def estimate_density(shape: tuple[int | None, ...], indices_per_replica: int | N
 
 
 def bytes_per_worker(sync: str, shape: tuple[int | None, ...], itemsize: int, sparse: bool,
-                     density: float | None, num_workers: int, indices_itemsize: int = 8) -> int:
-    """Estimated bytes one worker sends per step to synchronise one variable (table above)."""
+                     density: float | None, num_workers: int, indices_itemsize: int = 8, host_peers: int = 0) -> int:
+    """Estimated bytes one worker sends per step to synchronise one variable (table above).
+
+    ``host_peers``: with host aggregation (HYBRID), the other workers of the host
+    a sparse server variable's rows are first all-gathered with: ``host_peers * k * (r + i)``
+    more (inside the host; :func:`choose` leaves it out, counting what crosses hosts).
+    """
     n = num_workers
     total = itemsize * math.prod(d or 1 for d in shape)
     if sync == "local" or n < 1:
@@ -64,7 +69,7 @@ def bytes_per_worker(sync: str, shape: tuple[int | None, ...], itemsize: int, sp
     if sync == "allgather":
         return int((n - 1) * k * per_row)
     if sync == "ps":
-        return int(2 * k * per_row) if sparse else 2 * total
+        return int((2 + host_peers) * k * per_row) if sparse else 2 * total
     raise ValueError(f"unknown sync method {sync!r}")
 
 

@@ -229,6 +229,7 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
     if mixed and ps.local_aggregation and replicas == 1:
         ps = replace(ps, host_aggregation=True)
     n = len(worker_plans)
+    host_peers = sum(1 for w in worker_plans if w.host == worker_plans[0].host) - 1 if ps.host_aggregation else 0
     variables = []
     for v in analysis.variables:
         g = analysis.gradient(v.name)
@@ -236,7 +237,8 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
         aggregation = "sum" if (g is not None and g.sparse and not average_sparse) else "mean"
         c = choices.get(v.name, Choice("local", None, "", ""))
         itemsize = tf.dtypes.as_dtype(v.dtype).size
-        cost = bytes_per_worker(c.sync, v.shape, itemsize, bool(g and g.sparse), c.density, n)
+        cost = bytes_per_worker(c.sync, v.shape, itemsize, bool(g and g.sparse), c.density, n,
+                                host_peers=host_peers)
         variables.append(VariablePlacement(v.name, v.shape, v.dtype, v.trainable, ref, aggregation, c.sync,
                                            placement.get(v.name), c.density, c.density_source,
                                            partition_of(v.name), cost))

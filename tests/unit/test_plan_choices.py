@@ -141,7 +141,8 @@ def test_mixed_plan_keeps_non_slot_variables_on_every_worker():
     assert where["emb"] == where["emb/Adam"] == where["emb/Adam_1"] == 0
     assert where["w"] is where["w/Adam"] is where["global_step"] is where["beta1_power"] is None
     assert plan.ps.host_aggregation
-    assert plan.variable("emb").bytes_per_worker == 2 * IDS * (DIM * 4 + 8)
+    # push + pull of its rows, plus the host all-gather with the other worker of host h0
+    assert plan.variable("emb").bytes_per_worker == (2 + 1) * IDS * (DIM * 4 + 8)
     assert plan.bytes_per_worker == plan.variable("emb").bytes_per_worker + plan.variable("w").bytes_per_worker
     assert "ps:0" in plan.describe() and "host_aggregation=True" in plan.describe()
 
