@@ -19,6 +19,7 @@ from parallax.launch.layout import RankSpec, hybrid_ranks, ps_ranks, ranks_per_d
 from parallax.plan import Plan, TaskSpec, build_plan
 from parallax.plan.model import CommSpec, PSSpec
 from parallax.plan.policies import choose_sync
+from parallax.profiling import Profiler
 from parallax.resources import Cluster, Device, WorkerTask, parse_resource_file
 from parallax.rewrite.classify import classify
 from parallax.rewrite.pipeline import rewrite_for_task
@@ -83,6 +84,7 @@ def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
     if os.environ.get(PLAN_ENV) and os.environ.get(LAUNCH_ENV) is None:
         _print_plan_and_exit(single_gpu_graph, resource_info, sync, config)
     graph, meta_graph = _load_graph(single_gpu_graph)
+    _check_checkpointing(config, graph)
     cluster = parse_resource_file(resource_info)
     context = launched_context(config.redirect_path)
     _warn_unapplied(config, launched=context is not None)
@@ -143,7 +145,7 @@ def _multiprocess_layout(cluster: Cluster, run_option: str, analysis: GraphAnaly
 def _launch_and_exit(ranks: tuple[RankSpec, ...], run_option: str, config: Config) -> None:
     program = current_program()
     mpi = config.communication_config.mpi_config
-    result = launch(ranks, run_option, program, mpi.mpirun_options)
+    result = launch(ranks, run_option, program, mpi.mpirun_options, redirect_path=config.redirect_path)
     if result.failure is not None:
         sys.stderr.write(f"\n{result.failure}\n")
         sys.stderr.flush()
@@ -163,8 +165,10 @@ def _run_in_process(cluster, graph, meta_graph, analysis, config, sync):
     task = TaskSpec(worker_index=0)
     rewritten = rewrite_for_task(meta_graph, plan, task)
     cpus = max([d.index + 1 for d in devices if d.kind == "cpu"], default=0)
-    session, dist_graph = start_session(rewritten, config.sess_config, cpu_devices=cpus)
-    wrapper = ParallaxSession(session, dist_graph, graph, _replicated_ops(meta_graph, plan), len(devices))
+    session, dist_graph = start_session(rewritten, config.sess_config, cpu_devices=cpus,
+                                        **_session_extras(config, plan, saves=True))
+    wrapper = ParallaxSession(session, dist_graph, graph, _replicated_ops(meta_graph, plan), len(devices),
+                              profiler=Profiler.from_config(config.profile_config, 0))
     return wrapper, plan.num_workers, task.worker_index, len(devices)
 
 
@@ -209,8 +213,10 @@ def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphA
         threads=max(1, (os.cpu_count() or 1) // on_this_host) if on_this_host > 1 else 0,
         server=server, broadcast=True,
         group_leader=GROUP_LEADER if server is not None else None,
-        bind_mpi=backend == "mpi" or mpi.use_allgatherv, horovod=backend == "horovod")
-    wrapper = ParallaxSession(session, dist_graph, graph, _replicated_ops(meta_graph, plan), 1)
+        bind_mpi=backend == "mpi" or mpi.use_allgatherv, horovod=backend == "horovod",
+        **_session_extras(config, plan, saves=context.rank == 0))
+    wrapper = ParallaxSession(session, dist_graph, graph, _replicated_ops(meta_graph, plan), 1,
+                              profiler=Profiler.from_config(config.profile_config, context.rank))
     return wrapper, context.size, context.rank, 1
 
 
@@ -283,10 +289,11 @@ def _run_server_job_rank(context: RankContext, cluster, graph, meta_graph, analy
         device_filters=("/job:ps", f"/job:worker/task:{index}"),
         threads=max(1, (os.cpu_count() or 1) // on_this_host) if hybrid and on_this_host > 1 else 0,
         broadcast=hybrid, bind_mpi=hybrid, horovod=hybrid and plan.comm.backend == "horovod",
-        comm=workers_comm, mpi_groups={"host": host_comm} if hybrid else None)
+        comm=workers_comm, mpi_groups={"host": host_comm} if hybrid else None,
+        **_session_extras(config, plan, saves=index == 0))
     aliases = _fetch_aliases(rewritten)
     wrapper = ParallaxSession(session, dist_graph, graph, _replicated_ops(meta_graph, plan), len(mine),
-                              aliases=aliases)
+                              aliases=aliases, profiler=Profiler.from_config(config.profile_config, index))
     return wrapper, counters["worker"], index, len(mine)
 
 
@@ -434,6 +441,12 @@ def _local_overrides(config: Config) -> dict:
     return {k: {"density": v["density"]} for k, v in config.plan_overrides.items() if "density" in v}
 
 
+def _session_extras(config: Config, plan: Plan, saves: bool) -> dict:
+    """Checkpoints (only ``saves`` restores and saves) and user hooks, for ``start_session``."""
+    return {"saved_names": frozenset(v.name for v in plan.variables), "ckpt": config.ckpt_config, "saves": saves,
+            "hooks": tuple(config.hooks)}
+
+
 def _in_trial(result: tuple) -> tuple:
     """During a partition-search trial, the session times its steps and ends the trial."""
     trial = search.active_trial()
@@ -522,13 +535,18 @@ def _partitioned_shapes(graph: tf.Graph) -> list[tuple]:
 _PROCESS: dict[str, object] = {}
 
 
+def _check_checkpointing(config: Config, graph: tf.Graph) -> None:
+    ckpt = config.ckpt_config
+    if ckpt.ckpt_dir and (ckpt.save_ckpt_steps or ckpt.save_ckpt_secs) and \
+            tf.compat.v1.train.get_global_step(graph) is None:
+        raise ValueError("CheckPointConfig: saving on a schedule needs a global step in the graph: create it with "
+                         "tf.compat.v1.train.get_or_create_global_step() and pass it to minimize(..., "
+                         "global_step=...)")
+
+
 def _warn_unapplied(config: Config, launched: bool) -> None:
     """Say which accepted settings this version does not act on yet (docs/status.md)."""
     unapplied = []
-    if config.ckpt_config.ckpt_dir is not None:
-        unapplied.append("ckpt_config")
-    if config.profile_config.profile_dir is not None:
-        unapplied.append("profile_config")
     if config.redirect_path is not None and not launched:
         unapplied.append("redirect_path (applies to launched processes only)")
     if unapplied:

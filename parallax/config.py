@@ -425,6 +425,18 @@ def _plan_overrides(owner: str, field: str, value: Any) -> dict[str, Any]:
     return checked
 
 
+def _hooks(owner: str, field: str, value: Any) -> tuple:
+    if value is None:
+        return ()
+    import tensorflow as tf  # local: keep `import parallax.config` light
+
+    if not isinstance(value, (list, tuple)) or not all(isinstance(h, tf.compat.v1.train.SessionRunHook)
+                                                       for h in value):
+        raise TypeError(f"{owner}.{field} must be a list of tf.compat.v1.train.SessionRunHook objects, "
+                        f"got {_describe(value)}")
+    return tuple(value)
+
+
 class Config(_ConfigBase):
     """Everything that tunes a Parallax run besides the graph and the resources.
 
@@ -447,6 +459,10 @@ class Config(_ConfigBase):
             a sync method (``"allreduce"``, ``"allgather"``, ``"ps"``) or a
             dict with ``sync`` and/or ``density`` (the fraction of rows one
             worker touches per step, for the cost model). See docs/modes.md.
+        hooks: (Parallax only) ``tf.compat.v1.train.SessionRunHook`` objects run with
+            every ``sess.run`` in every worker process (each process gets its
+            own copies of what the hooks hold; check ``worker_id`` for chief-only
+            work). Their ``begin`` sees the rewritten graph.
     """
 
     _FIELDS = {
@@ -459,6 +475,7 @@ class Config(_ConfigBase):
         "ckpt_config": (CheckPointConfig, _instance_of(lambda: CheckPointConfig)),
         "profile_config": (ProfileConfig, _instance_of(lambda: ProfileConfig)),
         "plan_overrides": (dict, _plan_overrides),
+        "hooks": (tuple, _hooks),
     }
 
     def __init__(self, run_option: str | None = None, average_sparse: bool = False,
@@ -467,8 +484,8 @@ class Config(_ConfigBase):
                  communication_config: CommunicationConfig | None = None,
                  ckpt_config: CheckPointConfig | None = None,
                  profile_config: ProfileConfig | None = None,
-                 plan_overrides: dict[str, Any] | None = None) -> None:
-        super().__init__(plan_overrides=plan_overrides,
+                 plan_overrides: dict[str, Any] | None = None, hooks: list | None = None) -> None:
+        super().__init__(plan_overrides=plan_overrides, hooks=hooks,
             run_option=run_option, average_sparse=average_sparse, sess_config=sess_config,
             redirect_path=redirect_path, search_partitions=search_partitions,
             communication_config=communication_config if communication_config is not None

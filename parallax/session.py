@@ -35,16 +35,19 @@ class ParallaxSession:
         num_replicas: number of local replicas.
         aliases: ops to run instead of some of the single-device graph's ops
             (the PS training op runs the synchronization protocol).
+        profiler: a :class:`parallax.profiling.Profiler` for ``ProfileConfig``.
     """
 
     def __init__(self, session: Any, graph: tf.Graph, single_graph: tf.Graph | None,
-                 replicated: frozenset[str], num_replicas: int, aliases: dict[str, str] | None = None) -> None:
+                 replicated: frozenset[str], num_replicas: int, aliases: dict[str, str] | None = None,
+                 profiler: Any = None) -> None:
         self._session = session
         self._aliases = dict(aliases or {})
         self._graph = graph
         self._single_graph = single_graph
         self._replicated = replicated
         self._num_replicas = num_replicas
+        self._profiler = profiler
 
     # ------------------------------------------------------------------ #
     @property
@@ -86,7 +89,12 @@ class ParallaxSession:
         feeds = self._map_feeds(feed_dict or {})
         names = list(targets)
         elements = [self._graph.as_graph_element(n) for n in names]
-        values = self._session.run(elements, feed_dict=feeds, options=options, run_metadata=run_metadata)
+        def run(opts, metadata):
+            return self._session.run(elements, feed_dict=feeds, options=opts, run_metadata=metadata)
+
+        with self._graph.as_default():  # hooks (checkpoint saving) build and run ops in graph mode
+            values = run(options, run_metadata) if self._profiler is None else \
+                self._profiler.run(run, options, run_metadata)
         return self._rebuild(structure, values, targets)
 
     def should_stop(self) -> bool:
@@ -95,7 +103,8 @@ class ParallaxSession:
         return bool(stop()) if stop else False
 
     def close(self) -> None:
-        self._session.close()
+        with self._graph.as_default():
+            self._session.close()
 
     def __enter__(self) -> ParallaxSession:
         return self

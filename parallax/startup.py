@@ -116,7 +116,8 @@ def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.Con
                   cpu_devices: int = 0, visible_gpu: int | str | None = None, threads: int = 0, server=None,
                   is_chief: bool = True, device_filters: tuple[str, ...] = (),
                   group_leader: str | None = None, broadcast: bool = False, bind_mpi: bool = False,
-                  horovod: bool = False, comm=None, mpi_groups: dict | None = None):
+                  horovod: bool = False, comm=None, mpi_groups: dict | None = None,
+                  saved_names: frozenset[str] = frozenset(), ckpt=None, saves: bool = False, hooks=()):
     """Import ``meta`` into a new graph and start a session on it.
 
     Args:
@@ -137,6 +138,11 @@ def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.Con
         horovod: initialize Horovod in this process.
         comm: the workers' MPI communicator (``COMM_WORLD`` when ``None``).
         mpi_groups: communicators of named worker groups (``{"host": ...}``).
+        saved_names: the single-device graph's variable names (what checkpoints hold).
+        ckpt: the ``CheckPointConfig``; with a ``ckpt_dir``, this process (when
+            ``saves``) restores the latest checkpoint there and saves on its schedule.
+        saves: this process is the one that restores and saves checkpoints.
+        hooks: ``SessionRunHook`` objects to run with every step.
 
     Returns:
         ``(MonitoredSession, graph)``.
@@ -163,12 +169,23 @@ def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.Con
     with graph.as_default():
         tf.compat.v1.train.import_meta_graph(meta, clear_devices=False)
         assigns = _broadcast_ops(graph) if broadcast else None
-        scaffold = tf.compat.v1.train.Scaffold()
+        all_hooks = list(hooks)
+        saver, ckpt_dir = None, None
+        if ckpt is not None and ckpt.ckpt_dir and saves:
+            from parallax.checkpoint import saver_hook, single_device_saver
+
+            saver = single_device_saver(graph, saved_names)
+            ckpt_dir = ckpt.ckpt_dir
+            hook = saver_hook(ckpt_dir, ckpt.save_ckpt_steps, ckpt.save_ckpt_secs, saver) if saver else None
+            if hook is not None:
+                all_hooks.append(hook)
+        scaffold = tf.compat.v1.train.Scaffold(saver=saver)
         if is_chief:
-            creator = tf.compat.v1.train.ChiefSessionCreator(scaffold=scaffold, master=master, config=config)
+            creator = tf.compat.v1.train.ChiefSessionCreator(scaffold=scaffold, master=master, config=config,
+                                                             checkpoint_dir=ckpt_dir)
         else:
             creator = _WorkerSessionCreator(scaffold, master, config)
-        session = tf.compat.v1.train.MonitoredSession(session_creator=creator, hooks=[])
+        session = tf.compat.v1.train.MonitoredSession(session_creator=creator, hooks=all_hooks)
     if assigns is not None:
         _broadcast(session, assigns, comm)
     return session, graph

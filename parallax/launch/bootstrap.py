@@ -52,7 +52,7 @@ def launched_context(redirect_path: str | None = None) -> RankContext | None:
 
     Initializes MPI (through mpi4py), registers the rank in the job directory
     and, with ``redirect_path``, sends this process's stdout and stderr to
-    ``<redirect_path>/worker_<rank>.stdout`` / ``.stderr``.
+    ``<redirect_path>/<role>_<rank>.stdout`` / ``.stderr`` (role ``worker`` or ``ps``).
 
     Raises:
         LaunchError: MPI's world size disagrees with the layout the launcher sent.
@@ -72,7 +72,7 @@ def launched_context(redirect_path: str | None = None) -> RankContext | None:
     log_path = None
     if redirect_path:
         os.makedirs(redirect_path, exist_ok=True)
-        base = os.path.join(redirect_path, f"worker_{comm.rank}")
+        base = os.path.join(redirect_path, f"{ranks[comm.rank].role}_{comm.rank}")
         log_path = base + ".stderr"
         _redirect(base + ".stdout", 1, sys.stdout)
         _redirect(log_path, 2, sys.stderr)

@@ -96,8 +96,8 @@ def job_command(ranks: tuple[RankSpec, ...], run_option: str, program: list[str]
     return command, local
 
 
-def launch(ranks: tuple[RankSpec, ...], run_option: str, program: list[str], mpirun_options: str = ""
-           ) -> JobResult:
+def launch(ranks: tuple[RankSpec, ...], run_option: str, program: list[str], mpirun_options: str = "",
+           redirect_path: str | None = None) -> JobResult:
     """Run ``program`` in one process per rank and wait for the job to end.
 
     Args:
@@ -105,6 +105,8 @@ def launch(ranks: tuple[RankSpec, ...], run_option: str, program: list[str], mpi
         run_option: the run option every rank uses.
         program: the script and its arguments (or ``-m module ...``).
         mpirun_options: extra mpirun options.
+        redirect_path: the processes' output directory (``Config.redirect_path``),
+            whose new lines this terminal shows, prefixed, while the job runs.
 
     Returns:
         How the job ended.
@@ -114,7 +116,15 @@ def launch(ranks: tuple[RankSpec, ...], run_option: str, program: list[str], mpi
     hosts = ", ".join(f"{h} x{n}" for h, n in Counter(r.host for r in ranks).items())
     print(f"Parallax: starting {len(ranks)} processes ({hosts}) with mpirun", file=sys.stderr, flush=True)
     logger.info("Parallax: %s", " ".join(command.argv))
+    follower = None
+    if redirect_path:
+        from parallax.launch.follow import Follower
+
+        os.makedirs(redirect_path, exist_ok=True)
+        follower = Follower(redirect_path).start()
     try:
         return run_job(command, job_dir, local)
     finally:
+        if follower is not None:
+            follower.stop()
         shutil.rmtree(job_dir, ignore_errors=True)

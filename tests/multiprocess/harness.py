@@ -44,6 +44,7 @@ class Run:
 
 
 def run_script(tmp_path, resource_text: str, *args: str, timeout: float = 180, script: str = SCRIPT) -> Run:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     resource = tmp_path / "resource_info"
     resource.write_text(resource_text)
     out_dir = tmp_path / "out"

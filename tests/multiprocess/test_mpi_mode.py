@@ -99,4 +99,15 @@ def test_redirect_path_gives_each_rank_its_own_files(tmp_path):
     assert run.returncode == 0, run.output[-4000:]
     assert sorted(os.listdir(logs)) == ["worker_0.stderr", "worker_0.stdout", "worker_1.stderr", "worker_1.stdout"]
     assert "rank 1 of 2 done" in (logs / "worker_1.stdout").read_text()
-    assert "rank 1 of 2 done" not in run.output
+    # the launching terminal shows every process's lines, prefixed
+    assert "[worker 1] rank 1 of 2 done" in run.output and "[worker 0] rank 0 of 2 done" in run.output
+
+
+def test_redirect_path_names_servers_too(tmp_path):
+    logs = tmp_path / "logs"
+    run = run_script(tmp_path, resources(2), "--run_option", "HYBRID", "--model", "embedding",
+                     "--redirect_path", str(logs))
+    assert run.returncode == 0, run.output[-4000:]
+    assert sorted(os.listdir(logs)) == ["ps_2.stderr", "ps_2.stdout", "worker_0.stderr", "worker_0.stdout",
+                                        "worker_1.stderr", "worker_1.stdout"]
+    assert "[worker 1] rank 1 of 2 done" in run.output

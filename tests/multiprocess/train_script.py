@@ -27,6 +27,21 @@ def kill(pid: int, out: str) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+class StepCounter(tf.compat.v1.train.SessionRunHook):
+    """A user hook: counts this worker's steps into <out>/hook_<pid>.txt at the end."""
+
+    def __init__(self, out: str) -> None:
+        self.out, self.runs = out, 0
+
+    def after_run(self, run_context, run_values):
+        self.runs += 1
+
+    def end(self, session):
+        os.makedirs(self.out, exist_ok=True)
+        with open(os.path.join(self.out, f"hook_{os.getpid()}.txt"), "w") as f:
+            f.write(str(self.runs))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--resource_info", required=True)
@@ -54,6 +69,11 @@ def main() -> None:
     p.add_argument("--no_boundary_between", dest="boundary_between", action="store_false")
     p.add_argument("--overrides", default=None, help="Config.plan_overrides as JSON")
     p.add_argument("--search_partitions", action="store_true")
+    p.add_argument("--ckpt_dir", default=None)
+    p.add_argument("--save_steps", type=int, default=None)
+    p.add_argument("--profile_dir", default=None)
+    p.add_argument("--profile_steps", default=None, help="comma-separated steps")
+    p.add_argument("--count_hook", action="store_true", help="a user hook counts the steps of every worker")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -64,12 +84,20 @@ def main() -> None:
     ps = parallax.PSConfig(protocol=args.protocol, local_aggregation=args.local_aggregation,
                            replicate_variables=args.replicate_variables, boundary_among_servers=args.boundary_among,
                            boundary_between_workers_and_servers=args.boundary_between)
-    config = parallax.Config(run_option=args.run_option, average_sparse=args.average_sparse,
+    hooks = [StepCounter(args.out)] if args.count_hook else None
+    ckpt = parallax.CheckPointConfig(ckpt_dir=args.ckpt_dir, save_ckpt_steps=args.save_steps)
+    profile = parallax.ProfileConfig(profile_dir=args.profile_dir, profile_steps=[
+        int(x) for x in args.profile_steps.split(",")] if args.profile_steps else None)
+    config = parallax.Config(run_option=args.run_option, hooks=hooks, ckpt_config=ckpt, profile_config=profile,
+                             average_sparse=args.average_sparse,
                              redirect_path=args.redirect_path, search_partitions=args.search_partitions,
                              plan_overrides=json.loads(args.overrides) if args.overrides else None,
                              communication_config=parallax.CommunicationConfig(ps_config=ps, mpi_config=mpi))
     sess, num_workers, worker_id, num_replicas = parallax.parallel_run(model.graph, args.resource_info,
                                                                        sync=args.sync, parallax_config=config)
+    step_var = tf.compat.v1.train.get_global_step(model.graph)
+    if step_var is not None:
+        print(f"worker {worker_id} starts at global step {sess.run(step_var)[0]}", flush=True)
     data = DATA[args.model](args.steps, args.batch)
     parts = num_workers * num_replicas
     if worker_id == args.short_rank:

@@ -1,0 +1,55 @@
+"""Checkpoints under the single-device graph's names (``CheckPointConfig``).
+
+The saver of a Parallax session covers exactly the variables of the
+single-device graph, under their own names and shapes: each variable once
+(replicas share it, or, all-reduced, hold equal copies of which this worker's
+is saved), a partitioned variable as slices of the whole (TensorFlow's
+``save_slice_info``), and none of Parallax's helper state (accumulators,
+token queues, local copies). So a checkpoint restores into the plain
+single-device graph with ``tf.compat.v1.train.Saver()``, and into
+``parallel_run`` with any mode and any number of workers.
+
+Only the chief saves (worker 0; in MPI mode rank 0) and only it restores the
+latest checkpoint of ``ckpt_dir`` when the session starts; the other workers
+then get its values (the variables on servers are shared, the others are
+broadcast).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+__all__ = ["single_device_saver", "saver_hook"]
+
+
+def single_device_saver(graph: tf.Graph, names: frozenset[str]) -> tf.compat.v1.train.Saver | None:
+    """A saver over the variables of ``graph`` (the rewritten graph) whose op names are
+    ``names`` (the single-device graph's variables); ``None`` when there are none."""
+    keys = (tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, tf.compat.v1.GraphKeys.LOCAL_VARIABLES)
+    seen, variables = set(), []
+    for key in keys:
+        for v in graph.get_collection(key):
+            if v.op.name in names and v.op.name not in seen:
+                seen.add(v.op.name)
+                variables.append(v)
+    if not variables:
+        return None
+    return tf.compat.v1.train.Saver(var_list=variables, sharded=False, max_to_keep=5, save_relative_paths=True)
+
+
+def saver_hook(ckpt_dir: str, save_steps: int | None, save_secs: float | None,
+               saver: tf.compat.v1.train.Saver) -> tf.compat.v1.train.SessionRunHook | None:
+    """The chief's hook that saves every ``save_steps`` global steps or ``save_secs`` seconds
+    (and at the end); ``None`` when neither is set (restore only).
+
+    Raises:
+        ValueError: the graph has no global step to count steps with.
+    """
+    if save_steps is None and save_secs is None:
+        return None
+    if tf.compat.v1.train.get_global_step() is None:
+        raise ValueError("CheckPointConfig: saving on a schedule needs a global step in the graph: create it with "
+                         "tf.compat.v1.train.get_or_create_global_step() and pass it to minimize(..., "
+                         "global_step=...)")
+    return tf.compat.v1.train.CheckpointSaverHook(ckpt_dir, save_steps=save_steps, save_secs=save_secs,
+                                                  saver=saver)

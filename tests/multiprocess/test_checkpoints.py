@@ -1,0 +1,87 @@
+"""Checkpoints under single-device names: save in one mode, restore in plain TensorFlow and in
+another mode; a killed job resumes from the last saved global step. User hooks in every mode."""
+
+from __future__ import annotations
+
+import glob
+import json
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.models import BUILDERS, variable_values
+from tests.multiprocess.harness import run_script
+from tests.multiprocess.test_mpi_mode import check_ranks_match, resources
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+
+def restore_single_device(model_name: str, ckpt_dir: str) -> dict[str, np.ndarray]:
+    model = BUILDERS[model_name]("adam")
+    with model.graph.as_default(), tf.compat.v1.Session(graph=model.graph) as sess:
+        tf.compat.v1.train.Saver().restore(sess, tf.train.latest_checkpoint(ckpt_dir))
+        return variable_values(sess, model.graph)
+
+
+@pytest.mark.parametrize("model", ["embedding", "sequence"])
+def test_mpi_checkpoint_restores_into_plain_tensorflow_and_into_ps_mode(tmp_path, model):
+    ckpt = str(tmp_path / "ckpt")
+    run = run_script(tmp_path / "mpi", resources(2), "--model", model, "--average_sparse", "--steps", "4",
+                     "--ckpt_dir", ckpt, "--save_steps", "2")
+    assert run.returncode == 0, run.output[-4000:]
+    trained = run.rank_values(0)
+    names = {name for name, _ in tf.train.list_variables(ckpt)}
+    assert names == {n for n in trained if "/part_" not in n} | ({"embedding", "embedding/Adam", "embedding/Adam_1"}
+                                                                 if model == "sequence" else set())
+    restored = restore_single_device(model, ckpt)  # partitions joined: the plain graph is unpartitioned
+    for name, value in restored.items():
+        if name in trained:
+            np.testing.assert_allclose(value, trained[name], rtol=1e-6, err_msg=name)
+    assert restored["global_step"] == 4
+    # another mode, another number of workers: PS with one worker of two replicas restores the same values
+    again = run_script(tmp_path / "ps", "localhost: cpu:0\nlocalhost: cpu:1\n", "--run_option", "PS",
+                       "--model", model, "--average_sparse", "--steps", "0", "--ckpt_dir", ckpt)
+    assert "worker 0 starts at global step 4" in again.output
+    check_ranks_match(again, trained, 2)
+
+
+def test_a_killed_job_resumes_from_the_last_saved_step(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    killed = run_script(tmp_path / "first", resources(2), "--run_option", "HYBRID", "--model", "embedding",
+                        "--steps", "9", "--ckpt_dir", ckpt, "--save_steps", "3", "--kill_rank", "1",
+                        "--kill_step", "7")
+    assert killed.returncode != 0
+    saved = int(re.search(r"model\.ckpt-(\d+)", tf.train.latest_checkpoint(ckpt)).group(1))
+    assert saved == 6  # saves at 3 and 6; killed during step 8
+    resumed = run_script(tmp_path / "second", resources(2), "--run_option", "HYBRID", "--model", "embedding",
+                         "--steps", "3", "--ckpt_dir", ckpt, "--save_steps", "3")
+    assert resumed.returncode == 0, resumed.output[-4000:]
+    assert "worker 0 starts at global step 6" in resumed.output
+    assert "worker 1 starts at global step 6" in resumed.output
+    assert resumed.rank_values(0)["global_step"] == resumed.rank_values(1)["global_step"] == 9
+
+
+@pytest.mark.parametrize("run_option, resource_text, processes", [
+    ("MPI", resources(2), 2), ("PS", "localhost: cpu:0\nlocalhost: cpu:1\n", 2), ("HYBRID", resources(2), 2)])
+def test_user_hooks_run_in_every_worker(tmp_path, run_option, resource_text, processes):
+    run = run_script(tmp_path, resource_text, "--run_option", run_option, "--model", "embedding", "--steps", "4",
+                     "--count_hook")
+    assert run.returncode == 0, run.output[-4000:]
+    counts = [int(open(p).read()) for p in glob.glob(str(tmp_path / "out" / "hook_*.txt"))]
+    assert len(counts) == processes and all(c >= 4 for c in counts)
+
+
+@pytest.mark.parametrize("run_option", ["MPI", "HYBRID"])
+def test_every_worker_profiles_its_steps(tmp_path, run_option):
+    prof = tmp_path / "prof"
+    run = run_script(tmp_path, resources(2), "--run_option", run_option, "--model", "embedding", "--steps", "4",
+                     "--profile_dir", str(prof), "--profile_steps", "2")
+    assert run.returncode == 0, run.output[-4000:]
+    for worker in (0, 1):
+        trace = json.loads((prof / f"worker_{worker}" / "timeline_step_2.json").read_text())
+        assert trace["traceEvents"]
+        summary = (prof / f"worker_{worker}" / "summary_step_2.txt").read_text()
+        communication = float(re.search(r"communication: ([\d.]+) ms", summary).group(1))
+        assert communication > 0  # the all-reduce / server ops are counted as communication
