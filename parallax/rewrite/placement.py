@@ -19,9 +19,11 @@ they stay on the worker. Does nothing for plans without servers.
 
 When some variables stay on the workers (HYBRID, AUTO), their ops stay there
 too, even when TensorFlow colocated them with a server variable (Adam's
-``beta1_power`` is colocated with the first variable), and they move from
-the ``variables`` collection to ``local_variables``: each worker initializes
-its own copy.
+``beta1_power`` is colocated with the first variable), and, on workers other
+than the chief, they move from the ``variables`` collection to
+``local_variables``: each initializes its own copy instead of waiting for the
+chief to (the chief's stay global, so a restored checkpoint is not
+re-initialized).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def place_variables(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
                     else:
                         node.device = device_of[target]
                     break
-    if on_workers:
+    if on_workers and task.worker_index != 0:  # the chief initializes (or restores) its own as usual
         _make_worker_variables_local(out, set(on_workers))
     if plan.ps.boundary_among_servers:
         _place_boundary_ops(out, plan, device_of)

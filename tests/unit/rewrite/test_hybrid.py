@@ -37,6 +37,8 @@ def test_server_variables_on_the_server_the_rest_on_the_worker():
     assert nodes["proj/kernel"].device != SERVER
     local = meta.collection_def[tf.compat.v1.GraphKeys.LOCAL_VARIABLES].bytes_list.value
     assert len(local) == 6  # proj/kernel (+2 slots), global_step, beta1/2_power: each worker initializes its own
+    chief = rewrite(model, plan, 0)
+    assert not chief.collection_def[tf.compat.v1.GraphKeys.LOCAL_VARIABLES].bytes_list.value  # restored, not re-run
 
 
 def test_other_workers_leave_server_updates_to_the_chief_but_run_their_own():
