@@ -44,11 +44,14 @@ def test_mpi_checkpoint_restores_into_plain_tensorflow_and_into_ps_mode(tmp_path
         np.testing.assert_allclose(value, np.concatenate(parts) if len(parts) > 1 else parts[0], rtol=1e-6,
                                    err_msg=name)
     assert restored["global_step"] == 4
-    # another mode, another number of workers: PS with one worker of two replicas restores the same values
-    again = run_script(tmp_path / "ps", "localhost: cpu:0\nlocalhost: cpu:1\n", "--run_option", "PS",
+    # another mode, another number of workers: PS with one worker of three replicas, and 3 HYBRID ranks
+    again = run_script(tmp_path / "ps", "localhost: cpu:0,cpu:1,cpu:2\n", "--run_option", "PS",
                        "--model", model, "--average_sparse", "--steps", "0", "--ckpt_dir", ckpt)
     assert "worker 0 starts at global step 4" in again.output
-    check_ranks_match(again, trained, 2)
+    check_ranks_match(again, trained, 1)
+    hybrid = run_script(tmp_path / "hybrid", resources(3), "--run_option", "HYBRID", "--model", model,
+                        "--average_sparse", "--steps", "0", "--ckpt_dir", ckpt)
+    check_ranks_match(hybrid, trained, 3)
 
 
 def test_a_killed_job_resumes_from_the_last_saved_step(tmp_path):
@@ -69,12 +72,14 @@ def test_a_killed_job_resumes_from_the_last_saved_step(tmp_path):
 
 @pytest.mark.parametrize("run_option, resource_text, processes", [
     ("MPI", resources(2), 2), ("PS", "localhost: cpu:0\nlocalhost: cpu:1\n", 2), ("HYBRID", resources(2), 2)])
-def test_user_hooks_run_in_every_worker(tmp_path, run_option, resource_text, processes):
+def test_user_hooks_and_sess_config_in_every_worker(tmp_path, run_option, resource_text, processes):
     run = run_script(tmp_path, resource_text, "--run_option", run_option, "--model", "embedding", "--steps", "4",
-                     "--count_hook")
+                     "--count_hook", "--sess_threads", "3")
     assert run.returncode == 0, run.output[-4000:]
-    counts = [int(open(p).read()) for p in glob.glob(str(tmp_path / "out" / "hook_*.txt"))]
-    assert len(counts) == processes and all(c >= 4 for c in counts)
+    reports = [open(p).read().split() for p in glob.glob(str(tmp_path / "out" / "hook_*.txt"))]
+    assert len(reports) == processes
+    assert all(int(runs) >= 4 for runs, _ in reports)  # the hook saw every step
+    assert all(threads == "3" for _, threads in reports)  # the session was made with the user's sess_config
 
 
 @pytest.mark.parametrize("run_option", ["MPI", "HYBRID"])

@@ -31,7 +31,11 @@ class StepCounter(tf.compat.v1.train.SessionRunHook):
     """A user hook: counts this worker's steps into <out>/hook_<pid>.txt at the end."""
 
     def __init__(self, out: str) -> None:
-        self.out, self.runs = out, 0
+        self.out, self.runs, self.threads = out, 0, None
+
+    def after_create_session(self, session, coord):
+        config = getattr(session, "_config", None)  # the ConfigProto the tf.compat.v1.Session was made with
+        self.threads = config.intra_op_parallelism_threads if config is not None else None
 
     def after_run(self, run_context, run_values):
         self.runs += 1
@@ -39,7 +43,7 @@ class StepCounter(tf.compat.v1.train.SessionRunHook):
     def end(self, session):
         os.makedirs(self.out, exist_ok=True)
         with open(os.path.join(self.out, f"hook_{os.getpid()}.txt"), "w") as f:
-            f.write(str(self.runs))
+            f.write(f"{self.runs} {self.threads}")
 
 
 def main() -> None:
@@ -73,6 +77,7 @@ def main() -> None:
     p.add_argument("--save_steps", type=int, default=None)
     p.add_argument("--profile_dir", default=None)
     p.add_argument("--profile_steps", default=None, help="comma-separated steps")
+    p.add_argument("--sess_threads", type=int, default=0, help="sess_config.intra_op_parallelism_threads")
     p.add_argument("--count_hook", action="store_true", help="a user hook counts the steps of every worker")
     p.add_argument("--out", required=True)
     args = p.parse_args()
@@ -88,7 +93,10 @@ def main() -> None:
     ckpt = parallax.CheckPointConfig(ckpt_dir=args.ckpt_dir, save_ckpt_steps=args.save_steps)
     profile = parallax.ProfileConfig(profile_dir=args.profile_dir, profile_steps=[
         int(x) for x in args.profile_steps.split(",")] if args.profile_steps else None)
+    sess_config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=args.sess_threads) \
+        if args.sess_threads else None
     config = parallax.Config(run_option=args.run_option, hooks=hooks, ckpt_config=ckpt, profile_config=profile,
+                             sess_config=sess_config,
                              average_sparse=args.average_sparse,
                              redirect_path=args.redirect_path, search_partitions=args.search_partitions,
                              plan_overrides=json.loads(args.overrides) if args.overrides else None,
