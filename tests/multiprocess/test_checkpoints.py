@@ -54,15 +54,16 @@ def test_mpi_checkpoint_restores_into_plain_tensorflow_and_into_ps_mode(tmp_path
     check_ranks_match(hybrid, trained, 3)
 
 
-def test_a_killed_job_resumes_from_the_last_saved_step(tmp_path):
+@pytest.mark.parametrize("run_option", ["MPI", "HYBRID"])
+def test_a_killed_job_resumes_from_the_last_saved_step(tmp_path, run_option):
     ckpt = str(tmp_path / "ckpt")
-    killed = run_script(tmp_path / "first", resources(2), "--run_option", "HYBRID", "--model", "embedding",
+    killed = run_script(tmp_path / "first", resources(2), "--run_option", run_option, "--model", "embedding",
                         "--steps", "9", "--ckpt_dir", ckpt, "--save_steps", "3", "--kill_rank", "1",
                         "--kill_step", "7")
     assert killed.returncode != 0
     saved = int(re.search(r"model\.ckpt-(\d+)", tf.train.latest_checkpoint(ckpt)).group(1))
     assert saved == 6  # saves at 3 and 6; killed during step 8
-    resumed = run_script(tmp_path / "second", resources(2), "--run_option", "HYBRID", "--model", "embedding",
+    resumed = run_script(tmp_path / "second", resources(2), "--run_option", run_option, "--model", "embedding",
                          "--steps", "3", "--ckpt_dir", ckpt, "--save_steps", "3")
     assert resumed.returncode == 0, resumed.output[-4000:]
     assert "worker 0 starts at global step 6" in resumed.output
