@@ -11,6 +11,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 
 from parallax import search
 from parallax.analysis import GraphAnalysis, analyse_graph
+from parallax.checkpoint import check_schedule
 from parallax.config import Config
 from parallax.errors import LaunchError
 from parallax.launch.bootstrap import LAUNCH_ENV, RankContext, finish_together, launched_context, leave_together
@@ -84,7 +85,7 @@ def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
     if os.environ.get(PLAN_ENV) and os.environ.get(LAUNCH_ENV) is None:
         _print_plan_and_exit(single_gpu_graph, resource_info, sync, config)
     graph, meta_graph = _load_graph(single_gpu_graph)
-    _check_checkpointing(config, graph)
+    check_schedule(config.ckpt_config, graph)
     cluster = parse_resource_file(resource_info)
     context = launched_context(config.redirect_path)
     _warn_unapplied(config, launched=context is not None)
@@ -180,8 +181,7 @@ def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphA
     if context.run_option in ("PS", "HYBRID"):
         return _run_server_job_rank(context, cluster, graph, meta_graph, analysis, config, sync)
     _check_launched_layout(ranks_per_device(cluster), context, cluster.source)
-    if "finish" not in _PROCESS:
-        _PROCESS["finish"] = finish_together(context.rank)
+    _once("finish", lambda: finish_together(context.rank))
     gpus = len(tf.config.list_physical_devices("GPU"))
     mpi = config.communication_config.mpi_config
     uses_gpu = [_rank_device(r, gpus).kind == "gpu" for r in context.ranks]
@@ -191,11 +191,9 @@ def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphA
     my_gpu = my_device.index if my_device.kind == "gpu" else None
     server = None
     if backend == "collective":
-        if "server" not in _PROCESS:  # once per process (a partition search runs this again)
-            _PROCESS["server"] = start_server(context.rank, [("worker", r) for r in range(context.size)],
-                                              config.sess_config, group_leader=GROUP_LEADER,
-                                              visible_gpus=None if my_gpu is None else str(my_gpu))
-        server = _PROCESS["server"]
+        server = _once("server", lambda: start_server(
+            context.rank, [("worker", r) for r in range(context.size)], config.sess_config,
+            group_leader=GROUP_LEADER, visible_gpus=None if my_gpu is None else str(my_gpu)))
     workers = []
     for r, spec in enumerate(context.ranks):
         kind = "GPU" if uses_gpu[r] else "CPU"
@@ -253,26 +251,23 @@ def _run_server_job_rank(context: RankContext, cluster, graph, meta_graph, analy
     visible = ",".join(str(i) for i in gpu_ids) if gpu_ids else None
     if mine:
         mine = tuple(Device("gpu", gpu_ids.index(d.index)) if d.kind == "gpu" else d for d in mine)
-    if "devices" not in _PROCESS:
-        _PROCESS["devices"] = world.allgather(None if mine is None else [(d.kind, d.index) for d in mine])
-    all_devices = _PROCESS["devices"]
+    all_devices = _once("devices", lambda: world.allgather(None if mine is None else
+                                                           [(d.kind, d.index) for d in mine]))
     cpus = max([d.index + 1 for d in mine if d.kind == "cpu"], default=0) if mine else 0
-    if "server" not in _PROCESS:
-        protocol = config.communication_config.ps_config.protocol
-        _PROCESS["server"] = start_server(context.rank, jobs, config.sess_config, cpu_devices=cpus,
-                                          port=context.spec.port, protocol=protocol, visible_gpus=visible)
+    def start():
+        server = start_server(context.rank, jobs, config.sess_config, cpu_devices=cpus, port=context.spec.port,
+                              protocol=config.communication_config.ps_config.protocol, visible_gpus=visible)
         atexit.register(leave_together)  # servers wait for the workers; a failed worker does not wait
-    server = _PROCESS["server"]
+        return server
+
+    server = _once("server", start)
     if role == "ps":
         logger.info("Parallax: parameter server %d serving on %s", index, context.spec.host)
         raise SystemExit(0)  # the barrier above holds this process until every worker has finished
     workers = []
     for spec, (job, w), devices in zip(context.ranks, jobs, all_devices):
-        if job != "worker":
-            continue
-        prefix = f"/job:worker/replica:0/task:{w}"
-        workers.append((spec.host, tuple(f"{prefix}/device:{k.upper()}:{i}" for k, i in devices),
-                        f"{prefix}/device:CPU:0"))
+        if job == "worker":
+            workers.append(_worker_entry(w, spec.host, devices))
     servers = tuple(f"/job:ps/replica:0/task:{s}/device:CPU:0" for s in range(counters["ps"]))
     mpi = config.communication_config.mpi_config
     if hybrid and mpi.backend == "collective":
@@ -302,14 +297,14 @@ def _worker_comms(context: RankContext):
     rank's host (``None`` on servers); made once per process, by every rank together."""
     from mpi4py import MPI
 
-    if "workers_comm" not in _PROCESS:
+    def split():
         world = MPI.COMM_WORLD
         worker = context.spec.role == "worker"
         hosts = list(dict.fromkeys(r.host for r in context.ranks))
-        _PROCESS["workers_comm"] = world.Split(0 if worker else MPI.UNDEFINED, context.rank)
-        _PROCESS["host_comm"] = world.Split(hosts.index(context.spec.host) if worker else MPI.UNDEFINED,
-                                            context.rank)
-    return _PROCESS["workers_comm"], _PROCESS["host_comm"]
+        return (world.Split(0 if worker else MPI.UNDEFINED, context.rank),
+                world.Split(hosts.index(context.spec.host) if worker else MPI.UNDEFINED, context.rank))
+
+    return _once("worker_comms", split)
 
 
 def _fetch_aliases(meta: meta_graph_pb2.MetaGraphDef) -> dict[str, str]:
@@ -396,13 +391,11 @@ def preview_plan(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
     ranks, kind = layout
     workers, servers = [], []
     for r in ranks:
-        devices = r.devices or (Device("cpu", 0),)
         if r.role == "ps":
             servers.append(f"/job:ps/replica:0/task:{len(servers)}/device:CPU:0")
-            continue
-        prefix = f"/job:worker/replica:0/task:{len(workers)}"
-        names = tuple(f"{prefix}/device:{d.kind.upper()}:{d.index}" for d in devices)
-        workers.append((r.host, names, f"{prefix}/device:CPU:0"))
+        else:
+            devices = r.devices or (Device("cpu", 0),)
+            workers.append(_worker_entry(len(workers), r.host, [(d.kind, d.index) for d in devices]))
     gpu = any(d.kind == "gpu" for r in ranks for d in (r.devices or ()))
     comm = _mpi_comm(config, gpu) if kind == "MPI" else _server_job_comm(config, gpu)
     return _job_plan(kind, workers, tuple(servers), analysis, config, sync, comm)
@@ -414,9 +407,11 @@ PLAN_ENV = "PARALLAX_PLAN_ONLY"
 
 
 def _print_plan_and_exit(graph, resource_info, sync: bool, config: Config) -> None:
+    import copy
     import json
 
     request = json.loads(os.environ[PLAN_ENV])
+    config = copy.copy(config)  # the user's config is not changed
     if request.get("run_option"):
         config.run_option = request["run_option"]
     if request.get("overrides"):
@@ -495,7 +490,7 @@ def _search_partitions(graph: tf.Graph, cluster: Cluster, config: Config, sync: 
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
-    rows = max((d[0] or 1) for d in _partitioned_shapes(graph)) if _partitioned_shapes(graph) else 1
+    rows = max([shape[0] or 1 for shape in _partitioned_shapes(graph)], default=1)
 
     def agree(seconds: float | None) -> float | None:
         if comm is None:
@@ -535,13 +530,17 @@ def _partitioned_shapes(graph: tf.Graph) -> list[tuple]:
 _PROCESS: dict[str, object] = {}
 
 
-def _check_checkpointing(config: Config, graph: tf.Graph) -> None:
-    ckpt = config.ckpt_config
-    if ckpt.ckpt_dir and (ckpt.save_ckpt_steps or ckpt.save_ckpt_secs) and \
-            tf.compat.v1.train.get_global_step(graph) is None:
-        raise ValueError("CheckPointConfig: saving on a schedule needs a global step in the graph: create it with "
-                         "tf.compat.v1.train.get_or_create_global_step() and pass it to minimize(..., "
-                         "global_step=...)")
+def _once(key: str, make):
+    """``make()`` the first time this process asks for ``key``; the same object after."""
+    if key not in _PROCESS:
+        _PROCESS[key] = make()
+    return _PROCESS[key]
+
+
+def _worker_entry(index: int, host: str, devices) -> tuple[str, tuple[str, ...], str]:
+    """``(host, replica devices, shared device)`` of worker task ``index`` with ``(kind, index)`` devices."""
+    prefix = f"/job:worker/replica:0/task:{index}"
+    return host, tuple(f"{prefix}/device:{k.upper()}:{i}" for k, i in devices), f"{prefix}/device:CPU:0"
 
 
 def _warn_unapplied(config: Config, launched: bool) -> None:

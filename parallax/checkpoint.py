@@ -19,7 +19,20 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-__all__ = ["single_device_saver", "saver_hook"]
+__all__ = ["single_device_saver", "saver_hook", "check_schedule"]
+
+
+def check_schedule(ckpt_config, graph: tf.Graph) -> None:
+    """Saving on a schedule counts global steps: refuse a graph without one, before anything starts.
+
+    Raises:
+        ValueError: ``save_ckpt_steps``/``save_ckpt_secs`` is set and the graph has no global step.
+    """
+    if ckpt_config.ckpt_dir and (ckpt_config.save_ckpt_steps or ckpt_config.save_ckpt_secs) and \
+            tf.compat.v1.train.get_global_step(graph) is None:
+        raise ValueError("CheckPointConfig: saving on a schedule needs a global step in the graph: create it with "
+                         "tf.compat.v1.train.get_or_create_global_step() and pass it to minimize(..., "
+                         "global_step=...)")
 
 
 def single_device_saver(graph: tf.Graph, names: frozenset[str]) -> tf.compat.v1.train.Saver | None:
@@ -40,16 +53,10 @@ def single_device_saver(graph: tf.Graph, names: frozenset[str]) -> tf.compat.v1.
 def saver_hook(ckpt_dir: str, save_steps: int | None, save_secs: float | None,
                saver: tf.compat.v1.train.Saver) -> tf.compat.v1.train.SessionRunHook | None:
     """The chief's hook that saves every ``save_steps`` global steps or ``save_secs`` seconds
-    (and at the end); ``None`` when neither is set (restore only).
-
-    Raises:
-        ValueError: the graph has no global step to count steps with.
+    (and at the end); ``None`` when neither is set (restore only). The graph has a
+    global step: :func:`check_schedule` made sure of it.
     """
     if save_steps is None and save_secs is None:
         return None
-    if tf.compat.v1.train.get_global_step() is None:
-        raise ValueError("CheckPointConfig: saving on a schedule needs a global step in the graph: create it with "
-                         "tf.compat.v1.train.get_or_create_global_step() and pass it to minimize(..., "
-                         "global_step=...)")
     return tf.compat.v1.train.CheckpointSaverHook(ckpt_dir, save_steps=save_steps, save_secs=save_secs,
                                                   saver=saver)

@@ -28,6 +28,7 @@ import logging
 import os
 import sys
 
+from parallax.config import OVERRIDE_SYNC
 from parallax.errors import ParallaxError
 from parallax.launch.launcher import job_command, launch
 from parallax.launch.layout import ranks_per_device
@@ -111,9 +112,9 @@ def plan_main(argv: list[str] | None = None) -> int:
     overrides = {}
     for item in args.override:
         name, sep, sync = item.partition("=")
-        if not sep or not name or sync not in ("allreduce", "allgather", "ps"):
-            print(f"parallax plan: --override {item!r}: expected VARIABLE=SYNC with SYNC one of allreduce, "
-                  "allgather, ps", file=sys.stderr)
+        if not sep or not name or sync not in OVERRIDE_SYNC:
+            print(f"parallax plan: --override {item!r}: expected VARIABLE=SYNC with SYNC one of "
+                  f"{', '.join(OVERRIDE_SYNC)}", file=sys.stderr)
             return 2
         overrides[name] = sync
     with tempfile.TemporaryDirectory() as tmp:

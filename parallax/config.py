@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 __all__ = [
     "Config",
+    "OVERRIDE_SYNC",
     "ParallaxConfig",
     "CommunicationConfig",
     "PSConfig",
@@ -395,7 +396,8 @@ def _sess_config(owner: str, field: str, value: Any) -> Any:
     return value
 
 
-_OVERRIDE_SYNC = ("allreduce", "allgather", "ps")
+#: The sync methods a plan override may ask for (``Config.plan_overrides``, ``parallax plan --override``).
+OVERRIDE_SYNC = ("allreduce", "allgather", "ps")
 
 
 def _plan_overrides(owner: str, field: str, value: Any) -> dict[str, Any]:
@@ -412,10 +414,10 @@ def _plan_overrides(owner: str, field: str, value: Any) -> dict[str, Any]:
         if isinstance(entry, str):
             entry = {"sync": entry}
         if not isinstance(entry, dict) or not entry or set(entry) - {"sync", "density"}:
-            raise ValueError(f"{where} must be one of {', '.join(_OVERRIDE_SYNC)} or a dict with keys "
+            raise ValueError(f"{where} must be one of {', '.join(OVERRIDE_SYNC)} or a dict with keys "
                              f"'sync' and/or 'density', got {_describe(entry)}")
-        if "sync" in entry and entry["sync"] not in _OVERRIDE_SYNC:
-            raise ValueError(f"{where}: sync must be one of {', '.join(_OVERRIDE_SYNC)}, got {entry['sync']!r}")
+        if "sync" in entry and entry["sync"] not in OVERRIDE_SYNC:
+            raise ValueError(f"{where}: sync must be one of {', '.join(OVERRIDE_SYNC)}, got {entry['sync']!r}")
         if "density" in entry:
             d = entry["density"]
             if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 < d <= 1:

@@ -152,8 +152,7 @@ def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.Con
 
         bound = meta_graph_pb2.MetaGraphDef()
         bound.CopyFrom(meta)
-        bound.graph_def.CopyFrom(bind_py_functions(meta.graph_def, comm=comm.Dup() if comm is not None else None,
-                                                   groups=mpi_groups))
+        bound.graph_def.CopyFrom(bind_py_functions(meta.graph_def, comm=comm, groups=mpi_groups))
         meta = bound
     if horovod:
         from parallax.comm.horovod import prepare_process

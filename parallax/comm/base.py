@@ -53,6 +53,10 @@ class Backend(ABC):
     def finalize_nodes(self, nodes: list) -> None:  # noqa: B027 - optional hook
         """Adjust the NodeDefs built in the scratch graph (default: nothing)."""
 
+    def follow(self, other: Backend) -> None:
+        """Issue this backend's communication after ``other``'s (one order of calls per process)."""
+        self._last = other._last
+
     def _chained(self, build):
         """Build ops that run after the previous communication op of this backend."""
         deps = [self._last] if self._last is not None else []

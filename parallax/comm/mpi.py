@@ -57,7 +57,7 @@ class MPIBackend(Backend):
     def __init__(self, spec, num_workers, group: str = ""):
         super().__init__(spec, num_workers)
         self._tokens: dict[str, str] = {}
-        self._suffix = f"@{group}" if group else ""
+        self._suffix = _group_suffix(group)
 
     def finalize_nodes(self, nodes) -> None:
         """Replace the scratch graph's PyFunc tokens by the fixed Parallax tokens."""
@@ -155,7 +155,8 @@ def _functions(comm):
     return {_ALLREDUCE: allreduce, _ALLREDUCE_INPLACE: allreduce_inplace, _ALLGATHERV: allgatherv}
 
 
-def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None, groups: dict | None = None) -> graph_pb2.GraphDef:
+def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None, groups: dict | None = None
+                      ) -> graph_pb2.GraphDef:
     """Point the graph's Parallax MPI ops at this process's functions.
 
     Registers the functions in TensorFlow's ``numpy_function`` registry (once
@@ -164,25 +165,22 @@ def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None, groups: dict | N
 
     Args:
         graph_def: a rewritten graph.
-        comm: the mpi4py communicator of the default group (a duplicate of
-            ``COMM_WORLD`` when ``None``).
+        comm: the mpi4py communicator of the default group (``COMM_WORLD``
+            when ``None``); the functions use a duplicate of each communicator.
         groups: communicators of named groups (``{"host": ...}``).
     """
     from tensorflow.python.ops import script_ops
 
-    comms = dict(groups or {})
-    if "" not in _BOUND_GROUPS:
-        if comm is None:
+    comms = {"": comm, **(groups or {})}
+    for group, group_comm in comms.items():
+        suffix = _group_suffix(group)
+        if _ALLREDUCE + suffix in _BOUND:
+            continue  # bound once per process and group
+        if group_comm is None:
             from mpi4py import MPI
 
-            comm = MPI.COMM_WORLD.Dup()
-        comms[""] = comm
-    for group, group_comm in comms.items():
-        if group in _BOUND_GROUPS:
-            continue
-        _BOUND_GROUPS.add(group)
-        suffix = f"@{group}" if group else ""
-        for key, fn in _functions(group_comm).items():
+            group_comm = MPI.COMM_WORLD
+        for key, fn in _functions(group_comm.Dup()).items():
             _BOUND[key + suffix] = (script_ops._py_funcs.insert(fn), fn)
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
@@ -196,4 +194,6 @@ def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None, groups: dict | N
     return out
 
 
-_BOUND_GROUPS: set[str] = set()
+def _group_suffix(group: str) -> str:
+    """What a named group adds to the tokens of its functions (nothing for the default group)."""
+    return f"@{group}" if group else ""

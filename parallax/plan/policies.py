@@ -11,6 +11,7 @@ from typing import Any
 import tensorflow as tf
 
 from parallax.analysis import GraphAnalysis
+from parallax.config import OVERRIDE_SYNC
 from parallax.errors import PlanError
 from parallax.plan.cost import bytes_per_worker, choose, estimate_density
 from parallax.plan.model import CommSpec, GradientRef, Plan, PSSpec, VariablePlacement, WorkerPlan
@@ -60,7 +61,6 @@ def place_by_bytes(analysis: GraphAnalysis, num_servers: int, names: list[str] |
 
 #: ``cross_worker`` values of :func:`build_plan` (``"local"``: one worker).
 CROSS_WORKER = ("local", "allreduce", "ps", "hybrid", "auto")
-_OVERRIDE_SYNC = ("allreduce", "allgather", "ps")
 
 
 @dataclass(frozen=True)
@@ -141,9 +141,9 @@ def choose_sync(analysis: GraphAnalysis, num_workers: int, replicas_per_worker: 
                 for s in (("allgather", "allreduce", "ps") if g.sparse else ("allreduce", "ps")))
         if "sync" in extra:
             sync, reason = extra["sync"], "override"
-            if sync not in _OVERRIDE_SYNC:
+            if sync not in OVERRIDE_SYNC:
                 raise PlanError(f'plan override for "{g.variable}": sync must be one of '
-                                f"{', '.join(_OVERRIDE_SYNC)}, got {sync!r}")
+                                f"{', '.join(OVERRIDE_SYNC)}, got {sync!r}")
             if sync == "allgather" and not g.sparse:
                 raise PlanError(f'plan override for "{g.variable}": "allgather" needs a sparse gradient; '
                                 "this variable's gradient is dense (use \"allreduce\" or \"ps\")")

@@ -128,7 +128,7 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
             gatherer = backend
             if sparse and plan.comm.use_allgatherv and plan.comm.backend != "mpi":
                 gatherer = backend_for(replace(plan.comm, backend="mpi"), plan.num_workers)
-                gatherer._last = backend._last
+                gatherer.follow(backend)
                 backend_nodes.append(gatherer)
             with tf.name_scope(f"{AGGREGATE_PREFIX}/allgather/"):
                 gathered = gatherer.allgather([local[v.name] for v in sparse])
@@ -138,7 +138,8 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
         host_vars = [v for v in layout.variables if v.sync == "ps" and v.sparse and plan.ps.host_aggregation]
         if host_vars:
             host = backend_for(replace(plan.comm, backend="mpi"), plan.num_workers, group="host")
-            host._last = backend._last if backend is not None else None  # one order of MPI calls per process
+            if backend is not None:
+                host.follow(backend)  # one order of MPI calls per process
             backend_nodes.append(host)
             with tf.name_scope(f"{AGGREGATE_PREFIX}/host/"):
                 gathered = host.allgather([local[v.name] for v in host_vars])

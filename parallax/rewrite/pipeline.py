@@ -38,14 +38,14 @@ def rewrite_for_task(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: 
     current = meta_graph
     for number, rewrite_pass in enumerate(PASSES, start=1):
         current = rewrite_pass(current, plan, task)
-        for node in current.graph_def.node:
-            # Recorded shapes of the single-device graph no longer hold where gradients of
-            # several replicas are joined; TensorFlow infers them again on import.
-            if "_output_shapes" in node.attr:
-                del node.attr["_output_shapes"]
         if debug_dir is not None:
             os.makedirs(debug_dir, exist_ok=True)
             path = os.path.join(debug_dir, f"{number:02d}_{rewrite_pass.__name__}.pbtxt")
             with open(path, "w", encoding="utf-8") as f:
                 f.write(str(current))
+    for node in current.graph_def.node:
+        # Recorded shapes of the single-device graph no longer hold where gradients of
+        # several replicas are joined; TensorFlow infers them again on import.
+        if "_output_shapes" in node.attr:
+            del node.attr["_output_shapes"]
     return current

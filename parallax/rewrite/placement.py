@@ -34,7 +34,7 @@ from tensorflow.python.framework import tensor_util
 
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.classify import classify
-from parallax.rewrite.graph_ops import add_nodes, consumers, descendants
+from parallax.rewrite.graph_ops import add_nodes, consumers, descendants, parse_input
 from parallax.rewrite.names import AGGREGATE_PREFIX, REPLICA_PREFIX, SYNC_PREFIX
 
 __all__ = ["place_variables"]
@@ -48,7 +48,7 @@ def place_variables(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
     if not plan.server_devices:
         return out
     device_of = {v.name: plan.server_devices[v.server] for v in plan.variables if v.server is not None}
-    on_workers = sorted((v.name for v in plan.variables if v.server is None), key=len, reverse=True)
+    on_workers = {v.name for v in plan.variables if v.server is None}
     worker_device = plan.workers[task.worker_index].shared_device
     for node in out.graph_def.node:
         if node.name in device_of:
@@ -65,7 +65,7 @@ def place_variables(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
                         node.device = device_of[target]
                     break
     if on_workers and task.worker_index != 0:  # the chief initializes (or restores) its own as usual
-        _make_worker_variables_local(out, set(on_workers))
+        _make_worker_variables_local(out, on_workers)
     if plan.ps.boundary_among_servers:
         _place_boundary_ops(out, plan, device_of)
     if not plan.ps.boundary_between_workers_and_servers:
@@ -73,11 +73,12 @@ def place_variables(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
     return out
 
 
-def _belongs_to_worker_variable(node, on_workers: list[str]) -> bool:
+def _belongs_to_worker_variable(node, on_workers: set[str]) -> bool:
     """Whether ``node`` is a worker-held variable, one of its own ops (``<v>/...``),
     or reads or writes one (its first input is the variable)."""
-    first = node.input[0].lstrip("^").split(":")[0] if node.input else ""
-    return any(node.name == v or node.name.startswith(v + "/") or first == v for v in on_workers)
+    if node.name in on_workers or (node.input and parse_input(node.input[0])[0] in on_workers):
+        return True
+    return any(node.name.startswith(v + "/") for v in on_workers)
 
 
 def _make_worker_variables_local(meta_graph: meta_graph_pb2.MetaGraphDef, on_workers: set[str]) -> None:
