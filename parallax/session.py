@@ -48,6 +48,7 @@ class ParallaxSession:
         self._replicated = replicated
         self._num_replicas = num_replicas
         self._profiler = profiler
+        self._elements: dict[str, Any] = {}  # name -> op or tensor of the (finalized) rewritten graph
 
     # ------------------------------------------------------------------ #
     @property
@@ -88,7 +89,8 @@ class ParallaxSession:
         structure = self._map_fetches(fetches, targets)
         feeds = self._map_feeds(feed_dict or {})
         names = list(targets)
-        elements = [self._graph.as_graph_element(n) for n in names]
+        elements = [self._element(n) for n in names]
+
         def run(opts, metadata):
             return self._session.run(elements, feed_dict=feeds, options=opts, run_metadata=metadata)
 
@@ -127,9 +129,15 @@ class ParallaxSession:
         raise TypeError(f"{what} must be an op, a tensor or a name of the single-device graph, "
                         f"got {type(item).__name__}: {item!r}")
 
+    def _element(self, name: str) -> Any:
+        element = self._elements.get(name)
+        if element is None:
+            element = self._elements[name] = self._graph.as_graph_element(name)
+        return element
+
     def _check_exists(self, name: str, what: str) -> None:
         try:
-            self._graph.as_graph_element(name)
+            self._element(name)
         except (KeyError, ValueError) as e:
             raise ValueError(f"{what} {name!r} is not in the single-device graph") from e
 
@@ -176,10 +184,10 @@ class ParallaxSession:
                     raise ValueError(
                         f"{name!r} is shared by all replicas (it feeds the update, not one replica's "
                         "computation), so its per-replica values must be equal")
-                feeds[self._graph.as_graph_element(name)] = value[0]
+                feeds[self._element(name)] = value[0]
                 continue
             for n, v in zip(names, value):
-                feeds[self._graph.as_graph_element(n)] = v
+                feeds[self._element(n)] = v
         return feeds
 
     def _rebuild(self, structure: Any, values: list[Any], targets: dict[str, int]) -> Any:

@@ -135,7 +135,7 @@ def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.Con
             variables this worker holds itself (not those on parameter
             servers) to every worker (over MPI).
         bind_mpi: bind the mpi backend's ops to this process's functions.
-        horovod: initialize Horovod in this process.
+        horovod: initialize Horovod in this process (on ``comm``).
         comm: the workers' MPI communicator (``COMM_WORLD`` when ``None``).
         mpi_groups: communicators of named worker groups (``{"host": ...}``).
         saved_names: the single-device graph's variable names (what checkpoints hold).
@@ -157,7 +157,7 @@ def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.Con
     if horovod:
         from parallax.comm.horovod import prepare_process
 
-        prepare_process()
+        prepare_process(comm)
     config = session_config(user_config, cpu_devices, visible_gpu, group_leader, threads)
     if device_filters and not config.device_filters:
         config.device_filters.extend(device_filters)

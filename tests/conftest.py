@@ -1,8 +1,16 @@
+import importlib.util
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+    # `make test-horovod` runs the multi-process tests with PARALLAX_TEST_BACKEND=horovod (see harness.py)
+    if os.environ.get("PARALLAX_TEST_BACKEND") == "horovod" and importlib.util.find_spec("horovod") is None:
+        raise pytest.UsageError("PARALLAX_TEST_BACKEND=horovod, but horovod is not installed in this Python "
+                                "(`make test-horovod` builds a venv with it)")
 
 
 @pytest.fixture

@@ -102,10 +102,31 @@ def _lstm(inputs: list[tf.Tensor], hidden: int) -> list[tf.Tensor]:
     return outputs
 
 
+def model(inputs: tf.Tensor, targets: tf.Tensor, vocab: int, dim: int, hidden: int, num_sampled: int
+          ) -> tf.Tensor:
+    """The network in the current graph; ``inputs`` and ``targets`` are ``[batch, seq_len]`` word ids
+    of static shape. Returns the sampled-softmax loss, mean per word. Variables (scope ``lm``):
+    ``embedding`` ``[vocab, dim]``, ``lstm/kernel``, ``lstm/bias``, ``softmax_w`` ``[vocab, hidden]``,
+    ``softmax_b`` ``[vocab]``."""
+    batch, seq_len = (int(d) for d in inputs.shape)
+    init = tf.compat.v1.random_uniform_initializer(-0.1, 0.1)
+    with tf.compat.v1.variable_scope("lm", initializer=init):
+        embedding = tf.compat.v1.get_variable("embedding", [vocab, dim])
+        words = tf.nn.embedding_lookup(embedding, inputs)                    # [batch, seq_len, dim]
+        outputs = _lstm(tf.unstack(words, axis=1), hidden)                   # seq_len x [batch, hidden]
+        softmax_w = tf.compat.v1.get_variable("softmax_w", [vocab, hidden])
+        softmax_b = tf.compat.v1.get_variable("softmax_b", [vocab], initializer=tf.compat.v1.zeros_initializer())
+    flat_outputs = tf.reshape(tf.stack(outputs, axis=1), [batch * seq_len, hidden])
+    flat_targets = tf.reshape(targets, [batch * seq_len, 1])
+    losses = tf.nn.sampled_softmax_loss(weights=softmax_w, biases=softmax_b, labels=flat_targets,
+                                        inputs=flat_outputs, num_sampled=num_sampled, num_classes=vocab)
+    return tf.reduce_mean(losses, name="loss")
+
+
 def build_graph(vocab: int = 100_000, dim: int = 64, hidden: int = 64, batch: int = 32, seq_len: int = 10,
                 num_sampled: int = 64, seed: int = 1, learning_rate: float = 0.5
                 ) -> tuple[tf.Graph, SimpleNamespace]:
-    """The single-device graph and its tensors.
+    """The single-device graph (placeholders, :func:`model`, Adagrad) and its tensors.
 
     Returns:
         ``(graph, t)`` where ``t`` has ``inputs``, ``targets`` (int64 placeholders
@@ -118,23 +139,13 @@ def build_graph(vocab: int = 100_000, dim: int = 64, hidden: int = 64, batch: in
         tf.compat.v1.set_random_seed(seed)
         inputs = tf.compat.v1.placeholder(tf.int64, [batch, seq_len], name="inputs")
         targets = tf.compat.v1.placeholder(tf.int64, [batch, seq_len], name="targets")
-        init = tf.compat.v1.random_uniform_initializer(-0.1, 0.1)
-        with tf.compat.v1.variable_scope("lm", initializer=init):
-            embedding = tf.compat.v1.get_variable("embedding", [vocab, dim])
-            words = tf.nn.embedding_lookup(embedding, inputs)                    # [batch, seq_len, dim]
-            outputs = _lstm(tf.unstack(words, axis=1), hidden)                   # seq_len x [batch, hidden]
-            softmax_w = tf.compat.v1.get_variable("softmax_w", [vocab, hidden])
-            softmax_b = tf.compat.v1.get_variable("softmax_b", [vocab], initializer=tf.compat.v1.zeros_initializer())
-        flat_outputs = tf.reshape(tf.stack(outputs, axis=1), [batch * seq_len, hidden])
-        flat_targets = tf.reshape(targets, [batch * seq_len, 1])
-        losses = tf.nn.sampled_softmax_loss(weights=softmax_w, biases=softmax_b, labels=flat_targets,
-                                            inputs=flat_outputs, num_sampled=num_sampled, num_classes=vocab)
-        loss = tf.reduce_mean(losses, name="loss")
+        loss = model(inputs, targets, vocab, dim, hidden, num_sampled)
         global_step = tf.compat.v1.train.get_or_create_global_step()
         train_op = tf.compat.v1.train.AdagradOptimizer(learning_rate).minimize(loss, global_step=global_step)
+        variables = {v.op.name.split("/")[-1]: v for v in tf.compat.v1.global_variables()}
     return graph, SimpleNamespace(inputs=inputs, targets=targets, loss=loss, train_op=train_op,
-                                  global_step=global_step, embedding=embedding, softmax_w=softmax_w,
-                                  softmax_b=softmax_b)
+                                  global_step=global_step, embedding=variables["embedding"],
+                                  softmax_w=variables["softmax_w"], softmax_b=variables["softmax_b"])
 
 
 # --------------------------------------------------------------------------- #

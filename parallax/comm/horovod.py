@@ -10,6 +10,8 @@ from the plan, so every worker agrees. Each worker process calls
 
 from __future__ import annotations
 
+from typing import Any
+
 from parallax.comm.base import Backend
 
 __all__ = ["HorovodBackend", "prepare_process"]
@@ -21,9 +23,11 @@ class HorovodBackend(Backend):
     name = "horovod"
 
     def allreduce_sum(self, tensors):
-        import horovod.tensorflow as hvd
+        # The op itself, not ``hvd.allreduce``: that one asks the initialised Horovod for
+        # its size, and the graph is rewritten before ``hvd.init`` runs (start_session).
+        from horovod.tensorflow.mpi_ops import Sum, _allreduce
 
-        return [hvd.allreduce(t, op=hvd.Sum, name=f"allreduce_{i}") for i, t in enumerate(tensors)]
+        return [_allreduce(t, op=Sum, name=f"allreduce_{i}") for i, t in enumerate(tensors)]
 
     def allgather(self, pairs):
         import horovod.tensorflow as hvd
@@ -32,8 +36,18 @@ class HorovodBackend(Backend):
                 for i, (v, ix) in enumerate(pairs)]
 
 
-def prepare_process() -> None:
-    """Initialise Horovod in this worker process."""
+def prepare_process(comm: Any = None) -> None:
+    """Initialise Horovod in this worker process.
+
+    Args:
+        comm: the workers' mpi4py communicator; ``None`` for ``MPI.COMM_WORLD``.
+            In a HYBRID job the parameter servers are in ``COMM_WORLD`` but take
+            no part in the all-reduce, so Horovod must run on the workers' one
+            (it duplicates it, so its messages never meet Parallax's own).
+    """
     import horovod.tensorflow as hvd
 
-    hvd.init()
+    if comm is None:
+        hvd.init()
+    else:
+        hvd.init(comm=comm)

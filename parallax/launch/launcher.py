@@ -22,9 +22,33 @@ from parallax.launch.layout import RankSpec
 from parallax.launch.runner import JobResult, run_job
 from parallax.resources import LOCAL_HOSTS
 
-__all__ = ["find_mpirun", "current_program", "launch", "job_command", "local_host_names", "is_local_host"]
+__all__ = ["find_mpirun", "current_program", "launch", "job_command", "local_host_names", "is_local_host",
+           "RESOURCE_ENV", "MPIRUN_OPTIONS_ENV", "DRY_RUN_ENV", "resource_override", "extra_mpirun_options"]
 
 logger = logging.getLogger("parallax")
+
+#: Set by ``parallax-run``: the resource file every ``parallel_run`` of the script uses instead of its own.
+RESOURCE_ENV = "PARALLAX_RESOURCE_INFO"
+#: Set by ``parallax-run``: mpirun options added to ``MPIConfig.mpirun_options``.
+MPIRUN_OPTIONS_ENV = "PARALLAX_MPIRUN_OPTIONS"
+#: Set by ``parallax-run --dry_run``: a file; ``parallel_run`` writes the command it would run there and exits.
+DRY_RUN_ENV = "PARALLAX_DRY_RUN"
+
+
+def resource_override(resource_info: str | os.PathLike) -> str | os.PathLike:
+    """The resource file ``parallax-run`` gave (if any), else ``resource_info``."""
+    given = os.environ.get(RESOURCE_ENV)
+    if not given:
+        return resource_info
+    if os.path.abspath(resource_info) != given:
+        logger.info("Parallax: using the resource file given to parallax-run, %s (the script names %s)",
+                    given, resource_info)
+    return given
+
+
+def extra_mpirun_options(configured: str) -> str:
+    """``configured`` (``MPIConfig.mpirun_options``) followed by those given to ``parallax-run``."""
+    return " ".join(part for part in (configured, os.environ.get(MPIRUN_OPTIONS_ENV, "")) if part.strip())
 
 
 def find_mpirun() -> str:

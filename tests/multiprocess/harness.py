@@ -16,6 +16,9 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "train_script.py")
+# The all-reduce backend of every MPI and HYBRID job of these tests, when set (``make test-horovod`` sets
+# ``horovod``); train_script.py takes it as its ``--backend`` default. Unset: each test's own choice.
+TEST_BACKEND = os.environ.get("PARALLAX_TEST_BACKEND", "")
 
 
 @functools.lru_cache(maxsize=1)

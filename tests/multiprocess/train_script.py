@@ -54,7 +54,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--batch", type=int, default=12)
     p.add_argument("--run_option", default="MPI")
-    p.add_argument("--backend", default="auto")
+    # `make test-horovod` sets PARALLAX_TEST_BACKEND=horovod: every job of the tests then all-reduces with it
+    p.add_argument("--backend", default=os.environ.get("PARALLAX_TEST_BACKEND") or "auto")
     p.add_argument("--average_sparse", action="store_true")
     p.add_argument("--use_allgatherv", action="store_true")
     p.add_argument("--fusion_bytes", type=int, default=64 * 1024 * 1024)

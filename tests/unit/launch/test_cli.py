@@ -1,15 +1,69 @@
+"""``parallax-run``: the script's own parallel_run decides the layout from its run option."""
+
+import textwrap
+
+import pytest
+
 from parallax.cli import main
 
+SCRIPT = textwrap.dedent("""
+    import sys
+    import tensorflow as tf
+    import parallax
 
-def test_dry_run_prints_the_mpirun_command(tmp_path, capsys):
+    graph = tf.Graph()
+    with graph.as_default():
+        w = tf.compat.v1.get_variable("w", [4], initializer=tf.compat.v1.zeros_initializer())
+        emb = tf.compat.v1.get_variable("emb", [100, 4])
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, ids) * w)
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    parallax.parallel_run(graph, "the_script_names_another_file", parallax_config=parallax.Config(
+        run_option=sys.argv[1], communication_config=parallax.CommunicationConfig(
+            mpi_config=parallax.MPIConfig(mpirun_options="--mca from_config 1"))))
+    raise SystemExit("not reached in a dry run")
+""")
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+ONE_LINE, TWO_LINES = "localhost: cpu:0,cpu:1\n", "localhost: cpu:0\nlocalhost: cpu:1\n"
+
+
+@pytest.mark.parametrize("run_option, resources, processes",
+                         [("MPI", ONE_LINE, 2), ("HYBRID", ONE_LINE, 3), ("PS", TWO_LINES, 3)])
+def test_dry_run_prints_the_layout_of_the_scripts_run_option(tmp_path, capsys, script, run_option, resources,
+                                                              processes):
+    resource = tmp_path / "r"
+    resource.write_text(resources)
+    assert main(["-r", str(resource), "--mpirun_options", "--mca from_cli 2", "--dry_run", str(script),
+                 run_option]) == 0
+    out = capsys.readouterr().out
+    assert f"run_option {run_option}, {processes} processes" in out
+    assert f"-np {processes} " in out or out.count("-np ") > 1
+    assert "--mca from_config 1 --mca from_cli 2" in out
+    assert out.strip().endswith(f"-m mpi4py {script} {run_option}")
+
+
+def test_dry_run_of_one_device_trains_in_process(tmp_path, capsys, script):
+    resource = tmp_path / "r"
+    resource.write_text("localhost: cpu:0\n")
+    assert main(["-r", str(resource), "--dry_run", str(script), "MPI"]) == 0
+    assert "nothing is launched" in capsys.readouterr().out
+
+
+def test_dry_run_of_a_script_without_parallel_run(tmp_path, capsys):
     resource = tmp_path / "r"
     resource.write_text("localhost: cpu:0,cpu:1\n")
-    script = tmp_path / "train.py"
+    script = tmp_path / "t.py"
     script.write_text("print('hi')\n")
-    assert main(["-r", str(resource), "--dry_run", str(script), "--steps", "5"]) == 0
-    out = capsys.readouterr().out
-    assert "-np 2 --host localhost:2" in out
-    assert out.strip().endswith(f"-m mpi4py {script} --steps 5")
+    assert main(["-r", str(resource), "--dry_run", str(script)]) == 1
+    assert "without calling parallax.parallel_run" in capsys.readouterr().err
 
 
 def test_missing_script_and_bad_resource_file(tmp_path, capsys):

@@ -42,3 +42,14 @@ def test_remote_hosts_user_options_and_module_programs():
 
 def test_rank_spec_is_plain_data():
     assert RankSpec("h", None, 3) == RankSpec("h", None, 3, "worker")
+
+
+def test_as_many_ranks_as_cores_yield_without_oversubscribing():
+    def argv(num_ranks):
+        text = "localhost: " + ",".join(f"cpu:{i}" for i in range(num_ranks)) + "\n"
+        return " ".join(build_mpirun_command("mpirun", "python", ["t.py"], ranks(text), local_hosts=LOCAL,
+                                             cpu_count=2, is_root=False).argv)
+
+    assert "yield" not in argv(1) and "oversubscribe" not in argv(1)
+    assert "--mca mpi_yield_when_idle 1" in argv(2) and "oversubscribe" not in argv(2)
+    assert "--oversubscribe --mca mpi_yield_when_idle 1" in argv(3)

@@ -1,0 +1,78 @@
+"""The examples as a user runs them: plain ``python`` and ``parallax-run``, on the shipped resource file."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.multiprocess.harness import ROOT, namespace_prefix
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+RESOURCES = os.path.join(ROOT, "resource_info.example")
+PARALLAX_RUN = os.path.join(os.path.dirname(sys.executable), "parallax-run")
+
+
+def run(*argv: str, timeout: float = 240) -> str:
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([*namespace_prefix(), *argv], capture_output=True, text=True, errors="replace", env=env,
+                          cwd=ROOT, timeout=timeout)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+    return output
+
+
+def example(path: str):
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], os.path.join(ROOT, path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_simple_learns_the_line():
+    output = run(sys.executable, "examples/simple/simple_train.py", "--resource_info", RESOURCES)
+    assert "worker 1 of 2 ready" in output
+    assert "learned W=0.1000 b=0.3000" in output
+
+
+def test_image_classifier_with_parallax_run_equals_single_device_and_learns(tmp_path):
+    steps, batch = 100, 16
+    output = run(PARALLAX_RUN, "--resource_info", RESOURCES, "examples/image_classifier/cnn_train.py",
+                 "--steps", str(steps), "--batch", str(batch), "--ckpt_dir", str(tmp_path), "--save_steps", "50")
+    assert "starting 2 processes" in output
+    accuracy = float(re.search(r"held-out accuracy ([\d.]+)%", output).group(1))
+    assert accuracy > 90, output[-3000:]
+
+    cnn = example("examples/image_classifier/cnn_train.py")
+    args = cnn.parse_args([])
+    images, labels = cnn.make_images(args.train_images, seed=args.seed)
+    graph, t = cnn.build_graph(args.learning_rate, seed=args.seed)
+    with graph.as_default(), tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for step in range(1, steps + 1):
+            rows = cnn.step_rows(step, batch, 2, [0, 1], len(images))
+            union = np.concatenate([np.arange(len(images))[r] for r in rows])
+            sess.run(t.train_op, {t.images: images[union], t.labels: labels[union]})
+        expected = {v.op.name: sess.run(v) for v in tf.compat.v1.global_variables()}
+    # The job's checkpoint is under the single-device names: read it back variable by variable.
+    latest = tf.train.latest_checkpoint(str(tmp_path))
+    assert latest.endswith(f"-{steps}")
+    reader = tf.train.load_checkpoint(latest)
+    assert set(reader.get_variable_to_shape_map()) == set(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(reader.get_tensor(name), value, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_sparse_lm_in_hybrid_trains():
+    output = run(sys.executable, "examples/sparse_lm/lm_train.py", "--resource_info", RESOURCES,
+                 "--run_option", "HYBRID", "--vocab", "5000", "--steps", "60", "--log_every", "30")
+    assert "starting 3 processes" in output  # 2 workers and a server for the sparse variables
+    first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", output).groups())
+    assert last < first - 1.0, output[-3000:]

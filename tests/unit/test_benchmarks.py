@@ -1,0 +1,59 @@
+"""benchmarks/compare.py (``make bench``): arguments, the report, and a small real run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import compare
+
+
+def test_steps_argument():
+    assert compare.parse_args([]).steps == {"dense": 200, "sparse": 100}
+    assert compare.parse_args(["--steps", "7"]).steps == {"dense": 7, "sparse": 7}
+    assert compare.parse_args(["--steps", "sparse=9", "--quick"]).steps == {"dense": 20, "sparse": 9}
+    with pytest.raises(SystemExit):
+        compare.parse_args(["--steps", "dense=0"])
+
+
+def _data():
+    ok = {"system": "tf", "label": "TF single device", "workload": "dense", "ranks": 1, "ran_as": "single device",
+          "processes": 1, "steps_per_sec": 100.0, "units_per_sec": 6400.0, "unit": "images", "bytes_per_step": 0.0,
+          "loss_first": 2.2, "loss_last": 1.1}
+    mpi = {**ok, "system": "parallax-mpi", "label": "Parallax MPI", "ranks": 2, "ran_as": "MPI", "processes": 2,
+           "units_per_sec": 9600.0, "bytes_per_step": 307_000.0}
+    skipped = {"system": "horovod", "label": "Horovod", "workload": "dense", "ranks": 2,
+               "error": "skipped: no .venv-horovod (make horovod-venv)"}
+    return {"environment": {"date": "2026-11-22", "cores": 2, "platform": "linux", "tensorflow": "2.21.0",
+                            "horovod_tensorflow": None, "netns": True, "warmup": 3, "steps": {"dense": 20}},
+            "workloads": {"dense": "CNN"}, "rows": [ok, mpi, skipped],
+            "overhead": [{"model": "linear", "plain_us": 300.0, "raw_us": 350.0, "wrapper_us": 400.0,
+                          "wrapper_overhead_us": 50.0, "wrapper_overhead_pct": 14.3}],
+            "rewrite": [{"layout": "MPI", "ops_before": 10548, "ops_after": 15394, "variables": 966, "export_s": 0.2,
+                         "plan_s": 2.0, "rewrite_s": 1.5, "import_s": 2.3, "total_s": 6.0}]}
+
+
+def test_report_tables_and_plot(tmp_path):
+    text = compare.markdown(_data())
+    assert "| Parallax MPI | 2 | MPI | 2 | 100.0 | 9,600 | 1.50x | 307,000 | 2.20 -> 1.10 |" in text
+    assert "| Horovod | 2 | skipped: no .venv-horovod" in text
+    assert "+50 us (+14.3 %)" in text and "| MPI | 10,548 | 15,394 | 966 |" in text
+    compare.plot(_data(), str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_small_run_trains_the_same_model_in_every_system(tmp_path):
+    rc = compare.main(["--quick", "--workloads", "dense", "--systems", "tf,parallax-mpi,tf-ps", "--ranks", "1",
+                       "--steps", "5", "--no_extras", "--out_dir", str(tmp_path)])
+    data = json.loads((tmp_path / "compare.json").read_text())
+    assert rc == 0, data
+    rows = {r["system"]: r for r in data["rows"]}
+    assert set(rows) == {"tf", "parallax-mpi", "tf-ps"}
+    assert rows["parallax-mpi"]["ran_as"] == "in-process" and rows["tf-ps"]["processes"] == 2
+    for r in rows.values():  # same model, seed and first batch: the same first loss
+        assert r["loss_first"] == pytest.approx(rows["tf"]["loss_first"], rel=1e-5)
+        assert r["units_per_sec"] > 0
+    assert (tmp_path / "compare.md").exists() and (tmp_path / "compare.png").exists()
