@@ -7,8 +7,10 @@
   and ``ParallaxSession.run`` with the single-device names (the wrapper: name mapping,
   per-replica feeds and results). One worker, one replica, no communication.
 * :func:`rewrite_time`: a graph of more than 10,000 ops (a deep MLP with Adam and an
-  embedding) planned and rewritten for worker 0 of a 2-worker MPI, PS and HYBRID job,
-  then imported into TensorFlow, with the seconds of each phase.
+  embedding) exported, analysed and planned (``preview_plan`` on the ``tf.Graph``, as
+  ``parallel_run`` gets it), rewritten for worker 0 of a 2-worker MPI, PS and HYBRID job,
+  then imported into TensorFlow (``import_meta_graph``, as each worker does), with the
+  seconds of each phase.
 """
 
 from __future__ import annotations
@@ -133,7 +135,8 @@ def rewrite_time(layouts=("MPI", "PS", "HYBRID")) -> list[dict]:
             with graph.as_default():
                 meta = tf.compat.v1.train.export_meta_graph(graph=graph)
             t1 = time.perf_counter()
-            plan = parallax.preview_plan(meta, resource, True, parallax.Config(run_option=layout))
+            # from the tf.Graph, as parallel_run gets it (it exports once more inside: counted in plan_s)
+            plan = parallax.preview_plan(graph, resource, True, parallax.Config(run_option=layout))
             t2 = time.perf_counter()
             rewritten = rewrite_for_task(meta, plan, TaskSpec(0))
             t3 = time.perf_counter()

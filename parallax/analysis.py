@@ -217,21 +217,35 @@ def _op_name(obj) -> str:
 
 def update_scope_owner(var_names: list[str]):
     """A function from an op name to the variable whose ``update_<var>`` scope
-    holds the op (the innermost such scope), or ``None``."""
-    patterns = sorted(var_names, key=len, reverse=True)
-    compiled = [(v, re.compile(r"(?:^|/)update_" + re.escape(v) + r"(?:_\d+)?/")) for v in patterns]
+    holds the op (the innermost such scope; the longest variable name where
+    several fit), or ``None``. A scope is ``update_<var>/`` or ``update_<var>_<n>/``,
+    at the start of the name or after a ``/``. Linear in the name's length."""
+    names = frozenset(var_names)
+
+    def variable_of(scope: str) -> str | None:
+        if scope in names:
+            return scope
+        m = _NUMBERED.fullmatch(scope)
+        return m.group(1) if m and m.group(1) in names else None
 
     def owner(op_name: str) -> str | None:
-        if "update_" not in op_name:
-            return None
-        best = None
-        for var, regex in compiled:
-            m = regex.search(op_name)
-            if m and (best is None or m.start() > best[1]):
-                best = (var, m.start())
-        return None if best is None else best[0]
+        start = op_name.rfind("update_")
+        while start >= 0:
+            if start == 0 or op_name[start - 1] == "/":
+                rest = op_name[start + len("update_"):]
+                end = rest.rfind("/")
+                while end > 0:  # the longest scope first
+                    var = variable_of(rest[:end])
+                    if var is not None:
+                        return var
+                    end = rest.rfind("/", 0, end)
+            start = op_name.rfind("update_", 0, start)
+        return None
 
     return owner
+
+
+_NUMBERED = re.compile(r"(.+)_\d+")
 
 
 def _update_scopes(ops, var_names: list[str]) -> dict[str, list]:
