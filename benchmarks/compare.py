@@ -16,7 +16,8 @@ processes, one replica each, on this machine:
 * ``tf-ps``: TensorFlow's own parameter servers (``replica_device_setter`` +
   ``SyncReplicasOptimizer``), by hand: N workers + 1 server.
 * ``horovod``: Horovod 0.28.1 by hand (``DistributedOptimizer``), in the compat venv
-  ``.venv-horovod`` (TensorFlow 2.15.1; built by ``make horovod-venv``). Skipped, with the
+  ``.venv-horovod`` (TensorFlow 2.15.1; built by ``make horovod-venv``, which ``make test-horovod``
+  and ``make bench`` run). Skipped, with the
   reason in the table, when that venv is missing.
 
 Bytes per step are measured: each job runs in its own network namespace with only

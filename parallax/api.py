@@ -97,7 +97,7 @@ def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
     check_schedule(config.ckpt_config, graph)
     cluster = parse_resource_file(resource_info)
     context = launched_context(config.redirect_path)
-    _warn_unapplied(config, launched=context is not None)
+
     analysis = analyse_graph(graph)
     if context is not None:
         if config.search_partitions:
@@ -109,6 +109,9 @@ def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
     if config.search_partitions:
         _search_partitions(graph, cluster, config, sync, None, launching=layout is not None)
     if layout is None:
+        if config.redirect_path:
+            logger.warning("Parallax: redirect_path is for launched processes; this process trains alone, so its "
+                           "output is not redirected")
         return _in_trial(_run_in_process(cluster, graph, meta_graph, analysis, config, sync))
     for worker in cluster.workers:  # this machine's device lists are checked before anything starts
         if is_local_host(worker.host):
@@ -565,16 +568,6 @@ def _worker_entry(index: int, host: str, devices) -> tuple[str, tuple[str, ...],
     """``(host, replica devices, shared device)`` of worker task ``index`` with ``(kind, index)`` devices."""
     prefix = f"/job:worker/replica:0/task:{index}"
     return host, tuple(f"{prefix}/device:{k.upper()}:{i}" for k, i in devices), f"{prefix}/device:CPU:0"
-
-
-def _warn_unapplied(config: Config, launched: bool) -> None:
-    """Say which accepted settings this version does not act on yet (docs/status.md)."""
-    unapplied = []
-    if config.redirect_path is not None and not launched:
-        unapplied.append("redirect_path (applies to launched processes only)")
-    if unapplied:
-        logger.warning("Parallax: %s accepted and validated but not applied in this version "
-                       "(see docs/status.md)", ", ".join(unapplied))
 
 
 def _load_graph(single_gpu_graph) -> tuple[tf.Graph, meta_graph_pb2.MetaGraphDef]:

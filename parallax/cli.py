@@ -50,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="run the script up to parallel_run, print the mpirun command and exit")
     parser.add_argument("--timeout", type=float, default=600, help="--dry_run: seconds before giving up on the "
                         "script")
-    parser.add_argument("-m", dest="module", default=None, help="run a module (like python -m)")
+    parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, default=None, metavar="MODULE ...",
+                        help="run a module and its arguments (like python -m)")
     parser.add_argument("program", nargs=argparse.REMAINDER, help="the script and its arguments")
     return parser
 
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``parallax-run``; returns the job's exit code."""
     args = _parser().parse_args(argv)
     if args.module:
-        program = ["-m", args.module, *args.program]
+        program = ["-m", *args.module]
     elif args.program:
         script = args.program[0]
         if not os.path.exists(script):

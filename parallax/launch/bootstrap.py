@@ -125,7 +125,7 @@ def finish_together(rank: int, timeout: float | None = None) -> None:
     others end within about a step. If they do not within ``timeout`` seconds
     (``PARALLAX_FINISH_TIMEOUT``, default 60), they are waiting in an all-reduce
     this rank will never join (it ran fewer steps): the job is aborted with a
-    message instead of hanging.
+    message instead of hanging. A rank ending with an exception does not wait.
     """
     import atexit
     import time
@@ -134,6 +134,8 @@ def finish_together(rank: int, timeout: float | None = None) -> None:
         timeout = float(os.environ.get(FINISH_TIMEOUT_ENV, DEFAULT_FINISH_TIMEOUT))
 
     def check() -> None:
+        if _FAILED:  # ending with an exception: leave at once, mpi4py's abort ends the job
+            return
         from mpi4py import MPI
 
         request = MPI.COMM_WORLD.Ibarrier()

@@ -83,6 +83,7 @@ def test_an_exception_in_a_rank_ends_the_job_naming_it(tmp_path):
     assert run.returncode != 0
     assert "deliberate failure on rank 1" in run.output
     assert re.search(r"Parallax job failed: rank 1 on host \S+", run.output), run.output[-3000:]
+    assert run.seconds < 45, "the failing rank waited for the others (PARALLAX_FINISH_TIMEOUT is 60 s)"
     assert not leftover_processes(tmp_path)
 
 

@@ -75,3 +75,12 @@ def test_missing_script_and_bad_resource_file(tmp_path, capsys):
     script.write_text("")
     assert main(["-r", str(resource), str(script)]) == 2
     assert "line 1" in capsys.readouterr().err
+
+
+def test_dry_run_of_a_module_with_options(tmp_path, capsys, monkeypatch):
+    (tmp_path / "trainmod.py").write_text(SCRIPT)
+    resource = tmp_path / "r"
+    resource.write_text(ONE_LINE)
+    monkeypatch.chdir(tmp_path)
+    assert main(["-r", str(resource), "--dry_run", "-m", "trainmod", "MPI", "--an_option"]) == 0
+    assert capsys.readouterr().out.strip().endswith("-m mpi4py -m trainmod MPI --an_option")
