@@ -93,8 +93,8 @@ _FAILED: list[bool] = []
 
 
 def _note_failures() -> None:
-    """Remember when this process ends with an unhandled exception (mpi4py then aborts
-    the job at exit, which an exit handler must not delay)."""
+    """When this process ends with an unhandled exception: remember it (exit handlers
+    must not delay the end) and abort the job at once, after the traceback."""
     if getattr(sys.excepthook, "_parallax", False):
         return
     previous = sys.excepthook
@@ -102,6 +102,13 @@ def _note_failures() -> None:
     def hook(kind, value, traceback):
         _FAILED.append(True)
         previous(kind, value, traceback)
+        # End the job now, naming this rank: exit handlers (Horovod's shutdown, say) would
+        # otherwise fail other ranks first, and the job would name one of them.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Abort(1)
 
     hook._parallax = True  # type: ignore[attr-defined]
     sys.excepthook = hook
