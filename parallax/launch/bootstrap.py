@@ -89,18 +89,14 @@ def _redirect(path: str, fd: int, stream) -> None:
     os.close(target)
 
 
-_FAILED: list[bool] = []
-
-
 def _note_failures() -> None:
-    """When this process ends with an unhandled exception: remember it (exit handlers
-    must not delay the end) and abort the job at once, after the traceback."""
+    """When this process ends with an unhandled exception, abort the job at once, after
+    the traceback (so no exit handler below runs or delays the end)."""
     if getattr(sys.excepthook, "_parallax", False):
         return
     previous = sys.excepthook
 
     def hook(kind, value, traceback):
-        _FAILED.append(True)
         previous(kind, value, traceback)
         # End the job now, naming this rank: exit handlers (Horovod's shutdown, say) would
         # otherwise fail other ranks first, and the job would name one of them.
@@ -116,10 +112,8 @@ def _note_failures() -> None:
 
 def leave_together() -> None:
     """Exit handler of PS and HYBRID processes: every process leaves when all do (servers
-    wait for the workers), except one ending with an exception, which leaves at once so
-    that mpi4py's abort ends the whole job."""
-    if _FAILED:
-        return
+    wait for the workers). One ending with an exception never gets here: it aborts the
+    job from ``sys.excepthook`` (:func:`_note_failures`)."""
     from mpi4py import MPI
 
     MPI.COMM_WORLD.Barrier()
@@ -132,7 +126,8 @@ def finish_together(rank: int, timeout: float | None = None) -> None:
     others end within about a step. If they do not within ``timeout`` seconds
     (``PARALLAX_FINISH_TIMEOUT``, default 60), they are waiting in an all-reduce
     this rank will never join (it ran fewer steps): the job is aborted with a
-    message instead of hanging. A rank ending with an exception does not wait.
+    message instead of hanging. A rank ending with an exception aborts the job before
+    this check (:func:`_note_failures`).
     """
     import atexit
     import time
@@ -141,8 +136,6 @@ def finish_together(rank: int, timeout: float | None = None) -> None:
         timeout = float(os.environ.get(FINISH_TIMEOUT_ENV, DEFAULT_FINISH_TIMEOUT))
 
     def check() -> None:
-        if _FAILED:  # ending with an exception: leave at once, mpi4py's abort ends the job
-            return
         from mpi4py import MPI
 
         request = MPI.COMM_WORLD.Ibarrier()
