@@ -55,6 +55,12 @@ class VariableInfo:
         resource: resource variable (``VarHandleOp``) or ref variable.
         colocate_with: the variable this one must live with (an optimizer
             slot's primary variable), from the op's colocation attribute.
+        slot_of: the variable this one is an optimizer slot of (Adam's ``m``,
+            Adagrad's accumulator): colocated with it and read by its update
+            alone. Found through the update ops, never by name, since an
+            optimizer built inside a variable scope names the slots of
+            ``model/emb`` ``model/model/emb/Adagrad``. Non-slot state shared by
+            several updates (Adam's ``beta1_power``) is no slot.
     """
 
     name: str
@@ -63,6 +69,7 @@ class VariableInfo:
     trainable: bool
     resource: bool
     colocate_with: str | None = None
+    slot_of: str | None = None
 
     @property
     def num_bytes(self) -> int:
@@ -186,6 +193,9 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
                                           and op.type != "Variable", _colocation(op)))
     variables.sort(key=lambda v: v.name)
     scopes = _update_scopes(ops, [v.name for v in variables])
+    slots = _slots(scopes, {v.name for v in variables})
+    variables = [replace(v, slot_of=slots[v.name]) if v.name in slots and v.colocate_with == slots[v.name] else v
+                 for v in variables]
     gradients = []
     for var_name in sorted(scopes):
         gradients.append(_gradient_of(var_name, scopes[var_name], graph))
@@ -259,6 +269,21 @@ def _update_scopes(ops, var_names: list[str]) -> dict[str, list]:
     return scopes
 
 
+def _slots(scopes: dict[str, list], variable_names: set[str]) -> dict[str, str]:
+    """``{slot: primary}``: the variables that enter exactly one variable's update scope
+    (as a handle, a ref or a read), other than that variable itself."""
+    readers: dict[str, set[str]] = {}
+    for owner, ops in scopes.items():
+        for op in ops:
+            for t in op.inputs:
+                source = t.op
+                if source.type in ("Identity", "ReadVariableOp") and source.inputs:
+                    source = source.inputs[0].op
+                if source.name in variable_names and source.name != owner:
+                    readers.setdefault(source.name, set()).add(owner)
+    return {slot: next(iter(owners)) for slot, owners in readers.items() if len(owners) == 1}
+
+
 def _is_variable_read(op) -> bool:
     if op.type in VARIABLE_OP_TYPES:
         return True
@@ -289,6 +314,12 @@ def _from_gradient_computation(tensor, cache: dict) -> bool:
 
 
 def _gradient_of(var_name: str, scope_ops: list, graph: tf.Graph) -> GradientInfo:
+    optimizers = sorted({op.name[:op.name.rfind("update_")].rstrip("/") or "(top level)" for op in scope_ops})
+    if len(optimizers) > 1:
+        raise AnalysisError(
+            f'variable "{var_name}" is updated by {len(optimizers)} optimizer calls ({", ".join(optimizers)}); '
+            "Parallax synchronises one gradient per variable and step. Update each variable with one "
+            "minimize()/apply_gradients() (e.g. pass var_list=), or sum the losses into one")
     inside = {op.name for op in scope_ops}
     external = []
     for op in scope_ops:

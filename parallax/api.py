@@ -313,9 +313,8 @@ def _run_server_job_rank(context: RankContext, cluster, graph, meta_graph, analy
         broadcast=hybrid, bind_mpi=hybrid, horovod=hybrid and plan.comm.backend == "horovod",
         comm=workers_comm, mpi_groups={"host": host_comm} if hybrid else None,
         **_session_extras(config, plan, saves=index == 0))
-    aliases = _fetch_aliases(rewritten)
     wrapper = ParallaxSession(session, dist_graph, graph, _replicated_ops(meta_graph, plan), len(mine),
-                              aliases=aliases, profiler=Profiler.from_config(config.profile_config, index))
+                              profiler=Profiler.from_config(config.profile_config, index))
     return wrapper, counters["worker"], index, len(mine)
 
 
@@ -332,15 +331,6 @@ def _worker_comms(context: RankContext):
                 world.Split(hosts.index(context.spec.host) if worker else MPI.UNDEFINED, context.rank))
 
     return _once("worker_comms", split)
-
-
-def _fetch_aliases(meta: meta_graph_pb2.MetaGraphDef) -> dict[str, str]:
-    from parallax.rewrite.names import FETCH_ALIAS_COLLECTION
-
-    if FETCH_ALIAS_COLLECTION not in meta.collection_def:
-        return {}
-    pairs = (v.decode().split("=", 1) for v in meta.collection_def[FETCH_ALIAS_COLLECTION].bytes_list.value)
-    return dict(pairs)
 
 
 def _check_launched_layout(expected: tuple[RankSpec, ...], context: RankContext, source: str) -> None:

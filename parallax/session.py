@@ -33,16 +33,12 @@ class ParallaxSession:
         replicated: names of the ops copied per replica; other ops are shared
             and fetched once.
         num_replicas: number of local replicas.
-        aliases: ops to run instead of some of the single-device graph's ops
-            (the PS training op runs the synchronization protocol).
         profiler: a :class:`parallax.profiling.Profiler` for ``ProfileConfig``.
     """
 
     def __init__(self, session: Any, graph: tf.Graph, single_graph: tf.Graph | None,
-                 replicated: frozenset[str], num_replicas: int, aliases: dict[str, str] | None = None,
-                 profiler: Any = None) -> None:
+                 replicated: frozenset[str], num_replicas: int, profiler: Any = None) -> None:
         self._session = session
-        self._aliases = dict(aliases or {})
         self._graph = graph
         self._single_graph = single_graph
         self._replicated = replicated
@@ -143,8 +139,6 @@ class ParallaxSession:
 
     def _replica_names(self, name: str) -> list[str]:
         op = name.split(":")[0]
-        if op in self._aliases and ":" not in name:
-            return [self._aliases[op]] * self._num_replicas
         if op not in self._replicated:
             return [name] * self._num_replicas
         if ":" in name:

@@ -28,6 +28,11 @@ class Model:
     loss: tf.Tensor
     train_op: tf.Operation
     variables: list = field(default_factory=list)
+    schedule: list = field(default_factory=list)  # training ops run in turn, one a step (default: train_op)
+
+    def step_op(self, step: int) -> tf.Operation:
+        """The training op of step ``step``."""
+        return self.schedule[step % len(self.schedule)] if self.schedule else self.train_op
 
 
 def _init(shape, seed):
@@ -113,8 +118,8 @@ def variable_values(sess, graph: tf.Graph) -> dict[str, np.ndarray]:
 def train_single_device(model: Model, data: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     with model.graph.as_default(), tf.compat.v1.Session(graph=model.graph) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
-        for feed in data:
-            sess.run(model.train_op, {model.inputs[k]: v for k, v in feed.items()})
+        for step, feed in enumerate(data):
+            sess.run(model.step_op(step), {model.inputs[k]: v for k, v in feed.items()})
         return variable_values(sess, model.graph)
 
 

@@ -249,9 +249,6 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
 
 def _server_group(analysis: GraphAnalysis, name: str) -> str:
     """The variable whose server ``name`` follows: its own, or an optimizer slot's primary
-    (``<primary>/<slot>``, colocated with it). Adam's ``beta1_power`` is colocated
-    with the first variable but is no slot of it: it follows nobody."""
-    target = analysis.variable(name).colocate_with
-    if target is not None and name.startswith(target + "/"):
-        return target
-    return name
+    (found through the update ops, see :attr:`VariableInfo.slot_of`). Adam's ``beta1_power``
+    is colocated with the first variable but is no slot of it: it follows nobody."""
+    return analysis.variable(name).slot_of or name

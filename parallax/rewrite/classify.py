@@ -8,7 +8,10 @@
 * **Replicated** ops are copied onto every replica: the ancestors of the
   gradients (forward and backward pass, variable reads, input pipeline) and
   every other op fed by the input (placeholders, iterators, datasets), such
-  as an accuracy metric.
+  as an accuracy metric or batch-norm moving statistics, but not through
+  the update: ops that run after the training op (an
+  ``ExponentialMovingAverage`` applied under its control dependency) are
+  shared and run once.
 
 Ops that are neither (a saver, ``init``) stay shared.
 """
@@ -77,7 +80,9 @@ def classify(graph_def: graph_pb2.GraphDef, plan: Plan, extra_inputs: frozenset[
     hyper = train_closure - forward
     shared = variables | update_path | hyper
     inputs = {n.name for n in graph_def.node if is_input_op(n.op)} | set(extra_inputs)
-    fed = descendants(cons, inputs)
+    # What runs after the update (an EMA under control_dependencies([train_op])) is not fed
+    # through it: it runs once, on the updated variables.
+    fed = descendants(cons, inputs, stop=shared | set(plan.train_ops))
     replicated = (forward | fed) - shared
     everything = set(nodes)
     return Classification(frozenset(replicated), frozenset(everything - replicated),

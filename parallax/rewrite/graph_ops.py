@@ -8,7 +8,12 @@ from collections.abc import Iterable
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 __all__ = ["parse_input", "format_input", "op_of", "node_map", "consumers", "ancestors",
-           "descendants", "add_nodes"]
+           "descendants", "add_nodes", "is_variable_write", "written_variable", "make_no_op"]
+
+_WRITE_OPS = frozenset({"Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",
+                        "AssignSubVariableOp", "StridedSliceAssign", "ResourceStridedSliceAssign"})
+_WRITE_PREFIXES = ("Scatter", "ResourceScatter", "Apply", "ResourceApply", "SparseApply", "ResourceSparseApply")
+_VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable", "AutoReloadVariable", "_VarHandlesOp"})
 
 
 def parse_input(text: str) -> tuple[str, int, bool]:
@@ -67,13 +72,17 @@ def ancestors(nodes: dict[str, node_def_pb2.NodeDef], starts: Iterable[str],
     return seen
 
 
-def descendants(consumer_map: dict[str, list[str]], starts: Iterable[str]) -> set[str]:
-    """Ops reachable forwards from ``starts`` (included) over data and control edges."""
-    seen = set(starts)
+def descendants(consumer_map: dict[str, list[str]], starts: Iterable[str],
+                stop: frozenset[str] | set[str] = frozenset()) -> set[str]:
+    """Ops reachable forwards from ``starts`` (included) over data and control edges.
+
+    Ops in ``stop`` are neither included nor walked through.
+    """
+    seen = {s for s in starts if s not in stop}
     queue = deque(seen)
     while queue:
         for name in consumer_map.get(queue.popleft(), ()):
-            if name not in seen:
+            if name not in seen and name not in stop:
                 seen.add(name)
                 queue.append(name)
     return seen
@@ -94,3 +103,57 @@ def add_nodes(graph_def: graph_pb2.GraphDef, nodes) -> None:
                                "rename the graph's op (names under parallax_* are reserved)")
         existing.add(node.name)
     graph_def.node.extend(nodes)
+
+
+def is_variable_write(op_type: str) -> bool:
+    """Whether ops of this type write the variable given as their first input.
+
+    >>> is_variable_write("AssignSubVariableOp"), is_variable_write("ResourceApplyAdam"), is_variable_write("Add")
+    (True, True, False)
+    """
+    return op_type in _WRITE_OPS or op_type.startswith(_WRITE_PREFIXES)
+
+
+def written_variable(node: node_def_pb2.NodeDef, nodes: dict[str, node_def_pb2.NodeDef]) -> str | None:
+    """The variable op that ``node`` writes (through ``Identity`` of a handle or ref), or ``None``."""
+    if not is_variable_write(node.op) or not node.input:
+        return None
+    name = parse_input(node.input[0])[0]
+    seen = set()
+    while name in nodes and name not in seen:
+        seen.add(name)
+        source = nodes[name]
+        if source.op in _VARIABLE_OPS:
+            return name
+        if source.op not in ("Identity", "RefIdentity") or not source.input:
+            return None
+        name = parse_input(source.input[0])[0]
+    return None
+
+
+def make_no_op(graph_def: graph_pb2.GraphDef, names: set[str], device: str, what: str) -> None:
+    """Turn the ops ``names`` into ``NoOp``s on ``device`` that still wait for what they waited
+    for (their inputs become control inputs).
+
+    Raises:
+        RewriteError: another op reads the output of one of them; ``what`` says
+            what the dropped op is.
+    """
+    from parallax.errors import RewriteError
+
+    for node in graph_def.node:
+        if node.name in names:
+            waits = list(dict.fromkeys(format_input(parse_input(t)[0], 0, True) for t in node.input))
+            node.op = "NoOp"
+            del node.input[:]
+            node.input.extend(waits)
+            for key in list(node.attr):
+                del node.attr[key]
+            node.device = device
+    for node in graph_def.node:
+        if node.name in names:
+            continue
+        for text in node.input:
+            op, _, control = parse_input(text)
+            if op in names and not control:
+                raise RewriteError(f'op "{node.name}" reads the output of "{op}", {what}')

@@ -7,14 +7,13 @@ parameter-server ops match across processes.
 from __future__ import annotations
 
 __all__ = ["REPLICA_PREFIX", "replica_op_name", "replica_tensor_name", "aggregate_scope",
-           "replica_frame_name", "aggregate_outputs", "SYNC_PREFIX", "LOCAL_COPY_PREFIX", "FETCH_ALIAS_COLLECTION"]
+           "replica_frame_name", "aggregate_outputs", "SYNC_PREFIX", "LOCAL_COPY_PREFIX", "sync_scope",
+           "unsynchronised_train_op"]
 
 REPLICA_PREFIX = "parallax_replica_"
 AGGREGATE_PREFIX = "parallax_aggregate"
 SYNC_PREFIX = "parallax_sync"
 LOCAL_COPY_PREFIX = "parallax_local"
-#: MetaGraphDef collection of "<original op>=<op to run instead>" entries for the session.
-FETCH_ALIAS_COLLECTION = "parallax_fetch_alias"
 
 
 def replica_op_name(name: str, replica: int) -> str:
@@ -65,3 +64,23 @@ def aggregate_outputs(variable: str, sparse: bool, replica: int | None = None) -
     if sparse:
         return (f"{scope}values{suffix}:0", f"{scope}indices{suffix}:0")
     return (f"{scope}grad{suffix}:0",)
+
+
+def sync_scope(train_op: str) -> str:
+    """The name scope of the PS protocol ops of one training op (token queues, release, wait).
+
+    >>> sync_scope("model/Adam")
+    'parallax_sync/step/model/Adam/'
+    """
+    return f"{SYNC_PREFIX}/step/{train_op}/"
+
+
+def unsynchronised_train_op(train_op: str) -> str:
+    """The new name of a training op that the PS protocol takes the place of: the
+    protocol's op takes the original name, so every op the user built on the
+    training op (``tf.group``, ``control_dependencies``) runs the protocol.
+
+    >>> unsynchronised_train_op("Adam")
+    'parallax_sync/step/Adam/unsynchronised'
+    """
+    return f"{sync_scope(train_op)}unsynchronised"

@@ -13,13 +13,26 @@ names that every worker computes alike:
 * on the chief (worker 0), ``parallax_sync/<v>/take``: waits for one
   gradient from every worker and returns their sum, which the update ops
   then read instead of the local gradient;
-* ``parallax_sync/token_<w>``: one FIFO queue per other worker ``w`` on
-  server 0. After the update the chief puts one token in each; worker ``w``
-  takes its token before it may start the next step;
-* ``parallax_sync/train_op``: what a fetch of the training op runs: on the
-  chief, the original training op and then the tokens; elsewhere, the
-  gradient applies and then this worker's token. The rewritten graph records
-  the substitution in the ``parallax_fetch_alias`` collection.
+* for every training op ``<t>`` (the op an optimizer's ``apply_gradients``
+  returns) that updates server variables, under ``parallax_sync/step/<t>/``:
+  ``token_<w>``, one FIFO queue per other worker ``w`` on server 0. After the
+  update the chief puts one token in each (``release_<w>``); worker ``w``
+  takes its token (``wait``) before it may start the next step;
+* the training op itself is renamed ``parallax_sync/step/<t>/unsynchronised``
+  and a new op takes its name ``<t>``: on the chief, the original training op
+  and then the releases; elsewhere, the gradient applies and then this
+  worker's token. Every op the program built on the training op
+  (``tf.group(train_op, *update_ops)``, an ``ExponentialMovingAverage`` under
+  ``control_dependencies([train_op])``, a fetch by name) therefore runs the
+  protocol; nothing is substituted at fetch time.
+
+Several training ops (two optimizers in one ``tf.group``, or a GAN's two
+ops run in turn) each get their own tokens: each is a protocol of its own,
+over the server variables it updates.
+
+Only the chief writes server variables: on the other workers every other op
+that writes one (an EMA of the weights, batch-norm moving statistics kept on
+a server) becomes a no-op, so that it runs once per step, as on one device.
 
 Plans that mix servers and all-reduce (HYBRID, AUTO): the other workers also
 run the original training op, for their own copies of the all-reduced
@@ -44,14 +57,56 @@ from tensorflow.core.protobuf import meta_graph_pb2
 
 from parallax.analysis import update_scope_owner
 from parallax.errors import RewriteError
-from parallax.plan.model import Plan, TaskSpec
+from parallax.plan.model import Plan, TaskSpec, VariablePlacement
 from parallax.rewrite.aggregate import build_subgraph
-from parallax.rewrite.graph_ops import add_nodes, format_input, parse_input
-from parallax.rewrite.names import FETCH_ALIAS_COLLECTION, SYNC_PREFIX, aggregate_outputs
+from parallax.rewrite.graph_ops import (
+    add_nodes,
+    ancestors,
+    format_input,
+    make_no_op,
+    node_map,
+    parse_input,
+    written_variable,
+)
+from parallax.rewrite.names import SYNC_PREFIX, aggregate_outputs, sync_scope, unsynchronised_train_op
 
-__all__ = ["add_ps_sync"]
+__all__ = ["add_ps_sync", "variables_by_train_op"]
 
 _ALWAYS_FRESH = 2 ** 62  # local_step that is never stale: the token protocol keeps workers in step
+
+
+def variables_by_train_op(graph_def, plan: Plan) -> list[tuple[str, list[VariablePlacement]]]:
+    """The training ops with the variables (with a gradient) each one updates, in plan order.
+
+    A training op that runs another one (a ``tf.group`` that the program also
+    put in the ``train_op`` collection) adds nothing of its own: the inner
+    one carries the protocol.
+
+    Raises:
+        RewriteError: a variable is updated by two training ops, or by none.
+    """
+    nodes = node_map(graph_def)
+    owner = update_scope_owner([v.name for v in plan.variables])
+    closures = {t: ancestors(nodes, [t]) for t in plan.train_ops}
+    inner = [t for t in plan.train_ops if not any(o != t and o in closures[t] for o in plan.train_ops)]
+    updated = {t: {owner(name) for name in closures[t]} - {None} for t in inner}
+    groups = []
+    for t in inner:
+        mine = [v for v in plan.variables if v.gradient is not None and v.name in updated[t]]
+        groups.append((t, mine))
+    for v in plan.variables:
+        if v.gradient is None:
+            continue
+        users = [t for t in inner if v.name in updated[t]]
+        if len(users) > 1:
+            raise RewriteError(f'variable "{v.name}" is updated by two training ops ({", ".join(users)}); '
+                               "synchronous PS training needs each variable updated by one optimizer call. "
+                               "Use one optimizer (or one apply_gradients) per variable, or run_option='MPI'")
+        if not users:
+            raise RewriteError(f'the update of variable "{v.name}" is reached from no training op '
+                               f"({', '.join(plan.train_ops)}); build it with optimizer.minimize() or "
+                               "apply_gradients()")
+    return groups
 
 
 def add_ps_sync(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec
@@ -59,22 +114,37 @@ def add_ps_sync(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskS
     """Add the synchronous PS protocol (see the module docstring). Returns a new MetaGraphDef.
 
     Raises:
-        RewriteError: the graph has more than one training op.
+        RewriteError: a variable is updated by two training ops, or a worker-side
+            op reads the result of a server variable's update.
     """
     out = meta_graph_pb2.MetaGraphDef()
     out.CopyFrom(meta_graph)
-    variables = [v for v in plan.variables if v.sync == "ps" and v.gradient is not None]
-    if not plan.sync or not variables:
+    if not plan.sync or not any(v.sync == "ps" and v.gradient is not None for v in plan.variables):
         return out
-    if len(plan.train_ops) != 1:
-        raise RewriteError(f"synchronous PS training supports one training op; the graph has "
-                           f"{len(plan.train_ops)}: {', '.join(plan.train_ops)}")
-    train_op = plan.train_ops[0]
+    chief = task.worker_index == 0
+    worker = plan.workers[task.worker_index]
+    on_servers: set[str] = set()
+    for train_op, variables in variables_by_train_op(out.graph_def, plan):
+        synced = [v for v in variables if v.sync == "ps"]
+        if synced:
+            mixed = len(synced) < len(variables)
+            _add_protocol(out, plan, task, train_op, synced, mixed)
+            on_servers.update(v.name for v in synced)
+    if not chief:
+        if any(v.gradient is not None and v.sync != "ps" for v in plan.variables):
+            _drop_server_updates(out, plan, on_servers, worker.shared_device)
+        _drop_server_writes(out, plan, worker.shared_device)
+    return out
+
+
+def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, train_op: str,
+                  variables: list[VariablePlacement], mixed: bool) -> None:
+    """The accumulators, tokens and renamed training op of one training op."""
     num_workers = plan.num_workers
     chief = task.worker_index == 0
     worker = plan.workers[task.worker_index]
-    mixed = any(v.gradient is not None and v.sync != "ps" for v in plan.variables)
     hosts = list(dict.fromkeys(w.host for w in plan.workers))
+    original_name = unsynchronised_train_op(train_op)
     # One gradient per host (host aggregation), per worker (local aggregation) or per replica.
     listen: list[str] = []  # gradients this worker computes but does not send (its host's leader does)
     if plan.ps.host_aggregation:
@@ -96,10 +166,11 @@ def add_ps_sync(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskS
             dtypes.append(tf.dtypes.as_dtype(v.gradient.dtype))
             if v.sparse:
                 dtypes.append(tf.dtypes.as_dtype(v.gradient.indices_dtype))
-    names.append(f"^{train_op}")  # a control input on the original training op
+    names.append(f"^{original_name}")  # a control input on the original training op
     dtypes.append(tf.float32)
     names.extend(listen)
     dtypes.extend([tf.float32] * len(listen))
+    step_scope = sync_scope(train_op)
 
     def builder(inputs):
         applies, takes = [], []
@@ -135,38 +206,36 @@ def add_ps_sync(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskS
                             takes.append(acc.take_grad(required, name="take"))
         original = inputs[position]
         heard = [t.op for t in inputs[position + 1:]]
-        with tf.name_scope(f"{SYNC_PREFIX}/"):
-            queues = {w: tf.queue.FIFOQueue(-1, [tf.int64], shapes=[[]], shared_name=f"{SYNC_PREFIX}/token_{w}",
+        with tf.name_scope(step_scope):
+            queues = {w: tf.queue.FIFOQueue(-1, [tf.int64], shapes=[[]], shared_name=f"{step_scope}token_{w}",
                                             name=f"token_{w}") for w in range(1, num_workers)
                       if chief or w == task.worker_index}
             if chief:
                 with tf.control_dependencies([original.op]):
                     releases = [q.enqueue(tf.constant(0, tf.int64), name=f"release_{w}") for w, q in queues.items()]
-                done = tf.group(original.op, *releases, name="train_op")
+                done = tf.group(original.op, *releases, name="synchronised")
             else:
                 # Mixed plans: this worker also runs the training op, for its own copies of
                 # the all-reduced variables (the server variables' updates are taken out).
                 before = applies + heard + ([original.op] if mixed else [])
                 with tf.control_dependencies(before):
                     token = queues[task.worker_index].dequeue(name="wait")
-                done = tf.group(token, name="train_op")
+                done = tf.group(token, name="synchronised")
         return [done] + takes
 
     nodes, outputs = build_subgraph(builder, dtypes, names, "")
-    token_device = plan.server_devices[0]
     server_of = {v.name: plan.server_devices[v.server] for v in variables}
     for node in nodes:
+        if node.name.startswith(step_scope):
+            queue_side = "/token_" in node.name or "/release_" in node.name or node.name.endswith("/wait")
+            node.device = plan.server_devices[0] if queue_side else worker.shared_device
+            continue
         scope = node.name[len(SYNC_PREFIX) + 1:]
         var = next((name for name in sorted(server_of, key=len, reverse=True) if scope.startswith(name + "/")),
                    None)
-        if var is not None:
-            node.device = server_of[var]
-        elif node.name.startswith(f"{SYNC_PREFIX}/token_") or "/release_" in node.name or \
-                node.name == f"{SYNC_PREFIX}/wait":
-            node.device = token_device
-        else:
-            node.device = worker.shared_device
-    # The chief's train op must not depend on a placeholder for the original op (replaced above).
+        node.device = server_of[var] if var is not None else worker.shared_device
+    _rename_train_op(out, train_op, original_name, nodes, parse_input(outputs[0])[0])
+    # The chief's update ops read the summed gradients the accumulators return.
     if chief:
         takes = outputs[1:]
         rewire = {}
@@ -184,12 +253,30 @@ def add_ps_sync(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskS
                 key = f"{op}:{index}"
                 if not control and key in rewire:
                     node.input[i] = rewire[key]
-    if mixed and not chief:
-        _drop_server_updates(out, plan, {v.name for v in variables}, worker.shared_device)
     add_nodes(out.graph_def, nodes)
-    alias = out.collection_def[FETCH_ALIAS_COLLECTION].bytes_list.value
-    alias.append(f"{train_op}={parse_input(outputs[0])[0]}".encode())
-    return out
+
+
+def _rename_train_op(meta_graph: meta_graph_pb2.MetaGraphDef, train_op: str, original_name: str,
+                     protocol: list, synchronised: str) -> None:
+    """The training op becomes ``original_name``; the protocol's op ``synchronised`` takes its name.
+
+    Raises:
+        RewriteError: an op reads the training op's output as data (only control
+            dependencies on a training op can be kept).
+    """
+    for node in meta_graph.graph_def.node:
+        if node.name == train_op:
+            node.name = original_name
+            continue
+        for text in node.input:
+            op, _, control = parse_input(text)
+            if op == train_op and not control:
+                raise RewriteError(f'op "{node.name}" reads the output of the training op "{train_op}"; with '
+                                   "parameter servers only control dependencies on a training op are kept. "
+                                   "Use tf.control_dependencies([train_op]) or tf.group(train_op, ...)")
+    for node in protocol:
+        if node.name == synchronised:
+            node.name = train_op
 
 
 def _drop_server_updates(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, on_servers: set[str],
@@ -197,21 +284,42 @@ def _drop_server_updates(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, on
     """On a worker other than the chief, the ops of the server variables'
     ``update_<var>`` scopes become no-ops: the chief updates those variables."""
     owner = update_scope_owner([v.name for v in plan.variables])
-    dropped = set()
-    for node in meta_graph.graph_def.node:
-        if owner(node.name) in on_servers:
-            dropped.add(node.name)
-            node.op = "NoOp"
-            del node.input[:]
-            for key in list(node.attr):
-                del node.attr[key]
-            node.device = device
-    for node in meta_graph.graph_def.node:
-        if node.name in dropped:
-            continue
-        for text in node.input:
-            op, _, control = parse_input(text)
-            if op in dropped and not control:
-                raise RewriteError(f'op "{node.name}" reads the output of "{op}", an update of a variable on the '
-                                   "parameter servers; this graph cannot mix servers and all-reduce "
-                                   "(use run_option='PS' or 'MPI')")
+    dropped = {node.name for node in meta_graph.graph_def.node if owner(node.name) in on_servers}
+    make_no_op(meta_graph.graph_def, dropped, device,
+               "an update of a variable on the parameter servers; this graph cannot mix servers and all-reduce "
+               "(use run_option='PS' or 'MPI')")
+
+
+def _drop_server_writes(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, device: str) -> None:
+    """On a worker other than the chief, every op that writes a server variable outside the
+    optimizer's updates (an EMA of the weights, moving statistics) becomes a no-op: the chief
+    runs it. Initializers and the saver's restore ops are kept."""
+    servers = {v.name for v in plan.variables if v.server is not None}
+    nodes = node_map(meta_graph.graph_def)
+    keep = _initializers_and_saver(meta_graph)
+    owner = update_scope_owner([v.name for v in plan.variables])  # the optimizer's updates: see add_ps_sync
+    dropped = {n.name for n in meta_graph.graph_def.node
+               if not n.name.startswith(f"{SYNC_PREFIX}/") and not n.name.startswith(keep)
+               and owner(n.name) is None and written_variable(n, nodes) in servers}
+    make_no_op(meta_graph.graph_def, dropped, device,
+               "a write of a variable on the parameter servers, which only the chief worker runs; read the "
+               "variable itself instead")
+
+
+def _initializers_and_saver(meta_graph: meta_graph_pb2.MetaGraphDef) -> tuple[str, ...]:
+    """Name prefixes of the writes that are no training step: variable initializers and the saver's ops."""
+    from tensorflow.core.framework import variable_pb2
+
+    prefixes = set()
+    for collection in meta_graph.collection_def.values():
+        for raw in collection.bytes_list.value:
+            proto = variable_pb2.VariableDef()
+            try:
+                proto.ParseFromString(raw)
+            except Exception:  # noqa: BLE001 - not a VariableDef
+                continue
+            if proto.initializer_name:
+                prefixes.add(parse_input(proto.initializer_name)[0])
+    if meta_graph.saver_def.restore_op_name:
+        prefixes.add(meta_graph.saver_def.restore_op_name.split("/")[0] + "/")
+    return tuple(sorted(prefixes))

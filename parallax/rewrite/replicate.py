@@ -13,7 +13,12 @@ Wiring:
   inputs of the update ops are rewired later by the aggregation pass);
 * colocation (``_class``) and v1 while-loop frame names follow the copy;
 * ``parallax.shard`` ids become constants: the global replica index and the
-  total number of replicas.
+  total number of replicas;
+* a replicated op that writes a shared variable outside the optimizer (the
+  moving statistics of batch norm in ``UPDATE_OPS``) writes it from replica 0
+  only: the copies of other replicas become ``NoOp``s that wait for the same
+  inputs. So such a variable is updated once per step, from replica 0's
+  batch, as each process does under Horovod.
 
 Devices: a replica's ops go on its device (an op the user pinned to the CPU
 stays on the CPU when the replica is a GPU); shared ops without a device go
@@ -28,7 +33,15 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from parallax.errors import RewriteError
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.classify import classify
-from parallax.rewrite.graph_ops import consumers, descendants, format_input, parse_input
+from parallax.rewrite.graph_ops import (
+    consumers,
+    descendants,
+    format_input,
+    make_no_op,
+    node_map,
+    parse_input,
+    written_variable,
+)
 from parallax.rewrite.names import REPLICA_PREFIX, replica_frame_name, replica_op_name
 from parallax.shard import NUM_SHARDS_COLLECTION, SHARD_ID_COLLECTION
 
@@ -145,8 +158,22 @@ def replicate_graph(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
             new_nodes.append(copy)
     del out.graph_def.node[:]
     out.graph_def.node.extend(new_nodes)
+    _write_from_first_replica(out, replicated, devices)
     _extend_table_initializers(out, replicated, len(devices))
     return out
+
+
+def _write_from_first_replica(meta_graph: meta_graph_pb2.MetaGraphDef, replicated: frozenset[str],
+                              devices: tuple[str, ...]) -> None:
+    """Replicas other than 0 do not write shared variables (see the module docstring)."""
+    if len(devices) < 2:
+        return
+    original = node_map(meta_graph.graph_def)
+    for r in range(1, len(devices)):
+        writes = {replica_op_name(name, r) for name in replicated
+                  if (var := written_variable(original[name], original)) is not None and var not in replicated}
+        make_no_op(meta_graph.graph_def, writes & set(original), devices[r],
+                   "a write of a shared variable that only replica 0 runs; read the variable instead")
 
 
 def _extend_table_initializers(meta_graph: meta_graph_pb2.MetaGraphDef, replicated: frozenset[str],

@@ -16,7 +16,11 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import parallax  # noqa: E402
+from tests.idioms import IDIOM_DATA, IDIOMS  # noqa: E402
 from tests.models import BUILDERS, DATA  # noqa: E402
+
+BUILDERS = {**BUILDERS, **IDIOMS}
+DATA = {**DATA, **IDIOM_DATA}
 
 
 def kill(pid: int, out: str) -> None:
@@ -122,7 +126,7 @@ def main() -> None:
             raise RuntimeError(f"deliberate failure on rank {worker_id}")
         mine = {model.inputs[k]: np.split(v, parts)[worker_id * num_replicas:(worker_id + 1) * num_replicas]
                 for k, v in feed.items()}
-        sess.run(model.train_op, feed_dict=mine)
+        sess.run(model.step_op(step), feed_dict=mine)
     variables = model.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
     values = sess.run(variables)
     os.makedirs(args.out, exist_ok=True)

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from parallax.analysis import analyse_graph
 from parallax.plan import TaskSpec, build_plan
-from parallax.rewrite.names import FETCH_ALIAS_COLLECTION
+from parallax.rewrite.names import sync_scope, unsynchronised_train_op
 from parallax.rewrite.pipeline import rewrite_for_task
 from tests.models import build_embedding
 from tests.unit.rewrite.helpers import export, nodes_of
@@ -49,8 +49,9 @@ def test_other_workers_leave_server_updates_to_the_chief_but_run_their_own():
     assert sparse_update and all(other[n].op == "NoOp" for n in sparse_update)
     assert any(chief[n].op != "NoOp" for n in sparse_update)
     assert any(n.op == "ResourceApplyAdam" for n in other.values())  # its own dense update
-    wait = other["parallax_sync/wait"]
-    assert any(i.lstrip("^") == plan.train_ops[0] for i in wait.input)  # runs the training op, then waits
+    wait = other[sync_scope(plan.train_ops[0]) + "wait"]
+    # runs the (renamed) training op, then waits
+    assert any(i.lstrip("^") == unsynchronised_train_op(plan.train_ops[0]) for i in wait.input)
 
 
 def test_host_aggregation_one_sender_per_host():
@@ -61,6 +62,6 @@ def test_host_aggregation_one_sender_per_host():
     take = nodes_of(rewrite(model, plan, 0))["parallax_sync/embedding/take"]
     assert take.op == "SparseAccumulatorTakeGradient"
     meta = rewrite(model, plan, 1)
-    aliases = [v.decode() for v in meta.collection_def[FETCH_ALIAS_COLLECTION].bytes_list.value]
-    assert aliases == [f"{plan.train_ops[0]}=parallax_sync/train_op"]
+    train_op = nodes_of(meta)[plan.train_ops[0]]  # the training op's name now runs the protocol
+    assert train_op.op == "NoOp" and train_op.input == [f"^{sync_scope(plan.train_ops[0])}wait"]
     assert any(n.startswith("parallax_aggregate/host/") for n in nodes_of(meta))

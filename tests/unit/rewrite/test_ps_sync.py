@@ -3,7 +3,6 @@ import pytest
 from parallax.analysis import analyse_graph
 from parallax.plan import TaskSpec, build_plan
 from parallax.plan.policies import place_by_bytes
-from parallax.rewrite.names import FETCH_ALIAS_COLLECTION
 from parallax.rewrite.pipeline import rewrite_for_task
 from tests.models import build_embedding, build_sequence
 from tests.unit.rewrite.helpers import export, nodes_of
@@ -54,13 +53,15 @@ def test_chief_takes_and_releases_the_others():
     assert nodes["parallax_sync/embedding/accumulator"].op == "SparseConditionalAccumulator"
     assert nodes["parallax_sync/embedding/accumulator"].attr["shared_name"].s == b"parallax_sync/embedding/accumulator"
     assert nodes["parallax_sync/proj/kernel/accumulator"].op == "ResourceConditionalAccumulator"
-    assert {"parallax_sync/release_1", "parallax_sync/release_2"} <= set(nodes)
+    assert {"parallax_sync/step/Adam/release_1", "parallax_sync/step/Adam/release_2"} <= set(nodes)
     take = [n for n in nodes if n.startswith("parallax_sync/proj/kernel/take")]
     assert take, "chief must take the summed gradient"
     update_inputs = [i for n in nodes.values() if n.name.startswith("Adam/update_proj/kernel/") for i in n.input]
     assert any(i.startswith("parallax_sync/proj/kernel/take") for i in update_inputs)
-    alias = meta.collection_def[FETCH_ALIAS_COLLECTION].bytes_list.value
-    assert alias == [b"Adam=parallax_sync/train_op"]
+    # the training op's name runs the original op (renamed), then the releases
+    assert nodes["parallax_sync/step/Adam/unsynchronised"].op == nodes_of(export(model.graph))["Adam"].op
+    assert sorted(nodes["Adam"].input) == ["^parallax_sync/step/Adam/release_1", "^parallax_sync/step/Adam/release_2",
+                                           "^parallax_sync/step/Adam/unsynchronised"]
 
 
 def test_other_workers_apply_and_wait_for_their_token():
@@ -68,10 +69,11 @@ def test_other_workers_apply_and_wait_for_their_token():
     plan = ps_plan(model, num_workers=3)
     nodes = nodes_of(rewrite_for_task(export(model.graph), plan, TaskSpec(2)))
     assert not [n for n in nodes if "/take" in n]
-    assert nodes["parallax_sync/token_2"].attr["shared_name"].s == b"parallax_sync/token_2"
-    assert "parallax_sync/token_1" not in nodes
-    assert nodes["parallax_sync/wait"].op == "QueueDequeueV2"
-    assert nodes["parallax_sync/wait"].device == SERVERS[0]
+    assert nodes["parallax_sync/step/Adam/token_2"].attr["shared_name"].s == b"parallax_sync/step/Adam/token_2"
+    assert "parallax_sync/step/Adam/token_1" not in nodes
+    assert nodes["parallax_sync/step/Adam/wait"].op == "QueueDequeueV2"
+    assert nodes["parallax_sync/step/Adam/wait"].device == SERVERS[0]
+    assert nodes["Adam"].input == ["^parallax_sync/step/Adam/wait"]
 
 
 def test_async_adds_no_protocol():
@@ -90,21 +92,46 @@ def test_same_plan_gives_the_same_graph_on_every_call():
     assert a == b
 
 
-def test_two_training_ops_are_refused_in_sync_ps():
+def _two_optimizers():
     import tensorflow as tf
 
-    from parallax.errors import RewriteError
     from tests.models import Model
     from tests.unit.test_analysis import two_variable_loss
 
     graph = tf.Graph()
     with graph.as_default():
         a, b, loss = two_variable_loss()
+        first = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=[a])
+        second = tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss, var_list=[b])
+        tf.group(first, second, name="both")
+    return Model(graph, {}, None, None), first.name, second.name
+
+
+def test_each_training_op_gets_its_own_protocol_over_its_own_variables():
+    model, first, second = _two_optimizers()
+    for task in (0, 1):
+        nodes = nodes_of(rewrite_for_task(export(model.graph), ps_plan(model), TaskSpec(task)))
+        for train_op in (first, second):
+            assert nodes[train_op].op == "NoOp"  # the name now runs the protocol
+            assert f"parallax_sync/step/{train_op}/token_1" in nodes
+        assert sorted(i.lstrip("^") for i in nodes["both"].input) == sorted([first, second])  # the group kept
+
+
+def test_a_variable_updated_by_two_optimizer_calls_is_refused_with_its_name():
+    import tensorflow as tf
+
+    from parallax.analysis import analyse_graph
+    from parallax.errors import AnalysisError
+    from tests.unit.test_analysis import two_variable_loss
+
+    graph = tf.Graph()
+    with graph.as_default():
+        a, b, loss = two_variable_loss()
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=[a])
-        tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss, var_list=[b])
-    model = Model(graph, {}, None, None)
-    with pytest.raises(RewriteError, match="supports one training op"):
-        rewrite_for_task(export(graph), ps_plan(model), TaskSpec(0))
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=[a, b], name="again")
+    with pytest.raises(AnalysisError, match=r'^variable "a" is updated by 2 optimizer calls '
+                                            r"\(GradientDescent, again\); .* var_list="):
+        analyse_graph(graph)
 
 
 @pytest.mark.parametrize("local_aggregation, applies, required", [(True, 1, 2), (False, 3, 6)])

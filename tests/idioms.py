@@ -1,0 +1,189 @@
+"""Training graphs written the way real TF1 programs write them, for the tests.
+
+Programs written for the original Parallax (and most TF1 code) rarely fetch the
+op ``apply_gradients`` returns: they wrap it. Each builder here is one such
+idiom, as a small single-device graph in a fresh ``tf.Graph``:
+
+* ``group``: ``train_op = tf.group(opt.minimize(loss, global_step))``
+* ``update_ops``: batch-norm style moving averages in ``UPDATE_OPS``, run by
+  ``tf.group(apply_op, *update_ops)``
+* ``deps_update_ops``: the other spelling, ``with tf.control_dependencies(update_ops): minimize``
+* ``ema``: an ``ExponentialMovingAverage`` of the weights applied under
+  ``tf.control_dependencies([apply_op])``
+* ``scoped``: the optimizer built inside ``tf.variable_scope("model")`` on a
+  partitioned embedding (slots named ``model/model/emb/part_0/Adagrad``), no
+  global step
+* ``two_optimizers``: one training op updating two variable sets with two
+  optimizers (``tf.group`` of both)
+* ``alternating``: a GAN-style pair of training ops run in turn (``schedule``)
+
+The moving averages of ``update_ops``/``deps_update_ops`` are taken of a
+statistic that is the same over any split of the batch (the mean of the
+weights), so a replica's update equals the single-device one: the tests can
+then demand equality with single-device training. The union batch's feeds
+are split in equal parts, one per replica.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from tensorflow.python.training import moving_averages  # what tf.compat.v1.layers' batch norm uses
+
+from tests.models import FEATURES, VOCAB, Model, _init, batches
+
+__all__ = ["IDIOMS", "IDIOM_DATA"]
+
+
+def _dense(x, name: str, shape, seed: int):
+    w = tf.compat.v1.get_variable(f"{name}/kernel", shape, initializer=_init(shape, seed))
+    b = tf.compat.v1.get_variable(f"{name}/bias", shape[-1:], initializer=_init(shape[-1:], seed + 100))
+    return tf.matmul(x, w) + b
+
+
+def _mlp_inputs():
+    x = tf.compat.v1.placeholder(tf.float32, [None, FEATURES], name="x")
+    y = tf.compat.v1.placeholder(tf.float32, [None, 1], name="y")
+    return x, y
+
+
+def _mlp_loss(x, y, scope: str = "net"):
+    with tf.compat.v1.variable_scope(scope):
+        h = tf.nn.relu(_dense(x, "hidden", [FEATURES, 8], 11))
+        pred = _dense(h, "out", [8, 1], 12)
+    return tf.reduce_mean(tf.square(pred - y), name=f"{scope}_loss")
+
+
+def _moving_average_updates(scope: str, x) -> None:
+    """Batch-norm style moving statistics (``assign_moving_average``) in ``UPDATE_OPS``.
+    Each statistic is computed in the replica (it reads the input ``x``, as batch
+    statistics do) but does not depend on how the batch is split."""
+    weights = [v for v in tf.compat.v1.trainable_variables() if v.op.name.startswith(scope)]
+    for i, w in enumerate(weights):
+        stat = tf.reduce_mean(w) + 0.0 * tf.reduce_mean(x)
+        moving = tf.compat.v1.get_variable(f"moving/stat_{i}", [], trainable=False,
+                                           initializer=tf.compat.v1.zeros_initializer())
+        update = moving_averages.assign_moving_average(moving, stat, 0.9, zero_debias=False)
+        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, update)
+
+
+def build_group(optimizer: str = "adam") -> Model:
+    graph = tf.Graph()
+    with graph.as_default():
+        x, y = _mlp_inputs()
+        loss = _mlp_loss(x, y)
+        step = tf.compat.v1.train.get_or_create_global_step()
+        train_op = tf.group(_optimizer(optimizer).minimize(loss, global_step=step), name="train")
+    return Model(graph, {"x": x, "y": y}, loss, train_op)
+
+
+def build_update_ops(optimizer: str = "adam", deps: bool = False) -> Model:
+    graph = tf.Graph()
+    with graph.as_default():
+        x, y = _mlp_inputs()
+        loss = _mlp_loss(x, y)
+        _moving_average_updates("net", x)
+        update_ops = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+        step = tf.compat.v1.train.get_or_create_global_step()
+        if deps:
+            with tf.control_dependencies(update_ops):
+                train_op = _optimizer(optimizer).minimize(loss, global_step=step)
+        else:
+            apply_op = _optimizer(optimizer).minimize(loss, global_step=step)
+            train_op = tf.group(apply_op, *update_ops)
+    return Model(graph, {"x": x, "y": y}, loss, train_op)
+
+
+def build_ema(optimizer: str = "momentum") -> Model:
+    graph = tf.Graph()
+    with graph.as_default():
+        x, y = _mlp_inputs()
+        loss = _mlp_loss(x, y)
+        step = tf.compat.v1.train.get_or_create_global_step()
+        apply_op = _optimizer(optimizer).minimize(loss, global_step=step)
+        ema = tf.compat.v1.train.ExponentialMovingAverage(0.9, num_updates=step)
+        with tf.control_dependencies([apply_op]):
+            train_op = ema.apply(tf.compat.v1.trainable_variables())
+    return Model(graph, {"x": x, "y": y}, loss, train_op)
+
+
+def build_scoped(optimizer: str = "adagrad") -> Model:
+    """An LM-like graph as the original Parallax's programs build it: everything,
+    the optimizer included, inside ``variable_scope("model")``; a partitioned
+    embedding; no global step."""
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+        y = tf.compat.v1.placeholder(tf.float32, [None, 1], name="y")
+        with tf.compat.v1.variable_scope("model"):
+            emb = tf.compat.v1.get_variable(
+                "lm/emb", [VOCAB, FEATURES], partitioner=tf.compat.v1.fixed_size_partitioner(2),
+                initializer=tf.compat.v1.random_uniform_initializer(-0.5, 0.5, seed=21))
+            rows = tf.nn.embedding_lookup(emb, ids)
+            w = tf.compat.v1.get_variable("lm/proj", [FEATURES, 1], initializer=_init([FEATURES, 1], 22))
+            loss = tf.reduce_mean(tf.square(tf.matmul(rows, w) - y), name="loss")
+            train_op = _optimizer(optimizer).minimize(loss)
+    return Model(graph, {"ids": ids, "y": y}, loss, train_op)
+
+
+def build_two_optimizers(optimizer: str = "adam") -> Model:
+    """One training op, two variable sets, two optimizers."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x, y = _mlp_inputs()
+        first = _mlp_loss(x, y, "first")
+        second = _mlp_loss(x, 2.0 * y, "second")
+        step = tf.compat.v1.train.get_or_create_global_step()
+        a = _optimizer(optimizer).minimize(first, global_step=step,
+                                           var_list=tf.compat.v1.trainable_variables("first"))
+        b = tf.compat.v1.train.GradientDescentOptimizer(0.05).minimize(
+            second, var_list=tf.compat.v1.trainable_variables("second"))
+        train_op = tf.group(a, b)
+    return Model(graph, {"x": x, "y": y}, first + second, train_op)
+
+
+def build_alternating(optimizer: str = "adam") -> Model:
+    """A GAN-style pair: two losses, two optimizers, two training ops run in turn."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x, y = _mlp_inputs()
+        with tf.compat.v1.variable_scope("gen"):
+            fake = _dense(x, "g", [FEATURES, 1], 31)
+        with tf.compat.v1.variable_scope("disc"):
+            w = tf.compat.v1.get_variable("d/kernel", [1, 1], initializer=_init([1, 1], 32))
+            real_score = tf.matmul(y, w)
+            fake_score = tf.matmul(fake, w)
+        d_loss = tf.reduce_mean(tf.square(real_score - 1.0)) + tf.reduce_mean(tf.square(fake_score))
+        g_loss = tf.reduce_mean(tf.square(fake_score - 1.0))
+        step = tf.compat.v1.train.get_or_create_global_step()
+        d_op = _optimizer(optimizer).minimize(d_loss, var_list=tf.compat.v1.trainable_variables("disc"),
+                                              global_step=step, name="d_train")
+        g_op = tf.compat.v1.train.MomentumOptimizer(0.05, 0.9).minimize(
+            g_loss, var_list=tf.compat.v1.trainable_variables("gen"), name="g_train")
+    return Model(graph, {"x": x, "y": y}, d_loss + g_loss, d_op, schedule=[d_op, g_op])
+
+
+def _optimizer(name: str):
+    from tests.models import OPTIMIZERS
+
+    cls, lr, kwargs = OPTIMIZERS[name]
+    return cls(lr, **kwargs)
+
+
+def _mlp_data(steps: int, batch: int):
+    return batches("mlp", steps, batch)
+
+
+def _ids_data(steps: int, batch: int):
+    return batches("embedding", steps, batch)
+
+
+IDIOMS = {
+    "group": build_group,
+    "update_ops": build_update_ops,
+    "deps_update_ops": lambda optimizer="adam": build_update_ops(optimizer, deps=True),
+    "ema": build_ema,
+    "scoped": build_scoped,
+    "two_optimizers": build_two_optimizers,
+    "alternating": build_alternating,
+}
+IDIOM_DATA = {name: (_ids_data if name == "scoped" else _mlp_data) for name in IDIOMS}
