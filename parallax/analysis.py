@@ -22,6 +22,8 @@ exactly as on one device.
 
 The training ops are the ``train_op`` collection when the graph has one, and
 otherwise the sinks of the update ops (the op ``apply_gradients`` returns).
+A graph without any (inference, evaluation) is analysed as forward only: no
+gradients, no training ops; its replicas then run side by side.
 """
 
 from __future__ import annotations
@@ -136,12 +138,17 @@ class GraphAnalysis:
         variables: every variable, sorted by name.
         gradients: the gradient of every variable an optimizer updates, sorted
             by variable name.
-        train_ops: names of the training ops.
+        train_ops: names of the training ops (none in a forward-only graph).
     """
 
     variables: tuple[VariableInfo, ...]
     gradients: tuple[GradientInfo, ...]
     train_ops: tuple[str, ...]
+
+    @property
+    def forward_only(self) -> bool:
+        """No optimizer updates anything: inference or evaluation."""
+        return not self.gradients
 
     def variable(self, name: str) -> VariableInfo:
         """The variable called ``name``; ``KeyError`` if there is none."""
@@ -170,15 +177,16 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
     """Find the variables, their gradients and the training ops of ``graph``.
 
     Args:
-        graph: a single-device graph with at least one ``tf.compat.v1.train``
-            optimizer update (``minimize`` or ``apply_gradients``).
+        graph: a single-device graph, usually with ``tf.compat.v1.train``
+            optimizer updates (``minimize`` or ``apply_gradients``); without
+            any it is forward only.
 
     Returns:
         A :class:`GraphAnalysis`.
 
     Raises:
-        AnalysisError: the graph has no training op, or a variable's gradient
-            cannot be told apart from other inputs of its update.
+        AnalysisError: a variable's gradient cannot be told apart from other
+            inputs of its update, or two optimizer calls update it.
     """
     ops = graph.get_operations()
     trainable = {_op_name(v) for v in graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
@@ -200,12 +208,7 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
     for var_name in sorted(scopes):
         gradients.append(_gradient_of(var_name, scopes[var_name], graph))
     gradients = _find_raw_gradients(graph, gradients)
-    train_ops = _train_ops(graph, scopes)
-    if not gradients or not train_ops:
-        raise AnalysisError(
-            "the graph has no training op: no variable is updated by a tf.compat.v1.train optimizer. "
-            "Build the training step with optimizer.minimize(loss) or optimizer.apply_gradients(...) "
-            "in the graph before calling parallel_run()")
+    train_ops = _train_ops(graph, scopes) if gradients else ()
     return GraphAnalysis(tuple(variables), tuple(gradients), train_ops)
 
 

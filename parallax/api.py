@@ -14,7 +14,14 @@ from parallax.analysis import GraphAnalysis, analyse_graph
 from parallax.checkpoint import check_schedule
 from parallax.config import Config
 from parallax.errors import LaunchError
-from parallax.launch.bootstrap import LAUNCH_ENV, RankContext, finish_together, launched_context, leave_together
+from parallax.launch.bootstrap import (
+    LAUNCH_ENV,
+    RankContext,
+    finish_together,
+    launched_context,
+    leave_together,
+    make_heartbeat,
+)
 from parallax.launch.launcher import (
     DRY_RUN_ENV,
     current_program,
@@ -31,7 +38,7 @@ from parallax.plan.policies import choose_sync
 from parallax.profiling import Profiler
 from parallax.resources import Cluster, Device, WorkerTask, parse_resource_file
 from parallax.rewrite.classify import classify
-from parallax.rewrite.pipeline import rewrite_for_task
+from parallax.rewrite.pipeline import rewrite_for_task, wait_points
 from parallax.rewrite.replicate import shard_op_names
 from parallax.session import ParallaxSession
 from parallax.startup import GROUP_LEADER, start_server, start_session
@@ -160,7 +167,8 @@ def _multiprocess_layout(cluster: Cluster, run_option: str, analysis: GraphAnaly
 def _launch_and_exit(ranks: tuple[RankSpec, ...], run_option: str, config: Config) -> None:
     program = current_program()
     options = extra_mpirun_options(config.communication_config.mpi_config.mpirun_options)
-    result = launch(ranks, run_option, program, options, redirect_path=config.redirect_path)
+    result = launch(ranks, run_option, program, options, redirect_path=config.redirect_path,
+                    stall_timeout=config.stall_timeout)
     if result.failure is not None:
         sys.stderr.write(f"\n{result.failure}\n")
         sys.stderr.flush()
@@ -191,7 +199,7 @@ def _run_in_process(cluster, graph, meta_graph, analysis, config, sync):
                      analysis, config, sync, CommSpec())
     logger.info("Parallax plan:\n%s", plan.describe())
     task = TaskSpec(worker_index=0)
-    rewritten = rewrite_for_task(meta_graph, plan, task)
+    rewritten = _rewrite(meta_graph, plan, task, config)
     cpus = max([d.index + 1 for d in devices if d.kind == "cpu"], default=0)
     session, dist_graph = start_session(rewritten, config.sess_config, cpu_devices=cpus,
                                         **_session_extras(config, plan, saves=True))
@@ -209,6 +217,7 @@ def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphA
         return _run_server_job_rank(context, cluster, graph, meta_graph, analysis, config, sync)
     _check_launched_layout(ranks_per_device(cluster), context, cluster.source)
     _once("finish", lambda: finish_together(context.rank))
+    beat = _heartbeat(context, "initialising the variables and taking rank 0's values")
     gpus = len(tf.config.list_physical_devices("GPU"))
     mpi = config.communication_config.mpi_config
     uses_gpu = [_rank_device(r, gpus).kind == "gpu" for r in context.ranks]
@@ -231,7 +240,7 @@ def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphA
     if context.rank == 0:
         logger.info("Parallax plan:\n%s", plan.describe())
     task = TaskSpec(worker_index=context.rank)
-    rewritten = rewrite_for_task(meta_graph, plan, task)
+    rewritten = _rewrite(meta_graph, plan, task, config)
     on_this_host = sum(1 for r in context.ranks if r.host == context.spec.host)
     session, dist_graph = start_session(
         rewritten, config.sess_config, cpu_devices=0, visible_gpu=my_gpu,
@@ -240,8 +249,10 @@ def _run_rank(context: RankContext, cluster, graph, meta_graph, analysis: GraphA
         group_leader=GROUP_LEADER if server is not None else None,
         bind_mpi=backend == "mpi" or mpi.use_allgatherv, horovod=backend == "horovod",
         **_session_extras(config, plan, saves=context.rank == 0))
+    beat.set("user")
     wrapper = ParallaxSession(session, dist_graph, graph, _replicated_ops(meta_graph, plan), 1,
-                              profiler=Profiler.from_config(config.profile_config, context.rank))
+                              profiler=Profiler.from_config(config.profile_config, context.rank),
+                              heartbeat=beat, waits=wait_points(plan, task))
     return wrapper, context.size, context.rank, 1
 
 
@@ -289,6 +300,7 @@ def _run_server_job_rank(context: RankContext, cluster, graph, meta_graph, analy
 
     server = _once("server", start)
     if role == "ps":
+        _heartbeat(context, "").set("serve")
         logger.info("Parallax: parameter server %d serving on %s", index, context.spec.host)
         raise SystemExit(0)  # the barrier above holds this process until every worker has finished
     workers = []
@@ -304,7 +316,9 @@ def _run_server_job_rank(context: RankContext, cluster, graph, meta_graph, analy
     if index == 0:
         logger.info("Parallax plan:\n%s", plan.describe())
     task = TaskSpec(worker_index=index)
-    rewritten = rewrite_for_task(meta_graph, plan, task)
+    beat = _heartbeat(context, "initialising the variables" if index == 0 else
+                      "waiting for the chief (worker 0) to initialise the variables")
+    rewritten = _rewrite(meta_graph, plan, task, config)
     on_this_host = sum(1 for r in context.ranks if r.host == context.spec.host and r.role == "worker")
     session, dist_graph = start_session(
         rewritten, config.sess_config, cpu_devices=cpus, visible_gpu=visible, server=server, is_chief=index == 0,
@@ -313,9 +327,41 @@ def _run_server_job_rank(context: RankContext, cluster, graph, meta_graph, analy
         broadcast=hybrid, bind_mpi=hybrid, horovod=hybrid and plan.comm.backend == "horovod",
         comm=workers_comm, mpi_groups={"host": host_comm} if hybrid else None,
         **_session_extras(config, plan, saves=index == 0))
+    beat.set("user")
     wrapper = ParallaxSession(session, dist_graph, graph, _replicated_ops(meta_graph, plan), len(mine),
-                              profiler=Profiler.from_config(config.profile_config, index))
+                              profiler=Profiler.from_config(config.profile_config, index),
+                              heartbeat=beat, waits=wait_points(plan, task))
     return wrapper, counters["worker"], index, len(mine)
+
+
+class _NoHeartbeat:
+    """Stands in for a heartbeat where the launcher runs no stall monitor."""
+
+    def set(self, state: str, where: str = "", steps: int | None = None) -> None:
+        pass
+
+    def step_done(self) -> None:
+        pass
+
+
+def _heartbeat(context: RankContext, where: str):
+    """This process's heartbeat to the stall monitor, now in state ``start`` waiting ``where``."""
+    beat = _once("heartbeat", lambda: make_heartbeat(context)) or _NoHeartbeat()
+    beat.set("start", where)
+    return beat
+
+
+def _rewrite(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec,
+             config: Config) -> meta_graph_pb2.MetaGraphDef:
+    """The graph ``task`` runs; written to ``Config.export_graph_path`` when one is set."""
+    rewritten = rewrite_for_task(meta_graph, plan, task)
+    if config.export_graph_path:
+        os.makedirs(config.export_graph_path, exist_ok=True)
+        path = os.path.join(config.export_graph_path, f"graph_worker_{task.worker_index}.pbtxt")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(str(rewritten))
+        logger.info("Parallax: wrote the graph of worker %d to %s", task.worker_index, path)
+    return rewritten
 
 
 def _worker_comms(context: RankContext):

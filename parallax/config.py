@@ -465,6 +465,14 @@ class Config(_ConfigBase):
             every ``sess.run`` in every worker process (each process gets its
             own copies of what the hooks hold; check ``worker_id`` for chief-only
             work). Their ``begin`` sees the rewritten graph.
+        export_graph_path: a directory where every process writes the graph it
+            runs after the rewrite, as a text ``MetaGraphDef``:
+            ``graph_worker_<id>.pbtxt`` (in-process replicas: ``graph_worker_0.pbtxt``).
+            The original Parallax's field of the same name.
+        stall_timeout: (Parallax only) seconds a launched process may wait for
+            its peers (in ``sess.run`` or while its session starts) before the
+            launcher prints who waits for whom and where; again every that many
+            seconds while it lasts. ``None`` turns the check off. Default 30.
     """
 
     _FIELDS = {
@@ -478,6 +486,8 @@ class Config(_ConfigBase):
         "profile_config": (ProfileConfig, _instance_of(lambda: ProfileConfig)),
         "plan_overrides": (dict, _plan_overrides),
         "hooks": (tuple, _hooks),
+        "export_graph_path": (lambda: None, _optional_str),
+        "stall_timeout": (lambda: 30.0, _positive_number_or_none),
     }
 
     def __init__(self, run_option: str | None = None, average_sparse: bool = False,
@@ -486,8 +496,10 @@ class Config(_ConfigBase):
                  communication_config: CommunicationConfig | None = None,
                  ckpt_config: CheckPointConfig | None = None,
                  profile_config: ProfileConfig | None = None,
-                 plan_overrides: dict[str, Any] | None = None, hooks: list | None = None) -> None:
-        super().__init__(plan_overrides=plan_overrides, hooks=hooks,
+                 plan_overrides: dict[str, Any] | None = None, hooks: list | None = None,
+                 export_graph_path: str | None = None, stall_timeout: float | None = 30.0) -> None:
+        super().__init__(plan_overrides=plan_overrides, hooks=hooks, export_graph_path=export_graph_path,
+            stall_timeout=stall_timeout,
             run_option=run_option, average_sparse=average_sparse, sess_config=sess_config,
             redirect_path=redirect_path, search_partitions=search_partitions,
             communication_config=communication_config if communication_config is not None

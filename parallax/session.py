@@ -34,16 +34,22 @@ class ParallaxSession:
             and fetched once.
         num_replicas: number of local replicas.
         profiler: a :class:`parallax.profiling.Profiler` for ``ProfileConfig``.
+        heartbeat: a :class:`parallax.launch.monitor.Heartbeat` told of every
+            ``run`` (the stall check), or ``None``.
+        waits: where a step waits for other processes, for the stall check.
     """
 
     def __init__(self, session: Any, graph: tf.Graph, single_graph: tf.Graph | None,
-                 replicated: frozenset[str], num_replicas: int, profiler: Any = None) -> None:
+                 replicated: frozenset[str], num_replicas: int, profiler: Any = None, heartbeat: Any = None,
+                 waits: str = "") -> None:
         self._session = session
         self._graph = graph
         self._single_graph = single_graph
         self._replicated = replicated
         self._num_replicas = num_replicas
         self._profiler = profiler
+        self._heartbeat = heartbeat
+        self._waits = waits
         self._elements: dict[str, Any] = {}  # name -> op or tensor of the (finalized) rewritten graph
 
     # ------------------------------------------------------------------ #
@@ -90,9 +96,15 @@ class ParallaxSession:
         def run(opts, metadata):
             return self._session.run(elements, feed_dict=feeds, options=opts, run_metadata=metadata)
 
-        with self._graph.as_default():  # hooks (checkpoint saving) build and run ops in graph mode
-            values = run(options, run_metadata) if self._profiler is None else \
-                self._profiler.run(run, options, run_metadata)
+        if self._heartbeat is not None:
+            self._heartbeat.set("run", self._waits)
+        try:
+            with self._graph.as_default():  # hooks (checkpoint saving) build and run ops in graph mode
+                values = run(options, run_metadata) if self._profiler is None else \
+                    self._profiler.run(run, options, run_metadata)
+        finally:
+            if self._heartbeat is not None:
+                self._heartbeat.step_done()
         return self._rebuild(structure, values, targets)
 
     def should_stop(self) -> bool:

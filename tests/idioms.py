@@ -16,6 +16,10 @@ idiom, as a small single-device graph in a fresh ``tf.Graph``:
 * ``two_optimizers``: one training op updating two variable sets with two
   optimizers (``tf.group`` of both)
 * ``alternating``: a GAN-style pair of training ops run in turn (``schedule``)
+* ``everything``: all of the above but the alternation in one program: a
+  partitioned embedding and a dense net in ``variable_scope("model")`` with
+  its optimizer, moving statistics, an EMA after the update, and a second
+  optimizer on a second net, all under one ``tf.group``
 
 The moving averages of ``update_ops``/``deps_update_ops`` are taken of a
 statistic that is the same over any split of the batch (the mean of the
@@ -34,10 +38,16 @@ from tests.models import FEATURES, VOCAB, Model, _init, batches
 __all__ = ["IDIOMS", "IDIOM_DATA"]
 
 
+_FORWARD_READS = "idioms_forward_reads"
+
+
 def _dense(x, name: str, shape, seed: int):
     w = tf.compat.v1.get_variable(f"{name}/kernel", shape, initializer=_init(shape, seed))
     b = tf.compat.v1.get_variable(f"{name}/bias", shape[-1:], initializer=_init(shape[-1:], seed + 100))
-    return tf.matmul(x, w) + b
+    w_value, b_value = tf.convert_to_tensor(w), tf.convert_to_tensor(b)  # the forward pass's reads
+    tf.compat.v1.add_to_collection(_FORWARD_READS, w_value)
+    tf.compat.v1.add_to_collection(_FORWARD_READS, b_value)
+    return tf.matmul(x, w_value) + b_value
 
 
 def _mlp_inputs():
@@ -57,8 +67,8 @@ def _moving_average_updates(scope: str, x) -> None:
     """Batch-norm style moving statistics (``assign_moving_average``) in ``UPDATE_OPS``.
     Each statistic is computed in the replica (it reads the input ``x``, as batch
     statistics do) but does not depend on how the batch is split."""
-    weights = [v for v in tf.compat.v1.trainable_variables() if v.op.name.startswith(scope)]
-    for i, w in enumerate(weights):
+    reads = [t for t in tf.compat.v1.get_collection(_FORWARD_READS) if t.op.name.startswith(scope)]
+    for i, w in enumerate(reads):  # the values the forward pass read, as batch statistics are
         stat = tf.reduce_mean(w) + 0.0 * tf.reduce_mean(x)
         moving = tf.compat.v1.get_variable(f"moving/stat_{i}", [], trainable=False,
                                            initializer=tf.compat.v1.zeros_initializer())
@@ -138,7 +148,8 @@ def build_two_optimizers(optimizer: str = "adam") -> Model:
         b = tf.compat.v1.train.GradientDescentOptimizer(0.05).minimize(
             second, var_list=tf.compat.v1.trainable_variables("second"))
         train_op = tf.group(a, b)
-    return Model(graph, {"x": x, "y": y}, first + second, train_op)
+        total = first + second
+    return Model(graph, {"x": x, "y": y}, total, train_op)
 
 
 def build_alternating(optimizer: str = "adam") -> Model:
@@ -159,7 +170,34 @@ def build_alternating(optimizer: str = "adam") -> Model:
                                               global_step=step, name="d_train")
         g_op = tf.compat.v1.train.MomentumOptimizer(0.05, 0.9).minimize(
             g_loss, var_list=tf.compat.v1.trainable_variables("gen"), name="g_train")
-    return Model(graph, {"x": x, "y": y}, d_loss + g_loss, d_op, schedule=[d_op, g_op])
+        total = d_loss + g_loss
+    return Model(graph, {"x": x, "y": y}, total, d_op, schedule=[d_op, g_op])
+
+
+def build_everything(optimizer: str = "adagrad") -> Model:
+    graph = tf.Graph()
+    with graph.as_default():
+        x, y = _mlp_inputs()
+        ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+        step = tf.compat.v1.train.get_or_create_global_step()
+        with tf.compat.v1.variable_scope("model"):
+            emb = tf.compat.v1.get_variable(
+                "lm/emb", [VOCAB, 8], partitioner=tf.compat.v1.fixed_size_partitioner(2),
+                initializer=tf.compat.v1.random_uniform_initializer(-0.5, 0.5, seed=41))
+            h = tf.nn.relu(_dense(x, "hidden", [FEATURES, 8], 42) + tf.nn.embedding_lookup(emb, ids))
+            loss = tf.reduce_mean(tf.square(_dense(h, "out", [8, 1], 43) - y), name="loss")
+            _moving_average_updates("model/hidden", x)
+            model_vars = tf.compat.v1.trainable_variables("model")
+            apply_model = _optimizer(optimizer).minimize(loss, global_step=step, var_list=model_vars)
+        aux_loss = _mlp_loss(x, y, "aux")
+        apply_aux = tf.compat.v1.train.MomentumOptimizer(0.05, 0.9).minimize(
+            aux_loss, var_list=tf.compat.v1.trainable_variables("aux"))
+        ema = tf.compat.v1.train.ExponentialMovingAverage(0.9, num_updates=step)
+        with tf.control_dependencies([apply_model]):
+            averaged = ema.apply([v for v in model_vars if "emb" not in v.op.name])
+        train_op = tf.group(averaged, apply_aux, *tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS))
+        total = loss + aux_loss
+    return Model(graph, {"x": x, "ids": ids, "y": y}, total, train_op)
 
 
 def _optimizer(name: str):
@@ -177,6 +215,10 @@ def _ids_data(steps: int, batch: int):
     return batches("embedding", steps, batch)
 
 
+def _both_data(steps: int, batch: int):
+    return [{**a, **b} for a, b in zip(batches("mlp", steps, batch, seed=1), batches("embedding", steps, batch))]
+
+
 IDIOMS = {
     "group": build_group,
     "update_ops": build_update_ops,
@@ -185,5 +227,6 @@ IDIOMS = {
     "scoped": build_scoped,
     "two_optimizers": build_two_optimizers,
     "alternating": build_alternating,
+    "everything": build_everything,
 }
-IDIOM_DATA = {name: (_ids_data if name == "scoped" else _mlp_data) for name in IDIOMS}
+IDIOM_DATA = {name: {"scoped": _ids_data, "everything": _both_data}.get(name, _mlp_data) for name in IDIOMS}

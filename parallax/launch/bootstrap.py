@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 from parallax.errors import LaunchError
 from parallax.launch.layout import RankSpec, layout_from_json, layout_to_json
+from parallax.launch.monitor import MONITOR_ENV, Heartbeat
 from parallax.launch.runner import register_rank
 
-__all__ = ["RankContext", "launched_context", "launch_env", "finish_together", "leave_together", "LAUNCH_ENV",
+__all__ = ["RankContext", "launched_context", "launch_env", "make_heartbeat", "finish_together", "leave_together",
+           "LAUNCH_ENV",
            "JOB_DIR_ENV", "FINISH_TIMEOUT_ENV"]
 
 LAUNCH_ENV = "PARALLAX_LAUNCH"
@@ -41,10 +43,27 @@ class RankContext:
         return self.ranks[self.rank]
 
 
-def launch_env(ranks: tuple[RankSpec, ...], run_option: str, job_dir: str) -> dict[str, str]:
-    """The environment variables the launcher gives every rank."""
-    return {LAUNCH_ENV: json.dumps({"run_option": run_option, "ranks": layout_to_json(ranks)}),
-            JOB_DIR_ENV: job_dir}
+def launch_env(ranks: tuple[RankSpec, ...], run_option: str, job_dir: str,
+               monitor: str | None = None) -> dict[str, str]:
+    """The environment variables the launcher gives every rank (``monitor``: the stall
+    monitor's ``host:port``, see :mod:`parallax.launch.monitor`)."""
+    env = {LAUNCH_ENV: json.dumps({"run_option": run_option, "ranks": layout_to_json(ranks)}), JOB_DIR_ENV: job_dir}
+    if monitor:
+        env[MONITOR_ENV] = monitor
+    return env
+
+
+def make_heartbeat(context: RankContext) -> Heartbeat | None:
+    """A :class:`~parallax.launch.monitor.Heartbeat` from this rank to the launcher's stall
+    monitor (it says ``done`` when the process exits), or ``None`` when the launcher runs none."""
+    address = os.environ.get(MONITOR_ENV)
+    if not address:
+        return None
+    import atexit
+
+    beat = Heartbeat(address, context.rank)
+    atexit.register(beat.close)
+    return beat
 
 
 def launched_context(redirect_path: str | None = None) -> RankContext | None:

@@ -110,18 +110,44 @@ def is_local_host(host: str) -> bool:
 
 
 def job_command(ranks: tuple[RankSpec, ...], run_option: str, program: list[str], mpirun_options: str,
-                job_dir: str) -> tuple[LaunchCommand, frozenset[str]]:
+                job_dir: str, monitor: str | None = None) -> tuple[LaunchCommand, frozenset[str]]:
     """The mpirun command for a job on this machine's terms, and the hosts that are this machine."""
     local = local_host_names() | {r.host for r in ranks if is_local_host(r.host)}
     command = build_mpirun_command(
         find_mpirun(), sys.executable, program, ranks, local_hosts=local, cpu_count=os.cpu_count() or 1,
         is_root=hasattr(os, "geteuid") and os.geteuid() == 0, user_options=mpirun_options,
-        parallax_env=launch_env(ranks, run_option, job_dir), environ=dict(os.environ))
+        parallax_env=launch_env(ranks, run_option, job_dir, monitor), environ=dict(os.environ))
     return command, local
 
 
+def rank_names(ranks: tuple[RankSpec, ...]) -> dict[int, str]:
+    """How messages call each rank: ``rank 2 (ps 0 on host a)``.
+
+    >>> from parallax.launch.layout import RankSpec
+    >>> rank_names((RankSpec("a", None, 1, "worker"), RankSpec("a", None, 0, "ps")))
+    {0: 'rank 0 (worker 0 on host a)', 1: 'rank 1 (ps 0 on host a)'}
+    """
+    counts: Counter[str] = Counter()
+    names = {}
+    for i, r in enumerate(ranks):
+        names[i] = f"rank {i} ({r.role} {counts[r.role]} on host {r.host})"
+        counts[r.role] += 1
+    return names
+
+
+def _start_monitor(ranks: tuple[RankSpec, ...], stall_timeout: float | None):
+    """The stall monitor of a job, and the address its ranks send to (``None`` when off)."""
+    if stall_timeout is None:
+        return None, None
+    from parallax.launch.monitor import StallMonitor
+
+    remote = [r.host for r in ranks if not is_local_host(r.host)]
+    monitor = StallMonitor(rank_names(ranks), stall_timeout, bind_host="0.0.0.0" if remote else "127.0.0.1")
+    return monitor.start(), monitor.address(socket.gethostname() if remote else "127.0.0.1")
+
+
 def launch(ranks: tuple[RankSpec, ...], run_option: str, program: list[str], mpirun_options: str = "",
-           redirect_path: str | None = None) -> JobResult:
+           redirect_path: str | None = None, stall_timeout: float | None = None) -> JobResult:
     """Run ``program`` in one process per rank and wait for the job to end.
 
     Args:
@@ -131,12 +157,15 @@ def launch(ranks: tuple[RankSpec, ...], run_option: str, program: list[str], mpi
         mpirun_options: extra mpirun options.
         redirect_path: the processes' output directory (``Config.redirect_path``),
             whose new lines this terminal shows, prefixed, while the job runs.
+        stall_timeout: seconds after which a rank waiting for its peers is
+            reported (:mod:`parallax.launch.monitor`); ``None``: no check.
 
     Returns:
         How the job ended.
     """
     job_dir = tempfile.mkdtemp(prefix="parallax_job_")
-    command, local = job_command(ranks, run_option, program, mpirun_options, job_dir)
+    monitor, address = _start_monitor(ranks, stall_timeout)
+    command, local = job_command(ranks, run_option, program, mpirun_options, job_dir, address)
     hosts = ", ".join(f"{h} x{n}" for h, n in Counter(r.host for r in ranks).items())
     print(f"Parallax: starting {len(ranks)} processes ({hosts}) with mpirun", file=sys.stderr, flush=True)
     logger.info("Parallax: %s", " ".join(command.argv))
@@ -151,4 +180,6 @@ def launch(ranks: tuple[RankSpec, ...], run_option: str, program: list[str], mpi
     finally:
         if follower is not None:
             follower.stop()
+        if monitor is not None:
+            monitor.stop()
         shutil.rmtree(job_dir, ignore_errors=True)

@@ -224,7 +224,10 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
         names = [v.name for v in analysis.variables if _server_group(analysis, v.name) in on_servers]
     else:
         names = [v.name for v in analysis.variables]
-    placement = place_by_bytes(analysis, len(server_devices), names) if on_servers else {}
+    # A forward-only graph in PS mode keeps its variables on the servers too: the
+    # chief initializes them once and every worker reads the same values.
+    forward_only_ps = cross_worker == "ps" and not choices and bool(server_devices)
+    placement = place_by_bytes(analysis, len(server_devices), names) if on_servers or forward_only_ps else {}
     ps = ps or PSSpec()
     if mixed and ps.local_aggregation and replicas == 1:
         ps = replace(ps, host_aggregation=True)

@@ -10,11 +10,12 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.aggregate import aggregate_gradients
 from parallax.rewrite.local_copies import use_local_copies
+from parallax.rewrite.names import AGGREGATE_PREFIX, SYNC_PREFIX, sync_scope
 from parallax.rewrite.placement import place_variables
 from parallax.rewrite.ps_sync import add_ps_sync
 from parallax.rewrite.replicate import replicate_graph
 
-__all__ = ["PASSES", "rewrite_for_task"]
+__all__ = ["PASSES", "rewrite_for_task", "wait_points"]
 
 Pass = Callable[[meta_graph_pb2.MetaGraphDef, Plan, TaskSpec], meta_graph_pb2.MetaGraphDef]
 
@@ -49,3 +50,25 @@ def rewrite_for_task(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: 
         if "_output_shapes" in node.attr:
             del node.attr["_output_shapes"]
     return current
+
+
+def wait_points(plan: Plan, task: TaskSpec) -> str:
+    """Where a step of ``task`` waits for other processes, in words, for the stall check.
+
+    >>> from parallax.plan.model import WorkerPlan
+    >>> w = WorkerPlan("h", ("/cpu:0",), "/cpu:0")
+    >>> wait_points(Plan("MPI", True, (w, w), (), ("Adam",)), TaskSpec(1))
+    ''
+    """
+    syncs = {v.sync for v in plan.variables if v.gradient is not None}
+    points = []
+    if syncs & {"allreduce", "allgather"}:
+        points.append(f"in the all-reduce of the gradients ({AGGREGATE_PREFIX}/allreduce, /allgather)")
+    if "ps" in syncs and plan.sync:
+        if task.worker_index == 0:
+            points.append(f"in the PS protocol, where the chief takes every worker's gradients "
+                          f"({SYNC_PREFIX}/<variable>/take)")
+        else:
+            points.append("in the PS protocol, waiting for the chief's token "
+                          f"({', '.join(sync_scope(t) + 'wait' for t in plan.train_ops)})")
+    return " or ".join(points)

@@ -134,13 +134,16 @@ def test_resource_problems_name_the_file_and_line(resource_file):
             parallax.parallel_run(graph, path)
 
 
-def test_graph_without_training_op(resource_file):
+def test_a_graph_without_training_op_runs_forward_on_every_replica_as_the_seed_api_shows(resource_file):
     graph = tf.Graph()
     with graph.as_default():
         a = tf.compat.v1.placeholder(tf.float32, [])
-        tf.add(a, a)
-    with pytest.raises(AnalysisError, match="no training op"):
-        parallax.parallel_run(graph, cpu_resources(resource_file, 2), parallax_config=in_process())
+        x = tf.add(a, a)
+    sess, num_workers, worker_id, replicas = parallax.parallel_run(graph, cpu_resources(resource_file, 3),
+                                                                   parallax_config=in_process())
+    assert (num_workers, worker_id, replicas) == (1, 0, 3)
+    assert sess.run(x, feed_dict={a: [1.0, 2.0, 3.0]}) == [2.0, 4.0, 6.0]
+    sess.close()
 
 
 def test_bare_local_host_runs_one_replica_per_gpu_or_one_on_the_cpu(resource_file):

@@ -67,6 +67,10 @@ def main() -> None:
     p.add_argument("--kill_rank", type=int, default=-1)
     p.add_argument("--kill_step", type=int, default=2)
     p.add_argument("--raise_rank", type=int, default=-1)
+    p.add_argument("--sleep_rank", type=int, default=-1, help="this worker sleeps --sleep_seconds at --kill_step")
+    p.add_argument("--sleep_seconds", type=float, default=0.0)
+    p.add_argument("--stall_timeout", type=float, default=30.0)
+    p.add_argument("--export_graph_path", default=None)
     p.add_argument("--short_rank", type=int, default=-1, help="this rank runs one step fewer")
     p.add_argument("--kill_server_rank", type=int, default=-1, help="worker 0 kills this (server) rank")
     p.add_argument("--clip", type=float, default=None)
@@ -101,7 +105,8 @@ def main() -> None:
     sess_config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=args.sess_threads) \
         if args.sess_threads else None
     config = parallax.Config(run_option=args.run_option, hooks=hooks, ckpt_config=ckpt, profile_config=profile,
-                             sess_config=sess_config,
+                             sess_config=sess_config, stall_timeout=args.stall_timeout,
+                             export_graph_path=args.export_graph_path,
                              average_sparse=args.average_sparse,
                              redirect_path=args.redirect_path, search_partitions=args.search_partitions,
                              plan_overrides=json.loads(args.overrides) if args.overrides else None,
@@ -122,6 +127,8 @@ def main() -> None:
             registry = os.path.join(os.environ["PARALLAX_JOB_DIR"], f"rank_{args.kill_server_rank}.json")
             with open(registry) as f:
                 kill(json.load(f)["pid"], args.out)
+        if worker_id == args.sleep_rank and step == args.kill_step:
+            time.sleep(args.sleep_seconds)
         if worker_id == args.raise_rank and step == args.kill_step:
             raise RuntimeError(f"deliberate failure on rank {worker_id}")
         mine = {model.inputs[k]: np.split(v, parts)[worker_id * num_replicas:(worker_id + 1) * num_replicas]

@@ -110,14 +110,14 @@ def test_graph_built_before_importing_parallax_is_analysed(tmp_path):
     assert "['w']" in out.stdout
 
 
-def test_graph_without_training_op_is_a_clear_error():
+def test_a_graph_without_training_op_is_forward_only():
     graph = tf.Graph()
     with graph.as_default():
         x = tf.compat.v1.placeholder(tf.float32, [None, 2])
         w = tf.compat.v1.get_variable("w", [2, 1])
         tf.reduce_sum(tf.matmul(x, w))
-    with pytest.raises(AnalysisError, match=r"no training op.*optimizer.minimize\(loss\)"):
-        analyse_graph(graph)
+    analysis = analyse_graph(graph)
+    assert analysis.forward_only and analysis.train_ops == () and [v.name for v in analysis.variables] == ["w"]
 
 
 def test_ambiguous_post_processing_falls_back_to_the_update_inputs():

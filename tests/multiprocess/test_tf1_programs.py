@@ -1,0 +1,103 @@
+"""TF1 programs as other people write them (tests/idioms.py), in every mode, across real processes.
+
+Each job is compared, variable by variable (slots, moving statistics and EMA
+shadows included), with single-device training on the union batch. Sparse
+gradients are averaged (``--average_sparse``) so that the single-device sum
+over the union batch is the reference.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from tests.idioms import IDIOM_DATA, IDIOMS
+from tests.models import train_single_device
+from tests.multiprocess.harness import ROOT, run_script
+from tests.multiprocess.test_mpi_mode import BATCH, STEPS, check_ranks_match
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+OPTIMIZER = {"scoped": "adagrad", "ema": "momentum", "everything": "adagrad"}
+# (resource file, number of worker processes) per mode: two worker processes each; HYBRID and
+# PS add a parameter server when some variable goes to one.
+TWO = {"PS": "localhost: cpu:0\nlocalhost: cpu:1\n", "MPI": "localhost: cpu:0,cpu:1\n",
+       "HYBRID": "localhost: cpu:0,cpu:1\n", "AUTO": "localhost: cpu:0\nlocalhost: cpu:1\n"}
+THREE = {"PS": "localhost: cpu:0\nlocalhost: cpu:1\nlocalhost: cpu:2\n", "MPI": "localhost: cpu:0,cpu:1,cpu:2\n",
+         "HYBRID": "localhost: cpu:0,cpu:1,cpu:2\n", "AUTO": "localhost: cpu:0,cpu:1,cpu:2\n"}
+MODES = ("PS", "MPI", "HYBRID", "AUTO")
+
+
+def expected(idiom: str) -> dict[str, np.ndarray]:
+    return train_single_device(IDIOMS[idiom](OPTIMIZER.get(idiom, "adam")), IDIOM_DATA[idiom](STEPS, BATCH))
+
+
+def train(tmp_path, idiom: str, mode: str, resources: str, *extra: str):
+    return run_script(tmp_path, resources, "--model", idiom, "--run_option", mode, "--optimizer",
+                      OPTIMIZER.get(idiom, "adam"), "--average_sparse", "--steps", str(STEPS), "--batch", str(BATCH),
+                      *extra)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("idiom", [i for i in IDIOMS if i != "everything"])
+def test_each_idiom_in_two_processes_equals_single_device(tmp_path, idiom, mode):
+    check_ranks_match(train(tmp_path, idiom, mode, TWO[mode]), expected(idiom), 2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_idiom_at_once_in_three_processes_equals_single_device(tmp_path, mode):
+    check_ranks_match(train(tmp_path, "everything", mode, THREE[mode]), expected("everything"), 3)
+
+
+def test_every_idiom_at_once_with_two_replicas_per_ps_worker_equals_single_device(tmp_path):
+    run = train(tmp_path, "everything", "PS", "localhost: cpu:0,cpu:1\nlocalhost: cpu:2,cpu:3\n")
+    check_ranks_match(run, expected("everything"), 2)
+
+
+def test_each_process_exports_the_graph_it_runs(tmp_path):
+    export = tmp_path / "graphs"
+    run = train(tmp_path, "group", "PS", TWO["PS"], "--export_graph_path", str(export))
+    assert run.returncode == 0, run.output[-3000:]
+    assert sorted(os.listdir(export)) == ["graph_worker_0.pbtxt", "graph_worker_1.pbtxt"]
+    chief = (export / "graph_worker_0.pbtxt").read_text()
+    assert 'name: "parallax_sync/step/Adam/release_1"' in chief  # the PS protocol is in the exported graph
+
+
+@pytest.mark.parametrize("mode, resources, sleeper, where", [
+    ("MPI", "localhost: cpu:0,cpu:1\n", 1, r"in the all-reduce of the gradients"),
+    ("PS", TWO["PS"], 1, r"in the PS protocol, where the chief takes every worker's gradients"),
+    ("PS", TWO["PS"], 0, r"in the PS protocol, waiting for the chief's token \(parallax_sync/step/Adam/wait\)"),
+], ids=["mpi", "ps-worker-sleeps", "ps-chief-sleeps"])
+def test_a_sleeping_rank_is_named_by_its_waiting_peer_and_the_job_still_ends_well(tmp_path, mode, resources,
+                                                                                 sleeper, where):
+    import re
+
+    run = run_script(tmp_path, resources, "--model", "group", "--run_option", mode, "--sleep_rank", str(sleeper),
+                     "--sleep_seconds", "9", "--stall_timeout", "3", "--steps", str(STEPS), "--batch", str(BATCH))
+    check_ranks_match(run, expected("group"), 2)
+    waiter = 1 - sleeper
+    pattern = (rf"Parallax stall: rank {waiter} \(worker {waiter} on host localhost\) has waited \d+ s in sess.run "
+               rf"call #\d+, {where}.*, for rank {sleeper} \(worker {sleeper} on host localhost\), which has "
+               r"finished \d+ sess.run calls and is in the program's own code \(between sess.run calls\) for \d+ s")
+    assert re.search(pattern, run.output), run.output[-3000:]
+
+
+def test_a_forward_only_program_runs_every_replica_in_every_mode(tmp_path):
+    from tests.multiprocess.forward_script import WEIGHTS, inputs
+
+    script = os.path.join(ROOT, "tests", "multiprocess", "forward_script.py")
+    for mode, resources in [("MPI", "localhost: cpu:0,cpu:1\n"), ("HYBRID", "localhost: cpu:0,cpu:1\n"),
+                            ("PS", "localhost: cpu:0,cpu:1\nlocalhost: cpu:2,cpu:3\n")]:
+        run = run_script(tmp_path / mode, resources, "--run_option", mode, script=script)
+        assert run.returncode == 0, run.output[-3000:]
+        num_workers, num_replicas = run_values = np.load(os.path.join(run.out_dir, "rank_0.npz"))["shape"]
+        parts = np.split(inputs(num_workers * num_replicas), num_workers * num_replicas)
+        for worker in range(num_workers):
+            with np.load(os.path.join(run.out_dir, f"rank_{worker}.npz")) as got:
+                np.testing.assert_allclose(got["weights"], WEIGHTS)
+                for r in range(num_replicas):
+                    np.testing.assert_allclose(got["outputs"][r], parts[worker * num_replicas + r] @ WEIGHTS,
+                                               rtol=1e-6, err_msg=f"{mode}: worker {worker} replica {r}")
+        assert tuple(run_values) == {"PS": (2, 2)}.get(mode, (2, 1))
