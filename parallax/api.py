@@ -21,6 +21,7 @@ from parallax.launch.bootstrap import (
     launched_context,
     leave_together,
     make_heartbeat,
+    tee_output,
 )
 from parallax.launch.launcher import (
     DRY_RUN_ENV,
@@ -117,8 +118,7 @@ def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
         _search_partitions(graph, cluster, config, sync, None, launching=layout is not None)
     if layout is None:
         if config.redirect_path:
-            logger.warning("Parallax: redirect_path is for launched processes; this process trains alone, so its "
-                           "output is not redirected")
+            _once("tee", lambda: tee_output(config.redirect_path))
         return _in_trial(_run_in_process(cluster, graph, meta_graph, analysis, config, sync))
     for worker in cluster.workers:  # this machine's device lists are checked before anything starts
         if is_local_host(worker.host):

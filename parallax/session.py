@@ -107,6 +107,42 @@ class ParallaxSession:
                 self._heartbeat.step_done()
         return self._rebuild(structure, values, targets)
 
+    def make_callable(self, fetches: Any, feed_list: list | tuple | None = None, accept_options: bool = False):
+        """A function that runs ``fetches``, like ``tf.compat.v1.Session.make_callable``.
+
+        It takes one argument per entry of ``feed_list`` (each, as in :meth:`run`,
+        a list with one value per replica), plus ``options`` and ``run_metadata``
+        keywords when ``accept_options``, and returns what :meth:`run` returns.
+        Names are checked now, not at the first call.
+        """
+        feed_list = list(feed_list or ())
+        self._map_fetches(fetches, {})  # bad fetch names fail here
+        for key in feed_list:
+            name = self._name_of(key, "feed key")
+            self._check_exists(name if ":" in name else name + ":0", "feed key")
+
+        def call(*values: Any, options: Any = None, run_metadata: Any = None) -> Any:
+            if len(values) != len(feed_list):
+                raise TypeError(f"this callable takes {len(feed_list)} feed values (one per feed_list entry), "
+                                f"got {len(values)}")
+            if not accept_options and (options is not None or run_metadata is not None):
+                raise TypeError("options and run_metadata need make_callable(..., accept_options=True)")
+            return self.run(fetches, dict(zip(feed_list, values)), options, run_metadata)
+
+        return call
+
+    def partial_run_setup(self, *args: Any, **kwargs: Any) -> Any:
+        """Not supported: see :meth:`partial_run`."""
+        self.partial_run()
+
+    def partial_run(self, *args: Any, **kwargs: Any) -> Any:
+        """Not supported: a partial run would leave the other workers waiting inside a
+        synchronised step. Raises ``NotImplementedError``."""
+        raise NotImplementedError(
+            "ParallaxSession does not support partial_run: every worker must run whole steps together (a "
+            "partial step would leave the others waiting in the gradient exchange). Fetch everything in one "
+            "sess.run, or use raw_session for work that involves no other worker")
+
     def should_stop(self) -> bool:
         """Whether the underlying monitored session asks to stop."""
         stop = getattr(self._session, "should_stop", None)

@@ -6,8 +6,11 @@ Ops added (under the caller's name scope):
   sorted by variable name, are flattened and concatenated into buffers of at
   most ``fusion_bytes`` (per dtype), summed in place with
   ``Allreduce(MPI.IN_PLACE, buffer)`` and split back;
-* ``allgatherv_<k>``: one ``PyFunc`` per sparse gradient: ``Allgatherv`` of
-  the values and of the indices.
+* per sparse gradient, with ``MPIConfig.use_allgatherv``, ``allgatherv_<k>``:
+  one ``PyFunc`` that sends the values and indices with ``Allgatherv`` (each
+  rank its own row count); without it (the default, as NCCL's all-gather
+  would), ``allgather_<k>``: ``Allgather`` of the values and indices padded
+  to the largest row count, the padding then dropped.
 
 Every ``PyFunc`` has a control dependency on the one before it, so each
 worker issues the same MPI calls in the same order (unordered calls on one
@@ -34,6 +37,7 @@ TOKEN_PREFIX = "parallax_comm:"
 _ALLREDUCE = TOKEN_PREFIX + "mpi_allreduce"
 _ALLREDUCE_INPLACE = TOKEN_PREFIX + "mpi_allreduce_inplace"
 _ALLGATHERV = TOKEN_PREFIX + "mpi_allgatherv"
+_ALLGATHER = TOKEN_PREFIX + "mpi_allgather"
 _TRANSPORT_DTYPES = (tf.float32, tf.float64, tf.int32, tf.int64)
 
 
@@ -110,8 +114,10 @@ class MPIBackend(Backend):
         for k, (values, indices) in enumerate(pairs):
             transport = values.dtype if values.dtype in _TRANSPORT_DTYPES else tf.float32
             v = tf.cast(values, transport)
-            gathered = self._chained(lambda v=v, ind=indices, k=k: _py_func(
-                [v, ind], [v.dtype, ind.dtype], _ALLGATHERV, f"allgatherv_{k}", self._tokens))
+            token, name = (_ALLGATHERV, f"allgatherv_{k}") if self.spec.use_allgatherv else \
+                (_ALLGATHER, f"allgather_{k}")
+            gathered = self._chained(lambda v=v, ind=indices, token=token, name=name: _py_func(
+                [v, ind], [v.dtype, ind.dtype], token, name, self._tokens))
             all_values = tf.cast(tf.reshape(gathered[0], tf.concat([[-1], tf.shape(values)[1:]], 0)),
                                  values.dtype)
             results.append((all_values, tf.reshape(gathered[1], [-1])))
@@ -152,7 +158,22 @@ def _functions(comm):
         comm.Allgatherv(values.reshape(-1), [all_values.reshape(-1), counts * row])
         return all_values, all_indices
 
-    return {_ALLREDUCE: allreduce, _ALLREDUCE_INPLACE: allreduce_inplace, _ALLGATHERV: allgatherv}
+    def allgather(values, indices):
+        counts = comm.allgather(int(values.shape[0]))
+        most = max(counts)
+        padded_values = np.zeros((most,) + values.shape[1:], dtype=values.dtype)
+        padded_values[:values.shape[0]] = values
+        padded_indices = np.zeros(most, dtype=indices.dtype)
+        padded_indices[:indices.shape[0]] = indices
+        all_values = np.empty((comm.size,) + padded_values.shape, dtype=values.dtype)
+        all_indices = np.empty((comm.size, most), dtype=indices.dtype)
+        comm.Allgather(padded_values, all_values)
+        comm.Allgather(padded_indices, all_indices)
+        return (np.concatenate([all_values[r, :n] for r, n in enumerate(counts)]),
+                np.concatenate([all_indices[r, :n] for r, n in enumerate(counts)]))
+
+    return {_ALLREDUCE: allreduce, _ALLREDUCE_INPLACE: allreduce_inplace, _ALLGATHERV: allgatherv,
+            _ALLGATHER: allgather}
 
 
 def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None, groups: dict | None = None

@@ -18,7 +18,7 @@ from parallax.launch.layout import RankSpec, layout_from_json, layout_to_json
 from parallax.launch.monitor import MONITOR_ENV, Heartbeat
 from parallax.launch.runner import register_rank
 
-__all__ = ["RankContext", "launched_context", "launch_env", "make_heartbeat", "finish_together", "leave_together",
+__all__ = ["RankContext", "launched_context", "launch_env", "make_heartbeat", "tee_output", "finish_together", "leave_together",
            "LAUNCH_ENV",
            "JOB_DIR_ENV", "FINISH_TIMEOUT_ENV"]
 
@@ -99,6 +99,43 @@ def launched_context(redirect_path: str | None = None) -> RankContext | None:
         register_rank(job_dir, comm.rank, socket.gethostname(), log_path)
     _note_failures()
     return RankContext(comm.rank, comm.size, ranks, data["run_option"], job_dir)
+
+
+def tee_output(redirect_path: str, name: str = "worker_0") -> None:
+    """``redirect_path`` for a process that trains alone: its stdout and stderr (TensorFlow's
+    own lines too) also go to ``<redirect_path>/<name>.stdout`` / ``.stderr``, and still to the
+    terminal. Lasts until the process exits."""
+    import atexit
+    import threading
+
+    os.makedirs(redirect_path, exist_ok=True)
+    pumps = []
+    for fd, stream, suffix in ((1, sys.stdout, "stdout"), (2, sys.stderr, "stderr")):
+        stream.flush()
+        terminal = os.dup(fd)
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, fd)
+        os.close(write_end)
+        target = os.open(os.path.join(redirect_path, f"{name}.{suffix}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                         0o644)
+
+        def pump(read_end=read_end, terminal=terminal, target=target) -> None:
+            while chunk := os.read(read_end, 65536):
+                os.write(target, chunk)
+                os.write(terminal, chunk)
+            os.close(target)
+
+        thread = threading.Thread(target=pump, name=f"parallax-tee-{suffix}", daemon=True)
+        thread.start()
+        pumps.append((fd, stream, terminal, thread))
+
+    def restore() -> None:
+        for fd, stream, terminal, thread in pumps:
+            stream.flush()
+            os.dup2(terminal, fd)  # the pipe's last writer closes: the pump reads to the end and stops
+            thread.join(timeout=5)
+
+    atexit.register(restore)
 
 
 def _redirect(path: str, fd: int, stream) -> None:

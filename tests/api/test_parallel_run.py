@@ -87,6 +87,23 @@ def test_wrong_feeds_are_clear_errors(three_replicas, value, pattern):
         sess.run(t["x"], feed_dict={t["a"]: value})
 
 
+def test_make_callable_runs_like_run_and_checks_names_at_once(three_replicas):
+    sess, t, _ = three_replicas
+    double = sess.make_callable(t["x"], [t["a"]])
+    assert double([1.0, 2.0, 3.0]) == [2.0, 4.0, 6.0]
+    with pytest.raises(TypeError, match=r"takes 1 feed values \(one per feed_list entry\), got 2"):
+        double([1.0] * 3, [2.0] * 3)
+    with pytest.raises(ValueError, match=r"fetch 'nope:0' is not in the single-device graph"):
+        sess.make_callable("nope:0")
+
+
+def test_partial_run_is_refused_with_the_reason(three_replicas):
+    sess, t, _ = three_replicas
+    with pytest.raises(NotImplementedError, match=r"does not support partial_run: every worker must run whole "
+                                                  r"steps together"):
+        sess.partial_run_setup([t["x"]], [t["a"]])
+
+
 def test_shared_placeholder_takes_equal_values(three_replicas):
     sess, t, _ = three_replicas
     sess.run(t["train"], feed_dict={t["a"]: [1.0, 1.0, 1.0], t["lr"]: [0.0, 0.0, 0.0]})

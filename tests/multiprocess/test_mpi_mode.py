@@ -45,11 +45,16 @@ def test_every_rank_ends_with_the_single_device_variables(tmp_path, model, backe
     check_ranks_match(run, expected_values(model), num_ranks)
 
 
-@pytest.mark.parametrize("backend", [TEST_BACKEND or "collective"])
-def test_use_allgatherv_sends_sparse_gradients_over_mpi(tmp_path, backend):
+@pytest.mark.parametrize("backend, run_option", [(TEST_BACKEND or "collective", "MPI"), ("mpi", "MPI"),
+                                                 ("mpi", "HYBRID")])
+def test_use_allgatherv_sends_sparse_gradients_with_mpi_allgatherv(tmp_path, backend, run_option):
+    export = tmp_path / "graphs"
     run = run_script(tmp_path, resources(2), "--model", "embedding", "--backend", backend, "--use_allgatherv",
-                     "--average_sparse")
+                     "--average_sparse", "--run_option", run_option, "--export_graph_path", str(export))
     check_ranks_match(run, expected_values("embedding"), 2)
+    graph = (export / "graph_worker_0.pbtxt").read_text()
+    if backend != "horovod":  # the path taken, not only the numbers (HYBRID: the host all-gather)
+        assert '"parallax_comm:mpi_allgatherv' in graph and '"parallax_comm:mpi_allgather"' not in graph
 
 
 @pytest.mark.parametrize("model", ["mlp", "embedding"])
@@ -116,3 +121,12 @@ def test_redirect_path_names_servers_too(tmp_path):
     assert sorted(os.listdir(logs)) == ["ps_2.stderr", "ps_2.stdout", "worker_0.stderr", "worker_0.stdout",
                                         "worker_1.stderr", "worker_1.stdout"]
     assert "[worker 1] rank 1 of 2 done" in run.output
+
+
+def test_redirect_path_in_a_process_that_trains_alone_writes_files_and_keeps_the_terminal(tmp_path):
+    logs = tmp_path / "logs"
+    run = run_script(tmp_path, "localhost: cpu:0,cpu:1\n", "--run_option", "PS", "--redirect_path", str(logs))
+    assert run.returncode == 0, run.output[-4000:]
+    assert sorted(os.listdir(logs)) == ["worker_0.stderr", "worker_0.stdout"]
+    assert "rank 0 of 1 done" in (logs / "worker_0.stdout").read_text()
+    assert "rank 0 of 1 done" in run.output  # still on the terminal too

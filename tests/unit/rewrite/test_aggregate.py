@@ -74,3 +74,39 @@ def test_an_op_name_parallax_needs_is_a_clear_error():
     plan, task = plan_for(Model(graph, {}, None, None), 2)
     with pytest.raises(RewriteError, match=r'op "parallax_aggregate/w/grad" that Parallax adds already exists'):
         rewrite_for_task(export(graph), plan, task)
+
+
+def _mpi_plan(model, use_allgatherv: bool, backend: str = "mpi"):
+    from parallax.analysis import analyse_graph
+    from parallax.plan import build_plan
+    from parallax.plan.model import CommSpec
+
+    workers = [("localhost", (f"/job:worker/task:{w}/device:CPU:0",), f"/job:worker/task:{w}/device:CPU:0")
+               for w in range(2)]
+    return build_plan(analyse_graph(model.graph), workers, run_option="MPI", sync=True, average_sparse=True,
+                      cross_worker="allreduce", comm=CommSpec(backend=backend, use_allgatherv=use_allgatherv))
+
+
+def _gathers(meta):
+    return sorted((n.name.rsplit("/", 1)[-1], n.attr["token"].s.decode()) for n in meta.graph_def.node
+                  if n.op in ("PyFunc", "PyFuncStateless") and "allgather" in n.name)
+
+
+def test_use_allgatherv_chooses_the_mpi_call_that_gathers_sparse_gradients():
+    from parallax.plan import TaskSpec
+
+    model = build_embedding("adam")
+    with_v = rewrite_for_task(export(model.graph), _mpi_plan(model, True), TaskSpec(0))
+    without = rewrite_for_task(export(model.graph), _mpi_plan(model, False), TaskSpec(0))
+    assert _gathers(with_v) == [("allgatherv_0", "parallax_comm:mpi_allgatherv")]
+    assert _gathers(without) == [("allgather_0", "parallax_comm:mpi_allgather")]  # padded, NCCL-style
+
+
+def test_use_allgatherv_moves_the_collective_backend_s_sparse_gradients_to_mpi():
+    from parallax.plan import TaskSpec
+
+    model = build_embedding("adam")
+    meta = rewrite_for_task(export(model.graph), _mpi_plan(model, True, backend="collective"), TaskSpec(0))
+    assert _gathers(meta) == [("allgatherv_0", "parallax_comm:mpi_allgatherv")]
+    plain = rewrite_for_task(export(model.graph), _mpi_plan(model, False, backend="collective"), TaskSpec(0))
+    assert _gathers(plain) == [] and any(n.op == "CollectiveGatherV2" for n in plain.graph_def.node)

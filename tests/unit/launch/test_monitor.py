@@ -1,0 +1,67 @@
+"""The stall check's decisions (pure) and a heartbeat reaching a monitor over loopback UDP."""
+
+from __future__ import annotations
+
+import io
+import time
+
+from parallax.launch.monitor import Heartbeat, RankState, StallMonitor, stall_report
+
+NAMES = {0: "rank 0 (worker 0 on host a)", 1: "rank 1 (worker 1 on host b)", 2: "rank 2 (ps 0 on host a)"}
+
+
+def state(rank, kind, steps, seconds, where="", received=100.0):
+    return RankState(rank, kind, steps, seconds, where, received)
+
+
+def test_a_rank_in_a_step_past_the_stall_time_names_the_ranks_behind_it_and_not_the_servers():
+    states = {0: state(0, "run", 3, 31.0, "in the all-reduce"), 1: state(1, "user", 3, 31.0),
+              2: state(2, "serve", 0, 50.0)}
+    lines = stall_report(states, NAMES, 100.0, 30.0, {})
+    assert lines == ["Parallax stall: rank 0 (worker 0 on host a) has waited 31 s in sess.run call #4, in the "
+                     "all-reduce, for rank 1 (worker 1 on host b), which has finished 3 sess.run calls and is in "
+                     "the program's own code (between sess.run calls) for 31 s"]
+
+
+def test_nothing_is_reported_before_the_stall_time_and_a_report_repeats_only_after_it():
+    reported: dict[int, float] = {}
+    states = {0: state(0, "run", 0, 10.0), 1: state(1, "user", 0, 10.0)}
+    assert stall_report(states, NAMES, 100.0, 30.0, reported) == []
+    states = {0: state(0, "run", 0, 30.0), 1: state(1, "user", 0, 30.0)}
+    assert len(stall_report(states, NAMES, 100.0, 30.0, reported)) == 1
+    later = {0: state(0, "run", 0, 40.0, received=110.0), 1: state(1, "user", 0, 40.0, received=110.0)}
+    assert stall_report(later, NAMES, 110.0, 30.0, reported) == []
+    later = {0: state(0, "run", 0, 61.0, received=131.0), 1: state(1, "user", 0, 61.0, received=131.0)}
+    assert len(stall_report(later, NAMES, 131.0, 30.0, reported)) == 1
+
+
+def test_waiting_for_the_chief_to_initialise_is_reported_with_where():
+    states = {0: state(0, "user", 0, 40.0), 1: state(1, "start", 0, 40.0, "waiting for the chief")}
+    (line,) = stall_report(states, NAMES, 100.0, 30.0, {})
+    assert line.startswith("Parallax stall: rank 1 (worker 1 on host b) has waited 40 s while starting its "
+                           "session, waiting for the chief, for rank 0 (worker 0 on host a)")
+
+
+def test_a_rank_not_heard_from_is_reported_silent_unless_it_finished():
+    states = {0: state(0, "run", 2, 1.0, received=100.0), 1: state(1, "run", 2, 0.0, received=60.0),
+              2: state(2, "done", 0, 0.0, received=10.0)}
+    lines = stall_report(states, NAMES, 100.0, 30.0, {})
+    assert lines == ["Parallax stall: no news from rank 1 (worker 1 on host b) for 40 s (its process or host is "
+                     "not responding)"]
+
+
+def test_a_heartbeat_reaches_the_monitor_and_a_stall_is_printed():
+    sink = io.StringIO()
+    monitor = StallMonitor({0: "rank 0", 1: "rank 1"}, timeout=1.0, sink=sink).start()
+    try:
+        beats = [Heartbeat(monitor.address("127.0.0.1"), r) for r in (0, 1)]
+        beats[0].set("run", "in the all-reduce")
+        beats[1].set("user")
+        deadline = time.monotonic() + 10
+        while "Parallax stall: rank 0 has waited" not in sink.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for beat in beats:
+            beat.close()
+    finally:
+        monitor.stop()
+    assert "in the all-reduce, for rank 1, which has finished 0 sess.run calls" in sink.getvalue()
