@@ -18,9 +18,8 @@ from parallax.launch.layout import RankSpec, layout_from_json, layout_to_json
 from parallax.launch.monitor import MONITOR_ENV, Heartbeat
 from parallax.launch.runner import register_rank
 
-__all__ = ["RankContext", "launched_context", "launch_env", "make_heartbeat", "tee_output", "finish_together", "leave_together",
-           "LAUNCH_ENV",
-           "JOB_DIR_ENV", "FINISH_TIMEOUT_ENV"]
+__all__ = ["RankContext", "launched_context", "launch_env", "make_heartbeat", "tee_output", "finish_together",
+           "leave_together", "LAUNCH_ENV", "JOB_DIR_ENV", "FINISH_TIMEOUT_ENV"]
 
 LAUNCH_ENV = "PARALLAX_LAUNCH"
 JOB_DIR_ENV = "PARALLAX_JOB_DIR"

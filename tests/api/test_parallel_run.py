@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import parallax
-from parallax.errors import AnalysisError, LaunchError, ResourceFileError, RewriteError
+from parallax.errors import LaunchError, ResourceFileError, RewriteError
 from tests.conftest import cpu_resources
 from tests.models import build_mlp
 

@@ -4,7 +4,6 @@ import pytest
 import tensorflow as tf
 
 from parallax.analysis import analyse_graph
-from parallax.errors import AnalysisError
 from tests.models import OPTIMIZERS, build_embedding, build_mlp
 
 CASES = list(itertools.product(sorted(OPTIMIZERS), [True, False], [None, 1.0], [True, False]))
