@@ -33,6 +33,7 @@ _EXPORTS = {
     "RewriteError": "parallax.errors",
     "LaunchError": "parallax.errors",
     "TaskFailedError": "parallax.errors",
+    "log": "parallax.logs",
 }
 
 __all__ = [*_EXPORTS, "shard"]

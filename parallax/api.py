@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
@@ -33,6 +32,7 @@ from parallax.launch.launcher import (
     resource_override,
 )
 from parallax.launch.layout import RankSpec, hybrid_ranks, ps_ranks, ranks_per_device
+from parallax.logs import log as logger
 from parallax.plan import Plan, TaskSpec, build_plan
 from parallax.plan.model import CommSpec, PSSpec
 from parallax.plan.policies import choose_sync
@@ -46,7 +46,6 @@ from parallax.startup import GROUP_LEADER, start_server, start_session
 
 __all__ = ["parallel_run", "preview_plan", "PLAN_ENV"]
 
-logger = logging.getLogger("parallax")
 
 
 def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,

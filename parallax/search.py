@@ -27,20 +27,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import runpy
 import sys
 import time
 from dataclasses import dataclass, field
 
+from parallax.logs import log as logger
 from parallax.partitioner import PARTITIONER_COLLECTION, PARTITIONS_ENV
 
 __all__ = ["TrialOver", "Trial", "TrialSession", "active_trial", "in_final_run", "search", "run_final",
            "cache_key", "cached_count", "store_count", "candidates_from", "min_partitions", "run_script_again",
            "CACHE_ENV", "TRIAL_STEPS_ENV", "MAX_TRIALS"]
 
-logger = logging.getLogger("parallax")
 
 CACHE_ENV = "PARALLAX_CACHE_DIR"
 TRIAL_STEPS_ENV = "PARALLAX_SEARCH_STEPS"  # "warmup,timed", default "2,5"

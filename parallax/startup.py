@@ -8,7 +8,6 @@ multi-process jobs, makes every worker start from worker 0's variable values.
 
 from __future__ import annotations
 
-import logging
 import socket
 import time
 
@@ -22,7 +21,6 @@ __all__ = ["start_session", "start_server", "session_config", "GROUP_LEADER"]
 
 GROUP_LEADER = "/job:worker/replica:0/task:0"
 
-logger = logging.getLogger("parallax")
 
 
 def session_config(user: config_pb2.ConfigProto | None, cpu_devices: int = 0, visible_gpu: int | str | None = None,

@@ -49,7 +49,7 @@ def main() -> None:
                         help="PS, MPI (default here: one process per device), HYBRID or AUTO")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    logging.getLogger("parallax").setLevel(logging.INFO)
+    parallax.log.setLevel(logging.INFO)
     tf.get_logger().setLevel(logging.WARNING)
 
     graph, t = build_graph(args.learning_rate)

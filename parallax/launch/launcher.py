@@ -7,7 +7,6 @@ by the ``parallax-run`` command.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import socket
@@ -20,12 +19,12 @@ from parallax.launch.bootstrap import launch_env
 from parallax.launch.command import LaunchCommand, build_mpirun_command
 from parallax.launch.layout import RankSpec
 from parallax.launch.runner import JobResult, run_job
+from parallax.logs import log as logger
 from parallax.resources import LOCAL_HOSTS
 
 __all__ = ["find_mpirun", "current_program", "launch", "job_command", "local_host_names", "is_local_host",
            "RESOURCE_ENV", "MPIRUN_OPTIONS_ENV", "DRY_RUN_ENV", "resource_override", "extra_mpirun_options"]
 
-logger = logging.getLogger("parallax")
 
 #: Set by ``parallax-run``: the resource file every ``parallel_run`` of the script uses instead of its own.
 RESOURCE_ENV = "PARALLAX_RESOURCE_INFO"

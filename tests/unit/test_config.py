@@ -101,3 +101,12 @@ def test_to_dict_is_plain_data():
     d = parallax.Config(run_option="MPI").to_dict()
     assert d["run_option"] == "MPI"
     assert d["communication_config"]["ps_config"]["protocol"] == "grpc"
+
+
+def test_parallax_log_is_the_original_s_logger_and_parallax_logs_through_it():
+    import logging
+
+    import parallax
+    from parallax.api import logger
+
+    assert parallax.log is logging.getLogger("PARALLAX") and logger is parallax.log
