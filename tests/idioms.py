@@ -16,6 +16,8 @@ idiom, as a small single-device graph in a fresh ``tf.Graph``:
 * ``two_optimizers``: one training op updating two variable sets with two
   optimizers (``tf.group`` of both)
 * ``alternating``: a GAN-style pair of training ops run in turn (``schedule``)
+* ``dataset``: ``tf.data`` input sharded over the replicas with
+  ``parallax.shard``, read through an initializable iterator (no feeds)
 * ``everything``: all of the above but the alternation in one program: a
   partitioned embedding and a dense net in ``variable_scope("model")`` with
   its optimizer, moving statistics, an EMA after the update, and a second
@@ -30,6 +32,7 @@ are split in equal parts, one per replica.
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.training import moving_averages  # what tf.compat.v1.layers' batch norm uses
 
@@ -174,6 +177,38 @@ def build_alternating(optimizer: str = "adam") -> Model:
     return Model(graph, {"x": x, "y": y}, total, d_op, schedule=[d_op, g_op])
 
 
+DATASET_ROWS = 4  # rows per replica and step of the ``dataset`` idiom
+
+
+def dataset_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The ``dataset`` idiom's data: enough for 4 steps of 4 replicas."""
+    rng = np.random.RandomState(5)
+    return (rng.randn(64, FEATURES).astype(np.float32), rng.randn(64, 1).astype(np.float32))
+
+
+def dataset_union_batches(steps: int, replicas: int) -> list[dict[str, np.ndarray]]:
+    """What the replicas of the ``dataset`` idiom read together in each step: batch ``k`` of
+    ``DATASET_ROWS`` rows goes to replica ``k % replicas`` (``Dataset.shard``)."""
+    x, y = dataset_arrays()
+    rows = DATASET_ROWS * replicas
+    return [{"x": x[k * rows:(k + 1) * rows], "y": y[k * rows:(k + 1) * rows]} for k in range(steps)]
+
+
+def build_dataset(optimizer: str = "adam") -> Model:
+    import parallax
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x_all, y_all = dataset_arrays()
+        ds = tf.data.Dataset.from_tensor_slices((x_all, y_all)).batch(DATASET_ROWS)
+        it = tf.compat.v1.data.make_initializable_iterator(parallax.shard.shard(ds))
+        x, y = it.get_next()
+        loss = _mlp_loss(x, y)
+        step = tf.compat.v1.train.get_or_create_global_step()
+        train_op = _optimizer(optimizer).minimize(loss, global_step=step)
+    return Model(graph, {"x": x, "y": y}, loss, train_op, initializer=it.initializer)
+
+
 def build_everything(optimizer: str = "adagrad") -> Model:
     graph = tf.Graph()
     with graph.as_default():
@@ -227,6 +262,7 @@ IDIOMS = {
     "scoped": build_scoped,
     "two_optimizers": build_two_optimizers,
     "alternating": build_alternating,
+    "dataset": build_dataset,
     "everything": build_everything,
 }
 IDIOM_DATA = {name: {"scoped": _ids_data, "everything": _both_data}.get(name, _mlp_data) for name in IDIOMS}

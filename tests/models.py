@@ -29,6 +29,7 @@ class Model:
     train_op: tf.Operation
     variables: list = field(default_factory=list)
     schedule: list = field(default_factory=list)  # training ops run in turn, one a step (default: train_op)
+    initializer: tf.Operation | None = None  # a tf.data iterator's: the model reads no feeds
 
     def step_op(self, step: int) -> tf.Operation:
         """The training op of step ``step``."""

@@ -43,7 +43,8 @@ def train(tmp_path, idiom: str, mode: str, resources: str, *extra: str):
 # HYBRID and AUTO run a graph without sparse gradients as MPI (docs/modes.md), so the dense-only
 # idioms are run in PS and MPI; the idioms with an embedding in every mode.
 SPARSE = ("scoped",)
-CASES = [(i, m) for i in IDIOMS if i != "everything" for m in (MODES if i in SPARSE else ("PS", "MPI"))]
+CASES = [(i, m) for i in IDIOMS if i not in ("everything", "dataset")
+         for m in (MODES if i in SPARSE else ("PS", "MPI"))]
 
 
 @pytest.mark.parametrize("idiom, mode", CASES, ids=[f"{i}-{m}" for i, m in CASES])
@@ -54,6 +55,19 @@ def test_each_idiom_in_two_processes_equals_single_device(tmp_path, idiom, mode)
 @pytest.mark.parametrize("mode", MODES)
 def test_every_idiom_at_once_in_three_processes_equals_single_device(tmp_path, mode):
     check_ranks_match(train(tmp_path, "everything", mode, THREE[mode]), expected("everything"), 3)
+
+
+@pytest.mark.parametrize("mode, resources, replicas", [("PS", TWO["PS"], 2), ("MPI", THREE["MPI"], 3),
+                                                       ("PS", "localhost: cpu:0,cpu:1\nlocalhost: cpu:2,cpu:3\n", 4)],
+                         ids=["ps-2", "mpi-3", "ps-2x2"])
+def test_tf_data_input_sharded_over_the_replicas_equals_single_device_on_the_union(tmp_path, mode, resources,
+                                                                                   replicas):
+    from tests.idioms import dataset_union_batches
+
+    model = IDIOMS["dataset"]()
+    reference = train_single_device(model, dataset_union_batches(STEPS, replicas))  # feeds the iterator's output
+    run = train(tmp_path, "dataset", mode, resources)
+    check_ranks_match(run, reference, 2 if mode == "PS" else replicas)
 
 
 def test_every_idiom_at_once_with_two_replicas_per_ps_worker_equals_single_device(tmp_path):

@@ -118,6 +118,9 @@ def main() -> None:
         print(f"worker {worker_id} starts at global step {sess.run(step_var)[0]}", flush=True)
     data = DATA[args.model](args.steps, args.batch)
     parts = num_workers * num_replicas
+    if model.initializer is not None:  # tf.data input: nothing to feed
+        sess.run(model.initializer)
+        data = [{} for _ in data]
     if worker_id == args.short_rank:
         data = data[:-1]
     for step, feed in enumerate(data):
