@@ -120,3 +120,16 @@ def test_a_forward_only_program_runs_every_replica_in_every_mode(tmp_path):
                     np.testing.assert_allclose(got["outputs"][r], parts[worker * num_replicas + r] @ WEIGHTS,
                                                rtol=1e-6, err_msg=f"{mode}: worker {worker} replica {r}")
         assert tuple(run_values) == {"PS": (2, 2)}.get(mode, (2, 1))
+
+
+@pytest.mark.parametrize("idiom", ["everything", "alternating"])
+def test_async_ps_trains_every_idiom_and_ends(tmp_path, idiom):
+    """Asynchronous training cannot equal one device; it must run, end, and move the variables."""
+    run = train(tmp_path, idiom, "PS", THREE["PS"], "--async")
+    assert run.returncode == 0, run.output[-3000:]
+    before = train_single_device(IDIOMS[idiom](OPTIMIZER.get(idiom, "adam")), [])  # the initial values
+    for rank in range(3):
+        got = run.rank_values(rank)
+        trainable = [n for n in before if n.startswith(("model/", "aux/", "gen/", "disc/")) and "/Adagrad" not in n
+                     and "Momentum" not in n and "/Adam" not in n]
+        assert trainable and all(not np.allclose(got[n], before[n]) for n in trainable), rank
