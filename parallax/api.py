@@ -356,7 +356,7 @@ def _rewrite(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec
     rewritten = rewrite_for_task(meta_graph, plan, task)
     if config.export_graph_path:
         os.makedirs(config.export_graph_path, exist_ok=True)
-        path = os.path.join(config.export_graph_path, f"graph_worker_{task.worker_index}.pbtxt")
+        path = os.path.join(config.export_graph_path, f"worker-{task.worker_index}_metagraph")
         with open(path, "w", encoding="utf-8") as f:
             f.write(str(rewritten))
         logger.info("Parallax: wrote the graph of worker %d to %s", task.worker_index, path)

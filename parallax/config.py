@@ -467,7 +467,7 @@ class Config(_ConfigBase):
             work). Their ``begin`` sees the rewritten graph.
         export_graph_path: a directory where every process writes the graph it
             runs after the rewrite, as a text ``MetaGraphDef``:
-            ``graph_worker_<id>.pbtxt`` (in-process replicas: ``graph_worker_0.pbtxt``).
+            ``worker-<id>_metagraph`` (in-process replicas: ``worker-0_metagraph``).
             The original Parallax's field of the same name.
         stall_timeout: (Parallax only) seconds a launched process may wait for
             its peers (in ``sess.run`` or while its session starts) before the

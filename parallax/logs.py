@@ -1,18 +1,44 @@
 """Parallax's logger, ``parallax.log``: ``logging.getLogger("PARALLAX")``, as in the original Parallax.
 
-Every module of the package logs through it. The plan table and start-up
-facts go out at INFO, problems at WARNING. Show the INFO lines with::
+Every module of the package logs through it, as the original did: a handler
+of its own on standard error, format ``LEVEL:thread:PARALLAX:message``, and
+the level from ``PARALLAX_LOG_LEVEL`` (a number or a name) when set, else
+Python's default (warnings and errors). The plan table and start-up facts go
+out at INFO, problems at WARNING. Show the INFO lines with::
 
-    import logging, parallax
-    logging.basicConfig(level=logging.WARNING)
-    parallax.log.setLevel(logging.INFO)
+    parallax.log.setLevel(logging.INFO)      # or PARALLAX_LOG_LEVEL=INFO
+
+Unlike the original, the logger does not also pass its records to the root
+logger, so ``logging.basicConfig`` does not print them twice.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
-__all__ = ["log", "LOGGER_NAME"]
+__all__ = ["log", "LOGGER_NAME", "LEVEL_ENV"]
 
 LOGGER_NAME = "PARALLAX"
-log = logging.getLogger(LOGGER_NAME)
+LEVEL_ENV = "PARALLAX_LOG_LEVEL"
+
+
+def _make() -> logging.Logger:
+    logger = logging.getLogger(LOGGER_NAME)
+    if not any(getattr(h, "_parallax", False) for h in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:%(thread)d:%(name)s:%(message)s"))
+        handler._parallax = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+        logger.propagate = False
+    level = os.environ.get(LEVEL_ENV, "").strip()
+    if level:
+        try:
+            logger.setLevel(int(level) if level.lstrip("-").isdigit() else level.upper())
+        except ValueError:
+            logger.warning("%s=%r is not a logging level (a number, or DEBUG, INFO, WARNING, ERROR)", LEVEL_ENV,
+                           level)
+    return logger
+
+
+log = _make()

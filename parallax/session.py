@@ -4,7 +4,9 @@ It holds a TensorFlow session over the rewritten graph and translates the
 single-device graph's names, per the seed API: a fetch of an op or tensor of
 the single-device graph (or its name, also inside lists, tuples and dicts)
 comes back as a list with one value per local replica (``None`` for an op);
-a feed takes a list with one value per local replica. Nothing of
+a feed takes a list with one value per local replica (or, as in the original
+Parallax, an ndarray whose first axis is the replicas; a placeholder shared by
+all replicas, such as a learning rate, also takes a single value). Nothing of
 TensorFlow's session classes is patched.
 """
 
@@ -75,7 +77,8 @@ class ParallaxSession:
             fetches: ops, tensors or names of the single-device graph, alone or
                 nested in lists, tuples and dicts.
             feed_dict: maps a placeholder (or its name) to a list with one value
-                per local replica.
+                per local replica, or an ndarray whose first axis is the replicas; a
+                placeholder shared by the replicas also takes a single value.
             options: a ``RunOptions`` proto, passed through.
             run_metadata: a ``RunMetadata`` proto, passed through.
 
@@ -214,23 +217,40 @@ class ParallaxSession:
             if ":" not in name:
                 name += ":0"
             self._check_exists(name, "feed key")
-            if not isinstance(value, (list, tuple)) or len(value) != self._num_replicas:
-                got = f"a list of {len(value)}" if isinstance(value, (list, tuple)) else type(value).__name__
-                raise ValueError(
-                    f"feed for {name!r} must be a list with one value per replica "
-                    f"({self._num_replicas} replicas on this worker), got {got}")
             names = self._replica_names(name)
-            if names[0] == names[-1] and self._num_replicas > 1:
+            shared = names[0] == names[-1]
+            if shared and not self._per_replica(value, name):
+                feeds[self._element(name)] = value  # one value for the shared placeholder, as the original took
+                continue
+            if not self._per_replica(value, name):
+                got = f"a list of {len(value)}" if isinstance(value, (list, tuple)) else \
+                    f"an ndarray of shape {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
+                raise ValueError(
+                    f"feed for {name!r} must be a list (or an ndarray whose first axis is the replicas) with one "
+                    f"value per replica ({self._num_replicas} replicas on this worker), got {got}")
+            if shared and self._num_replicas > 1:
                 first = np.asarray(value[0])
                 if any(not np.array_equal(first, np.asarray(v)) for v in value[1:]):
                     raise ValueError(
                         f"{name!r} is shared by all replicas (it feeds the update, not one replica's "
                         "computation), so its per-replica values must be equal")
+            if shared:
                 feeds[self._element(name)] = value[0]
                 continue
             for n, v in zip(names, value):
                 feeds[self._element(n)] = v
         return feeds
+
+    def _per_replica(self, value: Any, name: str) -> bool:
+        """Whether ``value`` holds one value per replica: a list or tuple of that length, or an
+        ndarray whose first axis is the replicas (replica ``r`` gets ``value[r]``, as in the
+        original Parallax). Where the placeholder's rank is known, a value of that rank is a
+        whole value, not one per replica (a shared placeholder of shape ``[n]`` fed a vector)."""
+        if not isinstance(value, (list, tuple, np.ndarray)) or np.ndim(value) == 0 or \
+                len(value) != self._num_replicas:
+            return False
+        rank = self._element(name).shape.rank
+        return rank is None or np.ndim(value[0]) == rank
 
     def _rebuild(self, structure: Any, values: list[Any], targets: dict[str, int]) -> Any:
         if isinstance(structure, _Leaf):

@@ -76,9 +76,9 @@ def test_shared_tensors_are_fetched_once_and_repeated(three_replicas):
 
 
 @pytest.mark.parametrize("value, pattern", [
-    ([1.0, 2.0], r"feed for 'a:0' must be a list with one value per replica \(3 replicas on this worker\), "
-                 r"got a list of 2"),
-    (np.array([1.0, 2.0, 3.0]), r"got ndarray"),
+    ([1.0, 2.0], r"feed for 'a:0' must be a list \(or an ndarray whose first axis is the replicas\) with one value "
+                 r"per replica \(3 replicas on this worker\), got a list of 2"),
+    (np.array([1.0, 2.0]), r"got an ndarray of shape \(2,\)"),
     (1.0, r"got float"),
 ])
 def test_wrong_feeds_are_clear_errors(three_replicas, value, pattern):
@@ -102,6 +102,17 @@ def test_partial_run_is_refused_with_the_reason(three_replicas):
     with pytest.raises(NotImplementedError, match=r"does not support partial_run: every worker must run whole "
                                                   r"steps together"):
         sess.partial_run_setup([t["x"]], [t["a"]])
+
+
+def test_an_ndarray_whose_first_axis_is_the_replicas_feeds_one_row_each_as_in_the_original(three_replicas):
+    sess, t, _ = three_replicas
+    assert sess.run(t["x"], feed_dict={t["a"]: np.array([1.0, 2.0, 3.0])}) == [2.0, 4.0, 6.0]
+
+
+def test_a_shared_placeholder_also_takes_one_plain_value_as_in_the_original(three_replicas):
+    sess, t, _ = three_replicas
+    sess.run(t["train"], feed_dict={t["a"]: [1.0, 1.0, 1.0], t["lr"]: 0.0})
+    assert sess.run(t["w"]) == [1.0, 1.0, 1.0]  # learning rate 0: unchanged
 
 
 def test_shared_placeholder_takes_equal_values(three_replicas):

@@ -52,7 +52,7 @@ def test_use_allgatherv_sends_sparse_gradients_with_mpi_allgatherv(tmp_path, bac
     run = run_script(tmp_path, resources(2), "--model", "embedding", "--backend", backend, "--use_allgatherv",
                      "--average_sparse", "--run_option", run_option, "--export_graph_path", str(export))
     check_ranks_match(run, expected_values("embedding"), 2)
-    graph = (export / "graph_worker_0.pbtxt").read_text()
+    graph = (export / "worker-0_metagraph").read_text()
     if backend != "horovod":  # the path taken, not only the numbers (HYBRID: the host all-gather)
         assert '"parallax_comm:mpi_allgatherv' in graph and '"parallax_comm:mpi_allgather"' not in graph
 

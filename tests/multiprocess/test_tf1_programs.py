@@ -79,8 +79,8 @@ def test_each_process_exports_the_graph_it_runs(tmp_path):
     export = tmp_path / "graphs"
     run = train(tmp_path, "group", "PS", TWO["PS"], "--export_graph_path", str(export))
     assert run.returncode == 0, run.output[-3000:]
-    assert sorted(os.listdir(export)) == ["graph_worker_0.pbtxt", "graph_worker_1.pbtxt"]
-    chief = (export / "graph_worker_0.pbtxt").read_text()
+    assert sorted(os.listdir(export)) == ["worker-0_metagraph", "worker-1_metagraph"]
+    chief = (export / "worker-0_metagraph").read_text()
     assert 'name: "parallax_sync/step/Adam/release_1"' in chief  # the PS protocol is in the exported graph
 
 
