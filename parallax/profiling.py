@@ -7,8 +7,11 @@ For each profiled step of a profiled worker, in ``<profile_dir>/worker_<id>/``:
   ``chrome://tracing`` or https://ui.perfetto.dev);
 * ``summary_step_<n>.txt``: time spent in computation vs communication.
 
-Steps are this worker's ``sess.run`` calls, counted from 0. A step that is not
-profiled runs exactly as without profiling (no extra options, no extra run).
+Steps are numbered by the global step, as in the original Parallax: a run is
+step ``n`` when the graph's global step reads ``n`` just before it (one extra
+read of the global step per ``sess.run``, only when profiling is configured).
+A graph without a global step numbers its ``sess.run`` calls from 0 instead.
+A step that is not profiled runs with no extra options.
 
 Communication ops are Parallax's all-reduce/all-gather calls
 (``parallax_aggregate/allreduce|allgather|host/``), its parameter-server
@@ -85,16 +88,19 @@ class Profiler:
         return cls(os.path.join(profile_config.profile_dir, f"worker_{worker_id}"), steps,
                    tuple(profile_config.profile_range) if profile_config.profile_range is not None else None)
 
-    def wants(self) -> bool:
-        """Whether the coming step is profiled."""
+    def wants(self, step: int) -> bool:
+        """Whether step ``step`` is profiled."""
         if self.steps is not None:
-            return self.step in self.steps
+            return step in self.steps
         start, end = self.step_range  # type: ignore[misc]
-        return start <= self.step < end
+        return start <= step < end
 
-    def run(self, run, options, run_metadata):
-        """Run one step through ``run(options, run_metadata)``, profiled when wanted."""
-        step, profiled = self.step, self.wants()
+    def run(self, run, options, run_metadata, global_step: int | None = None):
+        """Run one step through ``run(options, run_metadata)``, profiled when wanted.
+
+        ``global_step``: the global step's value before this run (``None``: count runs)."""
+        step = self.step if global_step is None else int(global_step)
+        profiled = self.wants(step)
         self.step += 1
         if not profiled:
             return run(options, run_metadata)

@@ -51,6 +51,7 @@ class ParallaxSession:
         self._num_replicas = num_replicas
         self._profiler = profiler
         self._heartbeat = heartbeat
+        self._step_tensor: Any = False  # the global step tensor once looked up (None: there is none)
         self._waits = waits
         self._elements: dict[str, Any] = {}  # name -> op or tensor of the (finalized) rewritten graph
 
@@ -104,7 +105,7 @@ class ParallaxSession:
         try:
             with self._graph.as_default():  # hooks (checkpoint saving) build and run ops in graph mode
                 values = run(options, run_metadata) if self._profiler is None else \
-                    self._profiler.run(run, options, run_metadata)
+                    self._profiler.run(run, options, run_metadata, self._global_step())
         finally:
             if self._heartbeat is not None:
                 self._heartbeat.step_done()
@@ -145,6 +146,16 @@ class ParallaxSession:
             "ParallaxSession does not support partial_run: every worker must run whole steps together (a "
             "partial step would leave the others waiting in the gradient exchange). Fetch everything in one "
             "sess.run, or use raw_session for work that involves no other worker")
+
+    def _global_step(self) -> int | None:
+        """The global step's value now, read past the hooks (for profiling), or ``None``."""
+        if self._step_tensor is False:
+            with self._graph.as_default():
+                self._step_tensor = tf.compat.v1.train.get_global_step(self._graph)
+        raw = getattr(self._session, "_tf_sess", None)
+        if self._step_tensor is None or raw is None:
+            return None
+        return int(raw().run(self._step_tensor))
 
     def should_stop(self) -> bool:
         """Whether the underlying monitored session asks to stop."""

@@ -46,3 +46,19 @@ def test_profiled_step_writes_metadata_chrome_trace_and_summary(tmp_path, resour
     assert any(e.get("name") == "MatMul" or "MatMul" in str(e.get("args", {})) for e in trace["traceEvents"])
     summary = (out / "summary_step_1.txt").read_text()
     assert "computation:" in summary and "communication:" in summary
+
+
+def test_steps_are_numbered_by_the_global_step_as_in_the_original(tmp_path, resource_file):
+    model = build_mlp("adam")
+    cfg = parallax.Config(run_option="PS", profile_config=parallax.ProfileConfig(profile_dir=str(tmp_path / "prof"),
+                                                                                 profile_steps=[2]))
+    sess, _, _, n = parallax.parallel_run(model.graph, cpu_resources(resource_file, 2), parallax_config=cfg)
+    feeds = [{model.inputs[k]: np.split(v, n) for k, v in feed.items()} for feed in batches("mlp", 3, 8)]
+    for feed in feeds:  # three evaluations: the global step stays 0, nothing is profiled
+        sess.run(model.loss, feed)
+    assert not (tmp_path / "prof").exists()
+    for feed in feeds:  # global steps 0, 1, 2: the third training step is step 2
+        sess.run(model.train_op, feed)
+    sess.close()
+    trace = (tmp_path / "prof" / "worker_0" / "timeline_step_2.json").read_text()
+    assert "ResourceApplyAdam" in trace  # the profiled run is a training step, not an evaluation
