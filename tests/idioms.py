@@ -18,6 +18,12 @@ idiom, as a small single-device graph in a fresh ``tf.Graph``:
 * ``alternating``: a GAN-style pair of training ops run in turn (``schedule``)
 * ``dataset``: ``tf.data`` input sharded over the replicas with
   ``parallax.shard``, read through an initializable iterator (no feeds)
+* ``lm1b``: the shape of the original Parallax's LM1B example, rewritten small:
+  everything in ``variable_scope("model")`` under a partitioner, an unrolled
+  LSTM fed its initial state, sampled softmax (seeded), gradients from
+  ``tf.gradients`` with only the LSTM's clipped by global norm, Adagrad's
+  ``apply_gradients`` with a global step, and an EMA of the LSTM weights under
+  ``control_dependencies([train_op])``
 * ``everything``: all of the above but the alternation in one program: a
   partitioned embedding and a dense net in ``variable_scope("model")`` with
   its optimizer, moving statistics, an EMA after the update, and a second
@@ -209,6 +215,64 @@ def build_dataset(optimizer: str = "adam") -> Model:
     return Model(graph, {"x": x, "y": y}, loss, train_op, initializer=it.initializer)
 
 
+LM_STEPS, LM_STATE = 3, 5
+
+
+def build_lm1b(optimizer: str = "adagrad") -> Model:
+    del optimizer  # Adagrad, as the original
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(7)
+        step = tf.compat.v1.train.get_or_create_global_step()
+        x = tf.compat.v1.placeholder(tf.int32, [None, LM_STEPS], name="x")
+        y = tf.compat.v1.placeholder(tf.int32, [None, LM_STEPS], name="y")
+        w = tf.compat.v1.placeholder(tf.float32, [None, LM_STEPS], name="w")
+        state_c = tf.compat.v1.placeholder(tf.float32, [None, LM_STATE], name="state_c")
+        state_h = tf.compat.v1.placeholder(tf.float32, [None, LM_STATE], name="state_h")
+        uniform = tf.compat.v1.random_uniform_initializer(-0.3, 0.3, seed=8)
+        with tf.compat.v1.variable_scope("model"), tf.compat.v1.variable_scope(
+                tf.compat.v1.get_variable_scope(), partitioner=tf.compat.v1.fixed_size_partitioner(2)):
+            emb = tf.compat.v1.get_variable("emb", [VOCAB, FEATURES], initializer=uniform)
+            kernel = tf.compat.v1.get_variable("lstm/kernel", [FEATURES + LM_STATE, 4 * LM_STATE], initializer=uniform)
+            bias = tf.compat.v1.get_variable("lstm/bias", [4 * LM_STATE], initializer=tf.compat.v1.zeros_initializer())
+            softmax_w = tf.compat.v1.get_variable("softmax_w", [VOCAB, LM_STATE], initializer=uniform)
+            softmax_b = tf.compat.v1.get_variable("softmax_b", [VOCAB], initializer=tf.compat.v1.zeros_initializer())
+            inputs = tf.nn.embedding_lookup(emb, x)
+            c, h, losses = state_c, state_h, []
+            for t in range(LM_STEPS):
+                gates = tf.matmul(tf.concat([inputs[:, t, :], h], 1), kernel) + bias
+                i, j, f, o = tf.split(gates, 4, axis=1)
+                c = tf.sigmoid(f + 1.0) * c + tf.sigmoid(i) * tf.tanh(j)
+                h = tf.sigmoid(o) * tf.tanh(c)
+                losses.append(tf.nn.sampled_softmax_loss(
+                    softmax_w, softmax_b, tf.cast(y[:, t:t + 1], tf.int64), h, num_sampled=6, num_classes=VOCAB,
+                    seed=9) * w[:, t])
+            loss = tf.reduce_mean(tf.stack(losses), name="loss")
+            final_c, final_h = tf.identity(c, name="final_state_c"), tf.identity(h, name="final_state_h")
+            all_vars = tf.compat.v1.trainable_variables()
+            lstm_vars = [v for v in all_vars if "/lstm/" in v.op.name]
+            other_vars = [v for v in all_vars if "/lstm/" not in v.op.name]
+            grads = tf.gradients(loss, lstm_vars + other_vars)
+            lstm_grads, _ = tf.clip_by_global_norm(grads[:len(lstm_vars)], 1.0)
+            opt = tf.compat.v1.train.AdagradOptimizer(0.2, initial_accumulator_value=1.0)
+            train_op = opt.apply_gradients(list(zip(lstm_grads + grads[len(lstm_vars):], lstm_vars + other_vars)),
+                                           global_step=step)
+            ema = tf.compat.v1.train.ExponentialMovingAverage(0.999)
+            with tf.control_dependencies([train_op]):
+                train_op = ema.apply(lstm_vars)
+    model = Model(graph, {"x": x, "y": y, "w": w, "state_c": state_c, "state_h": state_h}, loss, train_op)
+    model.variables = [final_c, final_h]
+    return model
+
+
+def _lm1b_data(steps: int, batch: int):
+    rng = np.random.RandomState(3)
+    return [{"x": rng.randint(0, VOCAB, (batch, LM_STEPS)).astype(np.int32),
+             "y": rng.randint(0, VOCAB, (batch, LM_STEPS)).astype(np.int32),
+             "w": np.ones((batch, LM_STEPS), np.float32), "state_c": np.zeros((batch, LM_STATE), np.float32),
+             "state_h": np.zeros((batch, LM_STATE), np.float32)} for _ in range(steps)]
+
+
 def build_everything(optimizer: str = "adagrad") -> Model:
     graph = tf.Graph()
     with graph.as_default():
@@ -263,6 +327,8 @@ IDIOMS = {
     "two_optimizers": build_two_optimizers,
     "alternating": build_alternating,
     "dataset": build_dataset,
+    "lm1b": build_lm1b,
     "everything": build_everything,
 }
-IDIOM_DATA = {name: {"scoped": _ids_data, "everything": _both_data}.get(name, _mlp_data) for name in IDIOMS}
+IDIOM_DATA = {name: {"scoped": _ids_data, "everything": _both_data, "lm1b": _lm1b_data}.get(name, _mlp_data)
+              for name in IDIOMS}

@@ -20,7 +20,7 @@ from tests.multiprocess.test_mpi_mode import BATCH, STEPS, check_ranks_match
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
-OPTIMIZER = {"scoped": "adagrad", "ema": "momentum", "everything": "adagrad"}
+OPTIMIZER = {"scoped": "adagrad", "ema": "momentum", "everything": "adagrad", "lm1b": "adagrad"}
 # (resource file, number of worker processes) per mode: two worker processes each; HYBRID and
 # PS add a parameter server when some variable goes to one.
 TWO = {"PS": "localhost: cpu:0\nlocalhost: cpu:1\n", "MPI": "localhost: cpu:0,cpu:1\n",
@@ -42,7 +42,7 @@ def train(tmp_path, idiom: str, mode: str, resources: str, *extra: str):
 
 # HYBRID and AUTO run a graph without sparse gradients as MPI (docs/modes.md), so the dense-only
 # idioms are run in PS and MPI; the idioms with an embedding in every mode.
-SPARSE = ("scoped",)
+SPARSE = ("scoped", "lm1b")
 CASES = [(i, m) for i in IDIOMS if i not in ("everything", "dataset")
          for m in (MODES if i in SPARSE else ("PS", "MPI"))]
 
