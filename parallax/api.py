@@ -47,7 +47,6 @@ from parallax.startup import GROUP_LEADER, start_server, start_session
 __all__ = ["parallel_run", "preview_plan", "PLAN_ENV"]
 
 
-
 def parallel_run(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str,
                  resource_info: str | os.PathLike, sync: bool = True,
                  parallax_config: Config | None = None

@@ -135,12 +135,12 @@ class Heartbeat:
         self._thread.start()
 
     def set(self, state: str, where: str = "", steps: int | None = None) -> None:
-        """Enter ``state`` (see the module docstring); ``where`` says what it waits for there."""
+        """Enter ``state`` (see the module docstring); ``where`` says what it waits for there.
+        Cheap: nothing is sent here (``sess.run`` calls it twice); the thread sends twice a second."""
         with self._lock:
             self._state, self._where, self._since = state, where, time.monotonic()
             if steps is not None:
                 self._steps = steps
-        self._send()
 
     def step_done(self) -> None:
         """A ``sess.run`` returned: one more step finished, back in the program's code."""
@@ -154,6 +154,7 @@ class Heartbeat:
             return
         self.set("done")
         self._stop.set()
+        self._send()
 
     def _send(self) -> None:
         with self._lock:
