@@ -8,6 +8,7 @@ The launcher passes the job to every rank in environment variables:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import sys
@@ -17,6 +18,7 @@ from parallax.errors import LaunchError
 from parallax.launch.layout import RankSpec, layout_from_json, layout_to_json
 from parallax.launch.monitor import MONITOR_ENV, Heartbeat
 from parallax.launch.runner import register_rank
+from parallax.logs import LEVEL_ENV
 
 __all__ = ["RankContext", "launched_context", "launch_env", "make_heartbeat", "tee_output", "finish_together",
            "leave_together", "LAUNCH_ENV", "JOB_DIR_ENV", "FINISH_TIMEOUT_ENV"]
@@ -46,7 +48,9 @@ def launch_env(ranks: tuple[RankSpec, ...], run_option: str, job_dir: str,
                monitor: str | None = None) -> dict[str, str]:
     """The environment variables the launcher gives every rank (``monitor``: the stall
     monitor's ``host:port``, see :mod:`parallax.launch.monitor`)."""
-    env = {LAUNCH_ENV: json.dumps({"run_option": run_option, "ranks": layout_to_json(ranks)}), JOB_DIR_ENV: job_dir}
+    env = {LAUNCH_ENV: json.dumps({"run_option": run_option, "ranks": layout_to_json(ranks)}), JOB_DIR_ENV: job_dir,
+           # launched processes log at INFO unless told otherwise, as the original Parallax's did
+           LEVEL_ENV: os.environ.get(LEVEL_ENV) or str(logging.INFO)}
     if monitor:
         env[MONITOR_ENV] = monitor
     return env
