@@ -9,9 +9,9 @@ replica reads a disjoint part of the data::
     ds = parallax.shard.shard(ds)
     it = tf.compat.v1.data.make_initializable_iterator(ds)
 
-Use an initializable iterator: a one-shot iterator copies the constants into
-its own function, where the rewrite cannot reach them (Parallax then raises a
-``RewriteError`` rather than let every replica read the same data).
+Initializable and one-shot iterators both work: a one-shot iterator copies the
+constants into its dataset function, and the rewrite gives each replica its own
+copy of that function with its own index.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ idiom, as a small single-device graph in a fresh ``tf.Graph``:
   optimizers (``tf.group`` of both)
 * ``alternating``: a GAN-style pair of training ops run in turn (``schedule``)
 * ``dataset``: ``tf.data`` input sharded over the replicas with
-  ``parallax.shard``, read through an initializable iterator (no feeds)
+  ``parallax.shard``, read through an initializable iterator (no feeds);
+  ``dataset_one_shot`` the same through a one-shot iterator
 * ``lm1b``: the shape of the original Parallax's LM1B example, rewritten small:
   everything in ``variable_scope("model")`` under a partitioner, an unrolled
   LSTM fed its initial state, sampled softmax (seeded), gradients from
@@ -200,19 +201,23 @@ def dataset_union_batches(steps: int, replicas: int) -> list[dict[str, np.ndarra
     return [{"x": x[k * rows:(k + 1) * rows], "y": y[k * rows:(k + 1) * rows]} for k in range(steps)]
 
 
-def build_dataset(optimizer: str = "adam") -> Model:
+def build_dataset(optimizer: str = "adam", one_shot: bool = False) -> Model:
     import parallax
 
     graph = tf.Graph()
     with graph.as_default():
         x_all, y_all = dataset_arrays()
-        ds = tf.data.Dataset.from_tensor_slices((x_all, y_all)).batch(DATASET_ROWS)
-        it = tf.compat.v1.data.make_initializable_iterator(parallax.shard.shard(ds))
+        ds = parallax.shard.shard(tf.data.Dataset.from_tensor_slices((x_all, y_all)).batch(DATASET_ROWS))
+        if one_shot:  # as tf_cnn_benchmarks, which the original Parallax ran
+            it, initializer = tf.compat.v1.data.make_one_shot_iterator(ds), tf.no_op(name="no_initializer")
+        else:
+            it = tf.compat.v1.data.make_initializable_iterator(ds)
+            initializer = it.initializer
         x, y = it.get_next()
         loss = _mlp_loss(x, y)
         step = tf.compat.v1.train.get_or_create_global_step()
         train_op = _optimizer(optimizer).minimize(loss, global_step=step)
-    return Model(graph, {"x": x, "y": y}, loss, train_op, initializer=it.initializer)
+    return Model(graph, {"x": x, "y": y}, loss, train_op, initializer=initializer)
 
 
 LM_STEPS, LM_STATE = 3, 5
@@ -327,6 +332,7 @@ IDIOMS = {
     "two_optimizers": build_two_optimizers,
     "alternating": build_alternating,
     "dataset": build_dataset,
+    "dataset_one_shot": lambda optimizer="adam": build_dataset(optimizer, one_shot=True),
     "lm1b": build_lm1b,
     "everything": build_everything,
 }

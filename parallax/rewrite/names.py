@@ -7,8 +7,8 @@ parameter-server ops match across processes.
 from __future__ import annotations
 
 __all__ = ["REPLICA_PREFIX", "replica_op_name", "replica_tensor_name", "aggregate_scope",
-           "replica_frame_name", "aggregate_outputs", "SYNC_PREFIX", "LOCAL_COPY_PREFIX", "sync_scope",
-           "unsynchronised_train_op"]
+           "replica_frame_name", "replica_function_name", "aggregate_outputs", "SYNC_PREFIX", "LOCAL_COPY_PREFIX",
+           "sync_scope", "unsynchronised_train_op"]
 
 REPLICA_PREFIX = "parallax_replica_"
 AGGREGATE_PREFIX = "parallax_aggregate"
@@ -34,6 +34,16 @@ def replica_tensor_name(tensor: str, replica: int) -> str:
     if not op or not index.isdigit():
         op, index = tensor, "0"
     return f"{replica_op_name(op, replica)}:{index}"
+
+
+def replica_function_name(function: str, replica: int) -> str:
+    """The name of a library function's copy for local replica ``replica`` (a one-shot
+    iterator's dataset function, sharded per replica).
+
+    >>> replica_function_name("_make_dataset_abc", 1)
+    '_make_dataset_abc_parallax_replica_1'
+    """
+    return f"{function}_{REPLICA_PREFIX}{replica}"
 
 
 def replica_frame_name(frame: str, replica: int) -> str:

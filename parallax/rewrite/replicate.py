@@ -42,7 +42,7 @@ from parallax.rewrite.graph_ops import (
     parse_input,
     written_variable,
 )
-from parallax.rewrite.names import REPLICA_PREFIX, replica_frame_name, replica_op_name
+from parallax.rewrite.names import REPLICA_PREFIX, replica_frame_name, replica_function_name, replica_op_name
 from parallax.shard import NUM_SHARDS_COLLECTION, SHARD_ID_COLLECTION
 
 __all__ = ["replicate_graph", "shard_op_names"]
@@ -99,12 +99,11 @@ def replicate_graph(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
     if shard_ops:
         types = {n.name: n.op for n in meta_graph.graph_def.node}
         reached = descendants(consumers(meta_graph.graph_def), shard_ops) - shard_ops
-        if all("Dataset" in types[name] for name in reached):
+        if all("Dataset" in types[name] for name in reached) and not _sharded_functions(meta_graph, shard_ops):
             raise RewriteError(
-                "parallax.shard() was used, but no op of the graph reads its shard id: the dataset "
-                "was probably turned into a one-shot iterator, whose function the rewrite cannot "
-                "reach, so every replica would read the same data. Use "
-                "tf.compat.v1.data.make_initializable_iterator(dataset) and run its initializer")
+                "parallax.shard() was used, but no op of the graph reads its shard id, not even a one-shot "
+                "iterator's dataset function, so every replica would read the same data. Build the iterator "
+                "from the sharded dataset (tf.compat.v1.data.make_initializable_iterator or make_one_shot_iterator)")
     roles = classify(meta_graph.graph_def, plan, extra_inputs=shard_ops)
     replicated = roles.replicated | shard_ops
     first_replica = plan.first_replica(task.worker_index)
@@ -158,9 +157,54 @@ def replicate_graph(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
             new_nodes.append(copy)
     del out.graph_def.node[:]
     out.graph_def.node.extend(new_nodes)
+    _shard_dataset_functions(out, (num_shards_op, shard_id_op), replicated, plan.num_replicas, first_replica,
+                             len(devices))
     _write_from_first_replica(out, replicated, devices)
     _extend_table_initializers(out, replicated, len(devices))
     return out
+
+
+def _sharded_functions(meta_graph: meta_graph_pb2.MetaGraphDef, shard_ops) -> set[str]:
+    """The library functions that hold copies of the shard constants (a one-shot iterator's
+    ``dataset_factory`` captures them by value)."""
+    return {f.signature.name for f in meta_graph.graph_def.library.function
+            if any(n.op == "Const" and n.name in shard_ops for n in f.node_def)}
+
+
+def _shard_dataset_functions(meta_graph: meta_graph_pb2.MetaGraphDef, shard_ops: tuple[str | None, str | None],
+                             replicated: frozenset[str], num_replicas: int, first_replica: int,
+                             num_local: int) -> None:
+    """A one-shot iterator's dataset function gets one copy per local replica, with the shard
+    count and that replica's global index in place of ``parallax.shard``'s constants, and each
+    replica's iterator uses its copy (``<function>_parallax_replica_<r>``)."""
+    num_shards_op, shard_id_op = shard_ops
+    functions = _sharded_functions(meta_graph, {n for n in shard_ops if n})
+    if not functions:
+        return
+    library = {f.signature.name: f for f in meta_graph.graph_def.library.function}
+    copies = []
+    for name in sorted(functions):
+        for r in range(num_local):
+            copy = type(library[name])()
+            copy.CopyFrom(library[name])
+            copy.signature.name = replica_function_name(name, r)
+            for node in copy.node_def:
+                if node.op == "Const" and node.name == num_shards_op:
+                    _set_const(node, num_replicas)
+                elif node.op == "Const" and node.name == shard_id_op:
+                    _set_const(node, first_replica + r)
+            copies.append(copy)
+    meta_graph.graph_def.library.function.extend(copies)
+    for node in meta_graph.graph_def.node:
+        for value in node.attr.values():
+            if value.HasField("func") and value.func.name in functions:
+                original = node.name
+                r = int(original[len(REPLICA_PREFIX):].split("/", 1)[0]) if original.startswith(REPLICA_PREFIX) \
+                    else 0
+                if r == 0 and original not in replicated:
+                    raise RewriteError(f'op "{original}" reads a dataset sharded with parallax.shard() but is not '
+                                       "copied per replica; build its iterator from the replicas' input")
+                value.func.name = replica_function_name(value.func.name, r)
 
 
 def _write_from_first_replica(meta_graph: meta_graph_pb2.MetaGraphDef, replicated: frozenset[str],

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import parallax
-from parallax.errors import LaunchError, ResourceFileError, RewriteError
+from parallax.errors import LaunchError, ResourceFileError
 from tests.conftest import cpu_resources
 from tests.models import build_mlp
 
@@ -210,15 +210,17 @@ def test_sharded_dataset_gives_each_replica_its_own_part(resource_file):
     sess.close()
 
 
-def test_one_shot_iterator_with_shard_is_refused(resource_file):
+def test_a_one_shot_iterator_with_shard_gives_each_replica_its_own_part_as_in_the_original(resource_file):
     graph = tf.Graph()
     with graph.as_default():
         ds = parallax.shard.shard(tf.data.Dataset.range(8).batch(2))
-        batch = tf.cast(tf.compat.v1.data.make_one_shot_iterator(ds).get_next(), tf.float32)
-        w = tf.compat.v1.get_variable("w", [])
+        batch = tf.cast(tf.compat.v1.data.make_one_shot_iterator(ds).get_next(), tf.float32, name="batch")
+        w = tf.compat.v1.get_variable("w", [], initializer=tf.compat.v1.zeros_initializer())
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(batch * w))
-    with pytest.raises(RewriteError, match="make_initializable_iterator"):
-        parallax.parallel_run(graph, cpu_resources(resource_file, 2), parallax_config=in_process())
+    sess, _, _, n = parallax.parallel_run(graph, cpu_resources(resource_file, 2), parallax_config=in_process())
+    assert [list(v) for v in sess.run(batch)] == [[0, 1], [2, 3]]
+    assert [list(v) for v in sess.run(batch)] == [[4, 5], [6, 7]]
+    sess.close()
 
 
 def test_keras_dense_layers_on_placeholders(resource_file):

@@ -43,7 +43,7 @@ def train(tmp_path, idiom: str, mode: str, resources: str, *extra: str):
 # HYBRID and AUTO run a graph without sparse gradients as MPI (docs/modes.md), so the dense-only
 # idioms are run in PS and MPI; the idioms with an embedding in every mode.
 SPARSE = ("scoped", "lm1b")
-CASES = [(i, m) for i in IDIOMS if i not in ("everything", "dataset")
+CASES = [(i, m) for i in IDIOMS if i not in ("everything", "dataset", "dataset_one_shot")
          for m in (MODES if i in SPARSE else ("PS", "MPI"))]
 
 
@@ -57,16 +57,19 @@ def test_every_idiom_at_once_in_three_processes_equals_single_device(tmp_path, m
     check_ranks_match(train(tmp_path, "everything", mode, THREE[mode]), expected("everything"), 3)
 
 
-@pytest.mark.parametrize("mode, resources, replicas", [("PS", TWO["PS"], 2), ("MPI", THREE["MPI"], 3),
-                                                       ("PS", "localhost: cpu:0,cpu:1\nlocalhost: cpu:2,cpu:3\n", 4)],
-                         ids=["ps-2", "mpi-3", "ps-2x2"])
-def test_tf_data_input_sharded_over_the_replicas_equals_single_device_on_the_union(tmp_path, mode, resources,
-                                                                                   replicas):
+@pytest.mark.parametrize("idiom, mode, resources, replicas", [
+    ("dataset", "PS", TWO["PS"], 2), ("dataset", "MPI", THREE["MPI"], 3),
+    ("dataset", "PS", "localhost: cpu:0,cpu:1\nlocalhost: cpu:2,cpu:3\n", 4),
+    ("dataset_one_shot", "MPI", THREE["MPI"], 3),
+    ("dataset_one_shot", "PS", "localhost: cpu:0,cpu:1\nlocalhost: cpu:2,cpu:3\n", 4),
+], ids=["ps-2", "mpi-3", "ps-2x2", "one-shot-mpi-3", "one-shot-ps-2x2"])
+def test_tf_data_input_sharded_over_the_replicas_equals_single_device_on_the_union(tmp_path, idiom, mode,
+                                                                                   resources, replicas):
     from tests.idioms import dataset_union_batches
 
-    model = IDIOMS["dataset"]()
+    model = IDIOMS[idiom]()
     reference = train_single_device(model, dataset_union_batches(STEPS, replicas))  # feeds the iterator's output
-    run = train(tmp_path, "dataset", mode, resources)
+    run = train(tmp_path, idiom, mode, resources)
     check_ranks_match(run, reference, 2 if mode == "PS" else replicas)
 
 
