@@ -27,14 +27,14 @@ from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.aggregate import build_subgraph
 from parallax.rewrite.classify import classify
 from parallax.rewrite.graph_ops import add_nodes
-from parallax.rewrite.names import LOCAL_COPY_PREFIX, REPLICA_PREFIX
+from parallax.rewrite.names import LOCAL_COPY_PREFIX, REPLICA_PREFIX, copy_replica
 
 __all__ = ["use_local_copies"]
 
 
 def _replica_of(name: str, replicated: frozenset[str]) -> int | None:
     if name.startswith(REPLICA_PREFIX):
-        return int(name[len(REPLICA_PREFIX):].split("/", 1)[0])
+        return copy_replica(name)
     return 0 if name in replicated else None
 
 

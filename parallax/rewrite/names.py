@@ -6,7 +6,7 @@ parameter-server ops match across processes.
 
 from __future__ import annotations
 
-__all__ = ["REPLICA_PREFIX", "replica_op_name", "replica_tensor_name", "aggregate_scope",
+__all__ = ["REPLICA_PREFIX", "replica_op_name", "copy_replica", "replica_tensor_name", "aggregate_scope",
            "replica_frame_name", "replica_function_name", "aggregate_outputs", "SYNC_PREFIX", "LOCAL_COPY_PREFIX",
            "sync_scope", "unsynchronised_train_op"]
 
@@ -26,6 +26,18 @@ def replica_op_name(name: str, replica: int) -> str:
     ('dense/MatMul', 'parallax_replica_2/dense/MatMul')
     """
     return name if replica == 0 else f"{REPLICA_PREFIX}{replica}/{name}"
+
+
+def copy_replica(name: str) -> int:
+    """The local replica an op of the rewritten graph was copied for (0 for original names);
+    the inverse of :func:`replica_op_name`.
+
+    >>> copy_replica("parallax_replica_2/dense/MatMul"), copy_replica("dense/MatMul")
+    (2, 0)
+    """
+    if name.startswith(REPLICA_PREFIX):
+        return int(name[len(REPLICA_PREFIX):].split("/", 1)[0])
+    return 0
 
 
 def replica_tensor_name(tensor: str, replica: int) -> str:

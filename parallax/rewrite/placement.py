@@ -35,7 +35,7 @@ from tensorflow.python.framework import tensor_util
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.classify import classify
 from parallax.rewrite.graph_ops import add_nodes, consumers, descendants, parse_input
-from parallax.rewrite.names import AGGREGATE_PREFIX, REPLICA_PREFIX, SYNC_PREFIX
+from parallax.rewrite.names import AGGREGATE_PREFIX, SYNC_PREFIX, copy_replica
 
 __all__ = ["place_variables"]
 
@@ -111,7 +111,7 @@ def _gather_on_workers(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task
     for node in meta_graph.graph_def.node:
         if node.op != "ResourceGather" or not node.input or node.input[0] not in device_of:
             continue
-        replica = int(node.name[len(REPLICA_PREFIX):].split("/", 1)[0]) if node.name.startswith(REPLICA_PREFIX) else 0
+        replica = copy_replica(node.name)
         device = worker.replica_devices[min(replica, len(worker.replica_devices) - 1)]
         dtype, tindices = node.attr["dtype"].type, node.attr["Tindices"].type
         read = node_def_pb2.NodeDef(name=f"{node.name}/parallax_read", op="ReadVariableOp", input=[node.input[0]])

@@ -296,21 +296,23 @@ def _drop_server_writes(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, dev
     runs it. Initializers and the saver's restore ops are kept."""
     servers = {v.name for v in plan.variables if v.server is not None}
     nodes = node_map(meta_graph.graph_def)
-    keep = _initializers_and_saver(meta_graph)
+    initializers, saver_scope = _initializers_and_saver(meta_graph)
     owner = update_scope_owner([v.name for v in plan.variables])  # the optimizer's updates: see add_ps_sync
+    kept_scopes = (f"{SYNC_PREFIX}/",) + ((saver_scope,) if saver_scope else ())
     dropped = {n.name for n in meta_graph.graph_def.node
-               if not n.name.startswith(f"{SYNC_PREFIX}/") and not n.name.startswith(keep)
+               if n.name not in initializers and not n.name.startswith(kept_scopes)
                and owner(n.name) is None and written_variable(n, nodes) in servers}
     make_no_op(meta_graph.graph_def, dropped, device,
                "a write of a variable on the parameter servers, which only the chief worker runs; read the "
                "variable itself instead")
 
 
-def _initializers_and_saver(meta_graph: meta_graph_pb2.MetaGraphDef) -> tuple[str, ...]:
-    """Name prefixes of the writes that are no training step: variable initializers and the saver's ops."""
+def _initializers_and_saver(meta_graph: meta_graph_pb2.MetaGraphDef) -> tuple[set[str], str | None]:
+    """The writes that are no training step: the variables' initializer ops (by name) and the
+    saver's name scope (``save/``), or ``None`` when the graph has no saver."""
     from tensorflow.core.framework import variable_pb2
 
-    prefixes = set()
+    initializers = set()
     for collection in meta_graph.collection_def.values():
         for raw in collection.bytes_list.value:
             proto = variable_pb2.VariableDef()
@@ -319,7 +321,6 @@ def _initializers_and_saver(meta_graph: meta_graph_pb2.MetaGraphDef) -> tuple[st
             except Exception:  # noqa: BLE001 - not a VariableDef
                 continue
             if proto.initializer_name:
-                prefixes.add(parse_input(proto.initializer_name)[0])
-    if meta_graph.saver_def.restore_op_name:
-        prefixes.add(meta_graph.saver_def.restore_op_name.split("/")[0] + "/")
-    return tuple(sorted(prefixes))
+                initializers.add(parse_input(proto.initializer_name)[0])
+    restore = meta_graph.saver_def.restore_op_name
+    return initializers, (restore.split("/")[0] + "/") if restore else None

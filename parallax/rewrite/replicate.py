@@ -42,7 +42,13 @@ from parallax.rewrite.graph_ops import (
     parse_input,
     written_variable,
 )
-from parallax.rewrite.names import REPLICA_PREFIX, replica_frame_name, replica_function_name, replica_op_name
+from parallax.rewrite.names import (
+    REPLICA_PREFIX,
+    copy_replica,
+    replica_frame_name,
+    replica_function_name,
+    replica_op_name,
+)
 from parallax.shard import NUM_SHARDS_COLLECTION, SHARD_ID_COLLECTION
 
 __all__ = ["replicate_graph", "shard_op_names"]
@@ -96,10 +102,11 @@ def replicate_graph(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
     devices = worker.replica_devices
     num_shards_op, shard_id_op = shard_op_names(meta_graph)
     shard_ops = frozenset(n for n in (num_shards_op, shard_id_op) if n)
+    sharded_functions = _sharded_functions(meta_graph, shard_ops)
     if shard_ops:
         types = {n.name: n.op for n in meta_graph.graph_def.node}
         reached = descendants(consumers(meta_graph.graph_def), shard_ops) - shard_ops
-        if all("Dataset" in types[name] for name in reached) and not _sharded_functions(meta_graph, shard_ops):
+        if all("Dataset" in types[name] for name in reached) and not sharded_functions:
             raise RewriteError(
                 "parallax.shard() was used, but no op of the graph reads its shard id, not even a one-shot "
                 "iterator's dataset function, so every replica would read the same data. Build the iterator "
@@ -157,8 +164,8 @@ def replicate_graph(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
             new_nodes.append(copy)
     del out.graph_def.node[:]
     out.graph_def.node.extend(new_nodes)
-    _shard_dataset_functions(out, (num_shards_op, shard_id_op), replicated, plan.num_replicas, first_replica,
-                             len(devices))
+    _shard_dataset_functions(out, sharded_functions, (num_shards_op, shard_id_op), replicated, plan.num_replicas,
+                             first_replica, len(devices))
     _write_from_first_replica(out, replicated, devices)
     _extend_table_initializers(out, replicated, len(devices))
     return out
@@ -171,14 +178,13 @@ def _sharded_functions(meta_graph: meta_graph_pb2.MetaGraphDef, shard_ops) -> se
             if any(n.op == "Const" and n.name in shard_ops for n in f.node_def)}
 
 
-def _shard_dataset_functions(meta_graph: meta_graph_pb2.MetaGraphDef, shard_ops: tuple[str | None, str | None],
-                             replicated: frozenset[str], num_replicas: int, first_replica: int,
-                             num_local: int) -> None:
+def _shard_dataset_functions(meta_graph: meta_graph_pb2.MetaGraphDef, functions: set[str],
+                             shard_ops: tuple[str | None, str | None], replicated: frozenset[str],
+                             num_replicas: int, first_replica: int, num_local: int) -> None:
     """A one-shot iterator's dataset function gets one copy per local replica, with the shard
     count and that replica's global index in place of ``parallax.shard``'s constants, and each
     replica's iterator uses its copy (``<function>_parallax_replica_<r>``)."""
     num_shards_op, shard_id_op = shard_ops
-    functions = _sharded_functions(meta_graph, {n for n in shard_ops if n})
     if not functions:
         return
     library = {f.signature.name: f for f in meta_graph.graph_def.library.function}
@@ -199,8 +205,7 @@ def _shard_dataset_functions(meta_graph: meta_graph_pb2.MetaGraphDef, shard_ops:
         for value in node.attr.values():
             if value.HasField("func") and value.func.name in functions:
                 original = node.name
-                r = int(original[len(REPLICA_PREFIX):].split("/", 1)[0]) if original.startswith(REPLICA_PREFIX) \
-                    else 0
+                r = copy_replica(original)
                 if r == 0 and original not in replicated:
                     raise RewriteError(f'op "{original}" reads a dataset sharded with parallax.shard() but is not '
                                        "copied per replica; build its iterator from the replicas' input")
@@ -212,11 +217,11 @@ def _write_from_first_replica(meta_graph: meta_graph_pb2.MetaGraphDef, replicate
     """Replicas other than 0 do not write shared variables (see the module docstring)."""
     if len(devices) < 2:
         return
-    original = node_map(meta_graph.graph_def)
+    nodes = node_map(meta_graph.graph_def)  # replica 0's copies keep the original names
+    writers = [name for name in replicated
+               if (var := written_variable(nodes[name], nodes)) is not None and var not in replicated]
     for r in range(1, len(devices)):
-        writes = {replica_op_name(name, r) for name in replicated
-                  if (var := written_variable(original[name], original)) is not None and var not in replicated}
-        make_no_op(meta_graph.graph_def, writes & set(original), devices[r],
+        make_no_op(meta_graph.graph_def, {replica_op_name(name, r) for name in writers}, devices[r],
                    "a write of a shared variable that only replica 0 runs; read the variable instead")
 
 
