@@ -67,7 +67,7 @@ def comm_worker(out: str, reps: int) -> None:
                 baseline = tf.add_n([p[:1] for p in parts])
                 graph_def = graph.as_graph_def()
                 backend.finalize_nodes(graph_def.node)
-                graph_def = bind_py_functions(graph_def)
+                graph_def, _release = bind_py_functions(graph_def)
             run_graph = tf.Graph()
             with run_graph.as_default():
                 tf.graph_util.import_graph_def(graph_def, name="")
@@ -192,7 +192,7 @@ def main() -> None:
     print("part 1: all-reduce, 2 ranks ...", flush=True)
     comm_out = os.path.join(work, "comm.json")
     ranks = ranks_per_device(parse_resource_text("localhost: cpu:0,cpu:1\n"))
-    result = launch(ranks, "MPI", [os.path.abspath(__file__), "comm", "--out", comm_out, "--reps", str(args.reps)])
+    result = launch(ranks, [os.path.abspath(__file__), "comm", "--out", comm_out, "--reps", str(args.reps)])
     if result.returncode != 0:
         raise SystemExit(f"all-reduce benchmark failed: {result.failure}")
     comm_rows = read_json(comm_out)

@@ -99,7 +99,7 @@ def parallax_job(wl: Workload, args) -> Runner:
     if replicas != 1:
         raise SystemExit(f"expected one replica per worker process, got {replicas}")
     launch = json.loads(os.environ.get(LAUNCH_ENV, "null"))
-    info = {"ran_as": launch["run_option"] if launch else "in-process",
+    info = {"ran_as": launch["job"]["layout"] if launch else "in-process",
             "processes": len(layout_from_json(launch["ranks"])) if launch else 1}
     if worker_id == 0:
         info["estimated_bytes_per_worker"] = parallax.preview_plan(graph, args.resource_info, True,

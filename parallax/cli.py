@@ -34,8 +34,9 @@ import tempfile
 
 from parallax.config import OVERRIDE_SYNC
 from parallax.errors import ParallaxError
-from parallax.launch.launcher import DRY_RUN_ENV, MPIRUN_OPTIONS_ENV, RESOURCE_ENV
+from parallax.launch.launcher import DRY_RUN_ENV, PLAN_ENV, RESOURCE_ENV
 from parallax.resources import parse_resource_file
+from parallax.settings import MPIRUN_OPTIONS_ENV
 
 __all__ = ["main", "parallax_main", "plan_main"]
 
@@ -151,8 +152,6 @@ def plan_main(argv: list[str] | None = None) -> int:
             os.remove(output)
         request = {"resource_info": os.path.abspath(args.resource_info), "run_option": args.run_option,
                    "overrides": overrides, "output": os.path.abspath(output)}
-        from parallax.api import PLAN_ENV  # noqa: PLC0415 - only this command needs it
-
         env = {**os.environ, PLAN_ENV: json.dumps(request)}
         return _run_to_parallel_run([sys.executable, os.path.abspath(args.script), *script_args], env, output,
                                     args.timeout, "parallax plan", args.script)

@@ -18,7 +18,9 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from dataclasses import fields as fields_of
+from typing import Any
 
 __all__ = [
     "Config",
@@ -80,11 +82,12 @@ def _positive_number_or_none(owner: str, field: str, value: Any) -> float | None
     return value
 
 
-def _instance_of(cls_getter: Callable[[], type], allow_none: bool = False) -> Callable:
+def _instance_of(cls_getter: Callable[[], type]) -> Callable:
+    """A checker for a nested config; ``None`` stands for a fresh default one."""
     def check(owner: str, field: str, value: Any) -> Any:
         cls = cls_getter()
-        if value is None and allow_none:
-            return None
+        if value is None:
+            return cls()
         if not isinstance(value, cls):
             raise TypeError(f"{owner}.{field} must be a parallax.{cls.__name__}, "
                             f"got {_describe(value)}")
@@ -92,27 +95,33 @@ def _instance_of(cls_getter: Callable[[], type], allow_none: bool = False) -> Ca
     return check
 
 
+def _field(default: Any, check: Callable[[str, str, Any], Any], factory: bool = False) -> Any:
+    """A config field: its default (written here once) and the checker every assignment runs."""
+    if factory:
+        return field(default_factory=default, metadata={"check": check})
+    return field(default=default, metadata={"check": check})
+
+
 class _ConfigBase:
     """Attribute-checked config object.
 
-    Subclasses list their fields in ``_FIELDS`` as ``name -> (default factory,
-    checker)``. Every assignment runs the checker, so a bad value is reported
-    where it is set, not deep inside a run.
+    Subclasses are dataclasses whose fields come from :func:`_field`: the
+    default is written once, in the field, and the signature, ``repr`` and
+    ``==`` follow from it. Every assignment (the constructor's too) runs the
+    field's checker, so a bad value is reported where it is set, not deep
+    inside a run.
     """
 
-    _FIELDS: ClassVar[dict[str, tuple[Callable[[], Any], Callable[[str, str, Any], Any]]]] = {}
-
-    def __init__(self, **values: Any) -> None:
-        for name, (default, _) in self._FIELDS.items():
-            setattr(self, name, values[name] if name in values else default())
-        self.validate()
-
     def __setattr__(self, name: str, value: Any) -> None:
-        if name not in self._FIELDS:
-            allowed = ", ".join(self._FIELDS)
+        fields = self.__dataclass_fields__  # type: ignore[attr-defined]
+        if name not in fields:
+            allowed = ", ".join(fields)
             raise AttributeError(f"{type(self).__name__} has no field {name!r}; its fields are: {allowed}")
-        checker = self._FIELDS[name][1]
+        checker = fields[name].metadata["check"]
         object.__setattr__(self, name, checker(type(self).__name__, name, value))
+
+    def __post_init__(self) -> None:
+        self.validate()
 
     def validate(self) -> None:
         """Check rules that involve more than one field. Raises ValueError."""
@@ -120,22 +129,14 @@ class _ConfigBase:
     def to_dict(self) -> dict[str, Any]:
         """Plain-data view (nested configs become dicts), for logs and the launcher."""
         out: dict[str, Any] = {}
-        for name in self._FIELDS:
-            value = getattr(self, name)
+        for f in fields_of(self):
+            value = getattr(self, f.name)
             if isinstance(value, _ConfigBase):
                 value = value.to_dict()
-            elif name == "sess_config" and value is not None:
+            elif f.name == "sess_config" and value is not None:
                 value = str(value)
-            out[name] = value
+            out[f.name] = value
         return out
-
-    def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and all(
-            getattr(self, n) == getattr(other, n) for n in self._FIELDS)
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{n}={getattr(self, n)!r}" for n in self._FIELDS)
-        return f"{type(self).__name__}({args})"
 
 
 # --------------------------------------------------------------------------- #
@@ -151,6 +152,7 @@ def _protocol(owner: str, field: str, value: Any) -> str:
     return value
 
 
+@dataclass(eq=True, repr=True)
 class PSConfig(_ConfigBase):
     """How PS (and the PS half of HYBRID) communicates.
 
@@ -168,21 +170,11 @@ class PSConfig(_ConfigBase):
             that sends fewer bytes.
     """
 
-    _FIELDS = {
-        "protocol": (lambda: "grpc", _protocol),
-        "replicate_variables": (lambda: True, _bool),
-        "local_aggregation": (lambda: True, _bool),
-        "boundary_among_servers": (lambda: True, _bool),
-        "boundary_between_workers_and_servers": (lambda: True, _bool),
-    }
-
-    def __init__(self, protocol: str = "grpc", replicate_variables: bool = True,
-                 local_aggregation: bool = True, boundary_among_servers: bool = True,
-                 boundary_between_workers_and_servers: bool = True) -> None:
-        super().__init__(protocol=protocol, replicate_variables=replicate_variables,
-                         local_aggregation=local_aggregation,
-                         boundary_among_servers=boundary_among_servers,
-                         boundary_between_workers_and_servers=boundary_between_workers_and_servers)
+    protocol: str = _field("grpc", _protocol)
+    replicate_variables: bool = _field(True, _bool)
+    local_aggregation: bool = _field(True, _bool)
+    boundary_among_servers: bool = _field(True, _bool)
+    boundary_between_workers_and_servers: bool = _field(True, _bool)
 
 
 # --------------------------------------------------------------------------- #
@@ -214,6 +206,7 @@ def _fusion_bytes(owner: str, field: str, value: Any) -> int:
     return value
 
 
+@dataclass(eq=True, repr=True)
 class MPIConfig(_ConfigBase):
     """How MPI (and the all-reduce half of HYBRID) communicates.
 
@@ -231,19 +224,13 @@ class MPIConfig(_ConfigBase):
             Not in the seed API.
     """
 
-    _FIELDS = {
-        "use_allgatherv": (lambda: False, _bool),
-        "mpirun_options": (lambda: "", _mpirun_options),
-        "backend": (lambda: "auto", _backend),
-        "fusion_bytes": (lambda: 64 * 1024 * 1024, _fusion_bytes),
-    }
-
-    def __init__(self, use_allgatherv: bool = False, mpirun_options: str | list[str] = "",
-                 backend: str = "auto", fusion_bytes: int = 64 * 1024 * 1024) -> None:
-        super().__init__(use_allgatherv=use_allgatherv, mpirun_options=mpirun_options, backend=backend,
-                         fusion_bytes=fusion_bytes)
+    use_allgatherv: bool = _field(False, _bool)
+    mpirun_options: str | list[str] = _field("", _mpirun_options)
+    backend: str = _field("auto", _backend)
+    fusion_bytes: int = _field(64 * 1024 * 1024, _fusion_bytes)
 
 
+@dataclass(eq=True, repr=True)
 class CommunicationConfig(_ConfigBase):
     """The PS and MPI communication settings together.
 
@@ -252,20 +239,15 @@ class CommunicationConfig(_ConfigBase):
         mpi_config: an :class:`MPIConfig` (a fresh default one when omitted).
     """
 
-    _FIELDS = {
-        "ps_config": (PSConfig, _instance_of(lambda: PSConfig)),
-        "mpi_config": (MPIConfig, _instance_of(lambda: MPIConfig)),
-    }
-
-    def __init__(self, ps_config: PSConfig | None = None, mpi_config: MPIConfig | None = None) -> None:
-        super().__init__(ps_config=ps_config if ps_config is not None else PSConfig(),
-                         mpi_config=mpi_config if mpi_config is not None else MPIConfig())
+    ps_config: PSConfig = _field(PSConfig, _instance_of(lambda: PSConfig), factory=True)
+    mpi_config: MPIConfig = _field(MPIConfig, _instance_of(lambda: MPIConfig), factory=True)
 
 
 # --------------------------------------------------------------------------- #
 # CheckPointConfig
 # --------------------------------------------------------------------------- #
 
+@dataclass(eq=True, repr=True)
 class CheckPointConfig(_ConfigBase):
     """Checkpointing of the global variables.
 
@@ -276,16 +258,9 @@ class CheckPointConfig(_ConfigBase):
             ``save_ckpt_steps`` and ``save_ckpt_secs`` may be set.
     """
 
-    _FIELDS = {
-        "ckpt_dir": (lambda: None, _optional_str),
-        "save_ckpt_steps": (lambda: None, _positive_int_or_none),
-        "save_ckpt_secs": (lambda: None, _positive_number_or_none),
-    }
-
-    def __init__(self, ckpt_dir: str | None = None, save_ckpt_steps: int | None = None,
-                 save_ckpt_secs: float | None = None) -> None:
-        super().__init__(ckpt_dir=ckpt_dir, save_ckpt_steps=save_ckpt_steps,
-                         save_ckpt_secs=save_ckpt_secs)
+    ckpt_dir: str | None = _field(None, _optional_str)
+    save_ckpt_steps: int | None = _field(None, _positive_int_or_none)
+    save_ckpt_secs: float | None = _field(None, _positive_number_or_none)
 
     def validate(self) -> None:
         if self.save_ckpt_steps is not None and self.save_ckpt_secs is not None:
@@ -333,6 +308,7 @@ def _profile_worker(owner: str, field: str, value: Any) -> int | None:
     return value
 
 
+@dataclass(eq=True, repr=True)
 class ProfileConfig(_ConfigBase):
     """Profiling (RunMetadata and Chrome traces) of chosen steps.
 
@@ -344,17 +320,10 @@ class ProfileConfig(_ConfigBase):
         profile_worker: the worker to profile; ``None`` profiles every worker.
     """
 
-    _FIELDS = {
-        "profile_dir": (lambda: None, _optional_str),
-        "profile_steps": (lambda: None, _profile_steps),
-        "profile_range": (lambda: None, _profile_range),
-        "profile_worker": (lambda: None, _profile_worker),
-    }
-
-    def __init__(self, profile_dir: str | None = None, profile_steps: list[int] | None = None,
-                 profile_range: tuple[int, int] | None = None, profile_worker: int | None = None) -> None:
-        super().__init__(profile_dir=profile_dir, profile_steps=profile_steps,
-                         profile_range=profile_range, profile_worker=profile_worker)
+    profile_dir: str | None = _field(None, _optional_str)
+    profile_steps: list[int] | None = _field(None, _profile_steps)
+    profile_range: tuple[int, int] | None = _field(None, _profile_range)
+    profile_worker: int | None = _field(None, _profile_worker)
 
     def validate(self) -> None:
         if self.profile_steps is not None and self.profile_range is not None:
@@ -439,6 +408,7 @@ def _hooks(owner: str, field: str, value: Any) -> tuple:
     return tuple(value)
 
 
+@dataclass(eq=True, repr=True)
 class Config(_ConfigBase):
     """Everything that tunes a Parallax run besides the graph and the resources.
 
@@ -475,37 +445,19 @@ class Config(_ConfigBase):
             seconds while it lasts. ``None`` turns the check off. Default 30.
     """
 
-    _FIELDS = {
-        "run_option": (lambda: None, _run_option),
-        "average_sparse": (lambda: False, _bool),
-        "sess_config": (lambda: None, _sess_config),
-        "redirect_path": (lambda: None, _optional_str),
-        "search_partitions": (lambda: False, _bool),
-        "communication_config": (CommunicationConfig, _instance_of(lambda: CommunicationConfig)),
-        "ckpt_config": (CheckPointConfig, _instance_of(lambda: CheckPointConfig)),
-        "profile_config": (ProfileConfig, _instance_of(lambda: ProfileConfig)),
-        "plan_overrides": (dict, _plan_overrides),
-        "hooks": (tuple, _hooks),
-        "export_graph_path": (lambda: None, _optional_str),
-        "stall_timeout": (lambda: 30.0, _positive_number_or_none),
-    }
-
-    def __init__(self, run_option: str | None = None, average_sparse: bool = False,
-                 sess_config: Any = None, redirect_path: str | None = None,
-                 search_partitions: bool = False,
-                 communication_config: CommunicationConfig | None = None,
-                 ckpt_config: CheckPointConfig | None = None,
-                 profile_config: ProfileConfig | None = None,
-                 plan_overrides: dict[str, Any] | None = None, hooks: list | None = None,
-                 export_graph_path: str | None = None, stall_timeout: float | None = 30.0) -> None:
-        super().__init__(plan_overrides=plan_overrides, hooks=hooks, export_graph_path=export_graph_path,
-            stall_timeout=stall_timeout,
-            run_option=run_option, average_sparse=average_sparse, sess_config=sess_config,
-            redirect_path=redirect_path, search_partitions=search_partitions,
-            communication_config=communication_config if communication_config is not None
-            else CommunicationConfig(),
-            ckpt_config=ckpt_config if ckpt_config is not None else CheckPointConfig(),
-            profile_config=profile_config if profile_config is not None else ProfileConfig())
+    run_option: str | None = _field(None, _run_option)
+    average_sparse: bool = _field(False, _bool)
+    sess_config: Any = _field(None, _sess_config)
+    redirect_path: str | None = _field(None, _optional_str)
+    search_partitions: bool = _field(False, _bool)
+    communication_config: CommunicationConfig = _field(
+        CommunicationConfig, _instance_of(lambda: CommunicationConfig), factory=True)
+    ckpt_config: CheckPointConfig = _field(CheckPointConfig, _instance_of(lambda: CheckPointConfig), factory=True)
+    profile_config: ProfileConfig = _field(ProfileConfig, _instance_of(lambda: ProfileConfig), factory=True)
+    plan_overrides: dict[str, Any] | None = _field(dict, _plan_overrides, factory=True)
+    hooks: list | None = _field(tuple, _hooks, factory=True)
+    export_graph_path: str | None = _field(None, _optional_str)
+    stall_timeout: float | None = _field(30.0, _positive_number_or_none)
 
     @property
     def effective_run_option(self) -> str:

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from dataclasses import dataclass
 
 from parallax.errors import ResourceFileError
 
 __all__ = ["Device", "WorkerTask", "ServerTask", "Cluster", "parse_resource_file",
-           "parse_resource_text", "LOCAL_HOSTS"]
+           "parse_resource_text", "LOCAL_HOSTS", "is_local_host", "local_host_names"]
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
@@ -266,3 +267,25 @@ def _parse_roles(lines: list[tuple[int, str]], source: str) -> Cluster:
         raise ResourceFileError(f"{source}: the cluster file has no worker line. Expected at least one "
                                 f"line like \"worker,<host>,<port>,<gpu>\"")
     return Cluster(tuple(workers), tuple(servers), source, explicit_roles=True)
+
+
+def local_host_names() -> frozenset[str]:
+    """The names that certainly mean this machine (loopback names and its own names)."""
+    return frozenset(LOCAL_HOSTS | {socket.gethostname(), socket.getfqdn()})
+
+
+def is_local_host(host: str) -> bool:
+    """Whether ``host`` (a name or address from a resource file) is this machine."""
+    if host in local_host_names() or host.startswith("127."):
+        return True
+    try:
+        address = socket.gethostbyname(host.strip("[]"))
+    except OSError:
+        return False
+    if address.startswith("127."):
+        return True
+    try:
+        local = {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}
+    except OSError:
+        local = set()
+    return address in local

@@ -31,6 +31,7 @@ import os
 import runpy
 import sys
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from parallax.logs import log as logger
@@ -38,7 +39,7 @@ from parallax.partitioner import PARTITIONER_COLLECTION, PARTITIONS_ENV
 
 __all__ = ["TrialOver", "Trial", "TrialSession", "active_trial", "in_final_run", "search", "run_final",
            "cache_key", "cached_count", "store_count", "candidates_from", "min_partitions", "run_script_again",
-           "CACHE_ENV", "TRIAL_STEPS_ENV", "MAX_TRIALS"]
+           "CACHE_ENV", "TRIAL_STEPS_ENV", "MAX_TRIALS", "partition_search", "in_trial"]
 
 
 CACHE_ENV = "PARALLAX_CACHE_DIR"
@@ -68,17 +69,20 @@ class Trial:
         return ordered[len(ordered) // 2]
 
 
-_STATE: dict[str, object] = {"trial": None, "final": False}
+# Set only while a search runs the script again (reset when that run returns), so a
+# parallel_run called outside a search never sees them.
+_TRIAL: ContextVar[Trial | None] = ContextVar("parallax_search_trial", default=None)
+_FINAL: ContextVar[bool] = ContextVar("parallax_search_final", default=False)
 
 
 def active_trial() -> Trial | None:
     """The trial this process is running, or ``None``."""
-    return _STATE["trial"]  # type: ignore[return-value]
+    return _TRIAL.get()
 
 
 def in_final_run() -> bool:
     """Whether the search is over and the script runs for real, nested."""
-    return bool(_STATE["final"])
+    return _FINAL.get()
 
 
 def trial_steps() -> tuple[int, int]:
@@ -180,13 +184,13 @@ def search(start: int, max_rows: int, agree, between_trials, report: bool = True
     for p in candidates_from(start, max_rows):
         trial = Trial(p, warmup, timed)
         os.environ[PARTITIONS_ENV] = str(p)
-        _STATE["trial"] = trial
+        token = _TRIAL.set(trial)
         try:
             run_script_again()
         except TrialOver:
             pass
         finally:
-            _STATE["trial"] = None
+            _TRIAL.reset(token)
             if trial.session is not None:
                 trial.session.close()
             between_trials()
@@ -207,8 +211,11 @@ def search(start: int, max_rows: int, agree, between_trials, report: bool = True
 def run_final(partitions: int) -> None:
     """Run the script for real with ``partitions`` (nested); the caller then exits."""
     os.environ[PARTITIONS_ENV] = str(partitions)
-    _STATE["final"] = True
-    run_script_again()
+    token = _FINAL.set(True)
+    try:
+        run_script_again()
+    finally:
+        _FINAL.reset(token)
 
 
 class TrialSession:
@@ -242,3 +249,95 @@ class TrialSession:
 
     def __getattr__(self, name: str):
         return getattr(self._session, name)
+
+
+def in_trial(result: tuple) -> tuple:
+    """``parallel_run``'s result, with the session timing its steps during a trial."""
+    trial = active_trial()
+    if trial is None:
+        return result
+    session, *rest = result
+    return (TrialSession(session, trial), *rest)
+
+
+def partition_search(graph, resource_text: str, settings, launched, launching: bool) -> int | None:
+    """``search_partitions=True`` in ``parallel_run``: ``None`` when the call should go on as
+    usual; otherwise search, train with the best count, and return the exit code the process ends with.
+
+    Args:
+        graph: the user's single-device graph.
+        resource_text: the resource file's text (part of the cache key).
+        settings: the run's :class:`~parallax.settings.Settings`.
+        launched: this process's :class:`~parallax.launch.rank.LaunchedProcess`, or ``None``.
+        launching: this process is about to launch the job (whose processes search).
+    """
+    if active_trial() is not None or in_final_run():
+        return None  # a nested run of the script, inside the search
+    if launched is not None and launched.spec.role == "ps":
+        return None  # servers serve every trial
+    start = min_partitions(graph)
+    if start is None:
+        logger.warning("Parallax: search_partitions=True, but no variable is built with "
+                       "parallax.get_partitioner(): nothing to search")
+        return None
+    if os.environ.get(PARTITIONS_ENV):
+        logger.warning("Parallax: partition count %s given (%s): no search", os.environ[PARTITIONS_ENV],
+                       PARTITIONS_ENV)
+        return None
+    key = cache_key(graph, resource_text, settings.run_option, settings.sync)
+    cached = cached_count(key) if launched is None else None
+    if cached is not None:
+        logger.warning("Parallax: partition search: using %d partitions found by an earlier search (cache %s)",
+                       cached, key[:12])
+        os.environ[PARTITIONS_ENV] = str(cached)
+        if launching:
+            return None  # the launched processes build the graph with it
+        run_final(cached)
+        return 0
+    if launching:
+        return None  # the launched processes search
+    comm = None
+    if launched is not None and launched.context.job.get("layout") in ("PS", "HYBRID"):
+        comm = launched.worker_comms()[0]  # the servers make these with the workers, then serve every trial
+    elif launched is not None:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    rows = max([shape[0] or 1 for shape in _partitioned_shapes(graph)], default=1)
+
+    def agree(seconds: float | None) -> float | None:
+        if comm is None:
+            return seconds
+        values = [v for v in comm.allgather(seconds) if v is not None]
+        return max(values) if len(values) == comm.size else None
+
+    def between_trials() -> None:
+        import tensorflow as tf
+
+        if comm is not None:
+            comm.Barrier()
+        server = launched.running_server if launched is not None else None
+        if server is not None and (comm is None or comm.rank == 0):
+            tf.compat.v1.Session.reset(server.target)  # the servers forget the trial's variables
+        if comm is not None:
+            comm.Barrier()
+
+    best, results, seconds = search(start, rows, agree, between_trials, report=comm is None or comm.rank == 0)
+    if comm is None or comm.rank == 0:
+        path = store_count(key, best, results, seconds)
+        logger.warning("Parallax: partition search chose %d partitions (%s) in %.1f s; stored in %s", best,
+                       ", ".join(f"{p}: {t * 1e3:.2f} ms/step" for p, t in results.items()), seconds, path)
+    run_final(best)
+    return 0
+
+
+def _partitioned_shapes(graph) -> list[tuple]:
+    """Full shapes of the variables split by a partitioner (their ``save_slice_info``)."""
+    import tensorflow as tf
+
+    shapes = []
+    for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES):
+        info = getattr(v, "_save_slice_info", None)
+        if info is not None:
+            shapes.append(tuple(info.full_shape))
+    return shapes

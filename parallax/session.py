@@ -12,7 +12,8 @@ TensorFlow's session classes is patched.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import collections
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -39,11 +40,13 @@ class ParallaxSession:
         heartbeat: a :class:`parallax.launch.monitor.Heartbeat` told of every
             ``run`` (the stall check), or ``None``.
         waits: where a step waits for other processes, for the stall check.
+        on_close: what to undo when the session closes (bindings of the
+            communication backends, a tee of the output), in order.
     """
 
     def __init__(self, session: Any, graph: tf.Graph, single_graph: tf.Graph | None,
                  replicated: frozenset[str], num_replicas: int, profiler: Any = None, heartbeat: Any = None,
-                 waits: str = "") -> None:
+                 waits: str = "", on_close: tuple[Callable[[], None], ...] = ()) -> None:
         self._session = session
         self._graph = graph
         self._single_graph = single_graph
@@ -54,6 +57,7 @@ class ParallaxSession:
         self._step_tensor: Any = False  # the global step tensor once looked up (None: there is none)
         self._waits = waits
         self._elements: dict[str, Any] = {}  # name -> op or tensor of the (finalized) rewritten graph
+        self._on_close = list(on_close)
 
     # ------------------------------------------------------------------ #
     @property
@@ -163,8 +167,13 @@ class ParallaxSession:
         return bool(stop()) if stop else False
 
     def close(self) -> None:
-        with self._graph.as_default():
-            self._session.close()
+        """Close the TensorFlow session, then undo what was set up for it."""
+        try:
+            with self._graph.as_default():
+                self._session.close()
+        finally:
+            while self._on_close:
+                self._on_close.pop(0)()
 
     def __enter__(self) -> ParallaxSession:
         return self
@@ -209,7 +218,7 @@ class ParallaxSession:
 
     def _map_fetches(self, fetches: Any, targets: dict[str, int]) -> Any:
         if isinstance(fetches, dict):
-            return type(fetches)((k, self._map_fetches(v, targets)) for k, v in fetches.items())
+            return _same_kind(fetches, ((k, self._map_fetches(v, targets)) for k, v in fetches.items()))
         if isinstance(fetches, tuple) and hasattr(fetches, "_fields"):
             return type(fetches)(*(self._map_fetches(v, targets) for v in fetches))
         if isinstance(fetches, (list, tuple)):
@@ -257,8 +266,8 @@ class ParallaxSession:
         ndarray whose first axis is the replicas (replica ``r`` gets ``value[r]``, as in the
         original Parallax). Where the placeholder's rank is known, a value of that rank is a
         whole value, not one per replica (a shared placeholder of shape ``[n]`` fed a vector)."""
-        if not isinstance(value, (list, tuple, np.ndarray)) or np.ndim(value) == 0 or \
-                len(value) != self._num_replicas:
+        if not isinstance(value, (list, tuple, np.ndarray)) or (isinstance(value, np.ndarray) and value.ndim == 0) \
+                or len(value) != self._num_replicas:  # replicas' batches may differ in length: no np.ndim(value)
             return False
         rank = self._element(name).shape.rank
         return rank is None or np.ndim(value[0]) == rank
@@ -267,7 +276,7 @@ class ParallaxSession:
         if isinstance(structure, _Leaf):
             return [values[targets[n]] for n in structure.names]
         if isinstance(structure, dict):
-            return type(structure)((k, self._rebuild(v, values, targets)) for k, v in structure.items())
+            return _same_kind(structure, ((k, self._rebuild(v, values, targets)) for k, v in structure.items()))
         if isinstance(structure, tuple) and hasattr(structure, "_fields"):
             return type(structure)(*(self._rebuild(v, values, targets) for v in structure))
         return type(structure)(self._rebuild(v, values, targets) for v in structure)
@@ -278,3 +287,10 @@ class _Leaf:
 
     def __init__(self, names: list[str]) -> None:
         self.names = names
+
+
+def _same_kind(mapping: Mapping, items) -> Mapping:
+    """A mapping of ``mapping``'s type holding ``items`` (a ``defaultdict`` keeps its factory)."""
+    if isinstance(mapping, collections.defaultdict):
+        return type(mapping)(mapping.default_factory, items)
+    return type(mapping)(items)

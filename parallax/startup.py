@@ -1,33 +1,51 @@
-"""Turn a rewritten graph into a running session in this process.
+"""The start-up tail every worker process shares: rewrite, bind, start the session, wrap it.
 
-Imports the rewritten ``MetaGraphDef`` into a fresh graph, binds what the
-communication backend needs in this process, starts a
-``MonitoredTrainingSession`` (which initializes the variables) and, for
-multi-process jobs, makes every worker start from worker 0's variable values.
+:func:`start_worker` takes what a role set up (:class:`parallax.roles.ProcessSetup`)
+and the job plan: it rewrites the single-device graph for this worker, writes
+it to ``Config.export_graph_path`` when asked, lets each communication backend
+the plan uses prepare the graph for this process, imports it into a fresh graph
+and starts a ``MonitoredSession`` (which initialises the variables, or waits
+for the chief to), makes every worker start from worker 0's values where the
+workers hold variables themselves, and returns the :class:`ParallaxSession`.
+:func:`start_server` starts a process's TensorFlow server in the job's cluster.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import time
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
 
+from parallax.comm.registry import backends_in_use
 from parallax.errors import LaunchError
+from parallax.logs import log as logger
+from parallax.plan import TaskSpec
+from parallax.profiling import Profiler
+from parallax.rewrite.classify import classify
+from parallax.rewrite.pipeline import rewrite_for_task, wait_points
+from parallax.rewrite.replicate import shard_op_names
+from parallax.session import ParallaxSession
 
-__all__ = ["start_session", "start_server", "session_config", "GROUP_LEADER"]
+if TYPE_CHECKING:
+    from parallax.job import JobPlan, ProcessSpec
+    from parallax.roles import ProcessSetup
+    from parallax.settings import Settings
+
+__all__ = ["start_worker", "start_server", "session_config", "GROUP_LEADER"]
 
 GROUP_LEADER = "/job:worker/replica:0/task:0"
 
 
-
-def session_config(user: config_pb2.ConfigProto | None, cpu_devices: int = 0, visible_gpu: int | str | None = None,
-                   group_leader: str | None = None, threads: int = 0) -> config_pb2.ConfigProto:
+def session_config(user: config_pb2.ConfigProto | None, cpu_devices: int = 0, visible_gpus: str | None = None,
+                   threads: int = 0) -> config_pb2.ConfigProto:
     """A copy of the user's ``sess_config`` with what Parallax needs added.
 
-    ``threads``: when several ranks share a host, each gets its share of the
+    ``threads``: when several processes share a host, each gets its share of the
     cores for TensorFlow's thread pools (unless the user set them).
     """
     proto = config_pb2.ConfigProto()
@@ -41,44 +59,38 @@ def session_config(user: config_pb2.ConfigProto | None, cpu_devices: int = 0, vi
     proto.allow_soft_placement = True
     if cpu_devices > proto.device_count.get("CPU", 1):
         proto.device_count["CPU"] = cpu_devices
-    if visible_gpu is not None:
-        proto.gpu_options.visible_device_list = str(visible_gpu)
-    if group_leader is not None:
-        proto.experimental.collective_group_leader = group_leader
+    if visible_gpus is not None:
+        proto.gpu_options.visible_device_list = visible_gpus
     return proto
 
 
-def start_server(rank: int, jobs: list[tuple[str, int]], user_config: config_pb2.ConfigProto | None, *,
-                 group_leader: str | None = None, cpu_devices: int = 0, attempts: int = 3,
-                 port: int | None = None, protocol: str = "grpc", visible_gpus: str | None = None):
+def start_server(rank: int, jobs: list[tuple[str, int]], settings: Settings, process: ProcessSpec, *,
+                 group_leader: str | None = None) -> tf.distribute.Server:
     """Start this rank's TensorFlow server in the job's cluster.
 
-    Every rank picks a free port, the ranks exchange ``host:port`` over MPI,
-    and each starts its server. A port taken between picking and binding
-    makes every rank try again.
+    Every rank picks a free port (or takes the one the resource file gives),
+    the ranks exchange ``host:port`` over MPI, and each starts its server. A
+    port taken between picking and binding makes every rank try again, at most
+    ``settings.timeouts.server_start_attempts`` times.
 
     Args:
         rank: this process's MPI rank.
         jobs: ``(job name, task index)`` of every rank, in rank order.
-        user_config: the user's ``sess_config``.
-        group_leader: the collective group leader, for the collective backend.
-        cpu_devices: virtual CPU devices this server must offer.
-        attempts: tries before giving up.
-        port: this rank's port, when the resource file fixes it (no retry then).
-        protocol: the servers' protocol (``PSConfig.protocol``).
-        visible_gpus: the GPUs this process may use (``"1"``, ``"0,1"``), which
-            then appear as GPU:0... in it; the same list must go to the session.
+        settings: the run's settings (``sess_config``, the servers' protocol).
+        process: this process's part of the job plan (its port, devices and GPUs).
+        group_leader: the collective group leader, for backends that need one.
 
     Raises:
-        LaunchError: no server could be started in ``attempts`` tries.
+        LaunchError: no server could be started.
     """
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     host = socket.gethostname()
     last_error = None
-    fixed = port
-    for _ in range(attempts):
+    fixed = port = process.port
+    protocol = settings.ps.protocol
+    for _ in range(settings.timeouts.server_start_attempts):
         if fixed is None:
             with socket.socket() as s:
                 s.bind(("", 0))
@@ -87,9 +99,9 @@ def start_server(rank: int, jobs: list[tuple[str, int]], user_config: config_pb2
         spec: dict[str, list[str]] = {}
         for (job, _index), address in zip(jobs, addresses):
             spec.setdefault(job, []).append(address)
-        config = session_config(user_config, cpu_devices=cpu_devices, group_leader=group_leader)
-        if visible_gpus is not None:
-            config.gpu_options.visible_device_list = visible_gpus
+        config = session_config(settings.sess_config, process.cpu_devices, process.visible_gpus)
+        if group_leader is not None:
+            config.experimental.collective_group_leader = group_leader
         job, index = jobs[rank]
         try:
             server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=index,
@@ -110,103 +122,102 @@ def start_server(rank: int, jobs: list[tuple[str, int]], user_config: config_pb2
                       f"{last_error or 'another rank failed'}); is a port of the resource file in use?")
 
 
-def start_session(meta: meta_graph_pb2.MetaGraphDef, user_config: config_pb2.ConfigProto | None, *,
-                  cpu_devices: int = 0, visible_gpu: int | str | None = None, threads: int = 0, server=None,
-                  is_chief: bool = True, device_filters: tuple[str, ...] = (),
-                  group_leader: str | None = None, broadcast: bool = False, bind_mpi: bool = False,
-                  horovod: bool = False, comm=None, mpi_groups: dict | None = None,
-                  saved_names: frozenset[str] = frozenset(), ckpt=None, saves: bool = False, hooks=()):
-    """Import ``meta`` into a new graph and start a session on it.
-
-    Args:
-        meta: the rewritten graph.
-        user_config: the user's ``sess_config``.
-        cpu_devices: number of virtual CPU devices the replicas need.
-        visible_gpu: the GPU(s) this process uses (an id, or ids joined by commas).
-        threads: TensorFlow threads per pool for this process (0: TensorFlow's default).
-        server: the TensorFlow server of this process (collective backend, PS).
-        is_chief: this worker initializes the variables; the others wait
-            for that (polling every 0.2 s, not TensorFlow's 30 s).
-        device_filters: the devices this worker's session may see.
-        group_leader: the collective group leader (collective backend).
-        broadcast: after initialization, copy worker 0's values of the
-            variables this worker holds itself (not those on parameter
-            servers) to every worker (over MPI).
-        bind_mpi: bind the mpi backend's ops to this process's functions.
-        horovod: initialize Horovod in this process (on ``comm``).
-        comm: the workers' MPI communicator (``COMM_WORLD`` when ``None``).
-        mpi_groups: communicators of named worker groups (``{"host": ...}``).
-        saved_names: the single-device graph's variable names (what checkpoints hold).
-        ckpt: the ``CheckPointConfig``; with a ``ckpt_dir``, this process (when
-            ``saves``) restores the latest checkpoint there and saves on its schedule.
-        saves: this process is the one that restores and saves checkpoints.
-        hooks: ``SessionRunHook`` objects to run with every step.
+def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: tf.Graph,
+                 meta_graph: meta_graph_pb2.MetaGraphDef) -> tuple[ParallaxSession, int, int, int]:
+    """Turn a worker's setup into its session (see the module docstring).
 
     Returns:
-        ``(MonitoredSession, graph)``.
+        ``(session, num_workers, worker_id, num_replicas_per_worker)``, as ``parallel_run``.
     """
-    if bind_mpi:
-        from parallax.comm.mpi import bind_py_functions
+    plan, process = job.plan, setup.process
+    task = TaskSpec(worker_index=process.index)
+    if process.index == 0:
+        logger.info("Parallax plan:\n%s", job.describe())
+    rewritten = rewrite_for_task(meta_graph, plan, task)
+    if settings.export_graph_path:
+        os.makedirs(settings.export_graph_path, exist_ok=True)
+        path = os.path.join(settings.export_graph_path, f"worker-{task.worker_index}_metagraph")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(str(rewritten))
+        logger.info("Parallax: wrote the graph of worker %d to %s", task.worker_index, path)
+    config = session_config(settings.sess_config, process.cpu_devices, process.visible_gpus,
+                            settings.threads_per_process(process.sharing_host))
+    releases = list(setup.on_close)
+    graph_def = rewritten.graph_def
+    for backend in backends_in_use(plan):
+        prepared = backend.prepare(graph_def, setup.comms)
+        graph_def = prepared.graph_def
+        releases.append(prepared.release)
+        backend.configure_session(config, setup.comms)
+    if setup.device_filters and not config.device_filters:
+        config.device_filters.extend(setup.device_filters)
+    if setup.server is not None and not config.operation_timeout_in_ms:
+        config.operation_timeout_in_ms = settings.timeouts.operation_ms
+    bound = meta_graph_pb2.MetaGraphDef()
+    bound.CopyFrom(rewritten)
+    bound.graph_def.CopyFrom(graph_def)
+    session, dist_graph = _start_session(bound, config, setup, settings, frozenset(v.name for v in plan.variables))
+    setup.heartbeat.set("user")
+    shard_ops = frozenset(n for n in shard_op_names(meta_graph) if n)
+    replicated = classify(meta_graph.graph_def, plan, extra_inputs=shard_ops).replicated | shard_ops
+    wrapper = ParallaxSession(session, dist_graph, graph, replicated, len(process.devices),
+                              profiler=Profiler.from_config(settings.profile, task.worker_index),
+                              heartbeat=setup.heartbeat,
+                              waits=wait_points(plan, task), on_close=tuple(releases))
+    return wrapper, setup.num_workers, task.worker_index, len(process.devices)
 
-        bound = meta_graph_pb2.MetaGraphDef()
-        bound.CopyFrom(meta)
-        bound.graph_def.CopyFrom(bind_py_functions(meta.graph_def, comm=comm, groups=mpi_groups))
-        meta = bound
-    if horovod:
-        from parallax.comm.horovod import prepare_process
 
-        prepare_process(comm)
-    config = session_config(user_config, cpu_devices, visible_gpu, group_leader, threads)
-    if device_filters and not config.device_filters:
-        config.device_filters.extend(device_filters)
-    if server is not None and not config.operation_timeout_in_ms:
-        config.operation_timeout_in_ms = OPERATION_TIMEOUT_MS
-    master = server.target if server is not None else ""
+def _start_session(meta: meta_graph_pb2.MetaGraphDef, config: config_pb2.ConfigProto, setup: ProcessSetup,
+                   settings: Settings, saved_names: frozenset[str]) -> tuple[Any, tf.Graph]:
+    """Import ``meta`` into a new graph and start a ``MonitoredSession`` on it: the chief
+    initialises (restoring the latest checkpoint of ``ckpt_dir``; ``saved_names`` are the
+    single-device graph's variable names, which checkpoints hold), the others wait for it."""
+    master = setup.server.target if setup.server is not None else ""
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.train.import_meta_graph(meta, clear_devices=False)
-        assigns = _broadcast_ops(graph) if broadcast else None
-        all_hooks = list(hooks)
+        assigns = _broadcast_ops(graph) if setup.broadcast else None
+        all_hooks = list(settings.hooks)
         saver, ckpt_dir = None, None
-        if ckpt is not None and ckpt.ckpt_dir and saves:
+        if settings.ckpt.ckpt_dir and setup.saves:
             from parallax.checkpoint import saver_hook, single_device_saver
 
             saver = single_device_saver(graph, saved_names)
-            ckpt_dir = ckpt.ckpt_dir
-            hook = saver_hook(ckpt_dir, ckpt.save_ckpt_steps, ckpt.save_ckpt_secs, saver) if saver else None
+            ckpt_dir = settings.ckpt.ckpt_dir
+            hook = saver_hook(ckpt_dir, settings.ckpt.save_ckpt_steps, settings.ckpt.save_ckpt_secs, saver) \
+                if saver else None
             if hook is not None:
                 all_hooks.append(hook)
         scaffold = tf.compat.v1.train.Scaffold(saver=saver)
-        if is_chief:
+        if setup.is_chief:
             creator = tf.compat.v1.train.ChiefSessionCreator(scaffold=scaffold, master=master, config=config,
                                                              checkpoint_dir=ckpt_dir)
         else:
-            creator = _WorkerSessionCreator(scaffold, master, config)
+            creator = _WorkerSessionCreator(scaffold, master, config, settings.timeouts.session_wait,
+                                            settings.timeouts.ready_poll)
         session = tf.compat.v1.train.MonitoredSession(session_creator=creator, hooks=all_hooks)
     if assigns is not None:
-        _broadcast(session, assigns, comm)
+        _broadcast(session, assigns, setup.comms.workers)
     return session, graph
 
 
-OPERATION_TIMEOUT_MS = 10 * 60 * 1000
-
-
 class _WorkerSessionCreator(tf.compat.v1.train.SessionCreator):
-    """A non-chief worker's session: waits for the chief's initialization,
-    checking every 0.2 s (TensorFlow's own worker creator checks every 30 s)."""
+    """A non-chief worker's session: waits for the chief's initialization, checking every
+    ``poll_secs`` (TensorFlow's own worker creator checks every 30 s)."""
 
-    def __init__(self, scaffold, master: str, config, max_wait_secs: float = 600) -> None:
+    def __init__(self, scaffold, master: str, config, max_wait_secs: float, poll_secs: float) -> None:
         self._scaffold = scaffold
         self._master = master
         self._config = config
         self._max_wait_secs = max_wait_secs
+        self._poll_secs = poll_secs
 
     def create_session(self):
         self._scaffold.finalize()
         manager = tf.compat.v1.train.SessionManager(
             local_init_op=self._scaffold.local_init_op, local_init_feed_dict=self._scaffold.local_init_feed_dict,
             ready_op=self._scaffold.ready_op, ready_for_local_init_op=self._scaffold.ready_for_local_init_op,
-            graph=tf.compat.v1.get_default_graph(), recovery_wait_secs=0.2)
+            graph=tf.compat.v1.get_default_graph(), recovery_wait_secs=self._poll_secs)
         return manager.wait_for_session(self._master, config=self._config, max_wait_secs=self._max_wait_secs)
 
 

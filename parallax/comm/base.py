@@ -2,28 +2,62 @@
 
 A backend is used twice:
 
-1. at rewrite time, inside a scratch graph, to build the ops that sum dense
-   gradients (:meth:`Backend.allreduce_sum`) and gather sparse ones
+1. at rewrite time, inside a scratch graph, an instance builds the ops that
+   sum dense gradients (:meth:`Backend.allreduce_sum`) and gather sparse ones
    (:meth:`Backend.allgather`) across worker processes. It gets every gradient
    at once, sorted by variable name, so it can fuse them and must issue its
    communication in that order on every worker;
-2. at run time, in each worker process, to prepare what its ops need
-   (:meth:`Backend.prepare_graph_def` for the graph, :meth:`Backend.session_target`
-   for a server).
+2. at run time, in each worker process, the class says what the process needs
+   before its session starts: whether it needs a TensorFlow server
+   (:attr:`Backend.needs_server`), what the session config must say
+   (:meth:`Backend.configure_session`) and how the rewritten graph's ops are
+   bound to this process (:meth:`Backend.prepare`, which returns what to release
+   when the session closes).
+
+Backends are looked up by name in :mod:`parallax.comm.registry`; nothing outside
+``parallax/comm/`` switches on a backend's name.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+from tensorflow.core.protobuf import config_pb2
 
-from parallax.errors import PlanError
-from parallax.plan.model import BACKENDS, CommSpec
+from parallax.plan.model import CommSpec
 
-__all__ = ["Backend", "backend_for", "horovod_available"]
+__all__ = ["Backend", "ProcessComms", "Prepared"]
+
+
+@dataclass(frozen=True)
+class ProcessComms:
+    """The communicators and TensorFlow cluster facts of one worker process.
+
+    Attributes:
+        workers: the mpi4py communicator of the job's workers (``None``:
+            ``MPI.COMM_WORLD``, where every rank is a worker).
+        groups: communicators of named subsets of the workers (``{"host": ...}``:
+            the workers of this process's host).
+        group_leader: the TensorFlow task that leads collective groups, when
+            the process runs a server for collectives.
+    """
+
+    workers: Any = None
+    groups: dict[str, Any] = field(default_factory=dict)
+    group_leader: str | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A graph made ready for this process, and what to call when its session closes."""
+
+    graph_def: graph_pb2.GraphDef
+    release: Callable[[], None] = lambda: None
 
 
 class Backend(ABC):
@@ -34,11 +68,16 @@ class Backend(ABC):
         num_workers: how many worker processes take part.
     """
 
-    name = "base"
+    name: ClassVar[str] = "base"
+    #: Whether the worker processes must run TensorFlow servers in one cluster.
+    needs_server: ClassVar[bool] = False
+    #: Whether it can communicate within a named group of the workers (``"host"``).
+    supports_groups: ClassVar[bool] = False
 
-    def __init__(self, spec: CommSpec, num_workers: int) -> None:
+    def __init__(self, spec: CommSpec, num_workers: int, group: str = "") -> None:
         self.spec = spec
         self.num_workers = num_workers
+        self.group = group
         self._last: tf.Operation | None = None
 
     # -- rewrite time (inside a scratch graph) ---------------------------- #
@@ -66,37 +105,12 @@ class Backend(ABC):
         self._last = first.op
         return outputs
 
+    # -- run time (in each worker process) -------------------------------- #
+    @classmethod  # noqa: B027 - optional hook
+    def configure_session(cls, config: config_pb2.ConfigProto, comms: ProcessComms) -> None:
+        """Add what this backend's ops need to the session's config (default: nothing)."""
 
-def horovod_available() -> bool:
-    """Whether ``horovod.tensorflow`` can be imported (without importing it)."""
-    return importlib.util.find_spec("horovod") is not None
-
-
-def backend_for(spec: CommSpec, num_workers: int, group: str = "") -> Any:
-    """The backend object ``spec.backend`` names.
-
-    ``group``: a named subset of the workers (``"host"``); only the mpi
-    backend supports one.
-
-    Raises:
-        PlanError: the backend is unknown, or horovod is asked for but not installed.
-    """
-    if spec.backend == "mpi":
-        from parallax.comm.mpi import MPIBackend
-
-        return MPIBackend(spec, num_workers, group)
-    if group:
-        raise PlanError(f"the {spec.backend} backend cannot communicate within a group of workers")
-    if spec.backend == "collective":
-        from parallax.comm.collective import CollectiveBackend
-
-        return CollectiveBackend(spec, num_workers)
-    if spec.backend == "horovod":
-        if not horovod_available():
-            raise PlanError("all-reduce backend 'horovod' was asked for, but horovod is not installed "
-                            "(it builds only against TensorFlow <= 2.15; see docs/api.md). Use "
-                            "MPIConfig(backend='mpi') or 'collective'")
-        from parallax.comm.horovod import HorovodBackend
-
-        return HorovodBackend(spec, num_workers)
-    raise PlanError(f"unknown all-reduce backend {spec.backend!r}; known: {', '.join(BACKENDS)}")
+    @classmethod
+    def prepare(cls, graph_def: graph_pb2.GraphDef, comms: ProcessComms) -> Prepared:
+        """Make ``graph_def`` runnable in this process (default: as it is)."""
+        return Prepared(graph_def)

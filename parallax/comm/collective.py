@@ -10,15 +10,17 @@ gradients come (sorted by variable name), identical on every worker:
   drops the padding.
 
 ``communication_hint`` is ``nccl`` on GPUs and ``ring`` otherwise. The
-workers must run TensorFlow servers in one cluster (the launcher starts them)
-and the session must name a collective group leader.
+workers must run TensorFlow servers in one cluster (:attr:`needs_server`: the
+process's role starts them) and the session must name a collective group
+leader (:meth:`CollectiveBackend.configure_session`).
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
+from tensorflow.core.protobuf import config_pb2
 
-from parallax.comm.base import Backend
+from parallax.comm.base import Backend, ProcessComms
 
 __all__ = ["CollectiveBackend", "GROUP_KEY", "TIMEOUT_SECONDS"]
 
@@ -30,11 +32,18 @@ class CollectiveBackend(Backend):
     """TF collectives (see the module docstring)."""
 
     name = "collective"
+    needs_server = True
 
-    def __init__(self, spec, num_workers):
-        super().__init__(spec, num_workers)
+    def __init__(self, spec, num_workers, group: str = ""):
+        super().__init__(spec, num_workers, group)
         self._instance = 0
         self._hint = "nccl" if spec.gpu else "ring"
+
+    @classmethod
+    def configure_session(cls, config: config_pb2.ConfigProto, comms: ProcessComms) -> None:
+        """Collective ops need the group leader's name in the session config."""
+        if comms.group_leader is not None:
+            config.experimental.collective_group_leader = comms.group_leader
 
     def _next_key(self) -> tf.Tensor:
         self._instance += 1

@@ -5,16 +5,16 @@ Ops added: ``HorovodAllreduce`` (sum) per dense gradient and
 Horovod matches collectives across workers by op name, and the names come
 from the plan, so every worker agrees. Each worker process calls
 ``horovod.tensorflow.init()`` before running the graph (see
-:func:`prepare_process`).
+:meth:`HorovodBackend.prepare`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from tensorflow.core.framework import graph_pb2
 
-from parallax.comm.base import Backend
+from parallax.comm.base import Backend, Prepared, ProcessComms
 
-__all__ = ["HorovodBackend", "prepare_process"]
+__all__ = ["HorovodBackend"]
 
 
 class HorovodBackend(Backend):
@@ -35,19 +35,18 @@ class HorovodBackend(Backend):
         return [(hvd.allgather(v, name=f"allgather_values_{i}"), hvd.allgather(ix, name=f"allgather_indices_{i}"))
                 for i, (v, ix) in enumerate(pairs)]
 
+    @classmethod
+    def prepare(cls, graph_def: graph_pb2.GraphDef, comms: ProcessComms) -> Prepared:
+        """Initialise Horovod in this worker process, on the workers' communicator.
 
-def prepare_process(comm: Any = None) -> None:
-    """Initialise Horovod in this worker process.
+        In a HYBRID job the parameter servers are in ``COMM_WORLD`` but take no
+        part in the all-reduce, so Horovod must run on the workers' one (it
+        duplicates it, so its messages never meet Parallax's own).
+        """
+        import horovod.tensorflow as hvd
 
-    Args:
-        comm: the workers' mpi4py communicator; ``None`` for ``MPI.COMM_WORLD``.
-            In a HYBRID job the parameter servers are in ``COMM_WORLD`` but take
-            no part in the all-reduce, so Horovod must run on the workers' one
-            (it duplicates it, so its messages never meet Parallax's own).
-    """
-    import horovod.tensorflow as hvd
-
-    if comm is None:
-        hvd.init()
-    else:
-        hvd.init(comm=comm)
+        if comms.workers is None:
+            hvd.init()
+        else:
+            hvd.init(comm=comms.workers)
+        return Prepared(graph_def)

@@ -20,16 +20,19 @@ token to its function with :func:`bind_py_functions` before importing the graph.
 
 A backend built for a ``group`` other than the default (``"host"``: the
 workers of one host) suffixes its tokens with ``@<group>``; each process binds
-them to its communicator for that group.
+them to its communicator for that group (:meth:`MPIBackend.prepare`, when its
+session starts; the bindings are released when the session closes).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
-from parallax.comm.base import Backend
+from parallax.comm.base import Backend, Prepared, ProcessComms
 
 __all__ = ["MPIBackend", "bind_py_functions", "TOKEN_PREFIX"]
 
@@ -57,11 +60,18 @@ class MPIBackend(Backend):
     """mpi4py inside the graph, fused and ordered (see the module docstring)."""
 
     name = "mpi"
+    supports_groups = True
 
     def __init__(self, spec, num_workers, group: str = ""):
-        super().__init__(spec, num_workers)
+        super().__init__(spec, num_workers, group)
         self._tokens: dict[str, str] = {}
         self._suffix = _group_suffix(group)
+
+    @classmethod
+    def prepare(cls, graph_def: graph_pb2.GraphDef, comms: ProcessComms) -> Prepared:
+        """Bind the graph's MPI ops to this process's communicators (:func:`bind_py_functions`)."""
+        bound, release = bind_py_functions(graph_def, comm=comms.workers, groups=comms.groups)
+        return Prepared(bound, release)
 
     def finalize_nodes(self, nodes) -> None:
         """Replace the scratch graph's PyFunc tokens by the fixed Parallax tokens."""
@@ -128,9 +138,6 @@ class MPIBackend(Backend):
 # Run time
 # --------------------------------------------------------------------------- #
 
-_BOUND: dict[str, object] = {}  # strong references: TF's registry holds functions weakly
-
-
 def _functions(comm):
     from mpi4py import MPI
 
@@ -176,43 +183,64 @@ def _functions(comm):
             _ALLGATHER: allgather}
 
 
+def _py_func_registry():
+    """TensorFlow's registry of ``numpy_function`` bodies (private API: checked, not assumed)."""
+    from tensorflow.python.ops import script_ops
+
+    registry = getattr(script_ops, "_py_funcs", None)
+    if registry is None or not hasattr(registry, "insert") or not hasattr(registry, "remove"):
+        raise RuntimeError(
+            f"Parallax's mpi backend needs TensorFlow's numpy_function registry (script_ops._py_funcs with "
+            f"insert/remove), which TensorFlow {tf.__version__} does not have; use MPIConfig(backend='collective') "
+            "or a TensorFlow version Parallax supports (see setup.py)")
+    return registry
+
+
 def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None, groups: dict | None = None
-                      ) -> graph_pb2.GraphDef:
+                      ) -> tuple[graph_pb2.GraphDef, Callable[[], None]]:
     """Point the graph's Parallax MPI ops at this process's functions.
 
-    Registers the functions in TensorFlow's ``numpy_function`` registry (once
-    per process and group) and returns a copy of ``graph_def`` whose
-    ``PyFunc`` nodes use the registry's tokens.
+    Registers one set of functions per communicator in TensorFlow's
+    ``numpy_function`` registry and returns a copy of ``graph_def`` whose
+    ``PyFunc`` nodes use the registry's tokens, with a function that removes
+    them again (the registry holds functions weakly: the returned function
+    keeps them alive until it is called).
 
     Args:
         graph_def: a rewritten graph.
         comm: the mpi4py communicator of the default group (``COMM_WORLD``
             when ``None``); the functions use a duplicate of each communicator.
         groups: communicators of named groups (``{"host": ...}``).
-    """
-    from tensorflow.python.ops import script_ops
 
-    comms = {"": comm, **(groups or {})}
-    for group, group_comm in comms.items():
-        suffix = _group_suffix(group)
-        if _ALLREDUCE + suffix in _BOUND:
-            continue  # bound once per process and group
+    Returns:
+        ``(bound graph_def, release)``.
+    """
+    registry = _py_func_registry()
+    bound: dict[str, tuple[str, Callable]] = {}
+    for group, group_comm in {"": comm, **(groups or {})}.items():
         if group_comm is None:
             from mpi4py import MPI
 
             group_comm = MPI.COMM_WORLD
         for key, fn in _functions(group_comm.Dup()).items():
-            _BOUND[key + suffix] = (script_ops._py_funcs.insert(fn), fn)
+            bound[key + _group_suffix(group)] = (registry.insert(fn), fn)
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
     for node in out.node:
         if node.op in ("PyFunc", "PyFuncStateless"):
             token = node.attr["token"].s.decode()
             if token.startswith(TOKEN_PREFIX):
-                if token not in _BOUND:
-                    raise RuntimeError(f"no Parallax MPI function for token {token!r}")
-                node.attr["token"].s = _BOUND[token][0].encode()
-    return out
+                if token not in bound:
+                    raise RuntimeError(f"no Parallax MPI function for token {token!r} (groups bound: "
+                                       f"{sorted(groups or {})})")
+                node.attr["token"].s = bound[token][0].encode()
+
+    def release() -> None:
+        for token, _ in bound.values():
+            registry.remove(token)
+        bound.clear()
+
+    return out, release
 
 
 def _group_suffix(group: str) -> str:

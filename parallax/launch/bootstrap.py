@@ -1,8 +1,10 @@
 """What a launched process does first: learn its rank, register, redirect output.
 
 The launcher passes the job to every rank in environment variables:
-``PARALLAX_LAUNCH`` (JSON: run option and the rank layout) and
-``PARALLAX_JOB_DIR`` (where ranks register for failure reports).
+``PARALLAX_LAUNCH`` (JSON: the rank layout, and what the ranks must agree on
+with the launcher: the job plan's layout and digest, and how many GPUs a bare
+host line stands for) and ``PARALLAX_JOB_DIR`` (where ranks register for
+failure reports).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from parallax.errors import LaunchError
@@ -21,22 +24,30 @@ from parallax.launch.runner import register_rank
 from parallax.logs import LEVEL_ENV
 
 __all__ = ["RankContext", "launched_context", "launch_env", "make_heartbeat", "tee_output", "finish_together",
-           "leave_together", "LAUNCH_ENV", "JOB_DIR_ENV", "FINISH_TIMEOUT_ENV"]
+           "leave_together", "LAUNCH_ENV", "JOB_DIR_ENV"]
 
 LAUNCH_ENV = "PARALLAX_LAUNCH"
 JOB_DIR_ENV = "PARALLAX_JOB_DIR"
-FINISH_TIMEOUT_ENV = "PARALLAX_FINISH_TIMEOUT"
-DEFAULT_FINISH_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True)
 class RankContext:
-    """This process's place in a launched job."""
+    """This process's place in a launched job.
+
+    Attributes:
+        rank: its MPI rank.
+        size: the number of ranks.
+        ranks: every rank of the job, as the launcher started them.
+        job: what the launcher said of the job (``layout``, ``digest`` of the
+            job plan, ``gpus`` a bare host line stands for); ``{}`` for a
+            program that launched plain ranks.
+        job_dir: where ranks register for failure reports.
+    """
 
     rank: int
     size: int
     ranks: tuple[RankSpec, ...]
-    run_option: str
+    job: dict
     job_dir: str
 
     @property
@@ -44,11 +55,11 @@ class RankContext:
         return self.ranks[self.rank]
 
 
-def launch_env(ranks: tuple[RankSpec, ...], run_option: str, job_dir: str,
-               monitor: str | None = None) -> dict[str, str]:
-    """The environment variables the launcher gives every rank (``monitor``: the stall
-    monitor's ``host:port``, see :mod:`parallax.launch.monitor`)."""
-    env = {LAUNCH_ENV: json.dumps({"run_option": run_option, "ranks": layout_to_json(ranks)}), JOB_DIR_ENV: job_dir,
+def launch_env(ranks: tuple[RankSpec, ...], job: dict, job_dir: str, monitor: str | None = None) -> dict[str, str]:
+    """The environment variables the launcher gives every rank (``job``: see
+    :attr:`RankContext.job`; ``monitor``: the stall monitor's ``host:port``, see
+    :mod:`parallax.launch.monitor`)."""
+    env = {LAUNCH_ENV: json.dumps({"job": job, "ranks": layout_to_json(ranks)}, sort_keys=True), JOB_DIR_ENV: job_dir,
            # launched processes log at INFO unless told otherwise, as the original Parallax's did
            LEVEL_ENV: os.environ.get(LEVEL_ENV) or str(logging.INFO)}
     if monitor:
@@ -101,13 +112,13 @@ def launched_context(redirect_path: str | None = None) -> RankContext | None:
     if job_dir:
         register_rank(job_dir, comm.rank, socket.gethostname(), log_path)
     _note_failures()
-    return RankContext(comm.rank, comm.size, ranks, data["run_option"], job_dir)
+    return RankContext(comm.rank, comm.size, ranks, data.get("job") or {}, job_dir)
 
 
-def tee_output(redirect_path: str, name: str = "worker_0") -> None:
+def tee_output(redirect_path: str, name: str = "worker_0") -> Callable[[], None]:
     """``redirect_path`` for a process that trains alone: its stdout and stderr (TensorFlow's
     own lines too) also go to ``<redirect_path>/<name>.stdout`` / ``.stderr``, and still to the
-    terminal. Lasts until the process exits."""
+    terminal, until the returned function is called (the session's ``close``) or the process exits."""
     import atexit
     import threading
 
@@ -127,18 +138,23 @@ def tee_output(redirect_path: str, name: str = "worker_0") -> None:
                 os.write(target, chunk)
                 os.write(terminal, chunk)
             os.close(target)
+            os.close(read_end)
 
         thread = threading.Thread(target=pump, name=f"parallax-tee-{suffix}", daemon=True)
         thread.start()
         pumps.append((fd, stream, terminal, thread))
 
     def restore() -> None:
+        atexit.unregister(restore)
         for fd, stream, terminal, thread in pumps:
             stream.flush()
             os.dup2(terminal, fd)  # the pipe's last writer closes: the pump reads to the end and stops
             thread.join(timeout=5)
+            os.close(terminal)
+        pumps.clear()
 
     atexit.register(restore)
+    return restore
 
 
 def _redirect(path: str, fd: int, stream) -> None:
@@ -178,21 +194,18 @@ def leave_together() -> None:
     MPI.COMM_WORLD.Barrier()
 
 
-def finish_together(rank: int, timeout: float | None = None) -> None:
+def finish_together(rank: int, timeout: float) -> None:
     """Register an exit check for an all-reduce rank: wait for every rank to end too.
 
     Ranks of a synchronous all-reduce job run in lockstep, so when one ends the
     others end within about a step. If they do not within ``timeout`` seconds
-    (``PARALLAX_FINISH_TIMEOUT``, default 60), they are waiting in an all-reduce
+    (:attr:`parallax.settings.Timeouts.finish`), they are waiting in an all-reduce
     this rank will never join (it ran fewer steps): the job is aborted with a
     message instead of hanging. A rank ending with an exception aborts the job before
     this check (:func:`_note_failures`).
     """
     import atexit
     import time
-
-    if timeout is None:
-        timeout = float(os.environ.get(FINISH_TIMEOUT_ENV, DEFAULT_FINISH_TIMEOUT))
 
     def check() -> None:
         from mpi4py import MPI

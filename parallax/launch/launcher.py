@@ -20,18 +20,19 @@ from parallax.launch.command import LaunchCommand, build_mpirun_command
 from parallax.launch.layout import RankSpec
 from parallax.launch.runner import JobResult, run_job
 from parallax.logs import log as logger
-from parallax.resources import LOCAL_HOSTS
+from parallax.resources import is_local_host, local_host_names
 
 __all__ = ["find_mpirun", "current_program", "launch", "job_command", "local_host_names", "is_local_host",
-           "RESOURCE_ENV", "MPIRUN_OPTIONS_ENV", "DRY_RUN_ENV", "resource_override", "extra_mpirun_options"]
+           "RESOURCE_ENV", "DRY_RUN_ENV", "PLAN_ENV", "resource_override"]
 
 
 #: Set by ``parallax-run``: the resource file every ``parallel_run`` of the script uses instead of its own.
 RESOURCE_ENV = "PARALLAX_RESOURCE_INFO"
-#: Set by ``parallax-run``: mpirun options added to ``MPIConfig.mpirun_options``.
-MPIRUN_OPTIONS_ENV = "PARALLAX_MPIRUN_OPTIONS"
 #: Set by ``parallax-run --dry_run``: a file; ``parallel_run`` writes the command it would run there and exits.
 DRY_RUN_ENV = "PARALLAX_DRY_RUN"
+#: Set by ``parallax plan``: ``parallel_run`` prints the job plan and exits (JSON: resource_info,
+#: run_option, overrides, output; each optional).
+PLAN_ENV = "PARALLAX_PLAN_ONLY"
 
 
 def resource_override(resource_info: str | os.PathLike) -> str | os.PathLike:
@@ -43,11 +44,6 @@ def resource_override(resource_info: str | os.PathLike) -> str | os.PathLike:
         logger.info("Parallax: using the resource file given to parallax-run, %s (the script names %s)",
                     given, resource_info)
     return given
-
-
-def extra_mpirun_options(configured: str) -> str:
-    """``configured`` (``MPIConfig.mpirun_options``) followed by those given to ``parallax-run``."""
-    return " ".join(part for part in (configured, os.environ.get(MPIRUN_OPTIONS_ENV, "")) if part.strip())
 
 
 def find_mpirun() -> str:
@@ -86,36 +82,15 @@ def current_program() -> list[str]:
     return argv
 
 
-def local_host_names() -> frozenset[str]:
-    """The names that certainly mean this machine (loopback names and its own names)."""
-    return frozenset(LOCAL_HOSTS | {socket.gethostname(), socket.getfqdn()})
-
-
-def is_local_host(host: str) -> bool:
-    """Whether ``host`` (a name or address from a resource file) is this machine."""
-    if host in local_host_names() or host.startswith("127."):
-        return True
-    try:
-        address = socket.gethostbyname(host.strip("[]"))
-    except OSError:
-        return False
-    if address.startswith("127."):
-        return True
-    try:
-        local = {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}
-    except OSError:
-        local = set()
-    return address in local
-
-
-def job_command(ranks: tuple[RankSpec, ...], run_option: str, program: list[str], mpirun_options: str,
+def job_command(ranks: tuple[RankSpec, ...], job: dict, program: list[str], mpirun_options: str,
                 job_dir: str, monitor: str | None = None) -> tuple[LaunchCommand, frozenset[str]]:
-    """The mpirun command for a job on this machine's terms, and the hosts that are this machine."""
+    """The mpirun command for a job on this machine's terms, and the hosts that are this machine
+    (``job``: what the ranks learn of the job, :attr:`~parallax.launch.bootstrap.RankContext.job`)."""
     local = local_host_names() | {r.host for r in ranks if is_local_host(r.host)}
     command = build_mpirun_command(
         find_mpirun(), sys.executable, program, ranks, local_hosts=local, cpu_count=os.cpu_count() or 1,
         is_root=hasattr(os, "geteuid") and os.geteuid() == 0, user_options=mpirun_options,
-        parallax_env=launch_env(ranks, run_option, job_dir, monitor), environ=dict(os.environ))
+        parallax_env=launch_env(ranks, job, job_dir, monitor), environ=dict(os.environ))
     return command, local
 
 
@@ -145,14 +120,15 @@ def _start_monitor(ranks: tuple[RankSpec, ...], stall_timeout: float | None):
     return monitor.start(), monitor.address(socket.gethostname() if remote else "127.0.0.1")
 
 
-def launch(ranks: tuple[RankSpec, ...], run_option: str, program: list[str], mpirun_options: str = "",
+def launch(ranks: tuple[RankSpec, ...], program: list[str], job: dict | None = None, mpirun_options: str = "",
            redirect_path: str | None = None, stall_timeout: float | None = None) -> JobResult:
     """Run ``program`` in one process per rank and wait for the job to end.
 
     Args:
         ranks: the job's layout, in rank order.
-        run_option: the run option every rank uses.
         program: the script and its arguments (or ``-m module ...``).
+        job: what every rank learns of the job
+            (:attr:`~parallax.launch.bootstrap.RankContext.job`).
         mpirun_options: extra mpirun options.
         redirect_path: the processes' output directory (``Config.redirect_path``),
             whose new lines this terminal shows, prefixed, while the job runs.
@@ -164,7 +140,7 @@ def launch(ranks: tuple[RankSpec, ...], run_option: str, program: list[str], mpi
     """
     job_dir = tempfile.mkdtemp(prefix="parallax_job_")
     monitor, address = _start_monitor(ranks, stall_timeout)
-    command, local = job_command(ranks, run_option, program, mpirun_options, job_dir, address)
+    command, local = job_command(ranks, job or {}, program, mpirun_options, job_dir, address)
     hosts = ", ".join(f"{h} x{n}" for h, n in Counter(r.host for r in ranks).items())
     print(f"Parallax: starting {len(ranks)} processes ({hosts}) with mpirun", file=sys.stderr, flush=True)
     logger.info("Parallax: %s", " ".join(command.argv))

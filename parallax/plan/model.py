@@ -29,8 +29,14 @@ class CommSpec:
     """How gradients cross worker processes.
 
     Attributes:
-        backend: ``mpi`` (mpi4py inside the graph), ``collective`` (TF
-            CollectiveReduceV2/CollectiveGatherV2) or ``horovod``.
+        backend: the backend that sums dense gradients: ``mpi`` (mpi4py
+            inside the graph), ``collective`` (TF CollectiveReduceV2/
+            CollectiveGatherV2) or ``horovod``.
+        gather_backend: the backend that all-gathers sparse gradients; by
+            default ``backend``, or ``mpi`` when ``use_allgatherv`` asks for
+            MPI's ``Allgatherv``.
+        host_backend: the backend that gathers sparse gradients among the
+            workers of one host (HYBRID's host aggregation).
         fusion_bytes: the mpi backend fuses dense gradients into buffers of at
             most this many bytes (a larger single gradient gets its own).
         use_allgatherv: all-gather sparse gradients with MPI ``Allgatherv``
@@ -39,9 +45,15 @@ class CommSpec:
     """
 
     backend: str = "mpi"
+    gather_backend: str = ""
+    host_backend: str = "mpi"
     fusion_bytes: int = 64 * 1024 * 1024
     use_allgatherv: bool = False
     gpu: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.gather_backend:
+            object.__setattr__(self, "gather_backend", "mpi" if self.use_allgatherv else self.backend)
 
 
 @dataclass(frozen=True)
@@ -239,7 +251,9 @@ class Plan:
         lines = [f"run_option={self.run_option} sync={self.sync} workers={self.num_workers} "
                  f"replicas={self.num_replicas}"]
         if any(v.sync in ("allreduce", "allgather") for v in self.variables):
-            lines.append(f"  all-reduce backend {self.comm.backend}, fusion buffers up to "
+            gather = "" if self.comm.gather_backend == self.comm.backend else \
+                f", all-gather backend {self.comm.gather_backend}"
+            lines.append(f"  all-reduce backend {self.comm.backend}{gather}, fusion buffers up to "
                          f"{self.comm.fusion_bytes} bytes, use_allgatherv={self.comm.use_allgatherv}")
         for i, w in enumerate(self.workers):
             lines.append(f"  worker {i} on {w.host}: replicas on {', '.join(w.replica_devices)}; "

@@ -27,12 +27,10 @@ logged gradient norm) keep their own replica's value.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
-from parallax.comm.base import backend_for
+from parallax.comm.registry import backend_for
 from parallax.errors import RewriteError
 from parallax.plan.model import Plan, TaskSpec, VariablePlacement
 from parallax.rewrite.classify import classify
@@ -108,14 +106,26 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
                 else:
                     local[var.name] = (tf.math.add_n(ins) if num_local > 1 else tf.identity(ins[0]),)
         crossed = dict(local)
-        reduce_vars = [v for v in layout.variables if v.sync in ("allreduce", "allgather")]
-        backend = None
-        if reduce_vars:
-            backend = backend_for(plan.comm, plan.num_workers)
-            backend_nodes.append(backend)
-            dense = [v for v in reduce_vars if v.sync == "allreduce"]
+        made: dict[tuple[str, str], object] = {}
+        last = None  # the backend that communicated last: the next one follows it (one order of calls)
+
+        def backend(name: str, group: str = ""):
+            """One object per backend and group (a backend numbers its collectives itself)."""
+            nonlocal last
+            if (name, group) not in made:
+                made[name, group] = backend_for(plan.comm, plan.num_workers, name, group)
+                backend_nodes.append(made[name, group])
+            chosen = made[name, group]
+            if last is not None and last is not chosen:
+                chosen.follow(last)
+            last = chosen
+            return chosen
+
+        dense = [v for v in layout.variables if v.sync == "allreduce"]
+        if dense:
             with tf.name_scope(f"{AGGREGATE_PREFIX}/allreduce/"):
-                summed = backend.allreduce_sum([t for v in dense for t in _densified(v, local[v.name])])
+                summed = backend(plan.comm.backend).allreduce_sum(
+                    [t for v in dense for t in _densified(v, local[v.name])])
             position = 0
             for v in dense:
                 if v.sparse:  # the summed rows, and the count of replicas that touched each row
@@ -124,25 +134,17 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
                 else:
                     crossed[v.name] = (summed[position],)
                     position += 1
-            sparse = [v for v in reduce_vars if v.sync == "allgather"]
-            gatherer = backend
-            if sparse and plan.comm.use_allgatherv and plan.comm.backend != "mpi":
-                gatherer = backend_for(replace(plan.comm, backend="mpi"), plan.num_workers)
-                gatherer.follow(backend)
-                backend_nodes.append(gatherer)
+        sparse = [v for v in layout.variables if v.sync == "allgather"]
+        if sparse:
             with tf.name_scope(f"{AGGREGATE_PREFIX}/allgather/"):
-                gathered = gatherer.allgather([local[v.name] for v in sparse])
+                gathered = backend(plan.comm.gather_backend).allgather([local[v.name] for v in sparse])
             for v, pair in zip(sparse, gathered):
                 crossed[v.name] = pair
-            backend = gatherer
         host_vars = [v for v in layout.variables if v.sync == "ps" and v.sparse and plan.ps.host_aggregation]
         if host_vars:
-            host = backend_for(replace(plan.comm, backend="mpi"), plan.num_workers, group="host")
-            if backend is not None:
-                host.follow(backend)  # one order of MPI calls per process
-            backend_nodes.append(host)
             with tf.name_scope(f"{AGGREGATE_PREFIX}/host/"):
-                gathered = host.allgather([local[v.name] for v in host_vars])
+                gathered = backend(plan.comm.host_backend, group="host").allgather(
+                    [local[v.name] for v in host_vars])
             for v, (values, indices) in zip(host_vars, gathered):
                 with tf.name_scope(f"{AGGREGATE_PREFIX}/{v.name}/merge/"):
                     unique, position = tf.unique(indices)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import os
 
 import numpy as np
 import pytest
@@ -252,3 +253,28 @@ def test_keras_dense_layers_on_placeholders(resource_file):
     for e, g in zip(expected, got):
         np.testing.assert_allclose(g[0], e, rtol=1e-5, atol=1e-6)
     sess.close()
+
+
+def test_two_jobs_one_after_the_other_in_one_process_each_train_as_their_own(resource_file, tmp_path, capfd):
+    """Nothing a first in-process job leaves behind (a tee of the output, bound functions, a
+    cached server) changes a second one with other devices and another output directory."""
+    results = []
+    for replicas, logs in ((2, tmp_path / "first"), (3, tmp_path / "second")):
+        graph, t = small_graph()
+        cfg = parallax.Config(run_option="PS", redirect_path=str(logs))
+        sess, num_workers, worker_id, num_replicas = parallax.parallel_run(
+            graph, cpu_resources(resource_file, replicas), parallax_config=cfg)
+        with sess:
+            sess.run(t["train"], feed_dict={t["a"]: [float(r + 1) for r in range(replicas)]})
+            os.write(1, f"job with {replicas} replicas trained\n".encode())  # the tee works on the descriptors
+            results.append(((num_workers, worker_id, num_replicas), sess.run(t["w"])[0]))
+        os.write(1, b"after the job\n")
+    # mean over replicas of d(w^2 a^2)/dw = 2 w a^2, from w = 1 with lr 0.1
+    assert results[0][0] == (1, 0, 2) and results[1][0] == (1, 0, 3)
+    np.testing.assert_allclose(results[0][1], 1.0 - 0.1 * 2 * (1 + 4) / 2, rtol=1e-6)
+    np.testing.assert_allclose(results[1][1], 1.0 - 0.1 * 2 * (1 + 4 + 9) / 3, rtol=1e-6)
+    first, second = ((tmp_path / d / "worker_0.stdout").read_text() for d in ("first", "second"))
+    assert "job with 2 replicas trained" in first and "3 replicas" not in first
+    assert "job with 3 replicas trained" in second and "2 replicas" not in second
+    assert "after the job" not in first + second  # each tee ended with its session
+    assert capfd.readouterr().out.count("after the job") == 2

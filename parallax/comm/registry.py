@@ -1,0 +1,94 @@
+"""Backends by name: the one place that maps a backend's name to its class.
+
+Each backend module is imported only when its backend is asked for (horovod
+may not be installed). The backend modules import :mod:`parallax.comm.base`,
+never this module, so there is no import circle.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+from parallax.comm.base import Backend
+from parallax.errors import PlanError
+from parallax.plan.model import BACKENDS, CommSpec, Plan
+
+__all__ = ["backend_class", "backend_for", "backends_in_use", "choose_backend", "horovod_available"]
+
+_CLASSES = {
+    "mpi": ("parallax.comm.mpi", "MPIBackend"),
+    "collective": ("parallax.comm.collective", "CollectiveBackend"),
+    "horovod": ("parallax.comm.horovod", "HorovodBackend"),
+}
+
+
+#: What ``MPIConfig.backend='auto'`` means, by where the replicas are: NCCL without leaving the GPU, MPI on CPUs.
+_AUTO = {True: "collective", False: "mpi"}
+#: The backends that work beside parameter servers: TF collectives and a shared PS in one step abort
+#: (``AbortedError ... Cleanup``, see DESIGN.md), so HYBRID all-reduces over MPI (or Horovod) instead.
+_BESIDE_SERVERS = frozenset({"mpi", "horovod"})
+
+
+def choose_backend(asked: str, gpu: bool, beside_servers: bool = False) -> tuple[str, str | None]:
+    """The backend a job uses when ``MPIConfig.backend`` is ``asked`` (``"auto"`` or a name), and why
+    it is another one, if it is (``None`` otherwise).
+
+    >>> choose_backend("auto", gpu=True), choose_backend("auto", gpu=False)
+    (('collective', None), ('mpi', None))
+    >>> choose_backend("collective", gpu=True, beside_servers=True)[0]
+    'mpi'
+    """
+    name = _AUTO[gpu] if asked == "auto" else asked
+    if beside_servers and name not in _BESIDE_SERVERS:
+        why = (f"beside parameter servers the gradients are all-reduced over MPI, not with MPIConfig.backend="
+               f"{asked!r} (TF collectives abort beside a shared parameter server)")
+        return "mpi", None if asked == "auto" else why
+    return name, None
+
+
+def horovod_available() -> bool:
+    """Whether ``horovod.tensorflow`` can be imported (without importing it)."""
+    return importlib.util.find_spec("horovod") is not None
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The class of backend ``name``.
+
+    Raises:
+        PlanError: the backend is unknown, or horovod is asked for but not installed.
+    """
+    if name not in _CLASSES:
+        raise PlanError(f"unknown all-reduce backend {name!r}; known: {', '.join(BACKENDS)}")
+    if name == "horovod" and not horovod_available():
+        raise PlanError("all-reduce backend 'horovod' was asked for, but horovod is not installed "
+                        "(it builds only against TensorFlow <= 2.15; see docs/api.md). Use "
+                        "MPIConfig(backend='mpi') or 'collective'")
+    module, cls = _CLASSES[name]
+    return getattr(importlib.import_module(module), cls)
+
+
+def backend_for(spec: CommSpec, num_workers: int, name: str | None = None, group: str = "") -> Backend:
+    """A backend object for one rewrite: ``name`` (default ``spec.backend``), for the
+    workers or, with ``group`` (``"host"``), for a named subset of them.
+
+    Raises:
+        PlanError: as :func:`backend_class`, or the backend cannot serve a group.
+    """
+    cls = backend_class(name or spec.backend)
+    if group and not cls.supports_groups:
+        raise PlanError(f"the {cls.name} backend cannot communicate within a group of workers")
+    return cls(spec, num_workers, group)
+
+
+def backends_in_use(plan: Plan) -> tuple[type[Backend], ...]:
+    """The backend classes the rewritten graph of ``plan`` has ops of, each once, in a fixed order."""
+    names = []
+    syncs = {(v.sync, v.sparse) for v in plan.variables if v.gradient is not None}
+    if ("allreduce", False) in syncs or ("allreduce", True) in syncs:
+        names.append(plan.comm.backend)
+    if ("allgather", True) in syncs:
+        names.append(plan.comm.gather_backend)
+    if ("ps", True) in syncs and plan.ps.host_aggregation:
+        names.append(plan.comm.host_backend)
+    return tuple(backend_class(n) for n in dict.fromkeys(names))

@@ -1,0 +1,242 @@
+"""The job plan: every process of a job, its role and devices, and the variable plan, made once.
+
+``make_job_plan(cluster, settings, analysis)`` is pure: the same inputs give
+the same :class:`JobPlan` in the launching process, in ``parallax plan``, in
+``parallax-run --dry_run`` and in every launched process. The launcher starts
+the processes the job plan lists and hands each its identity together with the
+plan's :meth:`JobPlan.digest`; each process makes the job plan from its own
+copy of the graph, checks the digest, and takes its part
+(:meth:`JobPlan.process`). What ``parallax plan`` prints is therefore what runs.
+
+Layouts:
+
+* ``local``: one worker on this machine, its devices as in-graph replicas, no
+  process launched (a resource file with one local worker line);
+* ``MPI``: one worker process per device, gradients all-reduced;
+* ``PS``: one worker process per worker line (its devices in-graph replicas)
+  and parameter servers;
+* ``HYBRID``: one worker process per device, as in MPI, plus parameter
+  servers for the variables the plan puts there.
+
+``HYBRID`` and ``AUTO`` decide per variable first: without a variable for the
+servers they run as ``MPI``, with nothing to all-reduce as ``PS``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass
+
+from parallax.analysis import GraphAnalysis
+from parallax.comm.registry import backend_class
+from parallax.launch.layout import RankSpec, hybrid_ranks, ps_ranks, ranks_per_device
+from parallax.plan import Plan, build_plan
+from parallax.plan.policies import choose_sync
+from parallax.resources import Cluster, Device
+from parallax.settings import Settings
+
+__all__ = ["JobPlan", "ProcessSpec", "make_job_plan", "LAYOUTS"]
+
+LAYOUTS = ("local", "MPI", "PS", "HYBRID")
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One process of a job and its part in it.
+
+    Attributes:
+        rank: its MPI rank (0 for the one process of a ``local`` job).
+        role: ``"worker"`` or ``"ps"`` (a parameter server).
+        index: its worker id among the workers, or its index among the servers.
+        host: where it runs.
+        line: the resource-file line it comes from (0 when Parallax added it).
+        port: the port the resource file gives its server, else ``None``.
+        devices: its replicas' devices as the process sees them: GPUs numbered
+            from 0 within ``visible_gpus``, CPUs as listed (``()`` for a server).
+        visible_gpus: the host's GPU ids the process may use (``"1"``,
+            ``"0,1"``), or ``None``.
+        sharing_host: how many training processes share its host's cores.
+    """
+
+    rank: int
+    role: str
+    index: int
+    host: str
+    line: int
+    port: int | None
+    devices: tuple[Device, ...]
+    visible_gpus: str | None
+    sharing_host: int
+
+    @property
+    def cpu_devices(self) -> int:
+        """The virtual CPU devices its replicas need (0: TensorFlow's one CPU device)."""
+        return max([d.index + 1 for d in self.devices if d.kind == "cpu"], default=0)
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Every process of a job and the variable plan they share.
+
+    Attributes:
+        layout: one of :data:`LAYOUTS`.
+        processes: every process, in rank order.
+        ranks: what the launcher needs of each process (host, devices as in
+            the resource file, role, port), in rank order; ``()`` for ``local``.
+        plan: the variable plan every worker rewrites its graph with.
+        servers: whether the workers run TensorFlow servers (parameter
+            servers, or an all-reduce backend that needs them).
+        notes: what the launching process tells the user about the layout.
+    """
+
+    layout: str
+    processes: tuple[ProcessSpec, ...]
+    ranks: tuple[RankSpec, ...]
+    plan: Plan
+    servers: bool
+    notes: tuple[str, ...] = ()
+
+    @property
+    def launched(self) -> bool:
+        """Whether the job's processes are started through mpirun (every layout but ``local``)."""
+        return self.layout != "local"
+
+    @property
+    def workers(self) -> tuple[ProcessSpec, ...]:
+        return tuple(p for p in self.processes if p.role == "worker")
+
+    def process(self, rank: int) -> ProcessSpec:
+        """The part of the process with MPI rank ``rank``."""
+        return self.processes[rank]
+
+    def digest(self) -> str:
+        """A hash of what every process must agree on: the layout, the ranks and the plan."""
+        data = {"layout": self.layout, "ranks": [_rank_dict(r) for r in self.ranks], "plan": self.plan.to_dict()}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+    def describe(self) -> str:
+        """The processes as a table, then the variable plan (:meth:`Plan.describe`)."""
+        lines = [f"job: layout {self.layout}, {len(self.processes)} process(es)"
+                 + ("" if self.launched else ", this one (nothing is launched)")]
+        for p in self.processes:
+            devices = ", ".join(str(d) for d in p.devices) or "-"
+            gpus = f", GPUs {p.visible_gpus} visible" if p.visible_gpus else ""
+            port = f", port {p.port}" if p.port else ""
+            lines.append(f"  rank {p.rank}: {p.role} {p.index} on {p.host}: devices {devices}{gpus}{port}")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines) + "\n" + self.plan.describe()
+
+
+def _rank_dict(r: RankSpec) -> dict:
+    return {"host": r.host, "line": r.line, "role": r.role, "port": r.port,
+            "devices": None if r.devices is None else [str(d) for d in r.devices]}
+
+
+def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis) -> JobPlan:
+    """The job plan of ``cluster`` under ``settings`` for the analysed graph (pure).
+
+    Raises:
+        PlanError: the variable plan cannot be made (see :func:`parallax.plan.build_plan`).
+    """
+    layout, ranks, notes = _layout(cluster, settings, analysis)
+    if layout == "local":
+        worker = cluster.workers[0]
+        devices = worker.devices or _bare_host_devices(settings.gpus)
+        processes = (ProcessSpec(0, "worker", 0, worker.host, worker.line, worker.port, devices, None, 1),)
+        servers = False
+    else:
+        processes = _processes(ranks, layout, settings)
+        servers = layout != "MPI" or backend_class(settings.allreduce_comm.backend).needs_server
+    plan = _variable_plan(layout, processes, servers, settings, analysis)
+    return JobPlan(layout, processes, ranks, plan, servers, notes)
+
+
+def _layout(cluster: Cluster, settings: Settings, analysis: GraphAnalysis
+            ) -> tuple[str, tuple[RankSpec, ...], tuple[str, ...]]:
+    """The layout, the ranks to launch, and notes on a run option that runs as another layout."""
+    first = cluster.workers[0]
+    alone = len(cluster.workers) == 1 and first.host in settings.local_hosts and not cluster.servers
+    per_device = ranks_per_device(cluster)
+    option = settings.run_option
+    if option == "MPI":
+        local = len(cluster.workers) == 1 and first.host in settings.local_hosts and len(per_device) == 1
+        return ("local", (), ()) if local else ("MPI", per_device, ())
+    if option == "PS":
+        return ("local", (), ()) if alone else ("PS", ps_ranks(cluster), ())
+    if alone and len(per_device) == 1:
+        return "local", (), ()
+    choices, _ = choose_sync(analysis, len(per_device), 1, option.lower(), settings.overrides)
+    on_servers = [name for name, c in choices.items() if c.sync == "ps"]
+    if not on_servers:
+        why = "no sparse gradient" if option == "HYBRID" else \
+            "the cost model chose all-reduce or all-gather for every variable"
+        unused = "; the ps lines of the cluster file are not used" if cluster.servers else ""
+        return "MPI", per_device, (f"run_option={option}: no variable goes to parameter servers ({why}), so "
+                                   f"the job runs as MPI{unused}",)
+    if len(on_servers) == len(choices):
+        why = "no dense gradient" if option == "HYBRID" else "cost model"
+        return "PS", ps_ranks(cluster), (f"run_option={option}: every variable goes to parameter servers "
+                                         f"({why}), so the job runs as PS",)
+    return "HYBRID", hybrid_ranks(cluster), ()
+
+
+def _bare_host_devices(gpus: int) -> tuple[Device, ...]:
+    """What a bare host line stands for: every GPU, or one CPU replica without GPUs."""
+    return tuple(Device("gpu", i) for i in range(gpus)) if gpus else (Device("cpu", 0),)
+
+
+def _processes(ranks: tuple[RankSpec, ...], layout: str, settings: Settings) -> tuple[ProcessSpec, ...]:
+    """Each rank's part: its index among its role, and its devices as it sees them."""
+    counters: Counter[str] = Counter()
+    trainers = Counter(r.host for r in ranks if r.role == "worker")
+    out = []
+    for rank, r in enumerate(ranks):
+        index = counters[r.role]
+        counters[r.role] += 1
+        if r.role == "ps":
+            out.append(ProcessSpec(rank, "ps", index, r.host, r.line, r.port, (), None, 0))
+            continue
+        if r.devices is not None:
+            devices = r.devices
+        elif layout == "PS":
+            devices = _bare_host_devices(settings.gpus)
+        else:  # one process per device: a bare host's first GPU, or its CPU
+            devices = _bare_host_devices(settings.gpus)[:1]
+        gpu_ids = [d.index for d in devices if d.kind == "gpu"]
+        visible = ",".join(str(i) for i in gpu_ids) or None
+        # a process sees only its own GPUs, numbered from 0 (two processes on one host share none)
+        seen = tuple(Device("gpu", gpu_ids.index(d.index)) if d.kind == "gpu" else d for d in devices)
+        sharing = trainers[r.host] if layout in ("MPI", "HYBRID") else 1
+        out.append(ProcessSpec(rank, "worker", index, r.host, r.line, r.port, seen, visible, sharing))
+    return tuple(out)
+
+
+def _variable_plan(layout: str, processes: tuple[ProcessSpec, ...], servers: bool, settings: Settings,
+                   analysis: GraphAnalysis) -> Plan:
+    """The plan of every variable, with each worker's TensorFlow device names."""
+    workers = []
+    for p in processes:
+        if p.role != "worker":
+            continue
+        prefix = f"/job:worker/replica:0/task:{p.index}" if servers else ""
+        replicas = tuple(f"{prefix}{d.tf_name}" for d in p.devices)
+        # one process per device (MPI): its shared state stays on that device, next to the all-reduce
+        shared = replicas[0] if layout == "MPI" else f"{prefix}/device:CPU:0"
+        workers.append((p.host, replicas, shared))
+    server_devices = tuple(f"/job:ps/replica:0/task:{p.index}/device:CPU:0" for p in processes if p.role == "ps")
+    option = settings.run_option
+    auto = option == "AUTO"
+    cross_worker = {"local": "local", "MPI": "auto" if auto else "allreduce", "PS": "ps",
+                    "HYBRID": "auto" if auto else "hybrid"}[layout]
+    overrides = settings.overrides
+    if layout == "local":  # in one process every variable is local: only the densities matter
+        overrides = {k: {"density": v["density"]} for k, v in overrides.items() if "density" in v}
+    notes = (f"run_option={option} runs as {layout}",) if layout not in ("local", option) else ()
+    if layout == "HYBRID":
+        notes += settings.notes
+    return build_plan(analysis, workers, run_option=option if layout == "local" else layout, sync=settings.sync,
+                      average_sparse=settings.average_sparse, cross_worker=cross_worker,
+                      comm=settings.comm_for(layout), server_devices=server_devices, notes=notes,
+                      overrides=overrides, ps=settings.ps)

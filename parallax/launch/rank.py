@@ -1,0 +1,122 @@
+"""A launched process's part in its job, and what it keeps for the job's whole life.
+
+A process the launcher started is one rank of one job. Its TensorFlow server
+cannot be stopped (TensorFlow has no ``Server.stop``), its MPI communicators are
+made by every rank together, and its heartbeat and exit checks belong to the
+process, not to one ``parallel_run`` call. So they are made once per process,
+here, and every ``parallel_run`` call of the process (a second one, or the
+partition search's trials) reuses them.
+
+This is the one piece of process-wide state in Parallax, and it exists only in
+processes the launcher started: a process that trains alone keeps nothing
+between ``parallel_run`` calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from parallax.launch.bootstrap import (
+    RankContext,
+    finish_together,
+    launched_context,
+    leave_together,
+    make_heartbeat,
+)
+from parallax.launch.layout import RankSpec
+
+__all__ = ["LaunchedProcess", "launched_process", "NoHeartbeat"]
+
+
+class NoHeartbeat:
+    """Stands in for a heartbeat where the launcher runs no stall monitor."""
+
+    def set(self, state: str, where: str = "", steps: int | None = None) -> None:
+        pass
+
+    def step_done(self) -> None:
+        pass
+
+
+class LaunchedProcess:
+    """What one launched process starts once: its server, communicators, heartbeat and exit checks.
+
+    Args:
+        context: this process's place in the job.
+    """
+
+    def __init__(self, context: RankContext) -> None:
+        self.context = context
+        self._server: Any = None
+        self._comms: tuple[Any, Any] | None = None
+        self._heartbeat: Any = None
+        self._exit_check: str | None = None
+
+    @property
+    def rank(self) -> int:
+        return self.context.rank
+
+    @property
+    def spec(self) -> RankSpec:
+        return self.context.spec
+
+    def server(self, start: Callable[[], Any]) -> Any:
+        """This process's TensorFlow server: ``start()`` the first time, the same server after."""
+        if self._server is None:
+            self._server = start()
+        return self._server
+
+    @property
+    def running_server(self) -> Any:
+        """The server started so far, or ``None``."""
+        return self._server
+
+    def worker_comms(self) -> tuple[Any, Any]:
+        """The MPI communicators of the job's workers and of this host's workers (``None`` on a
+        server); made once, by every rank of the job together (an MPI collective)."""
+        if self._comms is None:
+            from mpi4py import MPI
+
+            world = MPI.COMM_WORLD
+            worker = self.spec.role == "worker"
+            hosts = list(dict.fromkeys(r.host for r in self.context.ranks))
+            self._comms = (world.Split(0 if worker else MPI.UNDEFINED, self.rank),
+                           world.Split(hosts.index(self.spec.host) if worker else MPI.UNDEFINED, self.rank))
+        return self._comms
+
+    def heartbeat(self, state: str, where: str = "") -> Any:
+        """This process's heartbeat to the stall monitor, now in ``state`` waiting ``where``."""
+        if self._heartbeat is None:
+            self._heartbeat = make_heartbeat(self.context) or NoHeartbeat()
+        self._heartbeat.set(state, where)
+        return self._heartbeat
+
+    def exit_together(self, how: str, finish_timeout: float) -> None:
+        """Register, once, how this process leaves the job: ``"finish"`` (an all-reduce rank
+        waits at most ``finish_timeout`` s for the others, then aborts the job) or ``"barrier"``
+        (workers and servers of a PS job leave when all do)."""
+        if self._exit_check is not None:
+            return
+        self._exit_check = how
+        if how == "finish":
+            finish_together(self.rank, finish_timeout)
+        else:
+            import atexit
+
+            atexit.register(leave_together)
+
+
+_THIS_PROCESS: LaunchedProcess | None = None
+
+
+def launched_process(redirect_path: str | None = None) -> LaunchedProcess | None:
+    """This process's :class:`LaunchedProcess` if the launcher started it, else ``None``
+    (made at the first call: MPI initialised, the rank registered, output redirected)."""
+    global _THIS_PROCESS
+    if _THIS_PROCESS is None:
+        context = launched_context(redirect_path)
+        if context is None:
+            return None
+        _THIS_PROCESS = LaunchedProcess(context)
+    return _THIS_PROCESS

@@ -1,0 +1,184 @@
+"""``derive(config, sync, cluster) -> Settings``: every decision the user's config leaves open, made once.
+
+The user's :class:`parallax.Config` stays theirs (mutable, as the seed API
+shows). ``parallel_run`` reads it once, here, and everything after works from
+the frozen :class:`Settings`: the run option in force, the communication
+backends for each purpose, thread counts and timeouts, each default written in
+one place. Environment variables that tune a run (``parallax-run``'s extra
+mpirun options, ``PARALLAX_FINISH_TIMEOUT``) are read here too, and nowhere else
+on the way into a run.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from parallax.comm.registry import choose_backend
+from parallax.config import CheckPointConfig, Config, ProfileConfig
+from parallax.plan.model import CommSpec, PSSpec
+from parallax.resources import Cluster, is_local_host
+
+__all__ = ["Settings", "Timeouts", "derive", "MPIRUN_OPTIONS_ENV", "FINISH_TIMEOUT_ENV"]
+
+#: Set by ``parallax-run``: mpirun options added to ``MPIConfig.mpirun_options``.
+MPIRUN_OPTIONS_ENV = "PARALLAX_MPIRUN_OPTIONS"
+#: Seconds the ranks of an all-reduce job wait for each other when they end (default 60).
+FINISH_TIMEOUT_ENV = "PARALLAX_FINISH_TIMEOUT"
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Every bound on waiting, in one place.
+
+    Attributes:
+        operation_ms: TensorFlow's ``operation_timeout_in_ms`` in sessions with a
+            server (a dead peer fails the step instead of blocking it forever).
+        session_wait: seconds a non-chief worker waits for the chief to
+            initialise the variables.
+        ready_poll: seconds between a non-chief worker's readiness checks
+            (TensorFlow's own worker session checks every 30 s).
+        finish: seconds the ranks of an all-reduce job wait for each other at
+            exit before aborting (``PARALLAX_FINISH_TIMEOUT``).
+        stall: ``Config.stall_timeout``: seconds before a waiting process is
+            reported (``None``: no stall check).
+        collective: seconds a TF collective op may wait for its peers.
+        server_start_attempts: tries to start the TensorFlow servers (a port
+            picked free may be taken before it is bound).
+    """
+
+    operation_ms: int = 10 * 60 * 1000
+    session_wait: float = 600.0
+    ready_poll: float = 0.2
+    finish: float = 60.0
+    stall: float | None = 30.0
+    collective: float = 120.0
+    server_start_attempts: int = 3
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What ``parallel_run`` does with the user's config, decided once (see :func:`derive`).
+
+    Attributes:
+        run_option: the run option in force (``PS``, ``MPI``, ``HYBRID`` or
+            ``AUTO``); the default, ``HYBRID``, becomes ``PS`` for ``sync=False``.
+        sync: synchronous training.
+        average_sparse: average sparse gradients instead of summing them.
+        overrides: ``Config.plan_overrides``.
+        allreduce_comm: the backends of a job of all-reduce workers (MPI):
+            ``MPIConfig.backend``, where ``auto`` means TF collectives (NCCL)
+            on GPUs and MPI on CPUs.
+        server_comm: the backends beside parameter servers (HYBRID): MPI or
+            Horovod, never TF collectives (they abort beside a shared PS).
+        ps: the parameter servers' settings (``PSConfig``).
+        gpus: GPUs of this machine, which a bare host line of the resource
+            file stands for (every host of a job is taken to be alike).
+        cpu_count: cores of this machine.
+        local_hosts: the hosts of the resource file that are this machine.
+        mpirun_options: ``MPIConfig.mpirun_options`` and those given to ``parallax-run``.
+        timeouts: every bound on waiting.
+        sess_config: a copy of the user's ``sess_config`` (or ``None``).
+        hooks: the user's ``SessionRunHook`` objects.
+        ckpt: a copy of ``Config.ckpt_config``.
+        profile: a copy of ``Config.profile_config``.
+        redirect_path: ``Config.redirect_path``.
+        export_graph_path: ``Config.export_graph_path``.
+        search_partitions: ``Config.search_partitions``.
+        notes: remarks on what was decided, printed with the plan.
+    """
+
+    run_option: str
+    sync: bool
+    average_sparse: bool
+    overrides: Mapping[str, Any]
+    allreduce_comm: CommSpec
+    server_comm: CommSpec
+    ps: PSSpec
+    gpus: int
+    cpu_count: int
+    local_hosts: frozenset[str] = frozenset()
+    mpirun_options: str = ""
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    sess_config: Any = None
+    hooks: tuple = ()
+    ckpt: CheckPointConfig = field(default_factory=CheckPointConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    redirect_path: str | None = None
+    export_graph_path: str | None = None
+    search_partitions: bool = False
+    notes: tuple[str, ...] = ()
+
+    def threads_per_process(self, processes_on_host: int) -> int:
+        """TensorFlow threads per pool for each of ``processes_on_host`` training processes
+        sharing this host's cores (0: TensorFlow's default, for a process alone on its host).
+
+        >>> from parallax.plan.model import CommSpec, PSSpec
+        >>> s = Settings("MPI", True, False, {}, CommSpec(), CommSpec(), PSSpec(), gpus=0, cpu_count=8)
+        >>> s.threads_per_process(1), s.threads_per_process(2), s.threads_per_process(16)
+        (0, 4, 1)
+        """
+        if processes_on_host <= 1:
+            return 0
+        return max(1, self.cpu_count // processes_on_host)
+
+    def comm_for(self, layout: str) -> CommSpec:
+        """The backends of a job laid out as ``layout`` (``MPI``, ``PS``, ``HYBRID``, ``local``)."""
+        return self.allreduce_comm if layout == "MPI" else self.server_comm
+
+
+def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = None,
+           cpu_count: int | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Read the user's config once and decide everything it leaves open.
+
+    Args:
+        config: the user's config (validated here; not changed).
+        sync: ``parallel_run``'s ``sync``.
+        cluster: the parsed resource file.
+        gpus: GPUs of this machine (default: what TensorFlow sees).
+        cpu_count: cores of this machine (default: ``os.cpu_count()``).
+        environ: the environment to read (default: ``os.environ``).
+
+    Returns:
+        The frozen settings.
+
+    Raises:
+        TypeError, ValueError: the config breaks a rule across fields.
+    """
+    config.validate(sync=sync)
+    environ = os.environ if environ is None else environ
+    if gpus is None:
+        import tensorflow as tf
+
+        gpus = len(tf.config.list_physical_devices("GPU"))
+    mpi = config.communication_config.mpi_config
+    ps_config = config.communication_config.ps_config
+    on_gpus = any(d.kind == "gpu" for w in cluster.workers for d in (w.devices or ())) or \
+        (gpus > 0 and any(w.devices is None for w in cluster.workers))
+    run_option = "PS" if config.run_option is None and not sync else config.effective_run_option
+    dense, _ = choose_backend(mpi.backend, on_gpus)
+    beside_servers, why = choose_backend(mpi.backend, on_gpus, beside_servers=True)
+    common = dict(fusion_bytes=mpi.fusion_bytes, use_allgatherv=mpi.use_allgatherv, gpu=on_gpus)
+    notes = (why,) if why and run_option in ("HYBRID", "AUTO") else ()
+    extra_options = environ.get(MPIRUN_OPTIONS_ENV, "")
+    return Settings(
+        run_option=run_option, sync=sync, average_sparse=config.average_sparse,
+        overrides=dict(config.plan_overrides),
+        allreduce_comm=CommSpec(backend=dense, **common),
+        server_comm=CommSpec(backend=beside_servers, **common),
+        ps=PSSpec(local_aggregation=ps_config.local_aggregation, protocol=ps_config.protocol,
+                  replicate_variables=ps_config.replicate_variables,
+                  boundary_among_servers=ps_config.boundary_among_servers,
+                  boundary_between_workers_and_servers=ps_config.boundary_between_workers_and_servers),
+        gpus=gpus, cpu_count=cpu_count or os.cpu_count() or 1,
+        local_hosts=frozenset(h for h in cluster.hosts if is_local_host(h)),
+        mpirun_options=" ".join(p for p in (mpi.mpirun_options, extra_options) if p.strip()),
+        timeouts=Timeouts(stall=config.stall_timeout,
+                          finish=float(environ.get(FINISH_TIMEOUT_ENV) or Timeouts.finish)),
+        sess_config=copy.deepcopy(config.sess_config), hooks=tuple(config.hooks),
+        ckpt=copy.deepcopy(config.ckpt_config), profile=copy.deepcopy(config.profile_config),
+        redirect_path=config.redirect_path, export_graph_path=config.export_graph_path,
+        search_partitions=config.search_partitions, notes=notes)

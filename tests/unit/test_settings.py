@@ -1,0 +1,98 @@
+"""``derive(config, sync, cluster) -> Settings``: every open decision made once, the user's config untouched."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import tensorflow as tf
+
+import parallax
+from parallax.resources import parse_resource_text
+from parallax.settings import FINISH_TIMEOUT_ENV, MPIRUN_OPTIONS_ENV, Timeouts, derive
+
+CPU = parse_resource_text("localhost: cpu:0,cpu:1", "res")
+GPU = parse_resource_text("a: 0,1", "res")
+BARE = parse_resource_text("a\nb", "res")
+
+
+def settings(config=None, sync=True, cluster=CPU, gpus=0, environ=None):
+    return derive(config or parallax.Config(), sync, cluster, gpus=gpus, cpu_count=4, environ=environ or {})
+
+
+@pytest.mark.parametrize("run_option, sync, expected", [
+    (None, True, "HYBRID"), (None, False, "PS"), ("MPI", True, "MPI"), ("ps", False, "PS"), ("AUTO", True, "AUTO"),
+], ids=["default", "default-async-is-ps", "mpi", "lower-case", "auto"])
+def test_the_run_option_in_force(run_option, sync, expected):
+    assert settings(parallax.Config(run_option=run_option), sync).run_option == expected
+
+
+def test_async_with_an_all_reduce_run_option_is_refused_naming_the_rule():
+    with pytest.raises(ValueError, match=r"^sync=False needs run_option='PS' \(got run_option='MPI'\)"):
+        settings(parallax.Config(run_option="MPI"), sync=False)
+
+
+@pytest.mark.parametrize("backend, cluster, gpus, allreduce, server", [
+    ("auto", CPU, 0, "mpi", "mpi"),
+    ("auto", GPU, 2, "collective", "mpi"),
+    ("auto", BARE, 1, "collective", "mpi"),  # a bare host stands for this machine's GPUs
+    ("auto", BARE, 0, "mpi", "mpi"),
+    ("collective", CPU, 0, "collective", "mpi"),  # never TF collectives beside parameter servers
+    ("horovod", CPU, 0, "horovod", "horovod"),
+], ids=["auto-cpu", "auto-gpu", "auto-bare-host-with-gpus", "auto-bare-host-without", "collective", "horovod"])
+def test_backends_for_each_purpose(backend, cluster, gpus, allreduce, server):
+    cfg = parallax.Config(communication_config=parallax.CommunicationConfig(
+        mpi_config=parallax.MPIConfig(backend=backend)))
+    s = settings(cfg, cluster=cluster, gpus=gpus)
+    assert (s.allreduce_comm.backend, s.server_comm.backend) == (allreduce, server)
+    assert s.comm_for("MPI") is s.allreduce_comm and s.comm_for("HYBRID") is s.server_comm
+    assert s.allreduce_comm.host_backend == "mpi"
+
+
+def test_use_allgatherv_sends_sparse_gradients_through_mpi_whatever_the_backend():
+    cfg = parallax.Config(communication_config=parallax.CommunicationConfig(
+        mpi_config=parallax.MPIConfig(backend="collective", use_allgatherv=True)))
+    s = settings(cfg)
+    assert (s.allreduce_comm.backend, s.allreduce_comm.gather_backend) == ("collective", "mpi")
+    assert settings().allreduce_comm.gather_backend == "mpi"
+
+
+def test_collective_asked_for_beside_servers_is_noted():
+    cfg = parallax.Config(communication_config=parallax.CommunicationConfig(
+        mpi_config=parallax.MPIConfig(backend="collective")))
+    assert "over MPI" in settings(cfg).notes[0]
+    assert settings(parallax.Config(run_option="MPI")).notes == ()
+
+
+def test_threads_share_the_cores_among_the_processes_of_a_host():
+    s = settings()
+    assert [s.threads_per_process(n) for n in (1, 2, 3, 8)] == [0, 2, 1, 1]
+
+
+def test_timeouts_and_mpirun_options_come_from_the_config_and_the_environment():
+    cfg = parallax.Config(stall_timeout=None, communication_config=parallax.CommunicationConfig(
+        mpi_config=parallax.MPIConfig(mpirun_options="--mca a b")))
+    s = settings(cfg, environ={FINISH_TIMEOUT_ENV: "7", MPIRUN_OPTIONS_ENV: "--mca c d"})
+    assert s.timeouts == dataclasses.replace(Timeouts(), stall=None, finish=7.0)
+    assert s.mpirun_options == "--mca a b --mca c d"
+    assert settings().timeouts == Timeouts()
+
+
+def test_the_settings_are_frozen_and_the_users_config_is_neither_changed_nor_shared():
+    cfg = parallax.Config(sess_config=tf.compat.v1.ConfigProto(intra_op_parallelism_threads=3),
+                          ckpt_config=parallax.CheckPointConfig(ckpt_dir="/tmp/c"))
+    before = repr(cfg)
+    s = settings(cfg)
+    assert repr(cfg) == before
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.run_option = "PS"
+    cfg.ckpt_config.ckpt_dir = "/elsewhere"
+    cfg.sess_config.intra_op_parallelism_threads = 1
+    assert s.ckpt.ckpt_dir == "/tmp/c" and s.sess_config.intra_op_parallelism_threads == 3
+
+
+def test_every_config_default_is_written_once_in_its_field():
+    for cls in (parallax.Config, parallax.PSConfig, parallax.MPIConfig, parallax.CheckPointConfig,
+                parallax.ProfileConfig, parallax.CommunicationConfig):
+        assert dataclasses.is_dataclass(cls), cls  # its __init__ comes from the fields' defaults
+        assert all("check" in f.metadata for f in dataclasses.fields(cls)), cls
