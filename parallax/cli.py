@@ -34,9 +34,8 @@ import tempfile
 
 from parallax.config import OVERRIDE_SYNC
 from parallax.errors import ParallaxError
-from parallax.launch.launcher import DRY_RUN_ENV, PLAN_ENV, RESOURCE_ENV
+from parallax.launch.launcher import DRY_RUN_ENV, MPIRUN_OPTIONS_ENV, PLAN_ENV, RESOURCE_ENV
 from parallax.resources import parse_resource_file
-from parallax.settings import MPIRUN_OPTIONS_ENV
 
 __all__ = ["main", "parallax_main", "plan_main"]
 

@@ -19,13 +19,12 @@ from typing import Any
 
 from parallax.comm.registry import choose_backend
 from parallax.config import CheckPointConfig, Config, ProfileConfig
+from parallax.launch.launcher import MPIRUN_OPTIONS_ENV
 from parallax.plan.model import CommSpec, PSSpec
 from parallax.resources import Cluster, is_local_host
 
-__all__ = ["Settings", "Timeouts", "derive", "MPIRUN_OPTIONS_ENV", "FINISH_TIMEOUT_ENV"]
+__all__ = ["Settings", "Timeouts", "derive", "FINISH_TIMEOUT_ENV"]
 
-#: Set by ``parallax-run``: mpirun options added to ``MPIConfig.mpirun_options``.
-MPIRUN_OPTIONS_ENV = "PARALLAX_MPIRUN_OPTIONS"
 #: Seconds the ranks of an all-reduce job wait for each other when they end (default 60).
 FINISH_TIMEOUT_ENV = "PARALLAX_FINISH_TIMEOUT"
 

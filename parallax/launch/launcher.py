@@ -23,11 +23,13 @@ from parallax.logs import log as logger
 from parallax.resources import is_local_host, local_host_names
 
 __all__ = ["find_mpirun", "current_program", "launch", "job_command", "local_host_names", "is_local_host",
-           "RESOURCE_ENV", "DRY_RUN_ENV", "PLAN_ENV", "resource_override"]
+           "RESOURCE_ENV", "MPIRUN_OPTIONS_ENV", "DRY_RUN_ENV", "PLAN_ENV", "resource_override"]
 
 
 #: Set by ``parallax-run``: the resource file every ``parallel_run`` of the script uses instead of its own.
 RESOURCE_ENV = "PARALLAX_RESOURCE_INFO"
+#: Set by ``parallax-run``: mpirun options added to ``MPIConfig.mpirun_options`` (read by :mod:`parallax.settings`).
+MPIRUN_OPTIONS_ENV = "PARALLAX_MPIRUN_OPTIONS"
 #: Set by ``parallax-run --dry_run``: a file; ``parallel_run`` writes the command it would run there and exits.
 DRY_RUN_ENV = "PARALLAX_DRY_RUN"
 #: Set by ``parallax plan``: ``parallel_run`` prints the job plan and exits (JSON: resource_info,

@@ -84,3 +84,12 @@ def test_dry_run_of_a_module_with_options(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["-r", str(resource), "--dry_run", "-m", "trainmod", "MPI", "--an_option"]) == 0
     assert capsys.readouterr().out.strip().endswith("-m mpi4py -m trainmod MPI --an_option")
+
+
+def test_the_command_line_starts_without_loading_tensorflow():
+    import subprocess
+    import sys
+
+    code = "import sys, parallax.cli; print('tensorflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
