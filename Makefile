@@ -18,8 +18,12 @@ $(STAMP): setup.py
 demo: $(STAMP)
 	$(BIN)/python examples/simple/simple_train.py --resource_info resource_info.example
 
+# The suite runs on every core (pytest-xdist): the multi-process tests spend much of their time
+# starting processes; tests that share one job are kept on one worker (xdist_group).
+# The docstring examples of the package run too. PYTEST_ARGS adds options, e.g. PYTEST_ARGS="-x -k mpi".
+PYTEST_WORKERS ?= auto
 test: $(STAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --doctest-modules parallax tests $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

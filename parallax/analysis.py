@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 import tensorflow as tf
 
 from parallax.errors import AnalysisError
+from parallax.rewrite.graph_ops import colocated_with
 
 __all__ = ["VariableInfo", "GradientInfo", "GraphAnalysis", "analyse_graph", "VARIABLE_OP_TYPES",
            "update_scope_owner"]
@@ -214,13 +215,10 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
 
 def _colocation(op) -> str | None:
     try:
-        groups = [g.decode() for g in op.get_attr("_class")]
+        groups = op.get_attr("_class")
     except ValueError:
         return None
-    for g in groups:
-        if g.startswith("loc:@") and g[5:] != op.name:
-            return g[5:]
-    return None
+    return next((name for name in colocated_with(groups) if name != op.name), None)
 
 
 def _op_name(obj) -> str:

@@ -180,12 +180,15 @@ def _run_here(job: JobPlan, settings: Settings, cluster: Cluster, graph: tf.Grap
 
 
 def _check_same_job(launched: LaunchedProcess, job: JobPlan, settings: Settings, source: str) -> None:
-    """A launched process must make the launcher's job plan from its own copy of the graph.
+    """A launched process must make the launcher's job plan from its own copy of the graph (its first
+    ``parallel_run`` call; later ones must agree among the workers, :meth:`LaunchedProcess.begin_call`).
 
     Raises:
         LaunchError: the resource file or the graph differs from the launcher's.
     """
     context = launched.context
+    if launched.begin_call(job.digest()) > 0:
+        return  # a later call: the workers agreed among themselves
     if job.layout != context.job.get("layout") or job.ranks != context.ranks:
         raise LaunchError(f"{source} does not describe the {context.job.get('layout')} job this process was "
                           f"launched in ({len(job.ranks)} processes in the file, {len(context.ranks)} launched); "

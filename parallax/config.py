@@ -459,11 +459,6 @@ class Config(_ConfigBase):
     export_graph_path: str | None = _field(None, _optional_str)
     stall_timeout: float | None = _field(30.0, _positive_number_or_none)
 
-    @property
-    def effective_run_option(self) -> str:
-        """``run_option`` with ``None`` resolved to the default, ``"HYBRID"``."""
-        return self.run_option or "HYBRID"
-
     def validate(self, sync: bool = True) -> None:
         """Check the whole configuration, nested configs included.
 

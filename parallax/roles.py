@@ -16,6 +16,11 @@ role                 layouts         what it sets up
 ``parameter_server`` PS, HYBRID      a server, then serves until the job ends
 ===================  ==============  =============================================
 
+A launched program may call ``parallel_run`` again (a second job, or a
+partition-search trial): the process keeps its server and communicators, the
+workers check they made the same plan, and before the new session the chief
+clears what the previous job left on the servers.
+
 Processes started by a cluster manager (a later step) will be one more role.
 """
 
@@ -83,9 +88,12 @@ def check_local_devices(job: JobPlan, settings: Settings, source: str) -> None:
         LaunchError: naming the resource file's line.
     """
     for p in job.processes:
-        if p.host not in settings.local_hosts or not p.visible_gpus:
+        if p.host not in settings.local_hosts:
             continue
-        for gpu in (int(i) for i in p.visible_gpus.split(",")):
+        # the host's GPU ids: a launched process's visible list, or the local process's own devices
+        ids = [int(i) for i in p.visible_gpus.split(",")] if p.visible_gpus else \
+            [d.index for d in p.devices if d.kind == "gpu"]
+        for gpu in ids:
             if gpu >= settings.gpus:
                 raise LaunchError(
                     f"{source}, line {p.line}: lists GPU {gpu} of {p.host}, but TensorFlow sees {settings.gpus} "
@@ -108,6 +116,8 @@ def role_setup(job: JobPlan, settings: Settings, launched: LaunchedProcess) -> P
     comms = launched.worker_comms()
     server = launched.server(lambda: _start_job_server(job, settings, launched, process))
     launched.exit_together("barrier", settings.timeouts.finish)  # servers wait for the workers
+    if process.role == "worker" and launched.calls > 1:
+        launched.fresh_servers(chief=process.index == 0)
     if process.role == "ps":
         launched.heartbeat("serve")
         logger.info("Parallax: parameter server %d serving on %s", process.index, process.host)
@@ -130,6 +140,8 @@ def _allreduce_worker(job: JobPlan, settings: Settings, launched: LaunchedProces
     server = None
     if job.servers:  # the all-reduce backend needs TensorFlow servers (collectives)
         server = launched.server(lambda: _start_job_server(job, settings, launched, process, GROUP_LEADER))
+        if launched.calls > 1:
+            launched.fresh_servers(chief=process.rank == 0)
     return ProcessSetup(process, len(job.workers), server=server, broadcast=True,
                         comms=ProcessComms(group_leader=GROUP_LEADER if server is not None else None),
                         heartbeat=beat)

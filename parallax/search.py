@@ -10,8 +10,9 @@ trial re-runs the training script *inside* them with another
    returns a session that times a few steps and then ends the trial
    (:class:`TrialOver` unwinds the script);
 2. the workers agree on the trial's time (the slowest worker's median step
-   time) and, with parameter servers, the chief clears the servers' state
-   (``Session.reset``); servers, ports and MPI communicators stay up;
+   time); each trial is a later ``parallel_run`` call of the process, so with
+   servers the chief clears their state (``Session.reset``) before the next
+   one starts (:mod:`parallax.roles`); servers, ports and MPI communicators stay up;
 3. counts double from the smallest one ``get_partitioner`` allows while the
    step time improves (at most :data:`MAX_TRIALS` trials);
 4. the script runs once more with the best count, for real, and the first
@@ -296,13 +297,7 @@ def partition_search(graph, resource_text: str, settings, launched, launching: b
         return 0
     if launching:
         return None  # the launched processes search
-    comm = None
-    if launched is not None and launched.context.job.get("layout") in ("PS", "HYBRID"):
-        comm = launched.worker_comms()[0]  # the servers make these with the workers, then serve every trial
-    elif launched is not None:
-        from mpi4py import MPI
-
-        comm = MPI.COMM_WORLD
+    comm = launched.workers_comm() if launched is not None else None  # servers serve every trial
     rows = max([shape[0] or 1 for shape in _partitioned_shapes(graph)], default=1)
 
     def agree(seconds: float | None) -> float | None:
@@ -311,18 +306,9 @@ def partition_search(graph, resource_text: str, settings, launched, launching: b
         values = [v for v in comm.allgather(seconds) if v is not None]
         return max(values) if len(values) == comm.size else None
 
-    def between_trials() -> None:
-        import tensorflow as tf
-
-        if comm is not None:
-            comm.Barrier()
-        server = launched.running_server if launched is not None else None
-        if server is not None and (comm is None or comm.rank == 0):
-            tf.compat.v1.Session.reset(server.target)  # the servers forget the trial's variables
-        if comm is not None:
-            comm.Barrier()
-
-    best, results, seconds = search(start, rows, agree, between_trials, report=comm is None or comm.rank == 0)
+    # each trial, and the final run, is a later parallel_run call of this process: the chief clears the
+    # servers before it starts (parallax.roles)
+    best, results, seconds = search(start, rows, agree, lambda: None, report=comm is None or comm.rank == 0)
     if comm is None or comm.rank == 0:
         path = store_count(key, best, results, seconds)
         logger.warning("Parallax: partition search chose %d partitions (%s) in %.1f s; stored in %s", best,

@@ -157,7 +157,7 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
     ps_config = config.communication_config.ps_config
     on_gpus = any(d.kind == "gpu" for w in cluster.workers for d in (w.devices or ())) or \
         (gpus > 0 and any(w.devices is None for w in cluster.workers))
-    run_option = "PS" if config.run_option is None and not sync else config.effective_run_option
+    run_option = config.run_option or ("HYBRID" if sync else "PS")  # the seed's default, HYBRID; PS for async
     dense, _ = choose_backend(mpi.backend, on_gpus)
     beside_servers, why = choose_backend(mpi.backend, on_gpus, beside_servers=True)
     common = dict(fusion_bytes=mpi.fusion_bytes, use_allgatherv=mpi.use_allgatherv, gpu=on_gpus)

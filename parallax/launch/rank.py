@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from parallax.errors import LaunchError
 from parallax.launch.bootstrap import (
     RankContext,
     finish_together,
@@ -52,6 +53,7 @@ class LaunchedProcess:
         self._comms: tuple[Any, Any] | None = None
         self._heartbeat: Any = None
         self._exit_check: str | None = None
+        self.calls = 0  # parallel_run calls this process has begun
 
     @property
     def rank(self) -> int:
@@ -67,11 +69,6 @@ class LaunchedProcess:
             self._server = start()
         return self._server
 
-    @property
-    def running_server(self) -> Any:
-        """The server started so far, or ``None``."""
-        return self._server
-
     def worker_comms(self) -> tuple[Any, Any]:
         """The MPI communicators of the job's workers and of this host's workers (``None`` on a
         server); made once, by every rank of the job together (an MPI collective)."""
@@ -84,6 +81,46 @@ class LaunchedProcess:
             self._comms = (world.Split(0 if worker else MPI.UNDEFINED, self.rank),
                            world.Split(hosts.index(self.spec.host) if worker else MPI.UNDEFINED, self.rank))
         return self._comms
+
+    def workers_comm(self) -> Any:
+        """The communicator of the job's workers (``COMM_WORLD`` when every rank is one)."""
+        if self.context.job.get("layout") in ("PS", "HYBRID"):
+            return self.worker_comms()[0]
+        from mpi4py import MPI
+
+        return MPI.COMM_WORLD
+
+    def begin_call(self, digest: str) -> int:
+        """Count a ``parallel_run`` call of this worker and return its number (0 for the first).
+
+        A later call (a second training job of the program, or a partition-search trial)
+        makes its job plan from a graph the launcher never saw: the workers check that they
+        all made the same one.
+
+        Raises:
+            LaunchError: the workers' plans differ.
+        """
+        number, self.calls = self.calls, self.calls + 1
+        if number > 0:
+            digests = self.workers_comm().allgather(digest)
+            if len(set(digests)) > 1:
+                others = sorted({r for r, d in enumerate(digests) if d != digests[0]})
+                raise LaunchError(f"parallel_run call {number + 1}: workers {others} made another job plan from "
+                                  "their graph than worker 0: every process must build the same graph")
+        return number
+
+    def fresh_servers(self, chief: bool) -> None:
+        """Before a later call's session: when every worker is done with the previous job, the chief
+        clears what it left on the job's TensorFlow servers (variables, queues, accumulators)."""
+        if self._server is None:
+            return
+        comm = self.workers_comm()
+        comm.Barrier()
+        if chief:
+            import tensorflow as tf
+
+            tf.compat.v1.Session.reset(self._server.target)
+        comm.Barrier()
 
     def heartbeat(self, state: str, where: str = "") -> Any:
         """This process's heartbeat to the stall monitor, now in ``state`` waiting ``where``."""

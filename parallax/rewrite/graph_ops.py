@@ -42,6 +42,28 @@ def op_of(tensor_or_op: str) -> str:
     return parse_input(tensor_or_op)[0]
 
 
+COLOCATION_PREFIX = "loc:@"
+
+
+def colocated_with(groups) -> list[str]:
+    """The op names a node's ``_class`` colocation groups name (bytes or str entries), in order.
+
+    >>> colocated_with([b"loc:@emb", b"other", "loc:@emb/Adam"])
+    ['emb', 'emb/Adam']
+    """
+    names = []
+    for group in groups:
+        text = group.decode() if isinstance(group, bytes) else group
+        if text.startswith(COLOCATION_PREFIX):
+            names.append(text[len(COLOCATION_PREFIX):])
+    return names
+
+
+def colocation_group(op_name: str) -> bytes:
+    """The ``_class`` entry that colocates a node with op ``op_name``."""
+    return (COLOCATION_PREFIX + op_name).encode()
+
+
 def node_map(graph_def: graph_pb2.GraphDef) -> dict[str, node_def_pb2.NodeDef]:
     return {n.name: n for n in graph_def.node}
 

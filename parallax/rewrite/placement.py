@@ -34,7 +34,7 @@ from tensorflow.python.framework import tensor_util
 
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.classify import classify
-from parallax.rewrite.graph_ops import add_nodes, consumers, descendants, parse_input
+from parallax.rewrite.graph_ops import add_nodes, colocated_with, consumers, descendants, parse_input
 from parallax.rewrite.names import AGGREGATE_PREFIX, SYNC_PREFIX, copy_replica
 
 __all__ = ["place_variables"]
@@ -55,8 +55,7 @@ def place_variables(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
             node.device = device_of[node.name]
             continue
         if "_class" in node.attr:
-            for loc in node.attr["_class"].list.s:
-                target = loc.decode()[5:] if loc.startswith(b"loc:@") else None
+            for target in colocated_with(node.attr["_class"].list.s):
                 if target in device_of:
                     if _belongs_to_worker_variable(node, on_workers):
                         del node.attr["_class"]  # e.g. Adam's beta1_power, colocated with a server variable
@@ -138,8 +137,7 @@ def _gather_on_workers(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task
 def _place_boundary_ops(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, device_of: dict[str, str]) -> None:
     update_ops = {}
     for n in meta_graph.graph_def.node:
-        for loc in (n.attr["_class"].list.s if "_class" in n.attr else ()):
-            target = loc.decode()[5:] if loc.startswith(b"loc:@") else None
+        for target in colocated_with(n.attr["_class"].list.s if "_class" in n.attr else ()):
             if target in device_of:
                 update_ops[n.name] = target
     cons = consumers(meta_graph.graph_def)

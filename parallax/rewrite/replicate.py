@@ -34,6 +34,8 @@ from parallax.errors import RewriteError
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.classify import classify
 from parallax.rewrite.graph_ops import (
+    colocated_with,
+    colocation_group,
     consumers,
     descendants,
     format_input,
@@ -149,11 +151,13 @@ def replicate_graph(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
                     name = replica_op_name(name, r)
                 copy.input.append(format_input(name, index, control))
             if "_class" in copy.attr:
-                locs = [s.decode() for s in copy.attr["_class"].list.s]
-                renamed = [("loc:@" + replica_op_name(s[5:], r)) if s.startswith("loc:@") and s[5:] in replicated
-                           else s for s in locs]
+                renamed = []
+                for group in copy.attr["_class"].list.s:
+                    target = colocated_with([group])
+                    renamed.append(colocation_group(replica_op_name(target[0], r))
+                                   if target and target[0] in replicated else group)
                 copy.attr["_class"].CopyFrom(attr_value_pb2.AttrValue(
-                    list=attr_value_pb2.AttrValue.ListValue(s=[s.encode() for s in renamed])))
+                    list=attr_value_pb2.AttrValue.ListValue(s=renamed)))
             if copy.op in ("Enter", "RefEnter") and "frame_name" in copy.attr:
                 frame = copy.attr["frame_name"].s.decode()
                 copy.attr["frame_name"].s = replica_frame_name(frame, r).encode()

