@@ -3,7 +3,9 @@ this machine allows one (root + ``unshare -n``), bounded by a timeout."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import os
 import re
 import shutil
@@ -40,6 +42,10 @@ class Run:
     seconds: float
     out_dir: str
     ended_at: float
+
+    def case(self, name: str) -> Run:
+        """What case ``name`` of a :func:`run_cases` job wrote (the job's return code and output)."""
+        return dataclasses.replace(self, out_dir=os.path.join(self.out_dir, name))
 
     def rank_values(self, rank: int) -> dict[str, np.ndarray]:
         with np.load(os.path.join(self.out_dir, f"rank_{rank}.npz")) as data:
@@ -93,3 +99,30 @@ def assert_killed_rank_ended_the_job(run: Run, tmp_path, rank: str) -> None:
     assert re.search(rf"Parallax job failed: rank {rank} on host \S+ \(pid \d+\) was killed by signal 9",
                      run.output), run.output[-3000:]
     assert not leftover_processes(tmp_path)
+
+
+def run_cases(tmp_path, resource_text: str, cases: dict[str, list[str]], *args: str, timeout: float = 300) -> Run:
+    """One job (one launch) that trains every case in turn, each a ``parallel_run`` call of its own with
+    ``args`` and its own options, into ``<out>/<case>``: tests of the same layout share the cost of
+    starting the processes, and each still checks its own case (:meth:`Run.case`)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    spec = tmp_path / "cases.json"
+    spec.write_text(json.dumps(cases))
+    return run_script(tmp_path, resource_text, "--cases", str(spec), *args, timeout=timeout)
+
+
+class SharedJobs:
+    """The jobs a test module's cases share, by group: ``{group: (resource text, options of every case,
+    {case: its own options})}``. Each group's job runs once, when a test first asks for it (mark the
+    tests of a group with ``pytest.mark.xdist_group`` so one test worker runs them all)."""
+
+    def __init__(self, tmp_path_factory, groups: dict[str, tuple[str, list[str], dict[str, list[str]]]]) -> None:
+        self._factory = tmp_path_factory
+        self._groups = groups
+        self._runs: dict[str, Run] = {}
+
+    def case(self, group: str, case: str) -> Run:
+        if group not in self._runs:
+            resources, options, cases = self._groups[group]
+            self._runs[group] = run_cases(self._factory.mktemp(group), resources, cases, *options)
+        return self._runs[group].case(case)

@@ -10,7 +10,13 @@ import pytest
 
 from parallax.comm import horovod_available
 from tests.models import BUILDERS, DATA, train_single_device
-from tests.multiprocess.harness import TEST_BACKEND, assert_killed_rank_ended_the_job, leftover_processes, run_script
+from tests.multiprocess.harness import (
+    TEST_BACKEND,
+    SharedJobs,
+    assert_killed_rank_ended_the_job,
+    leftover_processes,
+    run_script,
+)
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -36,13 +42,35 @@ def check_ranks_match(run, expected, num_ranks):
             np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=f"rank {rank}: {name}")
 
 
-@pytest.mark.parametrize("num_ranks", [2, 3])
-@pytest.mark.parametrize("backend", BACKENDS)
+# The cases below that need nothing but their own options share one job per backend and rank count
+# (a parallel_run call each, one after the other in the same processes); each is still checked on its own.
+DEFAULT_BACKEND = TEST_BACKEND or "mpi"  # train_script.py's default: auto, which is mpi on CPUs
+MODELS = {model: ["--model", model, "--average_sparse"] for model in ("mlp", "embedding")}
+GROUPS = {f"{backend}-{n}": (resources(n), ["--backend", backend, "--steps", str(STEPS), "--batch", str(BATCH)],
+                             {**MODELS, **({"summed": ["--model", "embedding_only", "--optimizer", "gd"]}
+                                           if backend == DEFAULT_BACKEND else {}),
+                              **({"clip_mlp": ["--model", "mlp", "--clip", "0.05", "--average_sparse"],
+                                  "clip_embedding": ["--model", "embedding", "--clip", "0.05", "--average_sparse"],
+                                  "no_fusion_sequence": ["--model", "sequence", "--fusion_bytes", "0",
+                                                         "--average_sparse"]}
+                                 if (backend, n) == (DEFAULT_BACKEND, 2) else {})})
+          for backend in BACKENDS for n in (2, 3)}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    return SharedJobs(tmp_path_factory, GROUPS)
+
+
+def grouped(backend: str, num_ranks: int):
+    return pytest.param(backend, num_ranks, id=f"{backend}-{num_ranks}",
+                        marks=pytest.mark.xdist_group(f"mpi-{backend}-{num_ranks}"))
+
+
+@pytest.mark.parametrize("backend, num_ranks", [grouped(b, n) for b in BACKENDS for n in (2, 3)])
 @pytest.mark.parametrize("model", ["mlp", "embedding"])
-def test_every_rank_ends_with_the_single_device_variables(tmp_path, model, backend, num_ranks):
-    run = run_script(tmp_path, resources(num_ranks), "--model", model, "--backend", backend,
-                     "--steps", str(STEPS), "--batch", str(BATCH), "--average_sparse")
-    check_ranks_match(run, expected_values(model), num_ranks)
+def test_every_rank_ends_with_the_single_device_variables(jobs, model, backend, num_ranks):
+    check_ranks_match(jobs.case(f"{backend}-{num_ranks}", model), expected_values(model), num_ranks)
 
 
 @pytest.mark.parametrize("backend, run_option", [(TEST_BACKEND or "collective", "MPI"), ("mpi", "MPI"),
@@ -57,25 +85,25 @@ def test_use_allgatherv_sends_sparse_gradients_with_mpi_allgatherv(tmp_path, bac
         assert '"parallax_comm:mpi_allgatherv' in graph and '"parallax_comm:mpi_allgather"' not in graph
 
 
+@pytest.mark.xdist_group(f"mpi-{DEFAULT_BACKEND}-2")
 @pytest.mark.parametrize("model", ["mlp", "embedding"])
-def test_binding_clip_by_global_norm_matches_single_device(tmp_path, model):
-    run = run_script(tmp_path, resources(2), "--model", model, "--clip", "0.05", "--average_sparse")
+def test_binding_clip_by_global_norm_matches_single_device(jobs, model):
     expected = train_single_device(BUILDERS[model]("adam", clip=0.05), DATA[model](STEPS, BATCH))
-    check_ranks_match(run, expected, 2)
+    check_ranks_match(jobs.case(f"{DEFAULT_BACKEND}-2", f"clip_{model}"), expected, 2)
 
 
-def test_no_fusion_and_partitioned_sequence_model(tmp_path):
-    run = run_script(tmp_path, resources(2), "--model", "sequence", "--fusion_bytes", "0", "--average_sparse")
-    check_ranks_match(run, expected_values("sequence"), 2)
+@pytest.mark.xdist_group(f"mpi-{DEFAULT_BACKEND}-2")
+def test_no_fusion_and_partitioned_sequence_model(jobs):
+    check_ranks_match(jobs.case(f"{DEFAULT_BACKEND}-2", "no_fusion_sequence"), expected_values("sequence"), 2)
 
 
-@pytest.mark.parametrize("num_ranks", [2, 3])
-def test_sparse_gradients_are_summed_without_average_sparse(tmp_path, num_ranks):
+@pytest.mark.parametrize("num_ranks", [pytest.param(n, marks=pytest.mark.xdist_group(f"mpi-{DEFAULT_BACKEND}-{n}"))
+                                       for n in (2, 3)])
+def test_sparse_gradients_are_summed_without_average_sparse(jobs, num_ranks):
     """Seed semantics: the sum of the ranks' gradients, i.e. num_ranks x the union-batch mean."""
-    run = run_script(tmp_path, resources(num_ranks), "--model", "embedding_only", "--optimizer", "gd")
     expected = train_single_device(BUILDERS["embedding_only"]("gd", lr_scale=float(num_ranks)),
                                    DATA["embedding_only"](STEPS, BATCH))
-    check_ranks_match(run, expected, num_ranks)
+    check_ranks_match(jobs.case(f"{DEFAULT_BACKEND}-{num_ranks}", "summed"), expected, num_ranks)
 
 
 def test_a_killed_rank_ends_the_job_quickly_naming_rank_and_host(tmp_path):

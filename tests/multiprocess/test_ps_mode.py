@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.models import BUILDERS, DATA, train_single_device
-from tests.multiprocess.harness import assert_killed_rank_ended_the_job, run_script
+from tests.multiprocess.harness import SharedJobs, assert_killed_rank_ended_the_job, run_script
 from tests.multiprocess.test_mpi_mode import BATCH, STEPS, check_ranks_match, expected_values
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -24,37 +24,59 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("resources", [TWO_WORKERS, TWO_WORKERS_TWO_REPLICAS], ids=["2x1", "2x2"])
+# The cases below that need nothing but their own options share one job per resource file (a
+# parallel_run call each, one after the other in the same processes): each is still checked on its own.
+AVERAGED = ["--average_sparse"]
+GROUPS = {
+    "ps-2x1": (TWO_WORKERS, ["--run_option", "PS"], {
+        "mlp": ["--model", "mlp", *AVERAGED], "embedding": ["--model", "embedding", *AVERAGED],
+        "sequence": ["--model", "sequence", *AVERAGED], "clip": ["--model", "mlp", "--clip", "0.05"],
+        "summed": ["--model", "embedding_only", "--optimizer", "gd"]}),
+    "ps-2x2": (TWO_WORKERS_TWO_REPLICAS, ["--run_option", "PS"], {
+        "mlp": ["--model", "mlp", *AVERAGED], "embedding": ["--model", "embedding", *AVERAGED],
+        "boundaries_off": ["--model", "embedding", *AVERAGED, "--no_boundary_between", "--no_boundary_among",
+                           "--clip", "100"],
+        "no_replicated_variables": ["--model", "mlp", "--no_replicate_variables"],
+        "no_local_aggregation_mlp": ["--model", "mlp", *AVERAGED, "--no_local_aggregation"],
+        "no_local_aggregation_embedding": ["--model", "embedding", *AVERAGED, "--no_local_aggregation"]}),
+}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    return SharedJobs(tmp_path_factory, GROUPS)
+
+
+def in_group(group: str):
+    return pytest.mark.xdist_group(group)
+
+
+@pytest.mark.parametrize("group", [pytest.param(g, marks=in_group(g)) for g in GROUPS])
 @pytest.mark.parametrize("model", ["mlp", "embedding"])
-def test_sync_ps_equals_single_device(tmp_path, model, resources):
-    run = run_script(tmp_path, resources, "--run_option", "PS", "--model", model, "--average_sparse",
-                     "--steps", str(STEPS), "--batch", str(BATCH))
-    check_ranks_match(run, expected_values(model), 2)
+def test_sync_ps_equals_single_device(jobs, model, group):
+    check_ranks_match(jobs.case(group, model), expected_values(model), 2)
 
 
-def test_boundaries_off_give_the_same_result(tmp_path):
-    run = run_script(tmp_path, TWO_WORKERS_TWO_REPLICAS, "--run_option", "PS", "--model", "embedding",
-                     "--average_sparse", "--no_boundary_between", "--no_boundary_among", "--clip", "100")
+@in_group("ps-2x2")
+def test_boundaries_off_give_the_same_result(jobs):
     expected = train_single_device(BUILDERS["embedding"]("adam", clip=100.0), DATA["embedding"](STEPS, BATCH))
-    check_ranks_match(run, expected, 2)
+    check_ranks_match(jobs.case("ps-2x2", "boundaries_off"), expected, 2)
 
 
-def test_partitioned_sequence_model(tmp_path):
-    run = run_script(tmp_path, TWO_WORKERS, "--run_option", "PS", "--model", "sequence", "--average_sparse")
-    check_ranks_match(run, expected_values("sequence"), 2)
+@in_group("ps-2x1")
+def test_partitioned_sequence_model(jobs):
+    check_ranks_match(jobs.case("ps-2x1", "sequence"), expected_values("sequence"), 2)
 
 
-def test_without_replicated_variables_replicas_read_the_servers_and_the_result_is_the_same(tmp_path):
-    run = run_script(tmp_path, TWO_WORKERS_TWO_REPLICAS, "--run_option", "PS", "--model", "mlp",
-                     "--no_replicate_variables")
-    check_ranks_match(run, expected_values("mlp"), 2)
+@in_group("ps-2x2")
+def test_without_replicated_variables_replicas_read_the_servers_and_the_result_is_the_same(jobs):
+    check_ranks_match(jobs.case("ps-2x2", "no_replicated_variables"), expected_values("mlp"), 2)
 
 
+@in_group("ps-2x2")
 @pytest.mark.parametrize("model", ["mlp", "embedding"])
-def test_without_local_aggregation_each_replica_sends_and_the_result_is_the_same(tmp_path, model):
-    run = run_script(tmp_path, TWO_WORKERS_TWO_REPLICAS, "--run_option", "PS", "--model", model,
-                     "--average_sparse", "--no_local_aggregation")
-    check_ranks_match(run, expected_values(model), 2)
+def test_without_local_aggregation_each_replica_sends_and_the_result_is_the_same(jobs, model):
+    check_ranks_match(jobs.case("ps-2x2", f"no_local_aggregation_{model}"), expected_values(model), 2)
 
 
 def test_explicit_role_file_with_two_servers(tmp_path):
@@ -65,18 +87,18 @@ def test_explicit_role_file_with_two_servers(tmp_path):
     check_ranks_match(run, expected_values("embedding"), 2)
 
 
-def test_binding_clip_on_dense_gradients(tmp_path):
+@in_group("ps-2x1")
+def test_binding_clip_on_dense_gradients(jobs):
     """Clipping runs once, on the chief, on the sum of the workers' raw gradients."""
-    run = run_script(tmp_path, TWO_WORKERS, "--run_option", "PS", "--model", "mlp", "--clip", "0.05")
     expected = train_single_device(BUILDERS["mlp"]("adam", clip=0.05), DATA["mlp"](STEPS, BATCH))
-    check_ranks_match(run, expected, 2)
+    check_ranks_match(jobs.case("ps-2x1", "clip"), expected, 2)
 
 
-def test_sparse_gradients_are_summed_without_average_sparse(tmp_path):
-    run = run_script(tmp_path, TWO_WORKERS, "--run_option", "PS", "--model", "embedding_only", "--optimizer", "gd")
+@in_group("ps-2x1")
+def test_sparse_gradients_are_summed_without_average_sparse(jobs):
     expected = train_single_device(BUILDERS["embedding_only"]("gd", lr_scale=2.0),
                                    DATA["embedding_only"](STEPS, BATCH))
-    check_ranks_match(run, expected, 2)
+    check_ranks_match(jobs.case("ps-2x1", "summed"), expected, 2)
 
 
 def test_async_workers_make_progress_and_finish(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 
 from tests.idioms import IDIOM_DATA, IDIOMS
 from tests.models import train_single_device
-from tests.multiprocess.harness import ROOT, run_script
+from tests.multiprocess.harness import ROOT, SharedJobs, run_script
 from tests.multiprocess.test_mpi_mode import BATCH, STEPS, check_ranks_match
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -34,10 +34,13 @@ def expected(idiom: str) -> dict[str, np.ndarray]:
     return train_single_device(IDIOMS[idiom](OPTIMIZER.get(idiom, "adam")), IDIOM_DATA[idiom](STEPS, BATCH))
 
 
+def idiom_options(idiom: str) -> list[str]:
+    return ["--model", idiom, "--optimizer", OPTIMIZER.get(idiom, "adam")]
+
+
 def train(tmp_path, idiom: str, mode: str, resources: str, *extra: str):
-    return run_script(tmp_path, resources, "--model", idiom, "--run_option", mode, "--optimizer",
-                      OPTIMIZER.get(idiom, "adam"), "--average_sparse", "--steps", str(STEPS), "--batch", str(BATCH),
-                      *extra)
+    return run_script(tmp_path, resources, *idiom_options(idiom), "--run_option", mode, "--average_sparse",
+                      "--steps", str(STEPS), "--batch", str(BATCH), *extra)
 
 
 # HYBRID and AUTO run a graph without sparse gradients as MPI (docs/modes.md), so the dense-only
@@ -47,9 +50,22 @@ CASES = [(i, m) for i in IDIOMS if i not in ("everything", "dataset", "dataset_o
          for m in (MODES if i in SPARSE else ("PS", "MPI"))]
 
 
-@pytest.mark.parametrize("idiom, mode", CASES, ids=[f"{i}-{m}" for i, m in CASES])
-def test_each_idiom_in_two_processes_equals_single_device(tmp_path, idiom, mode):
-    check_ranks_match(train(tmp_path, idiom, mode, TWO[mode]), expected(idiom), 2)
+# One job of two processes per mode trains every idiom of that mode in turn (a parallel_run call each,
+# as a program that trains several models would); each idiom is still checked on its own.
+GROUPS = {f"tf1-{mode}": (TWO[mode], ["--run_option", mode, "--average_sparse", "--steps", str(STEPS),
+                                      "--batch", str(BATCH)], {i: idiom_options(i) for i, m in CASES if m == mode})
+          for mode in MODES}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    return SharedJobs(tmp_path_factory, GROUPS)
+
+
+@pytest.mark.parametrize("idiom, mode", [pytest.param(i, m, id=f"{i}-{m}", marks=pytest.mark.xdist_group(f"tf1-{m}"))
+                                         for i, m in CASES])
+def test_each_idiom_in_two_processes_equals_single_device(jobs, idiom, mode):
+    check_ranks_match(jobs.case(f"tf1-{mode}", idiom), expected(idiom), 2)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -50,7 +50,7 @@ class StepCounter(tf.compat.v1.train.SessionRunHook):
             f.write(f"{self.runs} {self.threads}")
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     p.add_argument("--resource_info", required=True)
     p.add_argument("--model", default="mlp")
@@ -89,8 +89,27 @@ def main() -> None:
     p.add_argument("--sess_threads", type=int, default=0, help="sess_config.intra_op_parallelism_threads")
     p.add_argument("--count_hook", action="store_true", help="a user hook counts the steps of every worker")
     p.add_argument("--out", required=True)
-    args = p.parse_args()
+    p.add_argument("--cases", default=None, help="a JSON file {name: [options...]}: train each case in turn, one "
+                   "parallel_run call each, with these options added, into <out>/<name>")
+    return p
 
+
+def main() -> None:
+    p = parser()
+    args = p.parse_args()
+    if not args.cases:
+        train(args)
+        return
+    with open(args.cases) as f:
+        cases = json.load(f)
+    common = sys.argv[1:]
+    for name, extra in cases.items():  # one job of processes, several training jobs one after the other
+        case = p.parse_args(common + extra)
+        case.out = os.path.join(args.out, name)
+        train(case)
+
+
+def train(args: argparse.Namespace) -> None:
     builder = BUILDERS[args.model]
     model = builder(args.optimizer, clip=args.clip) if args.clip else builder(args.optimizer)
     mpi = parallax.MPIConfig(backend=args.backend, use_allgatherv=args.use_allgatherv,
