@@ -1,8 +1,11 @@
 """The ``collective`` backend: TensorFlow's own collective ops.
 
-Ops added (under the caller's name scope), all in group 1 of
-``num_workers`` members, with instance keys numbered in the order the
-gradients come (sorted by variable name), identical on every worker:
+Ops added (under the caller's name scope), all in one group of
+``num_workers`` members whose key comes from the plan (:attr:`CommSpec.job_key`,
+so that a later job of the same processes, whose collectives differ, never
+meets the instances a TensorFlow server remembers from an earlier one), with
+instance keys numbered in the order the gradients come (sorted by variable
+name), identical on every worker:
 
 * ``CollectiveReduceV2`` (merge ``Add``) per dense gradient;
 * per sparse gradient: ``CollectiveGatherV2`` of each worker's row count,
@@ -22,9 +25,8 @@ from tensorflow.core.protobuf import config_pb2
 
 from parallax.comm.base import Backend, ProcessComms
 
-__all__ = ["CollectiveBackend", "GROUP_KEY", "TIMEOUT_SECONDS"]
+__all__ = ["CollectiveBackend", "TIMEOUT_SECONDS"]
 
-GROUP_KEY = 1
 TIMEOUT_SECONDS = 120.0
 
 
@@ -51,7 +53,7 @@ class CollectiveBackend(Backend):
 
     def _common(self):
         return dict(group_size=tf.constant(self.num_workers, name="group_size"),
-                    group_key=tf.constant(GROUP_KEY, name="group_key"),
+                    group_key=tf.constant(1 + self.spec.job_key, name="group_key"),
                     instance_key=self._next_key(), ordering_token=[],
                     communication_hint=self._hint, timeout_seconds=TIMEOUT_SECONDS)
 

@@ -42,6 +42,9 @@ class CommSpec:
         use_allgatherv: all-gather sparse gradients with MPI ``Allgatherv``
             whatever the backend.
         gpu: the replicas are GPUs (collectives use NCCL).
+        job_key: a number that tells this job's collectives from those of
+            another job of the same processes (0 until the plan sets it from
+            its contents, see :func:`parallax.plan.policies.build_plan`).
     """
 
     backend: str = "mpi"
@@ -50,6 +53,7 @@ class CommSpec:
     fusion_bytes: int = 64 * 1024 * 1024
     use_allgatherv: bool = False
     gpu: bool = False
+    job_key: int = 0
 
     def __post_init__(self) -> None:
         if not self.gather_backend:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -245,9 +247,12 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
         variables.append(VariablePlacement(v.name, v.shape, v.dtype, v.trainable, ref, aggregation, c.sync,
                                            placement.get(v.name), c.density, c.density_source,
                                            partition_of(v.name), cost))
-    return Plan(run_option=run_option, sync=sync, workers=worker_plans, variables=tuple(variables),
+    plan = Plan(run_option=run_option, sync=sync, workers=worker_plans, variables=tuple(variables),
                 train_ops=analysis.train_ops, notes=tuple(notes) + more_notes, comm=comm or CommSpec(),
                 server_devices=tuple(server_devices), ps=ps)
+    # every process of the job computes the same key from the same plan; another job's plan, another key
+    key = zlib.crc32(json.dumps(plan.to_dict(), sort_keys=True).encode()) % (1 << 30)
+    return replace(plan, comm=replace(plan.comm, job_key=key))
 
 
 def _server_group(analysis: GraphAnalysis, name: str) -> str:
