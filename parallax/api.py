@@ -140,6 +140,7 @@ def _run_launched(launched: LaunchedProcess, job: JobPlan, settings: Settings, c
                   meta_graph: meta_graph_pb2.MetaGraphDef) -> tuple | int:
     """A process the launcher started: check it plans the launcher's job, then take its part."""
     _check_same_job(launched, job, settings, cluster.source)
+    check_local_devices(job, settings, cluster.source)
     if settings.search_partitions:
         code = search.partition_search(graph, _text(cluster.source), settings, launched, launching=False)
         if code is not None:

@@ -82,11 +82,13 @@ class ProcessSetup:
 
 
 def check_local_devices(job: JobPlan, settings: Settings, source: str) -> None:
-    """Refuse GPUs the job plan gives a process on this machine that this machine does not have.
+    """Refuse GPUs the job plan gives a process on this machine that this machine does not have
+    (checked where the job starts, and again in each launched process, on its own host).
 
     Raises:
         LaunchError: naming the resource file's line.
     """
+    gpus = len(tf.config.list_physical_devices("GPU"))  # this machine's, whatever the launcher assumed
     for p in job.processes:
         if p.host not in settings.local_hosts:
             continue
@@ -94,9 +96,9 @@ def check_local_devices(job: JobPlan, settings: Settings, source: str) -> None:
         ids = [int(i) for i in p.visible_gpus.split(",")] if p.visible_gpus else \
             [d.index for d in p.devices if d.kind == "gpu"]
         for gpu in ids:
-            if gpu >= settings.gpus:
+            if gpu >= gpus:
                 raise LaunchError(
-                    f"{source}, line {p.line}: lists GPU {gpu} of {p.host}, but TensorFlow sees {settings.gpus} "
+                    f"{source}, line {p.line}: lists GPU {gpu} of {p.host}, but TensorFlow sees {gpus} "
                     f"GPU(s) on this machine. For replicas on the CPU write cpu:<n> ids, e.g. "
                     f"\"{p.host}: cpu:0,cpu:1\"")
 
