@@ -35,7 +35,12 @@ from parallax.errors import RewriteError
 from parallax.plan.model import Plan, TaskSpec, VariablePlacement
 from parallax.rewrite.classify import classify
 from parallax.rewrite.graph_ops import add_nodes, format_input, node_map, parse_input
-from parallax.rewrite.names import AGGREGATE_PREFIX, replica_tensor_name
+from parallax.rewrite.names import (
+    AGGREGATE_PREFIX,
+    aggregate_scope,
+    aggregate_step_scope,
+    replica_tensor_name,
+)
 
 __all__ = ["aggregate_gradients", "build_subgraph"]
 
@@ -99,7 +104,7 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
         for var in layout.variables:
             start, end = layout.slices[var.name]
             ins = inputs[start:end]
-            with tf.name_scope(f"{AGGREGATE_PREFIX}/{var.name}/local/"):
+            with tf.name_scope(aggregate_scope(var.name) + "local/"):
                 if var.sparse:
                     values, indices = ins[:num_local], ins[num_local:]
                     local[var.name] = (_concat(values), _concat(indices))
@@ -123,7 +128,7 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
 
         dense = [v for v in layout.variables if v.sync == "allreduce"]
         if dense:
-            with tf.name_scope(f"{AGGREGATE_PREFIX}/allreduce/"):
+            with tf.name_scope(aggregate_step_scope("allreduce")):
                 summed = backend(plan.comm.backend).allreduce_sum(
                     [t for v in dense for t in _densified(v, local[v.name])])
             position = 0
@@ -136,23 +141,23 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
                     position += 1
         sparse = [v for v in layout.variables if v.sync == "allgather"]
         if sparse:
-            with tf.name_scope(f"{AGGREGATE_PREFIX}/allgather/"):
+            with tf.name_scope(aggregate_step_scope("allgather")):
                 gathered = backend(plan.comm.gather_backend).allgather([local[v.name] for v in sparse])
             for v, pair in zip(sparse, gathered):
                 crossed[v.name] = pair
         host_vars = [v for v in layout.variables if v.sync == "ps" and v.sparse and plan.ps.host_aggregation]
         if host_vars:
-            with tf.name_scope(f"{AGGREGATE_PREFIX}/host/"):
+            with tf.name_scope(aggregate_step_scope("host")):
                 gathered = backend(plan.comm.host_backend, group="host").allgather(
                     [local[v.name] for v in host_vars])
             for v, (values, indices) in zip(host_vars, gathered):
-                with tf.name_scope(f"{AGGREGATE_PREFIX}/{v.name}/merge/"):
+                with tf.name_scope(aggregate_scope(v.name) + "merge/"):
                     unique, position = tf.unique(indices)
                     crossed[v.name] = (tf.math.unsorted_segment_sum(values, position, tf.size(unique)), unique)
         outputs = []
         for var in layout.variables:
             total = plan.num_replicas if var.sync != "local" else num_local
-            with tf.name_scope(f"{AGGREGATE_PREFIX}/{var.name}/"):
+            with tf.name_scope(aggregate_scope(var.name)):
                 first = _scaled(crossed[var.name][0], var, total)
                 if var.sparse:
                     outputs.append(tf.identity(first, name="values"))
@@ -187,7 +192,7 @@ def _densified(var: VariablePlacement, local: tuple) -> list[tf.Tensor]:
     if rows is None:
         raise RewriteError(f'cannot all-reduce the sparse gradient of "{var.name}" as a dense one: its first '
                            'dimension is unknown; use sync "allgather" or "ps" for it')
-    with tf.name_scope(f"{AGGREGATE_PREFIX}/{var.name}/densify/"):
+    with tf.name_scope(aggregate_scope(var.name) + "densify/"):
         dense = tf.math.unsorted_segment_sum(values, indices, rows)
         touched = tf.math.unsorted_segment_sum(tf.ones_like(indices, dtype=values.dtype), indices, rows)
     return [dense, touched]
@@ -195,7 +200,7 @@ def _densified(var: VariablePlacement, local: tuple) -> list[tf.Tensor]:
 
 def _resparsified(var: VariablePlacement, dense: tf.Tensor, touched: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """The rows some replica touched, as values and indices again (each row once)."""
-    with tf.name_scope(f"{AGGREGATE_PREFIX}/{var.name}/resparsify/"):
+    with tf.name_scope(aggregate_scope(var.name) + "resparsify/"):
         indices = tf.reshape(tf.where(touched > 0), [-1])
         values = tf.gather(dense, indices)
         return values, tf.cast(indices, tf.dtypes.as_dtype(var.gradient.indices_dtype))

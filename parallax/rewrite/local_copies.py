@@ -27,7 +27,7 @@ from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.aggregate import build_subgraph
 from parallax.rewrite.classify import classify
 from parallax.rewrite.graph_ops import add_nodes
-from parallax.rewrite.names import LOCAL_COPY_PREFIX, REPLICA_PREFIX, copy_replica
+from parallax.rewrite.names import REPLICA_PREFIX, copy_replica, local_copy_scope
 
 __all__ = ["use_local_copies"]
 
@@ -73,7 +73,7 @@ def use_local_copies(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: 
     def builder(handles):
         outputs = []
         for (name, r), handle in zip(keys, handles):
-            scope = f"{LOCAL_COPY_PREFIX}/replica_{r}/{name}"
+            scope = local_copy_scope(name, r)
             with tf.name_scope(f"{scope}/"):  # every op under the copy's own scope: no clash with the graph
                 initial = tf.zeros(shape_of[name], dtype_of[name], name="initial_value")
             copy = tf.compat.v1.Variable(initial, trainable=False, use_resource=True, name=scope,
@@ -86,7 +86,7 @@ def use_local_copies(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: 
         return outputs
 
     nodes, names = build_subgraph(builder, [tf.resource] * len(keys), [name for name, _ in keys], "")
-    devices = {f"{LOCAL_COPY_PREFIX}/replica_{r}/{name}": worker.replica_devices[r] for name, r in keys}
+    devices = {local_copy_scope(name, r): worker.replica_devices[r] for name, r in keys}
     for node in nodes:
         owner = next((scope for scope in devices if node.name == scope or node.name.startswith(scope + "/")), None)
         if owner is not None and not node.name.endswith("/server_value"):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 __all__ = ["REPLICA_PREFIX", "replica_op_name", "copy_replica", "replica_tensor_name", "aggregate_scope",
            "replica_frame_name", "replica_function_name", "aggregate_outputs", "SYNC_PREFIX", "LOCAL_COPY_PREFIX",
-           "sync_scope", "unsynchronised_train_op"]
+           "sync_scope", "unsynchronised_train_op", "aggregate_step_scope", "variable_sync_scope", "local_copy_scope",
+           "is_parallax_op"]
 
 REPLICA_PREFIX = "parallax_replica_"
 AGGREGATE_PREFIX = "parallax_aggregate"
@@ -86,6 +87,42 @@ def aggregate_outputs(variable: str, sparse: bool, replica: int | None = None) -
     if sparse:
         return (f"{scope}values{suffix}:0", f"{scope}indices{suffix}:0")
     return (f"{scope}grad{suffix}:0",)
+
+
+def aggregate_step_scope(what: str) -> str:
+    """The name scope of one cross-worker step of the aggregation (``allreduce``, ``allgather``, ``host``).
+
+    >>> aggregate_step_scope("allreduce")
+    'parallax_aggregate/allreduce/'
+    """
+    return f"{AGGREGATE_PREFIX}/{what}/"
+
+
+def variable_sync_scope(variable: str) -> str:
+    """The name scope of the PS protocol ops of one variable (its accumulator, apply and take).
+
+    >>> variable_sync_scope("emb")
+    'parallax_sync/emb/'
+    """
+    return f"{SYNC_PREFIX}/{variable}/"
+
+
+def local_copy_scope(variable: str, replica: int) -> str:
+    """The name of replica ``replica``'s local copy of server variable ``variable``.
+
+    >>> local_copy_scope("dense/kernel", 1)
+    'parallax_local/replica_1/dense/kernel'
+    """
+    return f"{LOCAL_COPY_PREFIX}/replica_{replica}/{variable}"
+
+
+def is_parallax_op(name: str) -> bool:
+    """Whether op ``name`` was made by the aggregation or the PS protocol.
+
+    >>> is_parallax_op("parallax_sync/emb/take"), is_parallax_op("dense/MatMul")
+    (True, False)
+    """
+    return name.startswith((f"{AGGREGATE_PREFIX}/", f"{SYNC_PREFIX}/"))
 
 
 def sync_scope(train_op: str) -> str:

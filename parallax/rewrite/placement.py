@@ -35,7 +35,7 @@ from tensorflow.python.framework import tensor_util
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.classify import classify
 from parallax.rewrite.graph_ops import add_nodes, colocated_with, consumers, descendants, parse_input
-from parallax.rewrite.names import AGGREGATE_PREFIX, SYNC_PREFIX, copy_replica
+from parallax.rewrite.names import copy_replica, is_parallax_op
 
 __all__ = ["place_variables"]
 
@@ -143,7 +143,7 @@ def _place_boundary_ops(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, dev
     cons = consumers(meta_graph.graph_def)
     nodes = {n.name: n for n in meta_graph.graph_def.node}
     for name in sorted(classify(meta_graph.graph_def, plan).update_path):
-        if name in device_of or name in update_ops or name.startswith((f"{AGGREGATE_PREFIX}/", f"{SYNC_PREFIX}/")):
+        if name in device_of or name in update_ops or is_parallax_op(name):
             continue
         fed = sorted({update_ops[d] for d in descendants(cons, [name]) if d in update_ops})
         if fed:

@@ -68,7 +68,14 @@ from parallax.rewrite.graph_ops import (
     parse_input,
     written_variable,
 )
-from parallax.rewrite.names import SYNC_PREFIX, aggregate_outputs, sync_scope, unsynchronised_train_op
+from parallax.rewrite.names import (
+    SYNC_PREFIX,
+    aggregate_outputs,
+    is_parallax_op,
+    sync_scope,
+    unsynchronised_train_op,
+    variable_sync_scope,
+)
 
 __all__ = ["add_ps_sync", "variables_by_train_op"]
 
@@ -176,7 +183,7 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
         applies, takes = [], []
         position = 0
         for v in variables:
-            scope = f"{SYNC_PREFIX}/{v.name}/"
+            scope = variable_sync_scope(v.name)
             with tf.name_scope(scope):
                 dtype = tf.dtypes.as_dtype(v.gradient.dtype)
                 shape = tf.TensorShape([d for d in v.shape])
@@ -246,7 +253,7 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
                 rewire[original] = format_input(op, index, False)
                 position += 1
         for node in out.graph_def.node:
-            if node.name.startswith(("parallax_aggregate/", f"{SYNC_PREFIX}/")):
+            if is_parallax_op(node.name):
                 continue
             for i, text in enumerate(node.input):
                 op, index, control = parse_input(text)
