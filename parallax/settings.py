@@ -44,7 +44,6 @@ class Timeouts:
             exit before aborting (``PARALLAX_FINISH_TIMEOUT``).
         stall: ``Config.stall_timeout``: seconds before a waiting process is
             reported (``None``: no stall check).
-        collective: seconds a TF collective op may wait for its peers.
         server_start_attempts: tries to start the TensorFlow servers (a port
             picked free may be taken before it is bound).
     """
@@ -54,7 +53,6 @@ class Timeouts:
     ready_poll: float = 0.2
     finish: float = 60.0
     stall: float | None = 30.0
-    collective: float = 120.0
     server_start_attempts: int = 3
 
 
