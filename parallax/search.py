@@ -164,15 +164,13 @@ def run_script_again() -> None:
         runpy.run_path(sys.argv[0], run_name="__main__")
 
 
-def search(start: int, max_rows: int, agree, between_trials, report: bool = True
-           ) -> tuple[int, dict[int, float], float]:
+def search(start: int, max_rows: int, agree, report: bool = True) -> tuple[int, dict[int, float], float]:
     """Run the trials (see the module docstring).
 
     Args:
         start: the smallest partition count.
         max_rows: the most rows of a partitioned variable (no count above it).
         agree: ``f(seconds or None) -> seconds``: the trial's time agreed by every worker.
-        between_trials: called after each trial (closes what it left, resets servers).
         report: log each trial's time (one process of the job does).
 
     Returns:
@@ -194,7 +192,6 @@ def search(start: int, max_rows: int, agree, between_trials, report: bool = True
             _TRIAL.reset(token)
             if trial.session is not None:
                 trial.session.close()
-            between_trials()
         seconds = agree(trial.median())
         if seconds is None:
             raise RuntimeError("search_partitions: the training script ran no timed step in a trial "
@@ -308,7 +305,7 @@ def partition_search(graph, resource_text: str, settings, launched, launching: b
 
     # each trial, and the final run, is a later parallel_run call of this process: the chief clears the
     # servers before it starts (parallax.roles)
-    best, results, seconds = search(start, rows, agree, lambda: None, report=comm is None or comm.rank == 0)
+    best, results, seconds = search(start, rows, agree, report=comm is None or comm.rank == 0)
     if comm is None or comm.rank == 0:
         path = store_count(key, best, results, seconds)
         logger.warning("Parallax: partition search chose %d partitions (%s) in %.1f s; stored in %s", best,
