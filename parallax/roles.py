@@ -115,11 +115,9 @@ def role_setup(job: JobPlan, settings: Settings, launched: LaunchedProcess) -> P
     if job.layout == "MPI":
         return _allreduce_worker(job, settings, launched, process)
     # PS and HYBRID: every rank splits the workers' communicators first (an MPI collective)
-    comms = launched.worker_comms()
-    server = launched.server(lambda: _start_job_server(job, settings, launched, process))
+    comms = launched.split_comms()
+    server = launched.server(lambda: _start_job_server(job, settings, launched, process), chief=process.index == 0)
     launched.exit_together("barrier", settings.timeouts.finish)  # servers wait for the workers
-    if process.role == "worker" and launched.calls > 1:
-        launched.fresh_servers(chief=process.index == 0)
     if process.role == "ps":
         launched.heartbeat("serve")
         logger.info("Parallax: parameter server %d serving on %s", process.index, process.host)
@@ -141,9 +139,8 @@ def _allreduce_worker(job: JobPlan, settings: Settings, launched: LaunchedProces
     beat = launched.heartbeat("start", "initialising the variables and taking rank 0's values")
     server = None
     if job.servers:  # the all-reduce backend needs TensorFlow servers (collectives)
-        server = launched.server(lambda: _start_job_server(job, settings, launched, process, GROUP_LEADER))
-        if launched.calls > 1:
-            launched.fresh_servers(chief=process.rank == 0)
+        server = launched.server(lambda: _start_job_server(job, settings, launched, process, GROUP_LEADER),
+                                 chief=process.rank == 0)
     return ProcessSetup(process, len(job.workers), server=server, broadcast=True,
                         comms=ProcessComms(group_leader=GROUP_LEADER if server is not None else None),
                         heartbeat=beat)

@@ -63,13 +63,25 @@ class LaunchedProcess:
     def spec(self) -> RankSpec:
         return self.context.spec
 
-    def server(self, start: Callable[[], Any]) -> Any:
-        """This process's TensorFlow server: ``start()`` the first time, the same server after."""
+    def server(self, start: Callable[[], Any], chief: bool = False) -> Any:
+        """This process's TensorFlow server: ``start()`` the first time, the same server after.
+
+        On a later ``parallel_run`` call of a worker, once every worker is done with the previous
+        job, the ``chief`` clears what that job left on the servers (variables, queues, accumulators).
+        """
         if self._server is None:
             self._server = start()
+        elif self.calls > 1 and self.spec.role == "worker":
+            comm = self.workers_comm()
+            comm.Barrier()
+            if chief:
+                import tensorflow as tf
+
+                tf.compat.v1.Session.reset(self._server.target)
+            comm.Barrier()
         return self._server
 
-    def worker_comms(self) -> tuple[Any, Any]:
+    def split_comms(self) -> tuple[Any, Any]:
         """The MPI communicators of the job's workers and of this host's workers (``None`` on a
         server); made once, by every rank of the job together (an MPI collective)."""
         if self._comms is None:
@@ -85,7 +97,7 @@ class LaunchedProcess:
     def workers_comm(self) -> Any:
         """The communicator of the job's workers (``COMM_WORLD`` when every rank is one)."""
         if self.context.job.get("layout") in ("PS", "HYBRID"):
-            return self.worker_comms()[0]
+            return self.split_comms()[0]
         from mpi4py import MPI
 
         return MPI.COMM_WORLD
@@ -108,19 +120,6 @@ class LaunchedProcess:
                 raise LaunchError(f"parallel_run call {number + 1}: workers {others} made another job plan from "
                                   "their graph than worker 0: every process must build the same graph")
         return number
-
-    def fresh_servers(self, chief: bool) -> None:
-        """Before a later call's session: when every worker is done with the previous job, the chief
-        clears what it left on the job's TensorFlow servers (variables, queues, accumulators)."""
-        if self._server is None:
-            return
-        comm = self.workers_comm()
-        comm.Barrier()
-        if chief:
-            import tensorflow as tf
-
-            tf.compat.v1.Session.reset(self._server.target)
-        comm.Barrier()
 
     def heartbeat(self, state: str, where: str = "") -> Any:
         """This process's heartbeat to the stall monitor, now in ``state`` waiting ``where``."""
