@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from parallax.rewrite.graph_ops import ancestors, node_map, parse_input
 from parallax.rewrite.names import replica_op_name, replica_tensor_name
 
 __all__ = ["ParallaxSession"]
@@ -42,11 +43,15 @@ class ParallaxSession:
         waits: where a step waits for other processes, for the stall check.
         on_close: what to undo when the session closes (bindings of the
             communication backends, a tee of the output), in order.
+        after_steps: training op -> op to run, past the hooks, after every
+            ``run`` that ran it (the PS chief's release of the other workers,
+            :func:`parallax.rewrite.names.release_op`).
     """
 
     def __init__(self, session: Any, graph: tf.Graph, single_graph: tf.Graph | None,
                  replicated: frozenset[str], num_replicas: int, profiler: Any = None, heartbeat: Any = None,
-                 waits: str = "", on_close: tuple[Callable[[], None], ...] = ()) -> None:
+                 waits: str = "", on_close: tuple[Callable[[], None], ...] = (),
+                 after_steps: Mapping[str, str] | None = None) -> None:
         self._session = session
         self._graph = graph
         self._single_graph = single_graph
@@ -58,6 +63,9 @@ class ParallaxSession:
         self._waits = waits
         self._elements: dict[str, Any] = {}  # name -> op or tensor of the (finalized) rewritten graph
         self._on_close = list(on_close)
+        self._after_steps = dict(after_steps or {})
+        self._afters: dict[tuple[str, ...], list[Any]] = {}  # targets -> what runs after them
+        self._node_map: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ #
     @property
@@ -110,6 +118,9 @@ class ParallaxSession:
             with self._graph.as_default():  # hooks (checkpoint saving) build and run ops in graph mode
                 values = run(options, run_metadata) if self._profiler is None else \
                     self._profiler.run(run, options, run_metadata, self._global_step())
+                after = self._after(names)
+                if after:
+                    self._run_past_hooks(after)
         finally:
             if self._heartbeat is not None:
                 self._heartbeat.step_done()
@@ -156,10 +167,32 @@ class ParallaxSession:
         if self._step_tensor is False:
             with self._graph.as_default():
                 self._step_tensor = tf.compat.v1.train.get_global_step(self._graph)
-        raw = getattr(self._session, "_tf_sess", None)
-        if self._step_tensor is None or raw is None:
+        if self._step_tensor is None:
             return None
-        return int(raw().run(self._step_tensor))
+        return int(self._run_past_hooks(self._step_tensor))
+
+    def _run_past_hooks(self, fetches: Any) -> Any:
+        """Run ``fetches`` on the TensorFlow session without the hooks (it is no step of the program's)."""
+        step_fn = getattr(self._session, "run_step_fn", None)  # a MonitoredSession's hook-free door
+        if step_fn is None:
+            return self._session.run(fetches)
+        return step_fn(lambda step_context: step_context.session.run(fetches))  # TF checks the name
+
+    def _after(self, targets: list[str]) -> list[Any]:
+        """The ``after_steps`` ops of the training ops that a run of ``targets`` runs."""
+        if not self._after_steps:
+            return []
+        key = tuple(targets)
+        found = self._afters.get(key)
+        if found is None:
+            ran = ancestors(self._nodes(), {parse_input(t)[0] for t in targets})
+            found = self._afters[key] = [self._element(op) for t, op in self._after_steps.items() if t in ran]
+        return found
+
+    def _nodes(self) -> dict[str, Any]:
+        if self._node_map is None:
+            self._node_map = node_map(self._graph.as_graph_def())
+        return self._node_map
 
     def should_stop(self) -> bool:
         """Whether the underlying monitored session asks to stop."""

@@ -27,6 +27,7 @@ from parallax.logs import log as logger
 from parallax.plan import TaskSpec
 from parallax.profiling import Profiler
 from parallax.rewrite.classify import classify
+from parallax.rewrite.names import release_op
 from parallax.rewrite.pipeline import rewrite_for_task, wait_points
 from parallax.rewrite.replicate import shard_op_names
 from parallax.session import ParallaxSession
@@ -163,8 +164,15 @@ def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: t
     wrapper = ParallaxSession(session, dist_graph, graph, replicated, len(process.devices),
                               profiler=Profiler.from_config(settings.profile, task.worker_index),
                               heartbeat=setup.heartbeat,
-                              waits=wait_points(plan, task), on_close=tuple(releases))
+                              waits=wait_points(plan, task), on_close=tuple(releases),
+                              after_steps=_after_steps(plan, dist_graph))
     return wrapper, setup.num_workers, task.worker_index, len(process.devices)
+
+
+def _after_steps(plan, graph: tf.Graph) -> dict[str, str]:
+    """The PS chief's releases, by training op: what its session runs after a step (see rewrite/ps_sync.py)."""
+    names = {t: release_op(t) for t in plan.train_ops}
+    return {t: op for t, op in names.items() if op in {o.name for o in graph.get_operations()}}
 
 
 def _start_session(meta: meta_graph_pb2.MetaGraphDef, config: config_pb2.ConfigProto, setup: ProcessSetup,

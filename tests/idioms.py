@@ -9,7 +9,11 @@ idiom, as a small single-device graph in a fresh ``tf.Graph``:
   ``tf.group(apply_op, *update_ops)``
 * ``deps_update_ops``: the other spelling, ``with tf.control_dependencies(update_ops): minimize``
 * ``ema``: an ``ExponentialMovingAverage`` of the weights applied under
-  ``tf.control_dependencies([apply_op])``
+  ``tf.control_dependencies([apply_op])``; ``slow_ema`` the same with a
+  pause (a ``tf.numpy_function``) between the update and the EMA on the chief
+  only (``PAUSE``; a program sets it per process), as a slow host callback or a
+  busy machine would make it: another worker that reads the shadows right after
+  its step must still see the chief's whole step
 * ``scoped``: the optimizer built inside ``tf.variable_scope("model")`` on a
   partitioned embedding (slots named ``model/model/emb/part_0/Adagrad``), no
   global step
@@ -39,13 +43,17 @@ are split in equal parts, one per replica.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.training import moving_averages  # what tf.compat.v1.layers' batch norm uses
 
 from tests.models import FEATURES, VOCAB, Model, _init, batches
 
-__all__ = ["IDIOMS", "IDIOM_DATA"]
+__all__ = ["IDIOMS", "IDIOM_DATA", "PAUSE"]
+
+PAUSE = {"seconds": 0.0}  # how long slow_ema's pause sleeps in this process
 
 
 _FORWARD_READS = "idioms_forward_reads"
@@ -113,7 +121,7 @@ def build_update_ops(optimizer: str = "adam", deps: bool = False) -> Model:
     return Model(graph, {"x": x, "y": y}, loss, train_op)
 
 
-def build_ema(optimizer: str = "momentum") -> Model:
+def build_ema(optimizer: str = "momentum", pause: bool = False) -> Model:
     graph = tf.Graph()
     with graph.as_default():
         x, y = _mlp_inputs()
@@ -121,7 +129,12 @@ def build_ema(optimizer: str = "momentum") -> Model:
         step = tf.compat.v1.train.get_or_create_global_step()
         apply_op = _optimizer(optimizer).minimize(loss, global_step=step)
         ema = tf.compat.v1.train.ExponentialMovingAverage(0.9, num_updates=step)
-        with tf.control_dependencies([apply_op]):
+        after = [apply_op]
+        if pause:
+            with tf.control_dependencies([apply_op]):
+                after = [tf.numpy_function(lambda: np.float32(time.sleep(PAUSE["seconds"]) or 0.0), [],
+                                           tf.float32, name="pause")]
+        with tf.control_dependencies(after):
             train_op = ema.apply(tf.compat.v1.trainable_variables())
     return Model(graph, {"x": x, "y": y}, loss, train_op)
 
@@ -328,6 +341,7 @@ IDIOMS = {
     "update_ops": build_update_ops,
     "deps_update_ops": lambda optimizer="adam": build_update_ops(optimizer, deps=True),
     "ema": build_ema,
+    "slow_ema": lambda optimizer="momentum": build_ema(optimizer, pause=True),
     "scoped": build_scoped,
     "two_optimizers": build_two_optimizers,
     "alternating": build_alternating,

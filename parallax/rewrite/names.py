@@ -143,3 +143,13 @@ def unsynchronised_train_op(train_op: str) -> str:
     'parallax_sync/step/Adam/unsynchronised'
     """
     return f"{sync_scope(train_op)}unsynchronised"
+
+
+def release_op(train_op: str) -> str:
+    """The chief's op that releases the other workers after a step that ran ``train_op``
+    (the session runs it once the whole step, EMA and moving statistics included, is done).
+
+    >>> release_op("Adam")
+    'parallax_sync/step/Adam/release'
+    """
+    return f"{sync_scope(train_op)}release"

@@ -15,13 +15,16 @@ names that every worker computes alike:
   then read instead of the local gradient;
 * for every training op ``<t>`` (the op an optimizer's ``apply_gradients``
   returns) that updates server variables, under ``parallax_sync/step/<t>/``:
-  ``token_<w>``, one FIFO queue per other worker ``w`` on server 0. After the
-  update the chief puts one token in each (``release_<w>``); worker ``w``
-  takes its token (``wait``) before it may start the next step;
+  ``token_<w>``, one FIFO queue per other worker ``w`` on server 0. On the
+  chief, ``release`` puts one token in each (``release_<w>``); the session
+  (:class:`parallax.session.ParallaxSession`) runs it after every ``run`` that
+  ran ``<t>``, so the whole step (the update and what the program runs after
+  it: an EMA, moving statistics, the hooks) is done before anyone goes on.
+  Worker ``w`` takes its token (``wait``) at the end of its own step;
 * the training op itself is renamed ``parallax_sync/step/<t>/unsynchronised``
   and a new op takes its name ``<t>``: on the chief, the original training op
-  and then the releases; elsewhere, the gradient applies and then this
-  worker's token. Every op the program built on the training op
+  (which waits for every worker's gradient); elsewhere, the gradient applies
+  and then this worker's token. Every op the program built on the training op
   (``tf.group(train_op, *update_ops)``, an ``ExponentialMovingAverage`` under
   ``control_dependencies([train_op])``, a fetch by name) therefore runs the
   protocol; nothing is substituted at fetch time.
@@ -218,9 +221,11 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
                                             name=f"token_{w}") for w in range(1, num_workers)
                       if chief or w == task.worker_index}
             if chief:
-                with tf.control_dependencies([original.op]):
-                    releases = [q.enqueue(tf.constant(0, tf.int64), name=f"release_{w}") for w, q in queues.items()]
-                done = tf.group(original.op, *releases, name="synchronised")
+                # Released by the session after the whole step (see release_op), not here: an op run
+                # after the update (an EMA, moving statistics) must be done when the others go on.
+                tf.group(*[q.enqueue(tf.constant(0, tf.int64), name=f"release_{w}") for w, q in queues.items()],
+                         name="release")
+                done = tf.group(original.op, name="synchronised")
             else:
                 # Mixed plans: this worker also runs the training op, for its own copies of
                 # the all-reduced variables (the server variables' updates are taken out).

@@ -20,7 +20,7 @@ from tests.multiprocess.test_mpi_mode import BATCH, STEPS, check_ranks_match
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
-OPTIMIZER = {"scoped": "adagrad", "ema": "momentum", "everything": "adagrad", "lm1b": "adagrad"}
+OPTIMIZER = {"scoped": "adagrad", "ema": "momentum", "slow_ema": "momentum", "everything": "adagrad", "lm1b": "adagrad"}
 # (resource file, number of worker processes) per mode: two worker processes each; HYBRID and
 # PS add a parameter server when some variable goes to one.
 TWO = {"PS": "localhost: cpu:0\nlocalhost: cpu:1\n", "MPI": "localhost: cpu:0,cpu:1\n",

@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import parallax  # noqa: E402
-from tests.idioms import IDIOM_DATA, IDIOMS  # noqa: E402
+from tests.idioms import IDIOM_DATA, IDIOMS, PAUSE  # noqa: E402
 from tests.models import BUILDERS, DATA  # noqa: E402
 
 BUILDERS = {**BUILDERS, **IDIOMS}
@@ -132,6 +132,7 @@ def train(args: argparse.Namespace) -> None:
                              communication_config=parallax.CommunicationConfig(ps_config=ps, mpi_config=mpi))
     sess, num_workers, worker_id, num_replicas = parallax.parallel_run(model.graph, args.resource_info,
                                                                        sync=args.sync, parallax_config=config)
+    PAUSE["seconds"] = 0.5 if worker_id == 0 else 0.0  # slow_ema: a chief slower after its update
     step_var = tf.compat.v1.train.get_global_step(model.graph)
     if step_var is not None:
         print(f"worker {worker_id} starts at global step {sess.run(step_var)[0]}", flush=True)

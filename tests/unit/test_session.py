@@ -331,6 +331,43 @@ def test_partial_run_is_not_supported(model, method):
         getattr(model.session(), method)(["y:0"], ["x:0"])
 
 
+# --------------------------------------------------------------------------- after a step
+class FakeMonitoredSession(FakeSession):
+    """A session with a MonitoredSession's hook-free door, ``run_step_fn``."""
+
+    def run_step_fn(self, step_fn):
+        self.calls.append(SimpleNamespace(fetches="past the hooks"))
+        return step_fn(SimpleNamespace(session=self.session))
+
+
+@pytest.mark.parametrize("fetch, released", [
+    (lambda m: m.ops.scaled, True),  # reaches total (the "training op" here) as data
+    (lambda m: {"a": [m.ops.total]}, True),
+    (lambda m: m.ops.y, False),
+    (lambda m: "w:0", False),
+], ids=["through-data", "nested", "not-reached", "shared"])
+def test_what_follows_a_step_runs_after_a_run_that_ran_its_training_op(model, fetch, released):
+    sess = model.session(after_steps={"total": "sync"}, heartbeat=FakeHeartbeat())
+    for _ in range(2):  # the second run takes the cached answer
+        model.fake.calls.clear()
+        sess.run(fetch(model), {model.ops.x: X, model.shared.lr: 1.0})
+        assert [c.fetches for c in model.fake.calls][1:] == ([[model.rewritten.get_operation_by_name("sync")]]
+                                                             if released else [])
+
+
+def test_what_follows_a_step_runs_past_the_hooks_and_not_after_a_failed_run():
+    m = Model(REPLICAS)
+    m.fake.__class__ = FakeMonitoredSession
+    sess = m.session(after_steps={"total": "sync"})
+    sess.run(m.ops.total, {m.ops.x: X})
+    assert [c.fetches for c in m.fake.calls][1:] == ["past the hooks"]
+    m.fake.calls.clear()
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        sess.run(m.ops.total)  # x not fed: the step did not happen, nobody is released
+    assert len(m.fake.calls) == 1
+    m.close()
+
+
 # --------------------------------------------------------------------------- heartbeat, profiler, options
 def test_the_heartbeat_hears_of_each_run_and_of_its_end(model):
     heartbeat = FakeHeartbeat()
@@ -374,9 +411,10 @@ def test_a_profiler_runs_the_step_and_hears_the_global_step(model):
     profiler = FakeProfiler()
     sess = model.session(profiler=profiler)
     np.testing.assert_allclose(sess.run(model.ops.total, {model.ops.x: X}), [6.0, 14.0])
-    model.fake._tf_sess = lambda: model.fake.session  # a MonitoredSession's raw session, past the hooks
+    model.fake.__class__ = FakeMonitoredSession  # read past a MonitoredSession's hooks
     sess.run("w:0")
-    assert profiler.steps == [None, 0]
+    assert profiler.steps == [0, 0]
+    assert [c.fetches for c in model.fake.calls][-2] == "past the hooks"
 
 
 def test_the_session_properties(model):

@@ -3,6 +3,8 @@ import pytest
 from parallax.analysis import analyse_graph
 from parallax.plan import TaskSpec, build_plan
 from parallax.plan.policies import place_by_bytes
+from parallax.rewrite.graph_ops import ancestors
+from parallax.rewrite.names import release_op
 from parallax.rewrite.pipeline import rewrite_for_task
 from tests.models import build_embedding, build_sequence
 from tests.unit.rewrite.helpers import export, nodes_of
@@ -58,10 +60,13 @@ def test_chief_takes_and_releases_the_others():
     assert take, "chief must take the summed gradient"
     update_inputs = [i for n in nodes.values() if n.name.startswith("Adam/update_proj/kernel/") for i in n.input]
     assert any(i.startswith("parallax_sync/proj/kernel/take") for i in update_inputs)
-    # the training op's name runs the original op (renamed), then the releases
+    # the training op's name runs the original op (renamed); the releases are a separate op, which the
+    # session runs after the whole step (an EMA after the update included), and which runs no update
     assert nodes["parallax_sync/step/Adam/unsynchronised"].op == nodes_of(export(model.graph))["Adam"].op
-    assert sorted(nodes["Adam"].input) == ["^parallax_sync/step/Adam/release_1", "^parallax_sync/step/Adam/release_2",
-                                           "^parallax_sync/step/Adam/unsynchronised"]
+    assert list(nodes["Adam"].input) == ["^parallax_sync/step/Adam/unsynchronised"]
+    release = nodes[release_op("Adam")]
+    assert sorted(release.input) == ["^parallax_sync/step/Adam/release_1", "^parallax_sync/step/Adam/release_2"]
+    assert not ancestors(nodes, ["Adam"]) & ancestors(nodes, [release.name])
 
 
 def test_other_workers_apply_and_wait_for_their_token():
