@@ -23,7 +23,23 @@ demo: $(STAMP)
 # The docstring examples of the package run too. PYTEST_ARGS adds options, e.g. PYTEST_ARGS="-x -k mpi".
 PYTEST_WORKERS ?= auto
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --doctest-modules parallax tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --doctest-modules -m "not cluster" \
+	    parallax tests $(PYTEST_ARGS)
+
+# `make test-cluster`: the multi-host tests (tests/cluster) on a virtual cluster of three
+# hosts: network namespaces joined by a bridge in a namespace of its own (198.18.0.0/24,
+# nothing on this machine's network), each with its own host name, /etc/hosts and sshd.
+# Needs root; installs Debian's openssh-server, slurm-wlm and munge when missing.
+# `tools/virtual-cluster up|status|down` makes one by hand.
+CLUSTER_PACKAGES := openssh-server openssh-client slurm-wlm munge iproute2
+.PHONY: cluster-packages test-cluster
+cluster-packages:
+	@if ! { test -x /usr/sbin/sshd && command -v slurmctld && command -v munged; } >/dev/null 2>&1; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	    $(CLUSTER_PACKAGES); fi
+
+test-cluster: $(STAMP) cluster-packages
+	$(BIN)/python -m pytest -m cluster tests/cluster $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

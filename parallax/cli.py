@@ -44,7 +44,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="parallax-run", description="Run a Parallax training script on the devices of a resource file: "
         "its parallel_run uses this resource file and starts the processes its run option needs through mpirun.")
-    parser.add_argument("--resource_info", "-r", required=True, help="the resource file (replaces the script's)")
+    parser.add_argument("--resource_info", "-r", help="the resource file (replaces the script's)")
+    parser.add_argument("--check", metavar="RESOURCE_FILE", default=None,
+                        help="check every host of RESOURCE_FILE (ssh, names both ways, the same Python and Parallax "
+                             "at the same paths, free ports, the interface), print one line per host and exit "
+                             "(0: all ready); a program given after it is checked on every host too")
     parser.add_argument("--mpirun_options", default="", help="extra mpirun options, e.g. '--mca btl ^openib'")
     parser.add_argument("--dry_run", action="store_true",
                         help="run the script up to parallel_run, print the mpirun command and exit")
@@ -58,7 +62,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``parallax-run``; returns the job's exit code."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.check is None and args.resource_info is None:
+        parser.error("the following arguments are required: --resource_info/-r (or --check RESOURCE_FILE)")
     if args.module:
         program = ["-m", *args.module]
     elif args.program:
@@ -67,9 +74,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"parallax-run: script {script!r} not found", file=sys.stderr)
             return 2
         program = [os.path.abspath(script), *args.program[1:]]
+    elif args.check is not None:
+        program = []
     else:
         print("parallax-run: give the training script (or -m module) to run", file=sys.stderr)
         return 2
+    if args.check is not None:
+        return _check(args.check, program)
     try:
         parse_resource_file(args.resource_info)  # a clear error now rather than from every process
     except (ParallaxError, OSError) as e:
@@ -91,6 +102,25 @@ def main(argv: list[str] | None = None) -> int:
             with open(output, encoding="utf-8") as f:
                 print(f.read(), end="")
     return code
+
+
+def _check(resource_info: str, program: list[str]) -> int:
+    """``parallax-run --check``: one line per host of the file; 0 when every host is ready."""
+    from parallax.launch.launcher import check_job_hosts
+    from parallax.launch.layout import RankSpec
+
+    try:
+        cluster = parse_resource_file(resource_info)
+    except (ParallaxError, OSError) as e:
+        print(f"parallax-run: {e}", file=sys.stderr)
+        return 2
+    ranks = tuple(RankSpec(t.host, None, t.line, "worker", t.port) for t in (*cluster.workers, *cluster.servers))
+    checks = check_job_hosts(ranks, program)
+    for check in checks:
+        print(check.line(), flush=True)
+    bad = sum(not c.ok for c in checks)
+    print(f"{len(checks) - bad} of {len(checks)} hosts ready", flush=True)
+    return 0 if not bad else 1
 
 
 def _run_to_parallel_run(argv: list[str], env: dict, output: str, timeout: float, command: str, what: str) -> int:

@@ -23,7 +23,8 @@ from parallax.logs import log as logger
 from parallax.resources import is_local_host, local_host_names
 
 __all__ = ["find_mpirun", "current_program", "launch", "job_command", "local_host_names", "is_local_host",
-           "RESOURCE_ENV", "MPIRUN_OPTIONS_ENV", "DRY_RUN_ENV", "PLAN_ENV", "resource_override"]
+           "RESOURCE_ENV", "MPIRUN_OPTIONS_ENV", "DRY_RUN_ENV", "PLAN_ENV", "SKIP_CHECK_ENV", "resource_override",
+           "check_job_hosts"]
 
 
 #: Set by ``parallax-run``: the resource file every ``parallel_run`` of the script uses instead of its own.
@@ -35,6 +36,8 @@ DRY_RUN_ENV = "PARALLAX_DRY_RUN"
 #: Set by ``parallax plan``: ``parallel_run`` prints the job plan and exits (JSON: resource_info,
 #: run_option, overrides, output; each optional).
 PLAN_ENV = "PARALLAX_PLAN_ONLY"
+#: Set to 1 to skip the hosts' check before a job on several machines (:mod:`parallax.launch.preflight`).
+SKIP_CHECK_ENV = "PARALLAX_SKIP_HOST_CHECK"
 
 
 def resource_override(resource_info: str | os.PathLike) -> str | os.PathLike:
@@ -111,6 +114,32 @@ def rank_names(ranks: tuple[RankSpec, ...]) -> dict[int, str]:
     return names
 
 
+def check_job_hosts(ranks: tuple[RankSpec, ...], program: list[str]) -> list:
+    """:func:`parallax.launch.preflight.check_hosts` for the hosts of ``ranks`` (with the ports their
+    servers are given), in order of first appearance."""
+    from parallax.launch.preflight import check_hosts
+
+    hosts = list(dict.fromkeys(r.host for r in ranks))
+    ports: dict[str, list[int]] = {}
+    for r in ranks:
+        if r.port is not None:
+            ports.setdefault(r.host, []).append(r.port)
+    return check_hosts(hosts, ports, program, is_local_host)
+
+
+def _refuse_unready_hosts(ranks: tuple[RankSpec, ...], program: list[str]) -> None:
+    """Before a job on several machines: every host must pass the check, or nothing starts."""
+    if all(is_local_host(r.host) for r in ranks) or os.environ.get(SKIP_CHECK_ENV) == "1":
+        return
+    bad = [c for c in check_job_hosts(ranks, program) if not c.ok]
+    if bad:
+        from parallax.launch.preflight import format_checks
+
+        raise LaunchError("these hosts are not ready for the job, so nothing was started:\n" + format_checks(bad) +
+                          f"\n(parallax-run --check <resource file> checks every host; {SKIP_CHECK_ENV}=1 skips "
+                          "this check)")
+
+
 def _start_monitor(ranks: tuple[RankSpec, ...], stall_timeout: float | None):
     """The stall monitor of a job, and the address its ranks send to (``None`` when off)."""
     if stall_timeout is None:
@@ -139,7 +168,12 @@ def launch(ranks: tuple[RankSpec, ...], program: list[str], job: dict | None = N
 
     Returns:
         How the job ended.
+
+    Raises:
+        LaunchError: a host of a job on several machines fails the check of
+            :mod:`parallax.launch.preflight` (nothing is started).
     """
+    _refuse_unready_hosts(ranks, program)
     job_dir = tempfile.mkdtemp(prefix="parallax_job_")
     monitor, address = _start_monitor(ranks, stall_timeout)
     command, local = job_command(ranks, job or {}, program, mpirun_options, job_dir, address)

@@ -1,0 +1,172 @@
+"""Jobs across the hosts of a virtual cluster (tests/cluster/virtual_cluster.py).
+
+Each job is started on vhost1, as a user logged in there would start it
+(``python train.py`` or ``parallax-run``); ``mpirun`` reaches the other hosts
+over ssh; TensorFlow's servers listen on the hosts' own addresses. Results
+are compared with single-device training, and after every job no process of
+it may be left on any host.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.multiprocess.harness import ROOT, SCRIPT, Run
+from tests.multiprocess.test_mpi_mode import BATCH, STEPS, check_ranks_match
+from tests.multiprocess.test_tf1_programs import expected, idiom_options
+
+pytestmark = [pytest.mark.cluster, pytest.mark.multiprocess, pytest.mark.slow]
+
+PARALLAX_RUN = os.path.join(os.path.dirname(sys.executable), "parallax-run")
+ONE_EACH = "vhost1: cpu:0\nvhost2: cpu:0\nvhost3: cpu:0\n"
+
+
+def start(cluster, tmp_path, resources: str, *args: str, launcher: tuple[str, ...] = (sys.executable,),
+          script_resources: str | None = None) -> tuple[subprocess.Popen, str]:
+    """Start a training job on vhost1; returns the process and the output directory."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "resource_info").write_text(resources)
+    out = str(tmp_path / "out")
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    argv = [*launcher, SCRIPT, "--resource_info", script_resources or str(tmp_path / "resource_info"),
+            "--out", out, *args]
+    proc = cluster.popen("vhost1", argv, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+    return proc, out
+
+
+def finish(proc: subprocess.Popen, out: str, timeout: float = 240) -> Run:
+    began = time.monotonic()
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        output, _ = proc.communicate()
+        raise AssertionError(f"job did not finish in {timeout}s:\n{output[-4000:]}") from None
+    return Run(proc.returncode, output, time.monotonic() - began, out, time.time())
+
+
+def train(cluster, tmp_path, resources: str, *args: str, **kwargs) -> Run:
+    return finish(*start(cluster, tmp_path, resources, *args, **kwargs))
+
+
+def assert_nothing_left(cluster, within: float = 15.0) -> None:
+    """No process of a job on any host (its sshd aside), waiting ``within`` seconds for stragglers."""
+    deadline = time.monotonic() + within
+    while True:
+        left = {h: cluster.job_pids(h) for h in cluster.hosts}
+        if not any(left.values()):
+            return
+        if time.monotonic() > deadline:
+            described = {h: [_cmdline(p) for p in pids] for h, pids in left.items() if pids}
+            for pids in left.values():  # the test's own leftovers: end them before failing
+                for pid in pids:
+                    try:
+                        os.kill(pid, 9)
+                    except ProcessLookupError:
+                        pass
+            raise AssertionError(f"processes left on the hosts: {described}")
+        time.sleep(0.5)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "?"
+
+
+def idiom_args(mode: str, idiom: str = "everything") -> list[str]:
+    return [*idiom_options(idiom), "--run_option", mode, "--average_sparse", "--steps", str(STEPS),
+            "--batch", str(BATCH)]
+
+
+# --------------------------------------------------------------------------- equal to one device
+@pytest.mark.parametrize("mode", ["PS", "MPI", "HYBRID", "AUTO"])
+def test_a_job_on_three_hosts_equals_single_device(cluster, tmp_path, mode):
+    run = train(cluster, tmp_path, ONE_EACH, *idiom_args(mode))
+    check_ranks_match(run, expected("everything"), 3)
+    assert "vhost1 x" in run.output and "vhost3 x" in run.output  # one launch over the three hosts
+    assert_nothing_left(cluster)
+
+
+@pytest.mark.parametrize("mode", ["PS", "MPI"])
+def test_parallax_run_on_two_hosts_with_two_devices_each_equals_single_device(cluster, tmp_path, mode):
+    (tmp_path / "ignored").write_text("localhost: cpu:0\n")  # parallax-run's file replaces the script's
+    run = train(cluster, tmp_path, "vhost2: cpu:0,cpu:1\nvhost3: cpu:0,cpu:1\n", *idiom_args(mode, "scoped"),
+                launcher=(sys.executable, PARALLAX_RUN, "-r", str(tmp_path / "resource_info")),
+                script_resources=str(tmp_path / "ignored"))
+    check_ranks_match(run, expected("scoped"), 2)
+    assert_nothing_left(cluster)
+
+
+def test_explicit_roles_with_a_server_on_its_own_host(cluster, tmp_path):
+    roles = "ps,vhost3,23456,\nworker,vhost1,23457,cpu:0\nworker,vhost2,23458,cpu:0\n"
+    run = train(cluster, tmp_path, roles, *idiom_args("PS", "scoped"))
+    check_ranks_match(run, expected("scoped"), 2)
+    assert "ps 0 on vhost3" in run.output
+    assert_nothing_left(cluster)
+
+
+# --------------------------------------------------------------------------- refused before training
+def refused(run: Run, *needles: str) -> None:
+    assert run.returncode != 0, run.output[-3000:]
+    assert "starting" not in run.output and "starts at global step" not in run.output, run.output[-3000:]
+    for needle in needles:
+        assert needle in run.output, f"{needle!r} not in:\n{run.output[-3000:]}"
+
+
+def test_a_name_that_does_not_resolve_is_refused_before_training(cluster, tmp_path):
+    run = train(cluster, tmp_path, "vhost1: cpu:0\nvhost9: cpu:0\n", *idiom_args("MPI", "group"))
+    refused(run, "vhost9: FAILED: the name 'vhost9' does not resolve on this machine (vhost1)")
+    assert_nothing_left(cluster)
+
+
+def test_a_host_ssh_cannot_reach_is_refused_before_training(cluster, tmp_path):
+    hosts = cluster.hosts_file("vhost1")
+    saved = open(hosts).read()
+    try:
+        with open(hosts, "a") as f:
+            f.write("198.18.0.99 vhost9\n")  # a name for an address nobody has
+        run = train(cluster, tmp_path, "vhost1: cpu:0\nvhost9: cpu:0\n", *idiom_args("MPI", "group"))
+    finally:
+        with open(hosts, "w") as f:
+            f.write(saved)
+    refused(run, "vhost9: FAILED: cannot be reached by ssh", "'ssh vhost9 true' must work from vhost1")
+    assert_nothing_left(cluster)
+
+
+def test_a_host_whose_own_name_is_loopback_is_refused_before_training(cluster, tmp_path):
+    hosts = cluster.hosts_file("vhost2")
+    saved = open(hosts).read()
+    try:
+        with open(hosts, "w") as f:
+            f.write(saved.replace("198.18.0.2 vhost2", "127.0.1.1 vhost2"))  # Debian's default line
+        run = train(cluster, tmp_path, "vhost1: cpu:0\nvhost2: cpu:0\n", *idiom_args("PS", "group"))
+    finally:
+        with open(hosts, "w") as f:
+            f.write(saved)
+    refused(run, "vhost2: FAILED: its own name 'vhost2' resolves to 127.0.1.1 there",
+            "map vhost2 to its network address (198.18.0.2)")
+    assert_nothing_left(cluster)
+
+
+def test_check_prints_one_line_per_host(cluster, tmp_path):
+    (tmp_path / "resource_info").write_text("vhost1: cpu:0\nvhost2: cpu:0\nvhost3: cpu:0,cpu:1\nvhost9: cpu:0\n")
+    done = cluster.run("vhost1", [sys.executable, PARALLAX_RUN, "--check", str(tmp_path / "resource_info"), SCRIPT],
+                       cwd=str(tmp_path), timeout=120)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 1, done.stdout + done.stderr
+    for host, address in (("vhost1", "198.18.0.1"), ("vhost2", "198.18.0.2"), ("vhost3", "198.18.0.3")):
+        line = next(x for x in lines if x.startswith(f"{host}:"))
+        assert re.match(rf"{host}: ok: hostname {host} -> {address}; Python \S+ and Parallax \S+ at the same "
+                        rf"paths; reaches this machine from {address} \(eth0\)$", line), line
+    assert any(x.startswith("vhost9: FAILED: the name 'vhost9' does not resolve") for x in lines)
+    assert lines[-1] == "3 of 4 hosts ready"

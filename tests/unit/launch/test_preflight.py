@@ -1,0 +1,93 @@
+"""The hosts' check before a multi-host job (parallax/launch/preflight.py), without hosts or ssh."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from parallax.launch.preflight import PROBE, Expected, check_host, judge
+
+EXPECTED = Expected("/venv/bin/python", "3.11.7", "/src/parallax", "0.1.0", "/src/train.py", several_hosts=True)
+
+
+def report(**changes):
+    base = {"hostname": "node2", "own_name": ["10.0.0.2"], "addresses": {"127.0.0.1": "lo", "10.0.0.2": "eth0"},
+            "source": "10.0.0.2", "python": "/venv/bin/python", "python_version": "3.11.7",
+            "parallax": "/src/parallax", "parallax_version": "0.1.0", "script": True, "taken": []}
+    base.update(changes)
+    return base
+
+
+def test_a_ready_host_gets_one_line_of_facts():
+    check = judge("node2", ["10.0.0.2"], report(), EXPECTED)
+    assert check.ok
+    assert check.line() == ("node2: ok: hostname node2 -> 10.0.0.2; Python 3.11.7 and Parallax 0.1.0 at the same "
+                            "paths; reaches this machine from 10.0.0.2 (eth0)")
+
+
+@pytest.mark.parametrize("changes, resolved, needle", [
+    ({"own_name": ["127.0.1.1"]}, ["10.0.0.2"],
+     "its own name 'node2' resolves to 127.0.1.1 there, a loopback address, so the other hosts cannot reach what it "
+     "announces. Fix: in /etc/hosts on node2, map node2 to its network address (10.0.0.2) instead of 127.0.1.1"),
+    ({"own_name": ["error: [Errno -2] Name or service not known"]}, ["10.0.0.2"],
+     "its own name 'node2' does not resolve there"),
+    ({}, ["10.0.0.9"], "the name 'node2' resolves here to 10.0.0.9, which is no address of that host"),
+    ({"python": "/usr/bin/python3"}, ["10.0.0.2"], "it runs Python 3.11.7 at /usr/bin/python3, this machine 3.11.7 "
+                                                   "at /venv/bin/python"),
+    ({"parallax": None, "parallax_version": None}, ["10.0.0.2"], "no Parallax for that Python"),
+    ({"parallax_version": "0.0.9"}, ["10.0.0.2"], "Parallax 0.0.9 at /src/parallax for that Python, this machine "
+                                                  "Parallax 0.1.0"),
+    ({"script": False}, ["10.0.0.2"], "the program /src/train.py is not there"),
+    ({"taken": [2222]}, ["10.0.0.2"], "port(s) 2222 are taken there"),
+], ids=["loopback-name", "unresolved-own-name", "name-elsewhere", "other-python", "no-parallax", "other-parallax",
+        "no-script", "port-taken"])
+def test_each_problem_is_named_with_its_fix(changes, resolved, needle):
+    check = judge("node2", resolved, report(**changes), EXPECTED)
+    assert not check.ok
+    assert check.line().startswith("node2: FAILED: ")
+    assert needle in check.line()
+
+
+def test_one_machine_jobs_do_not_care_about_names():
+    alone = Expected(**{**EXPECTED.__dict__, "several_hosts": False})
+    assert judge("localhost", ["127.0.0.1"], report(own_name=["127.0.1.1"]), alone).ok
+
+
+def runner(code, stdout="", stderr=""):
+    calls = []
+
+    def run(argv, timeout):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, code, stdout, stderr)
+    return run, calls
+
+
+def test_a_name_that_does_not_resolve_fails_before_ssh():
+    run, calls = runner(0)
+    check = check_host("no-such-host.invalid", [], EXPECTED, False, "127.0.0.1", run=run)
+    assert "the name 'no-such-host.invalid' does not resolve on this machine" in check.line() and not calls
+
+
+@pytest.mark.parametrize("code, stderr, needle", [
+    (255, "ssh: connect to host localhost port 22: Connection refused",
+     "cannot be reached by ssh (ssh: connect to host localhost port 22: Connection refused). Fix: 'ssh localhost "
+     "true' must work"),
+    (127, "bash: line 1: /venv/bin/python: No such file or directory", "no Python at /venv/bin/python there"),
+])
+def test_ssh_failures_are_told_apart(code, stderr, needle):
+    run, calls = runner(code, stderr=stderr)
+    check = check_host("localhost", [], EXPECTED, False, "127.0.0.1", ssh=("ssh", "-F", "cfg"), run=run)
+    assert needle in check.line()
+    assert calls[0][:6] == ["ssh", "-F", "cfg", "-o", "BatchMode=yes", "-o"] and calls[0][7] == "localhost"
+
+
+def test_the_probe_reports_on_this_machine():
+    done = subprocess.run([sys.executable, "-c", PROBE, "127.0.0.1", __file__, "0"], capture_output=True, text=True,
+                          timeout=30)
+    facts = json.loads(done.stdout)
+    assert facts["python"] == sys.executable and facts["script"] is True and facts["taken"] == []
+    assert facts["parallax"].endswith("parallax") and facts["parallax_version"]
+    assert facts["source"] == "127.0.0.1"
