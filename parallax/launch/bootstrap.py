@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from parallax.errors import LaunchError
 from parallax.launch.layout import RankSpec, layout_from_json, layout_to_json
-from parallax.launch.monitor import MONITOR_ENV, Heartbeat
+from parallax.launch.monitor import MONITOR_ENV, STALL_ENV, Heartbeat
 from parallax.launch.runner import register_rank
 from parallax.logs import LEVEL_ENV
 
@@ -55,15 +55,18 @@ class RankContext:
         return self.ranks[self.rank]
 
 
-def launch_env(ranks: tuple[RankSpec, ...], job: dict, job_dir: str, monitor: str | None = None) -> dict[str, str]:
+def launch_env(ranks: tuple[RankSpec, ...], job: dict, job_dir: str, monitor: str | None = None,
+               stall_timeout: float | None = None) -> dict[str, str]:
     """The environment variables the launcher gives every rank (``job``: see
-    :attr:`RankContext.job`; ``monitor``: the stall monitor's ``host:port``, see
-    :mod:`parallax.launch.monitor`)."""
+    :attr:`RankContext.job`; ``monitor``: the stall monitor's ``host:port`` and
+    ``stall_timeout`` its stall time, see :mod:`parallax.launch.monitor`)."""
     env = {LAUNCH_ENV: json.dumps({"job": job, "ranks": layout_to_json(ranks)}, sort_keys=True), JOB_DIR_ENV: job_dir,
            # launched processes log at INFO unless told otherwise, as the original Parallax's did
            LEVEL_ENV: os.environ.get(LEVEL_ENV) or str(logging.INFO)}
     if monitor:
         env[MONITOR_ENV] = monitor
+        if stall_timeout:
+            env[STALL_ENV] = repr(float(stall_timeout))
     return env
 
 
@@ -75,7 +78,8 @@ def make_heartbeat(context: RankContext) -> Heartbeat | None:
         return None
     import atexit
 
-    beat = Heartbeat(address, context.rank)
+    stall = os.environ.get(STALL_ENV)
+    beat = Heartbeat(address, context.rank, orphan_after=float(stall) if stall else None)
     atexit.register(beat.close)
     return beat
 

@@ -18,7 +18,7 @@ from parallax.errors import LaunchError
 from parallax.launch.bootstrap import launch_env
 from parallax.launch.command import LaunchCommand, build_mpirun_command
 from parallax.launch.layout import RankSpec
-from parallax.launch.runner import JobResult, run_job
+from parallax.launch.runner import JobResult, LostRank, run_job
 from parallax.logs import log as logger
 from parallax.resources import is_local_host, local_host_names
 
@@ -88,14 +88,15 @@ def current_program() -> list[str]:
 
 
 def job_command(ranks: tuple[RankSpec, ...], job: dict, program: list[str], mpirun_options: str,
-                job_dir: str, monitor: str | None = None) -> tuple[LaunchCommand, frozenset[str]]:
+                job_dir: str, monitor: str | None = None, stall_timeout: float | None = None
+                ) -> tuple[LaunchCommand, frozenset[str]]:
     """The mpirun command for a job on this machine's terms, and the hosts that are this machine
     (``job``: what the ranks learn of the job, :attr:`~parallax.launch.bootstrap.RankContext.job`)."""
     local = local_host_names() | {r.host for r in ranks if is_local_host(r.host)}
     command = build_mpirun_command(
         find_mpirun(), sys.executable, program, ranks, local_hosts=local, cpu_count=os.cpu_count() or 1,
         is_root=hasattr(os, "geteuid") and os.geteuid() == 0, user_options=mpirun_options,
-        parallax_env=launch_env(ranks, job, job_dir, monitor), environ=dict(os.environ))
+        parallax_env=launch_env(ranks, job, job_dir, monitor, stall_timeout), environ=dict(os.environ))
     return command, local
 
 
@@ -140,14 +141,15 @@ def _refuse_unready_hosts(ranks: tuple[RankSpec, ...], program: list[str]) -> No
                           "this check)")
 
 
-def _start_monitor(ranks: tuple[RankSpec, ...], stall_timeout: float | None):
+def _start_monitor(ranks: tuple[RankSpec, ...], stall_timeout: float | None, on_lost):
     """The stall monitor of a job, and the address its ranks send to (``None`` when off)."""
     if stall_timeout is None:
         return None, None
     from parallax.launch.monitor import StallMonitor
 
     remote = [r.host for r in ranks if not is_local_host(r.host)]
-    monitor = StallMonitor(rank_names(ranks), stall_timeout, bind_host="0.0.0.0" if remote else "127.0.0.1")
+    monitor = StallMonitor(rank_names(ranks), stall_timeout, bind_host="0.0.0.0" if remote else "127.0.0.1",
+                           on_lost=on_lost)
     return monitor.start(), monitor.address(socket.gethostname() if remote else "127.0.0.1")
 
 
@@ -175,8 +177,9 @@ def launch(ranks: tuple[RankSpec, ...], program: list[str], job: dict | None = N
     """
     _refuse_unready_hosts(ranks, program)
     job_dir = tempfile.mkdtemp(prefix="parallax_job_")
-    monitor, address = _start_monitor(ranks, stall_timeout)
-    command, local = job_command(ranks, job or {}, program, mpirun_options, job_dir, address)
+    lost = LostRank({i: r.host for i, r in enumerate(ranks)})
+    monitor, address = _start_monitor(ranks, stall_timeout, lost.set)
+    command, local = job_command(ranks, job or {}, program, mpirun_options, job_dir, address, stall_timeout)
     hosts = ", ".join(f"{h} x{n}" for h, n in Counter(r.host for r in ranks).items())
     print(f"Parallax: starting {len(ranks)} processes ({hosts}) with mpirun", file=sys.stderr, flush=True)
     logger.info("Parallax: %s", " ".join(command.argv))
@@ -187,7 +190,8 @@ def launch(ranks: tuple[RankSpec, ...], program: list[str], job: dict | None = N
         os.makedirs(redirect_path, exist_ok=True)
         follower = Follower(redirect_path).start()
     try:
-        return run_job(command, job_dir, local)
+        return run_job(command, job_dir, local, lost=lost,
+                       culprit=monitor.culprit if monitor is not None else None)
     finally:
         if follower is not None:
             follower.stop()

@@ -20,18 +20,34 @@ stall time while it lasts; and a rank not heard from for that long.
 
 Datagrams are fire-and-forget: a lost one changes nothing, and a monitor
 that is not there costs the ranks nothing.
+
+Across machines two more things matter, and the same channel carries them:
+
+* **A host that vanishes** (its network goes down, it powers off) sends no
+  error: its ranks' peers wait in TCP for minutes. A rank not heard from for
+  the stall time ends the job (the monitor's ``on_lost``), naming it. The
+  monitor answers each heartbeat (``ok``); a rank that hears no answer for the
+  stall time is cut off from the launcher, so it ends itself and the Open MPI
+  daemon that started it: nothing is left on a host the job lost.
+* **Who died first.** When a rank is killed, its peers fail a moment later
+  ("peer disconnected"), and ``mpirun`` may name one of them. Each rank also
+  holds a TCP connection to the monitor, which the kernel closes the instant
+  the process ends, however it ends: the first connection to close (of a rank
+  that had not finished) is the rank that died first (:meth:`StallMonitor.first_gone`).
 """
 
 from __future__ import annotations
 
 import json
+import selectors
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["MONITOR_ENV", "STALL_ENV", "Heartbeat", "StallMonitor", "RankState", "stall_report"]
+__all__ = ["MONITOR_ENV", "STALL_ENV", "Heartbeat", "StallMonitor", "RankState", "stall_report", "end_orphan"]
 
 MONITOR_ENV = "PARALLAX_MONITOR"
 STALL_ENV = "PARALLAX_STALL_TIMEOUT"
@@ -121,15 +137,29 @@ class Heartbeat:
     Args:
         address: the monitor's ``host:port``.
         rank: this process's rank.
+        orphan_after: seconds without an answer from the monitor (after a first
+            one) after which this process is cut off from its job and ends itself
+            (:func:`end_orphan`); ``None``: never.
     """
 
-    def __init__(self, address: str, rank: int) -> None:
+    def __init__(self, address: str, rank: int, orphan_after: float | None = None) -> None:
         host, _, port = address.rpartition(":")
         self._target = (host, int(port))
         self._rank = rank
+        self._orphan_after = orphan_after
+        self._answered: float | None = None  # when the monitor last answered (monotonic)
         self._lock = threading.Lock()
         self._state, self._steps, self._where, self._since = "start", 0, "", time.monotonic()
-        self._socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._socket = socket.socket(family, socket.SOCK_DGRAM)
+        self._socket.setblocking(False)
+        self._lifeline = socket.socket(family, socket.SOCK_STREAM)  # closed by the kernel when we end
+        try:
+            self._lifeline.settimeout(5)
+            self._lifeline.connect(self._target)
+            self._lifeline.sendall(f"{rank}\n".encode())
+        except OSError:
+            pass  # an older or absent monitor: heartbeats still go
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="parallax-heartbeat", daemon=True)
         self._thread.start()
@@ -168,6 +198,33 @@ class Heartbeat:
     def _loop(self) -> None:
         while not self._stop.wait(_INTERVAL):
             self._send()
+            now = time.monotonic()
+            try:
+                while self._socket.recv(16):
+                    self._answered = now
+            except OSError:  # nothing (more) to read
+                pass
+            if self._orphan_after and self._answered is not None and now - self._answered > self._orphan_after:
+                end_orphan(self._rank, now - self._answered)
+
+
+def end_orphan(rank: int, silent: float) -> None:
+    """This rank lost its launcher (its host's network, or the launching machine, is gone): say so,
+    end the Open MPI daemon that started it (nobody else can reach it now), and exit."""
+    import os
+    import signal
+
+    sys.stderr.write(f"Parallax: rank {rank} on host {socket.gethostname()} has heard nothing from the launcher "
+                     f"for {silent:.0f} s (the network to it is gone); this process ends\n")
+    sys.stderr.flush()
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/comm", encoding="utf-8") as f:
+            if f.read().strip() in ("prted", "orted"):  # our job's daemon, unreachable from its mpirun now
+                os.kill(parent, signal.SIGKILL)
+    except OSError:
+        pass
+    os._exit(1)
 
 
 class StallMonitor:
@@ -180,16 +237,20 @@ class StallMonitor:
         sink: where reports go (default ``sys.stderr``).
     """
 
-    def __init__(self, names: dict[int, str], timeout: float, bind_host: str = "127.0.0.1", sink=None) -> None:
+    def __init__(self, names: dict[int, str], timeout: float, bind_host: str = "127.0.0.1", sink=None,
+                 on_lost: Callable[[int, float], None] | None = None) -> None:
         self._names = names
         self._timeout = timeout
         self._sink = sink or sys.stderr
+        self._on_lost = on_lost
         self._states: dict[int, RankState] = {}
         self._reported: dict[int, float] = {}
-        family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
-        self._socket = socket.socket(family, socket.SOCK_DGRAM)
-        self._socket.bind((bind_host, 0))
-        self._socket.settimeout(_INTERVAL)
+        self._lost: set[int] = set()
+        self._closed: dict[int, float] = {}  # rank -> when its lifeline closed (monotonic)
+        self._socket, self._listener = _bind_pair(bind_host)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._socket, selectors.EVENT_READ, "beat")
+        self._selector.register(self._listener, selectors.EVENT_READ, "accept")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="parallax-stall-monitor", daemon=True)
 
@@ -204,22 +265,102 @@ class StallMonitor:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=2)
-        self._socket.close()
+        for key in list(self._selector.get_map().values()):
+            key.fileobj.close()
+        self._selector.close()
+
+    def first_gone(self) -> int | None:
+        """The rank whose process ended first without finishing (its lifeline closed first), or ``None``."""
+        unfinished = {r: t for r, t in self._closed.items()
+                      if r not in self._states or self._states[r].state != "done"}
+        return min(unfinished, key=unfinished.get) if unfinished else None
+
+    def culprit(self) -> tuple[str, int, float] | None:
+        """After a failed job, the rank to blame: ``("gone", rank, 0)``, the first to end unfinished;
+        else ``("lost", rank, seconds)``, one still unheard-of whose lifeline never closed (its host
+        vanished: no FIN came), silent for ``seconds``; else ``None``."""
+        gone = self.first_gone()
+        if gone is not None:
+            return "gone", gone, 0.0
+        now = time.monotonic()
+        silent = {r: now - st.received for r, st in self._states.items()
+                  if st.state != "done" and r not in self._closed}
+        if not silent:
+            return None
+        rank = max(silent, key=silent.get)
+        return "lost", rank, silent[rank]
 
     def _loop(self) -> None:
         last_check = time.monotonic()
         while not self._stop.is_set():
-            try:
-                data, _ = self._socket.recvfrom(4096)
-                beat = json.loads(data)
-                self._states[int(beat["rank"])] = RankState(int(beat["rank"]), str(beat["state"]),
-                                                            int(beat["steps"]), float(beat["seconds"]),
-                                                            str(beat.get("where", "")), time.monotonic())
-            except (TimeoutError, ValueError, KeyError, OSError):
-                pass
+            for key, _ in self._selector.select(timeout=_INTERVAL):
+                try:
+                    self._handle(key)
+                except (ValueError, KeyError, OSError):
+                    pass
             now = time.monotonic()
             if now - last_check >= 1.0:
                 last_check = now
                 for line in stall_report(self._states, self._names, now, self._timeout, self._reported):
                     self._sink.write(line + "\n")
                     self._sink.flush()
+                self._check_lost(now)
+
+    def _handle(self, key: selectors.SelectorKey) -> None:
+        if key.data == "beat":
+            data, sender = self._socket.recvfrom(4096)
+            beat = json.loads(data)
+            self._states[int(beat["rank"])] = RankState(int(beat["rank"]), str(beat["state"]), int(beat["steps"]),
+                                                        float(beat["seconds"]), str(beat.get("where", "")),
+                                                        time.monotonic())
+            self._socket.sendto(b"ok", sender)
+        elif key.data == "accept":
+            conn, _ = self._listener.accept()
+            conn.setblocking(False)
+            self._selector.register(conn, selectors.EVENT_READ, [b"", None])
+        else:  # a lifeline: its rank number, then nothing until it closes
+            conn, state = key.fileobj, key.data
+            try:
+                chunk = conn.recv(64)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if chunk:
+                state[0] += chunk
+                if state[1] is None and b"\n" in state[0]:
+                    state[1] = int(state[0].split(b"\n")[0])
+                return
+            self._selector.unregister(conn)
+            conn.close()
+            if state[1] is not None:
+                self._closed.setdefault(state[1], time.monotonic())
+
+    def _check_lost(self, now: float) -> None:
+        """A rank not heard from for the stall time (and not finished) is lost: tell ``on_lost`` once."""
+        for rank, st in self._states.items():
+            silent = now - st.received
+            if rank not in self._lost and rank not in self._closed and st.state != "done" \
+                    and silent >= self._timeout and self._on_lost is not None:
+                self._lost.add(rank)
+                self._on_lost(rank, silent)
+
+
+def _bind_pair(host: str) -> tuple[socket.socket, socket.socket]:
+    """A UDP socket (heartbeats) and a listening TCP socket (lifelines) on the same free port of ``host``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(20):
+        udp = socket.socket(family, socket.SOCK_DGRAM)
+        udp.bind((host, 0))
+        tcp = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            tcp.bind((host, udp.getsockname()[1]))
+        except OSError:  # that port's TCP side is taken: another
+            udp.close()
+            tcp.close()
+            continue
+        tcp.listen(256)
+        udp.setblocking(False)
+        tcp.setblocking(False)
+        return udp, tcp
+    raise OSError(f"no port on {host} is free for both UDP and TCP")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from parallax.errors import TaskFailedError
 from parallax.launch.command import LaunchCommand
 
-__all__ = ["run_job", "JobResult", "parse_failure", "register_rank", "read_registry"]
+__all__ = ["run_job", "JobResult", "LostRank", "parse_failure", "register_rank", "read_registry"]
 
 _SIGNAL_RE = re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) exited on\s+signal (\d+)")
 _ABORT_RE = re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) calling\s+\"abort\"")
@@ -62,19 +62,72 @@ def read_registry(job_dir: str) -> dict[int, dict]:
     return out
 
 
-def parse_failure(output: str, registry: dict[int, dict], returncode: int) -> TaskFailedError:
-    """Turn mpirun's report into a :class:`TaskFailedError` naming rank and host."""
+class LostRank:
+    """Set (once) by the stall monitor when a rank is lost (not heard from for the stall time):
+    the runner then stops the job and names it. ``hosts``: each rank's host."""
+
+    def __init__(self, hosts: dict[int, str] | None = None) -> None:
+        self.hosts = hosts or {}
+        self.rank: int | None = None
+        self.silent = 0.0
+        self._event = threading.Event()
+
+    def set(self, rank: int, silent: float) -> None:
+        if not self._event.is_set():
+            self.rank, self.silent = rank, silent
+            self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def failure(self, registry: dict[int, dict]) -> TaskFailedError:
+        host = registry.get(self.rank, {}).get("host") or self.hosts.get(self.rank, "?")
+        return TaskFailedError(
+            f"Parallax job failed: rank {self.rank} on host {host} was lost: no heartbeat for {self.silent:.0f} s "
+            "(its host or the network to it is gone); every other rank was stopped", rank=self.rank, host=host,
+            exit_code=None, log_path=None)
+
+
+def _own_line(output: str, rank: int) -> tuple[str, int] | None:
+    """What mpirun says of ``rank`` itself: (how, exit code), or ``None``."""
+    for m in _SIGNAL_RE.finditer(output):
+        if int(m.group(1)) == rank:
+            return _signal_words(int(m.group(4))), -int(m.group(4))
+    for m in _ABORT_RE.finditer(output):
+        if int(m.group(1)) == rank:
+            return "failed (an exception or a non-zero exit; its traceback is above)", 1
+    return None
+
+
+def _signal_words(sig: int) -> str:
+    try:
+        return f"was killed by signal {sig} ({signal.Signals(sig).name})"
+    except ValueError:
+        return f"was killed by signal {sig}"
+
+
+def parse_failure(output: str, registry: dict[int, dict], returncode: int,
+                  first: int | None = None) -> TaskFailedError:
+    """Turn mpirun's report into a :class:`TaskFailedError` naming rank and host.
+
+    ``first``: the rank whose process ended first (the stall monitor's
+    :meth:`~parallax.launch.monitor.StallMonitor.first_gone`); mpirun may name
+    a peer that failed because of it, so it is named instead.
+    """
     rank = host = None
     exit_code: int | None = None
     how = ""
     m = _SIGNAL_RE.search(output)
-    if m:
+    if first is not None:
+        rank = first
+        exit_code, how = None, ("ended first, without an error of its own (killed, or its host failed); the "
+                                "others failed after it")
+        own = _own_line(output, first)
+        if own is not None:
+            how, exit_code = own
+    elif m:
         rank, host, sig = int(m.group(1)), m.group(3), int(m.group(4))
-        exit_code = -sig
-        try:
-            how = f"was killed by signal {sig} ({signal.Signals(sig).name})"
-        except ValueError:
-            how = f"was killed by signal {sig}"
+        exit_code, how = -sig, _signal_words(sig)
     elif (m := _ABORT_RE.search(output)):
         rank, host = int(m.group(1)), m.group(3)
         exit_code = 1
@@ -121,7 +174,8 @@ def _kill_leftovers(registry: dict[int, dict], local_hosts: frozenset[str], job_
 
 def run_job(command: LaunchCommand, job_dir: str, local_hosts: frozenset[str],
             popen: Callable[..., subprocess.Popen] = subprocess.Popen,
-            stderr_sink=None) -> JobResult:
+            stderr_sink=None, lost: LostRank | None = None,
+            culprit: Callable[[], tuple[str, int, float] | None] | None = None) -> JobResult:
     """Run ``command`` to completion.
 
     Args:
@@ -130,6 +184,10 @@ def run_job(command: LaunchCommand, job_dir: str, local_hosts: frozenset[str],
         local_hosts: names of this machine, whose leftover rank processes may be killed.
         popen: process starter (injected by tests).
         stderr_sink: where mpirun's stderr goes (default ``sys.stderr``).
+        lost: set when a rank is lost: mpirun and everything it started here are
+            then stopped (SIGTERM, SIGKILL 3 s later) and the rank is named.
+        culprit: the stall monitor's :meth:`~parallax.launch.monitor.StallMonitor.culprit`:
+            the rank that ended first, or was lost, named instead of mpirun's pick.
 
     Returns:
         A :class:`JobResult`.
@@ -161,7 +219,7 @@ def run_job(command: LaunchCommand, job_dir: str, local_hosts: frozenset[str],
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, forward)
     try:
-        returncode = proc.wait()
+        returncode = _wait(proc, lost)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -169,6 +227,68 @@ def run_job(command: LaunchCommand, job_dir: str, local_hosts: frozenset[str],
     registry = read_registry(job_dir)
     time.sleep(0.1)
     _kill_leftovers(registry, local_hosts, job_dir)
+    if lost is not None and lost.is_set():  # mpirun was stopped by us: its own exit code says nothing
+        return JobResult(1, lost.failure(registry))
     if returncode == 0:
         return JobResult(0, None)
-    return JobResult(returncode, parse_failure("".join(tail), registry, returncode))
+    blamed = culprit() if culprit is not None else None
+    if blamed is not None and blamed[0] == "lost" and lost is not None:
+        lost.set(blamed[1], blamed[2])
+        return JobResult(1, lost.failure(registry))
+    first = blamed[1] if blamed is not None else None
+    return JobResult(returncode, parse_failure("".join(tail), registry, returncode, first))
+
+
+def _wait(proc: subprocess.Popen, lost: LostRank | None) -> int:
+    """mpirun's exit code; when ``lost`` is set first, stop mpirun's whole session (it cannot end the
+    job itself while it waits for a host that is gone)."""
+    if lost is None:
+        return proc.wait()
+    killed_at, started = None, set()
+    while True:
+        try:
+            code = proc.wait(timeout=0.2)
+            if killed_at is not None:  # what mpirun started and left (an ssh to the lost host) goes too
+                _signal_all(started, signal.SIGKILL)
+            return code
+        except subprocess.TimeoutExpired:
+            pass
+        if not lost.is_set():
+            continue
+        now = time.monotonic()
+        started |= _descendants(proc.pid)
+        if killed_at is None:
+            killed_at = now
+            _signal_all(started | {proc.pid}, signal.SIGTERM)
+        elif now - killed_at > 3:
+            _signal_all(started | {proc.pid}, signal.SIGKILL)
+
+
+def _descendants(pid: int) -> set[int]:
+    """The processes ``pid`` started, and theirs (from /proc; empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _signal_all(pids: set[int], sig: int) -> None:
+    """Signal mpirun and what it started (its ssh clients, its local ranks): all ours, by PID."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass

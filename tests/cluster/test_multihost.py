@@ -41,19 +41,22 @@ def start(cluster, tmp_path, resources: str, *args: str, launcher: tuple[str, ..
     return proc, out
 
 
-def finish(proc: subprocess.Popen, out: str, timeout: float = 240) -> Run:
+def finish(proc: subprocess.Popen, out: str, timeout: float = 240, cluster=None) -> Run:
     began = time.monotonic()
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
-        output, _ = proc.communicate()
-        raise AssertionError(f"job did not finish in {timeout}s:\n{output[-4000:]}") from None
+        for host in (cluster.hosts if cluster is not None else ()):  # mpirun runs in a session of its own
+            for pid in cluster.job_pids(host):
+                os.kill(pid, 9)
+        output, _ = proc.communicate(timeout=30)
+        raise AssertionError(f"job did not finish in {timeout}s:\n{output[-6000:]}") from None
     return Run(proc.returncode, output, time.monotonic() - began, out, time.time())
 
 
 def train(cluster, tmp_path, resources: str, *args: str, **kwargs) -> Run:
-    return finish(*start(cluster, tmp_path, resources, *args, **kwargs))
+    return finish(*start(cluster, tmp_path, resources, *args, **kwargs), cluster=cluster)
 
 
 def assert_nothing_left(cluster, within: float = 15.0) -> None:
@@ -170,3 +173,44 @@ def test_check_prints_one_line_per_host(cluster, tmp_path):
                         rf"paths; reaches this machine from {address} \(eth0\)$", line), line
     assert any(x.startswith("vhost9: FAILED: the name 'vhost9' does not resolve") for x in lines)
     assert lines[-1] == "3 of 4 hosts ready"
+
+
+# --------------------------------------------------------------------------- failures
+STALL = 10.0
+
+
+@pytest.mark.parametrize("mode", ["MPI", "PS"])
+def test_a_killed_remote_rank_ends_the_job_naming_it(cluster, tmp_path, mode):
+    run = train(cluster, tmp_path, ONE_EACH, *idiom_args(mode, "group"), "--steps", "40", "--kill_rank", "1",
+                "--kill_step", "3", "--stall_timeout", str(STALL))
+    assert run.returncode != 0, run.output[-3000:]
+    killed_at = float(open(os.path.join(run.out_dir, "killed_at")).read())
+    assert run.ended_at - killed_at < STALL, run.output[-3000:]
+    failure = run.output.strip().splitlines()[-1]
+    # the rank killed, not a peer that failed because of it (mpirun may name either first)
+    assert re.match(r"Parallax job failed: rank \d+ on host vhost2 \(pid \d+\) (was killed by signal 9|ended first, "
+                    r"without an error of its own)", failure), run.output[-3000:]
+    assert_nothing_left(cluster)
+
+
+@pytest.mark.parametrize("mode", ["MPI", "PS"])
+def test_a_host_that_vanishes_ends_the_job_naming_it(cluster, tmp_path, mode):
+    proc, out = start(cluster, tmp_path, ONE_EACH, *idiom_args(mode, "group"), "--steps", "100000",
+                      "--stall_timeout", str(STALL))
+    try:
+        deadline = time.monotonic() + 120
+        while not all(os.path.exists(os.path.join(out, f"started_{w}")) for w in range(3)):
+            assert time.monotonic() < deadline and proc.poll() is None, "the job did not start"
+            time.sleep(0.5)
+        time.sleep(3)  # training
+        cluster.link("vhost3", False)
+        gone_at = time.time()
+        run = finish(proc, out, timeout=90, cluster=cluster)
+    finally:
+        cluster.link("vhost3", True)
+    assert run.returncode != 0, run.output[-3000:]
+    assert run.ended_at - gone_at < 2 * STALL + 5, run.output[-3000:]
+    assert re.search(r"Parallax job failed: rank \d+ on host vhost3 .*(lost|silent|not heard)", run.output), \
+        run.output[-3000:]
+    assert_nothing_left(cluster, within=2 * STALL)
+

@@ -207,8 +207,7 @@ class VirtualCluster:
         shutil.copy(self.path("ssh", "id_ed25519.pub"), self.path("ssh", "authorized_keys"))
         with open(self.path("ssh", "ssh_config"), "w", encoding="utf-8") as f:
             f.write(f"Host *\n  IdentityFile {self.path('ssh', 'id_ed25519')}\n  StrictHostKeyChecking no\n"
-                    "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n  BatchMode yes\n  ConnectTimeout 5\n"
-                    "  ServerAliveInterval 2\n  ServerAliveCountMax 3\n")
+                    "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n  BatchMode yes\n  ConnectTimeout 5\n")
 
     def _make_host(self, i: int, host: VirtualHost) -> None:
         _ip("netns", "add", host.netns)

@@ -133,6 +133,8 @@ def train(args: argparse.Namespace) -> None:
     sess, num_workers, worker_id, num_replicas = parallax.parallel_run(model.graph, args.resource_info,
                                                                        sync=args.sync, parallax_config=config)
     PAUSE["seconds"] = 0.5 if worker_id == 0 else 0.0  # slow_ema: a chief slower after its update
+    os.makedirs(args.out, exist_ok=True)
+    open(os.path.join(args.out, f"started_{worker_id}"), "w").close()  # for tests that act mid-run
     step_var = tf.compat.v1.train.get_global_step(model.graph)
     if step_var is not None:
         print(f"worker {worker_id} starts at global step {sess.run(step_var)[0]}", flush=True)

@@ -65,3 +65,84 @@ def test_a_heartbeat_reaches_the_monitor_and_a_stall_is_printed():
     finally:
         monitor.stop()
     assert "in the all-reduce, for rank 1, which has finished 0 sess.run calls" in sink.getvalue()
+
+
+# --------------------------------------------------------------------------- across machines
+def _wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+_RANK = """
+import sys, time
+sys.path.insert(0, {root!r})
+from parallax.launch.monitor import Heartbeat
+beat = Heartbeat({address!r}, {rank}, orphan_after={orphan})
+beat.set("run")
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def _rank_process(address, rank, orphan=None):
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    proc = subprocess.Popen([sys.executable, "-c", _RANK.format(root=root, address=address, rank=rank,
+                                                                orphan=orphan)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_the_rank_whose_process_ended_first_is_the_culprit():
+    monitor = StallMonitor({0: "rank 0", 1: "rank 1"}, 30.0, sink=io.StringIO()).start()
+    try:
+        first, second = (_rank_process(monitor.address("127.0.0.1"), r) for r in (1, 0))
+        _wait_for(lambda: len(monitor._states) == 2)
+        first.kill()  # SIGKILL: no word from it, but its kernel closes its lifeline
+        first.wait()
+        time.sleep(0.2)
+        second.kill()
+        second.wait()
+        _wait_for(lambda: monitor.first_gone() is not None and len(monitor._closed) == 2)
+        assert monitor.culprit() == ("gone", 1, 0.0)
+    finally:
+        monitor.stop()
+
+
+def test_a_rank_silent_for_the_stall_time_is_lost_once():
+    import socket
+
+    lost = []
+    monitor = StallMonitor({3: "rank 3"}, 1.0, sink=io.StringIO(), on_lost=lambda r, s: lost.append((r, s))).start()
+    try:
+        host, port = monitor.address("127.0.0.1").rsplit(":", 1)
+        beat = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # one heartbeat, no lifeline, then nothing
+        beat.sendto(b'{"rank": 3, "state": "run", "steps": 2, "seconds": 0.1}', (host, int(port)))
+        beat.settimeout(5)
+        assert beat.recv(16) == b"ok"  # the monitor answers every heartbeat
+        _wait_for(lambda: lost, timeout=5)
+        time.sleep(1.5)
+        assert [r for r, _ in lost] == [3] and lost[0][1] >= 1.0
+        kind, rank, silent = monitor.culprit()
+        assert (kind, rank) == ("lost", 3) and silent >= 1.0
+    finally:
+        monitor.stop()
+
+
+def test_a_rank_cut_off_from_the_launcher_ends_itself():
+    monitor = StallMonitor({0: "rank 0"}, 30.0, sink=io.StringIO()).start()
+    proc = _rank_process(monitor.address("127.0.0.1"), 0, orphan=1.0)
+    _wait_for(lambda: 0 in monitor._states)
+    time.sleep(0.6)  # an answer heard
+    monitor.stop()  # the launcher is gone: no more answers
+    try:
+        assert proc.wait(timeout=10) == 1
+    finally:
+        proc.kill()
+    assert "has heard nothing from the launcher" in proc.stderr.read()

@@ -65,3 +65,20 @@ def test_run_job_success(tmp_path):
     result = run_job(LaunchCommand((sys.executable, "-c", "pass"), {}), str(tmp_path), frozenset(),
                      stderr_sink=io.StringIO())
     assert (result.returncode, result.failure) == (0, None)
+
+
+def test_the_rank_that_ended_first_is_named_instead_of_the_peer_mpirun_picked():
+    from parallax.launch.runner import LostRank, parse_failure
+
+    output = ("prterun has exited due to process rank 2 with PID 0 on node c calling\n\"abort\". This may ...\n")
+    registry = {1: {"host": "b", "pid": 41}, 2: {"host": "c", "pid": 42}}
+    failure = parse_failure(output, registry, 1, first=1)
+    assert str(failure).startswith("Parallax job failed: rank 1 on host b (pid 41) ended first, without an error of "
+                                   "its own (killed, or its host failed)")
+    assert failure.rank == 1 and failure.host == "b"
+    assert "rank 2 on host c (pid 42) failed (an exception" in str(parse_failure(output, registry, 1, first=2))
+    lost = LostRank({4: "d"})
+    lost.set(4, 10.4)
+    lost.set(1, 99)  # only the first counts
+    assert str(lost.failure({})) == ("Parallax job failed: rank 4 on host d was lost: no heartbeat for 10 s (its host "
+                                     "or the network to it is gone); every other rank was stopped")
