@@ -9,6 +9,7 @@ it may be left on any host.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -132,30 +133,31 @@ def test_a_name_that_does_not_resolve_is_refused_before_training(cluster, tmp_pa
     assert_nothing_left(cluster)
 
 
-def test_a_host_ssh_cannot_reach_is_refused_before_training(cluster, tmp_path):
-    hosts = cluster.hosts_file("vhost1")
-    saved = open(hosts).read()
+@contextlib.contextmanager
+def hosts_file_of(cluster, host: str, change):
+    """``host``'s /etc/hosts rewritten by ``change`` (old text -> new text) for the block, then restored."""
+    path = cluster.hosts_file(host)
+    with open(path) as f:
+        saved = f.read()
     try:
-        with open(hosts, "a") as f:
-            f.write("198.18.0.99 vhost9\n")  # a name for an address nobody has
-        run = train(cluster, tmp_path, "vhost1: cpu:0\nvhost9: cpu:0\n", *idiom_args("MPI", "group"))
+        with open(path, "w") as f:
+            f.write(change(saved))
+        yield
     finally:
-        with open(hosts, "w") as f:
+        with open(path, "w") as f:
             f.write(saved)
+
+
+def test_a_host_ssh_cannot_reach_is_refused_before_training(cluster, tmp_path):
+    with hosts_file_of(cluster, "vhost1", lambda text: text + "198.18.0.99 vhost9\n"):  # an address nobody has
+        run = train(cluster, tmp_path, "vhost1: cpu:0\nvhost9: cpu:0\n", *idiom_args("MPI", "group"))
     refused(run, "vhost9: FAILED: cannot be reached by ssh", "'ssh vhost9 true' must work from vhost1")
     assert_nothing_left(cluster)
 
 
 def test_a_host_whose_own_name_is_loopback_is_refused_before_training(cluster, tmp_path):
-    hosts = cluster.hosts_file("vhost2")
-    saved = open(hosts).read()
-    try:
-        with open(hosts, "w") as f:
-            f.write(saved.replace("198.18.0.2 vhost2", "127.0.1.1 vhost2"))  # Debian's default line
-        run = train(cluster, tmp_path, "vhost1: cpu:0\nvhost2: cpu:0\n", *idiom_args("PS", "group"))
-    finally:
-        with open(hosts, "w") as f:
-            f.write(saved)
+    with hosts_file_of(cluster, "vhost2", lambda text: text.replace("198.18.0.2 vhost2", "127.0.1.1 vhost2")):
+        run = train(cluster, tmp_path, "vhost1: cpu:0\nvhost2: cpu:0\n", *idiom_args("PS", "group"))  # Debian's line
     refused(run, "vhost2: FAILED: its own name 'vhost2' resolves to 127.0.1.1 there",
             "map vhost2 to its network address (198.18.0.2)")
     assert_nothing_left(cluster)
