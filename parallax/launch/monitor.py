@@ -160,7 +160,6 @@ class Heartbeat:
             self._lifeline.sendall(f"{rank}\n".encode())
         except OSError:
             pass  # an older or absent monitor: heartbeats still go
-        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="parallax-heartbeat", daemon=True)
         self._thread.start()
 
@@ -179,11 +178,12 @@ class Heartbeat:
         self.set("user")
 
     def close(self) -> None:
-        """The process ends. A server keeps saying ``serve``: it serves until the workers are done."""
+        """The process ends. A server keeps saying ``serve``: it serves until the workers are done.
+        The thread goes on until the process is gone: a process cut off from the launcher while it
+        ends (in ``MPI_Abort``, a last barrier) must still end itself (:func:`end_orphan`)."""
         if self._state == "serve":
             return
         self.set("done")
-        self._stop.set()
         self._send()
 
     def _send(self) -> None:
@@ -196,7 +196,8 @@ class Heartbeat:
             pass  # the monitor is gone or unreachable: nothing to tell
 
     def _loop(self) -> None:
-        while not self._stop.wait(_INTERVAL):
+        while True:  # until the process ends (a daemon thread)
+            time.sleep(_INTERVAL)
             self._send()
             now = time.monotonic()
             try:
