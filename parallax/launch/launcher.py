@@ -128,9 +128,10 @@ def check_job_hosts(ranks: tuple[RankSpec, ...], program: list[str]) -> list:
     return check_hosts(hosts, ports, program, is_local_host)
 
 
-def _refuse_unready_hosts(ranks: tuple[RankSpec, ...], program: list[str]) -> None:
-    """Before a job on several machines: every host must pass the check, or nothing starts."""
-    if all(is_local_host(r.host) for r in ranks) or os.environ.get(SKIP_CHECK_ENV) == "1":
+def _refuse_unready_hosts(ranks: tuple[RankSpec, ...], program: list[str], remote: set[str]) -> None:
+    """Before a job on several machines (``remote``: its hosts that are not this machine): every
+    host must pass the check, or nothing starts."""
+    if not remote or os.environ.get(SKIP_CHECK_ENV) == "1":
         return
     bad = [c for c in check_job_hosts(ranks, program) if not c.ok]
     if bad:
@@ -141,13 +142,12 @@ def _refuse_unready_hosts(ranks: tuple[RankSpec, ...], program: list[str]) -> No
                           "this check)")
 
 
-def _start_monitor(ranks: tuple[RankSpec, ...], stall_timeout: float | None, on_lost):
+def _start_monitor(ranks: tuple[RankSpec, ...], stall_timeout: float | None, on_lost, remote: set[str]):
     """The stall monitor of a job, and the address its ranks send to (``None`` when off)."""
     if stall_timeout is None:
         return None, None
     from parallax.launch.monitor import StallMonitor
 
-    remote = [r.host for r in ranks if not is_local_host(r.host)]
     monitor = StallMonitor(rank_names(ranks), stall_timeout, bind_host="0.0.0.0" if remote else "127.0.0.1",
                            on_lost=on_lost)
     return monitor.start(), monitor.address(socket.gethostname() if remote else "127.0.0.1")
@@ -175,10 +175,11 @@ def launch(ranks: tuple[RankSpec, ...], program: list[str], job: dict | None = N
         LaunchError: a host of a job on several machines fails the check of
             :mod:`parallax.launch.preflight` (nothing is started).
     """
-    _refuse_unready_hosts(ranks, program)
+    remote = {r.host for r in ranks if not is_local_host(r.host)}
+    _refuse_unready_hosts(ranks, program, remote)
     job_dir = tempfile.mkdtemp(prefix="parallax_job_")
     lost = LostRank({i: r.host for i, r in enumerate(ranks)})
-    monitor, address = _start_monitor(ranks, stall_timeout, lost.set)
+    monitor, address = _start_monitor(ranks, stall_timeout, lost.set, remote)
     command, local = job_command(ranks, job or {}, program, mpirun_options, job_dir, address, stall_timeout)
     hosts = ", ".join(f"{h} x{n}" for h, n in Counter(r.host for r in ranks).items())
     print(f"Parallax: starting {len(ranks)} processes ({hosts}) with mpirun", file=sys.stderr, flush=True)

@@ -147,7 +147,8 @@ def judge(host: str, resolved: list[str], report: dict, expected: Expected) -> H
                 f"hosts cannot reach what it announces. Fix: in /etc/hosts on {host}, map {name} to its network "
                 f"address{f' ({network})' if network else ''} instead of {own[0]} (Debian's '127.0.1.1 {name}' "
                 "line).")
-        if addresses and resolved and not set(resolved) & set(addresses) and not _is_loopback_name(host):
+        if addresses and resolved and not set(resolved) & set(addresses) \
+                and not all(ipaddress.ip_address(a).is_loopback for a in resolved):
             check.problems.append(
                 f"the name {host!r} resolves here to {', '.join(resolved)}, which is no address of that host "
                 f"(its addresses: {', '.join(sorted(addresses))}). Fix the name in DNS or /etc/hosts.")
@@ -176,13 +177,6 @@ def judge(host: str, resolved: list[str], report: dict, expected: Expected) -> H
                        "at the same paths",
                        f"reaches this machine from {source} ({interface})" if source else "no route to this machine"]
     return check
-
-
-def _is_loopback_name(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    except (OSError, ValueError):
-        return False
 
 
 Runner = Callable[[list[str], float], subprocess.CompletedProcess]

@@ -193,12 +193,6 @@ class VirtualCluster:
         """The processes on host ``name`` other than its sshd: what a job left there."""
         return [p for p in self.pids(name) if p != self.hosts[name].pid]
 
-    def kill_pid(self, name: str, pid: int, sig: int = signal.SIGKILL) -> None:
-        """Signal ``pid`` if it runs on host ``name`` (never anything else)."""
-        if pid not in self.pids(name):
-            raise ValueError(f"pid {pid} does not run on {name}")
-        os.kill(pid, sig)
-
     # ------------------------------------------------------------------ making it
     def _make_keys(self) -> None:
         for key in ("id_ed25519", "host_ed25519_key"):
