@@ -196,17 +196,23 @@ class Heartbeat:
             pass  # the monitor is gone or unreachable: nothing to tell
 
     def _loop(self) -> None:
-        while True:  # until the process ends (a daemon thread)
+        while True:  # until the process ends (a daemon thread), whatever goes wrong in one round
             time.sleep(_INTERVAL)
-            self._send()
-            now = time.monotonic()
             try:
-                while self._socket.recv(16):
-                    self._answered = now
-            except OSError:  # nothing (more) to read
+                self._beat()
+            except Exception:  # noqa: BLE001 - the thread that ends a cut-off process must not die
                 pass
-            if self._orphan_after and self._answered is not None and now - self._answered > self._orphan_after:
-                end_orphan(self._rank, now - self._answered)
+
+    def _beat(self) -> None:
+        self._send()
+        now = time.monotonic()
+        try:
+            while self._socket.recv(16):
+                self._answered = now
+        except OSError:  # nothing (more) to read
+            pass
+        if self._orphan_after and self._answered is not None and now - self._answered > self._orphan_after:
+            end_orphan(self._rank, now - self._answered)
 
 
 def end_orphan(rank: int, silent: float) -> None:
@@ -215,9 +221,12 @@ def end_orphan(rank: int, silent: float) -> None:
     import os
     import signal
 
-    sys.stderr.write(f"Parallax: rank {rank} on host {socket.gethostname()} has heard nothing from the launcher "
-                     f"for {silent:.0f} s (the network to it is gone); this process ends\n")
-    sys.stderr.flush()
+    try:  # stderr may be a pipe to a daemon that is gone already (BrokenPipeError): end all the same
+        sys.stderr.write(f"Parallax: rank {rank} on host {socket.gethostname()} has heard nothing from the "
+                         f"launcher for {silent:.0f} s (the network to it is gone); this process ends\n")
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001
+        pass
     parent = os.getppid()
     try:
         with open(f"/proc/{parent}/comm", encoding="utf-8") as f:

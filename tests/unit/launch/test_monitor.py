@@ -146,3 +146,18 @@ def test_a_rank_cut_off_from_the_launcher_ends_itself():
     finally:
         proc.kill()
     assert "has heard nothing from the launcher" in proc.stderr.read()
+
+
+def test_a_cut_off_rank_ends_itself_even_when_its_stderr_is_gone():
+    # on a vanished host the rank's Open MPI daemon may end first (its ssh session timed out):
+    # writing the farewell then raises BrokenPipeError, which must not stop the process ending
+    monitor = StallMonitor({0: "rank 0"}, 30.0, sink=io.StringIO()).start()
+    proc = _rank_process(monitor.address("127.0.0.1"), 0, orphan=1.0)
+    _wait_for(lambda: 0 in monitor._states)
+    time.sleep(0.6)
+    proc.stderr.close()  # the daemon reading its stderr is gone
+    monitor.stop()
+    try:
+        assert proc.wait(timeout=10) == 1
+    finally:
+        proc.kill()
