@@ -24,7 +24,7 @@ from dataclasses import replace
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
-from parallax import search
+from parallax import search, slurm
 from parallax.analysis import analyse_graph
 from parallax.checkpoint import check_schedule
 from parallax.config import Config
@@ -35,7 +35,7 @@ from parallax.launch.launcher import DRY_RUN_ENV, PLAN_ENV, current_program, job
 from parallax.launch.rank import LaunchedProcess, launched_process
 from parallax.logs import log as logger
 from parallax.plan import Plan
-from parallax.resources import Cluster, parse_resource_file
+from parallax.resources import Cluster, parse_resource_file, parse_resource_text
 from parallax.roles import check_local_devices, local_replicas, role_setup
 from parallax.session import ParallaxSession
 from parallax.settings import Settings, derive
@@ -46,7 +46,7 @@ __all__ = ["parallel_run", "preview_plan"]
 Graph = tf.Graph | meta_graph_pb2.MetaGraphDef | str | os.PathLike
 
 
-def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike, sync: bool = True,
+def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync: bool = True,
                  parallax_config: Config | None = None) -> tuple[ParallaxSession, int, int, int]:
     """Train ``single_gpu_graph`` data-parallel on the devices of ``resource_info``.
 
@@ -70,7 +70,9 @@ def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike, sync
     Args:
         single_gpu_graph: a ``tf.Graph`` that trains on one device, or its
             ``MetaGraphDef`` (a proto, or the path of a ``.meta`` file).
-        resource_info: path of the resource file (see ``docs/resources.md``).
+        resource_info: path of the resource file (see ``docs/resources.md``);
+            ``"slurm"`` (or ``None`` inside a Slurm allocation): the nodes of the
+            allocation this process runs in (:mod:`parallax.slurm`).
         sync: synchronous training (``False`` needs ``run_option='PS'``).
         parallax_config: a :class:`parallax.Config`; defaults when ``None``.
 
@@ -90,7 +92,7 @@ def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike, sync
     return outcome
 
 
-def preview_plan(single_gpu_graph: Graph, resource_info: str | os.PathLike, sync: bool = True,
+def preview_plan(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync: bool = True,
                  parallax_config: Config | None = None) -> Plan:
     """The variable plan ``parallel_run`` would use, without starting anything.
 
@@ -103,19 +105,20 @@ def preview_plan(single_gpu_graph: Graph, resource_info: str | os.PathLike, sync
     return make_job_plan(cluster, derive(config, sync, cluster), analyse_graph(graph)).plan
 
 
-def _checked_config(parallax_config: Config | None, sync: bool, resource_info: str | os.PathLike) -> Config:
+def _checked_config(parallax_config: Config | None, sync: bool, resource_info: str | os.PathLike | None) -> Config:
     config = parallax_config if parallax_config is not None else Config()
     if not isinstance(config, Config):
         raise TypeError(f"parallel_run: parallax_config must be a parallax.Config, got {type(config).__name__}")
     if not isinstance(sync, bool):
         raise TypeError(f"parallel_run: sync must be True or False, got {sync!r}")
-    if not isinstance(resource_info, (str, os.PathLike)):
-        raise TypeError(f"parallel_run: resource_info must be the path of a resource file, got "
+    if not isinstance(resource_info, (str, os.PathLike, type(None))):
+        raise TypeError(f"parallel_run: resource_info must be the path of a resource file (or 'slurm'), got "
                         f"{type(resource_info).__name__}")
     return config
 
 
-def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike, sync: bool, config: Config) -> tuple | int:
+def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync: bool, config: Config
+         ) -> tuple | int:
     """Parse, plan and dispatch; an ``int`` is the exit code the process ends with."""
     request = json.loads(os.environ[PLAN_ENV]) if os.environ.get(PLAN_ENV) else None
     resource_info = resource_override(resource_info)
@@ -125,8 +128,8 @@ def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike, sync: bool, 
                          plan_overrides={**config.plan_overrides, **(request.get("overrides") or {})})
     graph, meta_graph = load_graph(single_gpu_graph)
     check_schedule(config.ckpt_config, graph)
-    cluster = parse_resource_file(resource_info)
     launched = None if request is not None else launched_process(config.redirect_path)
+    cluster = _cluster(resource_info, launched)
     settings = derive(config, sync, cluster, gpus=launched.context.job.get("gpus") if launched else None)
     job = make_job_plan(cluster, settings, analyse_graph(graph))
     if request is not None:
@@ -136,13 +139,22 @@ def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike, sync: bool, 
     return _run_here(job, settings, cluster, graph, meta_graph)
 
 
+def _cluster(resource_info: str | os.PathLike | None, launched: LaunchedProcess | None) -> Cluster:
+    """The job's resources: a launched process takes the allocation its launcher read (a rank's own
+    Slurm variables describe the step that started it, not the job); else the file, or the allocation."""
+    sent = launched.context.job.get("allocation") if launched is not None else None
+    if sent is not None:
+        return parse_resource_text(sent["text"], source=sent["source"])
+    return parse_resource_file(resource_info)
+
+
 def _run_launched(launched: LaunchedProcess, job: JobPlan, settings: Settings, cluster: Cluster, graph: tf.Graph,
                   meta_graph: meta_graph_pb2.MetaGraphDef) -> tuple | int:
     """A process the launcher started: check it plans the launcher's job, then take its part."""
     _check_same_job(launched, job, settings, cluster.source)
     check_local_devices(job, settings, cluster.source)
     if settings.search_partitions:
-        code = search.partition_search(graph, _text(cluster.source), settings, launched, launching=False)
+        code = search.partition_search(graph, cluster.text, settings, launched, launching=False)
         if code is not None:
             return code
     setup = role_setup(job, settings, launched)
@@ -157,6 +169,8 @@ def _run_here(job: JobPlan, settings: Settings, cluster: Cluster, graph: tf.Grap
     for note in job.notes:
         logger.warning("Parallax: %s", note)
     launch_info = {"layout": job.layout, "digest": job.digest(), "gpus": settings.gpus}
+    if cluster.source == slurm.allocation_name(os.environ):
+        launch_info["allocation"] = {"text": cluster.text, "source": cluster.source}
     if os.environ.get(DRY_RUN_ENV):  # parallax-run --dry_run
         text = "# one worker on this machine: the script trains in its own process, nothing is launched"
         if job.launched:
@@ -166,7 +180,7 @@ def _run_here(job: JobPlan, settings: Settings, cluster: Cluster, graph: tf.Grap
             f.write(text + "\n")
         return 0
     if settings.search_partitions:
-        code = search.partition_search(graph, _text(cluster.source), settings, None, launching=job.launched)
+        code = search.partition_search(graph, cluster.text, settings, None, launching=job.launched)
         if code is not None:
             return code
     check_local_devices(job, settings, cluster.source)  # before anything starts
@@ -210,7 +224,3 @@ def _print_plan(job: JobPlan, output: str | None) -> int:
             json.dump(job.plan.to_dict(), f, indent=1, sort_keys=True)
     return 0
 
-
-def _text(path: str) -> str:
-    with open(path, encoding="utf-8") as f:
-        return f.read()

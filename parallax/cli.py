@@ -36,6 +36,7 @@ from parallax.config import OVERRIDE_SYNC
 from parallax.errors import ParallaxError
 from parallax.launch.launcher import DRY_RUN_ENV, MPIRUN_OPTIONS_ENV, PLAN_ENV, RESOURCE_ENV
 from parallax.resources import parse_resource_file
+from parallax.slurm import SLURM, in_allocation
 
 __all__ = ["main", "parallax_main", "plan_main"]
 
@@ -44,11 +45,13 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="parallax-run", description="Run a Parallax training script on the devices of a resource file: "
         "its parallel_run uses this resource file and starts the processes its run option needs through mpirun.")
-    parser.add_argument("--resource_info", "-r", help="the resource file (replaces the script's)")
+    parser.add_argument("--resource_info", "-r", help="the resource file (replaces the script's); 'slurm': the "
+                        "nodes of the Slurm allocation this runs in (the default inside one)")
     parser.add_argument("--check", metavar="RESOURCE_FILE", default=None,
-                        help="check every host of RESOURCE_FILE (ssh, names both ways, the same Python and Parallax "
-                             "at the same paths, free ports, the interface), print one line per host and exit "
-                             "(0: all ready); a program given after it is checked on every host too")
+                        help="check every host of RESOURCE_FILE or 'slurm' (over ssh, or srun inside an "
+                             "allocation: names both ways, the same Python and Parallax at the same paths, free "
+                             "ports, the interface), print one line per host and exit (0: all ready); a program "
+                             "given after it is checked on every host too")
     parser.add_argument("--mpirun_options", default="", help="extra mpirun options, e.g. '--mca btl ^openib'")
     parser.add_argument("--dry_run", action="store_true",
                         help="run the script up to parallel_run, print the mpirun command and exit")
@@ -65,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.check is None and args.resource_info is None:
-        parser.error("the following arguments are required: --resource_info/-r (or --check RESOURCE_FILE)")
+        if not in_allocation(os.environ):
+            parser.error("the following arguments are required: --resource_info/-r (or --check RESOURCE_FILE); "
+                         "inside a Slurm allocation the allocation is used when it is not given")
+        args.resource_info = SLURM
     if args.module:
         program = ["-m", *args.module]
     elif args.program:
@@ -86,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ParallaxError, OSError) as e:
         print(f"parallax-run: {e}", file=sys.stderr)
         return 2
-    env = {**os.environ, RESOURCE_ENV: os.path.abspath(args.resource_info)}
+    env = {**os.environ, RESOURCE_ENV: args.resource_info if args.resource_info == SLURM
+           else os.path.abspath(args.resource_info)}
     if args.mpirun_options:
         env[MPIRUN_OPTIONS_ENV] = args.mpirun_options
     if not args.dry_run:

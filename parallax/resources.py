@@ -26,8 +26,9 @@ from __future__ import annotations
 import os
 import re
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from parallax import slurm
 from parallax.errors import ResourceFileError
 
 __all__ = ["Device", "WorkerTask", "ServerTask", "Cluster", "parse_resource_file",
@@ -91,12 +92,14 @@ class Cluster:
             only; otherwise the plan places them).
         source: the file the cluster came from (for messages).
         explicit_roles: whether the file used the ``role,host,port,device`` format.
+        text: the text it was parsed from.
     """
 
     workers: tuple[WorkerTask, ...]
     servers: tuple[ServerTask, ...]
     source: str
     explicit_roles: bool
+    text: str = ""
 
     @property
     def hosts(self) -> tuple[str, ...]:
@@ -111,14 +114,22 @@ class Cluster:
         return tuple(w for w in self.workers if w.host == host)
 
 
-def parse_resource_file(path: str | os.PathLike) -> Cluster:
-    """Read and parse a resource file.
+def parse_resource_file(path: str | os.PathLike | None) -> Cluster:
+    """Read and parse a resource file; ``"slurm"`` (or ``None`` inside a Slurm allocation) reads the
+    allocation this process runs in instead (:mod:`parallax.slurm`).
 
     Raises:
         ResourceFileError: the file is missing, unreadable or malformed; the
             message names the file and the line.
     """
+    if path is None and slurm.in_allocation(os.environ):
+        path = slurm.SLURM
+    if path is None:
+        raise ResourceFileError("no resource file given: pass the path of one (e.g. a file with the line "
+                                "\"localhost: cpu:0,cpu:1\"), or run inside a Slurm allocation")
     path = os.fspath(path)
+    if path == slurm.SLURM:
+        return parse_resource_text(slurm.allocation_text(os.environ), source=slurm.allocation_name(os.environ))
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -146,9 +157,8 @@ def parse_resource_text(text: str, source: str = "<resource_info>") -> Cluster:
                                 f"Expected lines like {_SEED_EXPECTED}")
     first_number, first = lines[0]
     explicit = _looks_like_role_line(first)
-    if explicit:
-        return _parse_roles(lines, source)
-    return _parse_seed(lines, source)
+    cluster = _parse_roles(lines, source) if explicit else _parse_seed(lines, source)
+    return replace(cluster, text=text)
 
 
 def _looks_like_role_line(content: str) -> bool:

@@ -34,7 +34,8 @@ class LaunchCommand:
 def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tuple[RankSpec, ...], *,
                          local_hosts: frozenset[str], cpu_count: int, is_root: bool,
                          user_options: str = "", parallax_env: dict[str, str] | None = None,
-                         environ: dict[str, str] | None = None) -> LaunchCommand:
+                         environ: dict[str, str] | None = None, allocated: dict[str, int] | None = None
+                         ) -> LaunchCommand:
     """The ``mpirun`` invocation for ``ranks``.
 
     Args:
@@ -50,6 +51,9 @@ def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tu
         user_options: ``MPIConfig.mpirun_options``, appended as given.
         parallax_env: ``PARALLAX_*`` variables for the ranks.
         environ: the launcher's environment (which of ``FORWARDED_ENV`` to pass).
+        allocated: inside a Slurm allocation, its tasks per node, which Open MPI takes
+            as the nodes' slots: a node given more ranks (a server beside the workers,
+            a worker per GPU) needs ``--oversubscribe``.
 
     Returns:
         The command and the environment variables to set for ``mpirun``.
@@ -60,7 +64,7 @@ def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tu
     argv = [mpirun, "-np", str(len(ranks)), "--host", hosts, "--map-by", "slot", "--bind-to", "none"]
     local = all(h in local_hosts for h in slots)
     busiest = max((n for h, n in slots.items() if h in local_hosts), default=0)
-    if busiest > cpu_count:
+    if busiest > cpu_count or any(n > (allocated or {}).get(h, n) for h, n in slots.items()):
         argv += ["--oversubscribe"]
     if busiest >= cpu_count:
         # as many ranks as cores or more: a waiting rank must yield its core instead of busy-polling.

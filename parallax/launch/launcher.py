@@ -14,6 +14,7 @@ import sys
 import tempfile
 from collections import Counter
 
+from parallax import slurm
 from parallax.errors import LaunchError
 from parallax.launch.bootstrap import launch_env
 from parallax.launch.command import LaunchCommand, build_mpirun_command
@@ -40,12 +41,12 @@ PLAN_ENV = "PARALLAX_PLAN_ONLY"
 SKIP_CHECK_ENV = "PARALLAX_SKIP_HOST_CHECK"
 
 
-def resource_override(resource_info: str | os.PathLike) -> str | os.PathLike:
+def resource_override(resource_info: str | os.PathLike | None) -> str | os.PathLike | None:
     """The resource file ``parallax-run`` gave (if any), else ``resource_info``."""
     given = os.environ.get(RESOURCE_ENV)
     if not given:
         return resource_info
-    if os.path.abspath(resource_info) != given:
+    if resource_info is not None and given not in (os.fspath(resource_info), os.path.abspath(resource_info)):
         logger.info("Parallax: using the resource file given to parallax-run, %s (the script names %s)",
                     given, resource_info)
     return given
@@ -96,7 +97,8 @@ def job_command(ranks: tuple[RankSpec, ...], job: dict, program: list[str], mpir
     command = build_mpirun_command(
         find_mpirun(), sys.executable, program, ranks, local_hosts=local, cpu_count=os.cpu_count() or 1,
         is_root=hasattr(os, "geteuid") and os.geteuid() == 0, user_options=mpirun_options,
-        parallax_env=launch_env(ranks, job, job_dir, monitor, stall_timeout), environ=dict(os.environ))
+        parallax_env=launch_env(ranks, job, job_dir, monitor, stall_timeout), environ=dict(os.environ),
+        allocated=slurm.tasks_per_node(os.environ))
     return command, local
 
 

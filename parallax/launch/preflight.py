@@ -7,7 +7,8 @@ path, a host whose own name means 127.0.1.1 there (Debian's default
 each is a hang or an error far from its cause; found here, it is one line
 naming the host and the fix.
 
-Per host, over ``ssh -o BatchMode=yes`` (or directly for this machine), a small
+Per host, over ``ssh -o BatchMode=yes`` (inside a Slurm allocation: ``srun`` on
+that node, as ``mpirun`` starts its daemons there; directly for this machine), a small
 probe (plain Python: no TensorFlow, well under a second) reports its name, its
 addresses, what its own name resolves to there, the Python and Parallax it
 would run, whether the program's script is there, the given ports' freedom
@@ -27,6 +28,8 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from parallax import slurm
 
 __all__ = ["HostCheck", "Expected", "check_hosts", "judge", "PROBE", "format_checks"]
 
@@ -189,9 +192,21 @@ def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess(argv, 124, "", f"no answer within {timeout:.0f} s")
 
 
+def _remote(host: str, probe: list[str], via: str, ssh: Sequence[str], timeout: float) -> list[str]:
+    """``probe`` run on ``host``: over ssh, or (``via="srun"``, inside a Slurm allocation) as a job step,
+    which is how ``mpirun`` itself reaches the nodes there."""
+    if via == "srun":
+        return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "--overlap", "--quiet", *probe]
+    import shlex
+
+    return [*ssh, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(timeout / 2))}", host,
+            " ".join(shlex.quote(a) for a in probe)]
+
+
 def check_host(host: str, ports: Sequence[int], expected: Expected, local: bool, target: str, *,
-               ssh: Sequence[str] = ("ssh",), timeout: float = 15, run: Runner = _run) -> HostCheck:
-    """Check one host: resolve its name here, run the probe on it (over ssh unless ``local``)."""
+               via: str = "ssh", ssh: Sequence[str] = ("ssh",), timeout: float = 15, run: Runner = _run) -> HostCheck:
+    """Check one host: resolve its name here, run the probe on it (here when ``local``; else over
+    ssh, or with srun when ``via="srun"``)."""
     try:
         resolved = sorted({i[4][0] for i in socket.getaddrinfo(host, None, socket.AF_INET)})
     except OSError:
@@ -199,14 +214,7 @@ def check_host(host: str, ports: Sequence[int], expected: Expected, local: bool,
                                 "Fix: add it to DNS or /etc/hosts, or use the host's address in the resource "
                                 "file."])
     probe = [expected.python, "-c", PROBE, target, expected.script, *map(str, ports)]
-    if local:
-        argv = probe
-    else:
-        import shlex
-
-        argv = [*ssh, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(timeout / 2))}", host,
-                " ".join(shlex.quote(a) for a in probe)]
-    done = run(argv, timeout)
+    done = run(probe if local else _remote(host, probe, via, ssh, timeout), timeout)
     if done.returncode != 0 or not done.stdout.strip():
         said = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
         if local:
@@ -214,6 +222,9 @@ def check_host(host: str, ports: Sequence[int], expected: Expected, local: bool,
         if done.returncode == 127 or "No such file" in said:
             return HostCheck(host, [f"no Python at {expected.python} there ({said}): the same environment must "
                                     "be at the same path on every host."])
+        if via == "srun":
+            return HostCheck(host, [f"srun could not run the check there ({said}). Fix: the node's slurmd must be "
+                                    "up ('sinfo -N'); Parallax starts the job there through srun too."])
         return HostCheck(host, [f"cannot be reached by ssh ({said}). Fix: 'ssh {host} true' must work from "
                                 f"{socket.gethostname()} without a password or a prompt (keys, known_hosts; "
                                 "inside a Slurm allocation Parallax launches through Slurm instead)."])
@@ -230,10 +241,20 @@ def check_hosts(hosts: Sequence[str], ports: dict[str, list[int]], program: Sequ
     several = len(hosts) > 1 and not all(is_local(h) for h in hosts)
     expected = expected_here(program, several)
     target = _own_address(hosts, is_local)
+    nodes = slurm.allocation_hosts(os.environ) if slurm.in_allocation(os.environ) else None
+    if nodes is not None:
+        kwargs.setdefault("via", "srun")
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
-        futures = [pool.submit(check_host, h, ports.get(h, []), expected, is_local(h), target, **kwargs)
-                   for h in hosts]
-        return [f.result() for f in futures]
+        futures = {h: pool.submit(check_host, h, ports.get(h, []), expected, is_local(h), target, **kwargs)
+                   for h in hosts if nodes is None or h in nodes or is_local(h)}
+        return [futures[h].result() if h in futures else _outside(h, nodes) for h in hosts]
+
+
+def _outside(host: str, nodes: list[str]) -> HostCheck:
+    name = slurm.allocation_name(os.environ)
+    return HostCheck(host, [f"it is not a node of {name} ({', '.join(nodes)}), and inside an allocation the job "
+                            "can only use its nodes. Fix: name only those, or use resource_info 'slurm' (the "
+                            "allocation itself)."])
 
 
 def _own_address(hosts: Sequence[str], is_local: Callable[[str], bool]) -> str:

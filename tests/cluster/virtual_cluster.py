@@ -78,6 +78,7 @@ class VirtualCluster:
         self.state_dir = state_dir or f"/tmp/parallax-{self.tag}"
         self.switch = f"{self.tag}-sw"
         self.hosts = {n: VirtualHost(n, f"{self.tag}-{n}", f"{SUBNET}.{i + 1}") for i, n in enumerate(names)}
+        self.daemons: set[int] = set()  # services started on the hosts besides sshd (Slurm's): not a job's
 
     # ------------------------------------------------------------------ state
     @classmethod
@@ -190,8 +191,8 @@ class VirtualCluster:
         return [int(p) for p in out.stdout.split()]
 
     def job_pids(self, name: str) -> list[int]:
-        """The processes on host ``name`` other than its sshd: what a job left there."""
-        return [p for p in self.pids(name) if p != self.hosts[name].pid]
+        """The processes on host ``name`` other than its sshd and :attr:`daemons`: what a job left there."""
+        return [p for p in self.pids(name) if p != self.hosts[name].pid and p not in self.daemons]
 
     # ------------------------------------------------------------------ making it
     def _make_keys(self) -> None:

@@ -93,3 +93,16 @@ def test_the_command_line_starts_without_loading_tensorflow():
     code = "import sys, parallax.cli; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_inside_a_slurm_allocation_the_resource_file_may_be_left_out(capsys, script, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with pytest.raises(SystemExit):
+        main([str(script), "MPI"])
+    assert "inside a Slurm allocation the allocation is used" in capsys.readouterr().err
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "localhost")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "3")
+    assert main(["--dry_run", str(script), "MPI"]) == 0
+    out = capsys.readouterr().out
+    assert "run_option MPI, 3 processes" in out and "--host localhost:3 " in out

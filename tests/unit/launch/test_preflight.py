@@ -91,3 +91,22 @@ def test_the_probe_reports_on_this_machine():
     assert facts["python"] == sys.executable and facts["script"] is True and facts["taken"] == []
     assert facts["parallax"].endswith("parallax") and facts["parallax_version"]
     assert facts["source"] == "127.0.0.1"
+
+
+def test_inside_a_slurm_allocation_the_probe_goes_through_srun():
+    run, calls = runner(1, stderr="srun: error: Unable to create step for job 7: Invalid node name specified")
+    check = check_host("localhost", [], EXPECTED, False, "127.0.0.1", via="srun", run=run)
+    assert calls[0][:6] == ["srun", "--nodes=1", "--ntasks=1", "--nodelist=localhost", "--overlap", "--quiet"]
+    assert "srun could not run the check there (srun: error: Unable to create step" in check.line()
+
+
+def test_inside_a_slurm_allocation_a_host_outside_it_is_refused(monkeypatch):
+    from parallax.launch.preflight import check_hosts
+
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
+    run, calls = runner(0, stdout=json.dumps(report()))
+    checks = check_hosts(["localhost", "node9"], {}, [], lambda h: h == "localhost", run=run)
+    assert checks[1].line().startswith("node9: FAILED: it is not a node of the Slurm allocation of job 7 "
+                                       "(node1, node2)")
+    assert len(calls) == 1 and calls[0][1] == "-c"  # the local host is probed here, node9 not at all

@@ -1,0 +1,94 @@
+"""Parallax inside a real Slurm allocation (tests/cluster/slurm_cluster.py on the virtual cluster).
+
+Jobs are submitted on vhost1 with ``sbatch --wait``, as a user would: the
+recipe of docs/launching.md (``examples/slurm/parallax.sbatch``), and plain
+``python train.py`` in a ``--wrap``. Parallax reads the allocation instead of a
+resource file and starts the ranks through Slurm: an ``ssh`` first on ``PATH``
+that fails and writes down every use proves ssh is not used. Results are
+compared with single-device training, and nothing of a job may be left on any
+host afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+from tests.cluster.test_multihost import assert_nothing_left, idiom_args
+from tests.multiprocess.harness import ROOT, SCRIPT, Run
+from tests.multiprocess.test_mpi_mode import check_ranks_match
+from tests.multiprocess.test_tf1_programs import expected
+
+pytestmark = [pytest.mark.cluster, pytest.mark.multiprocess, pytest.mark.slow]
+
+RECIPE = os.path.join(ROOT, "examples", "slurm", "parallax.sbatch")
+VENV_BIN = os.path.dirname(sys.executable)
+
+
+def submit(slurm, tmp_path, options: list[str], command: list[str], timeout: float = 300) -> Run:
+    """``sbatch --wait`` on vhost1 with this environment; the job's output file becomes ``Run.output``."""
+    fake = tmp_path / "bin"
+    fake.mkdir(parents=True)
+    used = tmp_path / "ssh_used"
+    (fake / "ssh").write_text(f"#!/bin/sh\necho \"ssh $*\" >> {used}\nexit 255\n")
+    (fake / "ssh").chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}:{VENV_BIN}:{os.environ['PATH']}", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    output = tmp_path / "slurm.out"
+    began = time.monotonic()
+    try:
+        done = slurm.run(["sbatch", "--wait", f"--output={output}", f"--chdir={tmp_path}", *options, *command],
+                         env=env, timeout=timeout)
+    except BaseException:
+        slurm.run(["scancel", "--user=root"])  # every job of this private cluster is the test's
+        raise
+    text = output.read_text(errors="replace") if output.exists() else "(no output file)"
+    assert not used.exists(), f"ssh was used inside the allocation: {used.read_text()}"
+    return Run(done.returncode, f"{done.stdout}{done.stderr}\n{text}", time.monotonic() - began,
+               str(tmp_path / "out"), time.time())
+
+
+def script_args(tmp_path, mode: str, idiom: str, resource_info: str = "slurm") -> list[str]:
+    return [SCRIPT, "--resource_info", resource_info, "--out", str(tmp_path / "out"), *idiom_args(mode, idiom)]
+
+
+@pytest.mark.parametrize("mode, workers", [("MPI", 4), ("PS", 2)])
+def test_the_sbatch_recipe_trains_on_two_nodes_equal_to_single_device(slurm, tmp_path, mode, workers):
+    run = submit(slurm, tmp_path, ["--nodes=2", "--ntasks-per-node=2"], [RECIPE, *script_args(tmp_path, mode,
+                                                                                              "scoped")])
+    check_ranks_match(run, expected("scoped"), workers)
+    assert "nodes vhost[1-2], tasks per node 2(x2)" in run.output, run.output[-3000:]
+    assert "starting 4 processes (vhost1 x2, vhost2 x2)" in run.output, run.output[-3000:]
+    assert_nothing_left(slurm.cluster)
+
+
+def test_python_train_py_in_a_batch_job_reads_the_allocation(slurm, tmp_path):
+    command = " ".join([sys.executable, *script_args(tmp_path, "HYBRID", "everything")])
+    run = submit(slurm, tmp_path, ["--nodes=3", "--ntasks-per-node=1"], [f"--wrap={command}"])
+    check_ranks_match(run, expected("everything"), 3)
+    assert "vhost1 x" in run.output and "vhost3 x" in run.output, run.output[-3000:]
+    assert_nothing_left(slurm.cluster)
+
+
+def test_a_host_outside_the_allocation_is_refused_before_training(slurm, tmp_path):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "resource_info").write_text("vhost1: cpu:0\nvhost3: cpu:0\n")
+    command = " ".join([sys.executable, *script_args(tmp_path, "MPI", "group", str(tmp_path / "resource_info"))])
+    run = submit(slurm, tmp_path, ["--nodes=2", "--nodelist=vhost1,vhost2", "--ntasks-per-node=1"],
+                 [f"--wrap={command}"], timeout=120)
+    assert run.returncode != 0 and "starts at global step" not in run.output, run.output[-3000:]
+    assert "vhost3: FAILED: it is not a node of the Slurm allocation of job" in run.output, run.output[-3000:]
+    assert_nothing_left(slurm.cluster)
+
+
+def test_check_inside_an_allocation_probes_every_node_through_srun(slurm, tmp_path):
+    done = slurm.run(["salloc", "--nodes=3", "--ntasks-per-node=1", os.path.join(VENV_BIN, "parallax-run"),
+                      "--check", "slurm", SCRIPT], env=dict(os.environ, PATH=f"{VENV_BIN}:{os.environ['PATH']}"),
+                     timeout=120)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    for host in ("vhost1", "vhost2", "vhost3"):
+        assert f"{host}: ok: hostname {host} -> 198.18.0." in output, output
+    assert "3 of 3 hosts ready" in output, output
