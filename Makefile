@@ -95,5 +95,12 @@ clean-horovod:
 bench: $(STAMP) $(HVD_STAMP)
 	$(BIN)/python benchmarks/compare.py $(BENCH_ARGS)
 
+# `make bench-cluster`: the benchmark models with one worker on each of three virtual hosts
+# beside the same jobs on localhost (steps/s, bytes per step across the hosts' links):
+# benchmarks/results/multihost.{json,md,png} (docs/benchmarks.md). Needs root.
+.PHONY: bench-cluster
+bench-cluster: $(STAMP) cluster-packages
+	$(BIN)/python benchmarks/multihost.py $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

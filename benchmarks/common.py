@@ -57,27 +57,39 @@ def namespace_prefix() -> tuple[str, ...]:
     return (unshare, "-n", "sh", "-c", f'{ip} link set lo up && exec "$@"', "parallax-netns")
 
 
-def loopback_tx_bytes() -> int:
-    """Bytes sent over ``lo`` in this network namespace so far."""
-    with open("/proc/net/dev") as f:
-        for line in f:
-            name, _, counters = line.partition(":")
-            if name.strip() == "lo":
-                return int(counters.split()[8])
-    raise RuntimeError("no 'lo' interface in /proc/net/dev")
+#: Set by benchmarks/multihost.py: pids whose network namespaces (the virtual hosts) a job's traffic crosses.
+NETNS_PIDS_ENV = "PARALLAX_BENCH_NETNS_PIDS"
+
+
+def sent_bytes() -> tuple[int, int]:
+    """Bytes sent so far over loopback and over the other interfaces: of this network namespace, or
+    summed over the namespaces of the processes named in ``$PARALLAX_BENCH_NETNS_PIDS`` (one per
+    virtual host; ``/proc/<pid>/net/dev`` shows the namespace of ``pid``)."""
+    pids = [p for p in os.environ.get(NETNS_PIDS_ENV, "").split(",") if p]
+    loopback = other = 0
+    for path in [f"/proc/{p}/net/dev" for p in pids] or ["/proc/net/dev"]:
+        with open(path) as f:
+            for line in f.readlines()[2:]:
+                name, _, counters = line.partition(":")
+                sent = int(counters.split()[8])
+                if name.strip() == "lo":
+                    loopback += sent
+                else:
+                    other += sent
+    return loopback, other
 
 
 def timed_steps(step: Callable[[], tuple[float, int] | None], warmup: int, steps: int) -> dict | None:
     """Run ``step`` (returns ``(loss, global step after it)``, or ``None`` when the job has ended)
     until the global step passes ``warmup + steps`` (one step of slack: a SyncReplicasOptimizer
     chief reads the global step of before or after its update); time the global steps from ``warmup`` to
-    ``warmup + steps`` and count the ``lo`` bytes sent meanwhile.
+    ``warmup + steps`` and count the bytes sent meanwhile (:func:`sent_bytes`).
 
     Counting global steps rather than calls keeps every system comparable: in TensorFlow's
     SyncReplicasOptimizer a worker's call is not one global step.
 
     Returns:
-        ``seconds``, ``loopback_bytes``, ``loss_first``, ``loss_last`` (``None`` if the job ended
+        ``seconds``, ``loopback_bytes``, ``network_bytes``, ``loss_first``, ``loss_last`` (``None`` if the job ended
         before the last mark).
     """
     marks: dict[int, tuple[float, int]] = {}
@@ -91,10 +103,11 @@ def timed_steps(step: Callable[[], tuple[float, int] | None], warmup: int, steps
         last = loss
         for mark in (warmup, warmup + steps):
             if global_step >= mark and mark not in marks:
-                marks[mark] = (time.perf_counter(), loopback_tx_bytes())
+                marks[mark] = (time.perf_counter(), *sent_bytes())
         if global_step > warmup + steps:
             break
     if warmup + steps not in marks or warmup not in marks:
         return None
-    (t0, b0), (t1, b1) = marks[warmup], marks[warmup + steps]
-    return {"seconds": t1 - t0, "loopback_bytes": b1 - b0, "loss_first": first, "loss_last": last}
+    (t0, lo0, net0), (t1, lo1, net1) = marks[warmup], marks[warmup + steps]
+    return {"seconds": t1 - t0, "loopback_bytes": lo1 - lo0, "network_bytes": net1 - net0, "loss_first": first,
+            "loss_last": last}

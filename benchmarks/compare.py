@@ -101,26 +101,37 @@ def job_command(system: str, workload: str, ranks: int, args, work: str) -> tupl
     return argv, env, out
 
 
-def run_job(system: str, workload: str, ranks: int, args, work: str) -> dict:
-    """Run one job in its own network namespace; its row (``error`` set when it failed or was skipped)."""
+def run_job(system: str, workload: str, ranks: int, args, work: str, popen=None, resources=None,
+            measured: bool | None = None, cleanup=None) -> dict:
+    """Run one job in its own network namespace; its row (``error`` set when it failed or was skipped).
+
+    benchmarks/multihost.py runs the same job elsewhere: ``popen(argv, **kwargs)`` starts it (default:
+    here, in a private network namespace), ``resources(path)`` rewrites a Parallax job's resource file,
+    ``measured`` says whether its bytes are all counted (default: when in a namespace), and
+    ``cleanup()`` ends what a timed-out job left.
+    """
     row = {"system": system, "label": LABELS[system], "workload": workload, "ranks": ranks,
            "steps": args.steps[workload], "warmup": args.warmup}
     if system == "horovod" and not os.access(HOROVOD_PYTHON, os.X_OK):
         row["error"] = "skipped: no .venv-horovod (make horovod-venv)"
         return row
     argv, extra_env, out = job_command(system, workload, ranks, args, work)
+    if resources is not None and system.startswith("parallax"):
+        resources(argv[argv.index("--resource_info") + 1])
     env = {**os.environ, **extra_env, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     log = out[:-5] + ".log"
     start = time.monotonic()
     with open(log, "w") as logfile:
-        proc = subprocess.Popen([*namespace_prefix(), *argv], stdout=logfile, stderr=subprocess.STDOUT, env=env,
-                                cwd=work, start_new_session=True)
+        kwargs = {"stdout": logfile, "stderr": subprocess.STDOUT, "env": env, "cwd": work, "start_new_session": True}
+        proc = popen(argv, **kwargs) if popen else subprocess.Popen([*namespace_prefix(), *argv], **kwargs)
         try:
             returncode = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             proc.wait()
             returncode = None
+            if cleanup is not None:
+                cleanup()
     row["wall_seconds"] = round(time.monotonic() - start, 1)
     if returncode != 0 or not os.path.exists(out):
         with open(log, errors="replace") as f:
@@ -133,7 +144,11 @@ def run_job(system: str, workload: str, ranks: int, args, work: str) -> dict:
     units = make(workload, args.vocab).units_per_replica_step * r["workers"]
     row.update(r, steps_per_sec=args.steps[workload] / r["seconds"],
                units_per_sec=units * args.steps[workload] / r["seconds"], unit=make(workload, args.vocab).unit)
-    row["bytes_per_step"] = r["loopback_bytes"] / args.steps[workload] if namespace_prefix() else None
+    counted = measured if measured is not None else bool(namespace_prefix())
+    row["bytes_per_step"] = (r["loopback_bytes"] + r.get("network_bytes", 0)) / args.steps[workload] \
+        if counted else None
+    if r.get("network_bytes"):
+        row["network_bytes_per_step"] = r["network_bytes"] / args.steps[workload]
     return row
 
 

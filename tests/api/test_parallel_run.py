@@ -143,7 +143,10 @@ def test_bad_arguments(resource_file):
     with pytest.raises(TypeError, match="single_gpu_graph must be a tf.Graph"):
         parallax.parallel_run(42, path)
     with pytest.raises(TypeError, match="resource_info must be the path"):
-        parallax.parallel_run(graph, None)
+        parallax.parallel_run(graph, 3)
+    if "SLURM_JOB_ID" not in os.environ:  # None means the Slurm allocation, outside one a clear error
+        with pytest.raises(ResourceFileError, match="no resource file given"):
+            parallax.parallel_run(graph, None)
     with pytest.raises(TypeError, match="sync must be True or False"):
         parallax.parallel_run(graph, path, sync="yes")
     with pytest.raises(TypeError, match="parallax_config must be a parallax.Config"):
