@@ -14,7 +14,8 @@ worker processes with one replica each:
   vhost1 by ``python train.py`` with a resource file naming the hosts; ``mpirun`` reaches the
   others over ssh.
 
-Both use MPI over TCP (``--mca btl self,tcp``). Bytes per step are measured: worker 0 reads
+Both use MPI over TCP (``--mca btl self,tcp``), with the threads Parallax gives 3 ranks
+sharing this machine's cores (see ``SHARED_CORES``). Bytes per step are measured: worker 0 reads
 the interface counters of every host's namespace at the first and last timed step, so
 ``bytes/step`` is all the job's traffic (loopback inside a host and the hosts' links) and
 ``across hosts`` what crossed the links. The hosts share this machine's cores and the links
@@ -43,11 +44,16 @@ from benchmarks.common import NETNS_PIDS_ENV, RESULTS, write_json  # noqa: E402
 SYSTEMS = ("parallax-ps", "parallax-mpi", "parallax-hybrid")
 HOSTS = ("vhost1", "vhost2", "vhost3")
 WHERE = {"local": "localhost, 3 ranks", "hosts": "3 hosts x 1 rank"}
+#: The virtual hosts share this machine's cores, which a rank alone on its host cannot know: each gets
+#: the one TensorFlow thread per pool and the yielding MPI wait that Parallax gives 3 ranks on 2 cores
+#: on localhost, so that the comparison is of where the processes are, not of oversubscribed cores.
+SHARED_CORES = "-x TF_NUM_INTRAOP_THREADS=1 -x TF_NUM_INTEROP_THREADS=1 --mca mpi_yield_when_idle 1"
 
 
 def cluster_job(cluster, system: str, workload: str, args, work: str) -> dict:
     """One job with a worker on each virtual host, started on the first; its row."""
     def start(argv, **kwargs):
+        argv = [f"{a} {SHARED_CORES}" if a.startswith("--mpirun_options=") else a for a in argv]
         kwargs["env"] = {**kwargs["env"], NETNS_PIDS_ENV: ",".join(str(h.pid) for h in cluster.hosts.values())}
         return cluster.popen(HOSTS[0], argv, **kwargs)
 

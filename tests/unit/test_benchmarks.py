@@ -57,3 +57,32 @@ def test_a_small_run_trains_the_same_model_in_every_system(tmp_path):
         assert r["loss_first"] == pytest.approx(rows["tf"]["loss_first"], rel=1e-5)
         assert r["units_per_sec"] > 0
     assert (tmp_path / "compare.md").exists() and (tmp_path / "compare.png").exists()
+
+
+def test_multihost_report_sets_each_host_job_beside_its_localhost_job(tmp_path):
+    from benchmarks import multihost
+
+    data = _data()
+    local = {**data["rows"][1], "ranks": 3, "processes": 3, "where": "local", "steps_per_sec": 50.0}
+    hosts = {**local, "where": "hosts", "steps_per_sec": 40.0, "network_bytes_per_step": 300_000.0}
+    failed = {"system": "parallax-ps", "label": "Parallax PS", "workload": "dense", "ranks": 3, "where": "hosts",
+              "error": "exit code 1"}
+    data["rows"] = [local, hosts, failed]
+    text = multihost.markdown(data)
+    assert "| Parallax MPI | localhost, 3 ranks | MPI | 3 | 50.0 | 9,600 |  | 307,000 | n/a |" in text
+    assert "| Parallax MPI | 3 hosts x 1 rank | MPI | 3 | 40.0 | 9,600 | 0.80x | 307,000 | 300,000 |" in text
+    assert "| Parallax PS | 3 hosts x 1 rank | exit code 1 |" in text
+    multihost.plot(data, str(tmp_path / "m.png"))
+    assert (tmp_path / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sent_bytes_sums_the_namespaces_of_the_given_processes(monkeypatch):
+    import os
+
+    from benchmarks.common import NETNS_PIDS_ENV, sent_bytes
+
+    monkeypatch.delenv(NETNS_PIDS_ENV, raising=False)
+    alone = sent_bytes()
+    monkeypatch.setenv(NETNS_PIDS_ENV, f"{os.getpid()},{os.getpid()}")  # this namespace, twice
+    twice = sent_bytes()
+    assert twice[0] >= 2 * alone[0] and twice[1] >= 2 * alone[1]
