@@ -366,13 +366,19 @@ def main(argv=None) -> int:
                 bar.write(f"[{done + 1}/{total}] {what}: done")
             bar.update()
             done += 1
+    return finish(data, out_dir, "compare", markdown, plot, work, failed)
+
+
+def finish(data: dict, out_dir: str, name: str, report, draw, work: str, failed: bool) -> int:
+    """Write ``<out_dir>/<name>.{json,md,png}`` (``report(data)`` the tables, ``draw(data, path)`` the
+    plot), print the tables; remove the jobs' directory ``work`` unless a job failed. The exit code."""
     os.makedirs(out_dir, exist_ok=True)
-    paths = [os.path.join(out_dir, f"compare.{ext}") for ext in ("json", "md", "png")]
+    paths = [os.path.join(out_dir, f"{name}.{ext}") for ext in ("json", "md", "png")]
     write_json(paths[0], data)
     with open(paths[1], "w") as f:
-        f.write(markdown(data))
-    plot(data, paths[2])
-    print("\n" + markdown(data))
+        f.write(report(data))
+    draw(data, paths[2])
+    print("\n" + report(data))
     print(f"wrote {', '.join(paths)}")
     if failed:
         print(f"some jobs failed; their logs are in {work}", file=sys.stderr)

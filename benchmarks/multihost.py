@@ -30,7 +30,6 @@ import argparse
 import datetime
 import os
 import platform
-import shutil
 import sys
 import tempfile
 
@@ -185,19 +184,7 @@ def main(argv=None) -> int:
                               f" ({row.get('network_bytes_per_step', 0) / 1e3:,.0f} kB across hosts), "
                               f"{row['wall_seconds']:.0f} s", flush=True)
                     write_json(os.path.join(work, "partial.json"), data)
-    os.makedirs(out_dir, exist_ok=True)
-    paths = [os.path.join(out_dir, f"multihost.{ext}") for ext in ("json", "md", "png")]
-    write_json(paths[0], data)
-    with open(paths[1], "w") as f:
-        f.write(markdown(data))
-    plot(data, paths[2])
-    print("\n" + markdown(data))
-    print(f"wrote {', '.join(paths)}")
-    if failed:
-        print(f"some jobs failed; their logs are in {work}", file=sys.stderr)
-        return 1
-    shutil.rmtree(work, ignore_errors=True)
-    return 0
+    return compare.finish(data, out_dir, "multihost", markdown, plot, work, failed)
 
 
 if __name__ == "__main__":
