@@ -34,6 +34,7 @@ from parallax.job import JobPlan, make_job_plan
 from parallax.launch.launcher import DRY_RUN_ENV, PLAN_ENV, current_program, job_command, launch, resource_override
 from parallax.launch.rank import LaunchedProcess, launched_process
 from parallax.logs import log as logger
+from parallax.managers.joined import JoinedProcess, joined_process
 from parallax.plan import Plan
 from parallax.resources import Cluster, parse_resource_file, parse_resource_text
 from parallax.roles import check_local_devices, local_replicas, role_setup
@@ -129,19 +130,30 @@ def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync:
     graph, meta_graph = load_graph(single_gpu_graph)
     check_schedule(config.ckpt_config, graph)
     launched = None if request is not None else launched_process(config.redirect_path)
-    cluster = _cluster(resource_info, launched)
-    settings = derive(config, sync, cluster, gpus=launched.context.job.get("gpus") if launched else None)
+    joined = None if request is not None or launched is not None else joined_process()
+    cluster = _cluster(resource_info, launched, joined)
+    settings = derive(config, sync, cluster, gpus=launched.context.job.get("gpus") if launched else None,
+                      manager=joined.managed.manager if joined else None)
     job = make_job_plan(cluster, settings, analyse_graph(graph))
     if request is not None:
         return _print_plan(job, request.get("output"))
     if launched is not None:
         return _run_launched(launched, job, settings, cluster, graph, meta_graph)
+    if joined is not None:
+        return _run_joined(joined, job, settings, cluster, graph, meta_graph)
     return _run_here(job, settings, cluster, graph, meta_graph)
 
 
-def _cluster(resource_info: str | os.PathLike | None, launched: LaunchedProcess | None) -> Cluster:
+def _cluster(resource_info: str | os.PathLike | None, launched: LaunchedProcess | None,
+             joined: JoinedProcess | None) -> Cluster:
     """The job's resources: a launched process takes the allocation its launcher read (a rank's own
-    Slurm variables describe the step that started it, not the job); else the file, or the allocation."""
+    Slurm variables describe the step that started it, not the job); a process a cluster manager started
+    takes the cluster it describes (``TF_CONFIG``); else the file, or the allocation."""
+    if joined is not None:
+        if resource_info is not None:
+            logger.info("Parallax: %s describes the cluster; resource_info %s is not read", joined.managed.manager,
+                        os.fspath(resource_info))
+        return parse_resource_text(joined.managed.cluster_text, source=joined.managed.source)
     sent = launched.context.job.get("allocation") if launched is not None else None
     if sent is not None:
         return parse_resource_text(sent["text"], source=sent["source"])
@@ -161,6 +173,19 @@ def _run_launched(launched: LaunchedProcess, job: JobPlan, settings: Settings, c
     if setup.serve_only:
         return 0  # the exit barrier holds a server until every worker has finished
     return search.in_trial(start_worker(setup, job, settings, graph, meta_graph))
+
+
+def _run_joined(joined: JoinedProcess, job: JobPlan, settings: Settings, cluster: Cluster, graph: tf.Graph,
+                meta_graph: meta_graph_pb2.MetaGraphDef) -> tuple | int:
+    """A process a cluster manager started: take its task's part; nothing is launched."""
+    joined.begin_call(settings)
+    check_local_devices(job, settings, cluster.source)
+    if not job.launched:  # one worker and no ps task: it trains alone
+        return start_worker(local_replicas(job, settings), job, settings, graph, meta_graph)
+    setup = role_setup(job, settings, joined)
+    if setup.serve_only:
+        return 0  # the exit barrier holds the server until every worker has finished
+    return start_worker(setup, job, settings, graph, meta_graph)
 
 
 def _run_here(job: JobPlan, settings: Settings, cluster: Cluster, graph: tf.Graph,

@@ -21,27 +21,58 @@ partition-search trial): the process keeps its server and communicators, the
 workers check they made the same plan, and before the new session the chief
 clears what the previous job left on the servers.
 
-Processes started by a cluster manager (a later step) will be one more role.
+A process is a member of its job either because mpirun started it
+(:class:`parallax.launch.rank.LaunchedProcess`: MPI among the processes) or
+because a cluster manager did (:class:`parallax.managers.joined.JoinedProcess`:
+the addresses of ``TF_CONFIG``, gRPC only). Both offer what the roles use
+(:class:`JobMember`), so the roles are written once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import tensorflow as tf
 
 from parallax.comm.base import ProcessComms
+from parallax.comm.broadcast import Broadcast
 from parallax.errors import LaunchError
 from parallax.job import JobPlan, ProcessSpec
 from parallax.launch.bootstrap import tee_output
-from parallax.launch.rank import LaunchedProcess, NoHeartbeat
+from parallax.launch.rank import NoHeartbeat
 from parallax.logs import log as logger
 from parallax.settings import Settings
-from parallax.startup import GROUP_LEADER, start_server
+from parallax.startup import GROUP_LEADER
 
-__all__ = ["ProcessSetup", "role_setup", "local_replicas", "check_local_devices"]
+__all__ = ["ProcessSetup", "JobMember", "role_setup", "local_replicas", "check_local_devices"]
+
+
+class JobMember(Protocol):
+    """What a process of a multi-process job offers its role (see the module docstring)."""
+
+    def process_in(self, job: JobPlan) -> ProcessSpec:
+        """This process's part of ``job``."""
+
+    def server(self, start: Callable[[], Any], chief: bool = False) -> Any:
+        """This process's TensorFlow server, started once by ``start()``."""
+
+    def start_server(self, job: JobPlan, settings: Settings, process: ProcessSpec,
+                     group_leader: str | None = None) -> Any:
+        """Start this process's server in the cluster of ``job``."""
+
+    def split_comms(self) -> tuple[Any, Any]:
+        """The MPI communicators of the job's workers and of this host's workers (``(None, None)`` without MPI)."""
+
+    def heartbeat(self, state: str, where: str = "") -> Any:
+        """This process's heartbeat to a stall monitor, now in ``state``."""
+
+    def exit_together(self, how: str, finish_timeout: float) -> None:
+        """Register how this process leaves the job (``"finish"`` or ``"barrier"``)."""
+
+    def broadcast(self, job: JobPlan, process: ProcessSpec, settings: Settings) -> Broadcast:
+        """How this worker takes worker 0's values of the variables the workers hold."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +87,7 @@ class ProcessSetup:
             checkpoints); the others wait for it.
         device_filters: the devices its session may see.
         broadcast: after initialisation, take worker 0's values of the
-            variables the workers hold themselves (over ``comms.workers``).
+            variables the workers hold themselves this way (``None``: no broadcast).
         comms: its communicators, for the all-reduce backends and the broadcast.
         heartbeat: its heartbeat to the stall monitor.
         serve_only: a parameter server: no session; the process serves until
@@ -69,7 +100,7 @@ class ProcessSetup:
     server: Any = None
     is_chief: bool = True
     device_filters: tuple[str, ...] = ()
-    broadcast: bool = False
+    broadcast: Broadcast | None = None
     comms: ProcessComms = field(default_factory=ProcessComms)
     heartbeat: Any = field(default_factory=NoHeartbeat)
     serve_only: bool = False
@@ -109,44 +140,38 @@ def local_replicas(job: JobPlan, settings: Settings) -> ProcessSetup:
     return ProcessSetup(job.process(0), num_workers=1, on_close=on_close)
 
 
-def role_setup(job: JobPlan, settings: Settings, launched: LaunchedProcess) -> ProcessSetup:
-    """The setup of a launched process, by its role in ``job``."""
-    process = job.process(launched.rank)
+def role_setup(job: JobPlan, settings: Settings, member: JobMember) -> ProcessSetup:
+    """The setup of a process of a multi-process job, by its role in ``job``."""
+    process = member.process_in(job)
     if job.layout == "MPI":
-        return _allreduce_worker(job, settings, launched, process)
+        return _allreduce_worker(job, settings, member, process)
     # PS and HYBRID: every rank splits the workers' communicators first (an MPI collective)
-    comms = launched.split_comms()
-    server = launched.server(lambda: _start_job_server(job, settings, launched, process), chief=process.index == 0)
-    launched.exit_together("barrier", settings.timeouts.finish)  # servers wait for the workers
+    comms = member.split_comms()
+    server = member.server(lambda: member.start_server(job, settings, process), chief=process.index == 0)
+    member.exit_together("barrier", settings.timeouts.finish)  # servers wait for the workers
     if process.role == "ps":
-        launched.heartbeat("serve")
+        member.heartbeat("serve")
         logger.info("Parallax: parameter server %d serving on %s", process.index, process.host)
         return ProcessSetup(process, len(job.workers), server=server, serve_only=True)
     chief = process.index == 0
-    beat = launched.heartbeat("start", "initialising the variables" if chief else
-                              "waiting for the chief (worker 0) to initialise the variables")
+    beat = member.heartbeat("start", "initialising the variables" if chief else
+                            "waiting for the chief (worker 0) to initialise the variables")
     hybrid = job.layout == "HYBRID"
     return ProcessSetup(process, len(job.workers), server=server, is_chief=chief,
-                        device_filters=("/job:ps", f"/job:worker/task:{process.index}"), broadcast=hybrid,
+                        device_filters=("/job:ps", f"/job:worker/task:{process.index}"),
+                        broadcast=member.broadcast(job, process, settings) if hybrid else None,
                         comms=ProcessComms(workers=comms[0], groups={"host": comms[1]} if hybrid else {}),
                         heartbeat=beat)
 
 
-def _allreduce_worker(job: JobPlan, settings: Settings, launched: LaunchedProcess,
-                      process: ProcessSpec) -> ProcessSetup:
+def _allreduce_worker(job: JobPlan, settings: Settings, member: JobMember, process: ProcessSpec) -> ProcessSetup:
     """A rank of an MPI job: every rank initialises its variables, then takes rank 0's values."""
-    launched.exit_together("finish", settings.timeouts.finish)
-    beat = launched.heartbeat("start", "initialising the variables and taking rank 0's values")
+    member.exit_together("finish", settings.timeouts.finish)
+    beat = member.heartbeat("start", "initialising the variables and taking rank 0's values")
     server = None
     if job.servers:  # the all-reduce backend needs TensorFlow servers (collectives)
-        server = launched.server(lambda: _start_job_server(job, settings, launched, process, GROUP_LEADER),
-                                 chief=process.rank == 0)
-    return ProcessSetup(process, len(job.workers), server=server, broadcast=True,
+        server = member.server(lambda: member.start_server(job, settings, process, GROUP_LEADER),
+                               chief=process.rank == 0)
+    return ProcessSetup(process, len(job.workers), server=server, broadcast=member.broadcast(job, process, settings),
                         comms=ProcessComms(group_leader=GROUP_LEADER if server is not None else None),
                         heartbeat=beat)
-
-
-def _start_job_server(job: JobPlan, settings: Settings, launched: LaunchedProcess, process: ProcessSpec,
-                      group_leader: str | None = None) -> tf.distribute.Server:
-    jobs = [(p.role, p.index) for p in job.processes]
-    return start_server(launched.rank, jobs, settings, process, group_leader=group_leader)

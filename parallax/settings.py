@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from parallax.comm.registry import choose_backend
+from parallax.comm.registry import backend_without_mpirun, choose_backend
 from parallax.config import CheckPointConfig, Config, ProfileConfig
+from parallax.errors import LaunchError
 from parallax.launch.launcher import MPIRUN_OPTIONS_ENV
 from parallax.plan.model import CommSpec, PSSpec
 from parallax.resources import Cluster, is_local_host
@@ -127,8 +128,41 @@ class Settings:
         return self.allreduce_comm if layout == "MPI" else self.server_comm
 
 
+def _managed_backend(run_option: str, asked: str, cluster: Cluster, manager: str, gpus: int) -> str:
+    """The all-reduce backend of a job whose tasks a cluster manager started (TF collectives: the tasks
+    share no MPI), after checking that ``run_option`` can run in its cluster.
+
+    Raises:
+        LaunchError: naming the run option and what to use instead.
+    """
+    servers = len(cluster.servers)
+    if run_option in ("HYBRID", "AUTO"):
+        raise LaunchError(
+            f"run_option={run_option!r} cannot run in tasks started from {manager}: HYBRID all-reduces over MPI "
+            "beside the parameter servers (TF collectives abort there), and tasks a cluster manager starts share no "
+            "MPI. Use run_option='PS' (with ps tasks) or 'MPI' (workers only, all-reduced with TF collectives), or "
+            "start the job with mpirun from a Kubeflow MPIJob's launcher (parallax manifest --kind mpijob)")
+    if run_option == "PS" and not servers:
+        raise LaunchError(f"run_option='PS' needs parameter servers, but {manager} has no ps task: add ps tasks "
+                          "(PS replicas of a TFJob, n_ps in Polyaxon) or use run_option='MPI'")
+    if run_option == "MPI":
+        if servers:
+            raise LaunchError(f"run_option='MPI' all-reduces among the workers, but {manager} has {servers} ps "
+                              "task(s) that would idle: leave them out of the job or use run_option='PS'")
+        if backend_without_mpirun(asked) is None:
+            raise LaunchError(f"MPIConfig.backend={asked!r} needs processes started by mpirun; the tasks "
+                              f"{manager} describes all-reduce with TF collectives: use backend 'auto' or "
+                              "'collective' (or start the job as a Kubeflow MPIJob)")
+        if gpus > 1:
+            raise LaunchError(f"run_option='MPI' trains one replica per task, and this task sees {gpus} GPUs: "
+                              "give each task one GPU (one task per GPU) or use run_option='PS', whose workers "
+                              "train a replica on each GPU of their task")
+    return backend_without_mpirun(asked) or backend_without_mpirun("auto")
+
+
 def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = None,
-           cpu_count: int | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+           cpu_count: int | None = None, environ: Mapping[str, str] | None = None,
+           manager: str | None = None) -> Settings:
     """Read the user's config once and decide everything it leaves open.
 
     Args:
@@ -138,12 +172,16 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         gpus: GPUs of this machine (default: what TensorFlow sees).
         cpu_count: cores of this machine (default: ``os.cpu_count()``).
         environ: the environment to read (default: ``os.environ``).
+        manager: what started this process when a cluster manager did (``"TF_CONFIG"``): the run
+            option then defaults to ``PS`` with ps tasks and ``MPI`` without, and the workers
+            all-reduce with TF collectives (there is no MPI among such tasks).
 
     Returns:
         The frozen settings.
 
     Raises:
         TypeError, ValueError: the config breaks a rule across fields.
+        LaunchError: the run option cannot run in the cluster ``manager`` started.
     """
     config.validate(sync=sync)
     environ = os.environ if environ is None else environ
@@ -157,6 +195,9 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         (gpus > 0 and any(w.devices is None for w in cluster.workers))
     run_option = config.run_option or ("HYBRID" if sync else "PS")  # the seed's default, HYBRID; PS for async
     dense, _ = choose_backend(mpi.backend, on_gpus)
+    if manager is not None:
+        run_option = config.run_option or ("PS" if cluster.servers or not sync else "MPI")
+        dense = _managed_backend(run_option, mpi.backend, cluster, manager, gpus)
     beside_servers, why = choose_backend(mpi.backend, on_gpus, beside_servers=True)
     common = dict(fusion_bytes=mpi.fusion_bytes, use_allgatherv=mpi.use_allgatherv, gpu=on_gpus)
     notes = (why,) if why and run_option in ("HYBRID", "AUTO") else ()

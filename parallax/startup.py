@@ -6,7 +6,7 @@ it to ``Config.export_graph_path`` when asked, lets each communication backend
 the plan uses prepare the graph for this process, imports it into a fresh graph
 and starts a ``MonitoredSession`` (which initialises the variables, or waits
 for the chief to), makes every worker start from worker 0's values where the
-workers hold variables themselves, and returns the :class:`ParallaxSession`.
+workers hold variables themselves (:mod:`parallax.comm.broadcast`), and returns the :class:`ParallaxSession`.
 :func:`start_server` starts a process's TensorFlow server in the job's cluster.
 """
 
@@ -17,7 +17,6 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
 
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
     from parallax.roles import ProcessSetup
     from parallax.settings import Settings
 
-__all__ = ["start_worker", "start_server", "session_config", "GROUP_LEADER"]
+__all__ = ["start_worker", "start_server", "make_server", "server_config", "session_config", "GROUP_LEADER"]
 
 GROUP_LEADER = "/job:worker/replica:0/task:0"
 
@@ -65,9 +64,35 @@ def session_config(user: config_pb2.ConfigProto | None, cpu_devices: int = 0, vi
     return proto
 
 
+def server_config(settings: Settings, process: ProcessSpec, group_leader: str | None = None
+                  ) -> config_pb2.ConfigProto:
+    """The config of a process's TensorFlow server (its devices, GPUs and collective group leader)."""
+    config = session_config(settings.sess_config, process.cpu_devices, process.visible_gpus)
+    if group_leader is not None:
+        config.experimental.collective_group_leader = group_leader
+    return config
+
+
+def make_server(spec: dict[str, list[str]], job: str, index: int, config: config_pb2.ConfigProto,
+                protocol: str) -> tf.distribute.Server:
+    """Start the server of task ``index`` of ``job`` in the cluster ``spec``.
+
+    Raises:
+        LaunchError: the protocol is not in this TensorFlow build.
+        tf.errors.UnknownError, tf.errors.InternalError, RuntimeError: the port could not be bound.
+    """
+    try:
+        return tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=index,
+                                    config=config, protocol=protocol, start=True)
+    except tf.errors.NotFoundError as e:  # no server for this protocol in this TensorFlow build
+        available = str(e).rsplit("available server factories are:", 1)[-1].strip()
+        raise LaunchError(f"PSConfig.protocol={protocol!r} is not supported by this TensorFlow build "
+                          f"(its servers: {available}); use protocol='grpc'") from e
+
+
 def start_server(rank: int, jobs: list[tuple[str, int]], settings: Settings, process: ProcessSpec, *,
                  group_leader: str | None = None) -> tf.distribute.Server:
-    """Start this rank's TensorFlow server in the job's cluster.
+    """Start this rank's TensorFlow server in the job's cluster (a process mpirun started).
 
     Every rank picks a free port (or takes the one the resource file gives),
     the ranks exchange ``host:port`` over MPI, and each starts its server. A
@@ -90,7 +115,6 @@ def start_server(rank: int, jobs: list[tuple[str, int]], settings: Settings, pro
     host = socket.gethostname()
     last_error = None
     fixed = port = process.port
-    protocol = settings.ps.protocol
     for _ in range(settings.timeouts.server_start_attempts):
         if fixed is None:
             with socket.socket() as s:
@@ -100,18 +124,11 @@ def start_server(rank: int, jobs: list[tuple[str, int]], settings: Settings, pro
         spec: dict[str, list[str]] = {}
         for (job, _index), address in zip(jobs, addresses):
             spec.setdefault(job, []).append(address)
-        config = session_config(settings.sess_config, process.cpu_devices, process.visible_gpus)
-        if group_leader is not None:
-            config.experimental.collective_group_leader = group_leader
         job, index = jobs[rank]
         try:
-            server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=index,
-                                          config=config, protocol=protocol, start=True)
+            server = make_server(spec, job, index, server_config(settings, process, group_leader),
+                                 settings.ps.protocol)
             ok = True
-        except tf.errors.NotFoundError as e:  # no server for this protocol in this TensorFlow build
-            available = str(e).rsplit("available server factories are:", 1)[-1].strip()
-            raise LaunchError(f"PSConfig.protocol={protocol!r} is not supported by this TensorFlow build "
-                              f"(its servers: {available}); use protocol='grpc'") from e
         except (tf.errors.UnknownError, tf.errors.InternalError, RuntimeError) as e:  # port taken
             server, ok, last_error = None, False, e
         if all(comm.allgather(ok)):
@@ -184,7 +201,8 @@ def _start_session(meta: meta_graph_pb2.MetaGraphDef, config: config_pb2.ConfigP
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.train.import_meta_graph(meta, clear_devices=False)
-        assigns = _broadcast_ops(graph) if setup.broadcast else None
+        if setup.broadcast is not None:
+            setup.broadcast.build(graph)
         all_hooks = list(settings.hooks)
         saver, ckpt_dir = None, None
         if settings.ckpt.ckpt_dir and setup.saves:
@@ -204,8 +222,8 @@ def _start_session(meta: meta_graph_pb2.MetaGraphDef, config: config_pb2.ConfigP
             creator = _WorkerSessionCreator(scaffold, master, config, settings.timeouts.session_wait,
                                             settings.timeouts.ready_poll)
         session = tf.compat.v1.train.MonitoredSession(session_creator=creator, hooks=all_hooks)
-    if assigns is not None:
-        _broadcast(session, assigns, setup.comms.workers)
+    if setup.broadcast is not None:
+        setup.broadcast.run(session)
     return session, graph
 
 
@@ -227,33 +245,3 @@ class _WorkerSessionCreator(tf.compat.v1.train.SessionCreator):
             ready_op=self._scaffold.ready_op, ready_for_local_init_op=self._scaffold.ready_for_local_init_op,
             graph=tf.compat.v1.get_default_graph(), recovery_wait_secs=self._poll_secs)
         return manager.wait_for_session(self._master, config=self._config, max_wait_secs=self._max_wait_secs)
-
-
-def _broadcast_ops(graph: tf.Graph):
-    variables = [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-                 + graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES) if "/job:ps" not in v.device]
-    ops = []
-    with tf.name_scope("parallax_broadcast/"):
-        for v in variables:
-            ph = tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape)
-            assign = tf.compat.v1.assign(v, ph, validate_shape=False)
-            ops.append((v, ph, assign.op if isinstance(assign, tf.Tensor) else assign))
-    return ops
-
-
-def _broadcast(session, assigns, comm=None) -> None:
-    from mpi4py import MPI
-
-    comm = comm if comm is not None else MPI.COMM_WORLD
-    values = session.run([v for v, _, _ in assigns])
-    feeds = {}
-    for (_, ph, _), value in zip(assigns, values):
-        value = np.array(value, order="C", copy=True)
-        if value.dtype == object:
-            value = comm.bcast(value, root=0)
-        else:
-            comm.Bcast(value, root=0)
-        feeds[ph] = value
-    if comm.rank != 0:
-        session.run([op for _, _, op in assigns], feed_dict=feeds)
-    comm.Barrier()

@@ -14,7 +14,8 @@ from parallax.comm.base import Backend
 from parallax.errors import PlanError
 from parallax.plan.model import BACKENDS, CommSpec, Plan
 
-__all__ = ["backend_class", "backend_for", "backends_in_use", "choose_backend", "horovod_available"]
+__all__ = ["backend_class", "backend_for", "backends_in_use", "choose_backend", "backend_without_mpirun",
+           "horovod_available"]
 
 _CLASSES = {
     "mpi": ("parallax.comm.mpi", "MPIBackend"),
@@ -45,6 +46,20 @@ def choose_backend(asked: str, gpu: bool, beside_servers: bool = False) -> tuple
                f"{asked!r} (TF collectives abort beside a shared parameter server)")
         return "mpi", None if asked == "auto" else why
     return name, None
+
+
+#: The one backend of workers that share no MPI: TensorFlow's collectives over their servers.
+_WITHOUT_MPIRUN = "collective"
+
+
+def backend_without_mpirun(asked: str) -> str | None:
+    """The backend of workers that share no MPI (tasks a cluster manager started) when
+    ``MPIConfig.backend`` is ``asked``, or ``None`` when the one asked for needs mpirun.
+
+    >>> backend_without_mpirun("auto"), backend_without_mpirun("mpi")
+    ('collective', None)
+    """
+    return _WITHOUT_MPIRUN if asked in ("auto", _WITHOUT_MPIRUN) else None
 
 
 def horovod_available() -> bool:

@@ -20,7 +20,7 @@ class RankSpec:
             (the host's GPUs, or its CPU).
         line: the resource-file line it comes from (0 when Parallax added it).
         role: ``"worker"`` or ``"ps"`` (a parameter server).
-        port: the port an explicit-role file gives its server (PS mode), else ``None``.
+        port: the port an explicit-role file gives its server, else ``None``.
     """
 
     host: str
@@ -52,9 +52,10 @@ def ranks_per_device(cluster: Cluster) -> tuple[RankSpec, ...]:
     ranks = []
     for worker in cluster.workers:
         if worker.devices is None:
-            ranks.append(RankSpec(worker.host, None, worker.line))
-        else:
-            ranks.extend(RankSpec(worker.host, (d,), worker.line) for d in worker.devices)
+            ranks.append(RankSpec(worker.host, None, worker.line, port=worker.port))
+        else:  # a line of one device is one process: its server takes the line's port
+            port = worker.port if len(worker.devices) == 1 else None
+            ranks.extend(RankSpec(worker.host, (d,), worker.line, port=port) for d in worker.devices)
     return _hosts_together(ranks)
 
 

@@ -15,7 +15,7 @@ between ``parallel_run`` calls.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from parallax.errors import LaunchError
 from parallax.launch.bootstrap import (
@@ -26,6 +26,11 @@ from parallax.launch.bootstrap import (
     make_heartbeat,
 )
 from parallax.launch.layout import RankSpec
+
+if TYPE_CHECKING:
+    from parallax.comm.broadcast import Broadcast
+    from parallax.job import JobPlan, ProcessSpec
+    from parallax.settings import Settings
 
 __all__ = ["LaunchedProcess", "launched_process", "NoHeartbeat"]
 
@@ -62,6 +67,24 @@ class LaunchedProcess:
     @property
     def spec(self) -> RankSpec:
         return self.context.spec
+
+    def process_in(self, job: JobPlan) -> ProcessSpec:
+        """This process's part of ``job``: the process of its rank."""
+        return job.process(self.rank)
+
+    def start_server(self, job: JobPlan, settings: Settings, process: ProcessSpec,
+                     group_leader: str | None = None) -> Any:
+        """Start this rank's server: the ranks agree on free ports over MPI (:func:`parallax.startup.start_server`)."""
+        from parallax.startup import start_server
+
+        jobs = [(p.role, p.index) for p in job.processes]
+        return start_server(self.rank, jobs, settings, process, group_leader=group_leader)
+
+    def broadcast(self, job: JobPlan, process: ProcessSpec, settings: Settings) -> Broadcast:
+        """Worker 0's values go to the other workers over MPI."""
+        from parallax.comm.broadcast import MPIBroadcast
+
+        return MPIBroadcast(self.workers_comm())
 
     def server(self, start: Callable[[], Any], chief: bool = False) -> Any:
         """This process's TensorFlow server: ``start()`` the first time, the same server after.

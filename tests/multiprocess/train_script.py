@@ -57,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default="adam")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--batch", type=int, default=12)
-    p.add_argument("--run_option", default="MPI")
+    p.add_argument("--run_option", default="MPI", help="'default': Config's own default (None)")
     # `make test-horovod` sets PARALLAX_TEST_BACKEND=horovod: every job of the tests then all-reduces with it
     p.add_argument("--backend", default=os.environ.get("PARALLAX_TEST_BACKEND") or "auto")
     p.add_argument("--average_sparse", action="store_true")
@@ -123,7 +123,8 @@ def train(args: argparse.Namespace) -> None:
         int(x) for x in args.profile_steps.split(",")] if args.profile_steps else None)
     sess_config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=args.sess_threads) \
         if args.sess_threads else None
-    config = parallax.Config(run_option=args.run_option, hooks=hooks, ckpt_config=ckpt, profile_config=profile,
+    run_option = None if args.run_option == "default" else args.run_option
+    config = parallax.Config(run_option=run_option, hooks=hooks, ckpt_config=ckpt, profile_config=profile,
                              sess_config=sess_config, stall_timeout=args.stall_timeout,
                              export_graph_path=args.export_graph_path,
                              average_sparse=args.average_sparse,
@@ -134,7 +135,9 @@ def train(args: argparse.Namespace) -> None:
                                                                        sync=args.sync, parallax_config=config)
     PAUSE["seconds"] = 0.5 if worker_id == 0 else 0.0  # slow_ema: a chief slower after its update
     os.makedirs(args.out, exist_ok=True)
-    open(os.path.join(args.out, f"started_{worker_id}"), "w").close()  # for tests that act mid-run
+    with open(os.path.join(args.out, f"started_{worker_id}"), "w") as f:  # for tests that act mid-run
+        json.dump({"num_workers": num_workers, "worker_id": worker_id, "num_replicas": num_replicas,
+                   "mpi": "mpi4py.MPI" in sys.modules}, f)
     step_var = tf.compat.v1.train.get_global_step(model.graph)
     if step_var is not None:
         print(f"worker {worker_id} starts at global step {sess.run(step_var)[0]}", flush=True)

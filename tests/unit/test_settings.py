@@ -97,3 +97,34 @@ def test_every_config_default_is_written_once_in_its_field():
                 parallax.ProfileConfig, parallax.CommunicationConfig):
         assert dataclasses.is_dataclass(cls), cls  # its __init__ comes from the fields' defaults
         assert all("check" in f.metadata for f in dataclasses.fields(cls)), cls
+
+
+# -- tasks a cluster manager started (TF_CONFIG) --------------------------------------------------------------
+MANAGED_PS = parse_resource_text("worker,a,1,\nworker,b,1,\nps,c,1,\n", "TF_CONFIG")
+MANAGED_WORKERS = parse_resource_text("worker,a,1,\nworker,b,1,\n", "TF_CONFIG")
+
+
+def managed(config=None, cluster=MANAGED_PS, sync=True, gpus=0):
+    return derive(config or parallax.Config(), sync, cluster, gpus=gpus, cpu_count=4, environ={}, manager="TF_CONFIG")
+
+
+@pytest.mark.parametrize("cluster, sync, expected", [(MANAGED_PS, True, "PS"), (MANAGED_WORKERS, True, "MPI"),
+                                                     (MANAGED_PS, False, "PS")])
+def test_a_managed_job_defaults_to_the_layout_its_tasks_make(cluster, sync, expected):
+    s = managed(cluster=cluster, sync=sync)
+    assert s.run_option == expected and s.allreduce_comm.backend == "collective"
+
+
+@pytest.mark.parametrize("option, cluster, backend, gpus, message", [
+    ("HYBRID", MANAGED_PS, "auto", 0, "run_option='HYBRID' cannot run in tasks started from TF_CONFIG"),
+    ("AUTO", MANAGED_WORKERS, "auto", 0, "run_option='AUTO' cannot run in tasks started from TF_CONFIG"),
+    ("PS", MANAGED_WORKERS, "auto", 0, "run_option='PS' needs parameter servers, but TF_CONFIG has no ps task"),
+    ("MPI", MANAGED_PS, "auto", 0, "but TF_CONFIG has 1 ps task\\(s\\) that would idle"),
+    ("MPI", MANAGED_WORKERS, "mpi", 0, "MPIConfig.backend='mpi' needs processes started by mpirun"),
+    ("MPI", MANAGED_WORKERS, "auto", 2, "this task sees 2 GPUs"),
+])
+def test_what_cannot_run_in_a_managed_job_is_refused_saying_what_to_use(option, cluster, backend, gpus, message):
+    config = parallax.Config(run_option=option, communication_config=parallax.CommunicationConfig(
+        mpi_config=parallax.MPIConfig(backend=backend)))
+    with pytest.raises(parallax.LaunchError, match=message):
+        managed(config, cluster=cluster, gpus=gpus)

@@ -1,0 +1,392 @@
+"""A process a cluster manager started: its server, its exit, and the watch on its peers.
+
+A manager (Kubernetes' TFJob, Polyaxon, SageMaker, Vertex) starts every task
+itself and says in ``TF_CONFIG`` which one each is
+(:mod:`parallax.managers.tf_config`). There is no launcher and no MPI among the
+tasks, so what :class:`~parallax.launch.rank.LaunchedProcess` does over MPI is
+done here over the tasks' TensorFlow servers (gRPC) alone:
+
+* the server binds the address ``TF_CONFIG`` gives the task;
+* the workers start from worker 0's values with TensorFlow's collective
+  broadcast (:class:`~parallax.comm.broadcast.CollectiveBroadcast`);
+* the tasks leave together (:class:`ExitBarrier`): each task adds itself to a
+  queue on worker 0's server when its program ends, waits until every task has,
+  then leaves; worker 0 leaves last, so no task loses a server it still needs;
+* a task whose server goes away before that (its process died, or its host) ends
+  every other task within seconds, naming it (:class:`PeerWatch`).
+
+This is the process-wide state of a manager-started process (one per process,
+as for a launched one); a process that trains alone keeps nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from parallax.errors import LaunchError
+from parallax.launch.rank import NoHeartbeat
+from parallax.logs import LEVEL_ENV
+from parallax.logs import log as logger
+from parallax.managers.tf_config import ManagedJob, Task, read_tf_config
+
+if TYPE_CHECKING:
+    from parallax.comm.broadcast import Broadcast
+    from parallax.job import JobPlan, ProcessSpec
+    from parallax.settings import Settings
+
+__all__ = ["JoinedProcess", "joined_process", "ExitBarrier", "PeerWatch", "BROADCAST_GROUP_OFFSET"]
+
+#: Collective group keys of the start-up broadcast: beside the gradients' groups (1 + job key < 2**30).
+BROADCAST_GROUP_OFFSET = 1 << 30
+_CHIEF_DEVICE = "/job:worker/replica:0/task:0/device:CPU:0"
+
+
+class JoinedProcess:
+    """What one manager-started process keeps for its life (see the module docstring).
+
+    Args:
+        managed: the job the manager describes and this process's task in it.
+    """
+
+    def __init__(self, managed: ManagedJob) -> None:
+        self.managed = managed
+        self.calls = 0
+        self._server: Any = None
+        self._exit: ExitBarrier | None = None
+        self._watch: PeerWatch | None = None
+        self._how: str | None = None
+
+    @property
+    def task(self) -> Task:
+        return self.managed.task
+
+    def begin_call(self, settings: Settings) -> None:
+        """Count a ``parallel_run`` call: a manager-started process trains one job, without a partition search.
+
+        Raises:
+            LaunchError: on a second call, or when ``settings`` ask for a partition search.
+        """
+        self.calls += 1
+        if self.calls > 1:
+            raise LaunchError(f"parallel_run was called again in {self.managed.source}: a process started by a "
+                              "cluster manager trains one job (its server and its peers belong to that job)")
+        if settings.search_partitions:
+            raise LaunchError(f"search_partitions runs trials the launcher starts, and {self.managed.source} was "
+                              "started by a cluster manager: search with parallax-run on one machine, then set the "
+                              "partition count it found")
+
+    def process_in(self, job: JobPlan) -> ProcessSpec:
+        """This task's part of ``job``: the process at its ``host:port``.
+
+        Raises:
+            LaunchError: the job plan has no process there (the run option leaves this task out).
+        """
+        for p in job.processes:
+            if (p.role, p.host, p.port) == (self.task.role, self.task.host, self.task.port):
+                return p
+        raise LaunchError(f"{self.managed.source}: the {job.layout} job has no place for this task at "
+                          f"{self.task.host}:{self.task.port}")
+
+    def server(self, start: Callable[[], Any], chief: bool = False) -> Any:
+        if self._server is None:
+            self._server = start()
+        return self._server
+
+    def start_server(self, job: JobPlan, settings: Settings, process: ProcessSpec,
+                     group_leader: str | None = None) -> Any:
+        """Start the server at the task's address, then the exit barrier and the watch on the peers.
+
+        Raises:
+            LaunchError: the address cannot be bound.
+        """
+        import tensorflow as tf
+
+        from parallax.startup import make_server, server_config
+
+        spec: dict[str, list[str]] = {}
+        for p in sorted(job.processes, key=lambda p: (p.role, p.index)):
+            spec.setdefault(p.role, []).append(f"{p.host}:{p.port}")
+        try:
+            server = make_server(spec, process.role, process.index, server_config(settings, process, group_leader),
+                                 settings.ps.protocol)
+        except (tf.errors.UnknownError, tf.errors.InternalError, RuntimeError) as e:
+            raise LaunchError(f"{self.managed.source}: cannot start this task's server on port {process.port} "
+                              f"(is it in use?): {e}") from e
+        total = len(job.processes)
+        identity = self._identity(job, process)
+        chief = job.workers[0]
+        self._exit = ExitBarrier(server.target, identity, total, chief=identity == 0,
+                                 timeout_ms=int(settings.timeouts.ready_poll * 1000) + 5000,
+                                 chief_address=(chief.host, chief.port))
+        peers = [(self.managed.name_of(p.host, p.port), p.host, p.port) for p in job.processes if p is not process]
+        self._watch = PeerWatch(peers, self.task.name, finished=self._exit.complete,
+                                grace=min(settings.timeouts.stall or 3.0, 3.0))
+        self._watch.start()
+        atexit.register(self._leave)
+        logger.info("Parallax: %s serving as %s %d on port %d", self.managed.source, process.role, process.index,
+                    process.port)
+        return server
+
+    @staticmethod
+    def _identity(job: JobPlan, process: ProcessSpec) -> int:
+        """A number per task, 0 for worker 0 (which holds the exit barrier)."""
+        order = sorted(job.processes, key=lambda p: (p.role != "worker", p.role, p.index))
+        return order.index(process)
+
+    def split_comms(self) -> tuple[Any, Any]:
+        return None, None  # no MPI among the tasks
+
+    def heartbeat(self, state: str, where: str = "") -> Any:
+        return NoHeartbeat()
+
+    def exit_together(self, how: str, finish_timeout: float) -> None:
+        """``"finish"`` (all-reduce workers): wait at most ``finish_timeout`` s for the others at the end;
+        ``"barrier"`` (PS): as long as the others train."""
+        self._how = self._how or how
+        self._finish_timeout = finish_timeout
+
+    def broadcast(self, job: JobPlan, process: ProcessSpec, settings: Settings) -> Broadcast:
+        from parallax.comm.broadcast import CollectiveBroadcast
+
+        return CollectiveBroadcast(len(job.workers), process.index == 0,
+                                   BROADCAST_GROUP_OFFSET + job.plan.comm.job_key,
+                                   settings.timeouts.operation_ms / 1000)
+
+    def _leave(self) -> None:
+        if self._exit is None:
+            return
+        bound = self._finish_timeout if self._how == "finish" else None
+        outcome = self._exit.wait(bound, failed=self._watch.failed if self._watch else None)
+        if outcome is not None:
+            _end(f"Parallax: {self.managed.source} finished, but {outcome}")
+        if self._watch is not None:
+            self._watch.stop()
+
+
+class ExitBarrier:
+    """Every task leaves when all have finished; worker 0, which holds the barrier's queues, last.
+
+    Args:
+        target: this task's server (``grpc://...``).
+        identity: this task's number (0: worker 0).
+        total: how many tasks the job has.
+        chief: this is worker 0.
+        timeout_ms: how long one call on worker 0's queues may take.
+        chief_address: worker 0's ``(host, port)``, checked before it is asked anything.
+    """
+
+    def __init__(self, target: str, identity: int, total: int, chief: bool, timeout_ms: int,
+                 chief_address: tuple[str, int] | None = None) -> None:
+        import tensorflow as tf
+
+        self._chief_address = chief_address
+        self.identity, self.total, self.chief = identity, total, chief
+        self._done = threading.Event()
+        graph = tf.Graph()
+        with graph.as_default(), tf.device(_CHIEF_DEVICE):
+            arrived = tf.queue.FIFOQueue(total, [tf.int32], shapes=[[]], shared_name="parallax_exit_arrived",
+                                         name="parallax_exit_arrived")
+            left = tf.queue.FIFOQueue(total, [tf.int32], shapes=[[]], shared_name="parallax_exit_left",
+                                      name="parallax_exit_left")
+            self._arrive, self._arrived = arrived.enqueue(identity), arrived.size()
+            self._leave, self._left = left.enqueue(identity), left.size()
+        config = tf.compat.v1.ConfigProto(device_filters=["/job:worker/replica:0/task:0"],
+                                          operation_timeout_in_ms=timeout_ms)
+        self._graph, self._target, self._config = graph, target, config
+        self._lock = threading.Lock()
+        self._session: Any = None
+
+    def _run(self, fetch):
+        import tensorflow as tf
+
+        if not self._lock.acquire(timeout=30):
+            raise TimeoutError("worker 0 does not answer")
+        try:
+            if self._session is None:
+                self._session = tf.compat.v1.Session(self._target, graph=self._graph, config=self._config)
+            return self._session.run(fetch)
+        finally:
+            self._lock.release()
+
+    def complete(self, within: float = 2.0) -> bool:
+        """Whether every task has finished, asked of worker 0; ``False`` when it does not answer
+        ``within`` seconds (a session to a dead task can wait for it without end)."""
+        if self._done.is_set():
+            return True
+        if self._chief_address is not None and not _reachable(*self._chief_address):
+            return False
+        answer: list[int] = []
+
+        def ask() -> None:
+            try:
+                answer.append(self._run(self._arrived))
+            except Exception:  # noqa: BLE001, S110 - worker 0 unreachable: no answer
+                pass
+
+        thread = threading.Thread(target=ask, name="parallax-exit-ask", daemon=True)
+        thread.start()
+        thread.join(within)
+        if answer and answer[0] >= self.total:
+            self._done.set()
+        return self._done.is_set()
+
+    def wait(self, bound: float | None, failed: Callable[[], bool] | None = None) -> str | None:
+        """Arrive, wait for every task, and leave; ``None`` when all went well, else what went wrong."""
+        start = time.monotonic()
+        deadline = None if bound is None else start + bound
+        while True:
+            try:
+                self._run(self._arrive)
+                break
+            except Exception as e:  # noqa: BLE001 - worker 0 not up yet, or gone
+                if deadline is not None and time.monotonic() > deadline:
+                    return f"worker 0 could not be reached to leave together: {e}"
+                time.sleep(0.2)
+        while not self.complete():
+            if failed is not None and failed():
+                return "a peer task failed"
+            if deadline is not None and time.monotonic() > deadline:
+                return (f"after {bound:.0f} s other tasks are still training: every worker must run the same "
+                        "number of steps (an all-reduce needs them all)")
+            time.sleep(0.1)
+        if not self.chief:
+            try:
+                self._run(self._leave)
+            except Exception:  # noqa: BLE001, S110 - worker 0 gone: leaving anyway
+                pass
+            return None
+        end = time.monotonic() + 30.0  # worker 0 keeps its server until the others have left
+        while time.monotonic() < end:
+            try:
+                if self._run(self._left) >= self.total - 1:
+                    return None
+            except Exception:  # noqa: BLE001 - cannot happen on its own server; leave
+                return None
+            time.sleep(0.05)
+        return None
+
+
+class PeerWatch(threading.Thread):
+    """Ends this task when a peer task's server goes away before the job has finished.
+
+    Every half second it connects to each peer's server port. A peer that was up
+    and has not answered for ``grace`` seconds has ended (or its host is gone),
+    unless every task has finished (``finished()``): this process then prints
+    which task and exits with 1, so no task waits forever on a dead one.
+
+    Args:
+        peers: ``(name, host, port)`` of every other task.
+        own: this task's name.
+        finished: whether the job has finished (asked when a peer goes away).
+        grace: seconds a peer may be unreachable.
+        probe: how a peer is checked (default: a TCP connection to its port).
+        end: what ends this process (default: print, then ``os._exit(1)``).
+    """
+
+    def __init__(self, peers: list[tuple[str, str, int]], own: str, finished: Callable[[], bool], grace: float,
+                 probe: Callable[[str, int], bool] | None = None, end: Callable[[str], None] | None = None,
+                 interval: float = 0.5) -> None:
+        super().__init__(name="parallax-peer-watch", daemon=True)
+        self.peers, self.own, self.finished, self.grace = peers, own, finished, grace
+        self._probe = probe or _reachable
+        self._end = end or _end
+        self._interval = interval
+        self._stop = threading.Event()
+        self._failed = threading.Event()
+        self.seen: set[str] = set()
+        self.lost: dict[str, float] = {}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def failed(self) -> bool:
+        return self._failed.is_set()
+
+    def check(self, now: float) -> str | None:
+        """One round: probe every peer; the name and address of one that has gone, if any."""
+        for name, host, port in self.peers:
+            if self._probe(host, port):
+                self.seen.add(name)
+                self.lost.pop(name, None)
+                continue
+            if name not in self.seen:
+                continue  # not started yet: starting is the session's business, not this watch's
+            since = self.lost.setdefault(name, now)
+            if now - since >= self.grace and not self.finished():
+                return f"{name} ({host}:{port})"
+        return None
+
+    def run(self) -> None:
+        while not self._stop.wait(self._interval):
+            gone = self.check(time.monotonic())
+            if gone is not None and not self._stop.is_set():
+                self._failed.set()
+                self._end(f"Parallax job failed: task {gone} has ended or cannot be reached; ending task {self.own}")
+                return
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host.strip("[]"), port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _end(message: str) -> None:
+    try:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+    except OSError:
+        pass
+    os._exit(1)
+
+
+def _note_failures() -> None:
+    """An unhandled exception ends this task at once, after its traceback: its exit barrier would
+    wait for peers that wait for it, while its peers, seeing its server gone, end naming it."""
+    if getattr(sys.excepthook, "_parallax_joined", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        try:
+            previous(kind, value, tb)
+        except Exception:  # noqa: BLE001 - the traceback is printed below then
+            traceback.print_exception(kind, value, tb)
+        _end("Parallax: this task ended with an exception")
+
+    hook._parallax_joined = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
+_THIS_PROCESS: JoinedProcess | None = None
+
+
+def joined_process(environ: Mapping[str, str] | None = None) -> JoinedProcess | None:
+    """This process's :class:`JoinedProcess` if a cluster manager started it (``TF_CONFIG`` names a
+    cluster of more than one task), else ``None``.
+
+    Raises:
+        ResourceFileError: ``TF_CONFIG`` is malformed.
+        LaunchError: this task does not train (an evaluator).
+    """
+    global _THIS_PROCESS
+    if _THIS_PROCESS is None:
+        managed = read_tf_config(os.environ if environ is None else environ)
+        if managed is None or len(managed.tasks) < 2:
+            return None
+        _note_failures()
+        if not os.environ.get(LEVEL_ENV):  # a task logs at INFO (its plan, its server), as a launched one
+            logger.setLevel(logging.INFO)
+        _THIS_PROCESS = JoinedProcess(managed)
+    return _THIS_PROCESS

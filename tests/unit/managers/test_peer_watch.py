@@ -1,0 +1,72 @@
+"""The watch on a manager-started task's peers: a peer gone before the job finished ends this task."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+from parallax.managers.joined import PeerWatch
+
+
+def watch(up: dict[str, bool], finished=lambda: False, grace: float = 2.0) -> PeerWatch:
+    peers = [(name, "h", port) for port, name in enumerate(up)]
+    names = {port: name for port, name in enumerate(up)}
+    return PeerWatch(peers, "chief 0", finished=finished, grace=grace, probe=lambda host, port: up[names[port]],
+                     end=lambda message: None)
+
+
+def test_a_peer_gone_for_the_grace_is_named():
+    up = {"worker 0": True, "ps 0": True}
+    w = watch(up)
+    assert w.check(0.0) is None
+    up["ps 0"] = False
+    assert w.check(1.0) is None  # within the grace
+    assert w.check(3.5) == "ps 0 (h:1)"  # lost since 1.0
+
+
+def test_a_peer_back_within_the_grace_is_not_named():
+    up = {"worker 0": True}
+    w = watch(up)
+    w.check(0.0)
+    up["worker 0"] = False
+    w.check(1.0)
+    up["worker 0"] = True
+    w.check(1.5)
+    up["worker 0"] = False
+    assert w.check(3.0) is None  # lost again at 3.0, not since 1.0
+
+
+def test_a_peer_never_seen_is_left_to_the_session():
+    w = watch({"worker 1": False})
+    assert w.check(0.0) is None and w.check(100.0) is None
+
+
+def test_a_peer_gone_after_the_job_finished_is_a_normal_end():
+    up = {"worker 0": True}
+    w = watch(up, finished=lambda: True)
+    w.check(0.0)
+    up["worker 0"] = False
+    assert w.check(10.0) is None
+
+
+def test_the_thread_ends_the_task_naming_the_peer_over_real_sockets():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        ended: list[str] = []
+        done = threading.Event()
+
+        def end(message: str) -> None:
+            ended.append(message)
+            done.set()
+
+        w = PeerWatch([("worker 1", "127.0.0.1", port)], "chief 0", finished=lambda: False, grace=0.3, end=end,
+                      interval=0.05)
+        w.start()
+        while "worker 1" not in w.seen:
+            done.wait(0.05)
+    # the listening socket is closed: connections are refused from now on
+    assert done.wait(5), "the watch did not end the task"
+    assert ended == [f"Parallax job failed: task worker 1 (127.0.0.1:{port}) has ended or cannot be reached; "
+                     "ending task chief 0"]
