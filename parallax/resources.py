@@ -17,6 +17,10 @@ The explicit-role cluster file (``role,host,port,device``), as in seed 000::
     worker,worker1.example.com,1024,0
     worker,worker1.example.com,1025,cpu:1
 
+A role spec (YAML, the shape of Polyaxon's ``environment`` section: a master,
+``n_workers``, ``n_ps`` and resources per role) is a third format, read by
+:mod:`parallax.rolespec`.
+
 ``parse_resource_text("h: 0,1")`` returns
 ``Cluster(workers=(WorkerTask(host='h', devices=(Device('gpu', 0), Device('gpu', 1)), ...),), ...)``.
 """
@@ -147,6 +151,10 @@ def parse_resource_text(text: str, source: str = "<resource_info>") -> Cluster:
     Raises:
         ResourceFileError: naming ``source``, the line number and what was expected.
     """
+    from parallax import rolespec  # a role spec (YAML) is told by its first line
+
+    if rolespec.looks_like_role_spec(text):
+        return rolespec.parse_role_spec(text, source).cluster()
     lines = []
     for number, raw in enumerate(text.splitlines(), start=1):
         content = raw.split("#", 1)[0].strip()
