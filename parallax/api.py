@@ -24,7 +24,7 @@ from dataclasses import replace
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
-from parallax import search, slurm
+from parallax import search
 from parallax.analysis import analyse_graph
 from parallax.checkpoint import check_schedule
 from parallax.config import Config
@@ -194,7 +194,7 @@ def _run_here(job: JobPlan, settings: Settings, cluster: Cluster, graph: tf.Grap
     for note in job.notes:
         logger.warning("Parallax: %s", note)
     launch_info = {"layout": job.layout, "digest": job.digest(), "gpus": settings.gpus}
-    if cluster.source == slurm.allocation_name(os.environ):
+    if cluster.from_environment:  # the launched processes' environment does not describe the job
         launch_info["allocation"] = {"text": cluster.text, "source": cluster.source}
     if os.environ.get(DRY_RUN_ENV):  # parallax-run --dry_run
         text = "# one worker on this machine: the script trains in its own process, nothing is launched"

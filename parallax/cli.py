@@ -35,8 +35,9 @@ import tempfile
 from parallax.config import OVERRIDE_SYNC
 from parallax.errors import ParallaxError
 from parallax.launch.launcher import DRY_RUN_ENV, MPIRUN_OPTIONS_ENV, PLAN_ENV, RESOURCE_ENV
-from parallax.resources import parse_resource_file
-from parallax.slurm import SLURM, in_allocation
+from parallax.managers.mpijob import MPIJOB
+from parallax.resources import from_environment, parse_resource_file
+from parallax.slurm import SLURM
 
 __all__ = ["main", "parallax_main", "plan_main"]
 
@@ -46,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="parallax-run", description="Run a Parallax training script on the devices of a resource file: "
         "its parallel_run uses this resource file and starts the processes its run option needs through mpirun.")
     parser.add_argument("--resource_info", "-r", help="the resource file (replaces the script's); 'slurm': the "
-                        "nodes of the Slurm allocation this runs in (the default inside one)")
+                        "nodes of the Slurm allocation this runs in (the default inside one); 'mpijob': the host "
+                        "file of a Kubeflow MPIJob's launcher (the default there)")
     parser.add_argument("--check", metavar="RESOURCE_FILE", default=None,
                         help="check every host of RESOURCE_FILE or 'slurm' (over ssh, or srun inside an "
                              "allocation: names both ways, the same Python and Parallax at the same paths, free "
@@ -68,10 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.check is None and args.resource_info is None:
-        if not in_allocation(os.environ):
+        args.resource_info = from_environment(os.environ)
+        if args.resource_info is None:
             parser.error("the following arguments are required: --resource_info/-r (or --check RESOURCE_FILE); "
-                         "inside a Slurm allocation the allocation is used when it is not given")
-        args.resource_info = SLURM
+                         "inside a Slurm allocation or an MPIJob's launcher their hosts are used when it is not "
+                         "given")
     if args.module:
         program = ["-m", *args.module]
     elif args.program:
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ParallaxError, OSError) as e:
         print(f"parallax-run: {e}", file=sys.stderr)
         return 2
-    env = {**os.environ, RESOURCE_ENV: args.resource_info if args.resource_info == SLURM
+    env = {**os.environ, RESOURCE_ENV: args.resource_info if args.resource_info in (SLURM, MPIJOB)
            else os.path.abspath(args.resource_info)}
     if args.mpirun_options:
         env[MPIRUN_OPTIONS_ENV] = args.mpirun_options

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from parallax import slurm
 from parallax.errors import ResourceFileError
 
-__all__ = ["Device", "WorkerTask", "ServerTask", "Cluster", "parse_resource_file",
+__all__ = ["Device", "WorkerTask", "ServerTask", "Cluster", "parse_resource_file", "from_environment",
            "parse_resource_text", "LOCAL_HOSTS", "is_local_host", "local_host_names"]
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
@@ -97,6 +97,8 @@ class Cluster:
         source: the file the cluster came from (for messages).
         explicit_roles: whether the file used the ``role,host,port,device`` format.
         text: the text it was parsed from.
+        from_environment: it was read from the environment (a Slurm allocation, an MPIJob's host
+            file), which the launched processes do not have: the launcher sends them its text.
     """
 
     workers: tuple[WorkerTask, ...]
@@ -104,6 +106,7 @@ class Cluster:
     source: str
     explicit_roles: bool
     text: str = ""
+    from_environment: bool = False
 
     @property
     def hosts(self) -> tuple[str, ...]:
@@ -118,22 +121,41 @@ class Cluster:
         return tuple(w for w in self.workers if w.host == host)
 
 
+def from_environment(environ) -> str | None:
+    """The resources this process's environment describes: ``"slurm"`` inside a Slurm allocation,
+    ``"mpijob"`` in a Kubeflow MPIJob's launcher (its MPI host file), else ``None``."""
+    from parallax.managers import mpijob
+
+    if slurm.in_allocation(environ):
+        return slurm.SLURM
+    if mpijob.in_launcher(environ):
+        return mpijob.MPIJOB
+    return None
+
+
 def parse_resource_file(path: str | os.PathLike | None) -> Cluster:
-    """Read and parse a resource file; ``"slurm"`` (or ``None`` inside a Slurm allocation) reads the
-    allocation this process runs in instead (:mod:`parallax.slurm`).
+    """Read and parse a resource file; ``"slurm"`` reads the Slurm allocation this process runs in
+    (:mod:`parallax.slurm`), ``"mpijob"`` the host file of a Kubeflow MPIJob's launcher
+    (:mod:`parallax.managers.mpijob`); ``None`` reads whichever of them the environment has.
 
     Raises:
         ResourceFileError: the file is missing, unreadable or malformed; the
             message names the file and the line.
     """
-    if path is None and slurm.in_allocation(os.environ):
-        path = slurm.SLURM
+    from parallax.managers import mpijob
+
+    path = from_environment(os.environ) if path is None else path
     if path is None:
         raise ResourceFileError("no resource file given: pass the path of one (e.g. a file with the line "
-                                "\"localhost: cpu:0,cpu:1\"), or run inside a Slurm allocation")
+                                "\"localhost: cpu:0,cpu:1\"), or run inside a Slurm allocation or an MPIJob's "
+                                "launcher")
     path = os.fspath(path)
     if path == slurm.SLURM:
-        return parse_resource_text(slurm.allocation_text(os.environ), source=slurm.allocation_name(os.environ))
+        cluster = parse_resource_text(slurm.allocation_text(os.environ), source=slurm.allocation_name(os.environ))
+        return replace(cluster, from_environment=True)
+    if path == mpijob.MPIJOB:
+        cluster = parse_resource_text(mpijob.resource_text(os.environ), source=mpijob.source_name(os.environ))
+        return replace(cluster, from_environment=True)
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()

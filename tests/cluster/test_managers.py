@@ -3,14 +3,17 @@ host, told its task in TF_CONFIG (as Kubernetes starts a TFJob's pods), none sta
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import threading
 import time
 
 import pytest
 
-from tests.cluster.test_multihost import assert_nothing_left
-from tests.multiprocess.test_mpi_mode import check_ranks_match, expected_values
+from tests.cluster.test_multihost import PARALLAX_RUN, assert_nothing_left, finish
+from tests.multiprocess.harness import ROOT, SCRIPT
+from tests.multiprocess.test_mpi_mode import BATCH, STEPS, check_ranks_match, expected_values
 from tests.multiprocess.test_tf_config_jobs import check_ids, run_managed
 
 pytestmark = [pytest.mark.cluster, pytest.mark.multiprocess, pytest.mark.slow]
@@ -72,3 +75,22 @@ def test_a_host_that_vanishes_ends_the_other_tasks_naming_it(cluster, tmp_path):
         assert re.search(r"task worker 1 \(vhost3:2222\) has ended or cannot be reached", run.log(name)), \
             run.log(name)[-3000:]
     assert_nothing_left(cluster, within=30)
+
+
+def test_an_mpijob_launcher_trains_on_the_hosts_of_its_host_file(cluster, tmp_path):
+    """As Kubeflow's MPI Operator runs a job: the launcher (vhost1) is not a worker; its MPI is pointed at a
+    host file of the worker pods (vhost2 with 2 slots, vhost3 with 1); the script is given no resource file."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("vhost2 slots=2\nvhost3 slots=1\n")
+    out = str(tmp_path / "out")
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", OMPI_MCA_orte_default_hostfile=str(hostfile))
+    proc = cluster.popen("vhost1", [PARALLAX_RUN, SCRIPT, "--resource_info", "mpijob", "--out", out, "--run_option",
+                                    "MPI", "--model", "mlp", "--steps", str(STEPS), "--batch", str(BATCH)],
+                         cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         errors="replace", start_new_session=True)
+    run = finish(proc, out, cluster=cluster)
+    check_ranks_match(run, expected_values("mlp"), 3)
+    hosts = re.findall(r"rank \d+: worker \d+ on (\S+):", run.output)
+    assert hosts == ["vhost2", "vhost2", "vhost3"], run.output[-3000:]
+    assert_nothing_left(cluster)

@@ -99,7 +99,7 @@ def test_inside_a_slurm_allocation_the_resource_file_may_be_left_out(capsys, scr
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     with pytest.raises(SystemExit):
         main([str(script), "MPI"])
-    assert "inside a Slurm allocation the allocation is used" in capsys.readouterr().err
+    assert "inside a Slurm allocation or an MPIJob's launcher their hosts are used" in capsys.readouterr().err
     monkeypatch.setenv("SLURM_JOB_ID", "5")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "localhost")
     monkeypatch.setenv("SLURM_TASKS_PER_NODE", "3")
