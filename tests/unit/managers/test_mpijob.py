@@ -10,7 +10,8 @@ from parallax.resources import Device, from_environment, parse_resource_file
 
 
 def test_open_mpi_and_hydra_host_files_become_one_replica_per_slot():
-    text = "# written by the MPI Operator\njob-worker-0.job-worker.ns.svc slots=2\njob-worker-1.job-worker.ns.svc:1\nh3\n"
+    text = ("# written by the MPI Operator\njob-worker-0.job-worker.ns.svc slots=2\n"
+            "job-worker-1.job-worker.ns.svc:1\nh3\n")
     assert hostfile_text(text, "f", gpus=True) == ("job-worker-0.job-worker.ns.svc: 0,1\n"
                                                     "job-worker-1.job-worker.ns.svc: 0\nh3: 0\n")
     assert hostfile_text("a slots=3 max_slots=3\n", "f", gpus=False) == "a: cpu:0,cpu:1,cpu:2\n"
