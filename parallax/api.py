@@ -28,7 +28,6 @@ from parallax import search
 from parallax.analysis import analyse_graph
 from parallax.checkpoint import check_schedule
 from parallax.config import Config
-from parallax.errors import LaunchError
 from parallax.graph_input import load_graph
 from parallax.job import JobPlan, make_job_plan
 from parallax.launch.launcher import DRY_RUN_ENV, PLAN_ENV, current_program, job_command, launch, resource_override
@@ -163,7 +162,7 @@ def _cluster(resource_info: str | os.PathLike | None, launched: LaunchedProcess 
 def _run_launched(launched: LaunchedProcess, job: JobPlan, settings: Settings, cluster: Cluster, graph: tf.Graph,
                   meta_graph: meta_graph_pb2.MetaGraphDef) -> tuple | int:
     """A process the launcher started: check it plans the launcher's job, then take its part."""
-    _check_same_job(launched, job, settings, cluster.source)
+    launched.check_job(job, settings, cluster.source)
     check_local_devices(job, settings, cluster.source)
     if settings.search_partitions:
         code = search.partition_search(graph, cluster.text, settings, launched, launching=False)
@@ -217,28 +216,6 @@ def _run_here(job: JobPlan, settings: Settings, cluster: Cluster, graph: tf.Grap
         sys.stderr.write(f"\n{result.failure}\n")
         sys.stderr.flush()
     return result.returncode
-
-
-def _check_same_job(launched: LaunchedProcess, job: JobPlan, settings: Settings, source: str) -> None:
-    """A launched process must make the launcher's job plan from its own copy of the graph (its first
-    ``parallel_run`` call; later ones must agree among the workers, :meth:`LaunchedProcess.begin_call`).
-
-    Raises:
-        LaunchError: the resource file or the graph differs from the launcher's.
-    """
-    context, digest = launched.context, job.digest()
-    if job.layout != context.job.get("layout") or job.ranks != context.ranks:
-        other = "" if job.layout == context.job.get("layout") else f"; with this graph and config: {job.layout}"
-        raise LaunchError(f"{source} does not describe the {context.job.get('layout')} job this process was "
-                          f"launched in ({len(job.ranks)} processes in the file, {len(context.ranks)} "
-                          f"launched{other}); give parallel_run the resource file the job was started with")
-    if launched.begin_call(digest) > 0:
-        return  # a later call: the workers agreed among themselves
-    # with search_partitions the launched processes build their graph with another partition count
-    if not settings.search_partitions and context.job.get("digest") not in (None, digest):
-        raise LaunchError(f"rank {context.rank} (on host {context.spec.host}) made another job plan from its graph "
-                          "than the launching process did: the training script must build the same graph in every "
-                          "process (the same variables, shapes and optimizer, whatever the rank)")
 
 
 def _print_plan(job: JobPlan, output: str | None) -> int:

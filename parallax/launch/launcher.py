@@ -145,13 +145,21 @@ def _refuse_unready_hosts(ranks: tuple[RankSpec, ...], program: list[str], remot
 
 
 def _start_monitor(ranks: tuple[RankSpec, ...], stall_timeout: float | None, on_lost, remote: set[str]):
-    """The stall monitor of a job, and the address its ranks send to (``None`` when off)."""
+    """The stall monitor of a job, and the address its ranks send to (``None`` when off).
+
+    Only a rank on another machine can be lost by silence (its host or the network to it gone): one on
+    this machine that dies is reported by mpirun, and one merely slow to send (a loaded machine) is
+    reported as silent but not ended."""
     if stall_timeout is None:
         return None, None
     from parallax.launch.monitor import StallMonitor
 
+    def lost_if_remote(rank: int, silent: float) -> None:
+        if ranks[rank].host in remote:
+            on_lost(rank, silent)
+
     monitor = StallMonitor(rank_names(ranks), stall_timeout, bind_host="0.0.0.0" if remote else "127.0.0.1",
-                           on_lost=on_lost)
+                           on_lost=lost_if_remote)
     return monitor.start(), monitor.address(socket.gethostname() if remote else "127.0.0.1")
 
 

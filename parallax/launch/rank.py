@@ -125,6 +125,27 @@ class LaunchedProcess:
 
         return MPI.COMM_WORLD
 
+    def check_job(self, job: JobPlan, settings: Settings, source: str) -> None:
+        """This process must make the launcher's job plan from its own copy of the graph (its first
+        ``parallel_run`` call; later ones must agree among the workers, :meth:`begin_call`).
+
+        Raises:
+            LaunchError: the resource file or the graph differs from the launcher's.
+        """
+        context, digest = self.context, job.digest()
+        if job.layout != context.job.get("layout") or job.ranks != context.ranks:
+            other = "" if job.layout == context.job.get("layout") else f"; with this graph and config: {job.layout}"
+            raise LaunchError(f"{source} does not describe the {context.job.get('layout')} job this process was "
+                              f"launched in ({len(job.ranks)} processes in the file, {len(context.ranks)} "
+                              f"launched{other}); give parallel_run the resource file the job was started with")
+        if self.begin_call(digest) > 0:
+            return  # a later call: the workers agreed among themselves
+        # with search_partitions the launched processes build their graph with another partition count
+        if not settings.search_partitions and context.job.get("digest") not in (None, digest):
+            raise LaunchError(f"rank {context.rank} (on host {context.spec.host}) made another job plan from its "
+                              "graph than the launching process did: the training script must build the same graph "
+                              "in every process (the same variables, shapes and optimizer, whatever the rank)")
+
     def begin_call(self, digest: str) -> int:
         """Count a ``parallel_run`` call of this worker and return its number (0 for the first).
 
