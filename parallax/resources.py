@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 
 from parallax import slurm
 from parallax.errors import ResourceFileError
+from parallax.managers import mpijob
 
 __all__ = ["Device", "WorkerTask", "ServerTask", "Cluster", "parse_resource_file", "from_environment",
            "parse_resource_text", "LOCAL_HOSTS", "is_local_host", "local_host_names"]
@@ -124,8 +125,6 @@ class Cluster:
 def from_environment(environ) -> str | None:
     """The resources this process's environment describes: ``"slurm"`` inside a Slurm allocation,
     ``"mpijob"`` in a Kubeflow MPIJob's launcher (its MPI host file), else ``None``."""
-    from parallax.managers import mpijob
-
     if slurm.in_allocation(environ):
         return slurm.SLURM
     if mpijob.in_launcher(environ):
@@ -142,8 +141,6 @@ def parse_resource_file(path: str | os.PathLike | None) -> Cluster:
         ResourceFileError: the file is missing, unreadable or malformed; the
             message names the file and the line.
     """
-    from parallax.managers import mpijob
-
     path = from_environment(os.environ) if path is None else path
     if path is None:
         raise ResourceFileError("no resource file given: pass the path of one (e.g. a file with the line "

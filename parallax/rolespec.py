@@ -187,16 +187,17 @@ def _path(data: dict, key: str) -> list:
 
 
 def _node_at(root: Any, path: list) -> Any:
+    """The YAML node at ``path`` (keys and list indexes) of the composed document, or ``None``."""
+    import yaml
+
     node = root
     for key in path:
-        if node is None:
-            return None
-        if hasattr(node, "value") and isinstance(node.value, list) and node.value and isinstance(node.value[0], tuple):
+        if isinstance(node, yaml.MappingNode):
             node = next((v for k, v in node.value if k.value == key), None)
-        elif hasattr(node, "value") and isinstance(node.value, list) and isinstance(key, int):
-            node = node.value[key] if key < len(node.value) else None
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
         else:
-            return node
+            return node  # below a scalar (or a missing key): the nearest node there is
     return node
 
 

@@ -24,7 +24,7 @@ from parallax.launch.runner import register_rank
 from parallax.logs import LEVEL_ENV
 
 __all__ = ["RankContext", "launched_context", "launch_env", "make_heartbeat", "tee_output", "finish_together",
-           "leave_together", "LAUNCH_ENV", "JOB_DIR_ENV"]
+           "leave_together", "end_on_exception", "LAUNCH_ENV", "JOB_DIR_ENV"]
 
 LAUNCH_ENV = "PARALLAX_LAUNCH"
 JOB_DIR_ENV = "PARALLAX_JOB_DIR"
@@ -168,25 +168,34 @@ def _redirect(path: str, fd: int, stream) -> None:
     os.close(target)
 
 
-def _note_failures() -> None:
-    """When this process ends with an unhandled exception, abort the job at once, after
-    the traceback (so no exit handler below runs or delays the end)."""
+def end_on_exception(end: Callable[[], None]) -> None:
+    """When this process ends with an unhandled exception, call ``end`` right after the traceback
+    (once per process: a second call changes nothing), so no exit handler runs or delays the end."""
     if getattr(sys.excepthook, "_parallax", False):
         return
     previous = sys.excepthook
 
     def hook(kind, value, traceback):
         previous(kind, value, traceback)
-        # End the job now, naming this rank: exit handlers (Horovod's shutdown, say) would
-        # otherwise fail other ranks first, and the job would name one of them.
         sys.stdout.flush()
         sys.stderr.flush()
+        end()
+
+    hook._parallax = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
+def _note_failures() -> None:
+    """When this process ends with an unhandled exception, abort the job at once, after the
+    traceback: exit handlers (Horovod's shutdown, say) would otherwise fail other ranks first,
+    and the job would name one of them instead of this rank."""
+
+    def abort() -> None:
         from mpi4py import MPI
 
         MPI.COMM_WORLD.Abort(1)
 
-    hook._parallax = True  # type: ignore[attr-defined]
-    sys.excepthook = hook
+    end_on_exception(abort)
 
 
 def leave_together() -> None:

@@ -28,11 +28,11 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from parallax.errors import LaunchError
+from parallax.launch.bootstrap import end_on_exception
 from parallax.launch.rank import NoHeartbeat
 from parallax.logs import LEVEL_ENV
 from parallax.logs import log as logger
@@ -64,6 +64,7 @@ class JoinedProcess:
         self._exit: ExitBarrier | None = None
         self._watch: PeerWatch | None = None
         self._how: str | None = None
+        self._finish_timeout = 0.0
 
     @property
     def task(self) -> Task:
@@ -351,24 +352,6 @@ def _end(message: str) -> None:
     os._exit(1)
 
 
-def _note_failures() -> None:
-    """An unhandled exception ends this task at once, after its traceback: its exit barrier would
-    wait for peers that wait for it, while its peers, seeing its server gone, end naming it."""
-    if getattr(sys.excepthook, "_parallax_joined", False):
-        return
-    previous = sys.excepthook
-
-    def hook(kind, value, tb):
-        try:
-            previous(kind, value, tb)
-        except Exception:  # noqa: BLE001 - the traceback is printed below then
-            traceback.print_exception(kind, value, tb)
-        _end("Parallax: this task ended with an exception")
-
-    hook._parallax_joined = True  # type: ignore[attr-defined]
-    sys.excepthook = hook
-
-
 _THIS_PROCESS: JoinedProcess | None = None
 
 
@@ -385,7 +368,9 @@ def joined_process(environ: Mapping[str, str] | None = None) -> JoinedProcess | 
         managed = read_tf_config(os.environ if environ is None else environ)
         if managed is None or len(managed.tasks) < 2:
             return None
-        _note_failures()
+        # an unhandled exception ends the task at once: its exit barrier would wait for peers that wait
+        # for it, while its peers, seeing its server gone, end naming it
+        end_on_exception(lambda: _end("Parallax: this task ended with an exception"))
         if not os.environ.get(LEVEL_ENV):  # a task logs at INFO (its plan, its server), as a launched one
             logger.setLevel(logging.INFO)
         _THIS_PROCESS = JoinedProcess(managed)

@@ -26,7 +26,6 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--timeout", type=float, default=180)
     p.add_argument("--prefix", default="{}", help="JSON: host -> the command a task on it runs through")
-    p.add_argument("--key", default="cluster", help="TF_CONFIG's key for the cluster (a test of bad input)")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -36,7 +35,7 @@ def main() -> int:
     tasks = {}
     for kind, addresses in cluster.items():
         for index, address in enumerate(addresses):
-            env = dict(os.environ, TF_CONFIG=json.dumps({args.key: cluster, "task": {"type": kind, "index": index},
+            env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": kind, "index": index},
                                                          "environment": "cloud"}))
             prefix = prefixes.get(address.rsplit(":", 1)[0], [])
             log = open(os.path.join(args.out, f"{kind}_{index}.log"), "w")  # noqa: SIM115 - closed below

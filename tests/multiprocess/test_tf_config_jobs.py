@@ -42,7 +42,7 @@ def tf_cluster(**counts: int) -> dict[str, list[str]]:
 
 
 def run_managed(tmp_path, cluster: dict, *args: str, timeout: float = 150, prefix: dict | None = None,
-                key: str = "cluster", namespace: bool = True) -> ManagedRun:
+                namespace: bool = True) -> ManagedRun:
     """Start each task of ``cluster`` as a manager does (all in one loopback-only namespace when allowed
     and ``namespace``; ``prefix``: host -> the command that runs a task there)."""
     out = tmp_path / "out"
@@ -50,7 +50,7 @@ def run_managed(tmp_path, cluster: dict, *args: str, timeout: float = 150, prefi
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     argv = [*(namespace_prefix() if namespace else ()), sys.executable, MANAGER, "--cluster", json.dumps(cluster),
             "--out", str(out / "tasks"), "--timeout", str(timeout), "--prefix", json.dumps(prefix or {}),
-            "--key", key, "--",
+            "--",
             sys.executable, SCRIPT, "--resource_info", "unused", "--out", str(out), "--steps", str(STEPS),
             "--batch", str(BATCH), *args]
     start = time.monotonic()
