@@ -301,13 +301,13 @@ class PeerWatch(threading.Thread):
         self._probe = probe or _reachable
         self._end = end or _end
         self._interval = interval
-        self._stop = threading.Event()
+        self._halt = threading.Event()  # not _stop: threading.Thread has a _stop of its own
         self._failed = threading.Event()
         self.seen: set[str] = set()
         self.lost: dict[str, float] = {}
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
     def failed(self) -> bool:
         return self._failed.is_set()
@@ -316,6 +316,8 @@ class PeerWatch(threading.Thread):
         """One round: probe every peer; the name and address of one that has gone, if any."""
         for name, host, port in self.peers:
             if self._probe(host, port):
+                if name not in self.seen:
+                    logger.info("Parallax: %s sees task %s up at %s:%d", self.own, name, host, port)
                 self.seen.add(name)
                 self.lost.pop(name, None)
                 continue
@@ -327,9 +329,9 @@ class PeerWatch(threading.Thread):
         return None
 
     def run(self) -> None:
-        while not self._stop.wait(self._interval):
+        while not self._halt.wait(self._interval):
             gone = self.check(time.monotonic())
-            if gone is not None and not self._stop.is_set():
+            if gone is not None and not self._halt.is_set():
                 self._failed.set()
                 self._end(f"Parallax job failed: task {gone} has ended or cannot be reached; ending task {self.own}")
                 return
