@@ -147,7 +147,9 @@ class JoinedProcess:
         return None, None  # no MPI among the tasks
 
     def heartbeat(self, state: str, where: str = "") -> Any:
-        return NoHeartbeat()
+        """No stall monitor; but every finished ``run`` lets the peer watch probe from the main thread
+        (:meth:`PeerWatch.poll`), whose own thread can be held up for seconds while TensorFlow starts."""
+        return _WatchBeat(lambda: self._watch)
 
     def exit_together(self, how: str, finish_timeout: float) -> None:
         """``"finish"`` (all-reduce workers): wait at most ``finish_timeout`` s for the others at the end;
@@ -171,6 +173,18 @@ class JoinedProcess:
             _end(f"Parallax: {self.managed.source} finished, but {outcome}")
         if self._watch is not None:
             self._watch.stop()
+
+
+class _WatchBeat(NoHeartbeat):
+    """The heartbeat of a manager-started process: a step's end is a chance to probe the peers."""
+
+    def __init__(self, watch: Callable[[], PeerWatch | None]) -> None:
+        self._watch = watch
+
+    def step_done(self) -> None:
+        watch = self._watch()
+        if watch is not None:
+            watch.poll(time.monotonic())
 
 
 class ExitBarrier:
@@ -284,6 +298,12 @@ class PeerWatch(threading.Thread):
     unless every task has finished (``finished()``): this process then prints
     which task and exits with 1, so no task waits forever on a dead one.
 
+    A peer is watched once a probe has seen it up. The thread's probes can be held
+    up for seconds while TensorFlow builds and starts the session (it holds the
+    GIL), long enough to miss a peer that starts and dies then; so the training
+    loop probes too (:meth:`poll`, after each ``run``, at most every half second):
+    a peer that dies after this task's first step is seen up before it dies.
+
     Args:
         peers: ``(name, host, port)`` of every other task.
         own: this task's name.
@@ -305,12 +325,28 @@ class PeerWatch(threading.Thread):
         self._failed = threading.Event()
         self.seen: set[str] = set()
         self.lost: dict[str, float] = {}
+        self._round = threading.Lock()
+        self._last_round = float("-inf")
+        self._polled = False  # the caller's first round runs whenever the thread's last one was
 
     def stop(self) -> None:
         self._halt.set()
 
     def failed(self) -> bool:
         return self._failed.is_set()
+
+    def poll(self, now: float) -> None:
+        """A round from the caller's thread on its first call and whenever the last round is ``interval``
+        old (ends the process as :meth:`run` does when a peer has gone)."""
+        due = not self._polled or now - self._last_round >= self._interval
+        if due and self._round.acquire(blocking=False):
+            try:
+                self._polled = True
+                self._last_round = now
+                gone = self.check(now)
+            finally:
+                self._round.release()
+            self._fail(gone)
 
     def check(self, now: float) -> str | None:
         """One round: probe every peer; the name and address of one that has gone, if any."""
@@ -329,12 +365,16 @@ class PeerWatch(threading.Thread):
         return None
 
     def run(self) -> None:
-        while not self._halt.wait(self._interval):
-            gone = self.check(time.monotonic())
-            if gone is not None and not self._halt.is_set():
-                self._failed.set()
-                self._end(f"Parallax job failed: task {gone} has ended or cannot be reached; ending task {self.own}")
-                return
+        while not self._halt.wait(self._interval) and not self._failed.is_set():
+            with self._round:
+                self._last_round = time.monotonic()
+                gone = self.check(self._last_round)
+            self._fail(gone)
+
+    def _fail(self, gone: str | None) -> None:
+        if gone is not None and not self._halt.is_set() and not self._failed.is_set():
+            self._failed.set()
+            self._end(f"Parallax job failed: task {gone} has ended or cannot be reached; ending task {self.own}")
 
 
 def _reachable(host: str, port: int) -> bool:

@@ -70,3 +70,40 @@ def test_the_thread_ends_the_task_naming_the_peer_over_real_sockets():
     assert done.wait(5), "the watch did not end the task"
     assert ended == [f"Parallax job failed: task worker 1 (127.0.0.1:{port}) has ended or cannot be reached; "
                      "ending task chief 0"]
+
+
+def test_the_training_loop_probes_when_the_thread_has_not():
+    """The watch thread can be held up while TensorFlow starts; a step's end then probes (at most every interval)
+    so a peer that is up now is watched, and one that dies later is named (the gap a kill 0.1 s into
+    training fell through)."""
+    up = {"worker 1": True}
+    ended: list[str] = []
+    peers = [("worker 1", "h", 0)]
+    w = PeerWatch(peers, "chief 0", finished=lambda: False, grace=1.0, probe=lambda host, port: up["worker 1"],
+                  end=ended.append, interval=0.5)
+    w._last_round = 9.9  # the thread's last round, just before worker 1 was up
+    w.poll(10.0)  # a step's first end probes whatever the thread did
+    assert w.seen == {"worker 1"}
+    up["worker 1"] = False
+    w.poll(10.2)  # within the interval: no round
+    assert "worker 1" not in w.lost
+    w.poll(10.6)
+    w.poll(11.7)
+    assert ended == ["Parallax job failed: task worker 1 (h:0) has ended or cannot be reached; ending task chief 0"]
+    w.poll(13.0)
+    assert len(ended) == 1 and w.failed()
+
+
+def test_the_heartbeat_of_a_joined_process_polls_its_watch():
+    from parallax.managers.joined import JoinedProcess
+    from parallax.managers.tf_config import read_tf_config
+
+    config = '{"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker", "index": 1}}'
+    process = JoinedProcess(read_tf_config({"TF_CONFIG": config}))
+    beat = process.heartbeat("start")
+    beat.set("run", "")
+    beat.step_done()  # no watch yet (the server starts after the role's heartbeat): nothing to do
+    polled: list[float] = []
+    process._watch = type("W", (), {"poll": lambda self, now: polled.append(now)})()
+    beat.step_done()
+    assert len(polled) == 1
