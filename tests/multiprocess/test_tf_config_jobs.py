@@ -41,18 +41,21 @@ def tf_cluster(**counts: int) -> dict[str, list[str]]:
     return {kind: [f"localhost:{free_port()}" for _ in range(n)] for kind, n in counts.items() if n}
 
 
-def run_managed(tmp_path, cluster: dict, *args: str, timeout: float = 150, prefix: dict | None = None,
-                namespace: bool = True) -> ManagedRun:
+def run_managed(tmp_path, cluster: dict | None, *args: str, timeout: float = 150, prefix: dict | None = None,
+                namespace: bool = True, manifest: str | None = None) -> ManagedRun:
     """Start each task of ``cluster`` as a manager does (all in one loopback-only namespace when allowed
-    and ``namespace``; ``prefix``: host -> the command that runs a task there)."""
+    and ``namespace``; ``prefix``: host -> the command that runs a task there), or the pods of ``manifest``
+    (a TFJob or polyaxonfile: their commands are theirs, ``args`` unused)."""
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    argv = [*(namespace_prefix() if namespace else ()), sys.executable, MANAGER, "--cluster", json.dumps(cluster),
+    tasks_from = ["--manifest", manifest] if manifest else ["--cluster", json.dumps(cluster)]
+    command = [] if manifest else [sys.executable, SCRIPT, "--resource_info", "unused", "--out", str(out),
+                                   "--steps", str(STEPS), "--batch", str(BATCH), *args]
+    argv = [*(namespace_prefix() if namespace else ()), sys.executable, MANAGER, *tasks_from,
             "--out", str(out / "tasks"), "--timeout", str(timeout), "--prefix", json.dumps(prefix or {}),
-            "--",
-            sys.executable, SCRIPT, "--resource_info", "unused", "--out", str(out), "--steps", str(STEPS),
-            "--batch", str(BATCH), *args]
+            "--", *command]
     start = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=timeout + 60)
     with open(out / "tasks" / "tasks.json") as f:
