@@ -23,8 +23,14 @@ demo: $(STAMP)
 # The docstring examples of the package run too. PYTEST_ARGS adds options, e.g. PYTEST_ARGS="-x -k mpi".
 PYTEST_WORKERS ?= auto
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --doctest-modules -m "not cluster" \
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --doctest-modules -m "not cluster and not extended" \
 	    parallax tests $(PYTEST_ARGS)
+
+# `make test-extended`: multi-process cases that repeat a mechanism `make test` covers in one more mode
+# (marked `extended`: a second kill-and-resume, search, restore, ...); .ci/run runs them too.
+.PHONY: test-extended
+test-extended: $(STAMP)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "extended and not cluster" tests $(PYTEST_ARGS)
 
 # `make test-cluster`: the multi-host tests (tests/cluster) on a virtual cluster of three
 # hosts: network namespaces joined by a bridge in a namespace of its own (198.18.0.0/24,

@@ -67,7 +67,6 @@ def condor(job: JobPlan, cluster: Cluster, request: ManifestRequest) -> Files:
               f"log = {request.name}.$(Cluster).log", "queue"]
     environment = ["#!/bin/bash", "# written by parallax manifest: prepares a node's environment, then runs its "
                    "arguments", *request.python_env,
-                   *([f"cd {shlex.quote(request.workdir)}"] if request.workdir else []),
                    *_exports(request, None), 'exec "$@"']
     node = ["#!/bin/bash", "# written by parallax manifest. Runs on every machine of the job (_CONDOR_PROCNO: this "
             "node, _CONDOR_NPROCS: how many),", "# in the submit directory, which every machine shares. Node 0 waits "
@@ -81,6 +80,7 @@ def condor(job: JobPlan, cluster: Cluster, request: ManifestRequest) -> Files:
             'for i in $(seq 0 $((_CONDOR_NPROCS - 1))); do',
             f'    echo "$(cat "$dir/node.$i"): {resources}"',
             'done > "$dir/resource_info"',
+            *([f"cd {shlex.quote(request.workdir)}"] if request.workdir else []),
             f'{RESOURCE_ENV}="$dir/resource_info" "$@"', "rc=$?", 'touch "$dir/done"', "exit $rc"]
     text = "".join(f"node{i}: {resources}\n" for i in range(len(hosts)))
     view = View("the HTCondor job's machines", text, gpus)

@@ -26,7 +26,7 @@ def restore_single_device(model_name: str, ckpt_dir: str) -> dict[str, np.ndarra
         return variable_values(sess, model.graph)
 
 
-@pytest.mark.parametrize("model", ["embedding", "sequence"])
+@pytest.mark.parametrize("model", ["embedding", pytest.param("sequence", marks=pytest.mark.extended)])
 def test_mpi_checkpoint_restores_into_plain_tensorflow_and_into_ps_mode(tmp_path, model):
     ckpt = str(tmp_path / "ckpt")
     run = run_script(tmp_path / "mpi", resources(2), "--model", model, "--average_sparse", "--steps", "4",
@@ -54,7 +54,7 @@ def test_mpi_checkpoint_restores_into_plain_tensorflow_and_into_ps_mode(tmp_path
     check_ranks_match(hybrid, trained, 3)
 
 
-@pytest.mark.parametrize("run_option", ["MPI", "HYBRID"])
+@pytest.mark.parametrize("run_option", [pytest.param("MPI", marks=pytest.mark.extended), "HYBRID"])
 def test_a_killed_job_resumes_from_the_last_saved_step(tmp_path, run_option):
     ckpt = str(tmp_path / "ckpt")
     killed = run_script(tmp_path / "first", resources(2), "--run_option", run_option, "--model", "embedding",

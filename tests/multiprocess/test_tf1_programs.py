@@ -105,7 +105,8 @@ def test_each_process_exports_the_graph_it_runs(tmp_path):
 
 @pytest.mark.parametrize("mode, resources, sleeper, where", [
     ("MPI", "localhost: cpu:0,cpu:1\n", 1, r"in the all-reduce of the gradients"),
-    ("PS", TWO["PS"], 1, r"in the PS protocol, where the chief takes every worker's gradients"),
+    pytest.param("PS", TWO["PS"], 1, r"in the PS protocol, where the chief takes every worker's gradients",
+                 marks=pytest.mark.extended),
     ("PS", TWO["PS"], 0, r"in the PS protocol, waiting for the chief's token \(parallax_sync/step/Adam/wait\)"),
 ], ids=["mpi", "ps-worker-sleeps", "ps-chief-sleeps"])
 def test_a_sleeping_rank_is_named_by_its_waiting_peer_and_the_job_still_ends_well(tmp_path, mode, resources,
@@ -122,26 +123,27 @@ def test_a_sleeping_rank_is_named_by_its_waiting_peer_and_the_job_still_ends_wel
     assert re.search(pattern, run.output), run.output[-3000:]
 
 
-def test_a_forward_only_program_runs_every_replica_in_every_mode(tmp_path):
+@pytest.mark.parametrize("mode, resources", [
+    ("MPI", "localhost: cpu:0,cpu:1\n"), pytest.param("HYBRID", "localhost: cpu:0,cpu:1\n", marks=pytest.mark.extended),
+    ("PS", "localhost: cpu:0,cpu:1\nlocalhost: cpu:2,cpu:3\n")])
+def test_a_forward_only_program_runs_every_replica_in_every_mode(tmp_path, mode, resources):
     from tests.multiprocess.forward_script import WEIGHTS, inputs
 
     script = os.path.join(ROOT, "tests", "multiprocess", "forward_script.py")
-    for mode, resources in [("MPI", "localhost: cpu:0,cpu:1\n"), ("HYBRID", "localhost: cpu:0,cpu:1\n"),
-                            ("PS", "localhost: cpu:0,cpu:1\nlocalhost: cpu:2,cpu:3\n")]:
-        run = run_script(tmp_path / mode, resources, "--run_option", mode, script=script)
-        assert run.returncode == 0, run.output[-3000:]
-        num_workers, num_replicas = run_values = np.load(os.path.join(run.out_dir, "rank_0.npz"))["shape"]
-        parts = np.split(inputs(num_workers * num_replicas), num_workers * num_replicas)
-        for worker in range(num_workers):
-            with np.load(os.path.join(run.out_dir, f"rank_{worker}.npz")) as got:
-                np.testing.assert_allclose(got["weights"], WEIGHTS)
-                for r in range(num_replicas):
-                    np.testing.assert_allclose(got["outputs"][r], parts[worker * num_replicas + r] @ WEIGHTS,
-                                               rtol=1e-6, err_msg=f"{mode}: worker {worker} replica {r}")
-        assert tuple(run_values) == {"PS": (2, 2)}.get(mode, (2, 1))
+    run = run_script(tmp_path / mode, resources, "--run_option", mode, script=script)
+    assert run.returncode == 0, run.output[-3000:]
+    num_workers, num_replicas = run_values = np.load(os.path.join(run.out_dir, "rank_0.npz"))["shape"]
+    parts = np.split(inputs(num_workers * num_replicas), num_workers * num_replicas)
+    for worker in range(num_workers):
+        with np.load(os.path.join(run.out_dir, f"rank_{worker}.npz")) as got:
+            np.testing.assert_allclose(got["weights"], WEIGHTS)
+            for r in range(num_replicas):
+                np.testing.assert_allclose(got["outputs"][r], parts[worker * num_replicas + r] @ WEIGHTS,
+                                           rtol=1e-6, err_msg=f"{mode}: worker {worker} replica {r}")
+    assert tuple(run_values) == {"PS": (2, 2)}.get(mode, (2, 1))
 
 
-@pytest.mark.parametrize("idiom", ["everything", "alternating"])
+@pytest.mark.parametrize("idiom", ["everything", pytest.param("alternating", marks=pytest.mark.extended)])
 def test_async_ps_trains_every_idiom_and_ends(tmp_path, idiom):
     """Asynchronous training cannot equal one device; it must run, end, and move the variables."""
     run = train(tmp_path, idiom, "PS", THREE["PS"], "--async")
