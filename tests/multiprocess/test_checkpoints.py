@@ -72,7 +72,8 @@ def test_a_killed_job_resumes_from_the_last_saved_step(tmp_path, run_option):
 
 
 @pytest.mark.parametrize("run_option, resource_text, processes", [
-    ("MPI", resources(2), 2), ("PS", "localhost: cpu:0\nlocalhost: cpu:1\n", 2), ("HYBRID", resources(2), 2)])
+    ("MPI", resources(2), 2), ("PS", "localhost: cpu:0\nlocalhost: cpu:1\n", 2),
+    pytest.param("HYBRID", resources(2), 2, marks=pytest.mark.extended)])
 def test_user_hooks_and_sess_config_in_every_worker(tmp_path, run_option, resource_text, processes):
     run = run_script(tmp_path, resource_text, "--run_option", run_option, "--model", "embedding", "--steps", "4",
                      "--count_hook", "--sess_threads", "3")
@@ -83,7 +84,7 @@ def test_user_hooks_and_sess_config_in_every_worker(tmp_path, run_option, resour
     assert all(threads == "3" for _, threads in reports)  # the session was made with the user's sess_config
 
 
-@pytest.mark.parametrize("run_option", ["MPI", "HYBRID"])
+@pytest.mark.parametrize("run_option", ["MPI", pytest.param("HYBRID", marks=pytest.mark.extended)])
 def test_every_worker_profiles_its_steps(tmp_path, run_option):
     prof = tmp_path / "prof"
     run = run_script(tmp_path, resources(2), "--run_option", run_option, "--model", "embedding", "--steps", "4",

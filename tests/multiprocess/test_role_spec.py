@@ -22,6 +22,7 @@ environment:
 """
 
 
+@pytest.mark.extended  # the spec's cluster is unit-tested; explicit roles with two servers stay in make test
 def test_master_worker_and_two_ps_from_a_role_spec(tmp_path):
     run = run_script(tmp_path, SPEC, "--run_option", "PS", "--model", "embedding", "--average_sparse")
     check_ranks_match(run, expected_values("embedding"), 2)

@@ -68,15 +68,15 @@ def test_each_idiom_in_two_processes_equals_single_device(jobs, idiom, mode):
     check_ranks_match(jobs.case(f"tf1-{mode}", idiom), expected(idiom), 2)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [m if m != "AUTO" else pytest.param(m, marks=pytest.mark.extended) for m in MODES])
 def test_every_idiom_at_once_in_three_processes_equals_single_device(tmp_path, mode):
     check_ranks_match(train(tmp_path, "everything", mode, THREE[mode]), expected("everything"), 3)
 
 
 @pytest.mark.parametrize("idiom, mode, resources, replicas", [
     ("dataset", "PS", TWO["PS"], 2), ("dataset", "MPI", THREE["MPI"], 3),
-    ("dataset", "PS", "localhost: cpu:0,cpu:1\nlocalhost: cpu:2,cpu:3\n", 4),
-    ("dataset_one_shot", "MPI", THREE["MPI"], 3),
+    pytest.param("dataset", "PS", "localhost: cpu:0,cpu:1\nlocalhost: cpu:2,cpu:3\n", 4, marks=pytest.mark.extended),
+    pytest.param("dataset_one_shot", "MPI", THREE["MPI"], 3, marks=pytest.mark.extended),
     ("dataset_one_shot", "PS", "localhost: cpu:0,cpu:1\nlocalhost: cpu:2,cpu:3\n", 4),
 ], ids=["ps-2", "mpi-3", "ps-2x2", "one-shot-mpi-3", "one-shot-ps-2x2"])
 def test_tf_data_input_sharded_over_the_replicas_equals_single_device_on_the_union(tmp_path, idiom, mode,
@@ -143,7 +143,8 @@ def test_a_forward_only_program_runs_every_replica_in_every_mode(tmp_path, mode,
     assert tuple(run_values) == {"PS": (2, 2)}.get(mode, (2, 1))
 
 
-@pytest.mark.parametrize("idiom", ["everything", pytest.param("alternating", marks=pytest.mark.extended)])
+@pytest.mark.extended  # asynchronous PS stays in make test (test_ps_mode, a TF_CONFIG job)
+@pytest.mark.parametrize("idiom", ["everything", "alternating"])
 def test_async_ps_trains_every_idiom_and_ends(tmp_path, idiom):
     """Asynchronous training cannot equal one device; it must run, end, and move the variables."""
     run = train(tmp_path, idiom, "PS", THREE["PS"], "--async")

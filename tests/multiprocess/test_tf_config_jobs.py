@@ -73,7 +73,7 @@ def check_ids(run: ManagedRun, workers: int, replicas: int = 1) -> None:
                                       "mpi": False}
 
 
-@pytest.mark.parametrize("model", ["mlp", "embedding"])
+@pytest.mark.parametrize("model", [pytest.param("mlp", marks=pytest.mark.extended), "embedding"])
 def test_chief_workers_and_two_ps_equal_single_device(tmp_path, model):
     """Kubeflow TFJob's shape: a chief, workers and two ps; the run option left to its default (PS here)."""
     cluster = tf_cluster(chief=1, worker=2, ps=2)

@@ -45,6 +45,7 @@ def test_report_tables_and_plot(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.extended  # make bench runs it in full
 def test_a_small_run_trains_the_same_model_in_every_system(tmp_path):
     rc = compare.main(["--quick", "--workloads", "dense", "--systems", "tf,parallax-mpi,tf-ps", "--ranks", "1",
                        "--steps", "5", "--no_extras", "--out_dir", str(tmp_path)])
