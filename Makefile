@@ -95,11 +95,14 @@ clean-horovod:
 # `make bench`: Parallax (PS, MPI, HYBRID) beside single-device TF, TF's own parameter
 # servers and hand-written Horovod (in .venv-horovod) on a dense and a sparse model at
 # 1, 2 and 3 ranks, plus the session wrapper's overhead and the rewrite time of a
-# 10,000-op graph: benchmarks/results/compare.{json,md,png} (docs/benchmarks.md).
+# 10,000-op graph: benchmarks/results/compare.{json,md,png} (docs/benchmarks.md); then the in-graph
+# all-reduce against raw mpi4py and MPI-mode training at 1 and 2 ranks (benchmarks/allreduce.py:
+# results/allreduce.{json,png}). Any part that fails fails the target.
 # BENCH_ARGS passes options, e.g. make bench BENCH_ARGS="--ranks 2 --workloads sparse".
 .PHONY: bench
 bench: $(STAMP) $(HVD_STAMP)
 	$(BIN)/python benchmarks/compare.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/allreduce.py
 
 # `make bench-cluster`: the benchmark models with one worker on each of three virtual hosts
 # beside the same jobs on localhost (steps/s, bytes per step across the hosts' links):

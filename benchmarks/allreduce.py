@@ -103,6 +103,7 @@ def train_worker(resource: str, out: str, steps: int, batch: int) -> None:
     import tensorflow as tf
 
     import parallax
+    from benchmarks.common import batch as make_batch
     from benchmarks.common import mlp
 
     graph = tf.Graph()
@@ -111,8 +112,6 @@ def train_worker(resource: str, out: str, steps: int, batch: int) -> None:
         train = tf.compat.v1.train.MomentumOptimizer(0.01, 0.9).minimize(loss)
     config = parallax.Config(run_option="MPI")
     sess, num_workers, worker_id, _ = parallax.parallel_run(graph, resource, parallax_config=config)
-    from benchmarks.common import batch as make_batch
-
     xs, ys = make_batch(worker_id, batch)
     feed = {x: [xs], y: [ys]}
     for _ in range(5):
@@ -203,8 +202,11 @@ def main() -> None:
         with open(resource, "w") as f:
             f.write("localhost: " + ",".join(f"cpu:{i}" for i in range(n)) + "\n")
         out = os.path.join(work, f"train_{n}.json")
-        subprocess.run([sys.executable, os.path.abspath(__file__), "train", "--resource_info", resource,
-                        "--out", out, "--steps", str(args.steps)], check=True, cwd=work)
+        done = subprocess.run([sys.executable, os.path.abspath(__file__), "train", "--resource_info", resource,
+                               "--out", out, "--steps", str(args.steps)], cwd=work)
+        if done.returncode != 0 or not os.path.exists(out):
+            raise SystemExit(f"training benchmark with {n} rank(s) failed (exit code {done.returncode}); its "
+                             f"files are in {work}")
         training.append(read_json(out))
     data = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
             "allreduce_2_ranks": comm_rows, "training": training}

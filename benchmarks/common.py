@@ -29,6 +29,15 @@ def mlp(batch_features: int = 256, widths=(512, 512), classes: int = 10):
     return x, y, loss
 
 
+def batch(seed: int, rows: int, batch_features: int = 256, classes: int = 10):
+    """A batch of random features and labels for :func:`mlp` (``seed``: e.g. the worker id): ``(xs, ys)``."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((rows, batch_features)).astype(np.float32),
+            rng.integers(0, classes, rows).astype(np.int64))
+
+
 def write_json(path: str, data) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
