@@ -171,9 +171,8 @@ def plan_main(argv: list[str] | None = None) -> int:
     """Entry point of ``parallax plan``; returns an exit code."""
     import json
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    script_args = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = _plan_parser().parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    mine, script_args = _split_command(argv)
+    args = _plan_parser().parse_args(mine)
     for path, what in ((args.script, "script"), (args.resource_info, "resource file")):
         if not os.path.exists(path):
             print(f"parallax plan: {what} {path!r} not found", file=sys.stderr)

@@ -53,7 +53,7 @@ def make_manifest(job: JobPlan, cluster: Cluster, request: ManifestRequest, plan
     if request.kind == "tfjob":
         files = tfjob(job, cluster, spec, request)
     elif request.kind == "mpijob":
-        files = mpijob(job, cluster, spec, request)
+        files = mpijob(job, cluster, request)
     elif request.kind == "polyaxon":
         files = polyaxonfile(job, cluster, spec, request)
     elif request.kind == "condor":

@@ -26,7 +26,7 @@ from parallax.manifests.common import Files, ManifestRequest, View, hosts_alike,
 from parallax.resources import Cluster
 from parallax.rolespec import Resources, RoleSpec
 
-__all__ = ["tfjob", "mpijob", "container", "k8s_resources", "tf_config_view"]
+__all__ = ["tfjob", "tfjob_replicas", "mpijob", "container", "k8s_resources", "tf_config_view"]
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -47,10 +47,10 @@ def k8s_resources(resources: Resources | None, gpus: int) -> dict:
 
 
 def container(name: str, request: ManifestRequest, command: list[str], env: list[tuple[str, str]],
-              resources: dict, ports: list[dict] | None = None) -> dict:
-    """One container of a pod template."""
+              resources: dict, ports: list[dict] | None = None, workdir: bool = True) -> dict:
+    """One container of a pod template (in ``request.workdir`` when ``workdir``)."""
     out: dict = {"name": name, "image": _image(request), "command": list(command)}
-    if request.workdir:
+    if workdir and request.workdir:
         out["workingDir"] = request.workdir
     if env:
         out["env"] = [{"name": k, "value": v} for k, v in env]
@@ -72,14 +72,13 @@ def _replica(replicas: int, pod_container: dict, restart: str = "Never") -> dict
     return {"replicas": replicas, "restartPolicy": restart, "template": {"spec": {"containers": [pod_container]}}}
 
 
-def _role_resources(spec: RoleSpec | None, job: JobPlan, role: str, first: int, count: int, what: str
-                    ) -> Resources | None:
-    """The one set of resources the spec gives tasks ``first..first+count-1`` of ``role`` (one template)."""
-    found = [resources_of(spec, role, i) for i in range(first, first + count)]
-    if any(r != found[0] for r in found):
-        lines = [t.line for t in spec.of(role)] if spec else []
-        raise ManifestError(f"{spec.source if spec else job}: the {role} tasks have different resources (lines "
-                            f"{', '.join(map(str, lines))}); {what} gives them one pod template")
+def _role_resources(spec: RoleSpec | None, role: str, count: int, what: str) -> Resources | None:
+    """The one set of resources the spec gives the ``count`` tasks of ``role`` (one pod template)."""
+    found = [resources_of(spec, role, i) for i in range(count)]
+    if spec is not None and any(r != found[0] for r in found):
+        lines = ", ".join(str(t.line) for t in spec.of(role))
+        raise ManifestError(f"{spec.source}: the {role} tasks have different resources (lines {lines}); {what} "
+                            "gives them one pod template")
     return found[0] if found else None
 
 
@@ -90,8 +89,10 @@ def tf_config_view(what: str, cluster: dict[str, list[str]], gpus: int) -> View:
     return View(what, managed.cluster_text, gpus, "TF_CONFIG")
 
 
-def tfjob(job: JobPlan, cluster: Cluster, spec: RoleSpec | None, request: ManifestRequest) -> Files:
-    """A TFJob of every process of ``job`` (see the module docstring)."""
+def tfjob_replicas(job: JobPlan, cluster: Cluster, spec: RoleSpec | None, request: ManifestRequest
+                   ) -> tuple[dict[str, dict], View]:
+    """The TFJob's replica specs (``Chief``, ``Worker``, ``PS``) of every process of ``job``, and what their
+    pods read (their TF_CONFIG cluster): shared by the TFJob and the polyaxonfile."""
     if job.layout == "local":
         raise ManifestError(f"{cluster.source}: one worker trains in one process, without TF_CONFIG; a TFJob "
                             "needs two tasks or more (run the command in a plain Kubernetes Job)")
@@ -103,32 +104,36 @@ def tfjob(job: JobPlan, cluster: Cluster, spec: RoleSpec | None, request: Manife
     specs = {"Chief": _replica(1, container("tensorflow", request, command, env,
                                             k8s_resources(resources_of(spec, "master", 0), gpus), port))}
     if workers > 1:
-        res = _role_resources(spec, job, "worker", 0, workers - 1, "a TFJob")
+        res = _role_resources(spec, "worker", workers - 1, "a TFJob")
         specs["Worker"] = _replica(workers - 1, container("tensorflow", request, command, env,
                                                           k8s_resources(res, gpus), port))
     if servers:
-        res = _role_resources(spec, job, "ps", 0, servers, "a TFJob")
+        res = _role_resources(spec, "ps", servers, "a TFJob")
         specs["PS"] = _replica(servers, container("tensorflow", request, command, env, k8s_resources(res, 0), port))
+    names = {kind.lower(): [f"{request.name}-{kind.lower()}-{i}.default.svc:{request.port}"
+                            for i in range(specs[kind]["replicas"])] for kind in specs}
+    return specs, tf_config_view("the TFJob's pods", names, gpus)
+
+
+def tfjob(job: JobPlan, cluster: Cluster, spec: RoleSpec | None, request: ManifestRequest) -> Files:
+    """A TFJob of every process of ``job`` (see the module docstring)."""
+    specs, view = tfjob_replicas(job, cluster, spec, request)
     doc = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": {"name": request.name},
            "spec": {"runPolicy": {"cleanPodPolicy": "Running"}, "tfReplicaSpecs": specs}}
-    names = {kind: [f"{request.name}-{kind.lower()}-{i}.default.svc:{request.port}"
-                    for i in range(specs[kind]["replicas"])] for kind in specs}
-    view = tf_config_view("the TFJob's pods", {k.lower(): v for k, v in names.items()}, gpus)
+    workers = len(job.workers)
     return Files({f"{request.name}.tfjob.yaml": _yaml(doc)}, (view,), notes=(
         f"kubectl apply -f {request.name}.tfjob.yaml: {len(job.processes)} pods ({workers} worker(s), "
-        f"{servers} ps), each running: {request.shell_command}",))
+        f"{len(job.processes) - workers} ps), each running: {request.shell_command}",))
 
 
-def mpijob(job: JobPlan, cluster: Cluster, spec: RoleSpec | None, request: ManifestRequest) -> Files:
+def mpijob(job: JobPlan, cluster: Cluster, request: ManifestRequest) -> Files:
     """An MPIJob: a worker pod per host of ``job``, a slot per device, and the launcher (see the module docstring)."""
     shape = hosts_alike(job, cluster.source, "an MPIJob")
     gpu, slots = shape.gpu, shape.slots
     env = [(RESOURCE_ENV, MPIJOB), *([(SLOT_DEVICE_ENV, "gpu")] if gpu else []), *request.environment]
     launcher = container("launcher", request, list(request.command), env, {})
-    worker = container("worker", request, ["/usr/sbin/sshd", "-De"], [],
-                       k8s_resources(None, slots if gpu else 0))
-    if request.workdir:
-        worker.pop("workingDir")
+    worker = container("worker", request, ["/usr/sbin/sshd", "-De"], [], k8s_resources(None, slots if gpu else 0),
+                       workdir=False)
     doc = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": request.name},
            "spec": {"slotsPerWorker": slots, "runPolicy": {"cleanPodPolicy": "Running"},
                     "mpiImplementation": "OpenMPI",

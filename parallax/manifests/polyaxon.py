@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from parallax.job import JobPlan
 from parallax.manifests.common import Files, ManifestRequest
-from parallax.manifests.kubeflow import tfjob
+from parallax.manifests.kubeflow import tfjob_replicas
 from parallax.resources import Cluster
 from parallax.rolespec import RoleSpec
 
@@ -27,14 +27,13 @@ def polyaxonfile(job: JobPlan, cluster: Cluster, spec: RoleSpec | None, request:
     """The polyaxonfile of ``job``: the TFJob's replicas as Polyaxon's ``run`` of kind ``tfjob``."""
     import yaml
 
-    made = tfjob(job, cluster, spec, request)  # the same replicas, the same checks
-    doc = yaml.safe_load(next(iter(made.files.values())))
+    specs, view = tfjob_replicas(job, cluster, spec, request)  # the TFJob's replicas, the same checks
     run: dict = {"kind": "tfjob"}
-    for kind, replica in doc["spec"]["tfReplicaSpecs"].items():
+    for kind, replica in specs.items():
         run[_ROLES[kind]] = {"replicas": replica["replicas"], "container": replica["template"]["spec"]["containers"][0]}
     component = {"version": 1.1, "kind": "component", "name": request.name,
                  "description": f"written by parallax manifest from {cluster.source}", "run": run}
     text = "# written by parallax manifest\n" + yaml.safe_dump(component, sort_keys=False)
-    return Files({POLYAXONFILE: text}, (replace(made.views[0], what="the Polyaxon job's tasks"),),
+    return Files({POLYAXONFILE: text}, (replace(view, what="the Polyaxon job's tasks"),),
                  notes=(f"polyaxon run -f {POLYAXONFILE}: {len(job.processes)} tasks, each running: "
                         f"{request.shell_command}",))
