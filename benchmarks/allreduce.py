@@ -2,11 +2,13 @@
 
     python benchmarks/allreduce.py                 # writes benchmarks/results/allreduce.{json,png}
 
-Part 1 (2 ranks on this machine): for 1, 16 and 64 MB of float32, the time of
-``comm.Allreduce`` on a numpy array (raw), and of Parallax's ``mpi`` backend
-op inside a TensorFlow graph, one tensor (out of place) and the same bytes as
-two fused tensors (in place). Medians over repetitions, measured in the same
-processes one after the other.
+Part 1 (2 ranks on this machine, started by Parallax's launcher): for 1, 16
+and 64 MB of float32, the time of ``comm.Allreduce(MPI.IN_PLACE, ...)`` on a
+numpy array (raw), and of Parallax's ``mpi`` backend op inside a TensorFlow
+graph summing the same bytes computed by the graph: as one tensor, as two
+(fused: one call), and as 64 small ones (packed into one buffer). Medians
+over repetitions, measured in the same processes one after the other, with
+TensorFlow's threads set as ``parallel_run`` sets them.
 
 Part 2: steps/s of a small MLP trained by ``parallel_run`` in MPI mode with 1
 and 2 ranks (the same per-rank batch, so 2 ranks process twice the examples).
@@ -35,6 +37,11 @@ SIZES_MB = (1, 16, 64)
 # Part 1: runs in every rank
 # --------------------------------------------------------------------------- #
 
+#: In-graph variants: how many tensors carry the bytes (one; two fused in one call; 64 small ones,
+#: packed into one buffer by the call).
+VARIANTS = (("in_graph", 1), ("in_graph_fused", 2), ("in_graph_packed", 64))
+
+
 def comm_worker(out: str, reps: int) -> None:
     import numpy as np
     import tensorflow as tf
@@ -44,6 +51,9 @@ def comm_worker(out: str, reps: int) -> None:
     from parallax.plan.model import CommSpec
 
     comm = MPI.COMM_WORLD
+    # as parallel_run sets them for ranks sharing a host's cores
+    threads = max(1, (os.cpu_count() or 1) // comm.size) if comm.size > 1 else 0
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads)
     results = []
     for mb in SIZES_MB:
         n = mb * 1024 * 1024 // 4
@@ -55,39 +65,45 @@ def comm_worker(out: str, reps: int) -> None:
             comm.Allreduce(MPI.IN_PLACE, buf)
             raw.append(time.perf_counter() - t0)
         timings = {"raw_mpi4py": raw}
-        for variant, pieces in (("in_graph", 1), ("in_graph_fused", 2)):
+        for variant, pieces in VARIANTS:
             graph = tf.Graph()
             with graph.as_default():
                 v = tf.Variable(tf.ones([n]), name="v")
-                g = v.read_value() * 1.0
+                w = tf.Variable(tf.ones([n]), name="w")
+                g = v.read_value() + w.read_value()  # a new buffer each step, as a gradient is
                 parts = tf.split(g, pieces) if pieces > 1 else [g]
+                if pieces > 1:  # each part its own buffer, as separate gradients are
+                    parts = [p * 1.0 + 0.0 for p in parts]
                 backend = MPIBackend(CommSpec(fusion_bytes=1 << 40), comm.size)
                 summed = backend.allreduce_sum(parts)
                 probe = tf.add_n([s[:1] for s in summed])
                 baseline = tf.add_n([p[:1] for p in parts])
                 graph_def = graph.as_graph_def()
                 backend.finalize_nodes(graph_def.node)
-                graph_def, _release = bind_py_functions(graph_def)
+                graph_def, release = bind_py_functions(graph_def)
             run_graph = tf.Graph()
             with run_graph.as_default():
                 tf.graph_util.import_graph_def(graph_def, name="")
-                init = run_graph.get_operation_by_name("v/Assign")
+                init = [run_graph.get_operation_by_name(f"{name}/Assign") for name in ("v", "w")]
                 probe_t = run_graph.get_tensor_by_name(probe.name)
                 base_t = run_graph.get_tensor_by_name(baseline.name)
-                with tf.compat.v1.Session(graph=run_graph) as sess:
+                with tf.compat.v1.Session(graph=run_graph, config=config) as sess:
                     sess.run(init)
-                    sess.run(probe_t)
+                    if abs(float(sess.run(probe_t)[0]) - 2.0 * pieces * comm.size) > 1e-3:
+                        raise SystemExit(f"{variant}: wrong sum {sess.run(probe_t)}")
                     comm.Barrier()
                     total, base = [], []
                     for _ in range(reps):
                         t0 = time.perf_counter()
                         sess.run(probe_t)
                         total.append(time.perf_counter() - t0)
+                    comm.Barrier()
                     for _ in range(reps):
                         t0 = time.perf_counter()
                         sess.run(base_t)
                         base.append(time.perf_counter() - t0)
-            # the graph's own cost (reading and scaling the variable) is subtracted
+            release()
+            # the graph's own cost (computing the tensors) is subtracted
             timings[variant] = [t - float(np.median(base)) for t in total]
         results.append({"megabytes": mb, **{k: float(np.median(v)) * 1e3 for k, v in timings.items()}})
     if comm.rank == 0:
@@ -132,34 +148,81 @@ def train_worker(resource: str, out: str, steps: int, batch: int) -> None:
 # Driver
 # --------------------------------------------------------------------------- #
 
+#: Issue 16's targets: the fused in-graph all-reduce's speed as a fraction of raw mpi4py's, per size.
+TARGETS = {1: 0.7, 16: 0.9, 64: 0.9}
+LABELS = {"raw_mpi4py": "raw mpi4py Allreduce (in place)", "in_graph": "in graph, 1 tensor",
+          "in_graph_fused": "in graph, 2 tensors (one call)", "in_graph_packed": "in graph, 64 tensors (packed)"}
+
+
 def _plot(data: dict, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    panels = 2 if data.get("training") else 1
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels + 0.5, 4.2), squeeze=False)
+    left = axes[0][0]
     rows = data["allreduce_2_ranks"]
     sizes = [r["megabytes"] for r in rows]
-    width = 0.27
-    for i, (key, label) in enumerate((("raw_mpi4py", "raw mpi4py Allreduce"),
-                                      ("in_graph", "in graph (1 tensor)"),
-                                      ("in_graph_fused", "in graph (2 tensors fused, in place)"))):
-        left.bar([j + (i - 1) * width for j in range(len(sizes))], [r[key] for r in rows], width, label=label)
+    width = 0.8 / len(LABELS)
+    for i, (key, label) in enumerate(LABELS.items()):
+        left.bar([j + (i - (len(LABELS) - 1) / 2) * width for j in range(len(sizes))],
+                 [r["raw_mpi4py"] / r[key] for r in rows], width, label=label)
+    for j, size in enumerate(sizes):
+        left.hlines(TARGETS[size], j - 0.4, j + 0.4, colors="black", linestyles="dashed")
     left.set_xticks(range(len(sizes)), [f"{s} MB" for s in sizes])
-    left.set_ylabel("milliseconds (median)")
-    left.set_title("All-reduce of float32, 2 ranks on localhost")
-    left.legend(fontsize=8)
-    train = data["training"]
-    labels = [f"{t['ranks']} rank{'s' if t['ranks'] > 1 else ''}" for t in train]
-    right.bar(labels, [t["examples_per_s"] for t in train], color="tab:green")
-    for i, t in enumerate(train):
-        right.text(i, t["examples_per_s"], f"{t['steps_per_s']:.0f} steps/s", ha="center", va="bottom")
-    right.set_ylabel("examples / s")
-    first = train[0]
-    right.set_title(f"MPI mode, MLP {first['parameters'] / 1e6:.2f}M params, batch {first['batch_per_rank']}/rank")
+    left.set_ylabel("speed relative to raw mpi4py (higher is better)")
+    left.set_title("All-reduce of float32, 2 ranks on localhost\n(dashed: target for the fused call)", fontsize=10)
+    left.legend(fontsize=7)
+    if panels == 2:
+        right = axes[0][1]
+        train = data["training"]
+        labels = [f"{t['ranks']} rank{'s' if t['ranks'] > 1 else ''}" for t in train]
+        right.bar(labels, [t["examples_per_s"] for t in train], color="tab:green")
+        for i, t in enumerate(train):
+            right.text(i, t["examples_per_s"], f"{t['steps_per_s']:.0f} steps/s", ha="center", va="bottom")
+        right.set_ylabel("examples / s")
+        first = train[0]
+        right.set_title(f"MPI mode, MLP {first['parameters'] / 1e6:.2f}M params, "
+                        f"batch {first['batch_per_rank']}/rank", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def _run_comm(work: str, reps: int) -> list[dict]:
+    from parallax.launch.launcher import launch
+    from parallax.launch.layout import ranks_per_device
+    from parallax.resources import parse_resource_text
+
+    print("part 1: all-reduce, 2 ranks ...", flush=True)
+    comm_out = os.path.join(work, "comm.json")
+    ranks = ranks_per_device(parse_resource_text("localhost: cpu:0,cpu:1\n"))
+    result = launch(ranks, [os.path.abspath(__file__), "comm", "--out", comm_out, "--reps", str(reps)])
+    if result.returncode != 0:
+        raise SystemExit(f"all-reduce benchmark failed: {result.failure}")
+    rows = read_json(comm_out)
+    for row in rows:
+        for key in LABELS:
+            row[f"speed_{key}"] = row["raw_mpi4py"] / row[key]
+    return rows
+
+
+def _run_training(work: str, steps: int) -> list[dict]:
+    training = []
+    for n in (1, 2):
+        print(f"part 2: training with {n} rank(s) ...", flush=True)
+        resource = os.path.join(work, f"resources_{n}")
+        with open(resource, "w") as f:
+            f.write("localhost: " + ",".join(f"cpu:{i}" for i in range(n)) + "\n")
+        out = os.path.join(work, f"train_{n}.json")
+        done = subprocess.run([sys.executable, os.path.abspath(__file__), "train", "--resource_info", resource,
+                               "--out", out, "--steps", str(steps)], cwd=work)
+        if done.returncode != 0 or not os.path.exists(out):
+            raise SystemExit(f"training benchmark with {n} rank(s) failed (exit code {done.returncode}); its "
+                             f"files are in {work}")
+        training.append(read_json(out))
+    return training
 
 
 def main() -> None:
@@ -174,57 +237,50 @@ def main() -> None:
     t.add_argument("--steps", type=int, default=200)
     t.add_argument("--batch", type=int, default=64)
     parser.add_argument("--results", default=os.path.join(ROOT, "benchmarks", "results"))
-    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--part", choices=("all", "allreduce", "training"), default="all",
+                        help="run only part 1 (allreduce) or part 2 (training)")
     args = parser.parse_args()
     if args.command == "comm":
         return comm_worker(args.out, args.reps)
     if args.command == "train":
         return train_worker(args.resource_info, args.out, args.steps, args.batch)
 
-    from parallax.launch.launcher import launch
-    from parallax.launch.layout import ranks_per_device
-    from parallax.resources import parse_resource_text
-
     os.makedirs(args.results, exist_ok=True)
     work = tempfile.mkdtemp(prefix="parallax_bench_")
-    print("part 1: all-reduce, 2 ranks ...", flush=True)
-    comm_out = os.path.join(work, "comm.json")
-    ranks = ranks_per_device(parse_resource_text("localhost: cpu:0,cpu:1\n"))
-    result = launch(ranks, [os.path.abspath(__file__), "comm", "--out", comm_out, "--reps", str(args.reps)])
-    if result.returncode != 0:
-        raise SystemExit(f"all-reduce benchmark failed: {result.failure}")
-    comm_rows = read_json(comm_out)
-    training = []
-    for n in (1, 2):
-        print(f"part 2: training with {n} rank(s) ...", flush=True)
-        resource = os.path.join(work, f"resources_{n}")
-        with open(resource, "w") as f:
-            f.write("localhost: " + ",".join(f"cpu:{i}" for i in range(n)) + "\n")
-        out = os.path.join(work, f"train_{n}.json")
-        done = subprocess.run([sys.executable, os.path.abspath(__file__), "train", "--resource_info", resource,
-                               "--out", out, "--steps", str(args.steps)], cwd=work)
-        if done.returncode != 0 or not os.path.exists(out):
-            raise SystemExit(f"training benchmark with {n} rank(s) failed (exit code {done.returncode}); its "
-                             f"files are in {work}")
-        training.append(read_json(out))
+    comm_rows = _run_comm(work, args.reps) if args.part in ("all", "allreduce") else []
+    training = _run_training(work, args.steps) if args.part in ("all", "training") else []
     data = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-            "allreduce_2_ranks": comm_rows, "training": training}
-    for row in comm_rows:
-        row["in_graph_over_raw"] = row["in_graph"] / row["raw_mpi4py"]
-        row["in_graph_fused_over_raw"] = row["in_graph_fused"] / row["raw_mpi4py"]
-    data["training_speedup_2_over_1_examples"] = training[1]["examples_per_s"] / training[0]["examples_per_s"]
-    json_path = os.path.join(args.results, "allreduce.json")
+            "allreduce_2_ranks": comm_rows, "training": training, "targets": {}}
+    missed = []
+    if comm_rows:
+        print(f"\n{'MB':>4} {'raw ms':>8}" + "".join(f" {k.replace('in_graph', 'graph'):>16}" for k in LABELS
+                                                       if k != "raw_mpi4py") + "   (ms, and speed vs raw)")
+        for r in comm_rows:
+            print(f"{r['megabytes']:>4} {r['raw_mpi4py']:>8.2f}" + "".join(
+                f" {r[k]:>8.2f} {r[f'speed_{k}']:>6.2f}x" for k in LABELS if k != "raw_mpi4py"))
+        for r in comm_rows:
+            target, got = TARGETS[r["megabytes"]], r["speed_in_graph_fused"]
+            met = got >= target
+            data["targets"][f"fused_{r['megabytes']}MB"] = {"target": target, "measured": got, "met": met}
+            print(f"target: fused in-graph all-reduce at {r['megabytes']} MB >= {target:.1f}x raw: "
+                  f"{got:.2f}x {'met' if met else 'MISSED'}")
+            if not met:
+                missed.append(f"{r['megabytes']} MB")
+    if training:
+        data["training_speedup_2_over_1_examples"] = training[1]["examples_per_s"] / training[0]["examples_per_s"]
+        for t in training:
+            print(f"{t['ranks']} rank(s): {t['steps_per_s']:.1f} steps/s, {t['examples_per_s']:.0f} examples/s")
+    name = "allreduce" if args.part == "all" else f"allreduce_{args.part}"
+    json_path = os.path.join(args.results, f"{name}.json")
     write_json(json_path, data)
-    png_path = os.path.join(args.results, "allreduce.png")
-    _plot(data, png_path)
-    print(f"\n{'MB':>4} {'raw ms':>8} {'graph ms':>9} {'fused ms':>9} {'graph/raw':>10} {'fused/raw':>10}")
-    for r in comm_rows:
-        print(f"{r['megabytes']:>4} {r['raw_mpi4py']:>8.2f} {r['in_graph']:>9.2f} {r['in_graph_fused']:>9.2f} "
-              f"{r['in_graph_over_raw']:>10.2f} {r['in_graph_fused_over_raw']:>10.2f}")
-    for t in training:
-        print(f"{t['ranks']} rank(s): {t['steps_per_s']:.1f} steps/s, {t['examples_per_s']:.0f} examples/s")
-    print(f"\nwrote {json_path} and {png_path}")
+    png_path = os.path.join(args.results, f"{name}.png")
+    if comm_rows:
+        _plot(data, png_path)
+    print(f"\nwrote {json_path}" + (f" and {png_path}" if comm_rows else ""))
+    if missed:
+        raise SystemExit(f"all-reduce target missed at {', '.join(missed)} (see above)")
 
 
 if __name__ == "__main__":

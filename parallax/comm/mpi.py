@@ -3,9 +3,17 @@
 Ops added (under the caller's name scope):
 
 * ``allreduce_<k>``: one ``PyFunc`` per fusion buffer: the dense gradients,
-  sorted by variable name, are flattened and concatenated into buffers of at
-  most ``fusion_bytes`` (per dtype), summed in place with
-  ``Allreduce(MPI.IN_PLACE, buffer)`` and split back;
+  sorted by variable name, in buckets of at most ``fusion_bytes`` (per dtype).
+  A gradient of at least ``DIRECT_BYTES`` is a buffer of its own; the smaller
+  ones of a bucket are concatenated into one (``fuse_<k>``). Each buffer
+  passes :func:`_owned` (a ``Snapshot``, which hands over the buffer when
+  nothing else holds it, the usual case, and copies it otherwise: a
+  constant, a variable's value, a tensor other ops still read). The call sums
+  every buffer in place, with ``Allreduce(MPI.IN_PLACE, ...)`` on pieces of
+  at most ``CHUNK_BYTES``, and returns the same buffers, which TensorFlow
+  takes back without a copy; the concatenated one is split again
+  (``unfuse_<k>``, views). No large gradient is copied: concatenating 64 MB
+  cost more than summing them (docs/benchmarks.md);
 * per sparse gradient, with ``MPIConfig.use_allgatherv``, ``allgatherv_<k>``:
   one ``PyFunc`` that sends the values and indices with ``Allgatherv`` (each
   rank its own row count); without it (the default, as NCCL's all-gather
@@ -26,6 +34,7 @@ session starts; the bindings are released when the session closes).
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 
 import numpy as np
@@ -34,14 +43,44 @@ from tensorflow.core.framework import graph_pb2
 
 from parallax.comm.base import Backend, Prepared, ProcessComms
 
-__all__ = ["MPIBackend", "bind_py_functions", "TOKEN_PREFIX"]
+__all__ = ["MPIBackend", "bind_py_functions", "TOKEN_PREFIX", "DIRECT_BYTES"]
 
 TOKEN_PREFIX = "parallax_comm:"
 _ALLREDUCE = TOKEN_PREFIX + "mpi_allreduce"
-_ALLREDUCE_INPLACE = TOKEN_PREFIX + "mpi_allreduce_inplace"
 _ALLGATHERV = TOKEN_PREFIX + "mpi_allgatherv"
 _ALLGATHER = TOKEN_PREFIX + "mpi_allgather"
 _TRANSPORT_DTYPES = (tf.float32, tf.float64, tf.int32, tf.int64)
+#: A dense gradient of at least this many bytes is summed in its own buffer; smaller ones are
+#: concatenated into one (copying a small tensor costs less than one more MPI call).
+DIRECT_BYTES = 256 * 1024
+#: ... and in pieces of at most this many bytes: Open MPI sums 16 pieces of 4 MiB in half the time
+#: of one 64 MiB buffer (on 2 ranks of one host; docs/benchmarks.md), and a piece costs one latency.
+CHUNK_BYTES = 4 * 1024 * 1024
+
+
+def _nbytes(tensor: tf.Tensor) -> float:
+    """Bytes of ``tensor`` when its shape is known (else infinite)."""
+    n = tensor.shape.num_elements()
+    return float("inf") if n is None else n * _transport(tensor.dtype).size
+
+
+def _transport(dtype: tf.DType) -> tf.DType:
+    """The dtype a tensor travels in (MPI sums these; others go as float32)."""
+    return dtype if dtype in _TRANSPORT_DTYPES else tf.float32
+
+
+def _owned(tensor: tf.Tensor, name: str) -> tf.Tensor:
+    """``tensor`` in a buffer nobody else holds, which the all-reduce may sum in place.
+
+    ``Snapshot`` hands the buffer over when its reference is the only one (a gradient consumed
+    once, the usual case) and copies it otherwise: a constant's, a variable's, one other ops
+    still read. Before it, ``DebugIdentityV2`` (stateful, a pass-through when it has no
+    ``debug_urls``) keeps Grappler from folding a constant gradient's ``Snapshot`` into a
+    ``Const`` or merging two equal ones, either of which would hand the call one buffer twice.
+    """
+    with tf.name_scope(name):
+        kept = tf.raw_ops.DebugIdentityV2(input=tensor, op_name=name, tfdbg_context_id=name)
+        return tf.raw_ops.Snapshot(input=kept)
 
 
 def _unbound(*args):  # placeholder body; replaced per process by bind_py_functions
@@ -83,11 +122,37 @@ class MPIBackend(Backend):
 
     def allreduce_sum(self, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
         outputs: list[tf.Tensor | None] = [None] * len(tensors)
+        for k, bucket in enumerate(self._buckets(tensors)):
+            members = [tensors[i] for i in bucket]
+            transport = _transport(members[0].dtype)
+            small = [j for j, t in enumerate(members) if _nbytes(t) < DIRECT_BYTES]
+            large = [j for j in range(len(members)) if j not in small]
+            buffers = [tf.cast(members[j], transport) for j in large]
+            if len(small) > 1:  # packed: one buffer, one call
+                buffers.insert(0, tf.concat([tf.reshape(tf.cast(members[j], transport), [-1]) for j in small], 0,
+                                            name=f"fuse_{k}"))
+            elif small:
+                large.insert(0, small.pop())
+                buffers.insert(0, tf.cast(members[large[0]], transport))
+            owned = [_owned(b, f"own_{k}_{n}") for n, b in enumerate(buffers)]
+            summed = self._chained(lambda owned=owned, k=k: _py_func(
+                owned, [o.dtype for o in owned], _ALLREDUCE, f"allreduce_{k}", self._tokens))
+            if small:
+                pieces = tf.split(summed.pop(0), [tf.size(members[j]) for j in small], name=f"unfuse_{k}")
+                summed[:0] = [tf.reshape(p, tf.shape(members[j])) for p, j in zip(pieces, small)]
+            for j, total in zip(small + large, summed):
+                total.set_shape(members[j].shape)
+                outputs[bucket[j]] = tf.cast(total, members[j].dtype)
+        return outputs  # type: ignore[return-value]
+
+    def _buckets(self, tensors: list[tf.Tensor]) -> list[list[int]]:
+        """Indices of ``tensors`` in fusion buckets: in order, per transport dtype, each at most
+        ``fusion_bytes`` (a bigger tensor has a bucket of its own)."""
         buckets: list[list[int]] = []
         sizes: dict[int, int] = {}
         current: dict[tf.DType, list[int]] = {}
         for i, t in enumerate(tensors):
-            dtype = t.dtype if t.dtype in _TRANSPORT_DTYPES else tf.float32
+            dtype = _transport(t.dtype)
             nbytes = dtype.size * max(1, t.shape.num_elements() or 1)
             bucket = current.get(dtype)
             if bucket is None or sizes[id(bucket)] + nbytes > self.spec.fusion_bytes:
@@ -97,33 +162,12 @@ class MPIBackend(Backend):
                 sizes[id(bucket)] = 0
             bucket.append(i)
             sizes[id(bucket)] += nbytes
-        for k, bucket in enumerate(buckets):
-            members = [tensors[i] for i in bucket]
-            transport = members[0].dtype if members[0].dtype in _TRANSPORT_DTYPES else tf.float32
-            flat = [tf.reshape(tf.cast(t, transport), [-1]) for t in members]
-            if len(flat) > 1:
-                # In place: MPI sums straight into the concat's buffer, which only the
-                # split below reads, after the call (control dependency). The call itself
-                # returns a one-element "done" flag, so no buffer is copied back.
-                fused = tf.concat(flat, 0, name=f"fuse_{k}")
-                done = self._chained(lambda f=fused, k=k: _py_func(
-                    [f], [tf.int32], _ALLREDUCE_INPLACE, f"allreduce_{k}", self._tokens))[0]
-                with tf.control_dependencies([done]):
-                    summed = tf.identity(fused, name=f"summed_{k}")
-            else:
-                summed = self._chained(lambda f=flat[0], k=k, d=transport: _py_func(
-                    [f], [d], _ALLREDUCE, f"allreduce_{k}", self._tokens))[0]
-            pieces = tf.split(summed, [tf.size(t) for t in members], name=f"unfuse_{k}") \
-                if len(members) > 1 else [summed]
-            for i, t, piece in zip(bucket, members, pieces):
-                outputs[i] = tf.cast(tf.reshape(piece, tf.shape(t)), t.dtype)
-        return outputs  # type: ignore[return-value]
+        return buckets
 
     def allgather(self, pairs):
         results = []
         for k, (values, indices) in enumerate(pairs):
-            transport = values.dtype if values.dtype in _TRANSPORT_DTYPES else tf.float32
-            v = tf.cast(values, transport)
+            v = tf.cast(values, _transport(values.dtype))
             token, name = (_ALLGATHERV, f"allgatherv_{k}") if self.spec.use_allgatherv else \
                 (_ALLGATHER, f"allgather_{k}")
             gathered = self._chained(lambda v=v, ind=indices, token=token, name=name: _py_func(
@@ -141,18 +185,17 @@ class MPIBackend(Backend):
 def _functions(comm):
     from mpi4py import MPI
 
-    def allreduce(buf):
-        out = np.empty_like(buf)
-        comm.Allreduce(np.require(buf, requirements="C"), out, op=MPI.SUM)
-        return out
-
-    def allreduce_inplace(buf):
-        if not buf.flags.c_contiguous:
-            raise RuntimeError("Parallax: the fused gradient buffer is not contiguous")
-        if not buf.flags.writeable:  # numpy marks TF's buffer read-only; it is ours alone
-            buf.flags.writeable = True
-        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-        return np.ones(1, np.int32)
+    def allreduce(*buffers):
+        """Sum each buffer over the workers in place (each is ours alone: see :func:`_owned`)."""
+        for buffer in buffers:
+            if buffer.size == 0:
+                continue
+            target = _writable(buffer)
+            step = max(1, CHUNK_BYTES // target.itemsize)
+            for at in range(0, target.size, step):
+                comm.Allreduce(MPI.IN_PLACE, target[at:at + step], op=MPI.SUM)
+        # The inputs themselves, now summed: TensorFlow takes them back without a copy.
+        return list(buffers)
 
     def allgatherv(values, indices):
         values = np.require(values, requirements="C")
@@ -179,8 +222,20 @@ def _functions(comm):
         return (np.concatenate([all_values[r, :n] for r, n in enumerate(counts)]),
                 np.concatenate([all_indices[r, :n] for r, n in enumerate(counts)]))
 
-    return {_ALLREDUCE: allreduce, _ALLREDUCE_INPLACE: allreduce_inplace, _ALLGATHERV: allgatherv,
-            _ALLGATHER: allgather}
+    return {_ALLREDUCE: allreduce, _ALLGATHERV: allgatherv, _ALLGATHER: allgather}
+
+
+def _writable(buffer: np.ndarray) -> np.ndarray:
+    """A flat, writable view of a ``PyFunc`` input (numpy marks TensorFlow's buffer read-only).
+
+    The input is TensorFlow's own buffer, not a copy (``PyFunc`` aliases its inputs), and the
+    graph's ``Snapshot`` made it this call's alone. The view does not keep it alive: the call's
+    arguments do, until it returns.
+    """
+    if not buffer.flags.c_contiguous:
+        raise RuntimeError("Parallax: a gradient buffer handed to MPI is not contiguous")
+    raw = (ctypes.c_char * buffer.nbytes).from_address(buffer.ctypes.data)
+    return np.frombuffer(raw, dtype=buffer.dtype)
 
 
 def _py_func_registry():

@@ -1,0 +1,95 @@
+"""The ``mpi`` backend's all-reduce summing TensorFlow's buffers in place, on real ranks.
+
+    python allreduce_script.py --resource_info FILE --out DIR    # starts the ranks (launcher)
+    python allreduce_script.py --rank --out DIR                   # what each rank runs
+
+Each rank sums, twice, tensors that must not be changed by the call (constants Grappler may
+merge or fold, a variable's value, a tensor the step also fetches) beside tensors whose buffer
+it may take over (a fresh product, large and small), in one fusion bucket and in several, and
+writes what it saw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+
+def rank_main(out: str, fusion_bytes: int) -> None:
+    import numpy as np
+    import tensorflow as tf
+    from mpi4py import MPI
+
+    from parallax.comm.mpi import DIRECT_BYTES, MPIBackend, bind_py_functions
+    from parallax.plan.model import CommSpec
+
+    comm = MPI.COMM_WORLD
+    rank = comm.rank + 1.0  # rank r contributes r + 1, so every sum is 1 + 2 + ... = n(n+1)/2
+    big = DIRECT_BYTES // 4 + 3  # float32 elements: above the direct threshold, odd length
+    graph = tf.Graph()
+    with graph.as_default():
+        const = tf.constant(np.full(big, rank, np.float32), name="const")
+        var = tf.compat.v1.Variable(np.full(big, rank, np.float32), name="var", use_resource=True)
+        shared = tf.fill([7], rank, name="shared") * 1.5  # also fetched by the step
+        fresh_big = tf.fill([big], rank) * 2.0
+        fresh_small = [tf.fill([k + 1, 3], rank) * 3.0 for k in range(4)]
+        ints = tf.fill([5], tf.cast(rank, tf.int64)) * 4
+        halves = tf.fill([16], tf.cast(rank, tf.float16))  # travels as float32
+        # equal to const: Grappler merges equal constants and folds a constant fill, and
+        # a merged buffer summed twice in place would come out 4x
+        twins = [tf.constant(np.full(big, rank, np.float32)), tf.fill([big], rank)]
+        var_value = var.read_value()
+        inputs = [const, var_value, shared, fresh_big, *fresh_small, ints, halves, *twins]
+        backend = MPIBackend(CommSpec(fusion_bytes=fusion_bytes), comm.size)
+        summed = backend.allreduce_sum(inputs)
+        graph_def = graph.as_graph_def()
+        backend.finalize_nodes(graph_def.node)
+        graph_def, release = bind_py_functions(graph_def)
+    run_graph = tf.Graph()
+    with run_graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+        fetch = [run_graph.get_tensor_by_name(t.name) for t in summed]
+        inputs_after = [run_graph.get_tensor_by_name(t.name) for t in (const, var_value)]
+        shared_t = run_graph.get_tensor_by_name(shared.name)
+        with tf.compat.v1.Session(graph=run_graph) as sess:
+            sess.run(run_graph.get_operation_by_name("var/Assign"))
+            steps = []
+            for _ in range(2):
+                values, shared_seen = sess.run([fetch, shared_t])
+                steps.append({"sums": [np.asarray(v, np.float64).ravel().tolist() for v in values],
+                              "dtypes": [str(v.dtype) for v in values],
+                              "shared_seen": np.asarray(shared_seen).tolist()})
+            unchanged = [np.asarray(v).ravel().tolist()[:3] for v in sess.run(inputs_after)]
+    release()
+    with open(os.path.join(out, f"rank_{comm.rank}.json"), "w") as f:
+        json.dump({"size": comm.size, "rank": comm.rank, "steps": steps, "inputs_after": unchanged}, f)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--resource_info")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--rank", action="store_true")
+    parser.add_argument("--fusion_bytes", type=int, default=64 << 20)
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    if args.rank:
+        return rank_main(args.out, args.fusion_bytes)
+    from parallax.launch.launcher import launch
+    from parallax.launch.layout import ranks_per_device
+    from parallax.resources import parse_resource_text
+
+    with open(args.resource_info) as f:
+        ranks = ranks_per_device(parse_resource_text(f.read()))
+    result = launch(ranks, [os.path.abspath(__file__), "--rank", "--out", args.out,
+                            "--fusion_bytes", str(args.fusion_bytes)])
+    sys.exit(result.returncode)
+
+
+if __name__ == "__main__":
+    main()

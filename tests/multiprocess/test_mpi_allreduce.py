@@ -1,0 +1,34 @@
+"""The ``mpi`` backend sums TensorFlow's buffers in place without touching what others hold."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests.multiprocess.harness import ROOT, run_script
+
+SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "allreduce_script.py")
+
+
+@pytest.mark.parametrize("fusion_bytes", [64 << 20, 1], ids=["one-bucket", "a-bucket-each"])
+def test_in_place_sums_are_right_and_leave_shared_buffers_alone(tmp_path, fusion_bytes):
+    run = run_script(tmp_path, "localhost: cpu:0,cpu:1\n", "--fusion_bytes", str(fusion_bytes), script=SCRIPT,
+                     timeout=120)
+    assert run.returncode == 0, run.output[-4000:]
+    for rank in (0, 1):
+        with open(os.path.join(run.out_dir, f"rank_{rank}.json")) as f:
+            seen = json.load(f)
+        own = rank + 1.0
+        total = 3.0  # 1 + 2
+        factors = [1.0, 1.0, 1.5, 2.0, 3.0, 3.0, 3.0, 3.0, 4.0, 1.0, 1.0, 1.0]
+        for step in seen["steps"]:  # the second step is the same: nothing accumulated in a reused buffer
+            for values, factor in zip(step["sums"], factors):
+                np.testing.assert_allclose(values, total * factor)
+            assert step["dtypes"][-4:-2] == ["int64", "float16"]
+            # the tensor the step also fetched is this rank's own value, not the sum
+            np.testing.assert_allclose(step["shared_seen"], own * 1.5)
+        # the constant and the variable still hold this rank's value
+        np.testing.assert_allclose(seen["inputs_after"], [[own] * 3, [own] * 3])
