@@ -45,10 +45,11 @@ def _cnn():
     return t.loss, t.train_op, lambda rng: next(feeds)
 
 
-def session_overhead(steps: int = 300, blocks: int = 6) -> list[dict]:
-    """Per-step microseconds of a plain session, the raw session under Parallax and Parallax's wrapper."""
-    return [_overhead_of(name, build, steps, blocks)
-            for name, build in (("linear regression (2 scalars)", _linear), ("dense CNN (batch 64)", _cnn))]
+def session_overhead() -> list[dict]:
+    """Per-step microseconds of a plain session, the raw session under Parallax and Parallax's wrapper
+    (many short interleaved blocks: on a shared machine a step's time drifts by more than the wrapper costs)."""
+    return [_overhead_of("linear regression (2 scalars)", _linear, steps=4000, blocks=40),
+            _overhead_of("dense CNN (batch 64)", _cnn, steps=800, blocks=16)]
 
 
 def _overhead_of(name: str, build, steps: int, blocks: int) -> dict:

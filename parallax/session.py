@@ -13,6 +13,7 @@ TensorFlow's session classes is patched.
 from __future__ import annotations
 
 import collections
+import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -46,12 +47,15 @@ class ParallaxSession:
         after_steps: training op -> op to run, past the hooks, after every
             ``run`` that ran it (the PS chief's release of the other workers,
             :func:`parallax.rewrite.names.release_op`).
+        hooks: whether ``session`` runs hooks (they may build ops, so each
+            ``run`` makes the rewritten graph the default one; without hooks it
+            costs a tiny model's step 5 us and is skipped).
     """
 
     def __init__(self, session: Any, graph: tf.Graph, single_graph: tf.Graph | None,
                  replicated: frozenset[str], num_replicas: int, profiler: Any = None, heartbeat: Any = None,
                  waits: str = "", on_close: tuple[Callable[[], None], ...] = (),
-                 after_steps: Mapping[str, str] | None = None) -> None:
+                 after_steps: Mapping[str, str] | None = None, hooks: bool = True) -> None:
         self._session = session
         self._graph = graph
         self._single_graph = single_graph
@@ -66,6 +70,9 @@ class ParallaxSession:
         self._after_steps = dict(after_steps or {})
         self._afters: dict[tuple[str, ...], list[Any]] = {}  # targets -> what runs after them
         self._node_map: dict[str, Any] | None = None
+        self._hooks = hooks
+        self._fetch_plans: dict[Any, tuple] = {}  # fetches' shape -> their mapping (see _fetch_plan)
+        self._feed_keys: dict[Any, tuple] = {}  # feed key -> (name, replica names, elements)
 
     # ------------------------------------------------------------------ #
     @property
@@ -103,21 +110,21 @@ class ParallaxSession:
                 of one value per replica.
             TypeError: a fetch or feed key is of an unsupported type.
         """
-        targets: dict[str, int] = {}
-        structure = self._map_fetches(fetches, targets)
-        feeds = self._map_feeds(feed_dict or {})
-        names = list(targets)
-        elements = [self._element(n) for n in names]
-
-        def run(opts, metadata):
-            return self._session.run(elements, feed_dict=feeds, options=opts, run_metadata=metadata)
+        structure, targets, names, elements = self._fetch_plan(fetches)
+        feeds = self._map_feeds(feed_dict) if feed_dict else None
 
         if self._heartbeat is not None:
             self._heartbeat.set("run", self._waits)
         try:
-            with self._graph.as_default():  # hooks (checkpoint saving) build and run ops in graph mode
-                values = run(options, run_metadata) if self._profiler is None else \
-                    self._profiler.run(run, options, run_metadata, self._global_step())
+            # hooks (checkpoint saving) build and run ops in graph mode
+            with self._graph.as_default() if self._hooks else _NO_CONTEXT:
+                if self._profiler is None:
+                    values = self._session.run(elements, feed_dict=feeds, options=options, run_metadata=run_metadata)
+                else:
+                    values = self._profiler.run(
+                        lambda opts, metadata: self._session.run(elements, feed_dict=feeds, options=opts,
+                                                                 run_metadata=metadata),
+                        options, run_metadata, self._global_step())
                 after = self._after(names)
                 if after:
                     self._run_past_hooks(after)
@@ -249,6 +256,23 @@ class ParallaxSession:
             return [replica_tensor_name(name, r) for r in range(self._num_replicas)]
         return [replica_op_name(name, r) for r in range(self._num_replicas)]
 
+    def _fetch_plan(self, fetches: Any) -> tuple[Any, dict[str, int], list[str], list[Any]]:
+        """``fetches`` mapped to the rewritten graph: result structure, target positions, names and
+        elements; remembered for fetches of the same shape and the same ops, tensors and names (a
+        training loop fetches the same ones every step)."""
+        key = _fetch_key(fetches)
+        plan = self._fetch_plans.get(key) if key is not None else None
+        if plan is None:
+            targets: dict[str, int] = {}
+            structure = self._map_fetches(fetches, targets)
+            names = list(targets)
+            plan = (structure, targets, names, [self._element(n) for n in names], fetches)
+            if key is not None:
+                if len(self._fetch_plans) >= _PLANS_KEPT:
+                    self._fetch_plans.clear()
+                self._fetch_plans[key] = plan  # holds ``fetches``: the ids in ``key`` stay theirs
+        return plan[:4]
+
     def _map_fetches(self, fetches: Any, targets: dict[str, int]) -> Any:
         if isinstance(fetches, dict):
             return _same_kind(fetches, ((k, self._map_fetches(v, targets)) for k, v in fetches.items()))
@@ -266,16 +290,13 @@ class ParallaxSession:
     def _map_feeds(self, feed_dict: Mapping[Any, Any]) -> dict[Any, Any]:
         feeds: dict[Any, Any] = {}
         for key, value in feed_dict.items():
-            name = self._name_of(key, "feed key")
-            if ":" not in name:
-                name += ":0"
-            self._check_exists(name, "feed key")
-            names = self._replica_names(name)
+            name, names, elements, rank = self._feed_key(key)
             shared = names[0] == names[-1]
-            if shared and not self._per_replica(value, name):
-                feeds[self._element(name)] = value  # one value for the shared placeholder, as the original took
+            per_replica = self._per_replica(value, rank)
+            if shared and not per_replica:
+                feeds[elements[0]] = value  # one value for the shared placeholder, as the original took
                 continue
-            if not self._per_replica(value, name):
+            if not per_replica:
                 got = f"a list of {len(value)}" if isinstance(value, (list, tuple)) else \
                     f"an ndarray of shape {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
                 raise ValueError(
@@ -288,13 +309,31 @@ class ParallaxSession:
                         f"{name!r} is shared by all replicas (it feeds the update, not one replica's "
                         "computation), so its per-replica values must be equal")
             if shared:
-                feeds[self._element(name)] = value[0]
+                feeds[elements[0]] = value[0]
                 continue
-            for n, v in zip(names, value):
-                feeds[self._element(n)] = v
+            for element, v in zip(elements, value):
+                feeds[element] = v
         return feeds
 
-    def _per_replica(self, value: Any, name: str) -> bool:
+    def _feed_key(self, key: Any) -> tuple[str, list[str], list[Any], int | None]:
+        """A feed key's tensor name, its replicas' names, their tensors and its rank (remembered
+        per key)."""
+        ref = key if isinstance(key, str) else id(key)
+        found = self._feed_keys.get(ref)
+        if found is None:
+            name = self._name_of(key, "feed key")
+            if ":" not in name:
+                name += ":0"
+            self._check_exists(name, "feed key")
+            names = self._replica_names(name)
+            elements = [self._element(n) for n in names]
+            found = (name, names, elements, elements[0].shape.rank, key)  # holds ``key``: its id stays its own
+            if len(self._feed_keys) >= _PLANS_KEPT:
+                self._feed_keys.clear()
+            self._feed_keys[ref] = found
+        return found[:4]
+
+    def _per_replica(self, value: Any, rank: int | None) -> bool:
         """Whether ``value`` holds one value per replica: a list or tuple of that length, or an
         ndarray whose first axis is the replicas (replica ``r`` gets ``value[r]``, as in the
         original Parallax). Where the placeholder's rank is known, a value of that rank is a
@@ -302,7 +341,6 @@ class ParallaxSession:
         if not isinstance(value, (list, tuple, np.ndarray)) or (isinstance(value, np.ndarray) and value.ndim == 0) \
                 or len(value) != self._num_replicas:  # replicas' batches may differ in length: no np.ndim(value)
             return False
-        rank = self._element(name).shape.rank
         return rank is None or np.ndim(value[0]) == rank
 
     def _rebuild(self, structure: Any, values: list[Any], targets: dict[str, int]) -> Any:
@@ -313,6 +351,32 @@ class ParallaxSession:
         if isinstance(structure, tuple) and hasattr(structure, "_fields"):
             return type(structure)(*(self._rebuild(v, values, targets) for v in structure))
         return type(structure)(self._rebuild(v, values, targets) for v in structure)
+
+
+_NO_CONTEXT = contextlib.nullcontext()
+
+#: How many fetch mappings and feed keys a session remembers (then it starts over).
+_PLANS_KEPT = 256
+
+
+def _fetch_key(fetches: Any) -> Any:
+    """A hashable key for the shape and leaves of ``fetches`` (leaves by identity or name), or
+    ``None`` for what :meth:`ParallaxSession._map_fetches` should see afresh (it explains errors)."""
+    if isinstance(fetches, str):
+        return fetches
+    if isinstance(fetches, (tf.Tensor, tf.Operation)):
+        return id(fetches)
+    if isinstance(fetches, (list, tuple)):
+        keys = tuple(_fetch_key(f) for f in fetches)
+        return None if None in keys else (type(fetches), keys)
+    if isinstance(fetches, dict) and not isinstance(fetches, collections.defaultdict):
+        try:
+            keys = tuple((k, _fetch_key(v)) for k, v in fetches.items())
+            hash(keys)
+        except TypeError:
+            return None
+        return None if any(v is None for _, v in keys) else (type(fetches), keys)
+    return None
 
 
 class _Leaf:

@@ -63,15 +63,11 @@ def build_subgraph(builder, input_dtypes: list[tf.DType], input_names: list[str]
     for node in graph.as_graph_def().node:
         if node.name in replace:
             continue
-        old_inputs = list(node.input)
-        del node.input[:]
-        for text in old_inputs:
-            name, index, control = parse_input(text)
+        for i, text in enumerate(node.input):
+            name, _, control = parse_input(text)
             if name in replace:
                 target = replace[name]
-                node.input.append(format_input(parse_input(target)[0], 0, True) if control else target)
-            else:
-                node.input.append(text)
+                node.input[i] = format_input(parse_input(target)[0], 0, True) if control else target
         nodes.append(node)
     return nodes, [t.name for t in outputs]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Iterable
 
@@ -16,6 +17,7 @@ _WRITE_PREFIXES = ("Scatter", "ResourceScatter", "Apply", "ResourceApply", "Spar
 _VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable", "AutoReloadVariable", "_VarHandlesOp"})
 
 
+@functools.lru_cache(maxsize=1 << 18)  # a rewrite parses each input many times (a graph's closures)
 def parse_input(text: str) -> tuple[str, int, bool]:
     """Split a NodeDef input into ``(op name, output index, is control)``.
 

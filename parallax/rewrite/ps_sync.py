@@ -194,25 +194,29 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
                     acc = tf.compat.v1.SparseConditionalAccumulator(
                         dtype, shape=shape, shared_name=f"{scope}accumulator", name="accumulator",
                         reduction_type="SUM")
+                    mine = []
                     for _ in senders:
                         values, indices = inputs[position], inputs[position + 1]
                         position += 2
-                        applies.append(acc.apply_grad(tf.cast(indices, tf.int64), values,
-                                                      local_step=_ALWAYS_FRESH, name="apply"))
-                    if chief:
-                        with tf.control_dependencies(applies):
+                        mine.append(acc.apply_grad(tf.cast(indices, tf.int64), values,
+                                                   local_step=_ALWAYS_FRESH, name="apply"))
+                    applies.extend(mine)
+                    if chief:  # after this worker's own gradients of this variable
+                        with tf.control_dependencies(mine):
                             taken = acc.take_indexed_slices_grad(required, name="take")
                         takes.extend([taken.values, tf.cast(taken.indices, indices.dtype)])
                 else:
                     acc = tf.compat.v1.ConditionalAccumulator(
                         dtype, shape=shape, shared_name=f"{scope}accumulator", name="accumulator",
                         reduction_type="SUM")
+                    mine = []
                     for _ in senders:
                         grad = inputs[position]
                         position += 1
-                        applies.append(acc.apply_grad(grad, local_step=_ALWAYS_FRESH, name="apply"))
-                    if chief:
-                        with tf.control_dependencies(applies):
+                        mine.append(acc.apply_grad(grad, local_step=_ALWAYS_FRESH, name="apply"))
+                    applies.extend(mine)
+                    if chief:  # after this worker's own gradients of this variable
+                        with tf.control_dependencies(mine):
                             takes.append(acc.take_grad(required, name="take"))
         original = inputs[position]
         heard = [t.op for t in inputs[position + 1:]]
@@ -237,14 +241,14 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
 
     nodes, outputs = build_subgraph(builder, dtypes, names, "")
     server_of = {v.name: plan.server_devices[v.server] for v in variables}
+    longest_first = sorted(server_of, key=len, reverse=True)
     for node in nodes:
         if node.name.startswith(step_scope):
             queue_side = "/token_" in node.name or "/release_" in node.name or node.name.endswith("/wait")
             node.device = plan.server_devices[0] if queue_side else worker.shared_device
             continue
         scope = node.name[len(SYNC_PREFIX) + 1:]
-        var = next((name for name in sorted(server_of, key=len, reverse=True) if scope.startswith(name + "/")),
-                   None)
+        var = next((name for name in longest_first if scope.startswith(name + "/")), None)
         node.device = server_of[var] if var is not None else worker.shared_device
     _rename_train_op(out, train_op, original_name, nodes, parse_input(outputs[0])[0])
     # The chief's update ops read the summed gradients the accumulators return.
