@@ -163,8 +163,63 @@ def _plan_parser() -> argparse.ArgumentParser:
                              "repeatable")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the plan as JSON")
     parser.add_argument("--timeout", type=float, default=600, help="seconds before giving up on the script")
+    predict = parser.add_argument_group(
+        "prediction", "--predict also prints the predicted step time, speedup and scaling efficiency of each "
+        "layout (MPI, PS, HYBRID, TensorFlow's own PS) on a cluster (parallax/plan/predict.py)")
+    predict.add_argument("--predict", action="store_true", help="predict the speed of each layout")
+    predict.add_argument("--step_time", default=None, metavar="SECONDS",
+                         help="the measured time of one training step on one device (required with --predict), "
+                              "e.g. 0.175 or 175ms")
+    predict.add_argument("--cluster", default=None, metavar="HOSTSxDEVICES",
+                         help="the cluster to predict for, e.g. 6x8 (default: the resource file's hosts and "
+                              "devices per host)")
+    predict.add_argument("--bandwidth", default="10Gbit", help="between hosts, per direction (default 10Gbit)")
+    predict.add_argument("--latency", default="20us", help="between hosts (default 20us)")
+    predict.add_argument("--inside_bandwidth", default="100Gbit",
+                         help="between the devices of a host (default 100Gbit, about PCIe 3.0 x16)")
+    predict.add_argument("--inside_latency", default="5us", help="between the devices of a host (default 5us)")
     parser.epilog = "Arguments for the script go after --, e.g. parallax plan train.py res -- --steps 10"
     return parser
+
+
+def _prediction_inputs(args: argparse.Namespace) -> tuple[float, tuple[int, int] | None, object, object]:
+    """``--predict``'s step time, cluster shape (or ``None``: the resource file's) and links.
+
+    Raises:
+        ValueError: naming the argument and what was expected.
+    """
+    from parallax.plan.predict import Link, parse_bandwidth, parse_cluster, parse_latency
+
+    if args.step_time is None:
+        raise ValueError("--predict needs --step_time: the measured seconds of one training step on one device")
+    text = args.step_time.strip().lower()
+    try:
+        step = parse_latency(text) if text.endswith(("ms", "us", "s")) else float(text)
+    except ValueError:
+        raise ValueError(f"--step_time {args.step_time!r}: expected seconds, e.g. 0.175 or 175ms") from None
+    if not step > 0:
+        raise ValueError(f"--step_time {args.step_time!r} must be positive")
+    shape = parse_cluster(args.cluster) if args.cluster else None
+    between = Link(parse_bandwidth(args.bandwidth), parse_latency(args.latency))
+    inside = Link(parse_bandwidth(args.inside_bandwidth), parse_latency(args.inside_latency))
+    return step, shape, between, inside
+
+
+def _print_prediction(plan_json: str, resource_info: str, step: float, shape, between, inside) -> None:
+    import json
+
+    from parallax.plan.predict import ClusterShape, format_predictions, predict, variables_of_plan
+    from parallax.resources import parse_resource_file
+
+    if shape is None:  # the resource file's hosts, and the most devices a host has
+        devices: dict[str, int] = {}
+        for worker in parse_resource_file(resource_info).workers:
+            devices[worker.host] = devices.get(worker.host, 0) + max(1, len(worker.devices or ()))
+        shape = (len(devices), max(devices.values()))
+    with open(plan_json, encoding="utf-8") as f:
+        variables = variables_of_plan(json.load(f))
+    target = ClusterShape(shape[0], shape[1], between, inside)
+    print(format_predictions(predict(variables, step, target), target, step), flush=True)
 
 
 def plan_main(argv: list[str] | None = None) -> int:
@@ -185,6 +240,13 @@ def plan_main(argv: list[str] | None = None) -> int:
                   f"{', '.join(OVERRIDE_SYNC)}", file=sys.stderr)
             return 2
         overrides[name] = sync
+    prediction = None
+    if args.predict:
+        try:
+            prediction = _prediction_inputs(args)
+        except ValueError as e:
+            print(f"parallax plan: {e}", file=sys.stderr)
+            return 2
     with tempfile.TemporaryDirectory() as tmp:
         output = args.json or os.path.join(tmp, "plan.json")
         if os.path.exists(output):
@@ -192,8 +254,11 @@ def plan_main(argv: list[str] | None = None) -> int:
         request = {"resource_info": os.path.abspath(args.resource_info), "run_option": args.run_option,
                    "overrides": overrides, "output": os.path.abspath(output)}
         env = {**os.environ, PLAN_ENV: json.dumps(request)}
-        return _run_to_parallel_run([sys.executable, os.path.abspath(args.script), *script_args], env, output,
+        code = _run_to_parallel_run([sys.executable, os.path.abspath(args.script), *script_args], env, output,
                                     args.timeout, "parallax plan", args.script)
+        if code == 0 and prediction is not None:
+            _print_prediction(output, args.resource_info, *prediction)
+        return code
 
 
 def _split_command(argv: list[str] | None) -> tuple[list[str], list[str]]:

@@ -174,8 +174,7 @@ def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: t
     bound = meta_graph_pb2.MetaGraphDef()
     bound.CopyFrom(rewritten)
     bound.graph_def.CopyFrom(graph_def)
-    session, dist_graph, hooks = _start_session(bound, config, setup, settings,
-                                                frozenset(v.name for v in plan.variables))
+    session, dist_graph = _start_session(bound, config, setup, settings, frozenset(v.name for v in plan.variables))
     setup.heartbeat.set("user")
     shard_ops = frozenset(n for n in shard_op_names(meta_graph) if n)
     replicated = classify(meta_graph.graph_def, plan, extra_inputs=shard_ops).replicated | shard_ops
@@ -183,7 +182,7 @@ def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: t
                               profiler=Profiler.from_config(settings.profile, task.worker_index),
                               heartbeat=setup.heartbeat,
                               waits=wait_points(plan, task), on_close=tuple(releases),
-                              after_steps=_after_steps(plan, dist_graph), hooks=hooks)
+                              after_steps=_after_steps(plan, dist_graph))
     return wrapper, setup.num_workers, task.worker_index, len(process.devices)
 
 
@@ -194,11 +193,10 @@ def _after_steps(plan, graph: tf.Graph) -> dict[str, str]:
 
 
 def _start_session(meta: meta_graph_pb2.MetaGraphDef, config: config_pb2.ConfigProto, setup: ProcessSetup,
-                   settings: Settings, saved_names: frozenset[str]) -> tuple[Any, tf.Graph, bool]:
+                   settings: Settings, saved_names: frozenset[str]) -> tuple[Any, tf.Graph]:
     """Import ``meta`` into a new graph and start a ``MonitoredSession`` on it: the chief
     initialises (restoring the latest checkpoint of ``ckpt_dir``; ``saved_names`` are the
-    single-device graph's variable names, which checkpoints hold), the others wait for it.
-    Returns the session, its graph and whether it runs hooks."""
+    single-device graph's variable names, which checkpoints hold), the others wait for it."""
     master = setup.server.target if setup.server is not None else ""
     graph = tf.Graph()
     with graph.as_default():
@@ -226,7 +224,7 @@ def _start_session(meta: meta_graph_pb2.MetaGraphDef, config: config_pb2.ConfigP
         session = tf.compat.v1.train.MonitoredSession(session_creator=creator, hooks=all_hooks)
     if setup.broadcast is not None:
         setup.broadcast.run(session)
-    return session, graph, bool(all_hooks)
+    return session, graph
 
 
 class _WorkerSessionCreator(tf.compat.v1.train.SessionCreator):

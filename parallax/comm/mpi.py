@@ -187,15 +187,21 @@ def _functions(comm):
 
     def allreduce(*buffers):
         """Sum each buffer over the workers in place (each is ours alone: see :func:`_owned`)."""
+        summed = []
         for buffer in buffers:
-            if buffer.size == 0:
+            if not isinstance(buffer, np.ndarray) or buffer.ndim == 0:
+                # a scalar arrives as a numpy scalar, a copy of TensorFlow's: sum a new array
+                total = np.array(buffer, ndmin=1)
+                comm.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+                summed.append(total.reshape(()))
                 continue
-            target = _writable(buffer)
-            step = max(1, CHUNK_BYTES // target.itemsize)
-            for at in range(0, target.size, step):
-                comm.Allreduce(MPI.IN_PLACE, target[at:at + step], op=MPI.SUM)
-        # The inputs themselves, now summed: TensorFlow takes them back without a copy.
-        return list(buffers)
+            if buffer.size:
+                target = _writable(buffer)
+                step = max(1, CHUNK_BYTES // target.itemsize)
+                for at in range(0, target.size, step):
+                    comm.Allreduce(MPI.IN_PLACE, target[at:at + step], op=MPI.SUM)
+            summed.append(buffer)  # now summed: TensorFlow takes it back without a copy
+        return summed
 
     def allgatherv(values, indices):
         values = np.require(values, requirements="C")

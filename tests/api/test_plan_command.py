@@ -53,3 +53,32 @@ def test_bad_input_is_named(tmp_path, resources, capfd):
     script.write_text("print('hello')\n")
     assert parallax_main(["plan", str(script), resources]) == 1
     assert "ended without calling parallax.parallel_run" in capfd.readouterr().err
+
+
+def test_predict_prints_each_layouts_step_from_the_plans_variables(tmp_path, resources, capfd):
+    code, data = plan(tmp_path, resources, "--predict", "--step_time", "40ms", "--cluster", "6x8",
+                      "--bandwidth", "10Gbit", "--latency", "0")
+    assert code == 0
+    printed = capfd.readouterr().out
+    assert "Predicted on 6 host(s) x 8 device(s), 10 Gbit/s" in printed
+    rows = {line.split()[0]: line.split() for line in printed.splitlines()
+            if line.strip().split(" ")[0] in ("MPI", "PS", "HYBRID")}
+    assert set(rows) == {"MPI", "PS", "HYBRID"}
+    # the step is the single-device 40 ms plus the predicted communication
+    for layout, cols in rows.items():
+        assert float(cols[2]) == pytest.approx(40.0 + float(cols[1]), abs=0.11), layout
+    # without --cluster: the resource file's one host of 3 devices
+    plan(tmp_path, resources, "--predict", "--step_time", "0.04")
+    assert "Predicted on 1 host(s) x 3 device(s)" in capfd.readouterr().out
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--predict"], "--predict needs --step_time"),
+    (["--predict", "--step_time", "fast"], "--step_time 'fast': expected seconds"),
+    (["--predict", "--step_time", "1", "--cluster", "6by8"], "cluster '6by8': expected HOSTSxDEVICES"),
+    (["--predict", "--step_time", "1", "--bandwidth", "10 furlongs"], "bandwidth '10 furlongs': expected"),
+    (["--predict", "--step_time", "1", "--latency", "soon"], "latency 'soon': expected"),
+])
+def test_predict_names_a_bad_argument(tmp_path, resources, capfd, options, message):
+    assert parallax_main(["plan", SCRIPT, resources, *options]) == 2
+    assert message in capfd.readouterr().err

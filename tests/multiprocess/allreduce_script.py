@@ -43,8 +43,9 @@ def rank_main(out: str, fusion_bytes: int) -> None:
         # equal to const: Grappler merges equal constants and folds a constant fill, and
         # a merged buffer summed twice in place would come out 4x
         twins = [tf.constant(np.full(big, rank, np.float32)), tf.fill([big], rank)]
+        scalar = tf.constant(2.0) * rank  # a 0-d tensor reaches the call as a numpy scalar (a copy)
         var_value = var.read_value()
-        inputs = [const, var_value, shared, fresh_big, *fresh_small, ints, halves, *twins]
+        inputs = [const, var_value, shared, fresh_big, *fresh_small, ints, halves, *twins, scalar]
         backend = MPIBackend(CommSpec(fusion_bytes=fusion_bytes), comm.size)
         summed = backend.allreduce_sum(inputs)
         graph_def = graph.as_graph_def()

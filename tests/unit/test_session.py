@@ -469,3 +469,24 @@ def test_a_with_block_without_error_closes_the_session(model):
     with model.session() as sess:
         assert sess.run("w:0") == [2.0, 2.0]
     assert model.fake.closed
+
+
+# --------------------------------------------------------------------------- remembered mappings
+def test_fetches_and_feeds_mapped_once_give_the_same_results_as_the_first_time(model):
+    """The wrapper remembers how a fetch structure and a feed key map; a later run of the same (or an
+    equal, rebuilt) structure gets the same values, and a different one is mapped afresh."""
+    sess = model.session()
+    first = sess.run([model.ops.y, {"t": model.ops.total}], {model.ops.x: X})
+    for _ in range(2):  # a new list and dict each time, as a training loop builds them
+        again = sess.run([model.ops.y, {"t": model.ops.total}], {model.ops.x: X})
+        np.testing.assert_allclose(again[0], first[0])
+        np.testing.assert_allclose(again[1]["t"], first[1]["t"])
+    other = sess.run(("y:0", model.ops.total), {"x:0": [[0.0, 1.0], [2.0, 3.0]]})
+    assert isinstance(other, tuple)
+    np.testing.assert_allclose(other[0], [[0.0, 2.0], [4.0, 6.0]])
+    with pytest.raises(ValueError, match="must be a list"):  # a remembered key still checks each value
+        sess.run(model.ops.y, {model.ops.x: [[1.0, 2.0]]})
+    with pytest.raises(ValueError, match="not in the single-device graph"):  # an unknown name is never remembered
+        sess.run("nope:0")
+    with pytest.raises(ValueError, match="not in the single-device graph"):
+        sess.run(["nope:0"])

@@ -1,0 +1,100 @@
+"""The speed predictor behind ``parallax plan --predict`` (parallax/plan/predict.py), by hand-computed cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from parallax.plan.predict import (
+    ClusterShape,
+    Link,
+    VariableCost,
+    communication,
+    parse_bandwidth,
+    parse_cluster,
+    parse_latency,
+    predict,
+    variables_of_plan,
+)
+
+GB = 1e9
+BETWEEN = Link(1 * GB, 0.0)  # 1 GB/s between hosts, no latency: seconds = GB moved
+INSIDE = Link(10 * GB, 0.0)
+DENSE = VariableCost("w", int(1 * GB))
+# 1,000,000 rows of 1,000 bytes; a device touches 1,000 of them (1,008,000 bytes with the indices)
+SPARSE = VariableCost("emb", 10**9, True, 10**6, 1000, 1000)
+
+
+def cluster(hosts, devices):
+    return ClusterShape(hosts, devices, BETWEEN, INSIDE)
+
+
+def test_a_dense_gradient_is_all_reduced_in_a_ring_in_mpi_and_hybrid():
+    for layout in ("MPI", "HYBRID"):
+        seconds, between = communication([DENSE], layout, cluster(4, 2))
+        assert seconds == pytest.approx(2 * 7 / 8)  # 2 (N-1)/N of 1 GB at 1 GB/s
+        assert between == pytest.approx(2 * 7 / 8 * GB)
+
+
+def test_parameter_servers_move_a_dense_gradient_per_device_in_tf_and_per_host_in_parallax():
+    tf_seconds, _ = communication([DENSE], "TF PS", cluster(4, 2))
+    assert tf_seconds == pytest.approx(2 * 2 * 3 / 4)  # push and pull of 2 devices, 3/4 to other hosts
+    ps_seconds, _ = communication([DENSE], "PS", cluster(4, 2))
+    assert ps_seconds == pytest.approx(2 * 3 / 4 + 1 / 10)  # once per host, after summing over the inside link
+
+
+def test_sparse_rows_are_gathered_by_mpi_and_merged_per_host_by_ps_and_hybrid():
+    row = 1000 + 8
+    seconds, _ = communication([SPARSE], "MPI", cluster(4, 2))
+    assert seconds == pytest.approx(7 * 1000 * row / GB)  # (N-1) devices' rows over the ring
+    for layout in ("PS", "HYBRID"):
+        seconds, _ = communication([SPARSE], layout, cluster(4, 2))
+        assert seconds == pytest.approx(2 * 3 / 4 * 2 * 1000 * row / GB + 1000 * row / (10 * GB))
+
+
+def test_one_host_uses_the_inside_link_and_one_device_nothing():
+    seconds, between = communication([DENSE], "MPI", cluster(1, 4))
+    assert between == 0 and seconds == pytest.approx(2 * 3 / 4 / 10)
+    assert communication([DENSE, SPARSE], "HYBRID", cluster(1, 1)) == (0.0, 0.0)
+
+
+def test_latency_counts_each_round():
+    slow = ClusterShape(2, 1, Link(1e30, 1e-3), INSIDE)
+    assert communication([DENSE], "MPI", slow)[0] == pytest.approx(2 * 1 * 1e-3)  # 2 (N-1) rounds
+    assert communication([DENSE], "PS", slow)[0] == pytest.approx(2e-3)  # a push and a pull
+
+
+def test_predict_adds_communication_to_the_step_and_scales_by_the_devices():
+    (p,) = predict([DENSE], 1.0, cluster(4, 2), ["MPI"])
+    assert p.step_s == pytest.approx(1.75 + 1.0)
+    assert p.speedup == pytest.approx(8 / 2.75) and p.efficiency == pytest.approx(1 / 2.75)
+    with pytest.raises(ValueError, match="step time must be positive"):
+        predict([DENSE], 0, cluster(1, 1))
+    with pytest.raises(ValueError, match="unknown layout"):
+        communication([DENSE], "RING", cluster(1, 1))
+
+
+def test_variables_of_a_plan_take_a_devices_share_of_the_workers_rows():
+    plan = {"workers": [{"replica_devices": ["/gpu:0", "/gpu:1"]}], "variables": [
+        {"name": "w", "shape": [10, 10], "dtype": "float32", "gradient": {"tensor": "g", "indices": None}},
+        {"name": "emb", "shape": [1000, 4], "dtype": "float32", "density": 0.1,
+         "gradient": {"tensor": "v", "indices": "i"}},
+        {"name": "step", "shape": [], "dtype": "int64", "gradient": None},
+    ]}
+    w, emb = variables_of_plan(plan)
+    assert (w.num_bytes, w.sparse) == (400, False)
+    assert (emb.sparse, emb.rows, emb.row_bytes, emb.rows_touched) == (True, 1000, 16, 50.0)
+
+
+@pytest.mark.parametrize("text, value", [("10Gbit", 1.25e9), ("100gbit", 12.5e9), ("12.5GB/s", 12.5e9),
+                                         ("800MB", 8e8), ("1GiB", 2**30)])
+def test_bandwidths(text, value):
+    assert parse_bandwidth(text) == pytest.approx(value)
+
+
+def test_latencies_and_clusters():
+    assert parse_latency("20us") == pytest.approx(2e-5) and parse_latency("1.5ms") == pytest.approx(1.5e-3)
+    assert parse_cluster("6x8") == (6, 8) and parse_cluster("2 X 4") == (2, 4)
+    for bad, parse in (("fast", parse_bandwidth), ("0Gbit", parse_bandwidth), ("3 weeks", parse_latency),
+                       ("0x8", parse_cluster), ("six", parse_cluster)):
+        with pytest.raises(ValueError):
+            parse(bad)
