@@ -243,8 +243,8 @@ def parse_bandwidth(text: str) -> float:
 def parse_latency(text: str) -> float:
     """``20us`` / ``0.5ms`` / ``0`` -> seconds.
 
-    >>> parse_latency("20us"), parse_latency("0")
-    (2e-05, 0.0)
+    >>> parse_latency("1.5ms"), parse_latency("0")
+    (0.0015, 0.0)
     """
     m = re.fullmatch(r"\s*([0-9.]+(?:e[0-9+-]+)?)\s*([a-zA-Z]*)\s*", text)
     unit = (m.group(2) or "s").lower() if m else ""
