@@ -13,6 +13,7 @@ TensorFlow's session classes is patched.
 from __future__ import annotations
 
 import collections
+import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -46,12 +47,16 @@ class ParallaxSession:
         after_steps: training op -> op to run, past the hooks, after every
             ``run`` that ran it (the PS chief's release of the other workers,
             :func:`parallax.rewrite.names.release_op`).
+        hooks: whether ``session`` runs hooks, which may build ops: each ``run``
+            then makes the rewritten graph the default one (5 us a run, skipped
+            without hooks; the session's creator enters the graph itself when a
+            ``MonitoredSession`` creates its session again).
     """
 
     def __init__(self, session: Any, graph: tf.Graph, single_graph: tf.Graph | None,
                  replicated: frozenset[str], num_replicas: int, profiler: Any = None, heartbeat: Any = None,
                  waits: str = "", on_close: tuple[Callable[[], None], ...] = (),
-                 after_steps: Mapping[str, str] | None = None) -> None:
+                 after_steps: Mapping[str, str] | None = None, hooks: bool = True) -> None:
         self._session = session
         self._graph = graph
         self._single_graph = single_graph
@@ -66,6 +71,7 @@ class ParallaxSession:
         self._after_steps = dict(after_steps or {})
         self._afters: dict[tuple[str, ...], list[Any]] = {}  # targets -> what runs after them
         self._node_map: dict[str, Any] | None = None
+        self._hooks = hooks
         self._fetch_plans: dict[Any, tuple] = {}  # fetches' shape -> their mapping (see _fetch_plan)
         self._feed_keys: dict[Any, tuple] = {}  # feed key -> (name, replica names, elements)
 
@@ -111,9 +117,8 @@ class ParallaxSession:
         if self._heartbeat is not None:
             self._heartbeat.set("run", self._waits)
         try:
-            # hooks (checkpoint saving) build and run ops in graph mode, and so does a MonitoredSession
-            # that recreates its session after an error (Scaffold.finalize)
-            with self._graph.as_default():
+            # hooks (checkpoint saving) build and run ops in graph mode
+            with self._graph.as_default() if self._hooks else _NO_CONTEXT:
                 if self._profiler is None:
                     values = self._session.run(elements, feed_dict=feeds, options=options, run_metadata=run_metadata)
                 else:
@@ -348,6 +353,8 @@ class ParallaxSession:
             return type(structure)(*(self._rebuild(v, values, targets) for v in structure))
         return type(structure)(self._rebuild(v, values, targets) for v in structure)
 
+
+_NO_CONTEXT = contextlib.nullcontext()
 
 #: How many fetch mappings and feed keys a session remembers (then it starts over).
 _PLANS_KEPT = 256

@@ -174,7 +174,8 @@ def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: t
     bound = meta_graph_pb2.MetaGraphDef()
     bound.CopyFrom(rewritten)
     bound.graph_def.CopyFrom(graph_def)
-    session, dist_graph = _start_session(bound, config, setup, settings, frozenset(v.name for v in plan.variables))
+    session, dist_graph, hooks = _start_session(bound, config, setup, settings,
+                                                frozenset(v.name for v in plan.variables))
     setup.heartbeat.set("user")
     shard_ops = frozenset(n for n in shard_op_names(meta_graph) if n)
     replicated = classify(meta_graph.graph_def, plan, extra_inputs=shard_ops).replicated | shard_ops
@@ -182,7 +183,7 @@ def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: t
                               profiler=Profiler.from_config(settings.profile, task.worker_index),
                               heartbeat=setup.heartbeat,
                               waits=wait_points(plan, task), on_close=tuple(releases),
-                              after_steps=_after_steps(plan, dist_graph))
+                              after_steps=_after_steps(plan, dist_graph), hooks=hooks)
     return wrapper, setup.num_workers, task.worker_index, len(process.devices)
 
 
@@ -193,10 +194,11 @@ def _after_steps(plan, graph: tf.Graph) -> dict[str, str]:
 
 
 def _start_session(meta: meta_graph_pb2.MetaGraphDef, config: config_pb2.ConfigProto, setup: ProcessSetup,
-                   settings: Settings, saved_names: frozenset[str]) -> tuple[Any, tf.Graph]:
+                   settings: Settings, saved_names: frozenset[str]) -> tuple[Any, tf.Graph, bool]:
     """Import ``meta`` into a new graph and start a ``MonitoredSession`` on it: the chief
     initialises (restoring the latest checkpoint of ``ckpt_dir``; ``saved_names`` are the
-    single-device graph's variable names, which checkpoints hold), the others wait for it."""
+    single-device graph's variable names, which checkpoints hold), the others wait for it.
+    Returns the session, its graph and whether it runs hooks."""
     master = setup.server.target if setup.server is not None else ""
     graph = tf.Graph()
     with graph.as_default():
@@ -221,10 +223,23 @@ def _start_session(meta: meta_graph_pb2.MetaGraphDef, config: config_pb2.ConfigP
         else:
             creator = _WorkerSessionCreator(scaffold, master, config, settings.timeouts.session_wait,
                                             settings.timeouts.ready_poll)
-        session = tf.compat.v1.train.MonitoredSession(session_creator=creator, hooks=all_hooks)
+        session = tf.compat.v1.train.MonitoredSession(session_creator=_InGraph(creator, graph), hooks=all_hooks)
     if setup.broadcast is not None:
         setup.broadcast.run(session)
-    return session, graph
+    return session, graph, bool(all_hooks)
+
+
+class _InGraph(tf.compat.v1.train.SessionCreator):
+    """A session creator that creates in ``graph``: a ``MonitoredSession`` creates its session again
+    after a lost peer (inside ``run``, wherever the program is), and ``Scaffold.finalize`` builds ops."""
+
+    def __init__(self, creator, graph: tf.Graph) -> None:
+        self._creator = creator
+        self._graph = graph
+
+    def create_session(self):
+        with self._graph.as_default():
+            return self._creator.create_session()
 
 
 class _WorkerSessionCreator(tf.compat.v1.train.SessionCreator):

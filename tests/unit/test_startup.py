@@ -67,3 +67,24 @@ def test_a_redirected_local_job_tees_its_output_until_its_session_closes(tmp_pat
     assert len(setup.on_close) == 1 and (tmp_path / "worker_0.stdout").exists()
     setup.on_close[0]()  # what the session's close() does
     setup.on_close[0]()  # a second call does nothing
+
+
+def test_a_session_created_again_outside_any_graph_is_created_in_its_own():
+    """A MonitoredSession creates its session again inside ``run`` after a lost peer, wherever the
+    program is; its Scaffold then builds ops (summary_op), which needs the session's graph as default
+    (the wrapper does not enter it for each run when there are no hooks)."""
+    import tensorflow as tf
+
+    from parallax.startup import _InGraph
+
+    graph = tf.Graph()
+    with graph.as_default():
+        value = tf.compat.v1.Variable(1.0, name="v").read_value()
+    scaffold = tf.compat.v1.train.Scaffold()
+    with pytest.raises(RuntimeError, match="eager"):  # what TensorFlow does without it
+        tf.compat.v1.train.ChiefSessionCreator(scaffold=scaffold).create_session()
+    creator = _InGraph(tf.compat.v1.train.ChiefSessionCreator(scaffold=tf.compat.v1.train.Scaffold()), graph)
+    for _ in range(2):  # created, then created again
+        session = creator.create_session()
+        assert session.graph is graph and session.run(value) == 1.0
+        session.close()
