@@ -47,7 +47,7 @@ def comm_worker(out: str, reps: int) -> None:
     import tensorflow as tf
     from mpi4py import MPI
 
-    from parallax.comm.mpi import MPIBackend, bind_py_functions
+    from parallax.comm.mpi import MPIBackend, import_bound
     from parallax.plan.model import CommSpec
 
     comm = MPI.COMM_WORLD
@@ -78,12 +78,8 @@ def comm_worker(out: str, reps: int) -> None:
                 summed = backend.allreduce_sum(parts)
                 probe = tf.add_n([s[:1] for s in summed])
                 baseline = tf.add_n([p[:1] for p in parts])
-                graph_def = graph.as_graph_def()
-                backend.finalize_nodes(graph_def.node)
-                graph_def, release = bind_py_functions(graph_def)
-            run_graph = tf.Graph()
+            run_graph, release = import_bound(graph, backend)
             with run_graph.as_default():
-                tf.graph_util.import_graph_def(graph_def, name="")
                 init = [run_graph.get_operation_by_name(f"{name}/Assign") for name in ("v", "w")]
                 probe_t = run_graph.get_tensor_by_name(probe.name)
                 base_t = run_graph.get_tensor_by_name(baseline.name)

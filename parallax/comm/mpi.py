@@ -43,7 +43,7 @@ from tensorflow.core.framework import graph_pb2
 
 from parallax.comm.base import Backend, Prepared, ProcessComms
 
-__all__ = ["MPIBackend", "bind_py_functions", "TOKEN_PREFIX", "DIRECT_BYTES"]
+__all__ = ["MPIBackend", "bind_py_functions", "import_bound", "TOKEN_PREFIX", "DIRECT_BYTES"]
 
 TOKEN_PREFIX = "parallax_comm:"
 _ALLREDUCE = TOKEN_PREFIX + "mpi_allreduce"
@@ -302,6 +302,18 @@ def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None, groups: dict | N
         bound.clear()
 
     return out, release
+
+
+def import_bound(graph: tf.Graph, backend: MPIBackend, comm=None) -> tuple[tf.Graph, Callable[[], None]]:
+    """A copy of ``graph``, in which ``backend`` built its ops, with those ops bound to this process
+    (what a worker's start-up does, for one graph: benchmarks, tests), and what releases them."""
+    graph_def = graph.as_graph_def()
+    backend.finalize_nodes(graph_def.node)
+    graph_def, release = bind_py_functions(graph_def, comm=comm)
+    bound = tf.Graph()
+    with bound.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    return bound, release
 
 
 def _group_suffix(group: str) -> str:

@@ -25,7 +25,7 @@ def rank_main(out: str, fusion_bytes: int) -> None:
     import tensorflow as tf
     from mpi4py import MPI
 
-    from parallax.comm.mpi import DIRECT_BYTES, MPIBackend, bind_py_functions
+    from parallax.comm.mpi import DIRECT_BYTES, MPIBackend, import_bound
     from parallax.plan.model import CommSpec
 
     comm = MPI.COMM_WORLD
@@ -48,12 +48,8 @@ def rank_main(out: str, fusion_bytes: int) -> None:
         inputs = [const, var_value, shared, fresh_big, *fresh_small, ints, halves, *twins, scalar]
         backend = MPIBackend(CommSpec(fusion_bytes=fusion_bytes), comm.size)
         summed = backend.allreduce_sum(inputs)
-        graph_def = graph.as_graph_def()
-        backend.finalize_nodes(graph_def.node)
-        graph_def, release = bind_py_functions(graph_def)
-    run_graph = tf.Graph()
+    run_graph, release = import_bound(graph, backend)
     with run_graph.as_default():
-        tf.graph_util.import_graph_def(graph_def, name="")
         fetch = [run_graph.get_tensor_by_name(t.name) for t in summed]
         inputs_after = [run_graph.get_tensor_by_name(t.name) for t in (const, var_value)]
         shared_t = run_graph.get_tensor_by_name(shared.name)
