@@ -1,7 +1,7 @@
 """What Parallax costs in one process: the session wrapper per step, and rewriting a large graph.
 
 * :func:`session_overhead`: microseconds per step of the same training step run three ways
-  in one process, interleaved in blocks (medians): a plain ``tf.compat.v1.Session`` on the
+  in one process, in turn step by step (medians): a plain ``tf.compat.v1.Session`` on the
   single-device graph; the raw session under Parallax's wrapper (``sess.raw_session``, a
   ``MonitoredSession`` on the rewritten graph, fed and fetched with the rewritten names);
   and ``ParallaxSession.run`` with the single-device names (the wrapper: name mapping,
@@ -46,13 +46,14 @@ def _cnn():
 
 
 def session_overhead() -> list[dict]:
-    """Per-step microseconds of a plain session, the raw session under Parallax and Parallax's wrapper
-    (many short interleaved blocks: on a shared machine a step's time drifts by more than the wrapper costs)."""
-    return [_overhead_of("linear regression (2 scalars)", _linear, steps=4000, blocks=40),
-            _overhead_of("dense CNN (batch 64)", _cnn, steps=800, blocks=16)]
+    """Per-step microseconds (medians) of a plain session, the raw session under Parallax and Parallax's
+    wrapper, the three run in turn step by step: on a shared machine a step's time drifts by more than the
+    wrapper costs."""
+    return [_overhead_of("linear regression (2 scalars)", _linear, steps=4000),
+            _overhead_of("dense CNN (batch 64)", _cnn, steps=2000)]
 
 
-def _overhead_of(name: str, build, steps: int, blocks: int) -> dict:
+def _overhead_of(name: str, build, steps: int) -> dict:
     import numpy as np
     import tensorflow as tf
 
@@ -84,12 +85,12 @@ def _overhead_of(name: str, build, steps: int, blocks: int) -> dict:
     for fn in runs.values():
         for _ in range(20):
             fn()
-    for _ in range(blocks):  # interleaved, so drift on a shared machine hits all three alike
-        for key, fn in runs.items():
+    order = list(runs.items())
+    for step in range(steps):  # step by step, in turn (the order rotating): drift hits all three alike
+        for key, fn in order[step % 3:] + order[:step % 3]:
             t0 = time.perf_counter()
-            for _ in range(steps // blocks):
-                fn()
-            times[key].append((time.perf_counter() - t0) / (steps // blocks) * 1e6)
+            fn()
+            times[key].append((time.perf_counter() - t0) * 1e6)
     med = {k: statistics.median(v) for k, v in times.items()}
     sess.close()
     plain.close()
