@@ -50,8 +50,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["Link", "ClusterShape", "VariableCost", "Prediction", "LAYOUTS", "predict", "parse_bandwidth",
-           "parse_latency", "parse_cluster", "variables_of_plan", "format_predictions"]
+__all__ = ["Link", "ClusterShape", "VariableCost", "Prediction", "LAYOUTS", "predict", "communication",
+           "parse_bandwidth", "parse_latency", "parse_cluster", "variables_of_plan", "format_predictions"]
 
 #: The layouts predicted, in the order printed.
 LAYOUTS = ("MPI", "PS", "HYBRID", "TF PS")
