@@ -205,21 +205,16 @@ def _prediction_inputs(args: argparse.Namespace) -> tuple[float, tuple[int, int]
     return step, shape, between, inside
 
 
-def _print_prediction(plan_json: str, resource_info: str, step: float, shape, between, inside) -> None:
+def _print_prediction(plan_json: str, step: float, shape, between, inside) -> None:
     import json
 
-    from parallax.plan.predict import ClusterShape, format_predictions, predict, variables_of_plan
-    from parallax.resources import parse_resource_file
+    from parallax.plan.predict import ClusterShape, cluster_of_plan, format_predictions, predict, variables_of_plan
 
-    if shape is None:  # the resource file's hosts, and the most devices a host has
-        devices: dict[str, int] = {}
-        for worker in parse_resource_file(resource_info).workers:
-            devices[worker.host] = devices.get(worker.host, 0) + max(1, len(worker.devices or ()))
-        shape = (len(devices), max(devices.values()))
     with open(plan_json, encoding="utf-8") as f:
-        variables = variables_of_plan(json.load(f))
-    target = ClusterShape(shape[0], shape[1], between, inside)
-    print(format_predictions(predict(variables, step, target), target, step), flush=True)
+        plan = json.load(f)
+    hosts, devices = shape or cluster_of_plan(plan)  # default: the planned job's hosts
+    target = ClusterShape(hosts, devices, between, inside)
+    print(format_predictions(predict(variables_of_plan(plan), step, target), target, step), flush=True)
 
 
 def plan_main(argv: list[str] | None = None) -> int:
@@ -257,7 +252,7 @@ def plan_main(argv: list[str] | None = None) -> int:
         code = _run_to_parallel_run([sys.executable, os.path.abspath(args.script), *script_args], env, output,
                                     args.timeout, "parallax plan", args.script)
         if code == 0 and prediction is not None:
-            _print_prediction(output, args.resource_info, *prediction)
+            _print_prediction(output, *prediction)
         return code
 
 

@@ -51,7 +51,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = ["Link", "ClusterShape", "VariableCost", "Prediction", "LAYOUTS", "predict", "communication",
-           "parse_bandwidth", "parse_latency", "parse_cluster", "variables_of_plan", "format_predictions"]
+           "parse_bandwidth", "parse_latency", "parse_cluster", "variables_of_plan", "cluster_of_plan",
+           "format_predictions"]
 
 #: The layouts predicted, in the order printed.
 LAYOUTS = ("MPI", "PS", "HYBRID", "TF PS")
@@ -217,6 +218,19 @@ def variables_of_plan(plan_dict: dict) -> list[VariableCost]:
         touched = (density if density is not None else 0.01) * rows / replicas
         out.append(VariableCost(v["name"], num_bytes, True, rows, num_bytes // max(1, rows), touched))
     return out
+
+
+def cluster_of_plan(plan_dict: dict) -> tuple[int, int]:
+    """``(hosts, devices of the busiest host)`` of a plan's workers (``Plan.to_dict()``).
+
+    >>> cluster_of_plan({"workers": [{"host": "a", "replica_devices": ["g0", "g1"]}, {"host": "b",
+    ...                                "replica_devices": ["g0"]}, {"host": "b", "replica_devices": ["g1"]}]})
+    (2, 2)
+    """
+    devices: dict[str, int] = {}
+    for worker in plan_dict["workers"]:
+        devices[worker["host"]] = devices.get(worker["host"], 0) + max(1, len(worker.get("replica_devices") or ()))
+    return len(devices), max(devices.values())
 
 
 _RATE_UNITS = {"gbit": 1e9 / 8, "mbit": 1e6 / 8, "gb": 1e9, "mb": 1e6, "gib": 2**30, "mib": 2**20}

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
-__all__ = ["parse_input", "format_input", "op_of", "node_map", "consumers", "ancestors",
+__all__ = ["parse_input", "format_input", "op_of", "enclosing_scope", "node_map", "consumers", "ancestors",
            "descendants", "add_nodes", "is_variable_write", "written_variable", "make_no_op"]
 
 _WRITE_OPS = frozenset({"Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",
@@ -64,6 +64,21 @@ def colocated_with(groups) -> list[str]:
 def colocation_group(op_name: str) -> bytes:
     """The ``_class`` entry that colocates a node with op ``op_name``."""
     return (COLOCATION_PREFIX + op_name).encode()
+
+
+def enclosing_scope(name: str, scopes) -> str | None:
+    """The longest of ``scopes`` that is ``name`` or a name scope of it (``a/b`` for ``a/b/c``), or
+    ``None``; linear in the name's depth, not in the number of scopes.
+
+    >>> enclosing_scope("v/part_1/apply", {"v", "v/part_1", "w"}), enclosing_scope("x/y", {"v"})
+    ('v/part_1', None)
+    """
+    parts = name.split("/")
+    for end in range(len(parts), 0, -1):
+        prefix = "/".join(parts[:end])
+        if prefix in scopes:
+            return prefix
+    return None
 
 
 def node_map(graph_def: graph_pb2.GraphDef) -> dict[str, node_def_pb2.NodeDef]:

@@ -65,6 +65,7 @@ from parallax.rewrite.aggregate import build_subgraph
 from parallax.rewrite.graph_ops import (
     add_nodes,
     ancestors,
+    enclosing_scope,
     format_input,
     make_no_op,
     node_map,
@@ -241,14 +242,13 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
 
     nodes, outputs = build_subgraph(builder, dtypes, names, "")
     server_of = {v.name: plan.server_devices[v.server] for v in variables}
-    longest_first = sorted(server_of, key=len, reverse=True)
     for node in nodes:
         if node.name.startswith(step_scope):
             queue_side = "/token_" in node.name or "/release_" in node.name or node.name.endswith("/wait")
             node.device = plan.server_devices[0] if queue_side else worker.shared_device
             continue
         scope = node.name[len(SYNC_PREFIX) + 1:]
-        var = next((name for name in longest_first if scope.startswith(name + "/")), None)
+        var = enclosing_scope(scope, server_of)
         node.device = server_of[var] if var is not None else worker.shared_device
     _rename_train_op(out, train_op, original_name, nodes, parse_input(outputs[0])[0])
     # The chief's update ops read the summed gradients the accumulators return.
