@@ -89,6 +89,11 @@ class Backend(ABC):
     def allgather(self, pairs: list[tuple[tf.Tensor, tf.Tensor]]) -> list[tuple[tf.Tensor, tf.Tensor]]:
         """Concatenate each ``(values, indices)`` pair over the workers, worker 0 first."""
 
+    def gather(self, pairs: list[tuple[tf.Tensor, tf.Tensor]]) -> list[tuple[tf.Tensor, tf.Tensor]]:
+        """As :meth:`allgather`, but only the group's first member needs the result: the others
+        may get anything (this default all-gathers; a backend that can, sends to the first only)."""
+        return self.allgather(pairs)
+
     def finalize_nodes(self, nodes: list) -> None:  # noqa: B027 - optional hook
         """Adjust the NodeDefs built in the scratch graph (default: nothing)."""
 

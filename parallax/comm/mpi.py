@@ -18,7 +18,12 @@ Ops added (under the caller's name scope):
   one ``PyFunc`` that sends the values and indices with ``Allgatherv`` (each
   rank its own row count); without it (the default, as NCCL's all-gather
   would), ``allgather_<k>``: ``Allgather`` of the values and indices padded
-  to the largest row count, the padding then dropped.
+  to the largest row count, the padding then dropped;
+* per sparse gradient gathered to the group's first member (:meth:`MPIBackend.gather`,
+  the host aggregation of HYBRID), ``gatherv_<k>``: ``Gatherv`` of the values
+  and indices to that member, whose output has every member's rows; the
+  others' outputs have none. Each member sends its rows once, where an
+  all-gather would send them to every member.
 
 Every ``PyFunc`` has a control dependency on the one before it, so each
 worker issues the same MPI calls in the same order (unordered calls on one
@@ -49,6 +54,7 @@ TOKEN_PREFIX = "parallax_comm:"
 _ALLREDUCE = TOKEN_PREFIX + "mpi_allreduce"
 _ALLGATHERV = TOKEN_PREFIX + "mpi_allgatherv"
 _ALLGATHER = TOKEN_PREFIX + "mpi_allgather"
+_GATHERV = TOKEN_PREFIX + "mpi_gatherv"
 _TRANSPORT_DTYPES = (tf.float32, tf.float64, tf.int32, tf.int64)
 #: A dense gradient of at least this many bytes is summed in its own buffer; smaller ones are
 #: concatenated into one (copying a small tensor costs less than one more MPI call).
@@ -165,13 +171,20 @@ class MPIBackend(Backend):
         return buckets
 
     def allgather(self, pairs):
+        if self.spec.use_allgatherv:
+            return self._sparse_calls(pairs, _ALLGATHERV, "allgatherv")
+        return self._sparse_calls(pairs, _ALLGATHER, "allgather")
+
+    def gather(self, pairs):
+        return self._sparse_calls(pairs, _GATHERV, "gatherv")
+
+    def _sparse_calls(self, pairs, token: str, name: str):
+        """One chained call of ``token`` per ``(values, indices)`` pair: ``(values, indices)`` back."""
         results = []
         for k, (values, indices) in enumerate(pairs):
             v = tf.cast(values, _transport(values.dtype))
-            token, name = (_ALLGATHERV, f"allgatherv_{k}") if self.spec.use_allgatherv else \
-                (_ALLGATHER, f"allgather_{k}")
-            gathered = self._chained(lambda v=v, ind=indices, token=token, name=name: _py_func(
-                [v, ind], [v.dtype, ind.dtype], token, name, self._tokens))
+            gathered = self._chained(lambda v=v, ind=indices, k=k: _py_func(
+                [v, ind], [v.dtype, ind.dtype], token, f"{name}_{k}", self._tokens))
             all_values = tf.cast(tf.reshape(gathered[0], tf.concat([[-1], tf.shape(values)[1:]], 0)),
                                  values.dtype)
             results.append((all_values, tf.reshape(gathered[1], [-1])))
@@ -214,6 +227,23 @@ def _functions(comm):
         comm.Allgatherv(values.reshape(-1), [all_values.reshape(-1), counts * row])
         return all_values, all_indices
 
+    def gatherv(values, indices):
+        """Every member's rows at the first member; the others get none back."""
+        values = np.require(values, requirements="C")
+        indices = np.require(indices, requirements="C")
+        row = int(np.prod(values.shape[1:], dtype=np.int64))
+        counts = comm.gather(int(values.shape[0]), root=0)
+        if comm.rank != 0:
+            comm.Gatherv(indices, None, root=0)
+            comm.Gatherv(values.reshape(-1), None, root=0)
+            return values[:0], indices[:0]
+        counts = np.array(counts, dtype=np.int64)
+        all_indices = np.empty(int(counts.sum()), dtype=indices.dtype)
+        comm.Gatherv(indices, [all_indices, counts], root=0)
+        all_values = np.empty((int(counts.sum()),) + values.shape[1:], dtype=values.dtype)
+        comm.Gatherv(values.reshape(-1), [all_values.reshape(-1), counts * row], root=0)
+        return all_values, all_indices
+
     def allgather(values, indices):
         counts = comm.allgather(int(values.shape[0]))
         most = max(counts)
@@ -228,7 +258,7 @@ def _functions(comm):
         return (np.concatenate([all_values[r, :n] for r, n in enumerate(counts)]),
                 np.concatenate([all_indices[r, :n] for r, n in enumerate(counts)]))
 
-    return {_ALLREDUCE: allreduce, _ALLGATHERV: allgatherv, _ALLGATHER: allgather}
+    return {_ALLREDUCE: allreduce, _ALLGATHERV: allgatherv, _ALLGATHER: allgather, _GATHERV: gatherv}
 
 
 def _writable(buffer: np.ndarray) -> np.ndarray:

@@ -93,9 +93,10 @@ class PSSpec:
         boundary_between_workers_and_servers: gathers of rows (embedding
             lookups) run on the server, so only the rows travel; otherwise
             the replica reads the whole variable and gathers locally.
-        host_aggregation: (HYBRID, one replica per worker) the workers of a
-            host gather their sparse gradients over MPI and only the host's
-            first worker sends their sum, rows merged, to the servers.
+        host_aggregation: (HYBRID, one replica per worker, several hosts,
+            one with several workers) the workers of a host gather their
+            sparse gradients over MPI to the host's first worker, which alone
+            sends them, rows merged, to the servers.
     """
 
     local_aggregation: bool = True

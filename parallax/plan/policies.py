@@ -231,7 +231,7 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
     forward_only_ps = cross_worker == "ps" and not choices and bool(server_devices)
     placement = place_by_bytes(analysis, len(server_devices), names) if on_servers or forward_only_ps else {}
     ps = ps or PSSpec()
-    if mixed and ps.local_aggregation and replicas == 1:
+    if mixed and ps.local_aggregation and replicas == 1 and _aggregation_saves(worker_plans):
         ps = replace(ps, host_aggregation=True)
     n = len(worker_plans)
     host_peers = sum(1 for w in worker_plans if w.host == worker_plans[0].host) - 1 if ps.host_aggregation else 0
@@ -253,6 +253,16 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
     # every process of the job computes the same key from the same plan; another job's plan, another key
     key = zlib.crc32(json.dumps(plan.to_dict(), sort_keys=True).encode()) % (1 << 30)
     return replace(plan, comm=replace(plan.comm, job_key=key))
+
+
+def _aggregation_saves(workers: tuple[WorkerPlan, ...]) -> bool:
+    """Whether gathering a host's sparse gradients to one sender can save traffic between hosts:
+    only with several hosts, one of them with several workers. On one host the gather would add
+    its bytes to the same pushes (every server is on that host too)."""
+    per_host: dict[str, int] = {}
+    for w in workers:
+        per_host[w.host] = per_host.get(w.host, 0) + 1
+    return len(per_host) > 1 and max(per_host.values()) > 1
 
 
 def _server_group(analysis: GraphAnalysis, name: str) -> str:

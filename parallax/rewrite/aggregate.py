@@ -13,9 +13,13 @@ Ops added, on the worker's shared device, for every variable with a gradient
    the touched rows are taken back out after, ``<v>/resparsify/``) and
    ``parallax_aggregate/allgather/`` (sparse values and indices), all built in
    one call so the backend can fuse and order them; for sparse variables on
-   parameter servers with ``host_aggregation``, an all-gather among the
-   workers of the host (``parallax_aggregate/host/``) whose rows are then
-   merged (``<v>/merge/``: one row per index);
+   parameter servers (synchronous, with local aggregation), the rows with equal indices
+   summed (``<v>/dedup/``: the accumulator sums them anyway, so each row is
+   sent once; a batch of Zipf-distributed words repeats a third of its ids),
+   and with ``host_aggregation`` a gather of these rows of the
+   host's workers to its first worker, which sends them to the servers
+   (``parallax_aggregate/host/``), and there merged (``<v>/merge/``: one row
+   per index; the other workers' results have no rows, and they send none);
 3. ``parallax_aggregate/<v>/grad`` (dense) or ``.../values`` and
    ``.../indices`` (sparse): the result, divided by the total number of
    replicas when the plan says ``mean``.
@@ -141,15 +145,17 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
                 gathered = backend(plan.comm.gather_backend).allgather([local[v.name] for v in sparse])
             for v, pair in zip(sparse, gathered):
                 crossed[v.name] = pair
-        host_vars = [v for v in layout.variables if v.sync == "ps" and v.sparse and plan.ps.host_aggregation]
+        pushed = [v for v in layout.variables
+                  if v.sync == "ps" and v.sparse and plan.ps.local_aggregation and plan.sync]
+        for v in pushed:  # the accumulator sums rows by index anyway: send each row once
+            crossed[v.name] = _merged(v, *local[v.name], "dedup/")
+        host_vars = [v for v in pushed if plan.ps.host_aggregation]
         if host_vars:
             with tf.name_scope(aggregate_step_scope("host")):
-                gathered = backend(plan.comm.host_backend, group="host").allgather(
-                    [local[v.name] for v in host_vars])
+                gathered = backend(plan.comm.host_backend, group="host").gather(
+                    [crossed[v.name] for v in host_vars])
             for v, (values, indices) in zip(host_vars, gathered):
-                with tf.name_scope(aggregate_scope(v.name) + "merge/"):
-                    unique, position = tf.unique(indices)
-                    crossed[v.name] = (tf.math.unsorted_segment_sum(values, position, tf.size(unique)), unique)
+                crossed[v.name] = _merged(v, values, indices, "merge/")
         outputs = []
         for var in layout.variables:
             total = plan.num_replicas if var.sync != "local" else num_local
@@ -165,6 +171,13 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
         return outputs
 
     return builder
+
+
+def _merged(var: VariablePlacement, values: tf.Tensor, indices: tf.Tensor, scope: str) -> tuple[tf.Tensor, tf.Tensor]:
+    """The rows of a sparse gradient with equal indices summed: ``(values, indices)``, each index once."""
+    with tf.name_scope(aggregate_scope(var.name) + scope):
+        unique, position = tf.unique(indices)
+        return tf.math.unsorted_segment_sum(values, position, tf.size(unique)), unique
 
 
 def _per_replica_outputs(var: VariablePlacement, ins: list[tf.Tensor], num_local: int, total: int) -> None:

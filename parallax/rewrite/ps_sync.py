@@ -41,8 +41,8 @@ Plans that mix servers and all-reduce (HYBRID, AUTO): the other workers also
 run the original training op, for their own copies of the all-reduced
 variables, with the server variables' update scopes made no-ops (the chief
 updates those). With ``host_aggregation`` only the first worker of each host
-sends the host's merged sparse gradients (the others still take part in the
-host all-gather), and the chief takes one gradient per host.
+sends the host's merged sparse gradients (the others send theirs to it, in the
+host gather), and the chief takes one gradient per host.
 
 The protocol per step: every worker applies its gradient; the chief takes
 the sums, updates the variables (each on its server), and releases the

@@ -147,6 +147,14 @@ def test_mixed_plan_keeps_non_slot_variables_on_every_worker():
     assert "ps:0" in plan.describe() and "host_aggregation=True" in plan.describe()
 
 
+@pytest.mark.parametrize("count, hosts, aggregated", [(3, 2, True), (4, 1, False), (2, 2, False)])
+def test_host_aggregation_only_where_it_can_save_traffic_between_hosts(count, hosts, aggregated):
+    """One host: the gather would only add bytes; one worker per host: nothing to gather."""
+    plan = build_plan(static_embedding(), workers(count, hosts=hosts), run_option="HYBRID", sync=True,
+                      average_sparse=True, cross_worker="hybrid", server_devices=SERVER)
+    assert plan.ps.host_aggregation is aggregated
+
+
 def test_pure_ps_plan_puts_every_variable_on_servers():
     plan = build_plan(analyse_graph(build_embedding("adam").graph), workers(2), run_option="PS", sync=True,
                       average_sparse=True, cross_worker="ps", server_devices=SERVER)

@@ -64,4 +64,7 @@ def test_host_aggregation_one_sender_per_host():
     meta = rewrite(model, plan, 1)
     train_op = nodes_of(meta)[plan.train_ops[0]]  # the training op's name now runs the protocol
     assert train_op.op == "NoOp" and train_op.input == [f"^{sync_scope(plan.train_ops[0])}wait"]
-    assert any(n.startswith("parallax_aggregate/host/") for n in nodes_of(meta))
+    host_ops = {n: node for n, node in nodes_of(meta).items() if n.startswith("parallax_aggregate/host/")}
+    # the rows go to the host's first worker only (Gatherv), after each worker merged its duplicates
+    assert [n.attr["token"].s for n in host_ops.values() if n.op == "PyFunc"] == [b"parallax_comm:mpi_gatherv@host"]
+    assert any(n.startswith("parallax_aggregate/embedding/dedup/") for n in nodes_of(meta))
