@@ -52,9 +52,10 @@ from benchmarks.common import RESULTS, namespace_prefix, read_json, write_json  
 
 SYSTEMS = ("tf", "parallax-ps", "parallax-mpi", "parallax-hybrid", "tf-ps", "horovod")
 LABELS = {"tf": "TF single device", "parallax-ps": "Parallax PS", "parallax-mpi": "Parallax MPI",
-          "parallax-hybrid": "Parallax HYBRID", "tf-ps": "TF PS (SyncReplicas)", "horovod": "Horovod"}
+          "parallax-hybrid": "Parallax HYBRID", "parallax-auto": "Parallax AUTO", "tf-ps": "TF PS (SyncReplicas)",
+          "horovod": "Horovod"}
 COLORS = {"tf": "tab:gray", "parallax-ps": "tab:orange", "parallax-mpi": "tab:blue", "parallax-hybrid": "tab:green",
-          "tf-ps": "tab:brown", "horovod": "tab:purple"}
+          "parallax-auto": "tab:olive", "tf-ps": "tab:brown", "horovod": "tab:purple"}
 MPI_TCP = "--mca btl self,tcp"  # no shared memory: MPI's bytes cross loopback too
 HOROVOD_PYTHON = os.path.join(ROOT, ".venv-horovod", "bin", "python")
 

@@ -49,16 +49,21 @@ WHERE = {"local": "localhost, 3 ranks", "hosts": "3 hosts x 1 rank"}
 SHARED_CORES = "-x TF_NUM_INTRAOP_THREADS=1 -x TF_NUM_INTEROP_THREADS=1 --mca mpi_yield_when_idle 1"
 
 
-def cluster_job(cluster, system: str, workload: str, args, work: str) -> dict:
-    """One job with a worker on each virtual host, started on the first; its row."""
+def cluster_job(cluster, system: str, workload: str, args, work: str, hosts: tuple[str, ...] = HOSTS,
+                per_host: int = 1) -> dict:
+    """One job with ``per_host`` workers on each of ``hosts`` (virtual hosts of ``cluster``), started
+    on the first; its row. PS jobs get a resource line per worker, the others one line per host."""
     def start(argv, **kwargs):
         argv = [f"{a} {SHARED_CORES}" if a.startswith("--mpirun_options=") else a for a in argv]
         kwargs["env"] = {**kwargs["env"], NETNS_PIDS_ENV: ",".join(str(h.pid) for h in cluster.hosts.values())}
-        return cluster.popen(HOSTS[0], argv, **kwargs)
+        return cluster.popen(hosts[0], argv, **kwargs)
 
     def resources(path: str) -> None:
+        devices = [f"cpu:{i}" for i in range(per_host)]
+        lines = [f"{h}: {d}" for h in hosts for d in devices] if system == "parallax-ps" else \
+            [f"{h}: {','.join(devices)}" for h in hosts]
         with open(path, "w") as f:
-            f.write("".join(f"{h}: cpu:0\n" for h in HOSTS))
+            f.write("".join(line + "\n" for line in lines))
 
     def cleanup() -> None:  # after a timeout: what the job left on the hosts
         for host in cluster.hosts:
@@ -68,7 +73,7 @@ def cluster_job(cluster, system: str, workload: str, args, work: str) -> dict:
                 except ProcessLookupError:
                     pass
 
-    return compare.run_job(system, workload, len(HOSTS), args, work, popen=start, resources=resources,
+    return compare.run_job(system, workload, len(hosts) * per_host, args, work, popen=start, resources=resources,
                            measured=True, cleanup=cleanup)
 
 

@@ -102,8 +102,9 @@ def parallax_job(wl: Workload, args) -> Runner:
     info = {"ran_as": launch["job"]["layout"] if launch else "in-process",
             "processes": len(layout_from_json(launch["ranks"])) if launch else 1}
     if worker_id == 0:
-        info["estimated_bytes_per_worker"] = parallax.preview_plan(graph, args.resource_info, True,
-                                                                   config).bytes_per_worker
+        plan = parallax.preview_plan(graph, args.resource_info, True, config)
+        info["estimated_bytes_per_worker"] = plan.bytes_per_worker
+        info["plan"] = plan.to_dict()  # benchmarks/scale.py: the traffic model's input
 
     def run_one(feed: dict) -> float:
         losses, _ = sess.run([t.loss, t.train_op], {graph.get_tensor_by_name(f"{n}:0"): [v] for n, v in feed.items()})

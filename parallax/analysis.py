@@ -103,6 +103,10 @@ class GradientInfo:
             the rows it touches); ``None`` when unknown or dense.
         coupled_with: the other variables whose raw gradients feed this one's
             update (``clip_by_global_norm`` couples every variable it clips).
+        repeats_merged: a sparse gradient's values go straight into the update,
+            whose only use of them is to sum the rows of repeated indices
+            (``UnsortedSegmentSum``: what TensorFlow's optimizers do first), so
+            summing those rows before sending them changes nothing.
     """
 
     variable: str
@@ -116,6 +120,7 @@ class GradientInfo:
     raw_indices: str | None = None
     indices_count: int | None = None
     coupled_with: tuple[str, ...] = ()
+    repeats_merged: bool = False
 
     @property
     def aggregation_tensors(self) -> tuple[str, str | None]:
@@ -342,8 +347,10 @@ def _gradient_of(var_name: str, scope_ops: list, graph: tf.Graph) -> GradientInf
         return GradientInfo(var_name, False, floats[0].name, None, floats[0].dtype.name, update_ops)
     if len(floats) == 1 and len(ints) == 1:
         count = ints[0].shape.num_elements() if ints[0].shape.is_fully_defined() else None
+        users = [op.type for op in scope_ops if floats[0] in list(op.inputs)]
         return GradientInfo(var_name, True, floats[0].name, ints[0].name, floats[0].dtype.name, update_ops,
-                            ints[0].dtype.name, indices_count=count)
+                            ints[0].dtype.name, indices_count=count,
+                            repeats_merged=bool(users) and all(t == "UnsortedSegmentSum" for t in users))
     raise AnalysisError(
         f'cannot tell the gradient of variable "{var_name}" from the other inputs of its update ops '
         f"(candidates: {', '.join(t.name for t in grads) or 'none'}). Expected one floating tensor "
@@ -421,7 +428,8 @@ def _find_raw_gradients(graph: tf.Graph, gradients: list[GradientInfo]) -> list[
         if choice is None or choice in claimed:
             return gradients
         claimed[choice] = g.variable
-        result.append(replace(g, raw_tensor=choice, raw_indices=g.indices))
+        # ops between the raw gradient and the update (clipping) see the repeats: keep them
+        result.append(replace(g, raw_tensor=choice, raw_indices=g.indices, repeats_merged=False))
     if set(claimed) != frontier:
         return gradients  # some raw gradient feeds the post-processing without being any variable's
     return [replace(g, coupled_with=tuple(sorted({claimed[t] for t in distances[g.variable]} - {g.variable})))

@@ -226,6 +226,7 @@ def _variable_plan(layout: str, processes: tuple[ProcessSpec, ...], servers: boo
         shared = replicas[0] if layout == "MPI" else f"{prefix}/device:CPU:0"
         workers.append((p.host, replicas, shared))
     server_devices = tuple(f"/job:ps/replica:0/task:{p.index}/device:CPU:0" for p in processes if p.role == "ps")
+    server_hosts = tuple(p.host for p in processes if p.role == "ps")
     option = settings.run_option
     auto = option == "AUTO"
     cross_worker = {"local": "local", "MPI": "auto" if auto else "allreduce", "PS": "ps",
@@ -239,4 +240,4 @@ def _variable_plan(layout: str, processes: tuple[ProcessSpec, ...], servers: boo
     return build_plan(analysis, workers, run_option=option if layout == "local" else layout, sync=settings.sync,
                       average_sparse=settings.average_sparse, cross_worker=cross_worker,
                       comm=settings.comm_for(layout), server_devices=server_devices, notes=notes,
-                      overrides=overrides, ps=settings.ps)
+                      overrides=overrides, ps=settings.ps, server_hosts=server_hosts)

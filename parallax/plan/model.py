@@ -66,12 +66,16 @@ class GradientRef:
 
     ``tensor`` is the dense gradient, or the values of a sparse one, whose
     ``indices`` are then given too. ``dtype``/``indices_dtype`` are their dtype names.
+    ``repeats_merged``: the update itself first sums the rows of a sparse gradient
+    whose indices repeat (see :attr:`parallax.analysis.GradientInfo.repeats_merged`),
+    so they may be summed before they are sent.
     """
 
     tensor: str
     indices: str | None = None
     dtype: str = "float32"
     indices_dtype: str | None = None
+    repeats_merged: bool = False
 
     @property
     def sparse(self) -> bool:
@@ -192,6 +196,8 @@ class Plan:
         comm: how gradients cross worker processes.
         server_devices: the TensorFlow device of each parameter server.
         ps: the PS communication settings.
+        server_hosts: the host of each parameter server (for the traffic
+            model: what crosses between hosts), or ``()`` when unknown.
     """
 
     run_option: str
@@ -203,6 +209,7 @@ class Plan:
     comm: CommSpec = field(default_factory=CommSpec)
     server_devices: tuple[str, ...] = field(default=())
     ps: PSSpec = field(default_factory=PSSpec)
+    server_hosts: tuple[str, ...] = field(default=())
 
     @property
     def num_workers(self) -> int:
@@ -249,7 +256,8 @@ class Plan:
         return cls(run_option=data["run_option"], sync=data["sync"], workers=workers,
                    variables=variables, train_ops=tuple(data["train_ops"]),
                    notes=tuple(data.get("notes", ())), comm=CommSpec(**data.get("comm", {})),
-                   server_devices=tuple(data.get("server_devices", ())), ps=PSSpec(**data.get("ps", {})))
+                   server_devices=tuple(data.get("server_devices", ())), ps=PSSpec(**data.get("ps", {})),
+                   server_hosts=tuple(data.get("server_hosts", ())))
 
     def describe(self) -> str:
         """A table of the plan, for logs and ``parallax plan``."""

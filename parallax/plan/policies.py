@@ -6,7 +6,7 @@ import fnmatch
 import json
 import re
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -15,8 +15,9 @@ import tensorflow as tf
 from parallax.analysis import GraphAnalysis
 from parallax.config import OVERRIDE_SYNC
 from parallax.errors import PlanError
-from parallax.plan.cost import bytes_per_worker, choose, estimate_density
+from parallax.plan.cost import choose, estimate_density, traffic
 from parallax.plan.model import CommSpec, GradientRef, Plan, PSSpec, VariablePlacement, WorkerPlan
+from parallax.plan.traffic import step_traffic
 
 __all__ = ["build_plan", "place_by_bytes", "choose_sync", "partition_of", "Choice", "CROSS_WORKER"]
 
@@ -93,7 +94,8 @@ def _override_for(name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def choose_sync(analysis: GraphAnalysis, num_workers: int, replicas_per_worker: int, cross_worker: str,
-                overrides: Mapping[str, Any] | None = None) -> tuple[dict[str, Choice], tuple[str, ...]]:
+                overrides: Mapping[str, Any] | None = None, hosts: Sequence[str] | None = None
+                ) -> tuple[dict[str, Choice], tuple[str, ...]]:
     """Decide how every variable with a gradient crosses workers.
 
     ``cross_worker``: ``"local"``, ``"allreduce"`` (MPI: dense all-reduced,
@@ -101,7 +103,8 @@ def choose_sync(analysis: GraphAnalysis, num_workers: int, replicas_per_worker: 
     (sparse on servers, dense all-reduced) or ``"auto"`` (per variable, the
     cheapest by :mod:`parallax.plan.cost`). ``overrides`` maps variable names
     or globs (a partitioned variable's name covers its parts) to a sync
-    method or to ``{"sync": ..., "density": ...}``.
+    method or to ``{"sync": ..., "density": ...}``. ``hosts``: each worker's
+    host (default: all on one), for AUTO's bytes between hosts.
 
     In a plan that mixes servers and all-reduce, a variable on the servers
     whose gradient feeds another variable's update (``clip_by_global_norm``
@@ -137,10 +140,12 @@ def choose_sync(analysis: GraphAnalysis, num_workers: int, replicas_per_worker: 
         elif cross_worker == "hybrid":
             sync, reason = ("ps" if g.sparse else "allreduce"), "HYBRID"
         else:
-            sync = choose(var.shape, itemsize, g.sparse, density, num_workers)
-            reason = "AUTO: " + ", ".join(
-                f"{s} {bytes_per_worker(s, var.shape, itemsize, g.sparse, density, num_workers)}"
-                for s in (("allgather", "allreduce", "ps") if g.sparse else ("allreduce", "ps")))
+            where = list(hosts) if hosts is not None else ["h"] * num_workers
+            sync = choose(var.shape, itemsize, g.sparse, density, where)
+            costs = {s: traffic(s, var.shape, itemsize, g.sparse, density, where)
+                     for s in (("allgather", "allreduce", "ps") if g.sparse else ("allreduce", "ps"))}
+            reason = "AUTO, bytes per step between hosts / in all: " + ", ".join(
+                f"{s} {t.crossing:,.0f} / {t.total:,.0f}" for s, t in costs.items())
         if "sync" in extra:
             sync, reason = extra["sync"], "override"
             if sync not in OVERRIDE_SYNC:
@@ -181,7 +186,7 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
                run_option: str, sync: bool, average_sparse: bool, cross_worker: str = "local",
                comm: CommSpec | None = None, server_devices: tuple[str, ...] = (),
                ps: PSSpec | None = None, overrides: Mapping[str, Any] | None = None,
-               notes: tuple[str, ...] = ()) -> Plan:
+               notes: tuple[str, ...] = (), server_hosts: tuple[str, ...] = ()) -> Plan:
     """Decide the layout of every variable and replica.
 
     Dense gradients are averaged over the replicas; sparse ones are summed,
@@ -203,6 +208,7 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
         cross_worker: see :func:`choose_sync`.
         comm: the all-reduce settings (defaults when ``None``).
         server_devices: TensorFlow devices of the parameter servers.
+        server_hosts: the host of each server (``()``: unknown).
         ps: the PS communication settings (defaults when ``None``).
         overrides: per-variable choices (see :func:`choose_sync`).
         notes: remarks to keep in the plan.
@@ -216,7 +222,8 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
     """
     worker_plans = tuple(WorkerPlan(host, tuple(devices), shared) for host, devices, shared in workers)
     replicas = max(1, len(worker_plans[0].replica_devices)) if worker_plans else 1
-    choices, more_notes = choose_sync(analysis, len(worker_plans), replicas, cross_worker, overrides)
+    choices, more_notes = choose_sync(analysis, len(worker_plans), replicas, cross_worker, overrides,
+                                      hosts=[w.host for w in worker_plans])
     on_servers = {name for name, c in choices.items() if c.sync == "ps"}
     if on_servers and not server_devices:
         raise PlanError(f"the plan puts {', '.join(sorted(on_servers))} on parameter servers, but the job has "
@@ -233,23 +240,22 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
     ps = ps or PSSpec()
     if mixed and ps.local_aggregation and replicas == 1 and _aggregation_saves(worker_plans):
         ps = replace(ps, host_aggregation=True)
-    n = len(worker_plans)
-    host_peers = sum(1 for w in worker_plans if w.host == worker_plans[0].host) - 1 if ps.host_aggregation else 0
     variables = []
     for v in analysis.variables:
         g = analysis.gradient(v.name)
-        ref = None if g is None else GradientRef(*g.aggregation_tensors, g.dtype, g.indices_dtype)
+        ref = None if g is None else GradientRef(*g.aggregation_tensors, g.dtype, g.indices_dtype, g.repeats_merged)
         aggregation = "sum" if (g is not None and g.sparse and not average_sparse) else "mean"
         c = choices.get(v.name, Choice("local", None, "", ""))
-        itemsize = tf.dtypes.as_dtype(v.dtype).size
-        cost = bytes_per_worker(c.sync, v.shape, itemsize, bool(g and g.sparse), c.density, n,
-                                host_peers=host_peers)
         variables.append(VariablePlacement(v.name, v.shape, v.dtype, v.trainable, ref, aggregation, c.sync,
                                            placement.get(v.name), c.density, c.density_source,
-                                           partition_of(v.name), cost))
+                                           partition_of(v.name)))
     plan = Plan(run_option=run_option, sync=sync, workers=worker_plans, variables=tuple(variables),
                 train_ops=analysis.train_ops, notes=tuple(notes) + more_notes, comm=comm or CommSpec(),
-                server_devices=tuple(server_devices), ps=ps)
+                server_devices=tuple(server_devices), ps=ps, server_hosts=tuple(server_hosts))
+    costs = step_traffic(plan).variables
+    n = max(1, len(worker_plans))
+    plan = replace(plan, variables=tuple(replace(v, bytes_per_worker=round(costs[v.name].total / n))
+                                         if v.name in costs else v for v in plan.variables))
     # every process of the job computes the same key from the same plan; another job's plan, another key
     key = zlib.crc32(json.dumps(plan.to_dict(), sort_keys=True).encode()) % (1 << 30)
     return replace(plan, comm=replace(plan.comm, job_key=key))

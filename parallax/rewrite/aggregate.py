@@ -11,7 +11,9 @@ Ops added, on the worker's shared device, for every variable with a gradient
    (dense sums; a sparse gradient is first summed into the variable's shape,
    ``<v>/densify/``, with a count of the replicas that touched each row, and
    the touched rows are taken back out after, ``<v>/resparsify/``) and
-   ``parallax_aggregate/allgather/`` (sparse values and indices), all built in
+   ``parallax_aggregate/allgather/`` (sparse values and indices; first the
+   rows with equal indices summed, ``<v>/dedup/``, when the update sums them
+   itself before anything else, :attr:`GradientRef.repeats_merged`), all built in
    one call so the backend can fuse and order them; for sparse variables on
    parameter servers (synchronous, with local aggregation), the rows with equal indices
    summed (``<v>/dedup/``: the accumulator sums them anyway, so each row is
@@ -140,6 +142,9 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
                     crossed[v.name] = (summed[position],)
                     position += 1
         sparse = [v for v in layout.variables if v.sync == "allgather"]
+        for v in sparse:  # the update sums repeated rows first anyway: send each row once
+            if v.gradient.repeats_merged:
+                local[v.name] = _merged(v, *local[v.name], "dedup/")
         if sparse:
             with tf.name_scope(aggregate_step_scope("allgather")):
                 gathered = backend(plan.comm.gather_backend).allgather([local[v.name] for v in sparse])

@@ -7,9 +7,14 @@ ops, so the update runs where the variable is.
 
 With ``boundary_between_workers_and_servers`` (default on) a replica's
 gather of rows from a server variable (``embedding_lookup``) runs on the
-server, so only the rows travel. Off, the gather runs on the replica's
-device: ``<gather>/parallax_read`` reads the whole variable from the server
-and a ``GatherV2`` of the same name as the original picks the rows there.
+server, so only the rows travel, and each row once: the replica finds the
+distinct indices (``<gather>/parallax_unique/``), the server gathers those
+(the original op, renamed ``<gather>/parallax_rows``), and an op of the
+original's name on the replica spreads them back to the original shape (a
+batch of Zipf-distributed words repeats a third of its ids). Off, the gather
+runs on the replica's device: ``<gather>/parallax_read`` reads the whole
+variable from the server and a ``GatherV2`` of the same name as the original
+picks the rows there.
 
 With ``boundary_among_servers`` (``PSConfig``, default on), the other ops
 between the gradients and the update (clipping, scaling) also move to a
@@ -67,7 +72,9 @@ def place_variables(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
         _make_worker_variables_local(out, on_workers)
     if plan.ps.boundary_among_servers:
         _place_boundary_ops(out, plan, device_of)
-    if not plan.ps.boundary_between_workers_and_servers:
+    if plan.ps.boundary_between_workers_and_servers:
+        _distinct_rows_from_servers(out, plan, task, device_of)
+    else:
         _gather_on_workers(out, plan, task, device_of)
     return out
 
@@ -105,13 +112,8 @@ def _make_worker_variables_local(meta_graph: meta_graph_pb2.MetaGraphDef, on_wor
 
 def _gather_on_workers(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec,
                        device_of: dict[str, str]) -> None:
-    worker = plan.workers[task.worker_index]
     added = []
-    for node in meta_graph.graph_def.node:
-        if node.op != "ResourceGather" or not node.input or node.input[0] not in device_of:
-            continue
-        replica = copy_replica(node.name)
-        device = worker.replica_devices[min(replica, len(worker.replica_devices) - 1)]
+    for node, device in _server_gathers(meta_graph, plan, task, device_of):
         dtype, tindices = node.attr["dtype"].type, node.attr["Tindices"].type
         read = node_def_pb2.NodeDef(name=f"{node.name}/parallax_read", op="ReadVariableOp", input=[node.input[0]])
         read.attr["dtype"].type = dtype
@@ -131,6 +133,48 @@ def _gather_on_workers(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task
         node.attr["batch_dims"].i = batch_dims
         node.device = device
         added.extend([read, axis])
+    add_nodes(meta_graph.graph_def, added)
+
+
+def _server_gathers(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec,
+                    device_of: dict[str, str]):
+    """``(gather node, the device of its replica)`` for every gather of rows from a server variable."""
+    worker = plan.workers[task.worker_index]
+    for node in list(meta_graph.graph_def.node):
+        if node.op == "ResourceGather" and node.input and parse_input(node.input[0])[0] in device_of:
+            replica = copy_replica(node.name)
+            yield node, worker.replica_devices[min(replica, len(worker.replica_devices) - 1)]
+
+
+def _distinct_rows_from_servers(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec,
+                                device_of: dict[str, str]) -> None:
+    import tensorflow as tf
+
+    from parallax.rewrite.aggregate import build_subgraph
+
+    added = []
+    for node, device in _server_gathers(meta_graph, plan, task, device_of):
+        if node.attr["batch_dims"].i:
+            continue
+        name, server_name = node.name, f"{node.name}/parallax_rows"
+
+        def builder(inputs):
+            ids, rows = inputs
+            with tf.control_dependencies([ids]):  # constants in the frame of the ids (a while loop's body)
+                unique, position = tf.unique(tf.reshape(ids, [-1]))
+                shape = tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0)
+                return [unique, tf.reshape(tf.gather(rows, position), shape, name="spread")]
+
+        nodes, (unique, spread) = build_subgraph(
+            builder, [tf.dtypes.as_dtype(node.attr["Tindices"].type), tf.dtypes.as_dtype(node.attr["dtype"].type)],
+            [node.input[1], f"{server_name}:0"], f"{name}/parallax_unique/")
+        for new in nodes:
+            new.device = device
+            if new.name == parse_input(spread)[0]:
+                new.name = name  # the spread rows keep the original's name: its readers and fetches stay as they are
+        node.name = server_name
+        node.input[1] = unique
+        added.extend(nodes)
     add_nodes(meta_graph.graph_def, added)
 
 

@@ -130,3 +130,15 @@ def test_ambiguous_post_processing_falls_back_to_the_update_inputs():
     analysis = analyse_graph(graph)
     for g in analysis.gradients:
         assert g.aggregation_tensors == (g.tensor, None)
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_repeated_rows_may_be_merged_when_the_update_sums_them_first(optimizer):
+    """TensorFlow's sparse updates sum the rows of repeated indices first (an UnsortedSegmentSum
+    on the values, which is all they do with them); plain SGD scales them and scatter-adds, and
+    clipping reads them before: summing repeats before sending would change nothing only in the first case."""
+    analysis = analyse_graph(build_embedding(optimizer).graph)
+    sums_first = optimizer not in ("gd", "sgd")
+    assert analysis.gradient("embedding").repeats_merged is sums_first
+    clipped = analyse_graph(build_embedding(optimizer, clip=0.5).graph)
+    assert clipped.gradient("embedding").repeats_merged is False

@@ -8,7 +8,7 @@ import tensorflow as tf
 from parallax.analysis import analyse_graph
 from parallax.errors import PlanError
 from parallax.plan import build_plan
-from parallax.plan.cost import bytes_per_worker, choose
+from parallax.plan.cost import bytes_per_worker, choose, traffic
 from parallax.plan.policies import choose_sync, partition_of
 from tests.models import build_embedding, build_mlp, build_sequence
 
@@ -51,7 +51,7 @@ def syncs(analysis, n, mode, overrides=None):
 @pytest.mark.parametrize("n", [2, 3])
 def test_all_gather_only_below_about_two_over_n_of_the_rows(n):
     shape, row = (10_000, 64), 64 * 4
-    threshold = 2 / n * row / (row + 8)  # all-gather (n-1)k(r+i) == all-reduce 2(n-1)/n R r
+    threshold = 2 / n * (row + 4) / (row + 8)  # all-gather (n-1)k(r+i) == all-reduce 2(n-1)/n R (r + a count)
     assert choose(shape, 4, True, threshold * 0.95, n) == "allgather"
     assert choose(shape, 4, True, min(1.0, threshold * 1.05), n) == "allreduce"
 
@@ -61,6 +61,22 @@ def test_servers_win_over_all_gather_from_four_workers():
     assert choose(shape, 4, True, 0.01, 3) == "allgather"  # a tie at n = 3 keeps all-gather
     assert choose(shape, 4, True, 0.01, 4) == "ps"
     assert choose(shape, 4, True, 0.9, 4) == "allreduce"
+
+
+def test_on_several_hosts_auto_counts_the_bytes_between_hosts_first():
+    shape, m = (10_000, 64), 100 * 264  # k (r + i): 100 rows of 64 floats and their indices
+    # one worker per host: across, all-gather 2 m; a server on one of the two hosts gets the pushes
+    # and reads of the other's worker, 2 m too; in all all-gather sends less (2 m, servers 4 m)
+    assert choose(shape, 4, True, 0.01, ["a", "b"]) == "allgather"
+    # 2 x 2: across, all-gather sends each host's rows once (hierarchical), 4 m, the servers
+    # 8 m / 2 = 4 m; in all, all-gather also broadcasts all rows inside each host: 14 m against 8 m
+    two_by_two = ["a", "a", "b", "b"]
+    gathered, served = (traffic(s, shape, 4, True, 0.01, two_by_two) for s in ("allgather", "ps"))
+    assert gathered.crossing == pytest.approx(4 * m) and served.crossing == pytest.approx(4 * m)
+    assert gathered.total == pytest.approx(14 * m) and served.total == pytest.approx(8 * m)
+    assert choose(shape, 4, True, 0.01, two_by_two) == "ps"
+    # 4 x 2: across, all-gather 8 m, the servers 16 m / 2 = 8 m; inside, all-gather far more
+    assert choose(shape, 4, True, 0.01, ["a"] * 4 + ["b"] * 4) == "ps"
 
 
 def test_dense_gradients_are_always_all_reduced():
@@ -74,7 +90,8 @@ def test_byte_estimates():
     assert bytes_per_worker("allreduce", (100, 10), 4, False, None, 2) == 4000  # 2 (n-1)/n B
     assert bytes_per_worker("ps", (100, 10), 4, False, None, 2) == 8000  # push + pull
     assert bytes_per_worker("allgather", (100, 10), 4, True, 0.1, 3) == 2 * 10 * 48  # (n-1) k (r + i)
-    assert bytes_per_worker("ps", (100, 10), 4, True, 0.1, 3) == 2 * 10 * 48
+    assert bytes_per_worker("ps", (100, 10), 4, True, 0.1, 3) == 2 * 10 * 48  # push rows, ask for them and read
+    assert bytes_per_worker("allreduce", (100, 10), 4, True, 0.1, 2) == 4000 + 400  # made dense, with a count
     assert bytes_per_worker("local", (100, 10), 4, False, None, 3) == 0
 
 
@@ -141,8 +158,9 @@ def test_mixed_plan_keeps_non_slot_variables_on_every_worker():
     assert where["emb"] == where["emb/Adam"] == where["emb/Adam_1"] == 0
     assert where["w"] is where["w/Adam"] is where["global_step"] is where["beta1_power"] is None
     assert plan.ps.host_aggregation
-    # push + pull of its rows, plus the host all-gather with the other worker of host h0
-    assert plan.variable("emb").bytes_per_worker == (2 + 1) * IDS * (DIM * 4 + 8)
+    # h0 has 2 workers, h1 one: each pushes and reads its rows (the first of h0 pushes both), and
+    # the other worker of h0 sends it its rows: 3 x 2 + 1 = 7 x rows, over 3 workers
+    assert plan.variable("emb").bytes_per_worker == round(7 * IDS * (DIM * 4 + 8) / 3)
     assert plan.bytes_per_worker == plan.variable("emb").bytes_per_worker + plan.variable("w").bytes_per_worker
     assert "ps:0" in plan.describe() and "host_aggregation=True" in plan.describe()
 

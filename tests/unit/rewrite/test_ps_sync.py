@@ -3,7 +3,7 @@ import pytest
 from parallax.analysis import analyse_graph
 from parallax.plan import TaskSpec, build_plan
 from parallax.plan.policies import place_by_bytes
-from parallax.rewrite.graph_ops import ancestors
+from parallax.rewrite.graph_ops import ancestors, parse_input
 from parallax.rewrite.names import release_op
 from parallax.rewrite.pipeline import rewrite_for_task
 from tests.models import build_embedding, build_sequence
@@ -211,8 +211,12 @@ def test_boundary_between_workers_and_servers_decides_where_rows_are_gathered(bo
     nodes = nodes_of(rewrite_for_task(export(model.graph), plan, TaskSpec(1)))
     for r, name in enumerate(("embedding_lookup", "parallax_replica_1/embedding_lookup")):
         gather = nodes[name]
-        if boundary:  # on the server, through colocation with the variable: only rows travel
-            assert gather.op == "ResourceGather" and gather.device == SERVERS[plan.variable("embedding").server]
+        if boundary:  # on the server, through colocation with the variable: only distinct rows travel
+            rows = nodes[f"{name}/parallax_rows"]
+            assert rows.op == "ResourceGather" and rows.device == SERVERS[plan.variable("embedding").server]
+            assert nodes[parse_input(rows.input[1])[0]].op == "Unique"
+            # the replica spreads them back, under the original name (readers and fetches unchanged)
+            assert gather.op == "Reshape" and gather.device == f"/job:worker/replica:0/task:1/device:CPU:{r}"
         else:  # the replica reads the whole table and gathers locally
             assert gather.op == "GatherV2"
             assert gather.device == f"/job:worker/replica:0/task:1/device:CPU:{r}"
