@@ -167,7 +167,8 @@ def _layout(cluster: Cluster, settings: Settings, analysis: GraphAnalysis
         return ("local", (), ()) if alone else ("PS", ps_ranks(cluster), ())
     if alone and len(per_device) == 1:
         return "local", (), ()
-    choices, _ = choose_sync(analysis, len(per_device), 1, option.lower(), settings.overrides)
+    choices, _ = choose_sync(analysis, len(per_device), 1, option.lower(), settings.overrides,
+                             hosts=[r.host for r in per_device])
     on_servers = [name for name, c in choices.items() if c.sync == "ps"]
     if not on_servers:
         why = "no sparse gradient" if option == "HYBRID" else \

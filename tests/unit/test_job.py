@@ -111,3 +111,14 @@ def test_a_local_job_launches_nothing(mlp):
     assert job.process(0).devices == (Device("cpu", 0), Device("cpu", 1), Device("cpu", 2))
     assert job.process(0).cpu_devices == 3
     assert job.describe().startswith("job: layout local, 1 process(es), this one (nothing is launched)")
+
+
+@pytest.mark.parametrize("text, layout", [("a: cpu:0,cpu:1,cpu:2", "MPI"), ("a: cpu:0\nb: cpu:0\nc: cpu:0", "HYBRID")])
+def test_auto_decides_the_layout_with_the_hosts_the_plan_has(embedding, text, layout):
+    """3 workers: on one host all-gather and servers tie (all-gather then sends less); on three hosts
+    a server on each gets a third of the rows from its own host, so servers send less between hosts.
+    The layout and the plan's choices agree (the plan would need servers the layout lacks)."""
+    job = job_for(text, embedding, run_option="AUTO")
+    assert job.layout == layout
+    assert job.plan.variable("embedding").sync == ("ps" if layout == "HYBRID" else "allgather")
+    assert job.plan.server_hosts == (("a", "b", "c") if layout == "HYBRID" else ())
