@@ -137,19 +137,33 @@ def plot(data: dict, path: str) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="dense,sparse")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
-    parser.add_argument("--quick", action="store_true", help="a smoke run, written to a temporary directory")
+def cluster_options(parser: argparse.ArgumentParser, systems: tuple[str, ...], timeout: int,
+                    quick: str = "a smoke run, written to a temporary directory") -> None:
+    """The options the benchmarks on a virtual cluster share (this one and benchmarks/scale.py)."""
+    parser.add_argument("--systems", default=",".join(systems), help=f"comma-separated, of {', '.join(systems)}")
+    parser.add_argument("--quick", action="store_true", help=quick)
     parser.add_argument("--out_dir", default=None, help=f"where results go (default {RESULTS})")
-    parser.add_argument("--timeout", type=int, default=600, help="seconds before a job is killed")
-    own = parser.parse_args(argv)
-    from tests.cluster.virtual_cluster import VirtualCluster, missing_requirements
+    parser.add_argument("--timeout", type=int, default=timeout, help="seconds before a job is killed")
+
+
+def cannot_make_cluster(what: str) -> bool:
+    """Print why no virtual cluster can be made here (then True)."""
+    from tests.cluster.virtual_cluster import missing_requirements
 
     reason = missing_requirements()
     if reason:
-        print(f"multihost benchmark: {reason}", file=sys.stderr)
+        print(f"{what}: {reason}", file=sys.stderr)
+    return bool(reason)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default="dense,sparse")
+    cluster_options(parser, SYSTEMS, 600)
+    own = parser.parse_args(argv)
+    from tests.cluster.virtual_cluster import VirtualCluster
+
+    if cannot_make_cluster("multihost benchmark"):
         return 2
     args = compare.parse_args(["--no_extras", "--timeout", str(own.timeout), *(["--quick"] if own.quick else [])])
     workloads = [w for w in own.workloads.split(",") if w]

@@ -174,19 +174,14 @@ def plot(data: dict, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--ranks", default=None, help="comma-separated even worker counts (default 2,4,6,8)")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
     parser.add_argument("--steps", type=int, default=None, help="counted steps per job (default 10; --quick 5)")
-    parser.add_argument("--quick", action="store_true", help="ranks 2,4, vocab 10k, 5 steps, to a temporary directory")
-    parser.add_argument("--out_dir", default=None, help=f"where results go (default {RESULTS})")
-    parser.add_argument("--timeout", type=int, default=900, help="seconds before a job is killed")
+    multihost.cluster_options(parser, SYSTEMS, 900, quick="ranks 2,4, vocab 10k, 5 steps, to a temporary directory")
     own = parser.parse_args(argv)
-    from tests.cluster.virtual_cluster import VirtualCluster, missing_requirements
+    from tests.cluster.virtual_cluster import VirtualCluster
 
-    reason = missing_requirements()
-    if reason:
-        print(f"scale benchmark: {reason}", file=sys.stderr)
+    if multihost.cannot_make_cluster("scale benchmark"):
         return 2
     counts = sorted({int(n) for n in (own.ranks or ("2,4" if own.quick else "2,4,6,8")).split(",") if n.strip()})
     systems = [s for s in own.systems.split(",") if s]
