@@ -7,26 +7,28 @@ measured single-device step time ``T``, and a cluster of ``H`` hosts with
 link between hosts and one inside a host, each a bandwidth per direction and
 a latency.
 
-For a dense variable of ``B`` bytes, and a sparse one whose gradient touches
-``k`` rows of ``r`` bytes per device and step (``s = k * (r + 8)`` bytes with
-the indices), the bytes over the busiest link of one step are:
+The bytes of one step are those of :mod:`parallax.plan.traffic` (checked
+against measured bytes on two virtual hosts within 0.2-6 %,
+``benchmarks/scale.py``): hierarchical collectives (a host's first device
+speaks for it), a parameter server on every host holding ``1/H`` of each
+variable, sparse rows merged by index before they reach a server and read
+once per distinct row. Each host sends its share, ``1/H`` of what crosses
+between hosts, over its link between hosts, and each device its share, ``1/N``
+of what stays inside hosts, over its link inside the host. For a dense variable of ``B`` bytes, and a sparse one
+whose gradient touches ``k`` rows of ``r`` bytes per device and step
+(``s = k (r + 8)`` with the indices), a host's link to the others carries per
+step about:
 
-==============  =============================  ==========================================
-layout          dense                          sparse
-==============  =============================  ==========================================
-all-reduce      ``2 (N-1)/N * B`` (ring)       all-gather: ``(N-1) * s`` (ring)
-PS per device   ``2 G (H-1)/H * B`` per host   ``2 G (H-1)/H * s`` per host
-PS per host     ``2 (H-1)/H * B`` per host     ``2 (H-1)/H * min(G k, rows) (r + 8)``
-==============  =============================  ==========================================
+==============  ===============================  =====================================
+layout          dense                            sparse
+==============  ===============================  =====================================
+all-reduce      ``2 (H-1)/H * B``                all-gather: ``(H-1)/H * N * s``
+TF PS           ``2 G (H-1)/H * B``              ``2 G (H-1)/H * s``
+PS, HYBRID      ``2 (H-1)/H * B`` (PS)           ``2 (H-1)/H * min(G k, rows) (r + 8)``
+==============  ===============================  =====================================
 
-(A ring's busiest link is the one between two hosts, which every block
-crosses once; a server per host holds ``1/H`` of each variable, so a host
-sends what its devices push to the other hosts' servers and what its server
-returns to the other hosts' devices. "Per host": the devices of a host sum
-their gradients first, over the link inside the host, and a row touched by
-several of them travels once.) Each collective also costs its rounds of
-latency: ``2 (N-1)`` for a ring all-reduce, ``N-1`` for an all-gather, 2 for a
-push and a pull.
+Each collective also costs its rounds of latency: ``2 (N-1)`` for the
+all-reduce, ``N-1`` for an all-gather, 2 for a push and a pull.
 
 The layouts: **MPI** (and Horovod) all-reduces dense gradients and
 all-gathers sparse ones; **PS** is Parallax's parameter servers (per host:
@@ -39,8 +41,8 @@ device and a scaling efficiency of ``T / step``.
 
 What it leaves out, and why measured figures can be lower: copies between
 device and host memory, the servers' own work (summing, applying the update),
-stragglers, and collectives slower than a ring (docs/benchmarks.md compares it
-with the Parallax paper's figures).
+stragglers, and collectives slower than their byte count (docs/benchmarks.md
+compares it with the Parallax paper's figures).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from parallax.plan.traffic import Payload, Traffic, variable_traffic
 
 __all__ = ["Link", "ClusterShape", "VariableCost", "Prediction", "LAYOUTS", "predict", "communication",
            "parse_bandwidth", "parse_latency", "parse_cluster", "variables_of_plan", "cluster_of_plan",
@@ -110,64 +114,61 @@ class Prediction:
     between_hosts_bytes: float
 
 
-def _ring_allreduce(num_bytes: float, cluster: ClusterShape) -> tuple[float, float]:
-    """(seconds, bytes over the busiest link between hosts) of a ring all-reduce."""
-    n = cluster.workers
-    if n < 2 or num_bytes == 0:
-        return 0.0, 0.0
-    link = cluster.between if cluster.hosts > 1 else cluster.inside
-    moved = 2 * (n - 1) / n * num_bytes
-    return link.seconds(moved, 2 * (n - 1)), moved if cluster.hosts > 1 else 0.0
+def _workers(layout: str, cluster: ClusterShape) -> tuple[list[str], int]:
+    """The host of each worker process of ``layout``, and the devices each one trains: Parallax's PS
+    runs a process per host with a replica per device, the others a process per device."""
+    names = [f"host{i}" for i in range(cluster.hosts)]
+    if layout == "PS":
+        return names, cluster.devices
+    return [h for h in names for _ in range(cluster.devices)], 1
 
 
-def _ring_allgather(per_device: float, cluster: ClusterShape) -> tuple[float, float]:
-    n = cluster.workers
-    if n < 2 or per_device == 0:
-        return 0.0, 0.0
-    link = cluster.between if cluster.hosts > 1 else cluster.inside
-    moved = (n - 1) * per_device
-    return link.seconds(moved, n - 1), moved if cluster.hosts > 1 else 0.0
-
-
-def _servers(per_sender: float, senders_per_host: int, cluster: ClusterShape,
-             aggregated_inside: float = 0.0) -> tuple[float, float]:
-    """Push and pull through a server per host: ``senders_per_host`` senders of ``per_sender``
-    bytes each on every host; ``aggregated_inside``: bytes first summed over the link inside a host."""
-    h = cluster.hosts
-    if cluster.workers < 2 or per_sender == 0:
-        return 0.0, 0.0
-    inside = cluster.inside.seconds(aggregated_inside, 1) if aggregated_inside else 0.0
-    if h < 2:  # the host's own server, over the link inside it
-        return inside + cluster.inside.seconds(2 * senders_per_host * per_sender, 2), 0.0
-    moved = 2 * senders_per_host * per_sender * (h - 1) / h
-    return inside + cluster.between.seconds(moved, 2), moved
+def _sync(layout: str, v: VariableCost) -> str:
+    if layout == "MPI":
+        return "allgather" if v.sparse else "allreduce"
+    if layout == "HYBRID":
+        return "ps" if v.sparse else "allreduce"
+    return "ps"
 
 
 def communication(variables: Iterable[VariableCost], layout: str, cluster: ClusterShape) -> tuple[float, float]:
-    """Seconds and bytes between hosts (per host, the busiest link) of one step's synchronisation."""
+    """Seconds and bytes over a host's link to the others of one step's synchronisation.
+
+    The bytes are :mod:`parallax.plan.traffic`'s (hierarchical collectives, a server on each
+    host, rows merged by index before they go to a server; TF PS merges nothing), each host
+    sending its share: ``1/H`` of what crosses between hosts over its link, ``1/H`` of what
+    stays inside over the inside link. Rounds of latency: ``2 (N-1)`` for the all-reduce of
+    every dense gradient, ``N-1`` per all-gather, 2 (push, pull) for the dense variables on
+    servers and per sparse one.
+    """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
-    variables = list(variables)
-    g = cluster.devices
-    dense = sum(v.num_bytes for v in variables if not v.sparse)
-    sparse = [v for v in variables if v.sparse]
-    parts: list[tuple[float, float]] = []
-    if layout in ("MPI", "HYBRID"):
-        parts.append(_ring_allreduce(dense, cluster))  # fused: one collective of every dense gradient
-    elif layout == "TF PS":
-        parts.append(_servers(dense, g, cluster))
-    else:  # PS, per host
-        parts.append(_servers(dense, 1, cluster, aggregated_inside=(g - 1) * dense))
-    for v in sparse:
-        per_device = v.rows_touched * (v.row_bytes + _INDEX_BYTES)
-        if layout == "MPI":
-            parts.append(_ring_allgather(per_device, cluster))
-        elif layout == "TF PS":
-            parts.append(_servers(per_device, g, cluster))
-        else:  # PS and HYBRID: a host's devices merge their rows, then its first one sends them
-            merged = min(g * v.rows_touched, v.rows) * (v.row_bytes + _INDEX_BYTES)
-            parts.append(_servers(merged, 1, cluster, aggregated_inside=(g - 1) * per_device))
-    return sum(p[0] for p in parts), sum(p[1] for p in parts)
+    n, h, g = cluster.workers, cluster.hosts, cluster.devices
+    if n < 2:
+        return 0.0, 0.0
+    hosts, replicas = _workers(layout, cluster)
+    total, rounds = Traffic(), 0
+    for sync in ("allreduce", "ps"):  # the dense gradients: one collective, one push and pull
+        dense = sum(v.num_bytes for v in variables if not v.sparse and _sync(layout, v) == sync)
+        if dense:
+            total = total + variable_traffic(Payload(dense), sync, hosts)
+            rounds += 2 * (n - 1) if sync == "allreduce" else 2
+    for v in variables:
+        if not v.sparse:
+            continue
+        p = Payload(v.num_bytes, True, v.rows, v.row_bytes, _INDEX_BYTES, v.rows_touched * replicas)
+        sync = _sync(layout, v)
+        total = total + variable_traffic(p, sync, hosts, merged=layout != "TF PS",
+                                         host_aggregation=layout == "HYBRID" and h > 1 and g > 1)
+        rounds += n - 1 if sync == "allgather" else 2
+    if replicas > 1:  # a PS worker first sums its replicas' gradients, inside its host
+        per_device = sum(v.rows_touched * (v.row_bytes + _INDEX_BYTES) if v.sparse else v.num_bytes
+                         for v in variables)
+        total = total + Traffic(inside=h * (replicas - 1) * per_device)
+    between = total.crossing / h
+    latency = (cluster.between if h > 1 else cluster.inside).latency
+    seconds = between / cluster.between.bandwidth + total.inside / n / cluster.inside.bandwidth + rounds * latency
+    return seconds, between
 
 
 def predict(variables: Iterable[VariableCost], step_time: float, cluster: ClusterShape,

@@ -28,45 +28,56 @@ def cluster(hosts, devices):
     return ClusterShape(hosts, devices, BETWEEN, INSIDE)
 
 
-def test_a_dense_gradient_is_all_reduced_in_a_ring_in_mpi_and_hybrid():
+def test_a_dense_gradient_is_all_reduced_hierarchically_in_mpi_and_hybrid():
     for layout in ("MPI", "HYBRID"):
         seconds, between = communication([DENSE], layout, cluster(4, 2))
-        assert seconds == pytest.approx(2 * 7 / 8)  # 2 (N-1)/N of 1 GB at 1 GB/s
-        assert between == pytest.approx(2 * 7 / 8 * GB)
+        # across: the hosts' first devices all-reduce, 2 (H-1) GB in all, a quarter per host's link;
+        # inside: each host reduces to its first device and broadcasts back, 2 (G-1) GB, over 2 device links
+        assert between == pytest.approx(2 * 3 / 4 * GB)
+        assert seconds == pytest.approx(1.5 + 2 * 1 / 2 / 10)
 
 
 def test_parameter_servers_move_a_dense_gradient_per_device_in_tf_and_per_host_in_parallax():
-    tf_seconds, _ = communication([DENSE], "TF PS", cluster(4, 2))
-    assert tf_seconds == pytest.approx(2 * 2 * 3 / 4)  # push and pull of 2 devices, 3/4 to other hosts
-    ps_seconds, _ = communication([DENSE], "PS", cluster(4, 2))
-    assert ps_seconds == pytest.approx(2 * 3 / 4 + 1 / 10)  # once per host, after summing over the inside link
+    # TF: 8 devices push and read 1 GB each, 3/4 of it to servers on other hosts
+    tf_seconds, tf_between = communication([DENSE], "TF PS", cluster(4, 2))
+    assert tf_between == pytest.approx(8 * 2 * 3 / 4 / 4 * GB)
+    assert tf_seconds == pytest.approx(3 + 8 * 2 / 4 / 8 / 10)
+    # Parallax: a process per host sums its 2 replicas first (inside), then pushes and reads once
+    ps_seconds, ps_between = communication([DENSE], "PS", cluster(4, 2))
+    assert ps_between == pytest.approx(4 * 2 * 3 / 4 / 4 * GB)
+    assert ps_seconds == pytest.approx(1.5 + (4 * 2 / 4 + 4 * 1) / 8 / 10)
 
 
 def test_sparse_rows_are_gathered_by_mpi_and_merged_per_host_by_ps_and_hybrid():
     row = 1000 + 8
-    seconds, _ = communication([SPARSE], "MPI", cluster(4, 2))
-    assert seconds == pytest.approx(7 * 1000 * row / GB)  # (N-1) devices' rows over the ring
+    seconds, between = communication([SPARSE], "MPI", cluster(4, 2))
+    # all-gather: each host's 2 x 1000 rows to the 3 others; inside, gathered to the first device and
+    # all 8 devices' rows broadcast to the second
+    assert between == pytest.approx(3 * 8 * 1000 * row / 4)
+    assert seconds == pytest.approx((6 * 1000 * row + 4 * 9 * 1000 * row / 8 / 10) / GB)
     for layout in ("PS", "HYBRID"):
-        seconds, _ = communication([SPARSE], layout, cluster(4, 2))
-        assert seconds == pytest.approx(2 * 3 / 4 * 2 * 1000 * row / GB + 1000 * row / (10 * GB))
+        seconds, between = communication([SPARSE], layout, cluster(4, 2))
+        # a host's 2000 rows pushed once and read (2 x 2000 x row), 3/4 of it to other hosts' servers
+        assert between == pytest.approx(2 * 2000 * row * 3 / 4)
+        assert seconds > between / GB
 
 
 def test_one_host_uses_the_inside_link_and_one_device_nothing():
     seconds, between = communication([DENSE], "MPI", cluster(1, 4))
-    assert between == 0 and seconds == pytest.approx(2 * 3 / 4 / 10)
+    assert between == 0 and seconds == pytest.approx(2 * 3 / 4 / 10)  # a ring, 1.5 GB per device's link
     assert communication([DENSE, SPARSE], "HYBRID", cluster(1, 1)) == (0.0, 0.0)
 
 
 def test_latency_counts_each_round():
-    slow = ClusterShape(2, 1, Link(1e30, 1e-3), INSIDE)
+    slow = ClusterShape(2, 1, Link(1e30, 1e-3), Link(1e30, 0.0))
     assert communication([DENSE], "MPI", slow)[0] == pytest.approx(2 * 1 * 1e-3)  # 2 (N-1) rounds
     assert communication([DENSE], "PS", slow)[0] == pytest.approx(2e-3)  # a push and a pull
 
 
 def test_predict_adds_communication_to_the_step_and_scales_by_the_devices():
     (p,) = predict([DENSE], 1.0, cluster(4, 2), ["MPI"])
-    assert p.step_s == pytest.approx(1.75 + 1.0)
-    assert p.speedup == pytest.approx(8 / 2.75) and p.efficiency == pytest.approx(1 / 2.75)
+    assert p.step_s == pytest.approx(1.6 + 1.0)
+    assert p.speedup == pytest.approx(8 / 2.6) and p.efficiency == pytest.approx(1 / 2.6)
     with pytest.raises(ValueError, match="step time must be positive"):
         predict([DENSE], 0, cluster(1, 1))
     with pytest.raises(ValueError, match="unknown layout"):
