@@ -40,7 +40,7 @@ from parallax.managers.mpijob import MPIJOB
 from parallax.resources import from_environment, parse_resource_file
 from parallax.slurm import SLURM
 
-__all__ = ["main", "parallax_main", "plan_main", "manifest_main"]
+__all__ = ["main", "parallax_main", "plan_main", "manifest_main", "probe_main"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -178,6 +178,9 @@ def _plan_parser() -> argparse.ArgumentParser:
     predict.add_argument("--inside_bandwidth", default="100Gbit",
                          help="between the devices of a host (default 100Gbit, about PCIe 3.0 x16)")
     predict.add_argument("--inside_latency", default="5us", help="between the devices of a host (default 5us)")
+    predict.add_argument("--probe", action="store_true",
+                         help="measure the link instead (parallax probe): between the resource file's first two "
+                              "hosts, or inside its host when it has one")
     parser.epilog = "Arguments for the script go after --, e.g. parallax plan train.py res -- --steps 10"
     return parser
 
@@ -252,8 +255,68 @@ def plan_main(argv: list[str] | None = None) -> int:
         code = _run_to_parallel_run([sys.executable, os.path.abspath(args.script), *script_args], env, output,
                                     args.timeout, "parallax plan", args.script)
         if code == 0 and prediction is not None:
+            if args.probe:
+                try:
+                    prediction = _probed(prediction, args.resource_info, args.timeout)
+                except (ParallaxError, OSError) as e:
+                    print(f"parallax plan: {e}", file=sys.stderr)
+                    return 1
             _print_prediction(output, *prediction)
         return code
+
+
+def _probed(prediction: tuple, resource_info: str, timeout: float) -> tuple:
+    """``prediction`` with the link that ``parallax probe`` measures on ``resource_info``'s hosts."""
+    from parallax.launch.launcher import find_mpirun
+    from parallax.launch.probe import probe
+    from parallax.plan.predict import Link
+
+    hosts = parse_resource_file(resource_info).hosts
+    pair = (hosts[0], hosts[1] if len(hosts) > 1 else hosts[0])
+    link = probe(pair, find_mpirun(), mpirun_options=os.environ.get(MPIRUN_OPTIONS_ENV, ""), timeout=timeout)
+    step, shape, between, inside = prediction
+    measured = Link(link.bandwidth, link.latency)
+    print(f"probed {_link_text(link)}", flush=True)
+    return (step, shape, measured, inside) if pair[0] != pair[1] else (step, shape, between, measured)
+
+
+def _link_text(link) -> str:
+    where = f"between {link.hosts[0]} and {link.hosts[1]}" if link.hosts[0] != link.hosts[1] else \
+        f"inside {link.hosts[0]}"
+    return (f"{where}: {link.bandwidth * 8 / 1e9:.3g} Gbit/s per direction, {link.latency * 1e6:.3g} us latency "
+            f"({link.options()})")
+
+
+def probe_main(argv: list[str] | None = None) -> int:
+    """Entry point of ``parallax probe``; returns an exit code."""
+    from parallax.launch.launcher import find_mpirun
+    from parallax.launch.probe import probe
+
+    parser = argparse.ArgumentParser(
+        prog="parallax probe", description="Measure the bandwidth and latency between two hosts of a resource "
+        "file over MPI, started as a job's ranks are (mpirun, ssh): what parallax plan --predict takes.")
+    parser.add_argument("resource_info", help="a resource file (or slurm, mpijob)")
+    parser.add_argument("--hosts", default=None, metavar="A,B",
+                        help="the two hosts (default: the file's first two; one host: two processes on it)")
+    parser.add_argument("--mpirun_options", default=os.environ.get(MPIRUN_OPTIONS_ENV, ""),
+                        help="extra mpirun options, as MPIConfig.mpirun_options")
+    parser.add_argument("--timeout", type=float, default=120, help="seconds before giving up (default 120)")
+    args = parser.parse_args(argv)
+    try:
+        hosts = parse_resource_file(args.resource_info).hosts
+        if args.hosts:
+            pair = tuple(h.strip() for h in args.hosts.split(","))
+            if len(pair) != 2 or not all(pair) or any(h not in hosts for h in pair):
+                parser.error(f"--hosts {args.hosts!r}: expected two of the resource file's hosts "
+                             f"({', '.join(hosts)}), e.g. --hosts {hosts[0]},{hosts[-1]}")
+        else:
+            pair = (hosts[0], hosts[1] if len(hosts) > 1 else hosts[0])
+        link = probe(pair, find_mpirun(), mpirun_options=args.mpirun_options, timeout=args.timeout)
+    except (ParallaxError, OSError) as e:
+        print(f"parallax probe: {e}", file=sys.stderr)
+        return 1
+    print(_link_text(link), flush=True)
+    return 0
 
 
 def _split_command(argv: list[str] | None) -> tuple[list[str], list[str]]:
@@ -362,11 +425,12 @@ def manifest_main(argv: list[str] | None = None) -> int:
 def parallax_main(argv: list[str] | None = None) -> int:
     """Entry point of ``parallax``: ``parallax run ...``, ``parallax plan ...`` or ``parallax manifest ...``."""
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"run": main, "plan": plan_main, "manifest": manifest_main}
+    commands = {"run": main, "plan": plan_main, "manifest": manifest_main, "probe": probe_main}
     if not argv or argv[0] not in commands:
-        print("usage: parallax {run,plan,manifest} ...\n  run       launch a training script on every device of a "
-              "resource file\n  plan      print the plan a training script would use, without training"
-              "\n  manifest  write a TFJob, MPIJob, polyaxonfile, HTCondor submit file or sbatch script for it",
+        print("usage: parallax {run,plan,manifest,probe} ...\n  run       launch a training script on every device "
+              "of a resource file\n  plan      print the plan a training script would use, without training"
+              "\n  manifest  write a TFJob, MPIJob, polyaxonfile, HTCondor submit file or sbatch script for it"
+              "\n  probe     measure the link between two hosts (for parallax plan --predict)",
               file=sys.stderr)
         return 0 if argv[:1] in (["-h"], ["--help"]) else 2
     return commands[argv[0]](argv[1:])

@@ -216,3 +216,17 @@ def test_a_host_that_vanishes_ends_the_job_naming_it(cluster, tmp_path, mode):
         run.output[-3000:]
     assert_nothing_left(cluster, within=2 * STALL)
 
+
+
+def test_probe_measures_the_link_between_two_hosts(cluster, tmp_path):
+    """``parallax probe`` starts its two processes as a job's ranks (mpirun over ssh) on two hosts."""
+    (tmp_path / "resource_info").write_text(ONE_EACH)
+    probe = os.path.join(os.path.dirname(sys.executable), "parallax")
+    done = cluster.run("vhost1", [probe, "probe", str(tmp_path / "resource_info"), "--hosts", "vhost1,vhost3"],
+                       cwd=str(tmp_path), timeout=180, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 0, done.stdout + done.stderr
+    m = re.search(r"between vhost1 and vhost3: ([0-9.e+]+) Gbit/s per direction, ([0-9.e+]+) us latency "
+                  r"\(--bandwidth \S+ --latency \S+\)", done.stdout)
+    assert m, done.stdout
+    assert float(m.group(1)) > 0.1 and float(m.group(2)) > 0
+    assert_nothing_left(cluster)
