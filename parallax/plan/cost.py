@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 from parallax.plan.traffic import UNKNOWN_DENSITY, Traffic, payload, variable_traffic
 
-__all__ = ["bytes_per_worker", "choose", "estimate_density", "traffic", "UNKNOWN_DENSITY"]
+__all__ = ["bytes_per_worker", "choose", "options", "cheapest", "estimate_density", "traffic", "UNKNOWN_DENSITY"]
 
 
 def estimate_density(shape: tuple[int | None, ...], indices_per_replica: int | None,
@@ -69,16 +69,31 @@ def bytes_per_worker(sync: str, shape: tuple[int | None, ...], itemsize: int, sp
     return int(round(t.total / num_workers))
 
 
+def options(shape: tuple[int | None, ...], itemsize: int, sparse: bool, density: float | None,
+            hosts: Sequence[str] | int) -> dict[str, Traffic]:
+    """Each way a variable could be synchronised among workers on ``hosts`` (a count: all on one
+    host), in the order ties are broken, with its traffic. An unknown density compares only
+    all-gather and servers (their costs grow alike with the rows)."""
+    if isinstance(hosts, int):
+        hosts = ["h"] * hosts
+    if not sparse:
+        names: tuple[str, ...] = ("allreduce", "ps")
+    else:
+        names = ("allgather", "ps") if density is None else ("allgather", "allreduce", "ps")
+    return {s: traffic(s, shape, itemsize, sparse, density, hosts) for s in names}
+
+
+def cheapest(costs: dict[str, Traffic], sparse: bool) -> str:
+    """The option of :func:`options` with the fewest bytes between hosts, then in all (a dense
+    gradient: always all-reduce)."""
+    if not sparse:
+        return "allreduce"
+    order = list(costs)
+    return min(order, key=lambda s: (round(costs[s].crossing), round(costs[s].total), order.index(s)))
+
+
 def choose(shape: tuple[int | None, ...], itemsize: int, sparse: bool, density: float | None,
            hosts: Sequence[str] | int) -> str:
     """The cheapest way to synchronise a variable among workers on ``hosts`` (a count: all on one
     host): the fewest bytes between hosts, then the fewest in all."""
-    if isinstance(hosts, int):
-        hosts = ["h"] * hosts
-    if not sparse:
-        return "allreduce"
-    options = ("allgather", "allreduce", "ps")
-    if density is None:  # unknown: small; only all-gather vs servers can be compared honestly
-        options = ("allgather", "ps")
-    costs = {s: traffic(s, shape, itemsize, True, density, hosts) for s in options}
-    return min(options, key=lambda s: (round(costs[s].crossing), round(costs[s].total), options.index(s)))
+    return cheapest(options(shape, itemsize, sparse, density, hosts), sparse)

@@ -15,7 +15,7 @@ import tensorflow as tf
 from parallax.analysis import GraphAnalysis
 from parallax.config import OVERRIDE_SYNC
 from parallax.errors import PlanError
-from parallax.plan.cost import choose, estimate_density, traffic
+from parallax.plan.cost import cheapest, estimate_density, options
 from parallax.plan.model import CommSpec, GradientRef, Plan, PSSpec, VariablePlacement, WorkerPlan
 from parallax.plan.traffic import step_traffic
 
@@ -140,10 +140,8 @@ def choose_sync(analysis: GraphAnalysis, num_workers: int, replicas_per_worker: 
         elif cross_worker == "hybrid":
             sync, reason = ("ps" if g.sparse else "allreduce"), "HYBRID"
         else:
-            where = list(hosts) if hosts is not None else ["h"] * num_workers
-            sync = choose(var.shape, itemsize, g.sparse, density, where)
-            costs = {s: traffic(s, var.shape, itemsize, g.sparse, density, where)
-                     for s in (("allgather", "allreduce", "ps") if g.sparse else ("allreduce", "ps"))}
+            costs = options(var.shape, itemsize, g.sparse, density, list(hosts) if hosts is not None else num_workers)
+            sync = cheapest(costs, g.sparse)
             reason = "AUTO, bytes per step between hosts / in all: " + ", ".join(
                 f"{s} {t.crossing:,.0f} / {t.total:,.0f}" for s, t in costs.items())
         if "sync" in extra:

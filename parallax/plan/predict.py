@@ -146,6 +146,7 @@ def communication(variables: Iterable[VariableCost], layout: str, cluster: Clust
     n, h, g = cluster.workers, cluster.hosts, cluster.devices
     if n < 2:
         return 0.0, 0.0
+    variables = list(variables)
     hosts, replicas = _workers(layout, cluster)
     total, rounds = Traffic(), 0
     for sync in ("allreduce", "ps"):  # the dense gradients: one collective, one push and pull
