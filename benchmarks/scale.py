@@ -91,9 +91,8 @@ def predicted(row: dict, rows: dict) -> tuple[float, float] | None:
         return None
     plan = Plan.from_dict(row["plan"])
     counted = {v: (lambda size, by=by: by.get(size, by[1] * size)) for v, by in rows.items()}
-    total = step_traffic(plan, counted).total
-    n = plan.num_workers
-    return total.inside / n, total.crossing / n
+    each = step_traffic(plan, counted).total.per(plan.num_workers)
+    return each.inside, each.crossing
 
 
 def verdicts(data: dict) -> list[tuple[str, bool]]:

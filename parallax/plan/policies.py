@@ -6,6 +6,7 @@ import fnmatch
 import json
 import re
 import zlib
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -252,7 +253,7 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
                 server_devices=tuple(server_devices), ps=ps, server_hosts=tuple(server_hosts))
     costs = step_traffic(plan).variables
     n = max(1, len(worker_plans))
-    plan = replace(plan, variables=tuple(replace(v, bytes_per_worker=round(costs[v.name].total / n))
+    plan = replace(plan, variables=tuple(replace(v, bytes_per_worker=round(costs[v.name].per(n).total))
                                          if v.name in costs else v for v in plan.variables))
     # every process of the job computes the same key from the same plan; another job's plan, another key
     key = zlib.crc32(json.dumps(plan.to_dict(), sort_keys=True).encode()) % (1 << 30)
@@ -263,9 +264,7 @@ def _aggregation_saves(workers: tuple[WorkerPlan, ...]) -> bool:
     """Whether gathering a host's sparse gradients to one sender can save traffic between hosts:
     only with several hosts, one of them with several workers. On one host the gather would add
     its bytes to the same pushes (every server is on that host too)."""
-    per_host: dict[str, int] = {}
-    for w in workers:
-        per_host[w.host] = per_host.get(w.host, 0) + 1
+    per_host = Counter(w.host for w in workers)
     return len(per_host) > 1 and max(per_host.values()) > 1
 
 

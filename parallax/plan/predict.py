@@ -135,9 +135,9 @@ def communication(variables: Iterable[VariableCost], layout: str, cluster: Clust
     """Seconds and bytes over a host's link to the others of one step's synchronisation.
 
     The bytes are :mod:`parallax.plan.traffic`'s (hierarchical collectives, a server on each
-    host, rows merged by index before they go to a server; TF PS merges nothing), each host
-    sending its share: ``1/H`` of what crosses between hosts over its link, ``1/H`` of what
-    stays inside over the inside link. Rounds of latency: ``2 (N-1)`` for the all-reduce of
+    host, rows merged by index before they go to a server; TF PS merges nothing): each host
+    sends ``1/H`` of what crosses between hosts over its link, each device ``1/N`` of what
+    stays inside hosts over its link inside. Rounds of latency: ``2 (N-1)`` for the all-reduce of
     every dense gradient, ``N-1`` per all-gather, 2 (push, pull) for the dense variables on
     servers and per sparse one.
     """

@@ -41,6 +41,7 @@ within a few percent (docs/benchmarks.md, "Bytes at scale").
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -87,10 +88,7 @@ class StepTraffic:
 
 def _per_host(hosts: Sequence[str]) -> list[int]:
     """Workers per host, hosts in order of their first worker."""
-    counts: dict[str, int] = {}
-    for h in hosts:
-        counts[h] = counts.get(h, 0) + 1
-    return list(counts.values())
+    return list(Counter(hosts).values())
 
 
 def allreduce(num_bytes: float, hosts: Sequence[str]) -> Traffic:
@@ -199,7 +197,7 @@ def variable_traffic(p: Payload, sync: str, hosts: Sequence[str], server_host: s
     reads = [(h, p.u(1) * each if rows_on_server else p.num_bytes) for h in hosts]
     if not host_aggregation:
         return servers(reads + [(h, (p.u(1) if merged else p.k) * each) for h in hosts], server_host, hosts)
-    counts = dict(zip(dict.fromkeys(hosts), _per_host(hosts)))
+    counts = Counter(hosts)
     gather = sum((count - 1) * p.u(1) * each for count in counts.values())
     pushes = [(h, p.u(count) * each) for h, count in counts.items()]
     return Traffic(inside=gather) + servers(reads + pushes, server_host, hosts)
