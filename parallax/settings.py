@@ -210,7 +210,9 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         ps=PSSpec(local_aggregation=ps_config.local_aggregation, protocol=ps_config.protocol,
                   replicate_variables=ps_config.replicate_variables,
                   boundary_among_servers=ps_config.boundary_among_servers,
-                  boundary_between_workers_and_servers=ps_config.boundary_between_workers_and_servers),
+                  boundary_between_workers_and_servers=ps_config.boundary_between_workers_and_servers,
+                  # with hooks, their writes are done before the others go on
+                  release_in_step=not config.hooks),
         gpus=gpus, cpu_count=cpu_count or os.cpu_count() or 1,
         local_hosts=frozenset(h for h in cluster.hosts if is_local_host(h)),
         mpirun_options=" ".join(p for p in (mpi.mpirun_options, extra_options) if p.strip()),

@@ -47,6 +47,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from parallax.comm.base import Backend, Prepared, ProcessComms
+from parallax.comm.packing import PACK_BELOW_BYTES, pack, unpack
 
 __all__ = ["MPIBackend", "bind_py_functions", "import_bound", "TOKEN_PREFIX", "DIRECT_BYTES"]
 
@@ -58,7 +59,7 @@ _GATHERV = TOKEN_PREFIX + "mpi_gatherv"
 _TRANSPORT_DTYPES = (tf.float32, tf.float64, tf.int32, tf.int64)
 #: A dense gradient of at least this many bytes is summed in its own buffer; smaller ones are
 #: concatenated into one (copying a small tensor costs less than one more MPI call).
-DIRECT_BYTES = 256 * 1024
+DIRECT_BYTES = PACK_BELOW_BYTES
 #: ... and in pieces of at most this many bytes: Open MPI sums 16 pieces of 4 MiB in half the time
 #: of one 64 MiB buffer (on 2 ranks of one host; docs/benchmarks.md), and a piece costs one latency.
 CHUNK_BYTES = 4 * 1024 * 1024
@@ -135,8 +136,7 @@ class MPIBackend(Backend):
             large = [j for j in range(len(members)) if j not in small]
             buffers = [tf.cast(members[j], transport) for j in large]
             if len(small) > 1:  # packed: one buffer, one call
-                buffers.insert(0, tf.concat([tf.reshape(tf.cast(members[j], transport), [-1]) for j in small], 0,
-                                            name=f"fuse_{k}"))
+                buffers.insert(0, pack([members[j] for j in small], transport, name=f"fuse_{k}"))
             elif small:
                 large.insert(0, small.pop())
                 buffers.insert(0, tf.cast(members[large[0]], transport))
@@ -144,8 +144,7 @@ class MPIBackend(Backend):
             summed = self._chained(lambda owned=owned, k=k: _py_func(
                 owned, [o.dtype for o in owned], _ALLREDUCE, f"allreduce_{k}", self._tokens))
             if small:
-                pieces = tf.split(summed.pop(0), [tf.size(members[j]) for j in small], name=f"unfuse_{k}")
-                summed[:0] = [tf.reshape(p, tf.shape(members[j])) for p, j in zip(pieces, small)]
+                summed[:0] = unpack(summed.pop(0), [tf.shape(members[j]) for j in small], name=f"unfuse_{k}")
             for j, total in zip(small + large, summed):
                 total.set_shape(members[j].shape)
                 outputs[bucket[j]] = tf.cast(total, members[j].dtype)

@@ -20,7 +20,8 @@ __all__ = ["LaunchCommand", "build_mpirun_command", "FORWARDED_ENV"]
 FORWARDED_ENV = ("PYTHONPATH", "PATH", "LD_LIBRARY_PATH", "TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES",
                  "PARALLAX_FINISH_TIMEOUT", "PARALLAX_NUM_PARTITIONS", "PARALLAX_SEARCH_STEPS",
                  "PARALLAX_CACHE_DIR", "PARALLAX_RESOURCE_INFO", "PARALLAX_MPIRUN_OPTIONS", "PARALLAX_RUN_OPTION",
-                 "VIRTUAL_ENV", "OMPI_MCA_coll_tuned_allreduce_algorithm", "OMPI_MCA_coll_tuned_use_dynamic_rules")
+                 "VIRTUAL_ENV", "OMPI_MCA_coll_tuned_allreduce_algorithm", "OMPI_MCA_coll_tuned_use_dynamic_rules",
+                 "GLIBC_TUNABLES")
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,10 @@ class PSSpec:
             one with several workers) the workers of a host gather their
             sparse gradients over MPI to the host's first worker, which alone
             sends them, rows merged, to the servers.
+        release_in_step: the chief may release the other workers inside its
+            step, as soon as the update is done, when nothing else writes a
+            server variable (:mod:`parallax.rewrite.ps_sync`); off when the
+            user gave hooks, which must run before anyone goes on.
     """
 
     local_aggregation: bool = True
@@ -109,6 +113,7 @@ class PSSpec:
     boundary_among_servers: bool = True
     boundary_between_workers_and_servers: bool = True
     host_aggregation: bool = False
+    release_in_step: bool = True
 
 
 @dataclass(frozen=True)
@@ -276,7 +281,8 @@ class Plan:
                          f"replicate_variables={self.ps.replicate_variables} "
                          f"boundary_among_servers={self.ps.boundary_among_servers} "
                          f"boundary_between_workers_and_servers={self.ps.boundary_between_workers_and_servers} "
-                         f"protocol={self.ps.protocol} host_aggregation={self.ps.host_aggregation}")
+                         f"protocol={self.ps.protocol} host_aggregation={self.ps.host_aggregation} "
+                         f"release_in_step={self.ps.release_in_step}")
         for i, device in enumerate(self.server_devices):
             load = sum(v.num_bytes for v in self.variables if v.server == i)
             lines.append(f"  server {i}: {device}, {load} bytes of variables")

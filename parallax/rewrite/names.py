@@ -9,12 +9,13 @@ from __future__ import annotations
 __all__ = ["REPLICA_PREFIX", "replica_op_name", "copy_replica", "replica_tensor_name", "aggregate_scope",
            "replica_frame_name", "replica_function_name", "aggregate_outputs", "SYNC_PREFIX", "LOCAL_COPY_PREFIX",
            "sync_scope", "unsynchronised_train_op", "aggregate_step_scope", "variable_sync_scope", "local_copy_scope",
-           "is_parallax_op"]
+           "is_parallax_op", "packed_reads_scope"]
 
 REPLICA_PREFIX = "parallax_replica_"
 AGGREGATE_PREFIX = "parallax_aggregate"
 SYNC_PREFIX = "parallax_sync"
 LOCAL_COPY_PREFIX = "parallax_local"
+READS_PREFIX = "parallax_reads"
 
 
 def replica_op_name(name: str, replica: int) -> str:
@@ -116,13 +117,22 @@ def local_copy_scope(variable: str, replica: int) -> str:
     return f"{LOCAL_COPY_PREFIX}/replica_{replica}/{variable}"
 
 
+def packed_reads_scope(group: int) -> str:
+    """The name scope of the ``group``-th packed read of server variables (:mod:`parallax.rewrite.packed_reads`).
+
+    >>> packed_reads_scope(0)
+    'parallax_reads/0/'
+    """
+    return f"{READS_PREFIX}/{group}/"
+
+
 def is_parallax_op(name: str) -> bool:
-    """Whether op ``name`` was made by the aggregation or the PS protocol.
+    """Whether op ``name`` was made by the aggregation, the PS protocol or the packed reads.
 
     >>> is_parallax_op("parallax_sync/emb/take"), is_parallax_op("dense/MatMul")
     (True, False)
     """
-    return name.startswith((f"{AGGREGATE_PREFIX}/", f"{SYNC_PREFIX}/"))
+    return name.startswith((f"{AGGREGATE_PREFIX}/", f"{SYNC_PREFIX}/", f"{READS_PREFIX}/"))
 
 
 def sync_scope(train_op: str) -> str:

@@ -11,6 +11,7 @@ from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.aggregate import aggregate_gradients
 from parallax.rewrite.local_copies import use_local_copies
 from parallax.rewrite.names import AGGREGATE_PREFIX, SYNC_PREFIX, sync_scope
+from parallax.rewrite.packed_reads import pack_server_reads
 from parallax.rewrite.placement import place_variables
 from parallax.rewrite.ps_sync import add_ps_sync
 from parallax.rewrite.replicate import replicate_graph
@@ -19,7 +20,8 @@ __all__ = ["PASSES", "rewrite_for_task", "wait_points"]
 
 Pass = Callable[[meta_graph_pb2.MetaGraphDef, Plan, TaskSpec], meta_graph_pb2.MetaGraphDef]
 
-PASSES: tuple[Pass, ...] = (replicate_graph, aggregate_gradients, place_variables, add_ps_sync, use_local_copies)
+PASSES: tuple[Pass, ...] = (replicate_graph, aggregate_gradients, place_variables, add_ps_sync, use_local_copies,
+                            pack_server_reads)
 
 
 def rewrite_for_task(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec,

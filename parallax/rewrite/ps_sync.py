@@ -13,14 +13,30 @@ names that every worker computes alike:
 * on the chief (worker 0), ``parallax_sync/<v>/take``: waits for one
   gradient from every worker and returns their sum, which the update ops
   then read instead of the local gradient;
+* small dense gradients bound for one server (below
+  :data:`parallax.comm.packing.PACK_BELOW_BYTES`, one dtype) are pushed
+  packed: ``parallax_sync/step/<t>/pack_<k>_<sender>`` concatenates them on
+  the worker, one accumulator ``parallax_sync/step/<t>/packed_<k>/`` takes
+  them, and the chief's ``unpack`` there splits the sum again. One transfer
+  per server instead of one per variable;
 * for every training op ``<t>`` (the op an optimizer's ``apply_gradients``
   returns) that updates server variables, under ``parallax_sync/step/<t>/``:
   ``token_<w>``, one FIFO queue per other worker ``w`` on server 0. On the
-  chief, ``release`` puts one token in each (``release_<w>``); the session
-  (:class:`parallax.session.ParallaxSession`) runs it after every ``run`` that
-  ran ``<t>``, so the whole step (the update and what the program runs after
-  it: an EMA, moving statistics, the hooks) is done before anyone goes on.
-  Worker ``w`` takes its token (``wait``) at the end of its own step;
+  chief, ``release_<w>`` puts one token in each. Worker ``w`` takes its token
+  (``wait``) at the end of its own step. When the tokens are put:
+
+  - as soon as the update is done, inside the chief's step
+    (``release_in_step``), when nothing but the update writes a server
+    variable (:func:`written_after`). This saves the chief a second ``run``
+    per step;
+  - otherwise (an EMA or moving statistics run after the update), or with
+    the user's hooks (``PSSpec.release_in_step`` off), by the session
+    (:class:`parallax.session.ParallaxSession`), which runs ``release`` after
+    every ``run`` that ran ``<t>``, so the whole step (the update, what the
+    program runs after it, the hooks) is done before anyone goes on.
+
+  Either way a worker that reads any server variable after its step sees
+  the chief's whole step;
 * the training op itself is renamed ``parallax_sync/step/<t>/unsynchronised``
   and a new op takes its name ``<t>``: on the chief, the original training op
   (which waits for every worker's gradient); elsewhere, the gradient applies
@@ -59,6 +75,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from parallax.analysis import update_scope_owner
+from parallax.comm.packing import elements, pack, packed_groups, unpack
 from parallax.errors import RewriteError
 from parallax.plan.model import Plan, TaskSpec, VariablePlacement
 from parallax.rewrite.aggregate import build_subgraph
@@ -83,6 +100,7 @@ from parallax.rewrite.names import (
 
 __all__ = ["add_ps_sync", "variables_by_train_op"]
 
+_PACKED = "packed_"  # the scope of a packed accumulator, under the training op's sync scope
 _ALWAYS_FRESH = 2 ** 62  # local_step that is never stale: the token protocol keeps workers in step
 
 
@@ -182,12 +200,21 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
     names.extend(listen)
     dtypes.extend([tf.float32] * len(listen))
     step_scope = sync_scope(train_op)
+    server_of = {v.name: plan.server_devices[v.server] for v in variables}
+    in_step = chief and plan.ps.release_in_step and not written_after(out, plan, train_op)
+    packed, _ = _push_groups(variables, server_of)
+    packed_of = {v.name: k for k, group in enumerate(packed) for v in group}
 
     def builder(inputs):
-        applies, takes = [], []
+        applies, takes = [], {}
         position = 0
+        pushed: dict[str, list[tf.Tensor]] = {}  # a packed variable's gradient from each sender
         for v in variables:
             scope = variable_sync_scope(v.name)
+            if v.name in packed_of:
+                pushed[v.name] = inputs[position:position + len(senders)]
+                position += len(senders)
+                continue
             with tf.name_scope(scope):
                 dtype = tf.dtypes.as_dtype(v.gradient.dtype)
                 shape = tf.TensorShape([d for d in v.shape])
@@ -205,7 +232,7 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
                     if chief:  # after this worker's own gradients of this variable
                         with tf.control_dependencies(mine):
                             taken = acc.take_indexed_slices_grad(required, name="take")
-                        takes.extend([taken.values, tf.cast(taken.indices, indices.dtype)])
+                        takes[v.name] = [taken.values, tf.cast(taken.indices, indices.dtype)]
                 else:
                     acc = tf.compat.v1.ConditionalAccumulator(
                         dtype, shape=shape, shared_name=f"{scope}accumulator", name="accumulator",
@@ -218,18 +245,38 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
                     applies.extend(mine)
                     if chief:  # after this worker's own gradients of this variable
                         with tf.control_dependencies(mine):
-                            takes.append(acc.take_grad(required, name="take"))
+                            takes[v.name] = [acc.take_grad(required, name="take")]
+        for k, group in enumerate(packed):
+            dtype = tf.dtypes.as_dtype(group[0].gradient.dtype)
+            shapes = [[int(d) for d in v.shape] for v in group]
+            buffers = [pack([pushed[v.name][i] for v in group], name=f"{step_scope}pack_{k}_{i}")
+                       for i in range(len(senders))]
+            scope = f"{step_scope}{_PACKED}{k}/"
+            with tf.name_scope(scope):
+                acc = tf.compat.v1.ConditionalAccumulator(
+                    dtype, shape=[sum(elements(s) for s in shapes)], shared_name=f"{scope}accumulator",
+                    name="accumulator", reduction_type="SUM")
+                mine = [acc.apply_grad(b, local_step=_ALWAYS_FRESH, name="apply") for b in buffers]
+                applies.extend(mine)
+                if chief:
+                    with tf.control_dependencies(mine):
+                        summed = acc.take_grad(required, name="take")
+                    for v, piece in zip(group, unpack(summed, shapes, name="unpack")):
+                        takes[v.name] = [piece]
         original = inputs[position]
         heard = [t.op for t in inputs[position + 1:]]
         with tf.name_scope(step_scope):
             queues = {w: tf.queue.FIFOQueue(-1, [tf.int64], shapes=[[]], shared_name=f"{step_scope}token_{w}",
                                             name=f"token_{w}") for w in range(1, num_workers)
                       if chief or w == task.worker_index}
-            if chief:
+            if chief and in_step:
+                # Released as soon as the update is done: nothing writes a server variable after it.
+                released = tf.group(*_releases(queues, after=original.op), name="release_in_step")
+                done = tf.group(original.op, released, name="synchronised")
+            elif chief:
                 # Released by the session after the whole step (see release_op), not here: an op run
                 # after the update (an EMA, moving statistics) must be done when the others go on.
-                tf.group(*[q.enqueue(tf.constant(0, tf.int64), name=f"release_{w}") for w, q in queues.items()],
-                         name="release")
+                tf.group(*_releases(queues), name="release")
                 done = tf.group(original.op, name="synchronised")
             else:
                 # Mixed plans: this worker also runs the training op, for its own copies of
@@ -238,14 +285,17 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
                 with tf.control_dependencies(before):
                     token = queues[task.worker_index].dequeue(name="wait")
                 done = tf.group(token, name="synchronised")
-        return [done] + takes
+        return [done] + [t for v in variables if chief for t in takes[v.name]]
 
     nodes, outputs = build_subgraph(builder, dtypes, names, "")
-    server_of = {v.name: plan.server_devices[v.server] for v in variables}
     for node in nodes:
         if node.name.startswith(step_scope):
-            queue_side = "/token_" in node.name or "/release_" in node.name or node.name.endswith("/wait")
-            node.device = plan.server_devices[0] if queue_side else worker.shared_device
+            rest = node.name[len(step_scope):]
+            queue_side = rest.startswith(("token_", "release_")) or rest == "wait"
+            if rest.startswith(_PACKED):  # a packed accumulator and its ops: on the group's server
+                node.device = server_of[packed[int(rest[len(_PACKED):].split("/")[0])][0].name]
+            else:
+                node.device = plan.server_devices[0] if queue_side else worker.shared_device
             continue
         scope = node.name[len(SYNC_PREFIX) + 1:]
         var = enclosing_scope(scope, server_of)
@@ -270,6 +320,41 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
                 if not control and key in rewire:
                     node.input[i] = rewire[key]
     add_nodes(out.graph_def, nodes)
+
+
+def _releases(queues: dict, after: tf.Operation | None = None) -> list[tf.Operation]:
+    """The chief's token for each other worker (``release_<w>``), each put after ``after``."""
+    token = tf.constant(0, tf.int64)
+    with tf.control_dependencies([after] if after is not None else []):
+        return [q.enqueue(token, name=f"release_{w}") for w, q in queues.items()]
+
+
+def written_after(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, train_op: str) -> list[str]:
+    """Server variables that an op outside ``train_op``'s update writes (an EMA, moving statistics
+    in a ``tf.group`` with it, another training op), by name.
+
+    While there are none, the chief may release the others as soon as the update is done: a
+    worker that reads any server variable after its step sees the chief's whole step all the same.
+    """
+    nodes = node_map(meta_graph.graph_def)
+    step = ancestors(nodes, [train_op])
+    on_servers = {v.name for v in plan.variables if v.server is not None}
+    initializers, saver_scope = _initializers_and_saver(meta_graph)
+    return sorted({written_variable(n, nodes) for n in meta_graph.graph_def.node
+                   if n.name not in step and n.name not in initializers
+                   and not (saver_scope and n.name.startswith(saver_scope))} & on_servers)
+
+
+def _push_groups(variables: list[VariablePlacement], server_of: dict[str, str]
+                 ) -> tuple[list[list[VariablePlacement]], list[VariablePlacement]]:
+    """The dense gradients each worker pushes packed into one buffer (:mod:`parallax.comm.packing`):
+    small ones of the same dtype bound for the same server, in plan order; and the rest."""
+    dense = [v for v in variables if not v.sparse]
+    packed, alone = packed_groups(
+        dense, key=lambda v: (server_of[v.name], v.gradient.dtype),
+        nbytes=lambda v: None if any(d is None or d < 0 for d in v.shape)
+        else elements(v.shape) * tf.dtypes.as_dtype(v.gradient.dtype).size)
+    return packed, alone + [v for v in variables if v.sparse]
 
 
 def _rename_train_op(meta_graph: meta_graph_pb2.MetaGraphDef, train_op: str, original_name: str,

@@ -128,3 +128,9 @@ def test_what_cannot_run_in_a_managed_job_is_refused_saying_what_to_use(option, 
         mpi_config=parallax.MPIConfig(backend=backend)))
     with pytest.raises(parallax.LaunchError, match=message):
         managed(config, cluster=cluster, gpus=gpus)
+
+
+def test_the_chief_releases_inside_its_step_unless_the_user_gave_hooks_which_run_first():
+    assert settings().ps.release_in_step
+    hooked = parallax.Config(hooks=[tf.compat.v1.train.StepCounterHook(every_n_steps=10)])
+    assert not settings(hooked).ps.release_in_step

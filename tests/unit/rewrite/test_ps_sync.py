@@ -1,12 +1,13 @@
+import numpy as np
 import pytest
 
 from parallax.analysis import analyse_graph
 from parallax.plan import TaskSpec, build_plan
 from parallax.plan.policies import place_by_bytes
 from parallax.rewrite.graph_ops import ancestors, parse_input
-from parallax.rewrite.names import release_op
+from parallax.rewrite.names import release_op, sync_scope
 from parallax.rewrite.pipeline import rewrite_for_task
-from tests.models import build_embedding, build_sequence
+from tests.models import build_embedding, build_mlp, build_sequence
 from tests.unit.rewrite.helpers import export, nodes_of
 
 SERVERS = ("/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0")
@@ -60,13 +61,49 @@ def test_chief_takes_and_releases_the_others():
     assert take, "chief must take the summed gradient"
     update_inputs = [i for n in nodes.values() if n.name.startswith("Adam/update_proj/kernel/") for i in n.input]
     assert any(i.startswith("parallax_sync/proj/kernel/take") for i in update_inputs)
-    # the training op's name runs the original op (renamed); the releases are a separate op, which the
-    # session runs after the whole step (an EMA after the update included), and which runs no update
+    # the training op's name runs the original op (renamed), then the releases: nothing else writes a
+    # server variable, so the others may go on as soon as the update is done
     assert nodes["parallax_sync/step/Adam/unsynchronised"].op == nodes_of(export(model.graph))["Adam"].op
-    assert list(nodes["Adam"].input) == ["^parallax_sync/step/Adam/unsynchronised"]
-    release = nodes[release_op("Adam")]
-    assert sorted(release.input) == ["^parallax_sync/step/Adam/release_1", "^parallax_sync/step/Adam/release_2"]
-    assert not ancestors(nodes, ["Adam"]) & ancestors(nodes, [release.name])
+    assert list(nodes["Adam"].input) == ["^parallax_sync/step/Adam/unsynchronised",
+                                         "^parallax_sync/step/Adam/release_in_step"]
+    release = nodes["parallax_sync/step/Adam/release_in_step"]
+    assert {"^parallax_sync/step/Adam/release_1", "^parallax_sync/step/Adam/release_2"} <= set(release.input)
+    assert "^parallax_sync/step/Adam/unsynchronised" in nodes["parallax_sync/step/Adam/release_1"].input
+    assert release_op("Adam") not in nodes  # the session has nothing to run after the step
+
+
+@pytest.mark.parametrize("idiom, later", [("group", []), ("deps_update_ops", []),
+                                          ("update_ops", [f"moving/stat_{i}" for i in range(4)]),
+                                          ("ema", ["net/hidden/bias/ExponentialMovingAverage",
+                                                   "net/hidden/kernel/ExponentialMovingAverage",
+                                                   "net/out/bias/ExponentialMovingAverage",
+                                                   "net/out/kernel/ExponentialMovingAverage"])])
+def test_the_release_waits_for_the_whole_step_when_something_writes_after_the_update(idiom, later):
+    from parallax.rewrite.ps_sync import written_after
+    from tests.idioms import IDIOMS
+
+    model = IDIOMS[idiom]()
+    plan = ps_plan(model, num_workers=2, servers=SERVERS[:1])
+    train = plan.train_ops[0]
+    meta = export(model.graph)
+    assert written_after(meta, plan, train) == later
+    nodes = nodes_of(rewrite_for_task(meta, plan, TaskSpec(0)))
+    in_step = f"{sync_scope(train)}release_in_step"
+    assert (in_step in nodes) == (not later)
+    assert (release_op(train) in nodes) == bool(later)  # run by the session after the step and its hooks
+    if later:
+        assert not ancestors(nodes, [train]) & ancestors(nodes, [release_op(train)])
+
+
+def test_with_the_users_hooks_the_session_releases_after_them():
+    from dataclasses import replace
+
+    from parallax.plan.model import PSSpec
+
+    model = build_embedding("adam")
+    plan = replace(ps_plan(model, num_workers=2), ps=PSSpec(release_in_step=False))
+    nodes = nodes_of(rewrite_for_task(export(model.graph), plan, TaskSpec(0)))
+    assert release_op("Adam") in nodes and "parallax_sync/step/Adam/release_in_step" not in nodes
 
 
 def test_other_workers_apply_and_wait_for_their_token():
@@ -220,5 +257,48 @@ def test_boundary_between_workers_and_servers_decides_where_rows_are_gathered(bo
         else:  # the replica reads the whole table and gathers locally
             assert gather.op == "GatherV2"
             assert gather.device == f"/job:worker/replica:0/task:1/device:CPU:{r}"
-            assert nodes[gather.input[0]].op == "ReadVariableOp"
-            assert nodes[gather.input[0]].input == ["embedding"]
+            read = nodes[f"{name}/parallax_read"]
+            assert read.op == "ReadVariableOp" and read.input == ["embedding"]
+            # read directly, or (a small table) packed with the worker's other reads from that server, once
+            packed = [nodes[nodes[parse_input(i)[0]].input[0]] for n in nodes.values()
+                      if n.name.startswith("parallax_reads/") and n.op == "ConcatV2" for i in n.input[:-1]]
+            assert gather.input[0] == read.name or (
+                gather.input[0].startswith("parallax_reads/")
+                and [p.input for p in packed if p.input == ["embedding"]] == [["embedding"]])
+
+
+def test_small_dense_gradients_bound_for_one_server_are_pushed_packed():
+    import tensorflow as tf
+
+    model = build_mlp("momentum")
+    with model.graph.as_default():
+        tf.reshape(model.loss, [-1])  # the program's own "Reshape": Parallax's ops must not take its name
+        tf.concat([tf.reshape(model.loss, [1])] * 2, 0)
+    plan = ps_plan(model, servers=SERVERS[:1])
+    trainable = [v.name for v in plan.variables if v.gradient is not None]
+    for task in (0, 1):
+        nodes = nodes_of(rewrite_for_task(export(model.graph), plan, TaskSpec(task)))
+        scope = "parallax_sync/step/Momentum/packed_0/"
+        assert nodes[scope + "accumulator"].device == SERVERS[0]
+        assert nodes[scope + "apply"].device == SERVERS[0]
+        pack = nodes["parallax_sync/step/Momentum/pack_0_0"]
+        assert pack.op == "ConcatV2" and pack.device == plan.workers[task].shared_device
+        assert not [n for n in nodes if n.startswith(tuple(f"parallax_sync/{v}/" for v in trainable))]
+        takes = [n for n in nodes if n.startswith(scope + "take")]
+        assert bool(takes) == (task == 0)  # only the chief takes, and its updates read the pieces
+        if task == 0:
+            update_inputs = {i for n in nodes.values() if n.name.startswith("Momentum/update_") for i in n.input}
+            assert {f"{scope}unpack/Reshape{s}" for s in ("", "_1", "_2")} <= update_inputs
+
+
+def test_a_gradient_of_256_kib_or_more_is_pushed_alone():
+    from parallax.comm.packing import PACK_BELOW_BYTES
+
+    model = build_embedding("adam")
+    plan = ps_plan(model, servers=SERVERS[:1])
+    big = [v.name for v in plan.variables if v.gradient is not None and not v.sparse
+           and np.prod(v.shape) * 4 >= PACK_BELOW_BYTES]
+    nodes = nodes_of(rewrite_for_task(export(model.graph), plan, TaskSpec(0)))
+    for name in big:
+        assert f"parallax_sync/{name}/accumulator" in nodes
+    assert "parallax_sync/embedding/accumulator" in nodes  # sparse: never packed
