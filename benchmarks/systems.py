@@ -118,10 +118,15 @@ def tf_ps(wl: Workload, args) -> Runner:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
-    addresses = comm.allgather(f"localhost:{port}")
+    ports = None
+    if comm.rank == 0:  # all at once, each socket held until all are picked: no two ranks get one port
+        sockets = [socket.socket() for _ in range(comm.size)]
+        for s in sockets:
+            s.bind(("localhost", 0))
+        ports = [s.getsockname()[1] for s in sockets]
+        for s in sockets:
+            s.close()
+    addresses = [f"localhost:{port}" for port in comm.bcast(ports)]
     cluster = tf.train.ClusterSpec({"ps": addresses[:1], "worker": addresses[1:]})
     workers = comm.size - 1
     if comm.rank == 0:

@@ -87,3 +87,20 @@ def test_sent_bytes_sums_the_namespaces_of_the_given_processes(monkeypatch):
     monkeypatch.setenv(NETNS_PIDS_ENV, f"{os.getpid()},{os.getpid()}")  # this namespace, twice
     twice = sent_bytes()
     assert twice[0] >= 2 * alone[0] and twice[1] >= 2 * alone[1]
+
+
+def test_the_speed_targets_compare_like_with_like_at_each_rank_count():
+    rows = [{"workload": "dense", "system": s, "ranks": n, "steps_per_sec": v}
+            for s, n, v in (("parallax-mpi-hvdtf", 2, 110.0), ("horovod", 2, 100.0), ("parallax-mpi-hvdtf", 3, 90.0),
+                            ("horovod", 3, 100.0), ("parallax-ps", 2, 130.0), ("tf-ps", 2, 100.0),
+                            ("parallax-mpi", 2, 1e6))]
+    rows.append({"workload": "dense", "system": "tf-ps", "ranks": 3, "error": "exit code 1"})
+    found = {(t["name"], t["ranks"]): (round(t["ratio"], 2), t["met"]) for t in compare.targets([rows])}
+    assert found == {("MPI vs Horovod", 2): (1.1, True), ("MPI vs Horovod", 3): (0.9, False),
+                     ("PS vs TF PS", 2): (1.3, True)}  # no PS figure at 3 ranks: its peer failed
+    # more rounds: each round's ratio, judged by the median
+    again = [dict(r, steps_per_sec=r["steps_per_sec"] * (1.3 if r["system"] == "parallax-mpi-hvdtf" else 1))
+             for r in rows if "error" not in r]
+    found = {(t["name"], t["ranks"]): t for t in compare.targets([rows, again, again])}
+    assert [round(x, 2) for x in found["MPI vs Horovod", 3]["ratios"]] == [0.9, 1.17, 1.17]
+    assert found["MPI vs Horovod", 3]["met"]
