@@ -69,7 +69,8 @@ def wait_points(plan: Plan, task: TaskSpec) -> str:
     if "ps" in syncs and plan.sync:
         if task.worker_index == 0:
             points.append(f"in the PS protocol, where the chief takes every worker's gradients "
-                          f"({SYNC_PREFIX}/<variable>/take)")
+                          f"({SYNC_PREFIX}/<variable>/take, or {SYNC_PREFIX}/step/<op>/packed_<k>/take for "
+                          "small dense gradients pushed packed)")
         else:
             points.append("in the PS protocol, waiting for the chief's token "
                           f"({', '.join(sync_scope(t) + 'wait' for t in plan.train_ops)})")
