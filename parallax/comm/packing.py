@@ -24,7 +24,8 @@ PACK_BELOW_BYTES = 256 * 1024
 def pack(tensors: Sequence[tf.Tensor], dtype: tf.DType | None = None, name: str = "pack") -> tf.Tensor:
     """One flat tensor of ``tensors`` (each flattened, cast to ``dtype`` when given), in order."""
     with tf.name_scope(name) as scope:
-        flat = [tf.reshape(t if dtype is None else tf.cast(t, dtype), [-1]) for t in tensors]
+        flat_shape = tf.constant([-1], name="flat")  # one constant for every reshape: fewer ops to build
+        flat = [tf.reshape(t if dtype is None else tf.cast(t, dtype), flat_shape) for t in tensors]
         return tf.concat(flat, 0, name=scope)  # the op takes the scope's name
 
 
@@ -33,7 +34,16 @@ def unpack(buffer: tf.Tensor, shapes: Sequence, name: str = "unpack") -> list[tf
     tensors), as slices of it."""
     with tf.name_scope(name) as scope:
         pieces = tf.split(buffer, [_size(s) for s in shapes], name=scope)
-        return [tf.reshape(p, s) for p, s in zip(pieces, shapes)]
+        constants: dict[tuple, tf.Tensor] = {}  # one constant per distinct static shape
+        out = []
+        for piece, shape in zip(pieces, shapes):
+            if not isinstance(shape, tf.Tensor):
+                key = tuple(int(d) for d in shape)
+                if key not in constants:
+                    constants[key] = tf.constant(key, tf.int32, shape=[len(key)], name="shape")
+                shape = constants[key]
+            out.append(tf.reshape(piece, shape))
+        return out
 
 
 def packed_groups(items: Sequence, key, nbytes) -> tuple[list[list], list]:
