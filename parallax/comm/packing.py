@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-__all__ = ["PACK_BELOW_BYTES", "pack", "unpack", "packed_groups", "elements"]
+__all__ = ["PACK_BELOW_BYTES", "pack", "unpack", "packed_groups", "elements", "static_nbytes"]
 
 #: Tensors smaller than this travel packed with others (measured: an MPI call, or a gRPC transfer
 #: of a tensor between processes on one host, costs about as much as copying 256 KiB).
@@ -65,6 +65,13 @@ def packed_groups(items: Sequence, key, nbytes) -> tuple[list[list], list]:
     packed = [g for g in groups.values() if len(g) > 1]
     alone.extend(g[0] for g in groups.values() if len(g) == 1)
     return packed, alone
+
+
+def static_nbytes(shape: Sequence[int | None] | None, dtype) -> int | None:
+    """Bytes of a tensor of ``shape`` and ``dtype``, or ``None`` when a dimension is unknown."""
+    if shape is None or any(d is None or d < 0 for d in shape):
+        return None
+    return elements(shape) * tf.dtypes.as_dtype(dtype).base_dtype.size
 
 
 def elements(shape: Sequence[int]) -> int:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
-from parallax.comm.packing import elements, pack, packed_groups, unpack
+from parallax.comm.packing import pack, packed_groups, static_nbytes, unpack
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.aggregate import build_subgraph
 from parallax.rewrite.graph_ops import add_nodes, consumers, format_input, node_map, parse_input
@@ -35,6 +35,7 @@ from parallax.rewrite.names import packed_reads_scope
 __all__ = ["pack_server_reads"]
 
 _REF_VARIABLES = ("VariableV2", "Variable")
+_READ_OPS = ("ReadVariableOp", "Identity")
 
 
 def pack_server_reads(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec
@@ -77,9 +78,8 @@ class _Read:
     """A server variable's read that the worker's ops use: the tensor, where the variable lives,
     its dtype, shape and size, and the worker-side inputs that read it (node, input index)."""
 
-    def __init__(self, tensor: str, server: str, dtype: tf.DType, shape: list[int]) -> None:
-        self.tensor, self.server, self.dtype, self.shape = tensor, server, dtype, shape
-        self.nbytes = elements(shape) * dtype.size
+    def __init__(self, tensor: str, server: str, dtype: tf.DType, shape: list[int], nbytes: int) -> None:
+        self.tensor, self.server, self.dtype, self.shape, self.nbytes = tensor, server, dtype, shape, nbytes
         self.uses: list[tuple] = []
 
 
@@ -87,17 +87,18 @@ def _worker_reads(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan) -> dict[s
     """Per server variable that can be packed, its read and the worker-side inputs that use it
     (one read per variable: several reads that wait on nothing all give the step's value)."""
     nodes = node_map(meta_graph.graph_def)
-    servers = {v.name: (plan.server_devices[v.server], v) for v in plan.variables
-               if v.server is not None and v.shape is not None and all(d is not None and d >= 0 for d in v.shape)}
+    servers = {v.name: (plan.server_devices[v.server], v, static_nbytes(v.shape, v.dtype)) for v in plan.variables
+               if v.server is not None and static_nbytes(v.shape, v.dtype) is not None}
     users = consumers(meta_graph.graph_def)
     reads: dict[str, _Read] = {}
     for node in meta_graph.graph_def.node:
-        if not node.input or any(parse_input(i)[2] for i in node.input):
+        if node.op not in _READ_OPS or not node.input:
             continue
         variable = parse_input(node.input[0])[0]
-        if variable not in servers or not _is_whole_read(node, nodes[variable].op):
+        if variable not in servers or not _is_whole_read(node, nodes[variable].op) \
+                or any(parse_input(i)[2] for i in node.input):
             continue
-        server, placement = servers[variable]
+        server, placement, nbytes = servers[variable]
         tensor = format_input(node.name, 0, False)
         for user in users.get(node.name, ()):
             reader = nodes[user]
@@ -108,7 +109,7 @@ def _worker_reads(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan) -> dict[s
                 if op == node.name and index == 0 and not control:
                     if variable not in reads:
                         dtype = tf.dtypes.as_dtype(placement.dtype).base_dtype
-                        reads[variable] = _Read(tensor, server, dtype, [int(d) for d in placement.shape])
+                        reads[variable] = _Read(tensor, server, dtype, [int(d) for d in placement.shape], nbytes)
                     reads[variable].uses.append((reader, i))
     return reads
 

@@ -75,7 +75,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from parallax.analysis import update_scope_owner
-from parallax.comm.packing import elements, pack, packed_groups, unpack
+from parallax.comm.packing import elements, pack, packed_groups, static_nbytes, unpack
 from parallax.errors import RewriteError
 from parallax.plan.model import Plan, TaskSpec, VariablePlacement
 from parallax.rewrite.aggregate import build_subgraph
@@ -352,8 +352,7 @@ def _push_groups(variables: list[VariablePlacement], server_of: dict[str, str]
     dense = [v for v in variables if not v.sparse]
     packed, alone = packed_groups(
         dense, key=lambda v: (server_of[v.name], v.gradient.dtype),
-        nbytes=lambda v: None if any(d is None or d < 0 for d in v.shape)
-        else elements(v.shape) * tf.dtypes.as_dtype(v.gradient.dtype).size)
+        nbytes=lambda v: static_nbytes(v.shape, v.gradient.dtype))
     return packed, alone + [v for v in variables if v.sparse]
 
 
