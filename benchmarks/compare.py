@@ -410,9 +410,15 @@ def main(argv=None) -> int:
     return finish(data, out_dir, "compare", markdown, plot, work, failed or bool(missed))
 
 
+def _dense_speeds(rows: list[dict]) -> dict[tuple[str, int], float]:
+    """Steps/s of each ``(system, ranks)`` that ran the dense model without an error."""
+    return {(r["system"], r["ranks"]): r["steps_per_sec"] for r in rows
+            if r["workload"] == "dense" and "error" not in r}
+
+
 def _target_pairs(rows: list[dict]) -> list[tuple[str, str, str, float, int]]:
     """The targets whose two systems both ran on the dense model at a target rank count."""
-    ran = {(r["system"], r["ranks"]) for r in rows if r["workload"] == "dense" and "error" not in r}
+    ran = _dense_speeds(rows)
     return [(name, ours, peer, minimum, n) for name, ours, peer, minimum in TARGETS for n in TARGET_RANKS
             if (ours, n) in ran and (peer, n) in ran]
 
@@ -436,14 +442,10 @@ def _target_rounds(rows: list[dict], args, work: str) -> list[list[dict]]:
 def targets(rounds: list[list[dict]]) -> list[dict]:
     """:data:`TARGETS` on the dense rows, at each of :data:`TARGET_RANKS` where both systems ran:
     the ratio of steps/s in each round (the main run first) and their median."""
+    speeds = [_dense_speeds(rows) for rows in rounds]
     found = []
     for name, ours, peer, minimum, n in _target_pairs(rounds[0]):
-        ratios = []
-        for rows in rounds:
-            speed = {(r["system"], r["ranks"]): r["steps_per_sec"] for r in rows
-                     if r["workload"] == "dense" and "error" not in r}
-            if (ours, n) in speed and (peer, n) in speed:
-                ratios.append(speed[ours, n] / speed[peer, n])
+        ratios = [speed[ours, n] / speed[peer, n] for speed in speeds if (ours, n) in speed and (peer, n) in speed]
         ratio = float(statistics.median(ratios))
         found.append({"name": name, "ranks": n, "ours": ours, "peer": peer, "minimum": minimum,
                       "ratios": ratios, "ratio": ratio, "met": ratio >= minimum})

@@ -4,7 +4,7 @@ Ops added (under the caller's name scope):
 
 * ``allreduce_<k>``: one ``PyFunc`` per fusion buffer: the dense gradients,
   sorted by variable name, in buckets of at most ``fusion_bytes`` (per dtype).
-  A gradient of at least ``DIRECT_BYTES`` is a buffer of its own; the smaller
+  A gradient of at least ``PACK_BELOW_BYTES`` (:mod:`parallax.comm.packing`) is a buffer of its own; the smaller
   ones of a bucket are concatenated into one (``fuse_<k>``). Each buffer
   passes :func:`_owned` (a ``Snapshot``, which hands over the buffer when
   nothing else holds it, the usual case, and copies it otherwise: a
@@ -49,7 +49,7 @@ from tensorflow.core.framework import graph_pb2
 from parallax.comm.base import Backend, Prepared, ProcessComms
 from parallax.comm.packing import PACK_BELOW_BYTES, pack, unpack
 
-__all__ = ["MPIBackend", "bind_py_functions", "import_bound", "TOKEN_PREFIX", "DIRECT_BYTES"]
+__all__ = ["MPIBackend", "bind_py_functions", "import_bound", "TOKEN_PREFIX"]
 
 TOKEN_PREFIX = "parallax_comm:"
 _ALLREDUCE = TOKEN_PREFIX + "mpi_allreduce"
@@ -57,10 +57,7 @@ _ALLGATHERV = TOKEN_PREFIX + "mpi_allgatherv"
 _ALLGATHER = TOKEN_PREFIX + "mpi_allgather"
 _GATHERV = TOKEN_PREFIX + "mpi_gatherv"
 _TRANSPORT_DTYPES = (tf.float32, tf.float64, tf.int32, tf.int64)
-#: A dense gradient of at least this many bytes is summed in its own buffer; smaller ones are
-#: concatenated into one (copying a small tensor costs less than one more MPI call).
-DIRECT_BYTES = PACK_BELOW_BYTES
-#: ... and in pieces of at most this many bytes: Open MPI sums 16 pieces of 4 MiB in half the time
+#: Buffers are summed in pieces of at most this many bytes: Open MPI sums 16 pieces of 4 MiB in half the time
 #: of one 64 MiB buffer (on 2 ranks of one host; docs/benchmarks.md), and a piece costs one latency.
 CHUNK_BYTES = 4 * 1024 * 1024
 
@@ -132,7 +129,7 @@ class MPIBackend(Backend):
         for k, bucket in enumerate(self._buckets(tensors)):
             members = [tensors[i] for i in bucket]
             transport = _transport(members[0].dtype)
-            small = [j for j, t in enumerate(members) if _nbytes(t) < DIRECT_BYTES]
+            small = [j for j, t in enumerate(members) if _nbytes(t) < PACK_BELOW_BYTES]
             large = [j for j in range(len(members)) if j not in small]
             buffers = [tf.cast(members[j], transport) for j in large]
             if len(small) > 1:  # packed: one buffer, one call

@@ -87,8 +87,9 @@ def _worker_reads(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan) -> dict[s
     """Per server variable that can be packed, its read and the worker-side inputs that use it
     (one read per variable: several reads that wait on nothing all give the step's value)."""
     nodes = node_map(meta_graph.graph_def)
-    servers = {v.name: (plan.server_devices[v.server], v, static_nbytes(v.shape, v.dtype)) for v in plan.variables
-               if v.server is not None and static_nbytes(v.shape, v.dtype) is not None}
+    sizes = {v.name: static_nbytes(v.shape, v.dtype) for v in plan.variables if v.server is not None}
+    servers = {v.name: (plan.server_devices[v.server], v, sizes[v.name]) for v in plan.variables
+               if sizes.get(v.name) is not None}
     users = consumers(meta_graph.graph_def)
     reads: dict[str, _Read] = {}
     for node in meta_graph.graph_def.node:

@@ -25,12 +25,13 @@ def rank_main(out: str, fusion_bytes: int) -> None:
     import tensorflow as tf
     from mpi4py import MPI
 
-    from parallax.comm.mpi import DIRECT_BYTES, MPIBackend, import_bound
+    from parallax.comm.mpi import MPIBackend, import_bound
+    from parallax.comm.packing import PACK_BELOW_BYTES
     from parallax.plan.model import CommSpec
 
     comm = MPI.COMM_WORLD
     rank = comm.rank + 1.0  # rank r contributes r + 1, so every sum is 1 + 2 + ... = n(n+1)/2
-    big = DIRECT_BYTES // 4 + 3  # float32 elements: above the direct threshold, odd length
+    big = PACK_BELOW_BYTES // 4 + 3  # float32 elements: above the direct threshold, odd length
     graph = tf.Graph()
     with graph.as_default():
         const = tf.constant(np.full(big, rank, np.float32), name="const")
