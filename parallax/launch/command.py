@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from parallax.launch.layout import RankSpec
 
-__all__ = ["LaunchCommand", "build_mpirun_command", "FORWARDED_ENV"]
+__all__ = ["LaunchCommand", "build_mpirun_command", "FORWARDED_ENV", "SESSION_DIR_ENV"]
 
 #: environment variables every rank gets from the launcher (when set there).
 FORWARDED_ENV = ("PYTHONPATH", "PATH", "LD_LIBRARY_PATH", "TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES",
@@ -22,6 +22,10 @@ FORWARDED_ENV = ("PYTHONPATH", "PATH", "LD_LIBRARY_PATH", "TF_CPP_MIN_LOG_LEVEL"
                  "PARALLAX_CACHE_DIR", "PARALLAX_RESOURCE_INFO", "PARALLAX_MPIRUN_OPTIONS", "PARALLAX_RUN_OPTION",
                  "VIRTUAL_ENV", "OMPI_MCA_coll_tuned_allreduce_algorithm", "OMPI_MCA_coll_tuned_use_dynamic_rules",
                  "GLIBC_TUNABLES")
+
+
+#: Open MPI 5's variable for the base of its session directories (read by mpirun and its daemons).
+SESSION_DIR_ENV = "PRTE_MCA_prte_tmpdir_base"
 
 
 @dataclass(frozen=True)
@@ -35,8 +39,8 @@ class LaunchCommand:
 def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tuple[RankSpec, ...], *,
                          local_hosts: frozenset[str], cpu_count: int, is_root: bool,
                          user_options: str = "", parallax_env: dict[str, str] | None = None,
-                         environ: dict[str, str] | None = None, allocated: dict[str, int] | None = None
-                         ) -> LaunchCommand:
+                         environ: dict[str, str] | None = None, allocated: dict[str, int] | None = None,
+                         session_dir: str | None = None) -> LaunchCommand:
     """The ``mpirun`` invocation for ``ranks``.
 
     Args:
@@ -55,6 +59,11 @@ def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tu
         allocated: inside a Slurm allocation, its tasks per node, which Open MPI takes
             as the nodes' slots: a node given more ranks (a server beside the workers,
             a worker per GPU) needs ``--oversubscribe``.
+        session_dir: a directory new to this job, for Open MPI's session files on every
+            host (``prte_tmpdir_base``), unless the user chose one. Their default,
+            ``/tmp/ompi.<pid>`` (``/tmp/prted.<pid>`` on other hosts), stays behind when
+            a job is killed, and a later ``mpirun`` given the same pid then fails to
+            start ("The PMIx server's listener thread failed to start").
 
     Returns:
         The command and the environment variables to set for ``mpirun``.
@@ -83,7 +92,13 @@ def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tu
         argv += shlex.split(user_options)
     argv += [python, "-m", "mpi4py", *program]
     extra = {}
+    if session_dir and not _sets_session_dir(user_options, environ):
+        extra[SESSION_DIR_ENV] = session_dir
     if is_root:
         extra.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     extra.update(env)
     return LaunchCommand(tuple(argv), extra)
+
+
+def _sets_session_dir(user_options: str, environ: dict[str, str]) -> bool:
+    return "tmpdir_base" in user_options or any(name.endswith("tmpdir_base") for name in environ)

@@ -111,7 +111,7 @@ def job_command(ranks: tuple[RankSpec, ...], job: dict, program: list[str], mpir
         find_mpirun(), sys.executable, program, ranks, local_hosts=local, cpu_count=os.cpu_count() or 1,
         is_root=hasattr(os, "geteuid") and os.geteuid() == 0, user_options=mpirun_options,
         parallax_env=launch_env(ranks, job, job_dir, monitor, stall_timeout), environ=dict(os.environ),
-        allocated=slurm.tasks_per_node(os.environ))
+        allocated=slurm.tasks_per_node(os.environ), session_dir=os.path.join(job_dir, "mpi"))
     return command, local
 
 

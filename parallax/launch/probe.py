@@ -20,6 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -90,14 +91,16 @@ def probe(hosts: tuple[str, str], mpirun: str, *, mpirun_options: str = "", time
     """
     ranks = tuple(RankSpec(h, None, 0) for h in hosts)
     local = local_host_names() | {h for h in hosts if is_local_host(h)}
-    command = build_mpirun_command(
-        mpirun, sys.executable, ["-m", "parallax.launch.probe", "--rank", "--large", str(large)], ranks,
-        local_hosts=local, cpu_count=os.cpu_count() or 1, is_root=hasattr(os, "geteuid") and os.geteuid() == 0,
-        user_options=mpirun_options, environ=dict(os.environ))
     where = f"between {hosts[0]} and {hosts[1]}" if hosts[0] != hosts[1] else f"inside {hosts[0]}"
     try:
-        done = subprocess.run(list(command.argv), env={**os.environ, **command.env}, capture_output=True, text=True,
-                              timeout=timeout)
+        with tempfile.TemporaryDirectory(prefix="parallax_probe_") as session_dir:
+            command = build_mpirun_command(
+                mpirun, sys.executable, ["-m", "parallax.launch.probe", "--rank", "--large", str(large)], ranks,
+                local_hosts=local, cpu_count=os.cpu_count() or 1,
+                is_root=hasattr(os, "geteuid") and os.geteuid() == 0, user_options=mpirun_options,
+                environ=dict(os.environ), session_dir=session_dir)
+            done = subprocess.run(list(command.argv), env={**os.environ, **command.env}, capture_output=True,
+                                  text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         raise LaunchError(f"the link probe {where} did not finish in {timeout:g} s (are both hosts reachable? "
                           f"parallax-run --check tells)") from e

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -19,6 +20,8 @@ import time
 import pytest
 
 from tests.multiprocess.harness import ROOT, SCRIPT, Run
+from tests.multiprocess.test_launch_leftovers import SCRIPT as BARRIER_SCRIPT
+from tests.multiprocess.test_launch_leftovers import plant_leftovers
 from tests.multiprocess.test_mpi_mode import BATCH, STEPS, check_ranks_match
 from tests.multiprocess.test_tf1_programs import expected, idiom_options
 
@@ -29,13 +32,13 @@ ONE_EACH = "vhost1: cpu:0\nvhost2: cpu:0\nvhost3: cpu:0\n"
 
 
 def start(cluster, tmp_path, resources: str, *args: str, launcher: tuple[str, ...] = (sys.executable,),
-          script_resources: str | None = None) -> tuple[subprocess.Popen, str]:
+          script_resources: str | None = None, script: str = SCRIPT) -> tuple[subprocess.Popen, str]:
     """Start a training job on vhost1; returns the process and the output directory."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "resource_info").write_text(resources)
     out = str(tmp_path / "out")
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    argv = [*launcher, SCRIPT, "--resource_info", script_resources or str(tmp_path / "resource_info"),
+    argv = [*launcher, script, "--resource_info", script_resources or str(tmp_path / "resource_info"),
             "--out", out, *args]
     proc = cluster.popen("vhost1", argv, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
@@ -216,6 +219,20 @@ def test_a_host_that_vanishes_ends_the_job_naming_it(cluster, tmp_path, mode):
         run.output[-3000:]
     assert_nothing_left(cluster, within=2 * STALL)
 
+
+
+def test_a_job_starts_where_killed_jobs_left_their_session_files(cluster, tmp_path):
+    """The jobs killed above leave ``mpirun``'s and its daemons' session directories on the hosts; one of
+    a later job given the same pid made it fail to start (CI, exit code 213). Each job has its own now."""
+    planted = plant_leftovers(3000, tuple(cluster.hosts))  # the checks over ssh before the start take hundreds
+    try:
+        run = finish(*start(cluster, tmp_path, ONE_EACH, script=BARRIER_SCRIPT), timeout=120, cluster=cluster)
+    finally:
+        for path in planted:
+            shutil.rmtree(path, ignore_errors=True)
+    assert run.returncode == 0, run.output[-3000:]
+    assert sorted(os.listdir(run.out_dir)) == ["rank_0.json", "rank_1.json", "rank_2.json"]
+    assert_nothing_left(cluster)
 
 
 def test_probe_measures_the_link_between_two_hosts(cluster, tmp_path):

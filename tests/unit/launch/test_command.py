@@ -1,4 +1,4 @@
-from parallax.launch.command import build_mpirun_command
+from parallax.launch.command import SESSION_DIR_ENV, build_mpirun_command
 from parallax.launch.layout import RankSpec, layout_from_json, layout_to_json, ranks_per_device
 from parallax.resources import Device, parse_resource_text
 
@@ -53,3 +53,13 @@ def test_as_many_ranks_as_cores_yield_without_oversubscribing():
     assert "yield" not in argv(1) and "oversubscribe" not in argv(1)
     assert "--mca mpi_yield_when_idle 1" in argv(2) and "oversubscribe" not in argv(2)
     assert "--oversubscribe --mca mpi_yield_when_idle 1" in argv(3)
+
+
+def test_each_job_has_its_own_session_directory_unless_the_user_chose_one():
+    def env(**kwargs):
+        return build_mpirun_command("mpirun", "python", ["t.py"], ranks("h1: 0\nh2: 0\n"), local_hosts=LOCAL,
+                                    cpu_count=8, is_root=False, session_dir="/tmp/parallax_job_x/mpi", **kwargs).env
+
+    assert env() == {SESSION_DIR_ENV: "/tmp/parallax_job_x/mpi"}
+    assert env(user_options="--prtemca prte_tmpdir_base /scratch") == {}
+    assert env(environ={"PRTE_MCA_prte_tmpdir_base": "/scratch"}) == {}

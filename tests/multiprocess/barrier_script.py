@@ -1,0 +1,37 @@
+"""A job without TensorFlow, started by :func:`parallax.launch.launcher.launch`: each rank
+meets the others at a barrier and writes ``rank_<r>.json`` (what launching alone costs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--resource_info")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--rank", action="store_true")
+    args = parser.parse_args()
+    if args.rank:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        comm.Barrier()
+        with open(os.path.join(args.out, f"rank_{comm.rank}.json"), "w") as f:
+            json.dump({"rank": comm.rank, "size": comm.size, "pid": os.getpid()}, f)
+        return
+    from parallax.launch.launcher import launch
+    from parallax.launch.layout import ranks_per_device
+    from parallax.resources import parse_resource_file
+
+    os.makedirs(args.out, exist_ok=True)
+    result = launch(ranks_per_device(parse_resource_file(args.resource_info)),
+                    [os.path.abspath(__file__), "--rank", "--out", args.out])
+    sys.exit(result.returncode)
+
+
+if __name__ == "__main__":
+    main()
