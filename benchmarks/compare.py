@@ -82,15 +82,17 @@ HOROVOD_PYTHON = os.path.join(ROOT, ".venv-horovod", "bin", "python")
 # Jobs
 # --------------------------------------------------------------------------- #
 
-def _mpirun(python: str, processes: int, program: list[str]) -> tuple[list[str], dict]:
-    """An mpirun command (the one beside ``python``) for ``processes`` local ranks, as Parallax builds its own."""
+def _mpirun(python: str, processes: int, program: list[str], session_dir: str) -> tuple[list[str], dict]:
+    """An mpirun command (the one beside ``python``) for ``processes`` local ranks, as Parallax builds its own
+    (Open MPI's session files in ``session_dir``)."""
     from parallax.launch.command import build_mpirun_command
     from parallax.launch.layout import RankSpec
 
     command = build_mpirun_command(
         os.path.join(os.path.dirname(python), "mpirun"), python, program,
         tuple(RankSpec("localhost", None, 0) for _ in range(processes)), local_hosts=frozenset({"localhost"}),
-        cpu_count=os.cpu_count() or 1, is_root=os.geteuid() == 0, user_options=MPI_TCP, environ=dict(os.environ))
+        cpu_count=os.cpu_count() or 1, is_root=os.geteuid() == 0, user_options=MPI_TCP, environ=dict(os.environ),
+        session_dir=session_dir)
     return list(command.argv), dict(command.env)
 
 
@@ -115,9 +117,9 @@ def job_command(system: str, workload: str, ranks: int, args, work: str) -> tupl
     if system == "tf":
         return [sys.executable, *program], {}, out
     if system == "tf-ps":
-        argv, env = _mpirun(sys.executable, ranks + 1, program)
+        argv, env = _mpirun(sys.executable, ranks + 1, program, os.path.join(work, f"{name}.mpi"))
         return argv, env, out
-    argv, env = _mpirun(HOROVOD_PYTHON, ranks, program)
+    argv, env = _mpirun(HOROVOD_PYTHON, ranks, program, os.path.join(work, f"{name}.mpi"))
     return argv, env, out
 
 
