@@ -1,5 +1,6 @@
 # The two commands: `make demo` and `make test`. Both create .venv when it is
-# missing and (re)install the project when setup.py changes.
+# missing and (re)install the project when setup.py changes (and build the mpi backend's
+# compiled all-reduce op: parallax/comm/native.py).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -13,6 +14,7 @@ $(STAMP): setup.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[$(TF_EXTRA),dev]'
+	$(BIN)/python -m parallax.comm.native || echo "(the mpi backend will sum through Python)"
 	@touch $@
 
 demo: $(STAMP)
@@ -80,6 +82,7 @@ $(HVD_BUILT): $(HVD_PINS)
 
 $(HVD_STAMP): $(HVD_BUILT) setup.py
 	$(HVD_BIN)/python -m pip install --quiet --no-deps -e .
+	$(HVD_BIN)/python -m parallax.comm.native
 	$(HVD_BIN)/python -c "import horovod.tensorflow as h; h.init(); assert h.mpi_built(); print('horovod', h.size())"
 	@touch $@
 

@@ -12,7 +12,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["parallax", "parallax.*"]),
-    package_data={"parallax.manifests": ["schemas/*"]},
+    package_data={"parallax.manifests": ["schemas/*"], "parallax.comm": ["*.cc"]},
     python_requires=">=3.10",
     # TensorFlow itself comes from an extra, because CPU machines install the
     # `tensorflow-cpu` distribution and GPU machines `tensorflow[and-cuda]`:

@@ -6,7 +6,9 @@ Part 1 (2 ranks on this machine, started by Parallax's launcher): for 1, 16
 and 64 MB of float32, the time of ``comm.Allreduce(MPI.IN_PLACE, ...)`` on a
 numpy array (raw), and of Parallax's ``mpi`` backend op inside a TensorFlow
 graph summing the same bytes computed by the graph: as one tensor, as two
-(fused: one call), and as 64 small ones (packed into one buffer). Medians
+(fused: one call), and as 64 small ones (packed into one buffer), with the
+compiled op (:mod:`parallax.comm.native`), and the two tensors once more through
+the ``PyFunc`` it replaces. Medians
 over repetitions, measured in the same processes one after the other, with
 TensorFlow's threads set as ``parallel_run`` sets them.
 
@@ -38,8 +40,9 @@ SIZES_MB = (1, 16, 64)
 # --------------------------------------------------------------------------- #
 
 #: In-graph variants: how many tensors carry the bytes (one; two fused in one call; 64 small ones,
-#: packed into one buffer by the call).
-VARIANTS = (("in_graph", 1), ("in_graph_fused", 2), ("in_graph_packed", 64))
+#: packed into one buffer by the call), and whether the compiled op sums them (else the PyFunc).
+VARIANTS = (("in_graph", 1, True), ("in_graph_fused", 2, True), ("in_graph_packed", 64, True),
+            ("in_graph_fused_python", 2, False))
 
 
 def comm_worker(out: str, reps: int) -> None:
@@ -65,7 +68,7 @@ def comm_worker(out: str, reps: int) -> None:
             comm.Allreduce(MPI.IN_PLACE, buf)
             raw.append(time.perf_counter() - t0)
         timings = {"raw_mpi4py": raw}
-        for variant, pieces in VARIANTS:
+        for variant, pieces, native in VARIANTS:
             graph = tf.Graph()
             with graph.as_default():
                 v = tf.Variable(tf.ones([n]), name="v")
@@ -78,7 +81,7 @@ def comm_worker(out: str, reps: int) -> None:
                 summed = backend.allreduce_sum(parts)
                 probe = tf.add_n([s[:1] for s in summed])
                 baseline = tf.add_n([p[:1] for p in parts])
-            run_graph, release = import_bound(graph, backend)
+            run_graph, release = import_bound(graph, backend, native_ops=native)
             with run_graph.as_default():
                 init = [run_graph.get_operation_by_name(f"{name}/Assign") for name in ("v", "w")]
                 probe_t = run_graph.get_tensor_by_name(probe.name)
@@ -147,7 +150,8 @@ def train_worker(resource: str, out: str, steps: int, batch: int) -> None:
 #: Issue 16's targets: the fused in-graph all-reduce's speed as a fraction of raw mpi4py's, per size.
 TARGETS = {1: 0.7, 16: 0.9, 64: 0.9}
 LABELS = {"raw_mpi4py": "raw mpi4py Allreduce (in place)", "in_graph": "in graph, 1 tensor",
-          "in_graph_fused": "in graph, 2 tensors (one call)", "in_graph_packed": "in graph, 64 tensors (packed)"}
+          "in_graph_fused": "in graph, 2 tensors (one call)", "in_graph_packed": "in graph, 64 tensors (packed)",
+          "in_graph_fused_python": "in graph, 2 tensors, through Python (PyFunc)"}
 
 
 def _plot(data: dict, path: str) -> None:

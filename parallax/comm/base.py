@@ -33,6 +33,9 @@ from parallax.plan.model import CommSpec
 
 __all__ = ["Backend", "ProcessComms", "Prepared"]
 
+_NO_SHARDS = ("the {} backend cannot shard optimizer states (zero_stage); use MPIConfig(backend='mpi'), "
+              "the default on CPUs")
+
 
 @dataclass(frozen=True)
 class ProcessComms:
@@ -93,6 +96,17 @@ class Backend(ABC):
         """As :meth:`allgather`, but only the group's first member needs the result: the others
         may get anything (this default all-gathers; a backend that can, sends to the first only)."""
         return self.allgather(pairs)
+
+    def reduce_scatter_sum(self, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+        """Sum each 1-D tensor (of a length the workers divide) over the workers and give each worker
+        its part: worker ``k`` gets elements ``[k m, (k+1) m)`` of the sum, ``m = length / workers``
+        (sharded optimizer states, ZeRO stage 2)."""
+        raise NotImplementedError(_NO_SHARDS.format(self.name))
+
+    def allgather_shards(self, shards: list[tf.Tensor]) -> list[tf.Tensor]:
+        """Each worker's 1-D ``shards`` (of equal length on every worker) concatenated in worker
+        order: outputs ``workers`` times as long (sharded optimizer states: the updated parts)."""
+        raise NotImplementedError(_NO_SHARDS.format(self.name))
 
     def finalize_nodes(self, nodes: list) -> None:  # noqa: B027 - optional hook
         """Adjust the NodeDefs built in the scratch graph (default: nothing)."""

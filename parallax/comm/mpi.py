@@ -40,6 +40,8 @@ session starts; the bindings are released when the session closes).
 from __future__ import annotations
 
 import ctypes
+import itertools
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -56,10 +58,13 @@ _ALLREDUCE = TOKEN_PREFIX + "mpi_allreduce"
 _ALLGATHERV = TOKEN_PREFIX + "mpi_allgatherv"
 _ALLGATHER = TOKEN_PREFIX + "mpi_allgather"
 _GATHERV = TOKEN_PREFIX + "mpi_gatherv"
+_REDUCE_SCATTER = TOKEN_PREFIX + "mpi_reduce_scatter"
+_ALLGATHER_SHARDS = TOKEN_PREFIX + "mpi_allgather_shards"
 _TRANSPORT_DTYPES = (tf.float32, tf.float64, tf.int32, tf.int64)
 #: Buffers are summed in pieces of at most this many bytes: Open MPI sums 16 pieces of 4 MiB in half the time
 #: of one 64 MiB buffer (on 2 ranks of one host; docs/benchmarks.md), and a piece costs one latency.
 CHUNK_BYTES = 4 * 1024 * 1024
+_BINDINGS = itertools.count()
 
 
 def _nbytes(tensor: tf.Tensor) -> float:
@@ -147,6 +152,35 @@ class MPIBackend(Backend):
                 outputs[bucket[j]] = tf.cast(total, members[j].dtype)
         return outputs  # type: ignore[return-value]
 
+    def reduce_scatter_sum(self, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+        outputs: list[tf.Tensor | None] = [None] * len(tensors)
+        n = self.num_workers
+        for k, (transport, members) in enumerate(_by_transport(tensors)):
+            # worker-major: row r holds every tensor's part r, so MPI's block r is worker r's part
+            rows = tf.concat([tf.reshape(tf.cast(tensors[i], transport), [n, -1]) for i in members], 1,
+                             name=f"scatter_rows_{k}")
+            part = self._chained(lambda rows=rows, k=k: _py_func(
+                [tf.reshape(rows, [-1])], [rows.dtype], _REDUCE_SCATTER, f"reducescatter_{k}", self._tokens))
+            part = part[0] if isinstance(part, (list, tuple)) else part
+            sizes = [_length(tensors[i]) // n for i in members]
+            for i, piece in zip(members, tf.split(part, sizes, name=f"scatter_split_{k}")):
+                outputs[i] = tf.cast(piece, tensors[i].dtype)
+        return outputs  # type: ignore[return-value]
+
+    def allgather_shards(self, shards: list[tf.Tensor]) -> list[tf.Tensor]:
+        outputs: list[tf.Tensor | None] = [None] * len(shards)
+        n = self.num_workers
+        for k, (transport, members) in enumerate(_by_transport(shards)):
+            buffer = tf.concat([tf.cast(shards[i], transport) for i in members], 0, name=f"shards_{k}")
+            gathered = self._chained(lambda buffer=buffer, k=k: _py_func(
+                [buffer], [buffer.dtype], _ALLGATHER_SHARDS, f"allgather_shards_{k}", self._tokens))
+            gathered = gathered[0] if isinstance(gathered, (list, tuple)) else gathered
+            rows = tf.reshape(gathered, [n, -1])  # row r: worker r's shards
+            sizes = [_length(shards[i]) for i in members]
+            for i, piece in zip(members, tf.split(rows, sizes, axis=1, name=f"shards_split_{k}")):
+                outputs[i] = tf.cast(tf.reshape(piece, [-1]), shards[i].dtype)
+        return outputs  # type: ignore[return-value]
+
     def _buckets(self, tensors: list[tf.Tensor]) -> list[list[int]]:
         """Indices of ``tensors`` in fusion buckets: in order, per transport dtype, each at most
         ``fusion_bytes`` (a bigger tensor has a bucket of its own)."""
@@ -185,6 +219,21 @@ class MPIBackend(Backend):
                                  values.dtype)
             results.append((all_values, tf.reshape(gathered[1], [-1])))
         return results
+
+
+def _by_transport(tensors: list[tf.Tensor]) -> list[tuple[tf.DType, list[int]]]:
+    """Indices of ``tensors`` grouped by the dtype they travel in, in order of first appearance."""
+    groups: dict[tf.DType, list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(_transport(t.dtype), []).append(i)
+    return list(groups.items())
+
+
+def _length(tensor: tf.Tensor) -> int:
+    n = tensor.shape.num_elements()
+    if n is None:
+        raise ValueError(f"a sharded tensor needs a static length, {tensor.name} has shape {tensor.shape}")
+    return n
 
 
 # --------------------------------------------------------------------------- #
@@ -254,7 +303,22 @@ def _functions(comm):
         return (np.concatenate([all_values[r, :n] for r, n in enumerate(counts)]),
                 np.concatenate([all_indices[r, :n] for r, n in enumerate(counts)]))
 
-    return {_ALLREDUCE: allreduce, _ALLGATHERV: allgatherv, _ALLGATHER: allgather, _GATHERV: gatherv}
+    def reduce_scatter(buffer):
+        """This worker's block of the sum of ``buffer`` (its ``1/size``, in worker order)."""
+        send = np.ascontiguousarray(buffer)
+        part = np.empty(send.size // comm.size, dtype=send.dtype)
+        comm.Reduce_scatter_block(send, part, op=MPI.SUM)
+        return part
+
+    def allgather_shards(buffer):
+        """Every worker's ``buffer``, worker 0's first."""
+        send = np.ascontiguousarray(buffer)
+        out = np.empty(send.size * comm.size, dtype=send.dtype)
+        comm.Allgather(send, out)
+        return out
+
+    return {_ALLREDUCE: allreduce, _ALLGATHERV: allgatherv, _ALLGATHER: allgather, _GATHERV: gatherv,
+            _REDUCE_SCATTER: reduce_scatter, _ALLGATHER_SHARDS: allgather_shards}
 
 
 def _writable(buffer: np.ndarray) -> np.ndarray:
@@ -283,40 +347,52 @@ def _py_func_registry():
     return registry
 
 
-def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None, groups: dict | None = None
-                      ) -> tuple[graph_pb2.GraphDef, Callable[[], None]]:
+def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None, groups: dict | None = None,
+                      native_ops: bool = True) -> tuple[graph_pb2.GraphDef, Callable[[], None]]:
     """Point the graph's Parallax MPI ops at this process's functions.
 
     Registers one set of functions per communicator in TensorFlow's
     ``numpy_function`` registry and returns a copy of ``graph_def`` whose
     ``PyFunc`` nodes use the registry's tokens, with a function that removes
     them again (the registry holds functions weakly: the returned function
-    keeps them alive until it is called).
+    keeps them alive until it is called). The dense all-reduces become the
+    compiled op of :mod:`parallax.comm.native` where it is available.
 
     Args:
         graph_def: a rewritten graph.
         comm: the mpi4py communicator of the default group (``COMM_WORLD``
             when ``None``); the functions use a duplicate of each communicator.
         groups: communicators of named groups (``{"host": ...}``).
+        native_ops: ``False`` keeps the all-reduces in Python (benchmarks compare the two).
 
     Returns:
         ``(bound graph_def, release)``.
     """
     registry = _py_func_registry()
+    native = _native_for(graph_def) if native_ops else None
     bound: dict[str, tuple[str, Callable]] = {}
+    lowered: dict[str, str] = {}  # all-reduce token -> the compiled op's communicator key
+    kept = []
     for group, group_comm in {"": comm, **(groups or {})}.items():
         if group_comm is None:
             from mpi4py import MPI
 
             group_comm = MPI.COMM_WORLD
-        for key, fn in _functions(group_comm.Dup()).items():
+        own = group_comm.Dup()
+        kept.append(own)
+        for key, fn in _functions(own).items():
             bound[key + _group_suffix(group)] = (registry.insert(fn), fn)
+        if native is not None:
+            lowered[_ALLREDUCE + _group_suffix(group)] = key = f"{os.getpid()}.{next(_BINDINGS)}{_group_suffix(group)}"
+            native.register(key, own)
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
     for node in out.node:
         if node.op in ("PyFunc", "PyFuncStateless"):
             token = node.attr["token"].s.decode()
-            if token.startswith(TOKEN_PREFIX):
+            if token in lowered:
+                _lower(node, lowered[token])
+            elif token.startswith(TOKEN_PREFIX):
                 if token not in bound:
                     raise RuntimeError(f"no Parallax MPI function for token {token!r} (groups bound: "
                                        f"{sorted(groups or {})})")
@@ -326,16 +402,45 @@ def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None, groups: dict | N
         for token, _ in bound.values():
             registry.remove(token)
         bound.clear()
+        for key in lowered.values():
+            native.unregister(key)
+        lowered.clear()
+        kept.clear()
 
     return out, release
 
 
-def import_bound(graph: tf.Graph, backend: MPIBackend, comm=None) -> tuple[tf.Graph, Callable[[], None]]:
+def _native_for(graph_def: graph_pb2.GraphDef):
+    """The compiled all-reduce op (:mod:`parallax.comm.native`) when the graph has an all-reduce to lower
+    and the op is available here, else ``None``."""
+    if not any(node.op == "PyFunc" and node.attr["token"].s.decode().split("@")[0] == _ALLREDUCE
+               for node in graph_def.node):
+        return None
+    from parallax.comm.native import native_ops
+
+    return native_ops()
+
+
+def _lower(node, comm_key: str) -> None:
+    """Turn an all-reduce ``PyFunc`` node into the compiled op's: same inputs, outputs and MPI calls."""
+    from parallax.comm.native import OP_NAME
+
+    types = list(node.attr["Tin"].list.type)
+    for name in ("Tin", "Tout", "token"):
+        del node.attr[name]
+    node.op = OP_NAME
+    node.attr["T"].list.type.extend(types)
+    node.attr["comm"].s = comm_key.encode()
+    node.attr["chunk_bytes"].i = CHUNK_BYTES
+
+
+def import_bound(graph: tf.Graph, backend: MPIBackend, comm=None, native_ops: bool = True
+                 ) -> tuple[tf.Graph, Callable[[], None]]:
     """A copy of ``graph``, in which ``backend`` built its ops, with those ops bound to this process
     (what a worker's start-up does, for one graph: benchmarks, tests), and what releases them."""
     graph_def = graph.as_graph_def()
     backend.finalize_nodes(graph_def.node)
-    graph_def, release = bind_py_functions(graph_def, comm=comm)
+    graph_def, release = bind_py_functions(graph_def, comm=comm, native_ops=native_ops)
     bound = tf.Graph()
     with bound.as_default():
         tf.graph_util.import_graph_def(graph_def, name="")

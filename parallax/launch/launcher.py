@@ -200,6 +200,10 @@ def launch(ranks: tuple[RankSpec, ...], program: list[str], job: dict | None = N
     """
     remote = {r.host for r in ranks if not is_local_host(r.host)}
     _refuse_unready_hosts(ranks, program, remote)
+    if "tensorflow" in sys.modules:  # a training job: build the compiled all-reduce once here, not in each rank
+        from parallax.comm.native import native_ops
+
+        native_ops()
     job_dir = tempfile.mkdtemp(prefix="parallax_job_")
     lost = LostRank({i: r.host for i, r in enumerate(ranks)})
     monitor, address = _start_monitor(ranks, stall_timeout, lost.set, remote)

@@ -65,7 +65,8 @@ def rank_main(out: str, fusion_bytes: int) -> None:
             unchanged = [np.asarray(v).ravel().tolist()[:3] for v in sess.run(inputs_after)]
     release()
     with open(os.path.join(out, f"rank_{comm.rank}.json"), "w") as f:
-        json.dump({"size": comm.size, "rank": comm.rank, "steps": steps, "inputs_after": unchanged}, f)
+        json.dump({"size": comm.size, "rank": comm.rank, "steps": steps, "inputs_after": unchanged,
+                   "ops": sorted({op.type for op in run_graph.get_operations()})}, f)
 
 
 def main() -> None:

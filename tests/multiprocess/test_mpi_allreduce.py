@@ -8,22 +8,26 @@ import os
 import numpy as np
 import pytest
 
+from parallax.comm.native import DISABLE_ENV, OP_NAME
 from tests.multiprocess.harness import ROOT, run_script
 
 SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "allreduce_script.py")
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["compiled-op", "pyfunc"])
 @pytest.mark.parametrize("fusion_bytes", [
     pytest.param(64 << 20, marks=pytest.mark.extended),  # the small ones concatenated; MPI-mode training covers it
     1,
 ], ids=["one-bucket", "a-bucket-each"])
-def test_in_place_sums_are_right_and_leave_shared_buffers_alone(tmp_path, fusion_bytes):
+def test_in_place_sums_are_right_and_leave_shared_buffers_alone(tmp_path, monkeypatch, fusion_bytes, native):
+    monkeypatch.setenv(DISABLE_ENV, "1" if native else "0")
     run = run_script(tmp_path, "localhost: cpu:0,cpu:1\n", "--fusion_bytes", str(fusion_bytes), script=SCRIPT,
                      timeout=300)
     assert run.returncode == 0, run.output[-4000:]
     for rank in (0, 1):
         with open(os.path.join(run.out_dir, f"rank_{rank}.json")) as f:
             seen = json.load(f)
+        assert (OP_NAME in seen["ops"]) == native, seen["ops"]
         own = rank + 1.0
         total = 3.0  # 1 + 2
         factors = [1.0, 1.0, 1.5, 2.0, 3.0, 3.0, 3.0, 3.0, 4.0, 1.0, 1.0, 1.0, 2.0]

@@ -1,0 +1,113 @@
+// Parallax's in-graph MPI all-reduce as a TensorFlow op (built by parallax/comm/native.py).
+//
+// ParallaxMpiAllreduce sums each of its inputs over the processes of one communicator, in place
+// when TensorFlow lets it have the input's buffer (the graph hands it gradients nobody else holds)
+// and in a new one otherwise, in pieces of at most `chunk_bytes`. It does what the `mpi` backend's
+// PyFunc does, without Python: no GIL, no numpy views. The communicator is looked up by the key
+// `comm`, which the process registers with parallax_register_comm() before the graph runs (a
+// communicator is a process's own, so the graph names it rather than holding it).
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace {
+
+std::mutex comms_mutex;
+std::map<std::string, MPI_Comm>& comms() {
+  static auto* registered = new std::map<std::string, MPI_Comm>();
+  return *registered;
+}
+
+MPI_Datatype mpi_type(tensorflow::DataType dtype) {
+  switch (dtype) {
+    case tensorflow::DT_FLOAT: return MPI_FLOAT;
+    case tensorflow::DT_DOUBLE: return MPI_DOUBLE;
+    case tensorflow::DT_INT32: return MPI_INT32_T;
+    case tensorflow::DT_INT64: return MPI_INT64_T;
+    default: return MPI_DATATYPE_NULL;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+// Register (or replace) the communicator `key` names; `handle` is mpi4py's Comm.handle.
+int parallax_register_comm(const char* key, std::intptr_t handle) {
+  std::lock_guard<std::mutex> lock(comms_mutex);
+  comms()[key] = reinterpret_cast<MPI_Comm>(handle);
+  return 0;
+}
+
+int parallax_unregister_comm(const char* key) {
+  std::lock_guard<std::mutex> lock(comms_mutex);
+  return comms().erase(key) ? 0 : 1;
+}
+}
+
+REGISTER_OP("ParallaxMpiAllreduce")
+    .Input("tensors: T")
+    .Output("summed: T")
+    .Attr("T: list({float, double, int32, int64})")
+    .Attr("comm: string")
+    .Attr("chunk_bytes: int = 4194304")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      for (int i = 0; i < c->num_inputs(); ++i) c->set_output(i, c->input(i));
+      return tensorflow::OkStatus();
+    });
+
+class ParallaxMpiAllreduceOp : public tensorflow::OpKernel {
+ public:
+  explicit ParallaxMpiAllreduceOp(tensorflow::OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("comm", &comm_key_));
+    OP_REQUIRES_OK(context, context->GetAttr("chunk_bytes", &chunk_bytes_));
+  }
+
+  void Compute(tensorflow::OpKernelContext* context) override {
+    MPI_Comm comm;
+    {
+      std::lock_guard<std::mutex> lock(comms_mutex);
+      auto found = comms().find(comm_key_);
+      OP_REQUIRES(context, found != comms().end(),
+                  tensorflow::errors::FailedPrecondition(
+                      "Parallax: no MPI communicator registered as '", comm_key_,
+                      "' (the graph ran before the backend bound it to this process)"));
+      comm = found->second;
+    }
+    for (int i = 0; i < context->num_inputs(); ++i) {
+      const tensorflow::Tensor& input = context->input(i);
+      tensorflow::Tensor* output = nullptr;
+      OP_REQUIRES_OK(context, context->forward_input_or_allocate_output({i}, i, input.shape(), &output));
+      if (output->data() != input.data() && input.TotalBytes() > 0) {
+        std::memcpy(output->data(), input.data(), input.TotalBytes());  // not ours to sum in place
+      }
+      const MPI_Datatype type = mpi_type(input.dtype());
+      OP_REQUIRES(context, type != MPI_DATATYPE_NULL,
+                  tensorflow::errors::InvalidArgument("Parallax: cannot all-reduce ", DataTypeString(input.dtype())));
+      const int64_t itemsize = tensorflow::DataTypeSize(input.dtype());
+      const int64_t step = std::max<int64_t>(1, chunk_bytes_ / itemsize);
+      char* data = static_cast<char*>(output->data());
+      const int64_t count = input.NumElements();
+      for (int64_t at = 0; at < count; at += step) {
+        const int64_t n = std::min(step, count - at);
+        const int rc = MPI_Allreduce(MPI_IN_PLACE, data + at * itemsize, static_cast<int>(n), type, MPI_SUM, comm);
+        OP_REQUIRES(context, rc == MPI_SUCCESS,
+                    tensorflow::errors::Internal("Parallax: MPI_Allreduce failed with code ", rc));
+      }
+    }
+  }
+
+ private:
+  std::string comm_key_;
+  tensorflow::int64 chunk_bytes_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("ParallaxMpiAllreduce").Device(tensorflow::DEVICE_CPU), ParallaxMpiAllreduceOp);
