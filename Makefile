@@ -101,7 +101,8 @@ clean-horovod:
 # 10,000-op graph: benchmarks/results/compare.{json,md,png} (docs/benchmarks.md); then the in-graph
 # all-reduce against raw mpi4py and MPI-mode training at 1 and 2 ranks (benchmarks/allreduce.py:
 # results/allreduce.{json,png}); then the rewrite time and the wrapper's overhead against
-# issue 16's targets (benchmarks/overheads.py: results/overheads.json); then the sparse model's
+# issue 16's targets (benchmarks/overheads.py: results/overheads.json); then the memory per rank
+# with sharded optimizer states at 1, 2 and 4 ranks (benchmarks/zero_memory.py); then the sparse model's
 # bytes per worker and step inside and between two virtual hosts at 2-8 ranks, beside the plan's
 # traffic model (benchmarks/scale.py: results/scale.{json,md,png}; needs root, as make test-cluster).
 # Every part runs; the target fails at the end, naming each part that failed or missed a target.
@@ -112,6 +113,7 @@ bench: $(STAMP) $(HVD_STAMP) cluster-packages
 	$(BIN)/python benchmarks/compare.py $(BENCH_ARGS) || failed="$$failed compare.py"; \
 	$(BIN)/python benchmarks/allreduce.py || failed="$$failed allreduce.py"; \
 	$(BIN)/python benchmarks/overheads.py || failed="$$failed overheads.py"; \
+	$(BIN)/python benchmarks/zero_memory.py || failed="$$failed zero_memory.py"; \
 	$(BIN)/python benchmarks/scale.py || failed="$$failed scale.py"; \
 	if [ -n "$$failed" ]; then echo "make bench: failed or missed a target:$$failed" >&2; exit 1; fi
 

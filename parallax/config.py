@@ -82,6 +82,13 @@ def _positive_number_or_none(owner: str, field: str, value: Any) -> float | None
     return value
 
 
+def _zero_stage(owner: str, field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value not in (0, 1, 2):
+        raise ValueError(f"{owner}.{field} must be 0 (off), 1 (optimizer states sharded) or 2 (and gradients), "
+                         f"got {_describe(value)}")
+    return value
+
+
 def _instance_of(cls_getter: Callable[[], type]) -> Callable:
     """A checker for a nested config; ``None`` stands for a fresh default one."""
     def check(owner: str, field: str, value: Any) -> Any:
@@ -439,6 +446,13 @@ class Config(_ConfigBase):
             runs after the rewrite, as a text ``MetaGraphDef``:
             ``worker-<id>_metagraph`` (in-process replicas: ``worker-0_metagraph``).
             The original Parallax's field of the same name.
+        zero_stage: (Parallax only) shard the optimizer's state over the workers
+            that all-reduce (ZeRO; MPI and HYBRID): ``0`` off (the default);
+            ``1`` each worker keeps and updates ``1/n`` of every dense
+            variable's slots (Adam's moments, momentum, accumulators) and the
+            updated parts are all-gathered; ``2`` also sums the gradients with a
+            reduce-scatter, so each worker gets only its ``1/n`` of them. See
+            docs/modes.md.
         stall_timeout: (Parallax only) seconds a launched process may wait for
             its peers (in ``sess.run`` or while its session starts) before the
             launcher prints who waits for whom and where; again every that many
@@ -458,6 +472,7 @@ class Config(_ConfigBase):
     hooks: list | None = _field(tuple, _hooks, factory=True)
     export_graph_path: str | None = _field(None, _optional_str)
     stall_timeout: float | None = _field(30.0, _positive_number_or_none)
+    zero_stage: int = _field(0, _zero_stage)
 
     def validate(self, sync: bool = True) -> None:
         """Check the whole configuration, nested configs included.
@@ -473,6 +488,12 @@ class Config(_ConfigBase):
         if not sync and self.run_option in ("MPI", "HYBRID", "AUTO"):
             raise ValueError(f"sync=False needs run_option='PS' (got run_option={self.run_option!r}): "
                              "all-reduce is synchronous by nature")
+        if self.zero_stage and self.run_option == "PS":
+            raise ValueError(f"zero_stage={self.zero_stage} shards optimizer states over workers that all-reduce; "
+                             "run_option='PS' has none (its servers hold each variable once already): use 'MPI' "
+                             "or 'HYBRID'")
+        if self.zero_stage and not sync:
+            raise ValueError(f"zero_stage={self.zero_stage} needs synchronous training (sync=True)")
 
 
 ParallaxConfig = Config

@@ -241,4 +241,5 @@ def _variable_plan(layout: str, processes: tuple[ProcessSpec, ...], servers: boo
     return build_plan(analysis, workers, run_option=option if layout == "local" else layout, sync=settings.sync,
                       average_sparse=settings.average_sparse, cross_worker=cross_worker,
                       comm=settings.comm_for(layout), server_devices=server_devices, notes=notes,
-                      overrides=overrides, ps=settings.ps, server_hosts=server_hosts)
+                      overrides=overrides, ps=settings.ps, server_hosts=server_hosts,
+                      zero_stage=settings.zero_stage if layout in ("MPI", "HYBRID") else 0)

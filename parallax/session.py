@@ -56,8 +56,10 @@ class ParallaxSession:
     def __init__(self, session: Any, graph: tf.Graph, single_graph: tf.Graph | None,
                  replicated: frozenset[str], num_replicas: int, profiler: Any = None, heartbeat: Any = None,
                  waits: str = "", on_close: tuple[Callable[[], None], ...] = (),
-                 after_steps: Mapping[str, str] | None = None, hooks: bool = True) -> None:
+                 after_steps: Mapping[str, str] | None = None, hooks: bool = True,
+                 held_in_parts: Mapping[str, str] | None = None) -> None:
         self._session = session
+        self._held_in_parts = dict(held_in_parts or {})
         self._graph = graph
         self._single_graph = single_graph
         self._replicated = replicated
@@ -244,6 +246,10 @@ class ParallaxSession:
         return element
 
     def _check_exists(self, name: str, what: str) -> None:
+        op = name.split(":")[0]
+        for slot, why in self._held_in_parts.items():
+            if op == slot or op.startswith(slot + "/"):
+                raise ValueError(f"{what} {name!r}: {why}")
         try:
             self._element(name)
         except (KeyError, ValueError) as e:

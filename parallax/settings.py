@@ -86,6 +86,7 @@ class Settings:
         redirect_path: ``Config.redirect_path``.
         export_graph_path: ``Config.export_graph_path``.
         search_partitions: ``Config.search_partitions``.
+        zero_stage: ``Config.zero_stage``.
         notes: remarks on what was decided, printed with the plan.
     """
 
@@ -108,6 +109,7 @@ class Settings:
     redirect_path: str | None = None
     export_graph_path: str | None = None
     search_partitions: bool = False
+    zero_stage: int = 0
     notes: tuple[str, ...] = ()
 
     def threads_per_process(self, processes_on_host: int) -> int:
@@ -221,4 +223,4 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         sess_config=copy.deepcopy(config.sess_config), hooks=tuple(config.hooks),
         ckpt=copy.deepcopy(config.ckpt_config), profile=copy.deepcopy(config.profile_config),
         redirect_path=config.redirect_path, export_graph_path=config.export_graph_path,
-        search_partitions=config.search_partitions, notes=notes)
+        search_partitions=config.search_partitions, notes=notes, zero_stage=config.zero_stage)

@@ -29,6 +29,7 @@ from parallax.rewrite.classify import classify
 from parallax.rewrite.names import release_op
 from parallax.rewrite.pipeline import rewrite_for_task, wait_points
 from parallax.rewrite.replicate import shard_op_names
+from parallax.rewrite.zero import held_in_parts
 from parallax.session import ParallaxSession
 
 if TYPE_CHECKING:
@@ -183,7 +184,8 @@ def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: t
                               profiler=Profiler.from_config(settings.profile, task.worker_index),
                               heartbeat=setup.heartbeat,
                               waits=wait_points(plan, task), on_close=tuple(releases),
-                              after_steps=_after_steps(plan, dist_graph), hooks=hooks)
+                              after_steps=_after_steps(plan, dist_graph), hooks=hooks,
+                              held_in_parts=held_in_parts(plan))
     return wrapper, setup.num_workers, task.worker_index, len(process.devices)
 
 

@@ -166,8 +166,10 @@ def sequence_batches(steps: int, batch: int, seed: int = 0) -> list[dict[str, np
 BUILDERS = {"mlp": build_mlp, "embedding": build_embedding,
             "embedding_only": lambda optimizer="gd", lr_scale=1.0: build_embedding(
                 optimizer, dense_part=False, lr_scale=lr_scale),
-            "sequence": lambda optimizer="adam": build_sequence(optimizer, partitions=2)}
+            "sequence": lambda optimizer="adam": build_sequence(optimizer, partitions=2),
+            "mlp_ref": lambda optimizer="gd", clip=None: build_mlp(optimizer, resource=False, clip=clip)}
 DATA = {"mlp": lambda steps, batch: batches("mlp", steps, batch),
         "embedding": lambda steps, batch: batches("embedding", steps, batch),
         "embedding_only": lambda steps, batch: batches("embedding", steps, batch),
-        "sequence": lambda steps, batch: sequence_batches(steps, batch)}
+        "sequence": lambda steps, batch: sequence_batches(steps, batch),
+        "mlp_ref": lambda steps, batch: batches("mlp", steps, batch)}

@@ -31,10 +31,10 @@ from tensorflow.core.protobuf import config_pb2
 
 from parallax.plan.model import CommSpec
 
-__all__ = ["Backend", "ProcessComms", "Prepared"]
+__all__ = ["Backend", "ProcessComms", "Prepared", "NO_SHARDS"]
 
-_NO_SHARDS = ("the {} backend cannot shard optimizer states (zero_stage); use MPIConfig(backend='mpi'), "
-              "the default on CPUs")
+NO_SHARDS = ("the {} backend cannot shard optimizer states (zero_stage); use MPIConfig(backend='mpi'), "
+             "the default on CPUs")
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,8 @@ class Backend(ABC):
     needs_server: ClassVar[bool] = False
     #: Whether it can communicate within a named group of the workers (``"host"``).
     supports_groups: ClassVar[bool] = False
+    #: Whether it implements :meth:`reduce_scatter_sum` and :meth:`allgather_shards` (ZeRO).
+    supports_shards: ClassVar[bool] = False
 
     def __init__(self, spec: CommSpec, num_workers: int, group: str = "") -> None:
         self.spec = spec
@@ -98,15 +100,15 @@ class Backend(ABC):
         return self.allgather(pairs)
 
     def reduce_scatter_sum(self, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
-        """Sum each 1-D tensor (of a length the workers divide) over the workers and give each worker
-        its part: worker ``k`` gets elements ``[k m, (k+1) m)`` of the sum, ``m = length / workers``
-        (sharded optimizer states, ZeRO stage 2)."""
-        raise NotImplementedError(_NO_SHARDS.format(self.name))
+        """Sum each 1-D tensor over the workers and give each worker its part: with ``n`` elements and
+        ``m = ceil(n / workers)``, worker ``k`` gets elements ``[k m, (k+1) m)`` of the sum, padded
+        with zeros to ``m`` (sharded optimizer states, ZeRO stage 2)."""
+        raise NotImplementedError(NO_SHARDS.format(self.name))
 
-    def allgather_shards(self, shards: list[tf.Tensor]) -> list[tf.Tensor]:
-        """Each worker's 1-D ``shards`` (of equal length on every worker) concatenated in worker
-        order: outputs ``workers`` times as long (sharded optimizer states: the updated parts)."""
-        raise NotImplementedError(_NO_SHARDS.format(self.name))
+    def allgather_shards(self, shards: list[tf.Tensor], lengths: list[int]) -> list[tf.Tensor]:
+        """Each worker's parts (``shards``, as :meth:`reduce_scatter_sum` cuts a tensor of ``lengths``
+        elements) put together, in worker order: the whole 1-D tensors (sharded optimizer states)."""
+        raise NotImplementedError(NO_SHARDS.format(self.name))
 
     def finalize_nodes(self, nodes: list) -> None:  # noqa: B027 - optional hook
         """Adjust the NodeDefs built in the scratch graph (default: nothing)."""

@@ -20,13 +20,21 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from parallax.rewrite.names import ZERO_PREFIX
+
 __all__ = ["Broadcast", "MPIBroadcast", "CollectiveBroadcast", "worker_variables"]
 
 
+#: Each worker's own part of a sharded variable (ZeRO, :mod:`parallax.rewrite.zero`): never broadcast.
+_OWN_PARTS = ZERO_PREFIX + "/"
+
+
 def worker_variables(graph: tf.Graph) -> list:
-    """The variables of ``graph`` the worker holds itself (not on a parameter server), by name."""
+    """The variables of ``graph`` the worker holds itself (not on a parameter server, not its own
+    part of a sharded variable), by name."""
     found = [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-             + graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES) if "/job:ps" not in v.device]
+             + graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES)
+             if "/job:ps" not in v.device and not v.name.startswith(_OWN_PARTS)]
     return sorted({v.name: v for v in found}.values(), key=lambda v: v.name)
 
 

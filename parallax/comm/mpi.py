@@ -109,6 +109,7 @@ class MPIBackend(Backend):
 
     name = "mpi"
     supports_groups = True
+    supports_shards = True
 
     def __init__(self, spec, num_workers, group: str = ""):
         super().__init__(spec, num_workers, group)
@@ -153,33 +154,27 @@ class MPIBackend(Backend):
         return outputs  # type: ignore[return-value]
 
     def reduce_scatter_sum(self, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
-        outputs: list[tf.Tensor | None] = [None] * len(tensors)
-        n = self.num_workers
-        for k, (transport, members) in enumerate(_by_transport(tensors)):
-            # worker-major: row r holds every tensor's part r, so MPI's block r is worker r's part
-            rows = tf.concat([tf.reshape(tf.cast(tensors[i], transport), [n, -1]) for i in members], 1,
-                             name=f"scatter_rows_{k}")
-            part = self._chained(lambda rows=rows, k=k: _py_func(
-                [tf.reshape(rows, [-1])], [rows.dtype], _REDUCE_SCATTER, f"reducescatter_{k}", self._tokens))
+        outputs = []
+        for k, tensor in enumerate(tensors):  # one call each: no buffer of all of them is ever made
+            t = tf.cast(tensor, _transport(tensor.dtype))
+            part = self._chained(lambda t=t, k=k: _py_func([t], [t.dtype], _REDUCE_SCATTER, f"reducescatter_{k}",
+                                                           self._tokens))
             part = part[0] if isinstance(part, (list, tuple)) else part
-            sizes = [_length(tensors[i]) // n for i in members]
-            for i, piece in zip(members, tf.split(part, sizes, name=f"scatter_split_{k}")):
-                outputs[i] = tf.cast(piece, tensors[i].dtype)
-        return outputs  # type: ignore[return-value]
+            part.set_shape([-(-_length(tensor) // self.num_workers)])
+            outputs.append(tf.cast(part, tensor.dtype))
+        return outputs
 
-    def allgather_shards(self, shards: list[tf.Tensor]) -> list[tf.Tensor]:
-        outputs: list[tf.Tensor | None] = [None] * len(shards)
-        n = self.num_workers
-        for k, (transport, members) in enumerate(_by_transport(shards)):
-            buffer = tf.concat([tf.cast(shards[i], transport) for i in members], 0, name=f"shards_{k}")
-            gathered = self._chained(lambda buffer=buffer, k=k: _py_func(
-                [buffer], [buffer.dtype], _ALLGATHER_SHARDS, f"allgather_shards_{k}", self._tokens))
-            gathered = gathered[0] if isinstance(gathered, (list, tuple)) else gathered
-            rows = tf.reshape(gathered, [n, -1])  # row r: worker r's shards
-            sizes = [_length(shards[i]) for i in members]
-            for i, piece in zip(members, tf.split(rows, sizes, axis=1, name=f"shards_split_{k}")):
-                outputs[i] = tf.cast(tf.reshape(piece, [-1]), shards[i].dtype)
-        return outputs  # type: ignore[return-value]
+    def allgather_shards(self, shards: list[tf.Tensor], lengths: list[int]) -> list[tf.Tensor]:
+        outputs = []
+        for k, (shard, length) in enumerate(zip(shards, lengths)):
+            t = tf.cast(shard, _transport(shard.dtype))
+            whole = self._chained(lambda t=t, k=k, length=length: _py_func(
+                [t, tf.constant(length, tf.int64)], [t.dtype], _ALLGATHER_SHARDS, f"allgather_shards_{k}",
+                self._tokens))
+            whole = whole[0] if isinstance(whole, (list, tuple)) else whole
+            whole.set_shape([length])
+            outputs.append(tf.cast(whole, shard.dtype))
+        return outputs
 
     def _buckets(self, tensors: list[tf.Tensor]) -> list[list[int]]:
         """Indices of ``tensors`` in fusion buckets: in order, per transport dtype, each at most
@@ -219,14 +214,6 @@ class MPIBackend(Backend):
                                  values.dtype)
             results.append((all_values, tf.reshape(gathered[1], [-1])))
         return results
-
-
-def _by_transport(tensors: list[tf.Tensor]) -> list[tuple[tf.DType, list[int]]]:
-    """Indices of ``tensors`` grouped by the dtype they travel in, in order of first appearance."""
-    groups: dict[tf.DType, list[int]] = {}
-    for i, t in enumerate(tensors):
-        groups.setdefault(_transport(t.dtype), []).append(i)
-    return list(groups.items())
 
 
 def _length(tensor: tf.Tensor) -> int:
@@ -303,19 +290,26 @@ def _functions(comm):
         return (np.concatenate([all_values[r, :n] for r, n in enumerate(counts)]),
                 np.concatenate([all_indices[r, :n] for r, n in enumerate(counts)]))
 
+    def parts(length: int) -> list[int]:
+        """Elements of each worker's part of ``length`` (``ceil(length / size)``, the last ones shorter)."""
+        m = -(-length // comm.size)
+        return [max(0, min(m, length - r * m)) for r in range(comm.size)]
+
     def reduce_scatter(buffer):
-        """This worker's block of the sum of ``buffer`` (its ``1/size``, in worker order)."""
-        send = np.ascontiguousarray(buffer)
-        part = np.empty(send.size // comm.size, dtype=send.dtype)
-        comm.Reduce_scatter_block(send, part, op=MPI.SUM)
+        """This worker's part of the sum of ``buffer``, padded with zeros to ``ceil(len / size)``."""
+        send = np.ascontiguousarray(buffer).reshape(-1)
+        counts = parts(send.size)
+        part = np.zeros(-(-send.size // comm.size), dtype=send.dtype)
+        comm.Reduce_scatter(send, [part, counts[comm.rank]], recvcounts=counts, op=MPI.SUM)
         return part
 
-    def allgather_shards(buffer):
-        """Every worker's ``buffer``, worker 0's first."""
-        send = np.ascontiguousarray(buffer)
-        out = np.empty(send.size * comm.size, dtype=send.dtype)
-        comm.Allgather(send, out)
-        return out
+    def allgather_shards(shard, length):
+        """Every worker's part (``shard``, padded), worker 0's first: the first ``length`` elements."""
+        counts = parts(int(length))
+        send = np.ascontiguousarray(shard)[:counts[comm.rank]]
+        whole = np.empty(int(length), dtype=send.dtype)
+        comm.Allgatherv(send, [whole, counts])
+        return whole
 
     return {_ALLREDUCE: allreduce, _ALLGATHERV: allgatherv, _ALLGATHER: allgather, _GATHERV: gatherv,
             _REDUCE_SCATTER: reduce_scatter, _ALLGATHER_SHARDS: allgather_shards}

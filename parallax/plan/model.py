@@ -142,6 +142,9 @@ class VariablePlacement:
         partition_of: the partitioned variable this one is a part of.
         bytes_per_worker: the estimated bytes one worker sends per step to
             synchronise this variable (see :mod:`parallax.plan.cost`).
+        slot_of: the variable this one is an optimizer slot of (Adam's moments).
+        sharded: with ``Plan.zero_stage``, a variable whose slots each worker keeps
+            ``1/n`` of (and updates that part of it), or such a slot.
     """
 
     name: str
@@ -156,6 +159,8 @@ class VariablePlacement:
     density_source: str = ""
     partition_of: str | None = None
     bytes_per_worker: int = 0
+    slot_of: str | None = None
+    sharded: bool = False
 
     @property
     def sparse(self) -> bool:
@@ -163,12 +168,28 @@ class VariablePlacement:
 
     @property
     def num_bytes(self) -> int:
+        return self.itemsize * self.num_elements
+
+    @property
+    def itemsize(self) -> int:
         import numpy as np
 
-        n = np.dtype(self.dtype).itemsize if self.dtype != "bfloat16" else 2
+        return 2 if self.dtype == "bfloat16" else int(np.dtype(self.dtype.replace("_ref", "")).itemsize)
+
+    @property
+    def num_elements(self) -> int:
+        n = 1
         for d in self.shape:
             n *= d or 1
-        return int(n)
+        return n
+
+    def shard_elements(self, num_workers: int) -> int:
+        """Elements of one worker's part when sharded over ``num_workers`` (the last parts padded).
+
+        >>> VariablePlacement("w", (10, 3), "float32", True, None).shard_elements(4)
+        8
+        """
+        return -(-self.num_elements // max(1, num_workers))
 
 
 @dataclass(frozen=True)
@@ -203,6 +224,9 @@ class Plan:
         ps: the PS communication settings.
         server_hosts: the host of each parameter server (for the traffic
             model: what crosses between hosts), or ``()`` when unknown.
+        zero_stage: ZeRO: ``0`` off; ``1`` the workers shard the slots of the
+            variables marked ``sharded``; ``2`` their gradients too
+            (:mod:`parallax.rewrite.zero`).
     """
 
     run_option: str
@@ -215,6 +239,7 @@ class Plan:
     server_devices: tuple[str, ...] = field(default=())
     ps: PSSpec = field(default_factory=PSSpec)
     server_hosts: tuple[str, ...] = field(default=())
+    zero_stage: int = 0
 
     @property
     def num_workers(self) -> int:
@@ -233,6 +258,18 @@ class Plan:
     def bytes_per_worker(self) -> int:
         """Estimated bytes one worker sends per step, all variables together."""
         return sum(v.bytes_per_worker for v in self.variables)
+
+    def bytes_per_rank(self) -> tuple[int, int]:
+        """``(variables, slots)``: bytes of the variables a worker holds, its optimizer slots apart,
+        with sharded slots at their ``1/n`` (a sharded variable adds its part, updated in place).
+        Server-held variables are not counted."""
+        held = [v for v in self.variables if v.server is None]
+        n = self.num_workers
+        variables = sum(v.num_bytes + (v.itemsize * v.shard_elements(n) if v.sharded else 0)
+                        for v in held if v.slot_of is None)
+        slots = sum(v.itemsize * v.shard_elements(n) if v.sharded else v.num_bytes
+                    for v in held if v.slot_of is not None)
+        return variables, slots
 
     def variable(self, name: str) -> VariablePlacement:
         for v in self.variables:
@@ -254,7 +291,8 @@ class Plan:
                 gradient=GradientRef(**v["gradient"]) if v["gradient"] else None,
                 aggregation=v["aggregation"], sync=v.get("sync", "local"), server=v.get("server"),
                 density=v.get("density"), density_source=v.get("density_source", ""),
-                partition_of=v.get("partition_of"), bytes_per_worker=v.get("bytes_per_worker", 0))
+                partition_of=v.get("partition_of"), bytes_per_worker=v.get("bytes_per_worker", 0),
+                slot_of=v.get("slot_of"), sharded=v.get("sharded", False))
             for v in data["variables"])
         workers = tuple(WorkerPlan(w["host"], tuple(w["replica_devices"]), w["shared_device"])
                         for w in data["workers"])
@@ -262,7 +300,7 @@ class Plan:
                    variables=variables, train_ops=tuple(data["train_ops"]),
                    notes=tuple(data.get("notes", ())), comm=CommSpec(**data.get("comm", {})),
                    server_devices=tuple(data.get("server_devices", ())), ps=PSSpec(**data.get("ps", {})),
-                   server_hosts=tuple(data.get("server_hosts", ())))
+                   server_hosts=tuple(data.get("server_hosts", ())), zero_stage=data.get("zero_stage", 0))
 
     def describe(self) -> str:
         """A table of the plan, for logs and ``parallax plan``."""
@@ -295,6 +333,8 @@ class Plan:
             if not v.sparse:
                 density = "-"
             where = f"ps:{v.server}" if v.server is not None else "every worker"
+            if v.sharded and v.slot_of is not None:
+                where = f"1/{self.num_workers} on each worker"
             has_grad = v.gradient is not None
             rows.append((v.name, shape, v.dtype, str(v.num_bytes), kind, density,
                          v.aggregation if has_grad else "-", v.sync if has_grad else "-", where,
@@ -303,6 +343,11 @@ class Plan:
         for r in rows:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
         unknown = any(v.sparse and v.density is None and v.sync != "local" for v in self.variables)
+        variables, slots = self.bytes_per_rank()
+        sharding = (f", slots of {sum(v.sharded and v.slot_of is None for v in self.variables)} variable(s) "
+                    f"sharded 1/{self.num_workers} (zero_stage={self.zero_stage})" if self.zero_stage else "")
+        lines.append(f"  memory per worker: {variables} bytes of variables, {slots} bytes of optimizer slots"
+                     f"{sharding}")
         lines.append(f"  estimated bytes each worker sends per step: {self.bytes_per_worker} (see parallax/plan/cost.py"
                      + ("; an unknown density counts as 1% of the rows" if unknown else "") + ")")
         lines.extend(f"  note: {n}" for n in self.notes)

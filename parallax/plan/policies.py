@@ -185,7 +185,7 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
                run_option: str, sync: bool, average_sparse: bool, cross_worker: str = "local",
                comm: CommSpec | None = None, server_devices: tuple[str, ...] = (),
                ps: PSSpec | None = None, overrides: Mapping[str, Any] | None = None,
-               notes: tuple[str, ...] = (), server_hosts: tuple[str, ...] = ()) -> Plan:
+               notes: tuple[str, ...] = (), server_hosts: tuple[str, ...] = (), zero_stage: int = 0) -> Plan:
     """Decide the layout of every variable and replica.
 
     Dense gradients are averaged over the replicas; sparse ones are summed,
@@ -211,6 +211,8 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
         ps: the PS communication settings (defaults when ``None``).
         overrides: per-variable choices (see :func:`choose_sync`).
         notes: remarks to keep in the plan.
+        zero_stage: shard the optimizer slots of all-reduced dense variables
+            over the workers (:func:`shardable`).
 
     Returns:
         The plan.
@@ -247,10 +249,14 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
         c = choices.get(v.name, Choice("local", None, "", ""))
         variables.append(VariablePlacement(v.name, v.shape, v.dtype, v.trainable, ref, aggregation, c.sync,
                                            placement.get(v.name), c.density, c.density_source,
-                                           partition_of(v.name)))
+                                           partition_of(v.name), slot_of=v.slot_of))
+    zero_notes: tuple[str, ...] = ()
+    if zero_stage and len(worker_plans) > 1:
+        variables, zero_notes = _shard_slots(variables, zero_stage)
     plan = Plan(run_option=run_option, sync=sync, workers=worker_plans, variables=tuple(variables),
-                train_ops=analysis.train_ops, notes=tuple(notes) + more_notes, comm=comm or CommSpec(),
-                server_devices=tuple(server_devices), ps=ps, server_hosts=tuple(server_hosts))
+                train_ops=analysis.train_ops, notes=tuple(notes) + more_notes + zero_notes, comm=comm or CommSpec(),
+                server_devices=tuple(server_devices), ps=ps, server_hosts=tuple(server_hosts),
+                zero_stage=zero_stage if len(worker_plans) > 1 else 0)
     costs = step_traffic(plan).variables
     n = max(1, len(worker_plans))
     plan = replace(plan, variables=tuple(replace(v, bytes_per_worker=round(costs[v.name].per(n).total))
@@ -258,6 +264,43 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
     # every process of the job computes the same key from the same plan; another job's plan, another key
     key = zlib.crc32(json.dumps(plan.to_dict(), sort_keys=True).encode()) % (1 << 30)
     return replace(plan, comm=replace(plan.comm, job_key=key))
+
+
+def shardable(v: VariablePlacement, slots: list[VariablePlacement]) -> str:
+    """Why ZeRO cannot shard ``v``'s ``slots`` (``""``: it can): only dense gradients that are
+    all-reduced, of a known shape, with slots to shard."""
+    if v.gradient is None or v.sparse:
+        return "sparse gradient" if v.sparse else ""
+    if v.sync != "allreduce":
+        return f"sync {v.sync}"
+    if not slots:
+        return "no optimizer slots"
+    if any(d is None for d in v.shape):
+        return "shape not fully known"
+    return ""
+
+
+def _shard_slots(variables: list[VariablePlacement], stage: int) -> tuple[list[VariablePlacement], tuple[str, ...]]:
+    """Mark the variables whose slots are sharded (ZeRO), and those slots; notes on the others."""
+    slots: dict[str, list[VariablePlacement]] = {}
+    for v in variables:
+        if v.slot_of is not None:
+            slots.setdefault(v.slot_of, []).append(v)
+    sharded, skipped = set(), []
+    for v in variables:
+        if v.gradient is None:
+            continue
+        why = shardable(v, slots.get(v.name, []))
+        if why:
+            skipped.append(f"{v.name} ({why})")
+        else:
+            sharded.add(v.name)
+    marked = [replace(v, sharded=True) if v.name in sharded or v.slot_of in sharded else v for v in variables]
+    notes = [f"zero_stage={stage}: the slots of {len(sharded)} variable(s) are sharded over the workers"]
+    if skipped:
+        notes.append(f"zero_stage={stage} leaves {len(skipped)} variable(s) whole: " + ", ".join(skipped[:8])
+                     + (" ..." if len(skipped) > 8 else ""))
+    return marked, tuple(notes)
 
 
 def _aggregation_saves(workers: tuple[WorkerPlan, ...]) -> bool:

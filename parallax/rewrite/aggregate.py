@@ -6,7 +6,9 @@ Ops added, on the worker's shared device, for every variable with a gradient
 1. local: ``parallax_aggregate/<v>/local/``: ``AddN`` of this worker's
    replicas' dense gradients; ``ConcatV2`` of their sparse values and of
    their indices;
-2. across workers, for variables whose plan says ``allreduce`` or
+2. across workers (ZeRO stage 2: the sharded variables' gradients flattened and
+   reduce-scattered, ``parallax_aggregate/reducescatter/``: each worker gets its part,
+   :mod:`parallax.rewrite.zero`), for variables whose plan says ``allreduce`` or
    ``allgather``: the backend's ops under ``parallax_aggregate/allreduce/``
    (dense sums; a sparse gradient is first summed into the variable's shape,
    ``<v>/densify/``, with a count of the replicas that touched each row, and
@@ -128,7 +130,8 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
             last = chosen
             return chosen
 
-        dense = [v for v in layout.variables if v.sync == "allreduce"]
+        scattered = [v for v in layout.variables if v.sync == "allreduce" and v.sharded and plan.zero_stage == 2]
+        dense = [v for v in layout.variables if v.sync == "allreduce" and v not in scattered]
         if dense:
             with tf.name_scope(aggregate_step_scope("allreduce")):
                 summed = backend(plan.comm.backend).allreduce_sum(
@@ -141,6 +144,12 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
                 else:
                     crossed[v.name] = (summed[position],)
                     position += 1
+        if scattered:  # ZeRO stage 2: each worker gets its part of the sum (parallax.rewrite.zero)
+            with tf.name_scope(aggregate_step_scope("reducescatter")):
+                parts = backend(plan.comm.backend).reduce_scatter_sum(
+                    [tf.reshape(local[v.name][0], [v.num_elements]) for v in scattered])
+            for v, part in zip(scattered, parts):
+                crossed[v.name] = (part,)
         sparse = [v for v in layout.variables if v.sync == "allgather"]
         for v in sparse:  # the update sums repeated rows first anyway: send each row once
             if v.gradient.repeats_merged:

@@ -16,6 +16,7 @@ AGGREGATE_PREFIX = "parallax_aggregate"
 SYNC_PREFIX = "parallax_sync"
 LOCAL_COPY_PREFIX = "parallax_local"
 READS_PREFIX = "parallax_reads"
+ZERO_PREFIX = "parallax_zero"
 
 
 def replica_op_name(name: str, replica: int) -> str:
@@ -126,13 +127,22 @@ def packed_reads_scope(group: int) -> str:
     return f"{READS_PREFIX}/{group}/"
 
 
+def zero_scope(variable: str) -> str:
+    """The name scope of the ops that keep and update this worker's part of ``variable`` (ZeRO).
+
+    >>> zero_scope("dense/kernel")
+    'parallax_zero/dense/kernel/'
+    """
+    return f"{ZERO_PREFIX}/{variable}/"
+
+
 def is_parallax_op(name: str) -> bool:
     """Whether op ``name`` was made by the aggregation, the PS protocol or the packed reads.
 
     >>> is_parallax_op("parallax_sync/emb/take"), is_parallax_op("dense/MatMul")
     (True, False)
     """
-    return name.startswith((f"{AGGREGATE_PREFIX}/", f"{SYNC_PREFIX}/", f"{READS_PREFIX}/"))
+    return name.startswith((f"{AGGREGATE_PREFIX}/", f"{SYNC_PREFIX}/", f"{READS_PREFIX}/", f"{ZERO_PREFIX}/"))
 
 
 def sync_scope(train_op: str) -> str:

@@ -15,13 +15,14 @@ from parallax.rewrite.packed_reads import pack_server_reads
 from parallax.rewrite.placement import place_variables
 from parallax.rewrite.ps_sync import add_ps_sync
 from parallax.rewrite.replicate import replicate_graph
+from parallax.rewrite.zero import shard_optimizer_states
 
 __all__ = ["PASSES", "rewrite_for_task", "wait_points"]
 
 Pass = Callable[[meta_graph_pb2.MetaGraphDef, Plan, TaskSpec], meta_graph_pb2.MetaGraphDef]
 
-PASSES: tuple[Pass, ...] = (replicate_graph, aggregate_gradients, place_variables, add_ps_sync, use_local_copies,
-                            pack_server_reads)
+PASSES: tuple[Pass, ...] = (replicate_graph, aggregate_gradients, shard_optimizer_states, place_variables,
+                            add_ps_sync, use_local_copies, pack_server_reads)
 
 
 def rewrite_for_task(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec,

@@ -23,6 +23,13 @@ BUILDERS = {**BUILDERS, **IDIOMS}
 DATA = {**DATA, **IDIOM_DATA}
 
 
+def is_slot(variable, graph) -> bool:
+    """Whether ``variable`` is an optimizer slot (as Parallax's analysis finds them)."""
+    from parallax.analysis import analyse_graph
+
+    return variable.op.name in {v.name for v in analyse_graph(graph).variables if v.slot_of}
+
+
 def kill(pid: int, out: str) -> None:
     """SIGKILL ``pid``, first writing the time to ``<out>/killed_at`` for the test to measure from."""
     os.makedirs(out, exist_ok=True)
@@ -88,6 +95,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile_steps", default=None, help="comma-separated steps")
     p.add_argument("--sess_threads", type=int, default=0, help="sess_config.intra_op_parallelism_threads")
     p.add_argument("--count_hook", action="store_true", help="a user hook counts the steps of every worker")
+    p.add_argument("--zero_stage", type=int, default=0, help="Config.zero_stage; the slots are then not saved")
     p.add_argument("--out", required=True)
     p.add_argument("--cases", default=None, help="a JSON file {name: [options...]}: train each case in turn, one "
                    "parallel_run call each, with these options added, into <out>/<name>")
@@ -130,6 +138,7 @@ def train(args: argparse.Namespace) -> None:
                              average_sparse=args.average_sparse,
                              redirect_path=args.redirect_path, search_partitions=args.search_partitions,
                              plan_overrides=json.loads(args.overrides) if args.overrides else None,
+                             zero_stage=args.zero_stage,
                              communication_config=parallax.CommunicationConfig(ps_config=ps, mpi_config=mpi))
     sess, num_workers, worker_id, num_replicas = parallax.parallel_run(model.graph, args.resource_info,
                                                                        sync=args.sync, parallax_config=config)
@@ -163,6 +172,8 @@ def train(args: argparse.Namespace) -> None:
                 for k, v in feed.items()}
         sess.run(model.step_op(step), feed_dict=mine)
     variables = model.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    if args.zero_stage:  # a worker holds a part of each slot only
+        variables = [v for v in variables if not is_slot(v, model.graph)]
     values = sess.run(variables)
     os.makedirs(args.out, exist_ok=True)
     np.savez(os.path.join(args.out, f"rank_{worker_id}.npz"),

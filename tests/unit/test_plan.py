@@ -29,5 +29,6 @@ def test_describe_is_a_table():
         "             0",
         "  proj/kernel  [4,1]   float32  16     dense     -        mean         local  every worker  -"
         "             0",
+        "  memory per worker: 344 bytes of variables, 0 bytes of optimizer slots",
         "  estimated bytes each worker sends per step: 0 (see parallax/plan/cost.py)",
     ])

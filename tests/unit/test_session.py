@@ -490,3 +490,15 @@ def test_fetches_and_feeds_mapped_once_give_the_same_results_as_the_first_time(m
         sess.run("nope:0")
     with pytest.raises(ValueError, match="not in the single-device graph"):
         sess.run(["nope:0"])
+
+
+def test_a_slot_held_in_parts_is_refused_by_name_saying_why():
+    model = Model(REPLICAS)
+    try:
+        sess = model.session(held_in_parts={"v": "zero_stage=1 keeps this optimizer slot in parts"})
+        for fetch in ("v", "v:0", "v/read:0", model.shared.v):
+            with pytest.raises(ValueError, match=r"fetch 'v.*': zero_stage=1 keeps this optimizer slot in parts"):
+                sess.run(fetch)
+        assert sess.run("w:0") == [2.0, 2.0]
+    finally:
+        model.close()

@@ -1,0 +1,431 @@
+"""Pass: shard the optimizer's state over the workers that all-reduce (ZeRO stages 1 and 2).
+
+For every variable the plan marks ``sharded`` (dense, all-reduced, with optimizer slots;
+:func:`parallax.plan.policies.shardable`) of ``n`` elements, with ``W`` workers and
+``m = ceil(n / W)``, worker ``k`` owns elements ``[k m, (k+1) m)`` of the variable
+flattened (the last part padded with zeros). In each worker's graph:
+
+1. ``parallax_zero/<v>/part``: a variable of ``m`` elements, this worker's part of
+   ``<v>``, refreshed from ``<v>`` at each step (``.../refresh``: so it follows every
+   other write of ``<v>``: the start-up broadcast, a restore, the user's own assignments);
+2. ``parallax_zero/<v>/slot_<i>``: this worker's part of each of the update's slots
+   (Adam's two moments, momentum's accumulator, ...), initialised as the slot was (a
+   constant fill). The whole slot stays in the graph but is never initialised or run:
+   a resource variable takes no memory until it is assigned, and it is taken out of the
+   graph's variable collections (so neither the initialisation, the readiness check nor
+   the checkpoint saver touch it);
+3. ``parallax_zero/<v>/apply``: the update op, copied, on these parts, with this worker's
+   part of the gradient: stage 1 slices it out of the all-reduced gradient
+   (``.../grad_part``); at stage 2 the aggregation pass already reduce-scattered it
+   (:mod:`parallax.rewrite.aggregate`), and the ops between it and the update (clipping
+   by global norm, a scale) run on the part: an ``L2Loss`` of it (a global norm's term)
+   is summed over the workers (``parallax_zero/norms/``), so it is the whole gradient's;
+4. ``parallax_zero/allgather/``: every worker's updated parts, gathered (one call per variable,
+   after the step's other collectives; no buffer of all of them is ever made); each variable
+   then takes its new value
+   (``parallax_zero/<v>/assign``). The original update op becomes a ``NoOp`` that waits
+   for the assignment, so whatever waited for the update (the global step's increment,
+   Adam's powers, the training op) still does.
+
+Dense ``Apply*``/``ResourceApply*`` updates are supported whatever the optimizer: the op's
+own signature says which inputs are slots (references or resources other than ``var``),
+which is the gradient (``grad``, ``delta``) and which are hyperparameters (scalars, read
+as they are).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
+from tensorflow.core.protobuf import meta_graph_pb2
+from tensorflow.python.framework import op_def_registry
+
+from parallax.comm.base import NO_SHARDS
+from parallax.comm.registry import backend_for
+from parallax.errors import RewriteError
+from parallax.plan.model import Plan, TaskSpec, VariablePlacement
+from parallax.rewrite.aggregate import build_subgraph
+from parallax.rewrite.graph_ops import add_nodes, consumers, node_map, parse_input
+from parallax.rewrite.names import AGGREGATE_PREFIX, ZERO_PREFIX, aggregate_outputs, zero_scope
+
+__all__ = ["shard_optimizer_states", "held_in_parts", "ELEMENTWISE_OPS"]
+
+#: Ops a gradient's part may pass through between the reduce-scatter and the update at stage 2
+#: (their other inputs must be scalars): what clipping and scaling do.
+ELEMENTWISE_OPS = frozenset({"Identity", "Mul", "RealDiv", "Div", "Neg", "Cast", "Maximum", "Minimum",
+                             "ClipByValue", "AddV2", "Add", "Sub", "Snapshot"})
+_RESOURCE_VARIABLES = frozenset({"VarHandleOp"})
+_REF_VARIABLES = frozenset({"VariableV2", "Variable"})
+_COLLECTIVE_OPS = ("PyFunc", "Collective", "Horovod", "ParallaxMpi")
+
+
+class _Update:
+    """A sharded variable's update op, read through its signature."""
+
+    def __init__(self, var: VariablePlacement, node: node_def_pb2.NodeDef, nodes: dict) -> None:
+        self.var = var
+        self.node = node
+        op_def = op_def_registry.get(node.op)
+        data = [t for t in node.input if not t.startswith("^")]
+        if op_def is None or len(data) != len(op_def.input_arg):
+            raise RewriteError(f'zero_stage: cannot read the update "{node.name}" ({node.op}) of "{var.name}"')
+        self.slots: list[tuple[int, str]] = []
+        self.grad_index = -1
+        for i, arg in enumerate(op_def.input_arg):
+            if arg.name in ("grad", "delta"):
+                self.grad_index = i
+            elif i > 0 and (arg.is_ref or arg.type == types_pb2.DT_RESOURCE):
+                self.slots.append((i, _variable_source(data[i], nodes)))
+        if self.grad_index < 0 or any(s is None for _, s in self.slots):
+            raise RewriteError(f'zero_stage: the update "{node.name}" ({node.op}) of "{var.name}" has no gradient '
+                               "input or a slot that is not a variable")
+        source = nodes[var.name]
+        self.resource = source.op in _RESOURCE_VARIABLES
+        self.dtype = tf.dtypes.as_dtype(source.attr["dtype"].type)
+        self.grad = data[self.grad_index]
+
+
+def _variable_source(text: str, nodes: dict) -> str | None:
+    name = parse_input(text)[0]
+    while name in nodes:
+        node = nodes[name]
+        if node.op in _RESOURCE_VARIABLES | _REF_VARIABLES:
+            return name
+        if node.op not in ("Identity", "RefIdentity") or not node.input:
+            return None
+        name = parse_input(node.input[0])[0]
+    return None
+
+
+def _find_updates(graph_def: graph_pb2.GraphDef, nodes: dict, sharded: list[VariablePlacement]) -> list[_Update]:
+    found: dict[str, list[node_def_pb2.NodeDef]] = {v.name: [] for v in sharded}
+    for node in graph_def.node:
+        if node.op.startswith(("Apply", "ResourceApply")) and node.input:
+            target = _variable_source(node.input[0], nodes)
+            if target in found:
+                found[target].append(node)
+    updates = []
+    for v in sharded:
+        if len(found[v.name]) != 1:
+            what = "no dense Apply/ResourceApply op" if not found[v.name] else \
+                f"{len(found[v.name])} ops ({', '.join(n.name for n in found[v.name])})"
+            raise RewriteError(f'zero_stage: "{v.name}" is updated by {what}; sharding its optimizer state needs '
+                               "exactly one. Leave it whole with plan_overrides, or use zero_stage=0")
+        updates.append(_Update(v, found[v.name][0], nodes))
+    return updates
+
+
+def _fill_value(slot: str, nodes: dict, graph_def: graph_pb2.GraphDef) -> float:
+    """The constant a slot starts at (its initializer's value), or a RewriteError."""
+    assign = next((n for n in graph_def.node if n.op in ("Assign", "AssignVariableOp") and n.input
+                   and parse_input(n.input[0])[0] == slot and n.name.startswith(slot + "/")), None)
+    name = parse_input(assign.input[1])[0] if assign is not None and len(assign.input) > 1 else ""
+    while name in nodes:
+        node = nodes[name]
+        if node.op == "Const":
+            values = np.unique(tf.make_ndarray(node.attr["value"].tensor))
+            if values.size == 1:
+                return float(values[0])
+            break
+        if node.op == "Fill" and len(node.input) > 1:
+            name = parse_input(node.input[1])[0]
+        elif node.op == "Identity" and node.input:
+            name = parse_input(node.input[0])[0]
+        else:
+            break
+    raise RewriteError(f'zero_stage: the optimizer slot "{slot}" does not start at a constant, so its parts cannot '
+                       "be initialised on their own; use zero_stage=0")
+
+
+def held_in_parts(plan: Plan) -> dict[str, str]:
+    """The optimizer slots no worker holds whole (each keeps its part), and what to say when a
+    program fetches one."""
+    if not plan.zero_stage or plan.num_workers < 2:
+        return {}
+    return {v.name: f"zero_stage={plan.zero_stage} keeps this optimizer slot of {v.slot_of!r} in {plan.num_workers} "
+                    f"parts, one on each worker ({ZERO_PREFIX}/{v.slot_of}/slot_<i>), so no worker can fetch it "
+                    "whole; use zero_stage=0 to fetch slots"
+            for v in plan.variables if v.sharded and v.slot_of is not None}
+
+
+def _part_of(flat_length: int, workers: int, index: int):
+    """A builder: this worker's part of a tensor of ``flat_length`` elements, flattened (elements
+    ``[index m, (index+1) m)``, the last parts padded with zeros to ``m``), and ``m``. No copy of the
+    whole tensor is made: the part is sliced, then padded."""
+    m = -(-flat_length // workers)
+    begin = min(index * m, flat_length)
+    size = max(0, min(m, flat_length - begin))
+
+    def part(tensor: tf.Tensor) -> tf.Tensor:
+        piece = tf.slice(tf.reshape(tensor, [flat_length]), [begin], [size])
+        return tf.pad(piece, [[0, m - size]]) if size < m else piece
+
+    return part, m
+
+
+def shard_optimizer_states(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec
+                           ) -> meta_graph_pb2.MetaGraphDef:
+    """Shard the slots of the plan's ``sharded`` variables over the workers (see the module docstring).
+
+    Raises:
+        RewriteError: a sharded variable's update cannot be sharded (several updates, a slot
+            that does not start at a constant, at stage 2 an op that needs its gradient whole).
+    """
+    out = meta_graph_pb2.MetaGraphDef()
+    out.CopyFrom(meta_graph)
+    sharded = [v for v in plan.variables if v.sharded and v.slot_of is None]
+    if not plan.zero_stage or not sharded or plan.num_workers < 2:
+        return out
+    backend = backend_for(plan.comm, plan.num_workers, plan.comm.backend)
+    if not backend.supports_shards:
+        raise RewriteError(NO_SHARDS.format(backend.name))
+    graph_def = out.graph_def
+    nodes = node_map(graph_def)
+    updates = _find_updates(graph_def, nodes, sharded)
+    workers, index = plan.num_workers, task.worker_index
+    device = plan.workers[index].shared_device
+    norms = _stage2_norms(graph_def, nodes, updates) if plan.zero_stage == 2 else []
+
+    made, slot_parts, outputs, defs = _build_parts(plan, updates, nodes, graph_def, workers, index)
+    reads = []
+    for u in updates:
+        scope = zero_scope(u.var.name)
+        apply = node_def_pb2.NodeDef()
+        apply.CopyFrom(u.node)
+        apply.name = scope + "apply"
+        apply.device = device
+        data = [t for t in u.node.input if not t.startswith("^")]
+        control = [t for t in u.node.input if t.startswith("^")]
+        data[0] = scope + "part"
+        for (i, _), part in zip(u.slots, slot_parts[u.var.name]):
+            data[i] = part
+        data[u.grad_index] = outputs[u.var.name]["grad"]
+        del apply.input[:]
+        apply.input.extend(data + control + ["^" + parse_input(outputs[u.var.name]["refresh"])[0]])
+        reads.append(_read_after(u, scope, apply.name, device))
+        made += [apply, reads[-1]]
+    gathered, values = _gather(plan, updates, [r.name + ":0" for r in reads], norms, graph_def)
+    assigns = [_assign(u, zero_scope(u.var.name) + "assign", value, device) for u, value in zip(updates, values)]
+    for node in made + gathered:
+        node.device = device
+    add_nodes(graph_def, made + gathered + assigns)
+    for u, assign in zip(updates, assigns):
+        _replace_update(u, assign.name, graph_def)
+    _drop_slots(out, [s for u in updates for _, s in u.slots], defs)
+    return out
+
+
+def _build_parts(plan: Plan, updates: list[_Update], nodes: dict, graph_def, workers: int, index: int):
+    """The parts (variables and their refresh), and each update's gradient part, built with TF code."""
+    names, dtypes, reads = [], [], []
+    for u in updates:
+        value = u.var.name + ":0"
+        if u.resource:  # the whole variable's value, read for its parts
+            reads.append(_read(zero_scope(u.var.name) + "whole", u.var.name, u))
+            value = reads[-1].name + ":0"
+        names += [value, u.grad]
+        dtypes += [u.dtype, u.dtype]
+    fills = {u.var.name: [_fill_value(s, nodes, graph_def) for _, s in u.slots] for u in updates}
+    outputs: dict[str, dict[str, str]] = {}
+    slot_parts: dict[str, list[str]] = {}
+    variables: list = []
+
+    def builder(inputs: list[tf.Tensor]) -> list[tf.Tensor]:
+        tensors = []
+        for i, u in enumerate(updates):
+            value, grad = inputs[2 * i], inputs[2 * i + 1]
+            part, m = _part_of(u.var.num_elements, workers, index)
+            with tf.name_scope(zero_scope(u.var.name)):
+                param = tf.compat.v1.Variable(tf.zeros([m], u.dtype), name="part", trainable=False, collections=[],
+                                              use_resource=u.resource)
+                refresh = tf.compat.v1.assign(param, part(value), name="refresh") if not u.resource else \
+                    tf.raw_ops.AssignVariableOp(resource=param.handle, value=part(value), name="refresh")
+                slots = [tf.compat.v1.Variable(tf.fill([m], tf.constant(fill, u.dtype)), name=f"slot_{j}",
+                                               trainable=False, collections=[], use_resource=u.resource)
+                         for j, fill in enumerate(fills[u.var.name])]
+                # stage 2: the aggregation already left this worker's part (flat, m elements)
+                grad_part = tf.identity(grad if plan.zero_stage == 2 else part(grad), name="grad_part")
+            variables.extend(v.to_proto() for v in (param, *slots))
+            slot_parts[u.var.name] = [s.op.name for s in slots]
+            outputs[u.var.name] = {"refresh": parse_input(refresh.name)[0]}
+            tensors.append(grad_part)
+        return tensors
+
+    made, grads = build_subgraph(builder, dtypes, names, ZERO_PREFIX + "/")
+    for u, grad in zip(updates, grads):
+        outputs[u.var.name]["grad"] = grad
+    return reads + made, slot_parts, outputs, variables
+
+
+def _read(name: str, variable: str, u: _Update, control: str | None = None) -> node_def_pb2.NodeDef:
+    """A read of ``variable`` (u's dtype): ``ReadVariableOp`` of a resource, ``Identity`` of a ref."""
+    node = node_def_pb2.NodeDef(name=name)
+    if u.resource:
+        node.op = "ReadVariableOp"
+        node.attr["dtype"].type = u.dtype.as_datatype_enum
+    else:
+        node.op = "Identity"
+        node.attr["T"].type = u.dtype.as_datatype_enum
+    node.input.append(variable)
+    if control:
+        node.input.append("^" + control)
+    return node
+
+
+def _read_after(u: _Update, scope: str, apply: str, device: str) -> node_def_pb2.NodeDef:
+    """The updated part's value, read once the update is done."""
+    return _read(scope + "updated", scope + "part", u, control=apply)
+
+
+def _assign(u: _Update, name: str, value: str, device: str) -> node_def_pb2.NodeDef:
+    node = node_def_pb2.NodeDef(name=name, device=device)
+    node.input.extend([u.var.name, value])
+    if u.resource:
+        node.op = "AssignVariableOp"
+        node.attr["dtype"].type = u.dtype.as_datatype_enum
+    else:
+        node.op = "Assign"
+        node.attr["T"].type = u.dtype.as_datatype_enum
+        node.attr["use_locking"].b = True
+        node.attr["validate_shape"].b = True
+    return node
+
+
+def _gather(plan: Plan, updates: list[_Update], parts: list[str], norms: list[str], graph_def):
+    """Sum the norms' terms (stage 2), then gather every worker's updated parts: the new whole values."""
+    backend = backend_for(plan.comm, plan.num_workers, plan.comm.backend)
+    graph_def_nodes = node_map(graph_def)
+    after = [n.name for n in graph_def.node if n.name.startswith(AGGREGATE_PREFIX + "/")
+             and n.op.startswith(_COLLECTIVE_OPS)]
+
+    def builder(inputs: list[tf.Tensor]) -> list[tf.Tensor]:
+        parts_in, norm_in = inputs[:len(parts)], inputs[len(parts):]
+        for t, u in zip(parts_in, updates):
+            t.set_shape([u.var.shard_elements(plan.num_workers)])
+        for t in norm_in:
+            t.set_shape([])
+        outs = []
+        with tf.control_dependencies([tf.no_op(name="after_aggregation")]):
+            if norm_in:
+                with tf.name_scope("norms"):
+                    outs += [tf.identity(t, name=f"sum_{i}") for i, t in enumerate(backend.allreduce_sum(norm_in))]
+            with tf.name_scope("allgather"):
+                gathered = backend.allgather_shards(parts_in, [u.var.num_elements for u in updates])
+        for u, whole in zip(updates, gathered):
+            with tf.name_scope(zero_scope(u.var.name) + "new/"):
+                outs.append(tf.reshape(whole, [d for d in u.var.shape], name="value"))
+        return outs
+
+    dtypes = [u.dtype for u in updates] + [tf.dtypes.as_dtype(graph_def_nodes[parse_input(t)[0]].attr["T"].type)
+                                           for t in norms]
+    made, outs = build_subgraph(builder, dtypes, parts + norms, ZERO_PREFIX + "/")
+    backend.finalize_nodes(made)
+    for node in made:
+        if node.name == f"{ZERO_PREFIX}/after_aggregation":
+            node.input.extend("^" + a for a in after)
+    summed, values = outs[:len(norms)], outs[len(norms):]
+    if norms:
+        _rewire(graph_def, dict(zip(norms, summed)), skip={n.name for n in made})
+    return made, values
+
+
+def _rewire(graph_def, mapping: dict[str, str], skip: set[str]) -> None:
+    keys = {_canonical(k): v for k, v in mapping.items()}
+    for node in graph_def.node:
+        if node.name in skip:
+            continue
+        for i, text in enumerate(node.input):
+            if not text.startswith("^") and _canonical(text) in keys:
+                node.input[i] = keys[_canonical(text)]
+
+
+def _canonical(tensor: str) -> str:
+    op, index, _ = parse_input(tensor)
+    return f"{op}:{index}"
+
+
+def _replace_update(u: _Update, assign: str, graph_def) -> None:
+    """The original update becomes a NoOp waiting for the new value (or, for a ref update whose output
+    is read, an Identity of the assigned variable)."""
+    name = u.node.name
+    read = any(parse_input(t)[0] == name and not t.startswith("^") for n in graph_def.node for t in n.input)
+    node = next(n for n in graph_def.node if n.name == name)
+    device = node.device
+    node.Clear()
+    node.name, node.device = name, device
+    if read and not u.resource:
+        node.op = "Identity"
+        node.attr["T"].type = u.dtype.as_datatype_enum
+        node.input.extend([assign])
+    else:
+        node.op = "NoOp"
+        node.input.extend(["^" + assign])
+
+
+def _stage2_norms(graph_def, nodes: dict, updates: list[_Update]) -> list[str]:
+    """At stage 2, check the path from each reduce-scattered gradient to its update and return the
+    ``L2Loss`` outputs on it (a global norm's terms, which must be summed over the workers)."""
+    cons = consumers(graph_def)
+    norms: list[str] = []
+    for u in updates:
+        start = parse_input(aggregate_outputs(u.var.name, False)[0])[0]
+        grad_op = parse_input(u.grad)[0]
+        carriers, queue = {start}, [start]
+        while queue:
+            name = queue.pop()
+            for c in cons.get(name, ()):
+                node = nodes[c]
+                if not any(parse_input(t)[0] == name and not t.startswith("^") for t in node.input):
+                    continue  # waits only
+                if c == u.node.name:
+                    if parse_input(node.input[u.grad_index])[0] != name:
+                        raise _whole(u, node, "reads it as another input than its gradient")
+                    continue
+                if node.op == "L2Loss":
+                    norms.append(c + ":0")
+                elif node.op in ELEMENTWISE_OPS:
+                    if c not in carriers:
+                        carriers.add(c)
+                        queue.append(c)
+                else:
+                    raise _whole(u, node, "needs it whole")
+        if grad_op not in carriers:
+            raise RewriteError(f'zero_stage=2: the update of "{u.var.name}" does not read its gradient through '
+                               "clipping or scaling alone; use zero_stage=1")
+    return sorted(set(norms))
+
+
+def _whole(u: _Update, node, why: str) -> RewriteError:
+    return RewriteError(f'zero_stage=2 gives each worker a part of the gradient of "{u.var.name}", but '
+                        f'"{node.name}" ({node.op}) {why}; use zero_stage=1, which all-reduces whole gradients')
+
+
+def _drop_slots(meta_graph: meta_graph_pb2.MetaGraphDef, slots: list[str], parts: list) -> None:
+    """The whole slots leave the variable collections and the initialisers; the parts join them."""
+    from tensorflow.core.framework import variable_pb2
+
+    graph_def = meta_graph.graph_def
+
+    dropped = set(slots)
+    for key in ("variables", "trainable_variables", "local_variables"):
+        if key not in meta_graph.collection_def:
+            continue
+        values = meta_graph.collection_def[key].bytes_list.value
+        kept = []
+        for raw in values:
+            proto = variable_pb2.VariableDef()
+            proto.ParseFromString(raw)
+            if parse_input(proto.variable_name)[0] not in dropped:
+                kept.append(raw)
+        del values[:]
+        values.extend(kept)
+    # every worker initialises its own parts (none waits for the chief, none is broadcast or saved)
+    meta_graph.collection_def["local_variables"].bytes_list.value.extend(d.SerializeToString() for d in parts)
+    initializers = {n.name for n in graph_def.node if n.op in ("Assign", "AssignVariableOp") and n.input
+                    and parse_input(n.input[0])[0] in dropped}
+    for node in graph_def.node:
+        kept_inputs = [t for t in node.input if not (t.startswith("^") and t[1:] in initializers)]
+        if len(kept_inputs) != len(node.input):
+            del node.input[:]
+            node.input.extend(kept_inputs)
