@@ -203,7 +203,7 @@ def shard_optimizer_states(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, 
         data[u.grad_index] = outputs[u.var.name]["grad"]
         del apply.input[:]
         apply.input.extend(data + control + ["^" + parse_input(outputs[u.var.name]["refresh"])[0]])
-        reads.append(_read_after(u, scope, apply.name, device))
+        reads.append(_read_after(u, scope, apply.name))
         made += [apply, reads[-1]]
     gathered, values = _gather(plan, updates, [r.name + ":0" for r in reads], norms, graph_def)
     assigns = [_assign(u, zero_scope(u.var.name) + "assign", value, device) for u, value in zip(updates, values)]
@@ -258,35 +258,28 @@ def _build_parts(plan: Plan, updates: list[_Update], nodes: dict, graph_def, wor
     return reads + made, slot_parts, outputs, variables
 
 
-def _read(name: str, variable: str, u: _Update, control: str | None = None) -> node_def_pb2.NodeDef:
-    """A read of ``variable`` (u's dtype): ``ReadVariableOp`` of a resource, ``Identity`` of a ref."""
-    node = node_def_pb2.NodeDef(name=name)
-    if u.resource:
-        node.op = "ReadVariableOp"
-        node.attr["dtype"].type = u.dtype.as_datatype_enum
-    else:
-        node.op = "Identity"
-        node.attr["T"].type = u.dtype.as_datatype_enum
-    node.input.append(variable)
-    if control:
-        node.input.append("^" + control)
+def _variable_op(u: _Update, name: str, ops: tuple[str, str], inputs: list[str]) -> node_def_pb2.NodeDef:
+    """An op on a variable like ``u``'s: ``ops[0]`` for a resource variable (its ``dtype``), ``ops[1]``
+    for a ref variable (its ``T``)."""
+    node = node_def_pb2.NodeDef(name=name, op=ops[0] if u.resource else ops[1], input=inputs)
+    node.attr["dtype" if u.resource else "T"].type = u.dtype.as_datatype_enum
     return node
 
 
-def _read_after(u: _Update, scope: str, apply: str, device: str) -> node_def_pb2.NodeDef:
+def _read(name: str, variable: str, u: _Update, control: str | None = None) -> node_def_pb2.NodeDef:
+    """A read of ``variable`` (u's dtype): ``ReadVariableOp`` of a resource, ``Identity`` of a ref."""
+    return _variable_op(u, name, ("ReadVariableOp", "Identity"), [variable] + (["^" + control] if control else []))
+
+
+def _read_after(u: _Update, scope: str, apply: str) -> node_def_pb2.NodeDef:
     """The updated part's value, read once the update is done."""
     return _read(scope + "updated", scope + "part", u, control=apply)
 
 
 def _assign(u: _Update, name: str, value: str, device: str) -> node_def_pb2.NodeDef:
-    node = node_def_pb2.NodeDef(name=name, device=device)
-    node.input.extend([u.var.name, value])
-    if u.resource:
-        node.op = "AssignVariableOp"
-        node.attr["dtype"].type = u.dtype.as_datatype_enum
-    else:
-        node.op = "Assign"
-        node.attr["T"].type = u.dtype.as_datatype_enum
+    node = _variable_op(u, name, ("AssignVariableOp", "Assign"), [u.var.name, value])
+    node.device = device
+    if not u.resource:
         node.attr["use_locking"].b = True
         node.attr["validate_shape"].b = True
     return node
