@@ -361,6 +361,7 @@ def _stage2_norms(graph_def, nodes: dict, updates: list[_Update]) -> list[str]:
     ``L2Loss`` outputs on it (a global norm's terms, which must be summed over the workers)."""
     cons = consumers(graph_def)
     norms: list[str] = []
+    others: list[tuple[_Update, node_def_pb2.NodeDef, str]] = []  # a carrier's other inputs: must be scalars
     for u in updates:
         start = parse_input(aggregate_outputs(u.var.name, False)[0])[0]
         grad_op = parse_input(u.grad)[0]
@@ -381,12 +382,31 @@ def _stage2_norms(graph_def, nodes: dict, updates: list[_Update]) -> list[str]:
                     if c not in carriers:
                         carriers.add(c)
                         queue.append(c)
+                        others += [(u, node, t) for t in node.input
+                                   if not t.startswith("^") and parse_input(t)[0] != name]
                 else:
                     raise _whole(u, node, "needs it whole")
         if grad_op not in carriers:
             raise RewriteError(f'zero_stage=2: the update of "{u.var.name}" does not read its gradient through '
                                "clipping or scaling alone; use zero_stage=1")
+    _check_scalars(graph_def, others)
     return sorted(set(norms))
+
+
+def _check_scalars(graph_def, others: list) -> None:
+    """The other inputs of the ops a gradient's part passes through must be scalars (what a clip's
+    scale is): a tensor of the gradient's shape would not fit its part. Unknown shapes pass."""
+    if not others:
+        return
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    for u, node, text in others:
+        if parse_input(text)[0].startswith(AGGREGATE_PREFIX + "/"):  # another part: already checked
+            continue
+        shape = graph.get_tensor_by_name(_canonical(text)).shape
+        if shape.num_elements() is not None and shape.num_elements() > 1:
+            raise _whole(u, node, f"combines it with {text} of shape {shape}")
 
 
 def _whole(u: _Update, node, why: str) -> RewriteError:

@@ -162,3 +162,17 @@ def test_a_backend_without_shards_is_refused_naming_the_one_to_use():
     with pytest.raises(RewriteError, match=r"the collective backend cannot shard optimizer states \(zero_stage\); "
                                            r"use MPIConfig\(backend='mpi'\)"):
         rewrite_for_task(export(model.graph), plan, TaskSpec(0))
+
+
+def test_stage_two_refuses_a_gradient_combined_with_a_tensor_of_its_shape():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
+        w = tf.compat.v1.get_variable("w", [4, 2], initializer=tf.compat.v1.ones_initializer())
+        loss = tf.reduce_sum(tf.matmul(x, w))
+        opt = tf.compat.v1.train.AdamOptimizer(0.1)
+        (g, v), = opt.compute_gradients(loss)
+        opt.apply_gradients([(g * tf.constant([[1.0, 0.0]] * 4, name="mask"), v)])  # elementwise, but whole-shaped
+    model = type("M", (), {"graph": graph})
+    with pytest.raises(RewriteError, match=r'"w", but ".*" \(Mul\) combines it with mask of shape \(4, 2\)'):
+        rewrite_for_task(export(graph), plan_of(model, 2), TaskSpec(0))
