@@ -112,17 +112,22 @@ def test_stage_two_sums_a_global_norm_over_the_workers():
     assert readers and all("global_norm" in n.name or "clip" in n.name.lower() for n in readers)
 
 
-def test_stage_two_refuses_an_update_that_needs_the_gradient_whole():
+def one_variable_model(transform):
+    """``w`` [4, 2] trained by Adam on ``transform(its gradient)``."""
     graph = tf.Graph()
     with graph.as_default():
         x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
         w = tf.compat.v1.get_variable("w", [4, 2], initializer=tf.compat.v1.ones_initializer())
-        loss = tf.reduce_sum(tf.matmul(x, w))
         opt = tf.compat.v1.train.AdamOptimizer(0.1)
-        (g, v), = opt.compute_gradients(loss)
-        g = g / tf.reduce_max(tf.abs(g))  # the gradient scaled by its own largest element: needs it whole
-        opt.apply_gradients([(g, v)])
-    model = type("M", (), {"graph": graph})
+        (g, v), = opt.compute_gradients(tf.reduce_sum(tf.matmul(x, w)))
+        opt.apply_gradients([(transform(g), v)])
+    return type("M", (), {"graph": graph})
+
+
+def test_stage_two_refuses_an_update_that_needs_the_gradient_whole():
+    # the gradient scaled by its own largest element: needs it whole
+    model = one_variable_model(lambda g: g / tf.reduce_max(tf.abs(g)))
+    graph = model.graph
     with pytest.raises(RewriteError, match=r'zero_stage=2 gives each worker a part of the gradient of "w", but '
                                            r'".*" \((Abs|Max)\) needs it whole; use zero_stage=1'):
         rewrite_for_task(export(graph), plan_of(model, 2), TaskSpec(0))
@@ -165,14 +170,7 @@ def test_a_backend_without_shards_is_refused_naming_the_one_to_use():
 
 
 def test_stage_two_refuses_a_gradient_combined_with_a_tensor_of_its_shape():
-    graph = tf.Graph()
-    with graph.as_default():
-        x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
-        w = tf.compat.v1.get_variable("w", [4, 2], initializer=tf.compat.v1.ones_initializer())
-        loss = tf.reduce_sum(tf.matmul(x, w))
-        opt = tf.compat.v1.train.AdamOptimizer(0.1)
-        (g, v), = opt.compute_gradients(loss)
-        opt.apply_gradients([(g * tf.constant([[1.0, 0.0]] * 4, name="mask"), v)])  # elementwise, but whole-shaped
-    model = type("M", (), {"graph": graph})
+    # elementwise, but with a tensor of the gradient's whole shape
+    model = one_variable_model(lambda g: g * tf.constant([[1.0, 0.0]] * 4, name="mask"))
     with pytest.raises(RewriteError, match=r'"w", but ".*" \(Mul\) combines it with mask of shape \(4, 2\)'):
-        rewrite_for_task(export(graph), plan_of(model, 2), TaskSpec(0))
+        rewrite_for_task(export(model.graph), plan_of(model, 2), TaskSpec(0))
