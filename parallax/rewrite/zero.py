@@ -210,8 +210,9 @@ def shard_optimizer_states(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, 
     for node in made + gathered:
         node.device = device
     add_nodes(graph_def, made + gathered + assigns)
+    data_read = {parse_input(t)[0] for n in graph_def.node for t in n.input if not t.startswith("^")}
     for u, assign in zip(updates, assigns):
-        _replace_update(u, assign.name, graph_def)
+        _replace_update(u, assign.name, data_read)
     _drop_slots(out, [s for u in updates for _, s in u.slots], defs)
     return out
 
@@ -338,13 +339,12 @@ def _canonical(tensor: str) -> str:
     return f"{op}:{index}"
 
 
-def _replace_update(u: _Update, assign: str, graph_def) -> None:
-    """The original update becomes a NoOp waiting for the new value (or, for a ref update whose output
-    is read, an Identity of the assigned variable)."""
-    name = u.node.name
-    read = any(parse_input(t)[0] == name and not t.startswith("^") for n in graph_def.node for t in n.input)
-    node = next(n for n in graph_def.node if n.name == name)
-    device = node.device
+def _replace_update(u: _Update, assign: str, data_read: set[str]) -> None:
+    """The original update (``u.node``, in the graph) becomes a NoOp waiting for the new value (or, for
+    a ref update whose output is read as data, in ``data_read``, an Identity of the assigned variable)."""
+    node = u.node
+    name, device = node.name, node.device
+    read = name in data_read
     node.Clear()
     node.name, node.device = name, device
     if read and not u.resource:
