@@ -50,6 +50,7 @@ from tensorflow.core.framework import graph_pb2
 
 from parallax.comm.base import Backend, Prepared, ProcessComms
 from parallax.comm.packing import PACK_BELOW_BYTES, pack, unpack
+from parallax.plan.model import part_sizes
 
 __all__ = ["MPIBackend", "bind_py_functions", "import_bound", "TOKEN_PREFIX"]
 
@@ -160,7 +161,7 @@ class MPIBackend(Backend):
             part = self._chained(lambda t=t, k=k: _py_func([t], [t.dtype], _REDUCE_SCATTER, f"reducescatter_{k}",
                                                            self._tokens))
             part = part[0] if isinstance(part, (list, tuple)) else part
-            part.set_shape([-(-_length(tensor) // self.num_workers)])
+            part.set_shape([part_sizes(_length(tensor), self.num_workers)[0]])
             outputs.append(tf.cast(part, tensor.dtype))
         return outputs
 
@@ -290,22 +291,17 @@ def _functions(comm):
         return (np.concatenate([all_values[r, :n] for r, n in enumerate(counts)]),
                 np.concatenate([all_indices[r, :n] for r, n in enumerate(counts)]))
 
-    def parts(length: int) -> list[int]:
-        """Elements of each worker's part of ``length`` (``ceil(length / size)``, the last ones shorter)."""
-        m = -(-length // comm.size)
-        return [max(0, min(m, length - r * m)) for r in range(comm.size)]
-
     def reduce_scatter(buffer):
         """This worker's part of the sum of ``buffer``, padded with zeros to ``ceil(len / size)``."""
         send = np.ascontiguousarray(buffer).reshape(-1)
-        counts = parts(send.size)
-        part = np.zeros(-(-send.size // comm.size), dtype=send.dtype)
+        counts = part_sizes(send.size, comm.size)
+        part = np.zeros(counts[0], dtype=send.dtype)
         comm.Reduce_scatter(send, [part, counts[comm.rank]], recvcounts=counts, op=MPI.SUM)
         return part
 
     def allgather_shards(shard, length):
         """Every worker's part (``shard``, padded), worker 0's first: the first ``length`` elements."""
-        counts = parts(int(length))
+        counts = part_sizes(int(length), comm.size)
         send = np.ascontiguousarray(shard)[:counts[comm.rank]]
         whole = np.empty(int(length), dtype=send.dtype)
         comm.Allgatherv(send, [whole, counts])

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["GradientRef", "VariablePlacement", "WorkerPlan", "TaskSpec", "Plan", "CommSpec", "PSSpec",
+__all__ = ["part_sizes", "GradientRef", "VariablePlacement", "WorkerPlan", "TaskSpec", "Plan", "CommSpec", "PSSpec",
            "AGGREGATIONS", "SYNC_METHODS", "BACKENDS"]
 
 AGGREGATIONS = ("mean", "sum")
@@ -58,6 +58,19 @@ class CommSpec:
     def __post_init__(self) -> None:
         if not self.gather_backend:
             object.__setattr__(self, "gather_backend", "mpi" if self.use_allgatherv else self.backend)
+
+
+def part_sizes(length: int, workers: int) -> list[int]:
+    """How a tensor of ``length`` elements is cut over ``workers`` (sharded optimizer states): worker
+    ``k`` holds elements ``[k m, (k+1) m)``, ``m = ceil(length / workers)``; the last parts are
+    shorter, or empty. The rewrite and the MPI calls both cut by this.
+
+    >>> part_sizes(10, 4), part_sizes(2, 3)
+    ([3, 3, 3, 1], [1, 1, 0])
+    """
+    workers = max(1, workers)
+    m = -(-length // workers)
+    return [max(0, min(m, length - k * m)) for k in range(workers)]
 
 
 @dataclass(frozen=True)
@@ -189,7 +202,7 @@ class VariablePlacement:
         >>> VariablePlacement("w", (10, 3), "float32", True, None).shard_elements(4)
         8
         """
-        return -(-self.num_elements // max(1, num_workers))
+        return part_sizes(self.num_elements, num_workers)[0]
 
 
 @dataclass(frozen=True)

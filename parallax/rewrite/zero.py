@@ -44,7 +44,7 @@ from tensorflow.python.framework import op_def_registry
 from parallax.comm.base import NO_SHARDS
 from parallax.comm.registry import backend_for
 from parallax.errors import RewriteError
-from parallax.plan.model import Plan, TaskSpec, VariablePlacement
+from parallax.plan.model import Plan, TaskSpec, VariablePlacement, part_sizes
 from parallax.rewrite.aggregate import build_subgraph
 from parallax.rewrite.graph_ops import add_nodes, consumers, node_map, parse_input
 from parallax.rewrite.names import AGGREGATE_PREFIX, ZERO_PREFIX, aggregate_outputs, zero_scope
@@ -153,9 +153,8 @@ def _part_of(flat_length: int, workers: int, index: int):
     """A builder: this worker's part of a tensor of ``flat_length`` elements, flattened (elements
     ``[index m, (index+1) m)``, the last parts padded with zeros to ``m``), and ``m``. No copy of the
     whole tensor is made: the part is sliced, then padded."""
-    m = -(-flat_length // workers)
-    begin = min(index * m, flat_length)
-    size = max(0, min(m, flat_length - begin))
+    sizes = part_sizes(flat_length, workers)
+    m, begin, size = sizes[0], sum(sizes[:index]), sizes[index]
 
     def part(tensor: tf.Tensor) -> tf.Tensor:
         piece = tf.slice(tf.reshape(tensor, [flat_length]), [begin], [size])
