@@ -37,7 +37,7 @@ import tensorflow as tf
 from parallax.errors import AnalysisError
 from parallax.rewrite.graph_ops import colocated_with
 
-__all__ = ["VariableInfo", "GradientInfo", "GraphAnalysis", "analyse_graph", "VARIABLE_OP_TYPES",
+__all__ = ["VariableInfo", "GradientInfo", "ForwardOp", "GraphAnalysis", "analyse_graph", "VARIABLE_OP_TYPES",
            "update_scope_owner"]
 
 VARIABLE_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable", "AutoReloadVariable",
@@ -137,6 +137,23 @@ class GradientInfo:
 
 
 @dataclass(frozen=True)
+class ForwardOp:
+    """An op of the forward pass (an ancestor of the gradients outside ``gradients`` scopes),
+    for cutting the model into pipeline stages (:mod:`parallax.plan.stages`).
+
+    Attributes:
+        name: the op's name.
+        cost: its estimated cost: 1, plus the elements of each variable it computes with (a
+            ``MatMul`` with a kernel), or a row of it for a gather of rows (an embedding lookup).
+        reads: the variables it reads, directly or through a read op.
+    """
+
+    name: str
+    cost: int
+    reads: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class GraphAnalysis:
     """What the rewrite needs to know about the single-device graph.
 
@@ -145,11 +162,13 @@ class GraphAnalysis:
         gradients: the gradient of every variable an optimizer updates, sorted
             by variable name.
         train_ops: names of the training ops (none in a forward-only graph).
+        forward: the forward pass's ops in the order they were made (the layers' order).
     """
 
     variables: tuple[VariableInfo, ...]
     gradients: tuple[GradientInfo, ...]
     train_ops: tuple[str, ...]
+    forward: tuple[ForwardOp, ...] = ()
 
     @property
     def forward_only(self) -> bool:
@@ -215,7 +234,41 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
         gradients.append(_gradient_of(var_name, scopes[var_name], graph))
     gradients = _find_raw_gradients(graph, gradients)
     train_ops = _train_ops(graph, scopes) if gradients else ()
-    return GraphAnalysis(tuple(variables), tuple(gradients), train_ops)
+    forward = _forward_ops(graph, gradients, {v.name: v for v in variables})
+    return GraphAnalysis(tuple(variables), tuple(gradients), train_ops, forward)
+
+
+def _forward_ops(graph: tf.Graph, gradients: list[GradientInfo], variables: dict) -> tuple[ForwardOp, ...]:
+    """The ancestors of the gradients, variables and ``gradients`` scopes apart, in creation order."""
+    starts = [graph.get_tensor_by_name(t).op for g in gradients for t in g.aggregation_tensors if t]
+    seen = {op.name for op in starts}
+    queue = deque(starts)
+    while queue:
+        op = queue.popleft()
+        for parent in [t.op for t in op.inputs] + list(op.control_inputs):
+            if parent.name not in seen and parent.type not in VARIABLE_OP_TYPES:
+                seen.add(parent.name)
+                queue.append(parent)
+    out = []
+    for op in graph.get_operations():
+        if op.name not in seen or _in_gradient_scope(op):
+            continue
+        reads = []
+        for t in op.inputs:
+            source = t.op
+            if source.type in ("Identity", "ReadVariableOp") and source.inputs:
+                source = source.inputs[0].op
+            if source.type in VARIABLE_OP_TYPES and source.name in variables and op.type not in _PURE_READS:
+                reads.append(source.name)
+        cost = 1
+        for name in reads:
+            shape = variables[name].shape
+            elements = 1
+            for d in (shape[1:] if "Gather" in op.type and shape else shape):
+                elements *= d or 1
+            cost += elements
+        out.append(ForwardOp(op.name, cost, tuple(dict.fromkeys(reads))))
+    return tuple(out)
 
 
 def _colocation(op) -> str | None:

@@ -89,6 +89,22 @@ def _zero_stage(owner: str, field: str, value: Any) -> int:
     return value
 
 
+def _positive_int(owner: str, field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{owner}.{field} must be a positive int, got {_describe(value)}")
+    return value
+
+
+def _scope_list(owner: str, field: str, value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or \
+            not all(isinstance(v, str) and v for v in value):
+        raise TypeError(f"{owner}.{field} must be a list of op or scope names (non-empty strings), "
+                        f"got {_describe(value)}")
+    return tuple(value)
+
+
 def _instance_of(cls_getter: Callable[[], type]) -> Callable:
     """A checker for a nested config; ``None`` stands for a fresh default one."""
     def check(owner: str, field: str, value: Any) -> Any:
@@ -453,6 +469,19 @@ class Config(_ConfigBase):
             updated parts are all-gathered; ``2`` also sums the gradients with a
             reduce-scatter, so each worker gets only its ``1/n`` of them. See
             docs/modes.md.
+        pipeline_stages: (Parallax only) cut each replica's forward and backward
+            passes into this many stages, each on a device of its own: each
+            worker's devices (its resource-file line) are taken this many at a
+            time as one replica's stages. Default 1 (no pipeline). See
+            docs/modes.md.
+        micro_batches: (Parallax only) split each replica's batch into this
+            many micro-batches along the first axis of every batch input; their
+            gradients are averaged before the one update, so a step equals one
+            step on the whole batch. Default 1.
+        pipeline_cuts: (Parallax only) the scopes (or ops) where stages
+            ``1 .. k-1`` begin, in the order the model makes them, instead of
+            cuts chosen by estimated cost; ``pipeline_stages`` then defaults to
+            ``len(pipeline_cuts) + 1``.
         stall_timeout: (Parallax only) seconds a launched process may wait for
             its peers (in ``sess.run`` or while its session starts) before the
             launcher prints who waits for whom and where; again every that many
@@ -473,6 +502,15 @@ class Config(_ConfigBase):
     export_graph_path: str | None = _field(None, _optional_str)
     stall_timeout: float | None = _field(30.0, _positive_number_or_none)
     zero_stage: int = _field(0, _zero_stage)
+    pipeline_stages: int = _field(1, _positive_int)
+    micro_batches: int = _field(1, _positive_int)
+    pipeline_cuts: list | None = _field(tuple, _scope_list, factory=True)
+
+    @property
+    def stages(self) -> int:
+        """The pipeline's stages: ``pipeline_stages``, or one more than the cuts named."""
+        return len(self.pipeline_cuts) + 1 if self.pipeline_cuts and self.pipeline_stages == 1 \
+            else self.pipeline_stages
 
     def validate(self, sync: bool = True) -> None:
         """Check the whole configuration, nested configs included.
@@ -494,6 +532,13 @@ class Config(_ConfigBase):
                              "or 'HYBRID'")
         if self.zero_stage and not sync:
             raise ValueError(f"zero_stage={self.zero_stage} needs synchronous training (sync=True)")
+        if self.pipeline_cuts and self.stages != len(self.pipeline_cuts) + 1:
+            raise ValueError(f"pipeline_cuts names {len(self.pipeline_cuts)} cut(s), which make "
+                             f"{len(self.pipeline_cuts) + 1} stages, but pipeline_stages={self.pipeline_stages}")
+        if (self.stages > 1 or self.micro_batches > 1) and not sync:
+            raise ValueError(f"pipeline_stages={self.stages}, micro_batches={self.micro_batches}: a pipeline "
+                             "averages its micro-batches' gradients before one synchronous update; it needs "
+                             "sync=True")
 
 
 ParallaxConfig = Config

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from parallax.analysis import GraphAnalysis
 from parallax.comm.registry import backend_class
+from parallax.errors import PlanError
 from parallax.launch.layout import RankSpec, hybrid_ranks, ps_ranks, ranks_per_device
 from parallax.plan import Plan, build_plan
 from parallax.plan.policies import choose_sync
@@ -147,6 +148,11 @@ def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis)
         processes = (ProcessSpec(0, "worker", 0, worker.host, worker.line, worker.port, devices, None, 1),)
         servers = False
     else:
+        if layout == "PS" and settings.pipeline[:2] != (1, 1):
+            raise PlanError(f"pipeline_stages={settings.pipeline[0]}, micro_batches={settings.pipeline[1]}: a "
+                            "pipeline keeps each stage's variables on its own device, so it does not run with "
+                            "parameter servers across processes (run_option PS); use 'MPI' or 'HYBRID' (whose "
+                            "sparse variables may stay on servers), or one process (a single resource line)")
         processes = _processes(ranks, layout, settings)
         servers = layout != "MPI" or backend_class(settings.allreduce_comm.backend).needs_server
     plan = _variable_plan(layout, processes, servers, settings, analysis)
@@ -158,7 +164,8 @@ def _layout(cluster: Cluster, settings: Settings, analysis: GraphAnalysis
     """The layout, the ranks to launch, and notes on a run option that runs as another layout."""
     first = cluster.workers[0]
     alone = len(cluster.workers) == 1 and first.host in settings.local_hosts and not cluster.servers
-    per_device = ranks_per_device(cluster)
+    stages = settings.pipeline[0]
+    per_device = ranks_per_device(cluster, stages)
     option = settings.run_option
     if option == "MPI":
         local = len(cluster.workers) == 1 and first.host in settings.local_hosts and len(per_device) == 1
@@ -180,7 +187,7 @@ def _layout(cluster: Cluster, settings: Settings, analysis: GraphAnalysis
         why = "no dense gradient" if option == "HYBRID" else "cost model"
         return "PS", ps_ranks(cluster), (f"run_option={option}: every variable goes to parameter servers "
                                          f"({why}), so the job runs as PS",)
-    return "HYBRID", hybrid_ranks(cluster), ()
+    return "HYBRID", hybrid_ranks(cluster, stages), ()
 
 
 def _bare_host_devices(gpus: int) -> tuple[Device, ...]:
@@ -242,4 +249,6 @@ def _variable_plan(layout: str, processes: tuple[ProcessSpec, ...], servers: boo
                       average_sparse=settings.average_sparse, cross_worker=cross_worker,
                       comm=settings.comm_for(layout), server_devices=server_devices, notes=notes,
                       overrides=overrides, ps=settings.ps, server_hosts=server_hosts,
-                      zero_stage=settings.zero_stage if layout in ("MPI", "HYBRID") else 0)
+                      zero_stage=settings.zero_stage if layout in ("MPI", "HYBRID") else 0,
+                      pipeline_stages=settings.pipeline[0], micro_batches=settings.pipeline[1],
+                      pipeline_cuts=settings.pipeline[2])

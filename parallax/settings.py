@@ -87,6 +87,8 @@ class Settings:
         export_graph_path: ``Config.export_graph_path``.
         search_partitions: ``Config.search_partitions``.
         zero_stage: ``Config.zero_stage``.
+        pipeline: ``(stages, micro_batches, cuts)`` from ``Config.pipeline_stages``,
+            ``micro_batches`` and ``pipeline_cuts``.
         notes: remarks on what was decided, printed with the plan.
     """
 
@@ -110,6 +112,7 @@ class Settings:
     export_graph_path: str | None = None
     search_partitions: bool = False
     zero_stage: int = 0
+    pipeline: tuple[int, int, tuple[str, ...]] = (1, 1, ())
     notes: tuple[str, ...] = ()
 
     def threads_per_process(self, processes_on_host: int) -> int:
@@ -223,4 +226,5 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         sess_config=copy.deepcopy(config.sess_config), hooks=tuple(config.hooks),
         ckpt=copy.deepcopy(config.ckpt_config), profile=copy.deepcopy(config.profile_config),
         redirect_path=config.redirect_path, export_graph_path=config.export_graph_path,
-        search_partitions=config.search_partitions, notes=notes, zero_stage=config.zero_stage)
+        search_partitions=config.search_partitions, notes=notes, zero_stage=config.zero_stage,
+        pipeline=(config.stages, config.micro_batches, tuple(config.pipeline_cuts)))

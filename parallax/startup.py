@@ -180,13 +180,14 @@ def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: t
     setup.heartbeat.set("user")
     shard_ops = frozenset(n for n in shard_op_names(meta_graph) if n)
     replicated = classify(meta_graph.graph_def, plan, extra_inputs=shard_ops).replicated | shard_ops
-    wrapper = ParallaxSession(session, dist_graph, graph, replicated, len(process.devices),
+    num_replicas = len(plan.workers[task.worker_index].replica_devices)  # a pipeline's stages are one replica
+    wrapper = ParallaxSession(session, dist_graph, graph, replicated, num_replicas,
                               profiler=Profiler.from_config(settings.profile, task.worker_index),
                               heartbeat=setup.heartbeat,
                               waits=wait_points(plan, task), on_close=tuple(releases),
                               after_steps=_after_steps(plan, dist_graph), hooks=hooks,
                               held_in_parts=held_in_parts(plan))
-    return wrapper, setup.num_workers, task.worker_index, len(process.devices)
+    return wrapper, setup.num_workers, task.worker_index, num_replicas
 
 
 def _after_steps(plan, graph: tf.Graph) -> dict[str, str]:

@@ -163,13 +163,79 @@ def sequence_batches(steps: int, batch: int, seed: int = 0) -> list[dict[str, np
              "y": rng.randn(batch, 1).astype(np.float32)} for _ in range(steps)]
 
 
+def build_deep_mlp(optimizer: str = "adam", layers: int = 6, clip: float | None = None) -> Model:
+    """A deep MLP, each layer in a scope of its own (``layer_<i>``): x[?, 4] -> 6 x tanh(16) -> 1."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, FEATURES], name="x")
+        y = tf.compat.v1.placeholder(tf.float32, [None, 1], name="y")
+        h = x
+        for i in range(layers):
+            with tf.compat.v1.variable_scope(f"layer_{i}"):
+                width = int(h.shape[-1])
+                w = tf.compat.v1.get_variable("kernel", [width, 16], initializer=_init([width, 16], 20 + i))
+                b = tf.compat.v1.get_variable("bias", [16], initializer=_init([16], 40 + i))
+                h = tf.tanh(tf.matmul(h, w) + b)
+        with tf.compat.v1.variable_scope("head"):
+            w = tf.compat.v1.get_variable("kernel", [16, 1], initializer=_init([16, 1], 60))
+            loss = tf.reduce_mean(tf.square(tf.matmul(h, w) - y), name="loss")
+        train_op = _train(loss, optimizer, clip, True, 1.0)
+    return Model(graph, {"x": x, "y": y}, loss, train_op)
+
+
+def _batch_norm(h, channels: int):
+    """Batch norm as ``tf.compat.v1.layers.batch_normalization(training=True)`` builds it (that API is
+    gone with Keras 3): batch statistics, a learned scale and offset, moving statistics in ``UPDATE_OPS``."""
+    gamma = tf.compat.v1.get_variable("gamma", [channels], initializer=tf.compat.v1.ones_initializer())
+    beta = tf.compat.v1.get_variable("beta", [channels], initializer=tf.compat.v1.zeros_initializer())
+    moving_mean = tf.compat.v1.get_variable("moving_mean", [channels], trainable=False,
+                                            initializer=tf.compat.v1.zeros_initializer())
+    moving_var = tf.compat.v1.get_variable("moving_variance", [channels], trainable=False,
+                                           initializer=tf.compat.v1.ones_initializer())
+    mean, variance = tf.nn.moments(h, axes=[0, 1, 2])
+    for variable, value in ((moving_mean, mean), (moving_var, variance)):
+        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS,
+                                       tf.compat.v1.assign(variable, 0.9 * variable + 0.1 * value))
+    return tf.nn.batch_normalization(h, mean, variance, beta, gamma, 1e-3)
+
+
+def build_cnn_bn(optimizer: str = "momentum") -> Model:
+    """A CNN with batch norm (moving statistics in ``UPDATE_OPS``, run before the update):
+    images[?, 6, 6, 1] -> conv 3x3x4 -> batch norm -> relu -> conv 3x3x4 -> mean pool -> 1."""
+    graph = tf.Graph()
+    with graph.as_default():
+        images = tf.compat.v1.placeholder(tf.float32, [None, 6, 6, 1], name="images")
+        y = tf.compat.v1.placeholder(tf.float32, [None, 1], name="y")
+        with tf.compat.v1.variable_scope("block_0"):
+            k = tf.compat.v1.get_variable("kernel", [3, 3, 1, 4], initializer=_init([3, 3, 1, 4], 70))
+            h = tf.nn.relu(_batch_norm(tf.nn.conv2d(images, k, 1, "SAME"), 4))
+        with tf.compat.v1.variable_scope("block_1"):
+            k = tf.compat.v1.get_variable("kernel", [3, 3, 4, 4], initializer=_init([3, 3, 4, 4], 71))
+            h = tf.reduce_mean(tf.nn.conv2d(h, k, 1, "SAME"), axis=[1, 2])
+        with tf.compat.v1.variable_scope("head"):
+            w = tf.compat.v1.get_variable("kernel", [4, 1], initializer=_init([4, 1], 72))
+            loss = tf.reduce_mean(tf.square(tf.matmul(h, w) - y), name="loss")
+        with tf.control_dependencies(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)):
+            train_op = _train(loss, optimizer, None, True, 1.0)
+    return Model(graph, {"images": images, "y": y}, loss, train_op)
+
+
+def image_batches(steps: int, batch: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    rng = np.random.RandomState(seed)
+    return [{"images": rng.randn(batch, 6, 6, 1).astype(np.float32),
+             "y": rng.randn(batch, 1).astype(np.float32)} for _ in range(steps)]
+
+
 BUILDERS = {"mlp": build_mlp, "embedding": build_embedding,
             "embedding_only": lambda optimizer="gd", lr_scale=1.0: build_embedding(
                 optimizer, dense_part=False, lr_scale=lr_scale),
             "sequence": lambda optimizer="adam": build_sequence(optimizer, partitions=2),
-            "mlp_ref": lambda optimizer="gd", clip=None: build_mlp(optimizer, resource=False, clip=clip)}
+            "mlp_ref": lambda optimizer="gd", clip=None: build_mlp(optimizer, resource=False, clip=clip),
+            "deep_mlp": build_deep_mlp, "cnn_bn": build_cnn_bn}
 DATA = {"mlp": lambda steps, batch: batches("mlp", steps, batch),
         "embedding": lambda steps, batch: batches("embedding", steps, batch),
         "embedding_only": lambda steps, batch: batches("embedding", steps, batch),
         "sequence": lambda steps, batch: sequence_batches(steps, batch),
-        "mlp_ref": lambda steps, batch: batches("mlp", steps, batch)}
+        "mlp_ref": lambda steps, batch: batches("mlp", steps, batch),
+        "deep_mlp": lambda steps, batch: batches("mlp", steps, batch),
+        "cnn_bn": image_batches}

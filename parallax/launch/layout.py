@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from parallax.errors import ResourceFileError
 from parallax.resources import Cluster, Device
 
 __all__ = ["RankSpec", "ranks_per_device", "ps_ranks", "hybrid_ranks", "layout_to_json", "layout_from_json"]
@@ -42,20 +43,32 @@ def _hosts_together(ranks: list[RankSpec]) -> tuple[RankSpec, ...]:
     return tuple(sorted(ranks, key=lambda r: order[r.host]))
 
 
-def ranks_per_device(cluster: Cluster) -> tuple[RankSpec, ...]:
-    """MPI mode: one rank per listed device, hosts in file order (one rank for a bare host).
+def ranks_per_device(cluster: Cluster, group: int = 1) -> tuple[RankSpec, ...]:
+    """MPI mode: one rank per listed device (per ``group`` consecutive devices: the stages of a
+    pipeline), hosts in file order (one rank for a bare host).
 
     >>> from parallax.resources import parse_resource_text
     >>> [(r.host, str(r.device)) for r in ranks_per_device(parse_resource_text("a: 0,1\\nb"))]
     [('a', 'gpu:0'), ('a', 'gpu:1'), ('b', 'None')]
+    >>> [len(r.devices) for r in ranks_per_device(parse_resource_text("a: 0,1,2,3"), group=2)]
+    [2, 2]
+
+    Raises:
+        ResourceFileError: a line's devices do not divide into groups.
     """
     ranks = []
     for worker in cluster.workers:
         if worker.devices is None:
             ranks.append(RankSpec(worker.host, None, worker.line, port=worker.port))
-        else:  # a line of one device is one process: its server takes the line's port
-            port = worker.port if len(worker.devices) == 1 else None
-            ranks.extend(RankSpec(worker.host, (d,), worker.line, port=port) for d in worker.devices)
+            continue
+        if len(worker.devices) % group:
+            raise ResourceFileError(
+                f"line {worker.line} ({worker.host}) lists {len(worker.devices)} device(s), but pipeline_stages="
+                f"{group} gives each process {group} devices, one per stage: list a multiple of {group}")
+        # a line of one process: its server takes the line's port
+        port = worker.port if len(worker.devices) == group else None
+        ranks.extend(RankSpec(worker.host, tuple(worker.devices[i:i + group]), worker.line, port=port)
+                     for i in range(0, len(worker.devices), group))
     return _hosts_together(ranks)
 
 
@@ -74,7 +87,7 @@ def ps_ranks(cluster: Cluster) -> tuple[RankSpec, ...]:
     return _hosts_together([*workers, *_servers(cluster)])
 
 
-def hybrid_ranks(cluster: Cluster) -> tuple[RankSpec, ...]:
+def hybrid_ranks(cluster: Cluster, group: int = 1) -> tuple[RankSpec, ...]:
     """HYBRID (and AUTO with servers): one worker rank per device, as in MPI mode,
     and the parameter servers of :func:`ps_ranks`.
 
@@ -82,7 +95,7 @@ def hybrid_ranks(cluster: Cluster) -> tuple[RankSpec, ...]:
     >>> [(r.role, r.host, str(r.device)) for r in hybrid_ranks(parse_resource_text("a: 0,1"))]
     [('worker', 'a', 'gpu:0'), ('worker', 'a', 'gpu:1'), ('ps', 'a', 'None')]
     """
-    return _hosts_together([*ranks_per_device(cluster), *_servers(cluster)])
+    return _hosts_together([*ranks_per_device(cluster, group), *_servers(cluster)])
 
 
 def _servers(cluster: Cluster) -> list[RankSpec]:

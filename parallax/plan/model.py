@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = ["part_sizes", "GradientRef", "VariablePlacement", "WorkerPlan", "TaskSpec", "Plan", "CommSpec", "PSSpec",
+           "PipelineSpec",
            "AGGREGATIONS", "SYNC_METHODS", "BACKENDS"]
 
 AGGREGATIONS = ("mean", "sum")
@@ -158,6 +159,8 @@ class VariablePlacement:
         slot_of: the variable this one is an optimizer slot of (Adam's moments).
         sharded: with ``Plan.zero_stage``, a variable whose slots each worker keeps
             ``1/n`` of (and updates that part of it), or such a slot.
+        stage: with a pipeline (:class:`PipelineSpec`), the stage whose device holds the
+            variable (its slots follow it); ``0`` otherwise.
     """
 
     name: str
@@ -174,6 +177,7 @@ class VariablePlacement:
     bytes_per_worker: int = 0
     slot_of: str | None = None
     sharded: bool = False
+    stage: int = 0
 
     @property
     def sparse(self) -> bool:
@@ -215,6 +219,45 @@ class WorkerPlan:
 
 
 @dataclass(frozen=True)
+class PipelineSpec:
+    """Pipeline (and model) parallelism inside each replica (:mod:`parallax.rewrite.micro_batches`).
+
+    Attributes:
+        stages: the forward pass is cut into this many stages, each on a device of its own;
+            the backward ops of a forward op go to its stage.
+        micro_batches: each replica's batch is split into this many micro-batches, each
+            run through the stages, their gradients averaged before the one update.
+        cuts: the first forward op of stages ``1 .. stages-1``, in the order the ops were made.
+        devices: ``devices[w][r][s]``: the device of stage ``s`` of replica ``r`` of worker
+            ``w`` (``WorkerPlan.replica_devices`` holds stage 0's).
+        stage_costs: the estimated cost of each stage's forward ops (see
+            :class:`parallax.analysis.ForwardOp`).
+        cut_by: ``"cost"`` (cut where the estimated cost is balanced) or ``"user"``
+            (``Config.pipeline_cuts``).
+    """
+
+    stages: int = 1
+    micro_batches: int = 1
+    cuts: tuple[str, ...] = ()
+    devices: tuple[tuple[tuple[str, ...], ...], ...] = ()
+    stage_costs: tuple[int, ...] = ()
+    cut_by: str = "cost"
+
+    @property
+    def active(self) -> bool:
+        return self.stages > 1 or self.micro_batches > 1
+
+    @property
+    def bubble(self) -> float:
+        """The fraction of a step each stage idles in the GPipe schedule: ``(k-1)/(m+k-1)``.
+
+        >>> PipelineSpec(stages=4, micro_batches=8).bubble
+        0.2727272727272727
+        """
+        return (self.stages - 1) / (self.micro_batches + self.stages - 1)
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     """The identity of the process a graph is rewritten for."""
 
@@ -240,6 +283,7 @@ class Plan:
         zero_stage: ZeRO: ``0`` off; ``1`` the workers shard the slots of the
             variables marked ``sharded``; ``2`` their gradients too
             (:mod:`parallax.rewrite.zero`).
+        pipeline: stages and micro-batches inside each replica.
     """
 
     run_option: str
@@ -253,6 +297,7 @@ class Plan:
     ps: PSSpec = field(default_factory=PSSpec)
     server_hosts: tuple[str, ...] = field(default=())
     zero_stage: int = 0
+    pipeline: PipelineSpec = field(default_factory=PipelineSpec)
 
     @property
     def num_workers(self) -> int:
@@ -305,7 +350,7 @@ class Plan:
                 aggregation=v["aggregation"], sync=v.get("sync", "local"), server=v.get("server"),
                 density=v.get("density"), density_source=v.get("density_source", ""),
                 partition_of=v.get("partition_of"), bytes_per_worker=v.get("bytes_per_worker", 0),
-                slot_of=v.get("slot_of"), sharded=v.get("sharded", False))
+                slot_of=v.get("slot_of"), sharded=v.get("sharded", False), stage=v.get("stage", 0))
             for v in data["variables"])
         workers = tuple(WorkerPlan(w["host"], tuple(w["replica_devices"]), w["shared_device"])
                         for w in data["workers"])
@@ -313,7 +358,14 @@ class Plan:
                    variables=variables, train_ops=tuple(data["train_ops"]),
                    notes=tuple(data.get("notes", ())), comm=CommSpec(**data.get("comm", {})),
                    server_devices=tuple(data.get("server_devices", ())), ps=PSSpec(**data.get("ps", {})),
-                   server_hosts=tuple(data.get("server_hosts", ())), zero_stage=data.get("zero_stage", 0))
+                   server_hosts=tuple(data.get("server_hosts", ())), zero_stage=data.get("zero_stage", 0),
+                   pipeline=_pipeline_from_dict(data.get("pipeline", {})))
+
+    def stage_devices(self, worker_index: int) -> tuple[tuple[str, ...], ...]:
+        """``[r][s]``: the device of stage ``s`` of each replica of a worker (one stage without a pipeline)."""
+        if self.pipeline.devices:
+            return self.pipeline.devices[worker_index]
+        return tuple((d,) for d in self.workers[worker_index].replica_devices)
 
     def describe(self) -> str:
         """A table of the plan, for logs and ``parallax plan``."""
@@ -327,6 +379,7 @@ class Plan:
         for i, w in enumerate(self.workers):
             lines.append(f"  worker {i} on {w.host}: replicas on {', '.join(w.replica_devices)}; "
                          f"shared state on {w.shared_device}")
+        lines.extend(self._describe_pipeline())
         if self.server_devices:
             lines.append(f"  parameter servers: local_aggregation={self.ps.local_aggregation} "
                          f"replicate_variables={self.ps.replicate_variables} "
@@ -337,8 +390,9 @@ class Plan:
         for i, device in enumerate(self.server_devices):
             load = sum(v.num_bytes for v in self.variables if v.server == i)
             lines.append(f"  server {i}: {device}, {load} bytes of variables")
+        staged = self.pipeline.stages > 1
         rows = [("variable", "shape", "dtype", "bytes", "gradient", "density", "aggregation", "sync", "where",
-                 "partition of", "bytes/worker/step")]
+                 "partition of", "bytes/worker/step") + (("stage",) if staged else ())]
         for v in self.variables:
             kind = "-" if v.gradient is None else ("sparse" if v.sparse else "dense")
             shape = "[" + ",".join("?" if d is None else str(d) for d in v.shape) + "]"
@@ -351,7 +405,7 @@ class Plan:
             has_grad = v.gradient is not None
             rows.append((v.name, shape, v.dtype, str(v.num_bytes), kind, density,
                          v.aggregation if has_grad else "-", v.sync if has_grad else "-", where,
-                         v.partition_of or "-", str(v.bytes_per_worker)))
+                         v.partition_of or "-", str(v.bytes_per_worker)) + ((str(v.stage),) if staged else ()))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -365,3 +419,26 @@ class Plan:
                      + ("; an unknown density counts as 1% of the rows" if unknown else "") + ")")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
+
+    def _describe_pipeline(self) -> list[str]:
+        p = self.pipeline
+        if not p.active:
+            return []
+        lines = [f"  pipeline: {p.stages} stage(s), {p.micro_batches} micro-batch(es) per replica and step, "
+                 f"cut by {p.cut_by}; GPipe bubble (k-1)/(m+k-1) = {p.bubble:.2f}"]
+        total = sum(p.stage_costs) or 1
+        for s in range(p.stages):
+            held = [v for v in self.variables if v.stage == s and v.slot_of is None]
+            first = "the first op" if s == 0 else p.cuts[s - 1]
+            cost = f", {100 * p.stage_costs[s] / total:.0f}% of the estimated cost" if p.stage_costs else ""
+            devices = ", ".join(sorted({d for w in p.devices for r in w for d in r[s:s + 1]}))
+            lines.append(f"  stage {s}: from {first}{cost}, {len(held)} variable(s) "
+                         f"({sum(v.num_bytes for v in held)} bytes), on {devices}")
+        return lines
+
+
+def _pipeline_from_dict(data: dict[str, Any]) -> PipelineSpec:
+    devices = tuple(tuple(tuple(r) for r in w) for w in data.get("devices", ()))
+    return PipelineSpec(stages=data.get("stages", 1), micro_batches=data.get("micro_batches", 1),
+                        cuts=tuple(data.get("cuts", ())), devices=devices,
+                        stage_costs=tuple(data.get("stage_costs", ())), cut_by=data.get("cut_by", "cost"))

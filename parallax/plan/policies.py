@@ -18,6 +18,7 @@ from parallax.config import OVERRIDE_SYNC
 from parallax.errors import PlanError
 from parallax.plan.cost import cheapest, estimate_density, options
 from parallax.plan.model import CommSpec, GradientRef, Plan, PSSpec, VariablePlacement, WorkerPlan
+from parallax.plan.stages import group_devices, pipeline_spec
 from parallax.plan.traffic import step_traffic
 
 __all__ = ["build_plan", "place_by_bytes", "choose_sync", "partition_of", "Choice", "CROSS_WORKER"]
@@ -185,7 +186,8 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
                run_option: str, sync: bool, average_sparse: bool, cross_worker: str = "local",
                comm: CommSpec | None = None, server_devices: tuple[str, ...] = (),
                ps: PSSpec | None = None, overrides: Mapping[str, Any] | None = None,
-               notes: tuple[str, ...] = (), server_hosts: tuple[str, ...] = (), zero_stage: int = 0) -> Plan:
+               notes: tuple[str, ...] = (), server_hosts: tuple[str, ...] = (), zero_stage: int = 0,
+               pipeline_stages: int = 1, micro_batches: int = 1, pipeline_cuts: tuple[str, ...] = ()) -> Plan:
     """Decide the layout of every variable and replica.
 
     Dense gradients are averaged over the replicas; sparse ones are summed,
@@ -213,6 +215,9 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
         notes: remarks to keep in the plan.
         zero_stage: shard the optimizer slots of all-reduced dense variables
             over the workers (:func:`shardable`).
+        pipeline_stages, micro_batches, pipeline_cuts: the pipeline inside each replica
+            (:mod:`parallax.plan.stages`): each worker's devices are taken ``pipeline_stages``
+            at a time as one replica's stage devices.
 
     Returns:
         The plan.
@@ -221,7 +226,12 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
         PlanError: variables go to parameter servers but there are none, or a
             bad override.
     """
-    worker_plans = tuple(WorkerPlan(host, tuple(devices), shared) for host, devices, shared in workers)
+    stage_devices = [group_devices(devices, pipeline_stages, f"worker {i} on {host}")
+                     for i, (host, devices, _) in enumerate(workers)]
+    pipeline, stage_of_variable = pipeline_spec(analysis, stage_devices, pipeline_stages, micro_batches,
+                                                pipeline_cuts)
+    worker_plans = tuple(WorkerPlan(host, tuple(r[0] for r in grouped), shared)
+                         for (host, _, shared), grouped in zip(workers, stage_devices))
     replicas = max(1, len(worker_plans[0].replica_devices)) if worker_plans else 1
     choices, more_notes = choose_sync(analysis, len(worker_plans), replicas, cross_worker, overrides,
                                       hosts=[w.host for w in worker_plans])
@@ -249,14 +259,15 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
         c = choices.get(v.name, Choice("local", None, "", ""))
         variables.append(VariablePlacement(v.name, v.shape, v.dtype, v.trainable, ref, aggregation, c.sync,
                                            placement.get(v.name), c.density, c.density_source,
-                                           partition_of(v.name), slot_of=v.slot_of))
+                                           partition_of(v.name), slot_of=v.slot_of,
+                                           stage=stage_of_variable.get(v.name, 0)))
     zero_notes: tuple[str, ...] = ()
     if zero_stage and len(worker_plans) > 1:
         variables, zero_notes = _shard_slots(variables, zero_stage)
     plan = Plan(run_option=run_option, sync=sync, workers=worker_plans, variables=tuple(variables),
                 train_ops=analysis.train_ops, notes=tuple(notes) + more_notes + zero_notes, comm=comm or CommSpec(),
                 server_devices=tuple(server_devices), ps=ps, server_hosts=tuple(server_hosts),
-                zero_stage=zero_stage if len(worker_plans) > 1 else 0)
+                zero_stage=zero_stage if len(worker_plans) > 1 else 0, pipeline=pipeline)
     costs = step_traffic(plan).variables
     n = max(1, len(worker_plans))
     plan = replace(plan, variables=tuple(replace(v, bytes_per_worker=round(costs[v.name].per(n).total))

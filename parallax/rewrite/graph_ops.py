@@ -8,7 +8,8 @@ from collections.abc import Iterable
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
-__all__ = ["parse_input", "format_input", "op_of", "enclosing_scope", "node_map", "consumers", "ancestors",
+__all__ = ["parse_input", "format_input", "op_of", "enclosing_scope", "replica_device",
+           "node_map", "consumers", "ancestors",
            "descendants", "add_nodes", "is_variable_write", "written_variable", "make_no_op"]
 
 _WRITE_OPS = frozenset({"Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",
@@ -79,6 +80,18 @@ def enclosing_scope(name: str, scopes) -> str | None:
         if prefix in scopes:
             return prefix
     return None
+
+
+def replica_device(original: str, device: str) -> str:
+    """The device of a replica's (or stage's) copy of an op placed at ``original`` by the user:
+    ``device``, except that an op pinned to the CPU stays there when ``device`` is a GPU.
+
+    >>> replica_device("/device:CPU:0", "/device:GPU:1"), replica_device("/device:GPU:0", "/device:GPU:1")
+    ('/device:CPU:0', '/device:GPU:1')
+    """
+    if original and "CPU" in original.upper() and "GPU" in device.upper():
+        return original
+    return device
 
 
 def node_map(graph_def: graph_pb2.GraphDef) -> dict[str, node_def_pb2.NodeDef]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 __all__ = ["REPLICA_PREFIX", "replica_op_name", "copy_replica", "replica_tensor_name", "aggregate_scope",
            "replica_frame_name", "replica_function_name", "aggregate_outputs", "SYNC_PREFIX", "LOCAL_COPY_PREFIX",
            "sync_scope", "unsynchronised_train_op", "aggregate_step_scope", "variable_sync_scope", "local_copy_scope",
-           "is_parallax_op", "packed_reads_scope"]
+           "is_parallax_op", "packed_reads_scope", "MICRO_PREFIX", "PIPELINE_PREFIX", "micro_op_name"]
 
 REPLICA_PREFIX = "parallax_replica_"
 AGGREGATE_PREFIX = "parallax_aggregate"
@@ -17,6 +17,18 @@ SYNC_PREFIX = "parallax_sync"
 LOCAL_COPY_PREFIX = "parallax_local"
 READS_PREFIX = "parallax_reads"
 ZERO_PREFIX = "parallax_zero"
+MICRO_PREFIX = "parallax_micro_"
+PIPELINE_PREFIX = "parallax_pipeline"
+
+
+def micro_op_name(name: str, micro_batch: int) -> str:
+    """The copy of op ``name`` for micro-batch ``micro_batch`` (every micro-batch's copy is renamed:
+    the original name then combines them, see :mod:`parallax.rewrite.micro_batches`).
+
+    >>> micro_op_name("dense/MatMul", 1), micro_op_name("while/Enter", 0)
+    ('parallax_micro_1/dense/MatMul', 'parallax_micro_0/while/Enter')
+    """
+    return f"{MICRO_PREFIX}{micro_batch}/{name}"
 
 
 def replica_op_name(name: str, replica: int) -> str:

@@ -10,6 +10,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.aggregate import aggregate_gradients
 from parallax.rewrite.local_copies import use_local_copies
+from parallax.rewrite.micro_batches import split_micro_batches
 from parallax.rewrite.names import AGGREGATE_PREFIX, SYNC_PREFIX, sync_scope
 from parallax.rewrite.packed_reads import pack_server_reads
 from parallax.rewrite.placement import place_variables
@@ -21,8 +22,8 @@ __all__ = ["PASSES", "rewrite_for_task", "wait_points"]
 
 Pass = Callable[[meta_graph_pb2.MetaGraphDef, Plan, TaskSpec], meta_graph_pb2.MetaGraphDef]
 
-PASSES: tuple[Pass, ...] = (replicate_graph, aggregate_gradients, shard_optimizer_states, place_variables,
-                            add_ps_sync, use_local_copies, pack_server_reads)
+PASSES: tuple[Pass, ...] = (split_micro_batches, replicate_graph, aggregate_gradients, shard_optimizer_states,
+                            place_variables, add_ps_sync, use_local_copies, pack_server_reads)
 
 
 def rewrite_for_task(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec,

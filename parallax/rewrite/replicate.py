@@ -42,6 +42,7 @@ from parallax.rewrite.graph_ops import (
     make_no_op,
     node_map,
     parse_input,
+    replica_device,
     written_variable,
 )
 from parallax.rewrite.names import (
@@ -64,12 +65,6 @@ def shard_op_names(meta_graph: meta_graph_pb2.MetaGraphDef) -> tuple[str | None,
         values = meta_graph.collection_def[key].node_list.value
         return parse_input(values[0])[0] if values else None
     return first(NUM_SHARDS_COLLECTION), first(SHARD_ID_COLLECTION)
-
-
-def _device_for(original: str, replica_device: str) -> str:
-    if original and "CPU" in original.upper() and "GPU" in replica_device.upper():
-        return original
-    return replica_device
 
 
 def _set_const(node: node_def_pb2.NodeDef, value: int) -> None:
@@ -116,6 +111,9 @@ def replicate_graph(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
     roles = classify(meta_graph.graph_def, plan, extra_inputs=shard_ops)
     replicated = roles.replicated | shard_ops
     first_replica = plan.first_replica(task.worker_index)
+    stage_devices = plan.stage_devices(task.worker_index)
+    # with pipeline stages, an op on stage s of replica 0 goes to stage s of its replica
+    stage_maps = [dict(zip(stage_devices[0], r)) if plan.pipeline.stages > 1 else {} for r in stage_devices]
 
     new_nodes = []
     for node in meta_graph.graph_def.node:
@@ -143,7 +141,7 @@ def replicate_graph(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
             copy = node_def_pb2.NodeDef()
             copy.CopyFrom(node)
             copy.name = replica_op_name(node.name, r)
-            copy.device = _device_for(node.device, device)
+            copy.device = stage_maps[r].get(node.device) or replica_device(node.device, device)
             del copy.input[:]
             for text in node.input:
                 name, index, control = parse_input(text)

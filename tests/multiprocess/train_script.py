@@ -77,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sleep_rank", type=int, default=-1, help="this worker sleeps --sleep_seconds at --kill_step")
     p.add_argument("--sleep_seconds", type=float, default=0.0)
     p.add_argument("--stall_timeout", type=float, default=30.0)
-    p.add_argument("--export_graph_path", default=None)
+    p.add_argument("--export_graph_path", default=None, help="Config.export_graph_path; 'out': the --out directory")
     p.add_argument("--short_rank", type=int, default=-1, help="this rank runs one step fewer")
     p.add_argument("--kill_server_rank", type=int, default=-1, help="worker 0 kills this (server) rank")
     p.add_argument("--clip", type=float, default=None)
@@ -96,6 +96,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sess_threads", type=int, default=0, help="sess_config.intra_op_parallelism_threads")
     p.add_argument("--count_hook", action="store_true", help="a user hook counts the steps of every worker")
     p.add_argument("--zero_stage", type=int, default=0, help="Config.zero_stage; the slots are then not saved")
+    p.add_argument("--pipeline_stages", type=int, default=1)
+    p.add_argument("--micro_batches", type=int, default=1)
+    p.add_argument("--pipeline_cuts", default=None, help="Config.pipeline_cuts, comma-separated")
     p.add_argument("--out", required=True)
     p.add_argument("--cases", default=None, help="a JSON file {name: [options...]}: train each case in turn, one "
                    "parallel_run call each, with these options added, into <out>/<name>")
@@ -134,11 +137,13 @@ def train(args: argparse.Namespace) -> None:
     run_option = None if args.run_option == "default" else args.run_option
     config = parallax.Config(run_option=run_option, hooks=hooks, ckpt_config=ckpt, profile_config=profile,
                              sess_config=sess_config, stall_timeout=args.stall_timeout,
-                             export_graph_path=args.export_graph_path,
+                             export_graph_path=args.out if args.export_graph_path == "out" else args.export_graph_path,
                              average_sparse=args.average_sparse,
                              redirect_path=args.redirect_path, search_partitions=args.search_partitions,
                              plan_overrides=json.loads(args.overrides) if args.overrides else None,
-                             zero_stage=args.zero_stage,
+                             zero_stage=args.zero_stage, pipeline_stages=args.pipeline_stages,
+                             micro_batches=args.micro_batches,
+                             pipeline_cuts=args.pipeline_cuts.split(",") if args.pipeline_cuts else None,
                              communication_config=parallax.CommunicationConfig(ps_config=ps, mpi_config=mpi))
     sess, num_workers, worker_id, num_replicas = parallax.parallel_run(model.graph, args.resource_info,
                                                                        sync=args.sync, parallax_config=config)

@@ -54,8 +54,9 @@ def test_debug_dir_receives_one_file_per_pass(tmp_path):
     plan, task = plan_for(model, 2)
     rewrite_for_task(export(model.graph), plan, task, debug_dir=str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "01_replicate_graph.pbtxt", "02_aggregate_gradients.pbtxt", "03_shard_optimizer_states.pbtxt",
-        "04_place_variables.pbtxt", "05_add_ps_sync.pbtxt", "06_use_local_copies.pbtxt", "07_pack_server_reads.pbtxt"]
+        "01_split_micro_batches.pbtxt", "02_replicate_graph.pbtxt", "03_aggregate_gradients.pbtxt",
+        "04_shard_optimizer_states.pbtxt", "05_place_variables.pbtxt", "06_add_ps_sync.pbtxt",
+        "07_use_local_copies.pbtxt", "08_pack_server_reads.pbtxt"]
 
 
 def test_an_op_name_parallax_needs_is_a_clear_error():

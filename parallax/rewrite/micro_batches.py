@@ -1,0 +1,345 @@
+"""Pass: pipeline stages and micro-batches inside a replica (``Plan.pipeline``).
+
+Stages. Every op that computes a replica's step gets the device of its stage:
+
+* a forward op (an ancestor of the gradients outside ``gradients`` scopes) the
+  stage its position in the forward order falls in, between the plan's cuts
+  (:mod:`parallax.plan.stages`);
+* a backward op ``gradients/<forward op>_grad/...`` its forward op's stage;
+  other backward ops (sums of gradient contributions) the latest stage of
+  their inputs;
+* a variable the stage the plan gives it, and so do the ops colocated with it
+  (its slots, initializers and update ops: the update runs where the variable is).
+
+Micro-batches (``micro_batches = m > 1``). Each batch input of the replica (an
+output of a placeholder or of ``IteratorGetNext`` that is not a scalar) is split
+along its first axis into ``m`` parts (``parallax_pipeline/split/<op>_<k>``);
+every op computed from them is copied once per micro-batch
+(``parallax_micro_<j>/<name>``, loop frames renamed with it), each copy on its
+stage's device. Variable reads, constants and other ops computed from no
+batch input are shared by the copies. Then each original op name is taken by
+an op that combines its copies, so that everything outside reads the whole
+batch's value as before:
+
+* a variable's gradient: the mean of the micro-batches' gradients (a sparse
+  one: their values, divided by ``m``, and indices concatenated), so that the
+  one update sees the gradient of the whole batch, as on one device, when the
+  loss is a mean over the batch;
+* another tensor whose first dimension is the batch's (statically unknown, or
+  the input's): the copies concatenated in micro-batch order (predictions);
+* another floating-point tensor: their mean (a loss, an accuracy);
+* anything else (shapes, counts, handles): micro-batch 0's value.
+
+Ops inside a ``tf.while_loop`` get no combiner (nothing outside a loop may
+read them). The copies of micro-batches ``1 .. m-1`` of an op that writes a
+shared variable (batch-norm moving statistics) become ``NoOp``s: micro-batch
+0 writes it, as replica 0 does for replicas.
+
+TensorFlow runs each op once its inputs are there, so while stage ``s`` works
+on micro-batch ``j``, stage ``s+1`` can work on ``j-1``: the pipeline comes from
+the dataflow, without a hand-made schedule.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_right
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2, node_def_pb2, types_pb2
+from tensorflow.core.protobuf import meta_graph_pb2
+from tensorflow.python.framework import tensor_util
+
+from parallax.analysis import VARIABLE_OP_TYPES
+from parallax.errors import RewriteError
+from parallax.plan.model import Plan, TaskSpec
+from parallax.rewrite.classify import classify, is_input_op
+from parallax.rewrite.graph_ops import (
+    ancestors,
+    colocated_with,
+    colocation_group,
+    consumers,
+    descendants,
+    format_input,
+    make_no_op,
+    node_map,
+    op_of,
+    parse_input,
+    replica_device,
+    written_variable,
+)
+from parallax.rewrite.names import PIPELINE_PREFIX, micro_op_name
+
+__all__ = ["split_micro_batches", "op_stages"]
+
+_GRADIENT_SCOPE = re.compile(r"(^|/)gradients(_\d+)?/")
+_BATCH_SOURCES = ("Placeholder", "PlaceholderV2", "IteratorGetNext", "IteratorGetNextSync")
+_UNCOMBINED = (tf.resource, tf.variant)
+
+
+def split_micro_batches(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec
+                        ) -> meta_graph_pb2.MetaGraphDef:
+    """Place stages and copy micro-batches (see the module docstring). Returns a new MetaGraphDef.
+
+    Raises:
+        RewriteError: a batch input's static size is not a multiple of ``micro_batches``, or an
+            op outside the micro-batches reads a loop's op that is copied.
+    """
+    out = meta_graph_pb2.MetaGraphDef()
+    out.CopyFrom(meta_graph)
+    spec = plan.pipeline
+    if not spec.active:
+        return out
+    graph_def = out.graph_def
+    nodes = node_map(graph_def)
+    roles = classify(graph_def, plan)
+    devices = plan.stage_devices(task.worker_index)[0]
+    stages = op_stages(graph_def, plan, roles.replicated)
+    for node in graph_def.node:
+        if node.name in stages:
+            node.device = replica_device(node.device, devices[stages[node.name]])
+    if spec.micro_batches == 1:
+        return out
+    m = spec.micro_batches
+    inputs = {n for n in roles.replicated if is_input_op(nodes[n].op)}
+    input_side = ancestors(nodes, inputs) & roles.replicated
+    sources = sorted(n for n in input_side if nodes[n].op in _BATCH_SOURCES)
+    copied = descendants(consumers(graph_def), sources) & roles.replicated - input_side
+    info = _tensor_info(graph_def)
+    splits, split_nodes = _splits(nodes, sources, copied, info, m, devices[0])
+    loops = _in_loops(graph_def)
+    gradient_means, sparse_values, sparse_indices = _gradient_tensors(plan)
+    batch = {info[f"{s}:{k}"][1][0] for s, k in splits if info[f"{s}:{k}"][1]}
+    writers = {name for name in copied if (v := written_variable(nodes[name], nodes)) is not None
+               and v not in copied}
+    new_nodes = []
+    for node in graph_def.node:
+        if node.name not in copied:
+            new_nodes.append(node)
+            continue
+        for j in range(m):
+            new_nodes.append(_micro_copy(node, j, copied, splits))
+        if node.name not in loops:
+            new_nodes.extend(_combiner(node, info, m, batch, gradient_means, sparse_values, sparse_indices))
+    del graph_def.node[:]
+    graph_def.node.extend(split_nodes + new_nodes)
+    _check_loop_readers(graph_def, copied & loops)
+    _write_from_first_micro_batch(graph_def, writers, m)
+    return out
+
+
+def op_stages(graph_def, plan: Plan, replicated) -> dict[str, int]:
+    """The stage of every op that runs on a stage's device (see the module docstring)."""
+    spec = plan.pipeline
+    nodes = node_map(graph_def)
+    variables = {n.name for n in graph_def.node if n.op in VARIABLE_OP_TYPES}
+    gradient_ops = {op_of(t) for v in plan.variables if v.gradient for t in (v.gradient.tensor, v.gradient.indices)
+                    if t}
+    forward_set = ancestors(nodes, gradient_ops, stop=variables)
+    forward = [n.name for n in graph_def.node if n.name in forward_set and not _GRADIENT_SCOPE.search(n.name)]
+    position = {name: i for i, name in enumerate(forward)}
+    missing = [c for c in spec.cuts if c not in position]
+    if missing:
+        raise RewriteError(f"the plan cuts the pipeline at {missing}, which are not forward ops of this graph")
+    cut_positions = [position[c] for c in spec.cuts]
+    stages: dict[str, int] = {name: bisect_right(cut_positions, i) for name, i in position.items()}
+    held = {v.name: v.stage for v in plan.variables}
+    stages.update(held)
+    for node in graph_def.node:
+        target = colocated_with(node.attr["_class"].list.s) if "_class" in node.attr else []
+        handle = [parse_input(t)[0] for t in node.input[:1] if parse_input(t)[0] in held]
+        if handle and nodes[handle[0]].op in VARIABLE_OP_TYPES:
+            stages[node.name] = held[handle[0]]  # reads, writes and initializers of a variable sit with it
+        elif node.name in stages:
+            continue
+        elif target and target[0] in held:
+            stages[node.name] = held[target[0]]
+        elif node.name in replicated:
+            stages[node.name] = _backward_stage(node, stages, spec.stages)
+    return stages
+
+
+def _backward_stage(node, stages: dict[str, int], count: int) -> int:
+    """A backward op's forward op's stage, or the latest stage of its inputs (the last stage when
+    none has one: the loss's gradient starts there)."""
+    match = _GRADIENT_SCOPE.search(node.name)
+    if match:
+        rest = node.name[match.end():]
+        at = rest.find("_grad/")
+        while at >= 0:
+            if rest[:at] in stages:
+                return stages[rest[:at]]
+            at = rest.find("_grad/", at + 1)
+    known = [stages[parse_input(t)[0]] for t in node.input if parse_input(t)[0] in stages]
+    return max(known) if known else count - 1
+
+
+def _tensor_info(graph_def) -> dict[str, tuple[tf.DType, list | None]]:
+    """Dtype and static shape of every output, by tensor name (from the graph, imported)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    return {t.name: (t.dtype, t.shape.as_list() if t.shape.rank is not None else None)
+            for op in graph.get_operations() for t in op.outputs}
+
+
+def _splits(nodes, sources, copied, info, m: int, device: str):
+    """The split of each batch input the copies read: ``{(op, output): split op name}`` and the ops."""
+    wanted = sorted({(name, index) for c in copied for name, index, control in map(parse_input, nodes[c].input)
+                     if name in sources and not control})
+    splits, made = {}, []
+    for name, index in wanted:
+        dtype, shape = info[f"{name}:{index}"]
+        if shape is not None and len(shape) == 0:
+            continue  # a scalar (a keep-probability): every micro-batch reads it whole
+        if shape and shape[0] is not None and shape[0] % m:
+            raise RewriteError(f'micro_batches={m} splits the batch of "{name}:{index}" along its first axis, '
+                               f"but its static size is {shape[0]}; feed a multiple of {m} (or a shape of None)")
+        split = f"{PIPELINE_PREFIX}/split/{name}_{index}"
+        axis = node_def_pb2.NodeDef(name=split + "/axis", op="Const", device=device)
+        axis.attr["dtype"].type = types_pb2.DT_INT32
+        axis.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(0, tf.int32))
+        node = node_def_pb2.NodeDef(name=split, op="Split", device=device,
+                                    input=[axis.name, format_input(name, index, False)])
+        node.attr["num_split"].i = m
+        node.attr["T"].type = dtype.as_datatype_enum
+        made.extend([axis, node])
+        splits[name, index] = split
+    return splits, made
+
+
+def _micro_copy(node, j: int, copied, splits) -> node_def_pb2.NodeDef:
+    copy = node_def_pb2.NodeDef()
+    copy.CopyFrom(node)
+    copy.name = micro_op_name(node.name, j)
+    del copy.input[:]
+    for text in node.input:
+        name, index, control = parse_input(text)
+        if name in copied:
+            copy.input.append(format_input(micro_op_name(name, j), index, control))
+        elif not control and (name, index) in splits:
+            copy.input.append(format_input(splits[name, index], j, False))
+        else:
+            copy.input.append(text)
+    if "_class" in copy.attr:
+        groups = [colocation_group(micro_op_name(t[0], j)) if (t := colocated_with([g])) and t[0] in copied else g
+                  for g in copy.attr["_class"].list.s]
+        copy.attr["_class"].CopyFrom(attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(s=groups)))
+    if copy.op in ("Enter", "RefEnter") and "frame_name" in copy.attr:
+        copy.attr["frame_name"].s = micro_op_name(copy.attr["frame_name"].s.decode(), j).encode()
+    return copy
+
+
+def _gradient_tensors(plan: Plan) -> tuple[set[str], set[str], set[str]]:
+    means, values, indices = set(), set(), set()
+    for v in plan.variables:
+        if v.gradient is None:
+            continue
+        if v.sparse:
+            values.add(v.gradient.tensor)
+            indices.add(v.gradient.indices)
+        else:
+            means.add(v.gradient.tensor)
+    return means, values, indices
+
+
+def _combiner(node, info, m: int, batch: set, means: set[str], values: set[str], indices: set[str]):
+    """The ops that take ``node``'s name and combine its micro-batch copies (module docstring)."""
+    outputs = []
+    index = 0
+    while f"{node.name}:{index}" in info:
+        outputs.append(f"{node.name}:{index}")
+        index += 1
+    device = node.device
+    waits = [format_input(micro_op_name(node.name, j), 0, True) for j in range(m)]
+    if not outputs:
+        return [node_def_pb2.NodeDef(name=node.name, op="NoOp", device=device, input=waits)]
+    made, results = [], []
+    for k, tensor in enumerate(outputs):
+        dtype, shape = info[tensor]
+        name = node.name if len(outputs) == 1 else f"{node.name}/parallax_output_{k}"
+        copies = [format_input(micro_op_name(node.name, j), k, False) for j in range(m)]
+        if tensor in means:
+            how = "mean"
+        elif tensor in values:
+            how = "concat_mean"
+        elif tensor in indices:
+            how = "concat"
+        elif dtype in _UNCOMBINED or dtype.base_dtype in _UNCOMBINED:
+            how = "first"
+        elif shape and (shape[0] is None or shape[0] in batch):
+            how = "concat"
+        elif dtype.is_floating:
+            how = "mean"
+        else:
+            how = "first"
+        made.extend(_combine(name, how, copies, dtype, device))
+        results.append((format_input(name, 0, False), dtype))
+    if len(outputs) > 1:
+        identity = node_def_pb2.NodeDef(name=node.name, op="IdentityN", device=device,
+                                        input=[t for t, _ in results])
+        identity.attr["T"].list.type.extend([d.as_datatype_enum for _, d in results])
+        made.append(identity)
+    return made
+
+
+def _combine(name: str, how: str, copies: list[str], dtype: tf.DType, device: str) -> list:
+    def op(op_name: str, op_type: str, inputs: list[str], **types) -> node_def_pb2.NodeDef:
+        n = node_def_pb2.NodeDef(name=op_name, op=op_type, device=device, input=inputs)
+        for key, value in types.items():
+            n.attr[key].type = value
+        return n
+
+    def const(op_name: str, value, const_dtype: tf.DType) -> node_def_pb2.NodeDef:
+        n = op(op_name, "Const", [], dtype=const_dtype.as_datatype_enum)
+        n.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(np.array(value, const_dtype.as_numpy_dtype)))
+        return n
+
+    t = dtype.as_datatype_enum
+    m = len(copies)
+    if how == "first":
+        return [op(name, "Identity", copies[:1], T=t)]
+    if how in ("concat", "concat_mean"):
+        joined = name if how == "concat" else f"{name}/parallax_concat"
+        axis = const(f"{joined}/parallax_axis", 0, tf.int32)
+        concat = op(joined, "ConcatV2", copies + [axis.name], T=t, Tidx=types_pb2.DT_INT32)
+        concat.attr["N"].i = m
+        if how == "concat":
+            return [axis, concat]
+        scale = const(f"{name}/parallax_scale", 1.0 / m, dtype)
+        return [axis, concat, scale, op(name, "Mul", [joined, scale.name], T=t)]
+    total = op(f"{name}/parallax_sum", "AddN", copies, T=t)
+    total.attr["N"].i = m
+    scale = const(f"{name}/parallax_scale", 1.0 / m, dtype)
+    return [total, scale, op(name, "Mul", [total.name, scale.name], T=t)]
+
+
+def _in_loops(graph_def) -> set[str]:
+    """Ops inside a ``tf.while_loop`` (from its ``Enter`` ops to, not including, its ``Exit`` ops)."""
+    nodes = node_map(graph_def)
+    exits = {n.name for n in graph_def.node if n.op in ("Exit", "RefExit")}
+    enters = [n.name for n in graph_def.node if n.op in ("Enter", "RefEnter")]
+    inside = descendants(consumers(graph_def), enters, stop=exits)
+    return {n for n in inside if n in nodes}
+
+
+def _check_loop_readers(graph_def, copied_in_loops: set[str]) -> None:
+    for node in graph_def.node:
+        for text in node.input:
+            if parse_input(text)[0] in copied_in_loops:
+                raise RewriteError(f'op "{node.name}" reads "{parse_input(text)[0]}" inside a loop that '
+                                   "micro-batches copy; nothing outside the loop may read it")
+
+
+def _write_from_first_micro_batch(graph_def, writers: set[str], m: int) -> None:
+    """Micro-batches ``1 .. m-1`` do not write shared variables (see the module docstring)."""
+    device_of = {n.name: n.device for n in graph_def.node}
+    by_device: dict[str, set[str]] = {}
+    for name in writers:
+        for j in range(1, m):
+            copy = micro_op_name(name, j)
+            by_device.setdefault(device_of[copy], set()).add(copy)
+    for device, names in sorted(by_device.items()):
+        make_no_op(graph_def, names, device,
+                   "a write of a shared variable that only micro-batch 0 runs; read the variable instead")

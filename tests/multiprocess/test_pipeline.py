@@ -1,0 +1,68 @@
+"""Pipeline stages and micro-batches across real processes, combined with data parallelism (and ZeRO).
+
+Each rank holds one replica cut into stages on virtual CPU devices of its own; the ranks all-reduce
+(MPI) or use servers too (HYBRID). Every case is compared, variable by variable, with
+single-device training on the union batch.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+from tests.models import train_single_device
+from tests.multiprocess.harness import SharedJobs
+from tests.multiprocess.test_mpi_mode import BATCH, STEPS, check_ranks_match
+from tests.multiprocess.test_zero import expected as expected_without_slots
+from tests.multiprocess.train_script import BUILDERS, DATA
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+# BATCH rows over 2 ranks: 6 a rank, in 2 or 3 micro-batches
+CASES = {
+    "dp+pp-adam": ["--model", "mlp", "--optimizer", "adam", "--micro_batches", "3"],
+    "dp+pp-clipped": ["--model", "mlp", "--optimizer", "momentum", "--clip", "0.05", "--micro_batches", "2"],
+    "dp+pp-embedding": ["--model", "embedding", "--optimizer", "adam", "--micro_batches", "2"],
+    "dp+pp-sequence": ["--model", "sequence", "--optimizer", "adam", "--micro_batches", "3"],
+    "dp+pp-idioms": ["--model", "everything", "--optimizer", "adagrad", "--micro_batches", "2"],
+    "dp+mp-named-cut": ["--model", "mlp", "--optimizer", "adam", "--pipeline_cuts", "MatMul_1"],
+    "dp+zr+pp": ["--model", "mlp", "--optimizer", "adam", "--micro_batches", "3", "--zero_stage", "2"],
+}
+COMMON = ["--steps", str(STEPS), "--batch", str(BATCH), "--average_sparse", "--pipeline_stages", "2",
+          "--export_graph_path", "out"]
+TWO_RANKS = "localhost: cpu:0,cpu:1,cpu:2,cpu:3\n"  # 2 ranks x 2 stages
+GROUPS = {
+    "MPI": (TWO_RANKS, COMMON + ["--run_option", "MPI"], CASES),
+    "HYBRID": (TWO_RANKS, COMMON + ["--run_option", "HYBRID"],
+               {c: CASES[c] for c in ("dp+pp-embedding", "dp+pp-idioms")}),
+}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    return SharedJobs(tmp_path_factory, GROUPS)
+
+
+def expected(case: str):
+    options = dict(zip(CASES[case][::2], CASES[case][1::2]))
+    if "--zero_stage" in options:
+        return expected_without_slots("adam-2")  # the same model, optimizer and data
+    model, clip = options["--model"], options.get("--clip")
+    optimizer = options["--optimizer"]
+    graph = BUILDERS[model](optimizer, clip=float(clip)) if clip else BUILDERS[model](optimizer)
+    return train_single_device(graph, DATA[model](STEPS, BATCH))
+
+
+@pytest.mark.parametrize("group, case", [pytest.param(g, c, id=f"{g}-{c}", marks=pytest.mark.xdist_group(f"pp-{g}"))
+                                         for g in GROUPS for c in GROUPS[g][2]])
+def test_pipelined_ranks_train_as_one_device(jobs, group, case):
+    run = jobs.case(group, case)
+    check_ranks_match(run, expected(case), 2)
+    graph = (pathlib.Path(run.out_dir) / "worker-1_metagraph").read_text()
+    options = dict(zip(CASES[case][::2], CASES[case][1::2]))
+    micro = int(options.get("--micro_batches", 1))
+    assert f"parallax_micro_{micro - 1}/" in graph if micro > 1 else "parallax_micro_" not in graph
+    for stage in (0, 1):  # worker 1's replica: its stages on its two devices, cpu:2 and cpu:3 of the line
+        assert re.search(f'device: "[^"]*/device:CPU:{2 + stage}"', graph), stage

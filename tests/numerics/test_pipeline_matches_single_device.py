@@ -1,0 +1,112 @@
+"""Pipeline stages and micro-batches in one process, on virtual CPU devices, train exactly like one
+device on the same (union) batch: stages alone (model parallelism), micro-batches alone (gradient
+accumulation), both, and both with in-graph replicas (dp+pp)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import parallax
+from parallax.errors import ParallaxError
+from tests.models import train_single_device
+from tests.multiprocess.train_script import BUILDERS, DATA
+
+STEPS, BATCH = 3, 12
+
+# case: (model, optimizer, devices, stages, micro-batches, named cuts)
+CASES = {
+    "pp-mlp-adam": ("mlp", "adam", 2, 2, 4, None),
+    "micro-batches-only": ("mlp", "momentum", 1, 1, 4, None),
+    "mp-stages-only": ("deep_mlp", "adam", 3, 3, 1, None),
+    "pp-deep-mlp-3-stages": ("deep_mlp", "adam", 3, 3, 6, None),
+    "pp-named-cuts": ("deep_mlp", "rmsprop", 3, 3, 2, ["layer_2", "layer_4"]),
+    "dp+pp-in-process": ("deep_mlp", "adam", 4, 2, 3, None),
+    "pp-embedding": ("embedding", "adagrad", 2, 2, 2, None),
+    "pp-lstm-while-loop": ("sequence", "adam", 2, 2, 3, None),
+    "pp-partitioned-lm": ("lm1b", "adagrad", 2, 2, 2, None),
+    "pp-idioms": ("everything", "adagrad", 2, 2, 2, None),
+    "pp-two-optimizers": ("two_optimizers", "adam", 2, 2, 2, None),
+    "pp-clipped": ("mlp", "momentum", 2, 2, 3, None),
+    "mp-cnn-batch-norm": ("cnn_bn", "momentum", 2, 2, 1, None),
+    "mp-cnn-batch-norm-3": ("cnn_bn", "adam", 3, 3, 1, None),
+}
+
+
+def build(model: str, optimizer: str, case: str):
+    return BUILDERS[model](optimizer, clip=0.05) if case.endswith("clipped") else BUILDERS[model](optimizer)
+
+
+def train_pipelined(model, data, resource_path, config):
+    sess, num_workers, worker_id, num_replicas = parallax.parallel_run(model.graph, resource_path,
+                                                                       parallax_config=config)
+    assert (num_workers, worker_id) == (1, 0)
+    for step, feed in enumerate(data):
+        sess.run(model.step_op(step), feed_dict={model.inputs[k]: np.split(v, num_replicas) for k, v in feed.items()})
+    variables = model.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    values = sess.run(variables)
+    graph = sess.graph.as_graph_def()
+    sess.close()
+    return {v.op.name: value for v, value in zip(variables, values)}, num_replicas, graph
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_pipelined_replica_trains_as_one_device(resource_file, case):
+    model_name, optimizer, devices, stages, micro, cuts = CASES[case]
+    data = DATA[model_name](STEPS, BATCH)
+    expected = train_single_device(build(model_name, optimizer, case), data)
+    resources = resource_file("localhost: " + ",".join(f"cpu:{i}" for i in range(devices)) + "\n")
+    # one resource line, run_option PS: one process, its replicas in its graph (as in test_replicas_match_...)
+    config = parallax.Config(run_option="PS", pipeline_stages=stages, micro_batches=micro, pipeline_cuts=cuts,
+                             average_sparse=True)
+    got, replicas, graph = train_pipelined(build(model_name, optimizer, case), data, resources, config)
+    assert replicas == devices // stages
+    for name, value in expected.items():
+        assert len(got[name]) == replicas
+        for replica_value in got[name]:
+            np.testing.assert_allclose(replica_value, value, rtol=1e-5, atol=1e-6, err_msg=name)
+    used = {n.device.rsplit(":", 1)[-1] for n in graph.node if "CPU:" in n.device and not n.device.endswith("*")}
+    assert used == {str(d) for d in range(devices)}  # every stage of every replica on its own device
+    copies = {n.name.split("/", 1)[0] for n in graph.node if n.name.startswith("parallax_micro_")}
+    assert copies == ({f"parallax_micro_{j}" for j in range(micro)} if micro > 1 else set())
+
+
+def test_a_named_cut_puts_its_scope_first_on_the_next_stage():
+    from parallax.analysis import analyse_graph
+    from parallax.plan import build_plan
+
+    model = BUILDERS["deep_mlp"]("adam")
+    devices = ("/device:CPU:0", "/device:CPU:1", "/device:CPU:2")
+    plan = build_plan(analyse_graph(model.graph), [("localhost", devices, "/device:CPU:0")], run_option="HYBRID",
+                      sync=True, average_sparse=True, pipeline_stages=3, micro_batches=2,
+                      pipeline_cuts=("layer_2", "layer_4"))
+    stage = {v.name: v.stage for v in plan.variables}
+    assert [stage[f"layer_{i}/kernel"] for i in range(6)] == [0, 0, 1, 1, 2, 2]
+    assert stage["head/kernel"] == 2 and stage["layer_3/kernel/Adam"] == 1
+    text = plan.describe()
+    assert "pipeline: 3 stage(s), 2 micro-batch(es)" in text and "cut by user" in text
+    assert "stage 1: from layer_2/" in text and "on /device:CPU:1" in text
+
+
+def test_a_batch_the_micro_batches_cannot_split_is_refused_by_name(resource_file):
+    model = BUILDERS["mlp"]("adam")
+    sess, *_ = parallax.parallel_run(model.graph, resource_file("localhost: cpu:0,cpu:1\n"),
+                                     parallax_config=parallax.Config(pipeline_stages=2, micro_batches=4))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"(?s)parallax_pipeline/split/[xy]_0.*num_split 4"):
+        sess.run(model.train_op, {model.inputs["x"]: [np.zeros((6, 4), np.float32)],
+                                  model.inputs["y"]: [np.zeros((6, 1), np.float32)]})
+    sess.close()
+
+
+@pytest.mark.parametrize("resources, config, message", [
+    ("localhost: cpu:0,cpu:1,cpu:2\n", dict(pipeline_stages=2),
+     r"line 1 \(localhost\) lists 3 device\(s\), but pipeline_stages=2"),
+    ("localhost: cpu:0,cpu:1\n", dict(pipeline_cuts=["no_such_scope"]), "'no_such_scope' names no op"),
+    ("localhost: cpu:0,cpu:1,cpu:2\n", dict(pipeline_cuts=["layer_4", "layer_2"]), "in the order the model"),
+])
+def test_a_pipeline_that_cannot_be_laid_out_is_refused_with_the_reason(resource_file, resources, config, message):
+    model = BUILDERS["deep_mlp"]("adam")
+    with pytest.raises(ParallaxError, match=message):
+        parallax.parallel_run(model.graph, resource_file(resources), parallax_config=parallax.Config(**config))
