@@ -143,7 +143,8 @@ def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync:
     if request is not None:  # parallax plan: its resource file, run option and overrides replace the script's
         resource_info = request.get("resource_info") or resource_info
         config = replace(config, run_option=request.get("run_option") or config.run_option,
-                         plan_overrides={**config.plan_overrides, **(request.get("overrides") or {})})
+                         plan_overrides={**config.plan_overrides, **(request.get("overrides") or {})},
+                         **(request.get("fields") or {}))
     graph, meta_graph = load_graph(single_gpu_graph)
     check_schedule(config.ckpt_config, graph)
     launched = None if request is not None else launched_process(config.redirect_path)

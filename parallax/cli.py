@@ -159,8 +159,16 @@ def _plan_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run_option", choices=["PS", "MPI", "HYBRID", "AUTO"], type=str.upper, default=None,
                         help="plan for this run option instead of the script's")
     parser.add_argument("--override", action="append", default=[], metavar="VARIABLE=SYNC",
-                        help="a per-variable choice (allreduce, allgather or ps), as Config.plan_overrides; "
-                             "repeatable")
+                        help="a per-variable choice (allreduce, allgather or ps; or stage:N, the pipeline stage "
+                             "that holds it), as Config.plan_overrides; repeatable")
+    layout = parser.add_argument_group("beyond data parallelism", "replace the script's Config fields of the same "
+                                       "names (docs/modes.md)")
+    layout.add_argument("--zero_stage", type=int, choices=[0, 1, 2], default=None)
+    layout.add_argument("--pipeline_stages", type=int, default=None, metavar="K")
+    layout.add_argument("--micro_batches", type=int, default=None, metavar="M")
+    layout.add_argument("--pipeline_cuts", default=None, metavar="SCOPE,SCOPE",
+                        help="the scopes where stages 1 .. k-1 begin, comma-separated")
+    layout.add_argument("--device_memory", default=None, metavar="BYTES", help="e.g. 16GB")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the plan as JSON")
     parser.add_argument("--timeout", type=float, default=600, help="seconds before giving up on the script")
     predict = parser.add_argument_group(
@@ -230,14 +238,20 @@ def plan_main(argv: list[str] | None = None) -> int:
         if not os.path.exists(path):
             print(f"parallax plan: {what} {path!r} not found", file=sys.stderr)
             return 2
-    overrides = {}
+    overrides: dict = {}
     for item in args.override:
         name, sep, sync = item.partition("=")
-        if not sep or not name or sync not in OVERRIDE_SYNC:
+        stage = sync[len("stage:"):] if sync.startswith("stage:") else None
+        if not sep or not name or (sync not in OVERRIDE_SYNC and not (stage or "").isdigit()):
             print(f"parallax plan: --override {item!r}: expected VARIABLE=SYNC with SYNC one of "
-                  f"{', '.join(OVERRIDE_SYNC)}", file=sys.stderr)
+                  f"{', '.join(OVERRIDE_SYNC)}, or VARIABLE=stage:N", file=sys.stderr)
             return 2
-        overrides[name] = sync
+        entry = {"stage": int(stage)} if stage is not None else {"sync": sync}
+        overrides[name] = {**overrides.get(name, {}), **entry}
+    fields = {key: getattr(args, key) for key in ("zero_stage", "pipeline_stages", "micro_batches", "device_memory")
+              if getattr(args, key) is not None}
+    if args.pipeline_cuts:
+        fields["pipeline_cuts"] = args.pipeline_cuts.split(",")
     prediction = None
     if args.predict:
         try:
@@ -250,7 +264,7 @@ def plan_main(argv: list[str] | None = None) -> int:
         if os.path.exists(output):
             os.remove(output)
         request = {"resource_info": os.path.abspath(args.resource_info), "run_option": args.run_option,
-                   "overrides": overrides, "output": os.path.abspath(output)}
+                   "overrides": overrides, "fields": fields, "output": os.path.abspath(output)}
         env = {**os.environ, PLAN_ENV: json.dumps(request)}
         code = _run_to_parallel_run([sys.executable, os.path.abspath(args.script), *script_args], env, output,
                                     args.timeout, "parallax plan", args.script)

@@ -105,6 +105,37 @@ def _scope_list(owner: str, field: str, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_bytes(text: str, where: str) -> int:
+    """``"16GB"``, ``"512MiB"``, ``"1000"``: a number of bytes.
+
+    >>> parse_bytes("1.5GiB", "x"), parse_bytes("200kB", "x")
+    (1610612736, 200000)
+
+    Raises:
+        ValueError: naming ``where`` and what was expected.
+    """
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in _UNITS:
+        raise ValueError(f"{where} must be a size such as 16GB, 512MiB or 1000000 (bytes), got {text!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def _bytes_or_none(owner: str, field: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = parse_bytes(value, f"{owner}.{field}")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{owner}.{field} must be a positive number of bytes (or a size such as '16GB'), "
+                         f"got {_describe(value)}")
+    return value
+
+
 def _instance_of(cls_getter: Callable[[], type]) -> Callable:
     """A checker for a nested config; ``None`` stands for a fresh default one."""
     def check(owner: str, field: str, value: Any) -> Any:
@@ -405,9 +436,13 @@ def _plan_overrides(owner: str, field: str, value: Any) -> dict[str, Any]:
             raise TypeError(f"{owner}.{field}: keys must be variable names or globs, got {_describe(name)}")
         if isinstance(entry, str):
             entry = {"sync": entry}
-        if not isinstance(entry, dict) or not entry or set(entry) - {"sync", "density"}:
+        if not isinstance(entry, dict) or not entry or set(entry) - {"sync", "density", "stage"}:
             raise ValueError(f"{where} must be one of {', '.join(OVERRIDE_SYNC)} or a dict with keys "
-                             f"'sync' and/or 'density', got {_describe(entry)}")
+                             f"'sync', 'density' and/or 'stage', got {_describe(entry)}")
+        if "stage" in entry and (isinstance(entry["stage"], bool) or not isinstance(entry["stage"], int)
+                                 or entry["stage"] < 0):
+            raise ValueError(f"{where}: stage must be a pipeline stage's index (an int >= 0), "
+                             f"got {_describe(entry['stage'])}")
         if "sync" in entry and entry["sync"] not in OVERRIDE_SYNC:
             raise ValueError(f"{where}: sync must be one of {', '.join(OVERRIDE_SYNC)}, got {entry['sync']!r}")
         if "density" in entry:
@@ -482,6 +517,11 @@ class Config(_ConfigBase):
             ``1 .. k-1`` begin, in the order the model makes them, instead of
             cuts chosen by estimated cost; ``pipeline_stages`` then defaults to
             ``len(pipeline_cuts) + 1``.
+        device_memory: (Parallax only) the memory one device may give the model's
+            variables and optimizer slots, in bytes or as ``"16GB"``: when they do
+            not fit one device, the plan cuts each replica into the fewest
+            pipeline stages (devices) in which each part fits (model
+            parallelism); a pipeline whose stage does not fit is refused.
         stall_timeout: (Parallax only) seconds a launched process may wait for
             its peers (in ``sess.run`` or while its session starts) before the
             launcher prints who waits for whom and where; again every that many
@@ -505,6 +545,7 @@ class Config(_ConfigBase):
     pipeline_stages: int = _field(1, _positive_int)
     micro_batches: int = _field(1, _positive_int)
     pipeline_cuts: list | None = _field(tuple, _scope_list, factory=True)
+    device_memory: int | str | None = _field(None, _bytes_or_none)
 
     @property
     def stages(self) -> int:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from parallax.analysis import GraphAnalysis
 from parallax.comm.registry import backend_class
@@ -35,6 +35,7 @@ from parallax.errors import PlanError
 from parallax.launch.layout import RankSpec, hybrid_ranks, ps_ranks, ranks_per_device
 from parallax.plan import Plan, build_plan
 from parallax.plan.policies import choose_sync
+from parallax.plan.stages import fit_stages
 from parallax.resources import Cluster, Device
 from parallax.settings import Settings
 
@@ -141,6 +142,7 @@ def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis)
     Raises:
         PlanError: the variable plan cannot be made (see :func:`parallax.plan.build_plan`).
     """
+    settings, by_memory = _fit_memory(cluster, settings, analysis)
     layout, ranks, notes = _layout(cluster, settings, analysis)
     if layout == "local":
         worker = cluster.workers[0]
@@ -155,8 +157,20 @@ def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis)
                             "sparse variables may stay on servers), or one process (a single resource line)")
         processes = _processes(ranks, layout, settings)
         servers = layout != "MPI" or backend_class(settings.allreduce_comm.backend).needs_server
-    plan = _variable_plan(layout, processes, servers, settings, analysis)
+    plan = _variable_plan(layout, processes, servers, settings, analysis, by_memory)
     return JobPlan(layout, processes, ranks, plan, servers, notes)
+
+
+def _fit_memory(cluster: Cluster, settings: Settings, analysis: GraphAnalysis) -> tuple[Settings, bool]:
+    """With ``device_memory`` and no pipeline asked for: as many stages as the variables need
+    (model parallelism), cut where their bytes are balanced."""
+    stages, micro, cuts = settings.pipeline
+    if settings.device_memory is None or stages > 1 or cuts:
+        return settings, False
+    counts = [len(w.devices) if w.devices is not None else len(_bare_host_devices(settings.gpus))
+              for w in cluster.workers]
+    fitted = fit_stages(analysis, settings.device_memory, counts)
+    return replace(settings, pipeline=(fitted, micro, cuts)), fitted > 1
 
 
 def _layout(cluster: Cluster, settings: Settings, analysis: GraphAnalysis
@@ -222,7 +236,7 @@ def _processes(ranks: tuple[RankSpec, ...], layout: str, settings: Settings) -> 
 
 
 def _variable_plan(layout: str, processes: tuple[ProcessSpec, ...], servers: bool, settings: Settings,
-                   analysis: GraphAnalysis) -> Plan:
+                   analysis: GraphAnalysis, by_memory: bool = False) -> Plan:
     """The plan of every variable, with each worker's TensorFlow device names."""
     workers = []
     for p in processes:
@@ -241,7 +255,8 @@ def _variable_plan(layout: str, processes: tuple[ProcessSpec, ...], servers: boo
                     "HYBRID": "auto" if auto else "hybrid"}[layout]
     overrides = settings.overrides
     if layout == "local":  # in one process every variable is local: only the densities matter
-        overrides = {k: {"density": v["density"]} for k, v in overrides.items() if "density" in v}
+        overrides = {k: {key: v[key] for key in ("density", "stage") if key in v}
+                     for k, v in overrides.items() if isinstance(v, dict) and {"density", "stage"} & set(v)}
     notes = (f"run_option={option} runs as {layout}",) if layout not in ("local", option) else ()
     if layout == "HYBRID":
         notes += settings.notes
@@ -251,4 +266,5 @@ def _variable_plan(layout: str, processes: tuple[ProcessSpec, ...], servers: boo
                       overrides=overrides, ps=settings.ps, server_hosts=server_hosts,
                       zero_stage=settings.zero_stage if layout in ("MPI", "HYBRID") else 0,
                       pipeline_stages=settings.pipeline[0], micro_batches=settings.pipeline[1],
-                      pipeline_cuts=settings.pipeline[2])
+                      pipeline_cuts=settings.pipeline[2], device_memory=settings.device_memory,
+                      pipeline_by_memory=by_memory)

@@ -89,6 +89,7 @@ class Settings:
         zero_stage: ``Config.zero_stage``.
         pipeline: ``(stages, micro_batches, cuts)`` from ``Config.pipeline_stages``,
             ``micro_batches`` and ``pipeline_cuts``.
+        device_memory: ``Config.device_memory`` in bytes.
         notes: remarks on what was decided, printed with the plan.
     """
 
@@ -113,6 +114,7 @@ class Settings:
     search_partitions: bool = False
     zero_stage: int = 0
     pipeline: tuple[int, int, tuple[str, ...]] = (1, 1, ())
+    device_memory: int | None = None
     notes: tuple[str, ...] = ()
 
     def threads_per_process(self, processes_on_host: int) -> int:
@@ -227,4 +229,5 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         ckpt=copy.deepcopy(config.ckpt_config), profile=copy.deepcopy(config.profile_config),
         redirect_path=config.redirect_path, export_graph_path=config.export_graph_path,
         search_partitions=config.search_partitions, notes=notes, zero_stage=config.zero_stage,
-        pipeline=(config.stages, config.micro_batches, tuple(config.pipeline_cuts)))
+        pipeline=(config.stages, config.micro_batches, tuple(config.pipeline_cuts)),
+        device_memory=config.device_memory)

@@ -187,7 +187,8 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
                comm: CommSpec | None = None, server_devices: tuple[str, ...] = (),
                ps: PSSpec | None = None, overrides: Mapping[str, Any] | None = None,
                notes: tuple[str, ...] = (), server_hosts: tuple[str, ...] = (), zero_stage: int = 0,
-               pipeline_stages: int = 1, micro_batches: int = 1, pipeline_cuts: tuple[str, ...] = ()) -> Plan:
+               pipeline_stages: int = 1, micro_batches: int = 1, pipeline_cuts: tuple[str, ...] = (),
+               device_memory: int | None = None, pipeline_by_memory: bool = False) -> Plan:
     """Decide the layout of every variable and replica.
 
     Dense gradients are averaged over the replicas; sparse ones are summed,
@@ -217,7 +218,10 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
             over the workers (:func:`shardable`).
         pipeline_stages, micro_batches, pipeline_cuts: the pipeline inside each replica
             (:mod:`parallax.plan.stages`): each worker's devices are taken ``pipeline_stages``
-            at a time as one replica's stage devices.
+            at a time as one replica's stage devices. ``overrides`` may give a variable's
+            ``stage``.
+        device_memory: refuse a stage holding more bytes of variables and slots than this;
+            ``pipeline_by_memory``: cut the stages where those bytes are balanced.
 
     Returns:
         The plan.
@@ -228,8 +232,10 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
     """
     stage_devices = [group_devices(devices, pipeline_stages, f"worker {i} on {host}")
                      for i, (host, devices, _) in enumerate(workers)]
+    placed = {v.name: entry["stage"] for v in analysis.variables
+              if "stage" in (entry := _override_for(v.name, overrides or {}))}
     pipeline, stage_of_variable = pipeline_spec(analysis, stage_devices, pipeline_stages, micro_batches,
-                                                pipeline_cuts)
+                                                pipeline_cuts, placed, device_memory, pipeline_by_memory)
     worker_plans = tuple(WorkerPlan(host, tuple(r[0] for r in grouped), shared)
                          for (host, _, shared), grouped in zip(workers, stage_devices))
     replicas = max(1, len(worker_plans[0].replica_devices)) if worker_plans else 1

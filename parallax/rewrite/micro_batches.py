@@ -2,8 +2,10 @@
 
 Stages. Every op that computes a replica's step gets the device of its stage:
 
-* a forward op (an ancestor of the gradients outside ``gradients`` scopes) the
-  stage its position in the forward order falls in, between the plan's cuts
+* a forward op (an ancestor of the gradients outside ``gradients`` scopes) that
+  computes with a variable (a ``MatMul`` with its kernel) the variable's stage
+  (model parallelism: the layer runs where its weights are); another the stage
+  its position in the forward order falls in, between the plan's cuts
   (:mod:`parallax.plan.stages`);
 * a backward op ``gradients/<forward op>_grad/...`` its forward op's stage;
   other backward ops (sums of gradient contributions) the latest stage of
@@ -76,6 +78,7 @@ __all__ = ["split_micro_batches", "op_stages"]
 _GRADIENT_SCOPE = re.compile(r"(^|/)gradients(_\d+)?/")
 _BATCH_SOURCES = ("Placeholder", "PlaceholderV2", "IteratorGetNext", "IteratorGetNextSync")
 _UNCOMBINED = (tf.resource, tf.variant)
+_READS = ("Identity", "ReadVariableOp")
 
 
 def split_micro_batches(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec
@@ -145,6 +148,10 @@ def op_stages(graph_def, plan: Plan, replicated) -> dict[str, int]:
     cut_positions = [position[c] for c in spec.cuts]
     stages: dict[str, int] = {name: bisect_right(cut_positions, i) for name, i in position.items()}
     held = {v.name: v.stage for v in plan.variables}
+    for name in forward:  # the ops that compute with a variable run where it is (model parallelism)
+        read = [held[v] for v in _variables_read(nodes[name], nodes) if v in held]
+        if read and nodes[name].op not in _READS:
+            stages[name] = max(read)
     stages.update(held)
     for node in graph_def.node:
         target = colocated_with(node.attr["_class"].list.s) if "_class" in node.attr else []
@@ -158,6 +165,21 @@ def op_stages(graph_def, plan: Plan, replicated) -> dict[str, int]:
         elif node.name in replicated:
             stages[node.name] = _backward_stage(node, stages, spec.stages)
     return stages
+
+
+def _variables_read(node, nodes) -> list[str]:
+    """The variables ``node`` takes as data inputs, directly or through a read op."""
+    out = []
+    for text in node.input:
+        name, _, control = parse_input(text)
+        if control or name not in nodes:
+            continue
+        source = nodes[name]
+        if source.op in _READS and source.input:
+            source = nodes.get(parse_input(source.input[0])[0], source)
+        if source.op in VARIABLE_OP_TYPES:
+            out.append(source.name)
+    return out
 
 
 def _backward_stage(node, stages: dict[str, int], count: int) -> int:

@@ -45,6 +45,19 @@ def test_run_option_and_overrides_replace_the_scripts(tmp_path, resources):
     assert {v["name"]: v["sync"] for v in data["variables"] if v["gradient"]}["embedding"] == "allreduce"
 
 
+def test_pipeline_choices_replace_the_scripts_and_print_stages(tmp_path, capfd):
+    four = tmp_path / "four"
+    four.write_text("localhost: cpu:0,cpu:1,cpu:2,cpu:3\n")
+    code, data = plan(tmp_path, str(four), "--pipeline_stages", "2", "--micro_batches", "3",
+                      "--override", "embedding=stage:1", run_option="MPI")
+    assert code == 0
+    assert (data["pipeline"]["stages"], data["pipeline"]["micro_batches"]) == (2, 3)
+    assert {v["name"]: v["stage"] for v in data["variables"]}["embedding"] == 1
+    printed = capfd.readouterr().out
+    assert "workers=2 replicas=2" in printed and "pipeline: 2 stage(s), 3 micro-batch(es)" in printed
+    assert "stage 1: from" in printed
+
+
 def test_bad_input_is_named(tmp_path, resources, capfd):
     assert parallax_main(["plan", SCRIPT, resources, "--override", "embedding"]) == 2
     assert "expected VARIABLE=SYNC" in capfd.readouterr().err

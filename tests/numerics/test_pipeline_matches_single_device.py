@@ -110,3 +110,33 @@ def test_a_pipeline_that_cannot_be_laid_out_is_refused_with_the_reason(resource_
     model = BUILDERS["deep_mlp"]("adam")
     with pytest.raises(ParallaxError, match=message):
         parallax.parallel_run(model.graph, resource_file(resources), parallax_config=parallax.Config(**config))
+
+
+def test_a_model_over_the_device_memory_is_cut_into_the_fewest_stages_that_fit(resource_file):
+    model_name, data = "deep_mlp", DATA["deep_mlp"](STEPS, BATCH)
+    expected = train_single_device(BUILDERS[model_name]("adam"), data)
+    resources = resource_file("localhost: cpu:0,cpu:1,cpu:2,cpu:3\n")
+    config = parallax.Config(run_option="PS", device_memory="9kB")  # 17.5 kB of variables and slots
+    plan = parallax.preview_plan(BUILDERS[model_name]("adam").graph, resources, parallax_config=config)
+    assert (plan.pipeline.stages, plan.pipeline.cut_by, plan.num_replicas) == (4, "memory", 1)
+    by_stage = [sum(v.num_bytes for v in plan.variables if v.stage == s) for s in range(4)]
+    assert max(by_stage) <= 9000 and sum(by_stage) == sum(v.num_bytes for v in plan.variables)
+    got, replicas, _ = train_pipelined(BUILDERS[model_name]("adam"), data, resources, config)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name][0], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_variable_the_user_places_on_a_stage_computes_there(resource_file):
+    data = DATA["embedding"](STEPS, BATCH)
+    expected = train_single_device(BUILDERS["embedding"]("adam"), data)
+    config = parallax.Config(run_option="PS", pipeline_stages=2, micro_batches=2, average_sparse=True,
+                             plan_overrides={"embedding": {"stage": 1}, "proj/*": {"stage": 0}})
+    got, _, graph = train_pipelined(BUILDERS["embedding"]("adam"), data,
+                                    resource_file("localhost: cpu:0,cpu:1\n"), config)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name][0], value, rtol=1e-5, atol=1e-6, err_msg=name)
+    devices = {n.name: n.device for n in graph.node}
+    assert devices["embedding"].endswith("CPU:1") and devices["embedding/Adam"].endswith("CPU:1")
+    gathers = [n for n in graph.node if n.op == "ResourceGather" and n.name.startswith("parallax_micro_")]
+    assert gathers and all(n.device.endswith("CPU:1") for n in gathers)  # the lookup runs with its table
+    assert devices["proj/kernel"].endswith("CPU:0")
