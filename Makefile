@@ -114,6 +114,7 @@ bench: $(STAMP) $(HVD_STAMP) cluster-packages
 	$(BIN)/python benchmarks/allreduce.py || failed="$$failed allreduce.py"; \
 	$(BIN)/python benchmarks/overheads.py || failed="$$failed overheads.py"; \
 	$(BIN)/python benchmarks/zero_memory.py || failed="$$failed zero_memory.py"; \
+	$(BIN)/python benchmarks/pipeline.py || failed="$$failed pipeline.py"; \
 	$(BIN)/python benchmarks/scale.py || failed="$$failed scale.py"; \
 	if [ -n "$$failed" ]; then echo "make bench: failed or missed a target:$$failed" >&2; exit 1; fi
 

@@ -270,6 +270,9 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
     zero_notes: tuple[str, ...] = ()
     if zero_stage and len(worker_plans) > 1:
         variables, zero_notes = _shard_slots(variables, zero_stage)
+    elif zero_stage:
+        zero_notes = (f"zero_stage={zero_stage} shards optimizer states over the workers that all-reduce; this job "
+                      "has one worker, so nothing is sharded",)
     plan = Plan(run_option=run_option, sync=sync, workers=worker_plans, variables=tuple(variables),
                 train_ops=analysis.train_ops, notes=tuple(notes) + more_notes + zero_notes, comm=comm or CommSpec(),
                 server_devices=tuple(server_devices), ps=ps, server_hosts=tuple(server_hosts),

@@ -20,6 +20,7 @@ from tests.multiprocess.train_script import BUILDERS, DATA
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
+PLACED = '{"embedding": {"stage": 1}, "proj/*": {"stage": 0}}'
 # BATCH rows over 2 ranks: 6 a rank, in 2 or 3 micro-batches
 CASES = {
     "dp+pp-adam": ["--model", "mlp", "--optimizer", "adam", "--micro_batches", "3"],
@@ -29,6 +30,11 @@ CASES = {
     "dp+pp-idioms": ["--model", "everything", "--optimizer", "adagrad", "--micro_batches", "2"],
     "dp+mp-named-cut": ["--model", "mlp", "--optimizer", "adam", "--pipeline_cuts", "MatMul_1"],
     "dp+zr+pp": ["--model", "mlp", "--optimizer", "adam", "--micro_batches", "3", "--zero_stage", "2"],
+    "dp+zr+mp": ["--model", "mlp", "--optimizer", "adam", "--zero_stage", "1"],
+    # the user places the embedding (and its lookup) on stage 1, the projection on stage 0
+    "dp+pp+mp": ["--model", "embedding", "--optimizer", "adam", "--micro_batches", "2", "--overrides", PLACED],
+    "dp+zr+pp+mp": ["--model", "embedding", "--optimizer", "adam", "--micro_batches", "3", "--zero_stage", "2",
+                    "--overrides", PLACED],
 }
 COMMON = ["--steps", str(STEPS), "--batch", str(BATCH), "--average_sparse", "--pipeline_stages", "2",
           "--export_graph_path", "out"]
@@ -36,7 +42,7 @@ TWO_RANKS = "localhost: cpu:0,cpu:1,cpu:2,cpu:3\n"  # 2 ranks x 2 stages
 GROUPS = {
     "MPI": (TWO_RANKS, COMMON + ["--run_option", "MPI"], CASES),
     "HYBRID": (TWO_RANKS, COMMON + ["--run_option", "HYBRID"],
-               {c: CASES[c] for c in ("dp+pp-embedding", "dp+pp-idioms")}),
+               {c: CASES[c] for c in ("dp+pp-embedding", "dp+pp-idioms", "dp+pp+mp")}),
 }
 
 
@@ -47,8 +53,8 @@ def jobs(tmp_path_factory):
 
 def expected(case: str):
     options = dict(zip(CASES[case][::2], CASES[case][1::2]))
-    if "--zero_stage" in options:
-        return expected_without_slots("adam-2")  # the same model, optimizer and data
+    if "--zero_stage" in options:  # the same models, optimizer and data
+        return expected_without_slots("adam-2" if options["--model"] == "mlp" else "embedding-adam-2")
     model, clip = options["--model"], options.get("--clip")
     optimizer = options["--optimizer"]
     graph = BUILDERS[model](optimizer, clip=float(clip)) if clip else BUILDERS[model](optimizer)
