@@ -140,3 +140,55 @@ def test_a_variable_the_user_places_on_a_stage_computes_there(resource_file):
     gathers = [n for n in graph.node if n.op == "ResourceGather" and n.name.startswith("parallax_micro_")]
     assert gathers and all(n.device.endswith("CPU:1") for n in gathers)  # the lookup runs with its table
     assert devices["proj/kernel"].endswith("CPU:0")
+
+
+@pytest.mark.parametrize("one_shot", [False, True], ids=["initializable", "one-shot"])
+def test_a_tf_data_batch_is_split_into_micro_batches(resource_file, one_shot):
+    from tests.idioms import build_dataset, dataset_union_batches
+
+    expected = train_single_device(build_dataset("adam", one_shot), dataset_union_batches(STEPS, 1))
+    model = build_dataset("adam", one_shot)
+    config = parallax.Config(run_option="PS", pipeline_stages=2, micro_batches=2)
+    sess, *_ = parallax.parallel_run(model.graph, resource_file("localhost: cpu:0,cpu:1\n"), parallax_config=config)
+    sess.run(model.initializer)
+    for _ in range(STEPS):
+        sess.run(model.train_op)
+    variables = model.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    got = dict(zip([v.op.name for v in variables], sess.run(variables)))
+    splits = [n.name for n in sess.graph.as_graph_def().node if n.op == "Split"]
+    sess.close()
+    assert any(name.startswith("parallax_pipeline/split/IteratorGetNext") for name in splits)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name][0], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_static_batch_the_micro_batches_cannot_split_is_refused_when_rewritten():
+    from parallax.analysis import analyse_graph
+    from parallax.errors import RewriteError
+    from parallax.plan import TaskSpec, build_plan
+    from parallax.rewrite.pipeline import rewrite_for_task
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [6, 4], name="x")
+        w = tf.compat.v1.get_variable("w", [4, 1])
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(tf.matmul(x, w)))
+        meta = tf.compat.v1.train.export_meta_graph(graph=graph)
+    del train
+    plan = build_plan(analyse_graph(graph), [("h", ("/device:CPU:0",), "/device:CPU:0")], run_option="PS",
+                      sync=True, average_sparse=False, micro_batches=4)
+    with pytest.raises(RewriteError, match=r'micro_batches=4 splits the batch of "x:0" .* its static size is 6'):
+        rewrite_for_task(meta, plan, TaskSpec(0))
+
+
+def test_a_pipelined_job_checkpoints_under_single_device_names(resource_file, tmp_path):
+    data = DATA["mlp"](STEPS, BATCH)
+    model = BUILDERS["mlp"]("adam")
+    ckpt = parallax.CheckPointConfig(ckpt_dir=str(tmp_path / "ckpt"), save_ckpt_steps=1)
+    config = parallax.Config(run_option="PS", pipeline_stages=2, micro_batches=2, ckpt_config=ckpt)
+    got, _, _ = train_pipelined(model, data, resource_file("localhost: cpu:0,cpu:1\n"), config)
+    plain = BUILDERS["mlp"]("adam")
+    with plain.graph.as_default(), tf.compat.v1.Session() as sess:
+        tf.compat.v1.train.Saver().restore(sess, tf.train.latest_checkpoint(str(tmp_path / "ckpt")))
+        for v in plain.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES):
+            np.testing.assert_allclose(sess.run(v), got[v.op.name][0], rtol=1e-6, err_msg=v.op.name)
