@@ -168,6 +168,7 @@ def _plan_parser() -> argparse.ArgumentParser:
     layout.add_argument("--micro_batches", type=int, default=None, metavar="M")
     layout.add_argument("--pipeline_cuts", default=None, metavar="SCOPE,SCOPE",
                         help="the scopes where stages 1 .. k-1 begin, comma-separated")
+    layout.add_argument("--pipeline_schedule", choices=["gpipe", "1f1b"], default=None)
     layout.add_argument("--device_memory", default=None, metavar="BYTES", help="e.g. 16GB")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the plan as JSON")
     parser.add_argument("--timeout", type=float, default=600, help="seconds before giving up on the script")
@@ -248,8 +249,8 @@ def plan_main(argv: list[str] | None = None) -> int:
             return 2
         entry = {"stage": int(stage)} if stage is not None else {"sync": sync}
         overrides[name] = {**overrides.get(name, {}), **entry}
-    fields = {key: getattr(args, key) for key in ("zero_stage", "pipeline_stages", "micro_batches", "device_memory")
-              if getattr(args, key) is not None}
+    fields = {key: getattr(args, key) for key in ("zero_stage", "pipeline_stages", "micro_batches", "device_memory",
+                                                   "pipeline_schedule") if getattr(args, key) is not None}
     if args.pipeline_cuts:
         fields["pipeline_cuts"] = args.pipeline_cuts.split(",")
     prediction = None

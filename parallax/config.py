@@ -136,6 +136,13 @@ def _bytes_or_none(owner: str, field: str, value: Any) -> int | None:
     return value
 
 
+def _schedule(owner: str, field: str, value: Any) -> str:
+    if value not in ("gpipe", "1f1b"):
+        raise ValueError(f"{owner}.{field} must be 'gpipe' (forwards may run ahead of backwards) or '1f1b' (a "
+                         f"stage's forward waits for the backward the stages after it need), got {_describe(value)}")
+    return value
+
+
 def _instance_of(cls_getter: Callable[[], type]) -> Callable:
     """A checker for a nested config; ``None`` stands for a fresh default one."""
     def check(owner: str, field: str, value: Any) -> Any:
@@ -517,6 +524,10 @@ class Config(_ConfigBase):
             ``1 .. k-1`` begin, in the order the model makes them, instead of
             cuts chosen by estimated cost; ``pipeline_stages`` then defaults to
             ``len(pipeline_cuts) + 1``.
+        pipeline_schedule: (Parallax only) ``"gpipe"`` (default: TensorFlow runs each op
+            when its inputs are there, so forwards may run ahead of backwards) or ``"1f1b"``
+            (on stage ``s`` of ``k``, micro-batch ``j``'s forward waits for micro-batch
+            ``j-(k-s)``'s backward there: at most ``k-s`` micro-batches' activations are kept).
         device_memory: (Parallax only) the memory one device may give the model's
             variables and optimizer slots, in bytes or as ``"16GB"``: when they do
             not fit one device, the plan cuts each replica into the fewest
@@ -546,6 +557,7 @@ class Config(_ConfigBase):
     micro_batches: int = _field(1, _positive_int)
     pipeline_cuts: list | None = _field(tuple, _scope_list, factory=True)
     device_memory: int | str | None = _field(None, _bytes_or_none)
+    pipeline_schedule: str = _field("gpipe", _schedule)
 
     @property
     def stages(self) -> int:

@@ -164,13 +164,13 @@ def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis)
 def _fit_memory(cluster: Cluster, settings: Settings, analysis: GraphAnalysis) -> tuple[Settings, bool]:
     """With ``device_memory`` and no pipeline asked for: as many stages as the variables need
     (model parallelism), cut where their bytes are balanced."""
-    stages, micro, cuts = settings.pipeline
+    stages, micro, cuts, schedule = settings.pipeline
     if settings.device_memory is None or stages > 1 or cuts:
         return settings, False
     counts = [len(w.devices) if w.devices is not None else len(_bare_host_devices(settings.gpus))
               for w in cluster.workers]
     fitted = fit_stages(analysis, settings.device_memory, counts)
-    return replace(settings, pipeline=(fitted, micro, cuts)), fitted > 1
+    return replace(settings, pipeline=(fitted, micro, cuts, schedule)), fitted > 1
 
 
 def _layout(cluster: Cluster, settings: Settings, analysis: GraphAnalysis
@@ -267,4 +267,4 @@ def _variable_plan(layout: str, processes: tuple[ProcessSpec, ...], servers: boo
                       zero_stage=settings.zero_stage if layout in ("MPI", "HYBRID") else 0,
                       pipeline_stages=settings.pipeline[0], micro_batches=settings.pipeline[1],
                       pipeline_cuts=settings.pipeline[2], device_memory=settings.device_memory,
-                      pipeline_by_memory=by_memory)
+                      pipeline_by_memory=by_memory, pipeline_schedule=settings.pipeline[3])

@@ -87,8 +87,8 @@ class Settings:
         export_graph_path: ``Config.export_graph_path``.
         search_partitions: ``Config.search_partitions``.
         zero_stage: ``Config.zero_stage``.
-        pipeline: ``(stages, micro_batches, cuts)`` from ``Config.pipeline_stages``,
-            ``micro_batches`` and ``pipeline_cuts``.
+        pipeline: ``(stages, micro_batches, cuts, schedule)`` from ``Config.pipeline_stages``,
+            ``micro_batches``, ``pipeline_cuts`` and ``pipeline_schedule``.
         device_memory: ``Config.device_memory`` in bytes.
         notes: remarks on what was decided, printed with the plan.
     """
@@ -113,7 +113,7 @@ class Settings:
     export_graph_path: str | None = None
     search_partitions: bool = False
     zero_stage: int = 0
-    pipeline: tuple[int, int, tuple[str, ...]] = (1, 1, ())
+    pipeline: tuple[int, int, tuple[str, ...], str] = (1, 1, (), "gpipe")
     device_memory: int | None = None
     notes: tuple[str, ...] = ()
 
@@ -229,5 +229,5 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         ckpt=copy.deepcopy(config.ckpt_config), profile=copy.deepcopy(config.profile_config),
         redirect_path=config.redirect_path, export_graph_path=config.export_graph_path,
         search_partitions=config.search_partitions, notes=notes, zero_stage=config.zero_stage,
-        pipeline=(config.stages, config.micro_batches, tuple(config.pipeline_cuts)),
+        pipeline=(config.stages, config.micro_batches, tuple(config.pipeline_cuts), config.pipeline_schedule),
         device_memory=config.device_memory)

@@ -232,8 +232,11 @@ class PipelineSpec:
             ``w`` (``WorkerPlan.replica_devices`` holds stage 0's).
         stage_costs: the estimated cost of each stage's forward ops (see
             :class:`parallax.analysis.ForwardOp`).
-        cut_by: ``"cost"`` (cut where the estimated cost is balanced) or ``"user"``
-            (``Config.pipeline_cuts``).
+        cut_by: ``"cost"`` (cut where the estimated cost is balanced), ``"memory"`` (where the
+            bytes of variables are, to fit ``device_memory``) or ``"user"`` (``Config.pipeline_cuts``).
+        schedule: ``"gpipe"`` (the dataflow's order: forwards may run ahead of backwards) or
+            ``"1f1b"`` (on stage ``s`` a micro-batch's forward waits for the backward of the
+            micro-batch ``k - s`` before it).
     """
 
     stages: int = 1
@@ -242,6 +245,7 @@ class PipelineSpec:
     devices: tuple[tuple[tuple[str, ...], ...], ...] = ()
     stage_costs: tuple[int, ...] = ()
     cut_by: str = "cost"
+    schedule: str = "gpipe"
 
     @property
     def active(self) -> bool:
@@ -425,7 +429,7 @@ class Plan:
         if not p.active:
             return []
         lines = [f"  pipeline: {p.stages} stage(s), {p.micro_batches} micro-batch(es) per replica and step, "
-                 f"cut by {p.cut_by}; GPipe bubble (k-1)/(m+k-1) = {p.bubble:.2f}"]
+                 f"cut by {p.cut_by}, schedule {p.schedule}; bubble (k-1)/(m+k-1) = {p.bubble:.2f}"]
         total = sum(p.stage_costs) or 1
         for s in range(p.stages):
             held = [v for v in self.variables if v.stage == s and v.slot_of is None]
@@ -441,4 +445,5 @@ def _pipeline_from_dict(data: dict[str, Any]) -> PipelineSpec:
     devices = tuple(tuple(tuple(r) for r in w) for w in data.get("devices", ()))
     return PipelineSpec(stages=data.get("stages", 1), micro_batches=data.get("micro_batches", 1),
                         cuts=tuple(data.get("cuts", ())), devices=devices,
-                        stage_costs=tuple(data.get("stage_costs", ())), cut_by=data.get("cut_by", "cost"))
+                        stage_costs=tuple(data.get("stage_costs", ())), cut_by=data.get("cut_by", "cost"),
+                        schedule=data.get("schedule", "gpipe"))

@@ -188,7 +188,8 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
                ps: PSSpec | None = None, overrides: Mapping[str, Any] | None = None,
                notes: tuple[str, ...] = (), server_hosts: tuple[str, ...] = (), zero_stage: int = 0,
                pipeline_stages: int = 1, micro_batches: int = 1, pipeline_cuts: tuple[str, ...] = (),
-               device_memory: int | None = None, pipeline_by_memory: bool = False) -> Plan:
+               device_memory: int | None = None, pipeline_by_memory: bool = False,
+               pipeline_schedule: str = "gpipe") -> Plan:
     """Decide the layout of every variable and replica.
 
     Dense gradients are averaged over the replicas; sparse ones are summed,
@@ -222,6 +223,7 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
             ``stage``.
         device_memory: refuse a stage holding more bytes of variables and slots than this;
             ``pipeline_by_memory``: cut the stages where those bytes are balanced.
+        pipeline_schedule: ``"gpipe"`` or ``"1f1b"``.
 
     Returns:
         The plan.
@@ -235,7 +237,8 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
     placed = {v.name: entry["stage"] for v in analysis.variables
               if "stage" in (entry := _override_for(v.name, overrides or {}))}
     pipeline, stage_of_variable = pipeline_spec(analysis, stage_devices, pipeline_stages, micro_batches,
-                                                pipeline_cuts, placed, device_memory, pipeline_by_memory)
+                                                pipeline_cuts, placed, device_memory, pipeline_by_memory,
+                                                pipeline_schedule)
     worker_plans = tuple(WorkerPlan(host, tuple(r[0] for r in grouped), shared)
                          for (host, _, shared), grouped in zip(workers, stage_devices))
     replicas = max(1, len(worker_plans[0].replica_devices)) if worker_plans else 1

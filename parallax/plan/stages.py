@@ -184,7 +184,8 @@ def group_devices(devices: Sequence[str], stages: int, where: str) -> tuple[tupl
 
 def pipeline_spec(analysis: GraphAnalysis, devices: Sequence[tuple[tuple[str, ...], ...]], stages: int,
                   micro_batches: int, user_cuts: Sequence[str] = (), placed: dict[str, int] | None = None,
-                  device_memory: int | None = None, by_memory: bool = False) -> tuple[PipelineSpec, dict[str, int]]:
+                  device_memory: int | None = None, by_memory: bool = False, schedule: str = "gpipe"
+                  ) -> tuple[PipelineSpec, dict[str, int]]:
     """The pipeline of a job whose workers' replicas have ``devices[w][r]`` as stage devices,
     and the stage of each variable.
 
@@ -192,6 +193,7 @@ def pipeline_spec(analysis: GraphAnalysis, devices: Sequence[tuple[tuple[str, ..
         placed: stages the user gives variables (``plan_overrides``); their slots follow them.
         device_memory: refuse a stage holding more bytes of variables and slots than this.
         by_memory: cut where the bytes of variables, not the estimated cost, are balanced.
+        schedule: ``"gpipe"`` or ``"1f1b"`` (:class:`PipelineSpec`).
 
     Raises:
         PlanError: see :func:`cut_forward`; a pipeline over a graph without gradients; a
@@ -222,5 +224,5 @@ def pipeline_spec(analysis: GraphAnalysis, devices: Sequence[tuple[tuple[str, ..
     spec = PipelineSpec(stages=stages, micro_batches=micro_batches, cuts=cuts,
                         devices=tuple(tuple(tuple(r) for r in w) for w in devices) if stages > 1 else (),
                         stage_costs=costs if stages > 1 else (),
-                        cut_by="user" if user_cuts else ("memory" if weights else "cost"))
+                        cut_by="user" if user_cuts else ("memory" if weights else "cost"), schedule=schedule)
     return spec, where

@@ -129,6 +129,8 @@ def split_micro_batches(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, tas
     graph_def.node.extend(split_nodes + new_nodes)
     _check_loop_readers(graph_def, copied & loops)
     _write_from_first_micro_batch(graph_def, writers, m)
+    if spec.schedule == "1f1b" and spec.stages > 1:
+        _one_forward_one_backward(graph_def, copied, stages, loops, spec.stages, m)
     return out
 
 
@@ -335,6 +337,36 @@ def _combine(name: str, how: str, copies: list[str], dtype: tf.DType, device: st
     total.attr["N"].i = m
     scale = const(f"{name}/parallax_scale", 1.0 / m, dtype)
     return [total, scale, op(name, "Mul", [total.name, scale.name], T=t)]
+
+
+def _one_forward_one_backward(graph_def, copied: set[str], stages: dict[str, int], loops: set[str], k: int,
+                              m: int) -> None:
+    """The 1F1B schedule: on stage ``s``, micro-batch ``j``'s forward waits for micro-batch
+    ``j - (k - s)``'s backward there, so at most ``k - s`` micro-batches' activations are kept."""
+    nodes = {n.name: n for n in graph_def.node}
+    backward = {name for name in copied if _GRADIENT_SCOPE.search(name)}
+    forward = copied - backward
+    outside = {name for name in copied if name not in loops or nodes[micro_op_name(name, 0)].op in ("Enter",
+                                                                                                     "RefEnter")}
+    for s in range(k):
+        stage_forward = {name for name in forward if stages.get(name) == s}
+        entries = sorted(name for name in stage_forward & outside
+                         if not any(parse_input(t)[0] in stage_forward for t in _original_inputs(nodes, name)))
+        mine = {name for name in backward - loops if stages.get(name) == s}
+        read = {parse_input(t)[0] for name in mine for t in _original_inputs(nodes, name)}
+        exits = sorted(mine - read)
+        ahead = k - s
+        for j in range(ahead, m):
+            waits = [format_input(micro_op_name(e, j - ahead), 0, True) for e in exits]
+            for entry in entries:
+                nodes[micro_op_name(entry, j)].input.extend(waits)
+
+
+def _original_inputs(nodes, name: str) -> list[str]:
+    """The inputs of micro-batch 0's copy of ``name``, by their original names."""
+    prefix = micro_op_name("", 0)
+    return [t.replace(prefix, "", 1) if t.lstrip("^").startswith(prefix) else t
+            for t in nodes[micro_op_name(name, 0)].input]
 
 
 def _in_loops(graph_def) -> set[str]:

@@ -24,6 +24,7 @@ PLACED = '{"embedding": {"stage": 1}, "proj/*": {"stage": 0}}'
 # BATCH rows over 2 ranks: 6 a rank, in 2 or 3 micro-batches
 CASES = {
     "dp+pp-adam": ["--model", "mlp", "--optimizer", "adam", "--micro_batches", "3"],
+    "dp+pp-1f1b": ["--model", "deep_mlp", "--optimizer", "adam", "--micro_batches", "3", "--pipeline_schedule", "1f1b"],
     "dp+pp-clipped": ["--model", "mlp", "--optimizer", "momentum", "--clip", "0.05", "--micro_batches", "2"],
     "dp+pp-embedding": ["--model", "embedding", "--optimizer", "adam", "--micro_batches", "2"],
     "dp+pp-sequence": ["--model", "sequence", "--optimizer", "adam", "--micro_batches", "3"],

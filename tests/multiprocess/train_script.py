@@ -99,6 +99,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline_stages", type=int, default=1)
     p.add_argument("--micro_batches", type=int, default=1)
     p.add_argument("--pipeline_cuts", default=None, help="Config.pipeline_cuts, comma-separated")
+    p.add_argument("--pipeline_schedule", default="gpipe")
     p.add_argument("--out", required=True)
     p.add_argument("--cases", default=None, help="a JSON file {name: [options...]}: train each case in turn, one "
                    "parallel_run call each, with these options added, into <out>/<name>")
@@ -142,7 +143,7 @@ def train(args: argparse.Namespace) -> None:
                              redirect_path=args.redirect_path, search_partitions=args.search_partitions,
                              plan_overrides=json.loads(args.overrides) if args.overrides else None,
                              zero_stage=args.zero_stage, pipeline_stages=args.pipeline_stages,
-                             micro_batches=args.micro_batches,
+                             micro_batches=args.micro_batches, pipeline_schedule=args.pipeline_schedule,
                              pipeline_cuts=args.pipeline_cuts.split(",") if args.pipeline_cuts else None,
                              communication_config=parallax.CommunicationConfig(ps_config=ps, mpi_config=mpi))
     sess, num_workers, worker_id, num_replicas = parallax.parallel_run(model.graph, args.resource_info,

@@ -31,6 +31,9 @@ CASES = {
     "pp-clipped": ("mlp", "momentum", 2, 2, 3, None),
     "mp-cnn-batch-norm": ("cnn_bn", "momentum", 2, 2, 1, None),
     "mp-cnn-batch-norm-3": ("cnn_bn", "adam", 3, 3, 1, None),
+    "1f1b-deep-mlp": ("deep_mlp", "adam", 3, 3, 6, None),
+    "1f1b-lstm-while-loop": ("sequence", "adam", 2, 2, 4, None),
+    "1f1b-embedding": ("embedding", "adagrad", 2, 2, 3, None),
 }
 
 
@@ -60,7 +63,7 @@ def test_a_pipelined_replica_trains_as_one_device(resource_file, case):
     resources = resource_file("localhost: " + ",".join(f"cpu:{i}" for i in range(devices)) + "\n")
     # one resource line, run_option PS: one process, its replicas in its graph (as in test_replicas_match_...)
     config = parallax.Config(run_option="PS", pipeline_stages=stages, micro_batches=micro, pipeline_cuts=cuts,
-                             average_sparse=True)
+                             average_sparse=True, pipeline_schedule="1f1b" if case.startswith("1f1b") else "gpipe")
     got, replicas, graph = train_pipelined(build(model_name, optimizer, case), data, resources, config)
     assert replicas == devices // stages
     for name, value in expected.items():
@@ -71,6 +74,24 @@ def test_a_pipelined_replica_trains_as_one_device(resource_file, case):
     assert used == {str(d) for d in range(devices)}  # every stage of every replica on its own device
     copies = {n.name.split("/", 1)[0] for n in graph.node if n.name.startswith("parallax_micro_")}
     assert copies == ({f"parallax_micro_{j}" for j in range(micro)} if micro > 1 else set())
+
+
+def test_1f1b_makes_each_stage_s_forward_wait_for_the_backward_k_minus_s_micro_batches_before():
+    from parallax.analysis import analyse_graph
+    from parallax.plan import TaskSpec, build_plan
+    from parallax.rewrite.pipeline import rewrite_for_task
+    from tests.unit.rewrite.helpers import export
+
+    model = BUILDERS["deep_mlp"]("adam")
+    devices = ("/device:CPU:0", "/device:CPU:1")
+    plan = build_plan(analyse_graph(model.graph), [("localhost", devices, "/device:CPU:0")], run_option="HYBRID",
+                      sync=True, average_sparse=True, pipeline_stages=2, micro_batches=4, pipeline_schedule="1f1b")
+    nodes = {n.name: n for n in rewrite_for_task(export(model.graph), plan, TaskSpec(0)).graph_def.node}
+    first = nodes["parallax_micro_2/layer_0/MatMul"]  # stage 0 of 2: micro-batch 2 waits for 0's backward
+    waits = {t[1:] for t in first.input if t.startswith("^")}
+    assert waits and all(w.startswith("parallax_micro_0/gradients/") for w in waits)
+    assert not any(t.startswith("^") for t in nodes["parallax_micro_1/layer_0/MatMul"].input)
+    assert "schedule 1f1b" in plan.describe()
 
 
 def test_a_named_cut_puts_its_scope_first_on_the_next_stage():
@@ -86,7 +107,7 @@ def test_a_named_cut_puts_its_scope_first_on_the_next_stage():
     assert [stage[f"layer_{i}/kernel"] for i in range(6)] == [0, 0, 1, 1, 2, 2]
     assert stage["head/kernel"] == 2 and stage["layer_3/kernel/Adam"] == 1
     text = plan.describe()
-    assert "pipeline: 3 stage(s), 2 micro-batch(es)" in text and "cut by user" in text
+    assert "pipeline: 3 stage(s), 2 micro-batch(es)" in text and "cut by user, schedule gpipe" in text
     assert "stage 1: from layer_2/" in text and "on /device:CPU:1" in text
 
 

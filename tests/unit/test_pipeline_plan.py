@@ -26,6 +26,7 @@ def deep():
     ("device_memory", "16 parsecs", "must be a size such as 16GB"),
     ("device_memory", -1, "must be a positive number of bytes"),
     ("plan_overrides", {"emb": {"stage": -1}}, "stage must be a pipeline stage's index"),
+    ("pipeline_schedule", "interleaved", "must be 'gpipe'"),
 ])
 def test_a_bad_pipeline_field_names_itself(field, value, message):
     with pytest.raises((TypeError, ValueError), match=message):
@@ -89,7 +90,7 @@ def test_the_plan_keeps_its_pipeline_through_json():
     plan = job.plan
     assert Plan.from_dict(plan.to_dict()) == plan
     assert plan.variable("embedding").stage == 1 and plan.variable("embedding/Adam").stage == 1
-    assert "GPipe bubble (k-1)/(m+k-1) = 0.20" in plan.describe()
+    assert "bubble (k-1)/(m+k-1) = 0.20" in plan.describe()
 
 
 def test_without_a_pipeline_nothing_changes():
