@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from tensorflow.core.framework import graph_pb2, node_def_pb2
+from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
 
 __all__ = ["parse_input", "format_input", "op_of", "enclosing_scope", "replica_device",
-           "node_map", "consumers", "ancestors",
+           "copy_op", "node_map", "consumers", "ancestors",
            "descendants", "add_nodes", "is_variable_write", "written_variable", "make_no_op"]
 
 _WRITE_OPS = frozenset({"Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",
@@ -92,6 +92,31 @@ def replica_device(original: str, device: str) -> str:
     if original and "CPU" in original.upper() and "GPU" in device.upper():
         return original
     return device
+
+
+def copy_op(node: node_def_pb2.NodeDef, name: str, rename: Callable[[str], str | None],
+            frame: Callable[[str], str], tensor: Callable[[str, int], str | None] = lambda op, index: None
+            ) -> node_def_pb2.NodeDef:
+    """A copy of ``node`` called ``name`` (a replica's or a micro-batch's): an input or colocation
+    target that ``rename`` renames is the copy's own, a data input ``tensor`` gives another
+    tensor for reads that tensor (a micro-batch's part of the batch), and a loop's ``Enter`` takes
+    the frame ``frame`` names."""
+    copy = node_def_pb2.NodeDef()
+    copy.CopyFrom(node)
+    copy.name = name
+    del copy.input[:]
+    for text in node.input:
+        op, index, control = parse_input(text)
+        target = rename(op)
+        replaced = None if control or target is not None else tensor(op, index)
+        copy.input.append(format_input(target, index, control) if target is not None else replaced or text)
+    if "_class" in copy.attr:
+        groups = [colocation_group(renamed) if (t := colocated_with([g])) and (renamed := rename(t[0])) else g
+                  for g in copy.attr["_class"].list.s]
+        copy.attr["_class"].CopyFrom(attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(s=groups)))
+    if copy.op in ("Enter", "RefEnter") and "frame_name" in copy.attr:
+        copy.attr["frame_name"].s = frame(copy.attr["frame_name"].s.decode()).encode()
+    return copy
 
 
 def node_map(graph_def: graph_pb2.GraphDef) -> dict[str, node_def_pb2.NodeDef]:

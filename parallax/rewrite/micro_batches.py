@@ -49,7 +49,7 @@ from bisect import bisect_right
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2, node_def_pb2, types_pb2
+from tensorflow.core.framework import node_def_pb2, types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 from tensorflow.python.framework import tensor_util
 
@@ -60,8 +60,8 @@ from parallax.rewrite.classify import classify, is_input_op
 from parallax.rewrite.graph_ops import (
     ancestors,
     colocated_with,
-    colocation_group,
     consumers,
+    copy_op,
     descendants,
     format_input,
     make_no_op,
@@ -234,25 +234,9 @@ def _splits(nodes, sources, copied, info, m: int, device: str):
 
 
 def _micro_copy(node, j: int, copied, splits) -> node_def_pb2.NodeDef:
-    copy = node_def_pb2.NodeDef()
-    copy.CopyFrom(node)
-    copy.name = micro_op_name(node.name, j)
-    del copy.input[:]
-    for text in node.input:
-        name, index, control = parse_input(text)
-        if name in copied:
-            copy.input.append(format_input(micro_op_name(name, j), index, control))
-        elif not control and (name, index) in splits:
-            copy.input.append(format_input(splits[name, index], j, False))
-        else:
-            copy.input.append(text)
-    if "_class" in copy.attr:
-        groups = [colocation_group(micro_op_name(t[0], j)) if (t := colocated_with([g])) and t[0] in copied else g
-                  for g in copy.attr["_class"].list.s]
-        copy.attr["_class"].CopyFrom(attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(s=groups)))
-    if copy.op in ("Enter", "RefEnter") and "frame_name" in copy.attr:
-        copy.attr["frame_name"].s = micro_op_name(copy.attr["frame_name"].s.decode(), j).encode()
-    return copy
+    return copy_op(node, micro_op_name(node.name, j), lambda op: micro_op_name(op, j) if op in copied else None,
+                   lambda frame: micro_op_name(frame, j),
+                   lambda op, index: format_input(splits[op, index], j, False) if (op, index) in splits else None)
 
 
 def _gradient_tensors(plan: Plan) -> tuple[set[str], set[str], set[str]]:

@@ -27,16 +27,15 @@ on the worker's shared device.
 
 from __future__ import annotations
 
-from tensorflow.core.framework import attr_value_pb2, node_def_pb2
+from tensorflow.core.framework import node_def_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from parallax.errors import RewriteError
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.classify import classify
 from parallax.rewrite.graph_ops import (
-    colocated_with,
-    colocation_group,
     consumers,
+    copy_op,
     descendants,
     format_input,
     make_no_op,
@@ -138,27 +137,10 @@ def replicate_graph(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
             new_nodes.append(shared)
             continue
         for r, device in enumerate(devices):
-            copy = node_def_pb2.NodeDef()
-            copy.CopyFrom(node)
-            copy.name = replica_op_name(node.name, r)
+            copy = copy_op(node, replica_op_name(node.name, r),
+                           lambda op: replica_op_name(op, r) if op in replicated else None,  # noqa: B023 (used now)
+                           lambda frame: replica_frame_name(frame, r))  # noqa: B023
             copy.device = stage_maps[r].get(node.device) or replica_device(node.device, device)
-            del copy.input[:]
-            for text in node.input:
-                name, index, control = parse_input(text)
-                if name in replicated:
-                    name = replica_op_name(name, r)
-                copy.input.append(format_input(name, index, control))
-            if "_class" in copy.attr:
-                renamed = []
-                for group in copy.attr["_class"].list.s:
-                    target = colocated_with([group])
-                    renamed.append(colocation_group(replica_op_name(target[0], r))
-                                   if target and target[0] in replicated else group)
-                copy.attr["_class"].CopyFrom(attr_value_pb2.AttrValue(
-                    list=attr_value_pb2.AttrValue.ListValue(s=renamed)))
-            if copy.op in ("Enter", "RefEnter") and "frame_name" in copy.attr:
-                frame = copy.attr["frame_name"].s.decode()
-                copy.attr["frame_name"].s = replica_frame_name(frame, r).encode()
             if node.name == num_shards_op:
                 _set_const(copy, plan.num_replicas)
             elif node.name == shard_id_op:
