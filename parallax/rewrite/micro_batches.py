@@ -86,8 +86,9 @@ def split_micro_batches(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, tas
     """Place stages and copy micro-batches (see the module docstring). Returns a new MetaGraphDef.
 
     Raises:
-        RewriteError: a batch input's static size is not a multiple of ``micro_batches``, or an
-            op outside the micro-batches reads a loop's op that is copied.
+        RewriteError: a batch input's static size is not a multiple of ``micro_batches``, the
+            gradients come from no batch input, or an op outside the micro-batches reads a
+            loop's op that is copied.
     """
     out = meta_graph_pb2.MetaGraphDef()
     out.CopyFrom(meta_graph)
@@ -111,6 +112,10 @@ def split_micro_batches(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, tas
     copied = descendants(consumers(graph_def), sources) & roles.replicated - input_side
     info = _tensor_info(graph_def)
     splits, split_nodes = _splits(nodes, sources, copied, info, m, devices[0])
+    if not splits:
+        raise RewriteError(f"micro_batches={m} splits each batch input (a placeholder or a tf.data iterator's "
+                           "get_next() that is not a scalar) along its first axis, but the gradients are computed "
+                           "from none; feed the batch through one, or leave micro_batches at 1")
     loops = _in_loops(graph_def)
     gradient_means, sparse_values, sparse_indices = _gradient_tensors(plan)
     batch = {info[f"{s}:{k}"][1][0] for s, k in splits if info[f"{s}:{k}"][1]}

@@ -213,3 +213,21 @@ def test_a_pipelined_job_checkpoints_under_single_device_names(resource_file, tm
         tf.compat.v1.train.Saver().restore(sess, tf.train.latest_checkpoint(str(tmp_path / "ckpt")))
         for v in plain.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES):
             np.testing.assert_allclose(sess.run(v), got[v.op.name][0], rtol=1e-6, err_msg=v.op.name)
+
+
+def test_micro_batches_without_a_batch_input_to_split_are_refused():
+    from parallax.analysis import analyse_graph
+    from parallax.errors import RewriteError
+    from parallax.plan import TaskSpec, build_plan
+    from parallax.rewrite.pipeline import rewrite_for_task
+
+    graph = tf.Graph()
+    with graph.as_default():  # synthetic data made in the graph: nothing to split
+        x = tf.random.uniform([8, 4], seed=1)
+        w = tf.compat.v1.get_variable("w", [4, 1])
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(tf.matmul(x, w)))
+        meta = tf.compat.v1.train.export_meta_graph(graph=graph)
+    plan = build_plan(analyse_graph(graph), [("h", ("/device:CPU:0",), "/device:CPU:0")], run_option="PS",
+                      sync=True, average_sparse=False, micro_batches=2)
+    with pytest.raises(RewriteError, match="micro_batches=2 splits each batch input .* computed from none"):
+        rewrite_for_task(meta, plan, TaskSpec(0))
