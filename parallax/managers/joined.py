@@ -349,7 +349,10 @@ class PeerWatch(threading.Thread):
             self._fail(gone)
 
     def check(self, now: float) -> str | None:
-        """One round: probe every peer; the name and address of one that has gone, if any."""
+        """One round: probe every peer; the name and address of the one that went first, if one has
+        been gone ``grace`` seconds. A task that ends because another did goes later, and is not named:
+        peers first missed in the same round (a watch held up while both went) are named together."""
+        gone = {}
         for name, host, port in self.peers:
             if self._probe(host, port):
                 if name not in self.seen:
@@ -359,10 +362,13 @@ class PeerWatch(threading.Thread):
                 continue
             if name not in self.seen:
                 continue  # not started yet: starting is the session's business, not this watch's
-            since = self.lost.setdefault(name, now)
-            if now - since >= self.grace and not self.finished():
-                return f"{name} ({host}:{port})"
-        return None
+            gone[name] = (self.lost.setdefault(name, now), f"{name} ({host}:{port})")
+        if not gone:
+            return None
+        first = min(since for since, _ in gone.values())
+        if now - first < self.grace or self.finished():
+            return None
+        return " and ".join(label for since, label in gone.values() if since == first)
 
     def run(self) -> None:
         while not self._halt.wait(self._interval) and not self._failed.is_set():
@@ -374,7 +380,8 @@ class PeerWatch(threading.Thread):
     def _fail(self, gone: str | None) -> None:
         if gone is not None and not self._halt.is_set() and not self._failed.is_set():
             self._failed.set()
-            self._end(f"Parallax job failed: task {gone} has ended or cannot be reached; ending task {self.own}")
+            verb = "have" if " and " in gone else "has"
+            self._end(f"Parallax job failed: task {gone} {verb} ended or cannot be reached; ending task {self.own}")
 
 
 def _reachable(host: str, port: int) -> bool:

@@ -94,6 +94,30 @@ def test_the_training_loop_probes_when_the_thread_has_not():
     assert len(ended) == 1 and w.failed()
 
 
+def test_the_peer_that_went_first_is_named_not_one_that_ended_because_of_it():
+    """The chief ends when worker 0 dies; a server that sees both gone names worker 0, though the chief
+    comes first in its list; two peers first missed in the same round are named together."""
+    up = {"chief 0": True, "worker 0": True}
+    ended: list[str] = []
+    w = PeerWatch([("chief 0", "h", 1), ("worker 0", "h", 2)], "ps 0", finished=lambda: False, grace=1.0,
+                  probe=lambda host, port: up["chief 0" if port == 1 else "worker 0"], end=ended.append)
+    w.poll(0.0)
+    up["worker 0"] = False
+    w.poll(1.0)
+    up["chief 0"] = False  # it saw worker 0 go, and ended
+    w.poll(1.6)
+    w.poll(2.2)
+    assert ended == ["Parallax job failed: task worker 0 (h:2) has ended or cannot be reached; ending task ps 0"]
+    up.update({"chief 0": False, "worker 0": False})
+    both = PeerWatch([("chief 0", "h", 1), ("worker 0", "h", 2)], "ps 0", finished=lambda: False, grace=1.0,
+                     probe=lambda host, port: False, end=ended.append)
+    both.seen = {"chief 0", "worker 0"}
+    both.poll(5.0)
+    both.poll(6.0)
+    assert ended[-1] == ("Parallax job failed: task chief 0 (h:1) and worker 0 (h:2) have ended or cannot be "
+                         "reached; ending task ps 0")
+
+
 def test_the_heartbeat_of_a_joined_process_polls_its_watch():
     from parallax.managers.joined import JoinedProcess
     from parallax.managers.tf_config import read_tf_config
