@@ -45,7 +45,6 @@ the dataflow, without a hand-made schedule.
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
 
 import numpy as np
 import tensorflow as tf
@@ -56,6 +55,7 @@ from tensorflow.python.framework import tensor_util
 from parallax.analysis import VARIABLE_OP_TYPES
 from parallax.errors import RewriteError
 from parallax.plan.model import Plan, TaskSpec
+from parallax.plan.stages import stage_of
 from parallax.rewrite.classify import classify, is_input_op
 from parallax.rewrite.graph_ops import (
     ancestors,
@@ -153,7 +153,7 @@ def op_stages(graph_def, plan: Plan, replicated) -> dict[str, int]:
     if missing:
         raise RewriteError(f"the plan cuts the pipeline at {missing}, which are not forward ops of this graph")
     cut_positions = [position[c] for c in spec.cuts]
-    stages: dict[str, int] = {name: bisect_right(cut_positions, i) for name, i in position.items()}
+    stages: dict[str, int] = {name: stage_of(position, cut_positions, name) for name in position}
     held = {v.name: v.stage for v in plan.variables}
     for name in forward:  # the ops that compute with a variable run where it is (model parallelism)
         read = [held[v] for v in _variables_read(nodes[name], nodes) if v in held]
