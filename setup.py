@@ -32,7 +32,9 @@ setup(
         # parallax manifest's other validators: Polyaxon's reader, HTCondor's submit parser (the 24.0 LTS bindings
         # expand a submit file without a pool; 25.x dropped that)
         "manifest": ["polyaxon==2.18.0", "htcondor==24.0.24"],
-        "dev": ["polyaxon==2.18.0", "htcondor==24.0.24", "pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.6",
+        # pytest 9 ignores the node ids pytest-xdist 3.8 gives grouped tests (Node.nodeid no longer reads
+        # _nodeid), so --dist loadgroup splits a group's shared job over the workers, which then run it twice
+        "dev": ["polyaxon==2.18.0", "htcondor==24.0.24", "pytest>=8,<9", "pytest-timeout>=2.3", "pytest-xdist>=3.6",
                 "ruff>=0.6", "matplotlib>=3.8", "tqdm>=4.66"],
     },
     entry_points={"console_scripts": ["parallax-run = parallax.cli:main", "parallax = parallax.cli:parallax_main"]},

@@ -351,8 +351,9 @@ class PeerWatch(threading.Thread):
     def check(self, now: float) -> str | None:
         """One round: probe every peer; the name and address of the one that went first, if one has
         been gone ``grace`` seconds. A task that ends because another did goes later, and is not named:
-        peers first missed in the same round (a watch held up while both went) are named together."""
-        gone = {}
+        peers first missed in the same round (a watch held up while both went) are named together, after
+        any peer that cannot be reached and was never seen up (it may have started and died unseen)."""
+        gone, unseen = {}, []
         for name, host, port in self.peers:
             if self._probe(host, port):
                 if name not in self.seen:
@@ -361,14 +362,17 @@ class PeerWatch(threading.Thread):
                 self.lost.pop(name, None)
                 continue
             if name not in self.seen:
-                continue  # not started yet: starting is the session's business, not this watch's
+                unseen.append(f"{name} ({host}:{port})")  # not started yet, or started and gone between probes
+                continue  # starting is the session's business, not this watch's
             gone[name] = (self.lost.setdefault(name, now), f"{name} ({host}:{port})")
         if not gone:
             return None
         first = min(since for since, _ in gone.values())
         if now - first < self.grace or self.finished():
             return None
-        return " and ".join(label for since, label in gone.values() if since == first)
+        # a peer this watch never saw up (its probes held up while it started and died) may be the one
+        # that went first: the job is ending, so it is named too
+        return " and ".join(unseen + [label for since, label in gone.values() if since == first])
 
     def run(self) -> None:
         while not self._halt.wait(self._interval) and not self._failed.is_set():

@@ -131,3 +131,18 @@ def test_the_heartbeat_of_a_joined_process_polls_its_watch():
     process._watch = type("W", (), {"poll": lambda self, now: polled.append(now)})()
     beat.step_done()
     assert len(polled) == 1
+
+
+def test_a_peer_never_seen_up_is_named_when_another_goes():
+    """A server whose probes were held up while worker 0 started and died sees only the chief go (it ended
+    because of worker 0): both are named, worker 0 first, since either may have gone first."""
+    up = {"chief 0": True, "worker 0": False}
+    ended: list[str] = []
+    w = PeerWatch([("chief 0", "h", 1), ("worker 0", "h", 2)], "ps 0", finished=lambda: False, grace=1.0,
+                  probe=lambda host, port: up["chief 0" if port == 1 else "worker 0"], end=ended.append)
+    w.poll(0.0)
+    up["chief 0"] = False
+    w.poll(1.0)
+    w.poll(2.5)
+    assert ended == ["Parallax job failed: task worker 0 (h:2) and chief 0 (h:1) have ended or cannot be reached; "
+                     "ending task ps 0"]
