@@ -25,6 +25,9 @@ setup(
         "PyYAML>=6.0",  # role specs (Polyaxon-shaped), manifests
         "jsonschema>=4.20",  # their validation
         "openapi-schema-validator==0.9.0",  # parallax manifest: TFJob / MPIJob against the operators' CRD schemas
+        "dask[distributed]==2026.8.0",  # the trial runner's Dask back end (parallax.trials.runner); cloudpickle
+        "tqdm>=4.66",  # parallax tune / sweep: the live progress line
+        "matplotlib>=3.8",  # their plots
     ],
     extras_require={
         "cpu": [f"tensorflow-cpu=={TF_VERSION}"],
@@ -32,10 +35,12 @@ setup(
         # parallax manifest's other validators: Polyaxon's reader, HTCondor's submit parser (the 24.0 LTS bindings
         # expand a submit file without a pool; 25.x dropped that)
         "manifest": ["polyaxon==2.18.0", "htcondor==24.0.24"],
+        # parallax.sweep(method="bayes"): Optuna's TPE sampler, run on the trial workers
+        "bayes": ["optuna==5.0.0"],
         # pytest 9 ignores the node ids pytest-xdist 3.8 gives grouped tests (Node.nodeid no longer reads
         # _nodeid), so --dist loadgroup splits a group's shared job over the workers, which then run it twice
         "dev": ["polyaxon==2.18.0", "htcondor==24.0.24", "pytest>=8,<9", "pytest-timeout>=2.3", "pytest-xdist>=3.6",
-                "ruff>=0.6", "matplotlib>=3.8", "tqdm>=4.66"],
+                "ruff>=0.6", "optuna==5.0.0"],
     },
     entry_points={"console_scripts": ["parallax-run = parallax.cli:main", "parallax = parallax.cli:parallax_main"]},
     classifiers=[

@@ -34,6 +34,8 @@ _EXPORTS = {
     "LaunchError": "parallax.errors",
     "TaskFailedError": "parallax.errors",
     "log": "parallax.logs",
+    "tune": "parallax.tune.tuner",
+    "sweep": "parallax.sweep",
 }
 
 __all__ = [*_EXPORTS, "shard"]

@@ -51,6 +51,8 @@ from parallax.roles import check_local_devices, local_replicas, role_setup
 from parallax.session import ParallaxSession
 from parallax.settings import Settings, derive
 from parallax.startup import start_worker
+from parallax.trials.choice import with_choice
+from parallax.trials.mode import in_trial, trial_request
 
 __all__ = ["parallel_run", "preview_plan"]
 
@@ -145,15 +147,24 @@ def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync:
         config = replace(config, run_option=request.get("run_option") or config.run_option,
                          plan_overrides={**config.plan_overrides, **(request.get("overrides") or {})},
                          **(request.get("fields") or {}))
+    trial = trial_request() if request is None else None
+    if trial is not None:  # a trial of parallax tune or the partition search: its choice replaces the script's
+        config = with_choice(config, trial.choice)
     graph, meta_graph = load_graph(single_gpu_graph)
     check_schedule(config.ckpt_config, graph)
     launched = None if request is not None else launched_process(config.redirect_path)
     joined = None if request is not None or launched is not None else joined_process()
     cluster = _cluster(resource_info, launched, joined)
+    if request is None and trial is None and joined is None:
+        config, code = _tuned(config, graph, cluster, sync, launched is not None)
+        if code is not None:
+            return code
     settings = derive(config, sync, cluster, gpus=launched.context.job.get("gpus") if launched else None,
                       manager=joined.managed.manager if joined else (request or {}).get("manager"))
     analysis = analyse_graph(graph)
     job = make_job_plan(cluster, settings, analysis)
+    if request is not None and request.get("tune") is not None:
+        return _write_candidates(request, graph, cluster, config, sync, analysis)
     if request is not None and request.get("manifest"):
         return write_requested(job, cluster, request["manifest"], planner(config, sync, analysis))
     if request is not None:
@@ -163,6 +174,43 @@ def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync:
     if joined is not None:
         return _run_joined(joined, job, settings, cluster, graph, meta_graph)
     return _run_here(job, settings, cluster, graph, meta_graph)
+
+
+def _tuned(config: Config, graph: tf.Graph, cluster: Cluster, sync: bool, launched: bool) -> tuple[Config, int | None]:
+    """The script's config with the layout ``parallax tune`` stored for this graph and resources
+    (:mod:`parallax.tune.cache`); an exit code when the script must run again (a tuned partition count)."""
+    from parallax.trials.choice import describe_choice
+    from parallax.tune.cache import USE_TUNED_ENV, tuned_choice
+
+    choice, source = tuned_choice(graph, cluster.text, sync, launched)
+    if choice is None:
+        return config, None
+    if not launched:
+        logger.warning("Parallax: using the layout parallax tune found: %s (from %s; %s=0 ignores it)",
+                       describe_choice(choice), source, USE_TUNED_ENV)
+    parts = choice.get("partitions")
+    if parts and not os.environ.get(search.PARTITIONS_ENV) and search.min_partitions(graph) is not None:
+        search.run_final(int(parts))  # the graph is built again with the tuned count
+        return config, 0
+    return with_choice(config, {k: v for k, v in choice.items() if k != "partitions"}), None
+
+
+def _write_candidates(request: dict, graph: tf.Graph, cluster: Cluster, config: Config, sync: bool,
+                      analysis) -> int:
+    """``parallax tune``'s first step: every layout planned and ordered (:mod:`parallax.tune.candidates`)."""
+    from parallax.tune.cache import tune_key
+    from parallax.tune.candidates import layout_space, plan_candidates
+
+    start = search.min_partitions(graph)
+    rows = max([shape[0] or 1 for shape in search.partitioned_shapes(graph)], default=1)
+    partitions = search.candidates_from(start, rows)[:3] if start is not None else None
+    choices = layout_space(cluster, analysis, partitions, request["tune"].get("space"))
+    ranked = plan_candidates(cluster, analysis, config, sync, choices, derive, make_job_plan)
+    with open(request["output"], "w", encoding="utf-8") as f:
+        json.dump({"key": tune_key(graph, cluster.text, sync), "candidates": [c.to_dict() for c in ranked],
+                   "devices": sum(len(w.devices or ()) or 1 for w in cluster.workers),
+                   "hosts": list(cluster.hosts)}, f, indent=1)
+    return 0
 
 
 def _cluster(resource_info: str | os.PathLike | None, launched: LaunchedProcess | None,
@@ -186,14 +234,10 @@ def _run_launched(launched: LaunchedProcess, job: JobPlan, settings: Settings, c
     """A process the launcher started: check it plans the launcher's job, then take its part."""
     launched.check_job(job, settings, cluster.source)
     check_local_devices(job, settings, cluster.source)
-    if settings.search_partitions:
-        code = search.partition_search(graph, cluster.text, settings, launched, launching=False)
-        if code is not None:
-            return code
     setup = role_setup(job, settings, launched)
     if setup.serve_only:
         return 0  # the exit barrier holds a server until every worker has finished
-    return search.in_trial(start_worker(setup, job, settings, graph, meta_graph))
+    return in_trial(start_worker(setup, job, settings, graph, meta_graph), job, launched)
 
 
 def _run_joined(joined: JoinedProcess, job: JobPlan, settings: Settings, cluster: Cluster, graph: tf.Graph,
@@ -225,13 +269,13 @@ def _run_here(job: JobPlan, settings: Settings, cluster: Cluster, graph: tf.Grap
         with open(os.environ[DRY_RUN_ENV], "w", encoding="utf-8") as f:
             f.write(text + "\n")
         return 0
+    check_local_devices(job, settings, cluster.source)  # before anything starts
     if settings.search_partitions:
-        code = search.partition_search(graph, cluster.text, settings, None, launching=job.launched)
+        code = search.partition_search(graph, cluster.text, settings, cluster.device_keys())
         if code is not None:
             return code
-    check_local_devices(job, settings, cluster.source)  # before anything starts
     if not job.launched:
-        return search.in_trial(start_worker(local_replicas(job, settings), job, settings, graph, meta_graph))
+        return in_trial(start_worker(local_replicas(job, settings), job, settings, graph, meta_graph), job)
     result = launch(job.ranks, current_program(), launch_info, settings.mpirun_options,
                     redirect_path=settings.redirect_path, stall_timeout=settings.timeouts.stall)
     if result.failure is not None:

@@ -40,7 +40,7 @@ from parallax.managers.mpijob import MPIJOB
 from parallax.resources import from_environment, parse_resource_file
 from parallax.slurm import SLURM
 
-__all__ = ["main", "parallax_main", "plan_main", "manifest_main", "probe_main"]
+__all__ = ["main", "parallax_main", "plan_main", "manifest_main", "probe_main", "run_to_parallel_run", "tune_main"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             return 130
     with tempfile.TemporaryDirectory() as tmp:
         env[DRY_RUN_ENV] = output = os.path.join(tmp, "command")
-        code = _run_to_parallel_run([sys.executable, *program], env, output, args.timeout, "parallax-run",
+        code = run_to_parallel_run([sys.executable, *program], env, output, args.timeout, "parallax-run",
                                     "the program")
         if code == 0:
             with open(output, encoding="utf-8") as f:
@@ -134,7 +134,7 @@ def _check(resource_info: str, program: list[str]) -> int:
     return 0 if not bad else 1
 
 
-def _run_to_parallel_run(argv: list[str], env: dict, output: str, timeout: float, command: str, what: str) -> int:
+def run_to_parallel_run(argv: list[str], env: dict, output: str, timeout: float, command: str, what: str) -> int:
     """Run a script whose ``parallel_run`` writes ``output`` and exits (a plan, a dry run); its exit code,
     or 1 with a message when it times out or never reaches ``parallel_run``."""
     try:
@@ -267,7 +267,7 @@ def plan_main(argv: list[str] | None = None) -> int:
         request = {"resource_info": os.path.abspath(args.resource_info), "run_option": args.run_option,
                    "overrides": overrides, "fields": fields, "output": os.path.abspath(output)}
         env = {**os.environ, PLAN_ENV: json.dumps(request)}
-        code = _run_to_parallel_run([sys.executable, os.path.abspath(args.script), *script_args], env, output,
+        code = run_to_parallel_run([sys.executable, os.path.abspath(args.script), *script_args], env, output,
                                     args.timeout, "parallax plan", args.script)
         if code == 0 and prediction is not None:
             if args.probe:
@@ -416,7 +416,7 @@ def manifest_main(argv: list[str] | None = None) -> int:
                    # the pods of a TFJob or Polyaxon job decide as tasks started from TF_CONFIG do
                    "manager": "TF_CONFIG" if args.kind in ("tfjob", "polyaxon") else None}
         env_vars = {**os.environ, PLAN_ENV: json.dumps(request)}
-        code = _run_to_parallel_run([sys.executable, *command[1:]], env_vars, report, args.timeout,
+        code = run_to_parallel_run([sys.executable, *command[1:]], env_vars, report, args.timeout,
                                     "parallax manifest", command[1])
         if code != 0:
             return code
@@ -437,13 +437,100 @@ def manifest_main(argv: list[str] | None = None) -> int:
     return 1 if bad else 0
 
 
+def _tune_parser() -> argparse.ArgumentParser:
+    from parallax.tune.candidates import SPACE_KEYS
+
+    parser = argparse.ArgumentParser(
+        prog="parallax tune", description="Find the fastest layout of a training script on a resource file: short "
+        "trials of the layouts the plan's cost model ranks best (run option, partitions, fusion, local aggregation, "
+        "replicated variables, backend, ZeRO, pipeline), on local processes or Dask; prints a table, writes a plot, "
+        "and stores the fastest for the script's next parallel_run.",
+        epilog="Arguments for the script go after --, e.g. parallax tune train.py res -- --steps 100. The script "
+        "must run at least warm-up + timed steps (--steps).")
+    parser.add_argument("script", help="the training script (it must call parallax.parallel_run)")
+    parser.add_argument("resource_info", help="the resource file to tune for (replaces the script's)")
+    parser.add_argument("--trials", type=int, default=8, help="at most this many trials (default 8)")
+    parser.add_argument("--time_budget", type=float, default=None, metavar="SECONDS",
+                        help="start no trial after this many seconds")
+    parser.add_argument("--backend", choices=["local", "dask"], default="local",
+                        help="local processes (default) or Dask")
+    parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                        help="a running Dask scheduler (tcp://host:8786); default: an embedded LocalCluster")
+    parser.add_argument("--space", action="append", default=[], metavar="KEY=V1,V2",
+                        help=f"the values a choice may take, repeatable; keys: {', '.join(SPACE_KEYS)}")
+    parser.add_argument("--steps", default="2,5", metavar="WARMUP,TIMED",
+                        help="steps each trial discards and times (default 2,5)")
+    parser.add_argument("--time_limit", type=float, default=300, help="seconds one trial may run (default 300)")
+    parser.add_argument("--output", "-o", default="parallax_tune", metavar="DIR",
+                        help="where the table, plot, JSON, CSV and trial logs go (default ./parallax_tune)")
+    parser.add_argument("--no_store", action="store_true", help="do not keep the fastest for the next run")
+    parser.add_argument("--no_progress", action="store_true", help="no live progress line")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds the script may take to plan")
+    return parser
+
+
+def _space_value(text: str):
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "default"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return text.strip().upper() if text.strip().upper() in ("MPI", "PS", "HYBRID") else text.strip()
+
+
+def parse_space(items: list[str]) -> dict[str, list]:
+    """``--space KEY=V1,V2`` items as a space; ValueError naming a bad one."""
+    from parallax.tune.candidates import SPACE_KEYS
+
+    space: dict[str, list] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or key not in SPACE_KEYS or not values:
+            raise ValueError(f"--space {item!r}: expected KEY=V1,V2 with KEY one of {', '.join(SPACE_KEYS)}")
+        space[key] = [_space_value(v) for v in values.split(",")]
+    return space
+
+
+def tune_main(argv: list[str] | None = None) -> int:
+    """Entry point of ``parallax tune``; returns an exit code."""
+    from parallax.tune.tuner import TuneError, tune
+
+    mine, script_args = _split_command(argv)
+    parser = _tune_parser()
+    args = parser.parse_args(mine)
+    try:
+        space = parse_space(args.space)
+        warmup, steps = (int(x) for x in args.steps.split(","))
+    except ValueError as e:
+        parser.error(str(e) if "--space" in str(e) else f"--steps {args.steps!r}: expected WARMUP,TIMED, e.g. 2,5")
+    try:
+        report = tune(args.script, args.resource_info, script_args, trials=args.trials, time_budget=args.time_budget,
+                      backend=args.backend, scheduler=args.scheduler, space=space, warmup=warmup, steps=steps,
+                      time_limit=args.time_limit, output=args.output, store=not args.no_store,
+                      progress=not args.no_progress, plan_timeout=args.timeout)
+    except (TuneError, FileNotFoundError, ValueError, OSError) as e:
+        print(str(e) if str(e).startswith("parallax tune") else f"parallax tune: {e}", file=sys.stderr)
+        return 1
+    print(report.table())
+    print(report.summary())
+    if report.plot:
+        print(f"plot: {report.plot}; results: {os.path.join(report.directory, 'results.json')} (and .csv)")
+    if report.stored:
+        print(f"stored for the next parallel_run of this graph on {args.resource_info}: {report.stored}")
+    return 0
+
+
 def parallax_main(argv: list[str] | None = None) -> int:
     """Entry point of ``parallax``: ``parallax run ...``, ``parallax plan ...`` or ``parallax manifest ...``."""
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"run": main, "plan": plan_main, "manifest": manifest_main, "probe": probe_main}
+    commands = {"run": main, "plan": plan_main, "manifest": manifest_main, "probe": probe_main, "tune": tune_main}
     if not argv or argv[0] not in commands:
-        print("usage: parallax {run,plan,manifest,probe} ...\n  run       launch a training script on every device "
-              "of a resource file\n  plan      print the plan a training script would use, without training"
+        print("usage: parallax {run,plan,tune,manifest,probe} ...\n  run       launch a training script on every "
+              "device of a resource file\n  plan      print the plan a training script would use, without training"
+              "\n  tune      find the fastest layout by short trials (local processes or Dask)"
               "\n  manifest  write a TFJob, MPIJob, polyaxonfile, HTCondor submit file or sbatch script for it"
               "\n  probe     measure the link between two hosts (for parallax plan --predict)",
               file=sys.stderr)

@@ -117,6 +117,11 @@ class Cluster:
             seen.setdefault(task.host, None)
         return tuple(seen)
 
+    def device_keys(self) -> tuple[str, ...]:
+        """``host/device`` of every worker device (``host/default`` for a bare host line): what a
+        trial on these resources holds (:mod:`parallax.trials.runner`)."""
+        return tuple(f"{w.host}/{d}" for w in self.workers for d in (w.devices or ("default",)))
+
     def workers_on(self, host: str) -> tuple[WorkerTask, ...]:
         """The worker processes on ``host``."""
         return tuple(w for w in self.workers if w.host == host)

@@ -1,27 +1,25 @@
 """``search_partitions``: find the partition count with the best measured step time.
 
-The seed system relaunched the whole cluster for every trial. Here the job's
-processes (or the one process, for a single worker) are started once; each
-trial re-runs the training script *inside* them with another
-``PARALLAX_NUM_PARTITIONS``:
+The seed system relaunched the whole cluster for every trial; so does this,
+through the trial runner (:mod:`parallax.trials`), from the process the user
+started, before anything trains:
 
-1. every training process runs the script again (``runpy``) up to its
-   ``parallel_run`` call, which builds the graph with the trial's count and
-   returns a session that times a few steps and then ends the trial
-   (:class:`TrialOver` unwinds the script);
-2. the workers agree on the trial's time (the slowest worker's median step
-   time); each trial is a later ``parallel_run`` call of the process, so with
-   servers the chief clears their state (``Session.reset``) before the next
-   one starts (:mod:`parallax.roles`); servers, ports and MPI communicators stay up;
-3. counts double from the smallest one ``get_partitioner`` allows while the
-   step time improves (at most :data:`MAX_TRIALS` trials);
-4. the script runs once more with the best count, for real, and the first
-   ``parallel_run`` call ends the process when it is done.
+1. each trial runs the training script again as a job of its own (its
+   launcher, ``mpirun`` and ranks, or one process), with another
+   ``PARALLAX_NUM_PARTITIONS``; its ``parallel_run`` times a few steps, the
+   workers agree on the slowest worker's median, and the job ends
+   (:mod:`parallax.trials.mode`). Its output goes to the trial's log;
+2. counts double from the smallest one ``get_partitioner`` allows while the
+   step time improves (at most :data:`MAX_TRIALS` trials); a trial that fails
+   is reported with its log and skipped;
+3. the script runs once more in this process with the best count, for real
+   (nested): its ``parallel_run`` launches the job or trains here.
 
-The choice is stored in a cache (``$PARALLAX_CACHE_DIR``, default
-``~/.cache/parallax/partitions.json``, on worker 0's host) under a hash of the
-graph, the resource file and the run option; the next run with the same ones
-skips the search.
+The trials run on local processes, or on Dask with ``PARALLAX_TRIAL_BACKEND=dask``
+(and ``PARALLAX_DASK_SCHEDULER=tcp://...`` for a running scheduler). The choice
+is stored in a cache (``$PARALLAX_CACHE_DIR``, default
+``~/.cache/parallax/partitions.json``) under a hash of the graph, the resource
+file and the run option; the next run with the same ones skips the search.
 """
 
 from __future__ import annotations
@@ -30,55 +28,31 @@ import hashlib
 import json
 import os
 import runpy
+import shutil
 import sys
+import tempfile
 import time
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 
 from parallax.logs import log as logger
 from parallax.partitioner import PARTITIONER_COLLECTION, PARTITIONS_ENV
 
-__all__ = ["TrialOver", "Trial", "TrialSession", "active_trial", "in_final_run", "search", "run_final",
-           "cache_key", "cached_count", "store_count", "candidates_from", "min_partitions", "run_script_again",
-           "CACHE_ENV", "TRIAL_STEPS_ENV", "MAX_TRIALS", "partition_search", "in_trial"]
+__all__ = ["in_final_run", "search", "run_final", "cache_key", "cached_count", "store_count", "candidates_from",
+           "min_partitions", "run_script_again", "CACHE_ENV", "TRIAL_STEPS_ENV", "MAX_TRIALS", "partition_search",
+           "cache_path", "trial_steps", "TrialLauncher", "runner_from_environment", "BACKEND_ENV", "SCHEDULER_ENV",
+           "TRIAL_TIMEOUT_ENV", "partitioned_shapes", "store_entry"]
 
 
 CACHE_ENV = "PARALLAX_CACHE_DIR"
 TRIAL_STEPS_ENV = "PARALLAX_SEARCH_STEPS"  # "warmup,timed", default "2,5"
+BACKEND_ENV = "PARALLAX_TRIAL_BACKEND"  # local (default) or dask
+SCHEDULER_ENV = "PARALLAX_DASK_SCHEDULER"  # a running scheduler's address, for dask
+TRIAL_TIMEOUT_ENV = "PARALLAX_TRIAL_TIMEOUT"  # seconds a trial may run, default 600
 MAX_TRIALS = 6
 
-
-class TrialOver(BaseException):  # noqa: N818 - not an error: it unwinds the user's script after a trial
-    """Raised by a trial's session after its timed steps (a BaseException, so the
-    script's own ``except Exception`` does not swallow it)."""
-
-
-@dataclass
-class Trial:
-    """One trial: its partition count and the step times measured so far."""
-
-    partitions: int
-    warmup: int
-    steps: int
-    times: list[float] = field(default_factory=list)
-    session: object = None
-
-    def median(self) -> float | None:
-        if not self.times:
-            return None
-        ordered = sorted(self.times)
-        return ordered[len(ordered) // 2]
-
-
-# Set only while a search runs the script again (reset when that run returns), so a
-# parallel_run called outside a search never sees them.
-_TRIAL: ContextVar[Trial | None] = ContextVar("parallax_search_trial", default=None)
+# Set while the search runs the script again for real (reset when that run returns), so its
+# parallel_run does not search again.
 _FINAL: ContextVar[bool] = ContextVar("parallax_search_final", default=False)
-
-
-def active_trial() -> Trial | None:
-    """The trial this process is running, or ``None``."""
-    return _TRIAL.get()
 
 
 def in_final_run() -> bool:
@@ -123,36 +97,43 @@ def cache_key(graph, resource_text: str, run_option: str, sync: bool) -> str:
     return digest.hexdigest()
 
 
-def _cache_path() -> str:
+def cache_path(name: str = "partitions.json") -> str:
+    """A file of the cache directory (``$PARALLAX_CACHE_DIR``, default ``~/.cache/parallax``)."""
     root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "parallax")
-    return os.path.join(root, "partitions.json")
+    return os.path.join(root, name)
 
 
 def cached_count(key: str) -> int | None:
     try:
-        with open(_cache_path(), encoding="utf-8") as f:
+        with open(cache_path(), encoding="utf-8") as f:
             entry = json.load(f).get(key)
     except (OSError, ValueError):
         return None
     return int(entry["partitions"]) if entry else None
 
 
-def store_count(key: str, partitions: int, step_seconds: dict[int, float], search_seconds: float) -> str:
-    """Record the choice; returns the cache file's path."""
-    path = _cache_path()
+def store_entry(name: str, key: str, entry: dict) -> str:
+    """Record ``entry`` under ``key`` in the cache file ``name``; returns the file's path."""
+    path = cache_path(name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError):
         data = {}
-    data[key] = {"partitions": partitions, "step_seconds": {str(k): v for k, v in step_seconds.items()},
-                 "search_seconds": round(search_seconds, 3), "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    data[key] = {**entry, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     tmp = f"{path}.{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1, sort_keys=True)
     os.replace(tmp, path)
     return path
+
+
+def store_count(key: str, partitions: int, step_seconds: dict[int, float], search_seconds: float) -> str:
+    """Record the choice; returns the cache file's path."""
+    return store_entry("partitions.json", key, {
+        "partitions": partitions, "step_seconds": {str(k): v for k, v in step_seconds.items()},
+        "search_seconds": round(search_seconds, 3)})
 
 
 def run_script_again() -> None:
@@ -164,38 +145,85 @@ def run_script_again() -> None:
         runpy.run_path(sys.argv[0], run_name="__main__")
 
 
-def search(start: int, max_rows: int, agree, report: bool = True) -> tuple[int, dict[int, float], float]:
+def runner_from_environment(devices: int = 1):
+    """The trial runner :data:`BACKEND_ENV` and :data:`SCHEDULER_ENV` name (local processes by default)."""
+    from parallax.trials.runner import make_runner
+
+    return make_runner(os.environ.get(BACKEND_ENV, "local").strip().lower() or "local",
+                       os.environ.get(SCHEDULER_ENV) or None, devices=devices, max_parallel=1)
+
+
+class TrialLauncher:
+    """Starts the training script (this process's program) as a trial job of a choice, on a runner.
+
+    Args:
+        runner: the :class:`~parallax.trials.runner.TrialRunner`.
+        program: the script and its arguments (``current_program()``).
+        directory: where each trial's directory goes.
+        devices: the devices every trial uses (``host/device``): trials of one job do not overlap.
+        warmup, steps: the steps a trial discards and times.
+        time_limit: seconds a trial may run.
+        env: more environment for every trial.
+    """
+
+    def __init__(self, runner, program: list[str], directory: str, devices: tuple[str, ...], warmup: int,
+                 steps: int, time_limit: float | None, env: dict[str, str] | None = None) -> None:
+        self.runner, self.program, self.directory = runner, program, directory
+        self.devices, self.warmup, self.steps, self.time_limit = devices, warmup, steps, time_limit
+        self.env = env or {}
+        self.count = 0
+
+    def spec(self, choice: dict, name: str | None = None):
+        from parallax.trials.choice import choice_env
+        from parallax.trials.execute import TrialSpec
+        from parallax.trials.mode import trial_env
+
+        self.count += 1
+        name = name or f"trial-{self.count:03d}"
+        return TrialSpec(name, (sys.executable, *self.program), os.path.join(self.directory, name),
+                         {**self.env, **choice_env(choice), **trial_env(choice, self.warmup, self.steps)},
+                         self.time_limit, self.devices, dict(choice))
+
+    def run_one(self, choice: dict):
+        """Run one trial of ``choice`` and wait for it."""
+        spec = self.spec(choice)
+        return next(iter(self.runner.run([spec])))
+
+
+def _time_limit() -> float:
+    text = os.environ.get(TRIAL_TIMEOUT_ENV, "600")
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{TRIAL_TIMEOUT_ENV}={text!r}: expected seconds") from None
+
+
+def search(start: int, max_rows: int, trial, report: bool = True) -> tuple[int, dict[int, float], float]:
     """Run the trials (see the module docstring).
 
     Args:
         start: the smallest partition count.
         max_rows: the most rows of a partitioned variable (no count above it).
-        agree: ``f(seconds or None) -> seconds``: the trial's time agreed by every worker.
-        report: log each trial's time (one process of the job does).
+        trial: ``f(count) -> TrialResult``: one trial job with that count.
+        report: log each trial's time.
 
     Returns:
         ``(best count, {count: median step seconds}, search seconds)``.
+
+    Raises:
+        RuntimeError: no trial measured a step (each failure's log is named).
     """
     began = time.monotonic()
-    warmup, timed = trial_steps()
     results: dict[int, float] = {}
+    failures = []
     best = None
     for p in candidates_from(start, max_rows):
-        trial = Trial(p, warmup, timed)
-        os.environ[PARTITIONS_ENV] = str(p)
-        token = _TRIAL.set(trial)
-        try:
-            run_script_again()
-        except TrialOver:
-            pass
-        finally:
-            _TRIAL.reset(token)
-            if trial.session is not None:
-                trial.session.close()
-        seconds = agree(trial.median())
-        if seconds is None:
-            raise RuntimeError("search_partitions: the training script ran no timed step in a trial "
-                               f"(it needs at least {warmup + timed} steps; set {TRIAL_STEPS_ENV})")
+        outcome = trial(p)
+        if not outcome.ok:
+            failures.append(outcome)
+            logger.warning("Parallax: partition search: the trial of %d partitions %s", p, outcome.describe())
+            continue
+        seconds = float(outcome.value["step_seconds"])
         results[p] = seconds
         if report:
             logger.warning("Parallax: partition search: %d partitions: %.2f ms per step", p, seconds * 1e3)
@@ -203,6 +231,10 @@ def search(start: int, max_rows: int, agree, report: bool = True) -> tuple[int, 
             break  # worse than the best so far: more partitions will not help
         if best is None or seconds < results[best]:
             best = p
+    if best is None:
+        tails = "\n".join(f"--- {f.name} ({f.log}):\n{f.tail}" for f in failures[-1:])
+        raise RuntimeError(f"search_partitions: no trial measured a step ({len(failures)} failed; the script needs "
+                           f"at least warm-up + timed steps, {TRIAL_STEPS_ENV}).\n{tails}")
     return best, results, time.monotonic() - began
 
 
@@ -216,63 +248,22 @@ def run_final(partitions: int) -> None:
         _FINAL.reset(token)
 
 
-class TrialSession:
-    """The session a trial's ``parallel_run`` returns: times each ``run`` call after the
-    warm-up and ends the trial (:class:`TrialOver`) after the timed ones."""
-
-    def __init__(self, session, trial: Trial) -> None:
-        self._session = session
-        self._trial = trial
-        self._calls = 0
-        trial.session = session
-
-    def run(self, *args, **kwargs):
-        start = time.perf_counter()
-        result = self._session.run(*args, **kwargs)
-        self._calls += 1
-        if self._calls > self._trial.warmup:
-            self._trial.times.append(time.perf_counter() - start)
-        if len(self._trial.times) >= self._trial.steps:
-            raise TrialOver()
-        return result
-
-    def close(self) -> None:  # the search closes the real session after the trial
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
-
-    def __getattr__(self, name: str):
-        return getattr(self._session, name)
-
-
-def in_trial(result: tuple) -> tuple:
-    """``parallel_run``'s result, with the session timing its steps during a trial."""
-    trial = active_trial()
-    if trial is None:
-        return result
-    session, *rest = result
-    return (TrialSession(session, trial), *rest)
-
-
-def partition_search(graph, resource_text: str, settings, launched, launching: bool) -> int | None:
-    """``search_partitions=True`` in ``parallel_run``: ``None`` when the call should go on as
-    usual; otherwise search, train with the best count, and return the exit code the process ends with.
+def partition_search(graph, resource_text: str, settings, devices: tuple[str, ...]) -> int | None:
+    """``search_partitions=True`` in the process the user started: ``None`` when the call should go on
+    as usual; otherwise search (trials on the runner), train with the best count (the script again, nested),
+    and return the exit code the process ends with.
 
     Args:
         graph: the user's single-device graph.
         resource_text: the resource file's text (part of the cache key).
         settings: the run's :class:`~parallax.settings.Settings`.
-        launched: this process's :class:`~parallax.launch.rank.LaunchedProcess`, or ``None``.
-        launching: this process is about to launch the job (whose processes search).
+        devices: the job's devices (``host/device``), held by each trial.
     """
-    if active_trial() is not None or in_final_run():
-        return None  # a nested run of the script, inside the search
-    if launched is not None and launched.spec.role == "ps":
-        return None  # servers serve every trial
+    from parallax.launch.launcher import current_program
+    from parallax.trials.mode import trial_request
+
+    if trial_request() is not None or in_final_run():
+        return None  # a trial's job, or the real run after the search
     start = min_partitions(graph)
     if start is None:
         logger.warning("Parallax: search_partitions=True, but no variable is built with "
@@ -283,38 +274,28 @@ def partition_search(graph, resource_text: str, settings, launched, launching: b
                        PARTITIONS_ENV)
         return None
     key = cache_key(graph, resource_text, settings.run_option, settings.sync)
-    cached = cached_count(key) if launched is None else None
+    cached = cached_count(key)
     if cached is not None:
         logger.warning("Parallax: partition search: using %d partitions found by an earlier search (cache %s)",
                        cached, key[:12])
-        os.environ[PARTITIONS_ENV] = str(cached)
-        if launching:
-            return None  # the launched processes build the graph with it
         run_final(cached)
         return 0
-    if launching:
-        return None  # the launched processes search
-    comm = launched.workers_comm() if launched is not None else None  # servers serve every trial
-    rows = max([shape[0] or 1 for shape in _partitioned_shapes(graph)], default=1)
-
-    def agree(seconds: float | None) -> float | None:
-        if comm is None:
-            return seconds
-        values = [v for v in comm.allgather(seconds) if v is not None]
-        return max(values) if len(values) == comm.size else None
-
-    # each trial, and the final run, is a later parallel_run call of this process: the chief clears the
-    # servers before it starts (parallax.roles)
-    best, results, seconds = search(start, rows, agree, report=comm is None or comm.rank == 0)
-    if comm is None or comm.rank == 0:
-        path = store_count(key, best, results, seconds)
-        logger.warning("Parallax: partition search chose %d partitions (%s) in %.1f s; stored in %s", best,
-                       ", ".join(f"{p}: {t * 1e3:.2f} ms/step" for p, t in results.items()), seconds, path)
+    rows = max([shape[0] or 1 for shape in partitioned_shapes(graph)], default=1)
+    warmup, timed = trial_steps()
+    tmp = tempfile.mkdtemp(prefix="parallax-search-")  # kept when a trial fails: its log is named
+    with runner_from_environment(len(devices)) as runner:
+        trials = TrialLauncher(runner, current_program(), tmp, devices, warmup, timed, _time_limit())
+        best, results, seconds = search(start, rows, lambda p: trials.run_one({"partitions": p}))
+    if len(results) == trials.count:
+        shutil.rmtree(tmp, ignore_errors=True)
+    path = store_count(key, best, results, seconds)
+    logger.warning("Parallax: partition search chose %d partitions (%s) in %.1f s; stored in %s", best,
+                   ", ".join(f"{p}: {t * 1e3:.2f} ms/step" for p, t in results.items()), seconds, path)
     run_final(best)
     return 0
 
 
-def _partitioned_shapes(graph) -> list[tuple]:
+def partitioned_shapes(graph) -> list[tuple]:
     """Full shapes of the variables split by a partitioner (their ``save_slice_info``)."""
     import tensorflow as tf
 

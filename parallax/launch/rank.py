@@ -140,8 +140,7 @@ class LaunchedProcess:
                               f"launched{other}); give parallel_run the resource file the job was started with")
         if self.begin_call(digest) > 0:
             return  # a later call: the workers agreed among themselves
-        # with search_partitions the launched processes build their graph with another partition count
-        if not settings.search_partitions and context.job.get("digest") not in (None, digest):
+        if context.job.get("digest") not in (None, digest):
             raise LaunchError(f"rank {context.rank} (on host {context.spec.host}) made another job plan from its "
                               "graph than the launching process did: the training script must build the same graph "
                               "in every process (the same variables, shapes and optimizer, whatever the rank)")

@@ -37,20 +37,6 @@ def test_cache_round_trip_and_key(tmp_path, monkeypatch):
     assert search.cached_count(key) == 4
 
 
-def test_trial_session_times_steps_then_ends_the_trial():
-    class Fake:
-        def run(self, *args, **kwargs):
-            return "ok"
-
-    trial = search.Trial(partitions=2, warmup=1, steps=2)
-    session = search.TrialSession(Fake(), trial)
-    assert session.run("x") == "ok" and trial.times == []
-    assert session.run("x") == "ok" and len(trial.times) == 1
-    with pytest.raises(search.TrialOver):
-        session.run("x")
-    assert trial.median() is not None
-
-
 def test_bad_trial_steps(monkeypatch):
     monkeypatch.setenv(search.TRIAL_STEPS_ENV, "five")
     with pytest.raises(ValueError, match="expected 'warmup,timed'"):

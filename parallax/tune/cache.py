@@ -1,0 +1,63 @@
+"""The layout ``parallax tune`` found, kept for the next ``parallel_run`` of the same graph and resources.
+
+It is stored in the cache directory (``$PARALLAX_CACHE_DIR``, ``tuned.json``)
+under a hash of the graph (as the script builds it), the resource file and
+``sync``. The process the user starts looks it up and applies it to the
+script's Config, logging what it changed; the processes it launches get it
+through :data:`TUNED_ENV` (they may be on hosts without the cache).
+``PARALLAX_USE_TUNED=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from parallax.search import cache_key, cache_path, store_entry
+
+__all__ = ["TUNED_ENV", "USE_TUNED_ENV", "TUNED_FILE", "tune_key", "store_tuned", "tuned_entry", "tuned_choice"]
+
+TUNED_ENV = "PARALLAX_TUNED"
+USE_TUNED_ENV = "PARALLAX_USE_TUNED"
+TUNED_FILE = "tuned.json"
+
+
+def tune_key(graph, resource_text: str, sync: bool) -> str:
+    """The cache key of a tuned layout (the run option is part of what is tuned, so not of the key)."""
+    return cache_key(graph, resource_text, "tune", sync)
+
+
+def store_tuned(key: str, choice: dict[str, Any], facts: dict[str, Any]) -> str:
+    """Keep ``choice`` (and what the tune measured of it) for ``key``; returns the file's path."""
+    return store_entry(TUNED_FILE, key, {"choice": choice, **facts})
+
+
+def tuned_entry(key: str) -> dict[str, Any] | None:
+    """What was stored for ``key``, or ``None``."""
+    try:
+        with open(cache_path(TUNED_FILE), encoding="utf-8") as f:
+            return json.load(f).get(key)
+    except (OSError, ValueError):
+        return None
+
+
+def tuned_choice(graph, resource_text: str, sync: bool, launched: bool) -> tuple[dict[str, Any] | None, str]:
+    """The tuned choice this process applies, and where it comes from (``""`` when none).
+
+    A launched process takes its launcher's (:data:`TUNED_ENV`); the process the user started
+    looks in the cache, and sets :data:`TUNED_ENV` for the processes it launches.
+    """
+    if os.environ.get(USE_TUNED_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return None, ""
+    sent = os.environ.get(TUNED_ENV)
+    if sent:
+        return json.loads(sent), TUNED_ENV
+    if launched:
+        return None, ""
+    key = tune_key(graph, resource_text, sync)
+    entry = tuned_entry(key)
+    if not entry:
+        return None, ""
+    os.environ[TUNED_ENV] = json.dumps(entry["choice"], sort_keys=True)
+    return dict(entry["choice"]), f"{cache_path(TUNED_FILE)} ({key[:12]})"
