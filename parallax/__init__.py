@@ -34,8 +34,9 @@ _EXPORTS = {
     "LaunchError": "parallax.errors",
     "TaskFailedError": "parallax.errors",
     "log": "parallax.logs",
-    "tune": "parallax.tune.tuner",
-    "sweep": "parallax.sweep",
+    "tune": "parallax.tuning.tuner",
+    "sweep": "parallax.sweeps",
+    "Uniform": "parallax.sweeps",
 }
 
 __all__ = [*_EXPORTS, "shard"]

@@ -178,9 +178,9 @@ def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync:
 
 def _tuned(config: Config, graph: tf.Graph, cluster: Cluster, sync: bool, launched: bool) -> tuple[Config, int | None]:
     """The script's config with the layout ``parallax tune`` stored for this graph and resources
-    (:mod:`parallax.tune.cache`); an exit code when the script must run again (a tuned partition count)."""
+    (:mod:`parallax.tuning.cache`); an exit code when the script must run again (a tuned partition count)."""
     from parallax.trials.choice import describe_choice
-    from parallax.tune.cache import USE_TUNED_ENV, tuned_choice
+    from parallax.tuning.cache import USE_TUNED_ENV, tuned_choice
 
     choice, source = tuned_choice(graph, cluster.text, sync, launched)
     if choice is None:
@@ -197,9 +197,9 @@ def _tuned(config: Config, graph: tf.Graph, cluster: Cluster, sync: bool, launch
 
 def _write_candidates(request: dict, graph: tf.Graph, cluster: Cluster, config: Config, sync: bool,
                       analysis) -> int:
-    """``parallax tune``'s first step: every layout planned and ordered (:mod:`parallax.tune.candidates`)."""
-    from parallax.tune.cache import tune_key
-    from parallax.tune.candidates import layout_space, plan_candidates
+    """``parallax tune``'s first step: every layout planned and ordered (:mod:`parallax.tuning.candidates`)."""
+    from parallax.tuning.cache import tune_key
+    from parallax.tuning.candidates import layout_space, plan_candidates
 
     start = search.min_partitions(graph)
     rows = max([shape[0] or 1 for shape in search.partitioned_shapes(graph)], default=1)

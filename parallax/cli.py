@@ -438,7 +438,7 @@ def manifest_main(argv: list[str] | None = None) -> int:
 
 
 def _tune_parser() -> argparse.ArgumentParser:
-    from parallax.tune.candidates import SPACE_KEYS
+    from parallax.tuning.candidates import SPACE_KEYS
 
     parser = argparse.ArgumentParser(
         prog="parallax tune", description="Find the fastest layout of a training script on a resource file: short "
@@ -483,7 +483,7 @@ def _space_value(text: str):
 
 def parse_space(items: list[str]) -> dict[str, list]:
     """``--space KEY=V1,V2`` items as a space; ValueError naming a bad one."""
-    from parallax.tune.candidates import SPACE_KEYS
+    from parallax.tuning.candidates import SPACE_KEYS
 
     space: dict[str, list] = {}
     for item in items:
@@ -496,7 +496,7 @@ def parse_space(items: list[str]) -> dict[str, list]:
 
 def tune_main(argv: list[str] | None = None) -> int:
     """Entry point of ``parallax tune``; returns an exit code."""
-    from parallax.tune.tuner import TuneError, tune
+    from parallax.tuning.tuner import TuneError, tune
 
     mine, script_args = _split_command(argv)
     parser = _tune_parser()

@@ -26,7 +26,7 @@ def suggest(space: dict[str, Any], history: list[dict[str, Any]], seed: int, min
     """The next parameters Optuna's TPE sampler suggests from the ``history`` of ``{"params", "value"}``."""
     import optuna
 
-    from parallax.sweep import optuna_distribution
+    from parallax.sweeps import optuna_distribution
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     distributions = {name: optuna_distribution(name, values) for name, values in space.items()}

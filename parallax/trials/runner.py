@@ -157,6 +157,7 @@ class DaskRunner(TrialRunner):
     """
 
     name = "dask"
+    worker_wait = 60.0  # seconds a trial waits for a worker when the cluster has none
 
     def __init__(self, address: str | None = None, devices: int = 1, max_parallel: int | None = None) -> None:
         import dask
@@ -188,6 +189,10 @@ class DaskRunner(TrialRunner):
             kwargs["workers"] = hosts
             kwargs["allow_other_workers"] = False
         workers = self._workers()
+        if not workers:  # none yet, or a lost one restarting
+            with contextlib.suppress(Exception):
+                self._client.wait_for_workers(1, timeout=self.worker_wait)
+            workers = self._workers()
         fits = [w for w in workers.values() if w.get("resources", {}).get("devices", 0) >= need
                 and (not hosts or w.get("host") in hosts or _host_name(w) in hosts)]
         if need and not fits:

@@ -52,26 +52,32 @@ class Run:
             return {k.replace("__", "/"): data[k] for k in data.files}
 
 
-def run_script(tmp_path, resource_text: str, *args: str, timeout: float = 180, script: str = SCRIPT) -> Run:
+def run_command(tmp_path, argv: list[str], timeout: float = 180, out_dir=None, env: dict | None = None) -> Run:
+    """Run ``argv`` (a user's command: a script, ``parallax tune``, ...) in the test's network namespace,
+    from ``tmp_path``, with the repository importable; its whole group is killed if it runs past ``timeout``."""
     tmp_path.mkdir(parents=True, exist_ok=True)
-    resource = tmp_path / "resource_info"
-    resource.write_text(resource_text)
-    out_dir = tmp_path / "out"
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    argv = [*namespace_prefix(), sys.executable, script, "--resource_info", str(resource),
-            "--out", str(out_dir), *args]
     start = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                            env=env, cwd=str(tmp_path), start_new_session=True)
+    proc = subprocess.Popen([*namespace_prefix(), *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", env=env, cwd=str(tmp_path), start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         output, _ = proc.communicate()
         raise AssertionError(f"job did not finish in {timeout}s:\n{output[-4000:]}") from None
-    return Run(proc.returncode, output, time.monotonic() - start, str(out_dir), time.time())
+    return Run(proc.returncode, output, time.monotonic() - start, str(out_dir or tmp_path), time.time())
+
+
+def run_script(tmp_path, resource_text: str, *args: str, timeout: float = 180, script: str = SCRIPT) -> Run:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    resource = tmp_path / "resource_info"
+    resource.write_text(resource_text)
+    out_dir = tmp_path / "out"
+    return run_command(tmp_path, [sys.executable, script, "--resource_info", str(resource), "--out", str(out_dir),
+                                  *args], timeout, out_dir)
 
 
 def leftover_processes(tmp_path) -> list[int]:

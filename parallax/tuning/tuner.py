@@ -1,7 +1,7 @@
 """``parallax tune``: short trials of the layouts the cost model ranks best; the fastest is kept.
 
 1. The script runs up to its ``parallel_run`` once, which plans every layout of
-   the space and orders them by predicted cost (:mod:`parallax.tune.candidates`).
+   the space and orders them by predicted cost (:mod:`parallax.tuning.candidates`).
 2. Trials of the candidates, in that order, within a budget of trials or
    seconds, on the trial runner (local processes or Dask,
    :mod:`parallax.trials.runner`): each is the whole job started with the
@@ -9,7 +9,7 @@
    live line shows the trial running and the best so far.
 3. A table and a plot (PNG) of steps/s per trial, JSON and CSV of every result,
    and where the fastest stood in the cost model's order; the fastest choice is
-   stored (:mod:`parallax.tune.cache`) for the next ``parallel_run`` of the same
+   stored (:mod:`parallax.tuning.cache`) for the next ``parallel_run`` of the same
    graph and resources.
 """
 
@@ -28,8 +28,8 @@ from parallax.search import TrialLauncher, cache_path, store_entry
 from parallax.trials.execute import TrialResult, TrialSpec, run_trial, tail_of
 from parallax.trials.report import Progress, bar_plot, write_rows
 from parallax.trials.runner import make_runner
-from parallax.tune.cache import USE_TUNED_ENV, store_tuned
-from parallax.tune.candidates import Candidate
+from parallax.tuning.cache import USE_TUNED_ENV, store_tuned
+from parallax.tuning.candidates import Candidate
 
 __all__ = ["tune", "TuneReport", "TuneTrial", "TuneError", "HISTORY_FILE"]
 
@@ -179,11 +179,11 @@ def tune(script: str, resource_info: str, script_args: list[str] | tuple[str, ..
         backend: ``"local"`` (processes) or ``"dask"``.
         scheduler: a Dask scheduler's address (``None``: an embedded LocalCluster).
         space: values a choice may take, e.g. ``{"run_option": ["MPI", "PS"]}``
-            (:data:`~parallax.tune.candidates.SPACE_KEYS`).
+            (:data:`~parallax.tuning.candidates.SPACE_KEYS`).
         warmup, steps: steps each trial discards, and times (the script must run at least both).
         time_limit: seconds one trial may run.
         output: where the table, plot, JSON, CSV and trial logs go (default ``./parallax_tune``).
-        store: keep the fastest choice for the next ``parallel_run`` (:mod:`parallax.tune.cache`).
+        store: keep the fastest choice for the next ``parallel_run`` (:mod:`parallax.tuning.cache`).
         progress: show a live progress line.
         plan_timeout: seconds the script may take to plan its layouts.
 

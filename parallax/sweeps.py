@@ -79,7 +79,7 @@ def _check_space(space: dict[str, Any], method: str) -> None:
             if method == "grid":
                 raise ValueError(f"sweep: space[{name!r}] is a range (Uniform); a grid needs a list of values")
         elif not isinstance(values, (list, tuple)) or not values:
-            raise ValueError(f"sweep: space[{name!r}] must be a non-empty list of values or a parallax.sweep.Uniform, "
+            raise ValueError(f"sweep: space[{name!r}] must be a non-empty list of values or a parallax.Uniform, "
                              f"got {values!r}")
 
 

@@ -10,7 +10,10 @@ would plan it (:func:`parallax.job.make_job_plan`); a choice the planner
 refuses is kept with its reason and not tried.
 
 The order is the predicted step's communication time
-(:func:`predicted_seconds`): the plan's bytes per step
+(:func:`predicted_seconds`), taking the cheapest choice of each layout (one
+process, MPI, PS, HYBRID) first, then the second cheapest of each, and so on,
+so that a small budget measures every kind of layout before refining one. The
+prediction: the plan's bytes per step
 (:func:`parallax.plan.traffic.step_traffic`, within a few percent of measured)
 over the links (inside a host and between hosts), plus a latency per round of
 every collective and push/pull the plan makes (a fused all-reduce buffer costs
@@ -202,7 +205,15 @@ def plan_candidates(cluster: Cluster, analysis: GraphAnalysis, config: Config, s
         candidate.memory_per_worker = _memory_per_worker(job)
         out.append(candidate)
     beyond = lambda c: bool(c.choice.get("zero_stage")) + 2 * (c.choice.get("pipeline_stages", 1) > 1)  # noqa: E731
-    ranked = sorted((c for c in out if c.runnable), key=lambda c: (beyond(c), c.predicted_seconds, c.processes))
+    cheapest = sorted((c for c in out if c.runnable), key=lambda c: (beyond(c), c.predicted_seconds, c.processes))
+    # the cheapest of each layout first (in cost order), then the second of each, ...: a small budget
+    # measures every kind of layout before it refines one
+    place: dict[tuple[int, str], int] = {}
+    rounds = {}
+    for c in cheapest:
+        group = (beyond(c), c.layout)
+        rounds[id(c)] = place[group] = place.get(group, -1) + 1
+    ranked = sorted(cheapest, key=lambda c: (beyond(c), rounds[id(c)], c.predicted_seconds, c.processes))
     for i, c in enumerate(ranked, 1):
         c.order = i
     return ranked + [c for c in out if not c.runnable]

@@ -1,0 +1,78 @@
+"""parallax tune on a script as users write one: trials of the ranked layouts, a table and a plot, the fastest
+stored, and the next plain run trains with it, equal to single-device training."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from tests.multiprocess.harness import leftover_processes, run_command
+from tests.trials.programs import batches, build
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tune_script.py")
+PARALLAX = os.path.join(os.path.dirname(sys.executable), "parallax")
+STEPS = 9
+
+
+def single_device_w(steps: int, replicas: int) -> np.ndarray:
+    import tensorflow as tf
+
+    graph, t = build(0.1)
+    with tf.compat.v1.Session(graph=graph) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for step in range(steps):
+            x, y = batches(step, replicas)
+            sess.run(t["train_op"], feed_dict={t["x"]: x, t["y"]: y})
+        return sess.run(t["w"]).ravel()
+
+
+def tune(tmp_path, *options: str):
+    (tmp_path / "res").write_text("localhost: cpu:0,cpu:1\n")
+    env = {"PARALLAX_CACHE_DIR": str(tmp_path / "cache")}
+    return env, run_command(tmp_path, [PARALLAX, "tune", SCRIPT, "res", "--steps", "1,3", "-o", "tuned", *options,
+                                       "--", "res", "--steps", "12"], timeout=400, env=env)
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("dask", marks=pytest.mark.extended)])
+def test_tune_measures_layouts_keeps_the_fastest_and_the_next_run_uses_it(tmp_path, backend):
+    env, run = tune(tmp_path, "--trials", "3", "--space", "run_option=MPI,PS", "--space", "fusion_bytes=0,67108864",
+                    "--backend", backend)
+    assert run.returncode == 0, run.output[-5000:]
+    results = json.loads((tmp_path / "tuned" / "results.json").read_text())
+    trials = results["trials"]
+    assert len(trials) == 3 and all(t["status"] == "ok" and t["step_ms"] > 0 for t in trials)
+    # the cheapest layout of each kind first: one process (PS, both replicas in it), then MPI's two processes
+    assert {t["layout"] for t in trials[:2]} == {"local", "MPI"} and [t["model_order"] for t in trials] == [1, 2, 3]
+    best = results["best"]
+    assert best["step_ms"] == min(t["step_ms"] for t in trials)
+    assert f"* {best['trial'].rsplit('-', 1)[-1]}" in run.output  # the table marks it
+    assert "fastest: " in run.output and "the cost model's #" in run.output
+    assert (tmp_path / "tuned" / "tune.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "tuned" / "results.csv").read_text().count("\n") == 4
+    stored = json.loads((tmp_path / "cache" / "tuned.json").read_text())
+    (entry,) = stored.values()
+    assert entry["choice"]["run_option"] in ("MPI", "PS") and entry["model_rank"] == best["model_order"]
+
+    (tmp_path / "out").mkdir()
+    again = run_command(tmp_path, [sys.executable, SCRIPT, "res", "--steps", str(STEPS), "--out", "out"], env=env)
+    assert again.returncode == 0, again.output[-4000:]
+    assert "using the layout parallax tune found: run_option=" in again.output
+    written = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").glob("w_*.json"))]
+    expected = single_device_w(STEPS, 2)
+    for w in written:
+        np.testing.assert_allclose(w["w"], expected, rtol=1e-5, atol=1e-6)
+    assert not leftover_processes(tmp_path)
+
+
+def test_a_script_that_cannot_plan_is_reported_with_its_output(tmp_path):
+    (tmp_path / "res").write_text("localhost: cpu:0,cpu:1\n")
+    run = run_command(tmp_path, [PARALLAX, "tune", SCRIPT, "res", "-o", "tuned", "--", "--steps", "3"])
+    assert run.returncode == 1
+    assert "did not plan its layouts: exited with 2" in run.output
+    assert "the following arguments are required: resource_info" in run.output  # the script's own words

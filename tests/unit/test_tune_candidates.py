@@ -1,0 +1,80 @@
+"""The layouts parallax tune tries: the space for a graph and resources, each planned, ordered by predicted cost."""
+
+from __future__ import annotations
+
+import pytest
+
+from parallax.analysis import analyse_graph
+from parallax.cli import parse_space
+from parallax.config import Config
+from parallax.job import make_job_plan
+from parallax.resources import parse_resource_text
+from parallax.settings import derive
+from parallax.tuning.candidates import Candidate, layout_space, plan_candidates
+from tests.models import build_deep_mlp, build_embedding
+
+
+def planned(model, resources: str, restrict=None, partitions=None):
+    cluster = parse_resource_text(resources)
+    analysis = analyse_graph(model.graph)
+    choices = layout_space(cluster, analysis, partitions, restrict)
+    derive_cpu = lambda config, sync, c: derive(config, sync, c, gpus=0)  # noqa: E731
+    return choices, plan_candidates(cluster, analysis, Config(), True, choices, derive_cpu, make_job_plan)
+
+
+def test_the_space_of_a_dense_model_on_four_devices():
+    choices, ranked = planned(build_deep_mlp(), "localhost: cpu:0,cpu:1,cpu:2,cpu:3\n")
+    options = {c["run_option"] for c in choices}
+    assert options == {"MPI", "PS", "HYBRID"}
+    assert {"run_option": "MPI", "backend": "mpi", "zero_stage": 2} in choices
+    assert {"run_option": "MPI", "pipeline_stages": 2, "micro_batches": 4} in choices
+    assert all("local_aggregation" not in c for c in choices if c["run_option"] == "HYBRID")  # no sparse gradient
+    assert len({tuple(sorted(c.items())) for c in choices}) == len(choices)
+    orders = [c.order for c in ranked if c.runnable]
+    assert orders == list(range(1, len(orders) + 1))
+
+
+def test_the_order_follows_the_cost_model():
+    _, ranked = planned(build_deep_mlp(), "localhost: cpu:0,cpu:1\n", {"run_option": ["MPI"], "backend": ["mpi"],
+                                                                      "zero_stage": [0], "pipeline_stages": [1]})
+    by_fusion = {c.choice["fusion_bytes"]: c for c in ranked}
+    # a buffer per variable costs a collective's rounds of latency each; one fused buffer the fewest
+    assert by_fusion[64 << 20].predicted_seconds < by_fusion[0].predicted_seconds
+    assert by_fusion[64 << 20].order < by_fusion[0].order
+    assert all(c.bytes_per_step > 0 and c.processes == 2 and c.layout == "MPI" for c in ranked)
+
+
+def test_memory_saving_choices_come_after_data_parallel_ones_and_carry_their_memory():
+    _, ranked = planned(build_deep_mlp(), "localhost: cpu:0,cpu:1\n", {"run_option": ["MPI"], "backend": ["mpi"],
+                                                                      "fusion_bytes": [64 << 20]})
+    plain, zero2 = ranked[0], next(c for c in ranked if c.choice.get("zero_stage") == 2)
+    assert plain.choice.get("zero_stage") is None and zero2.order > plain.order
+    assert zero2.memory_per_worker < plain.memory_per_worker  # Adam's slots sharded 1/2
+
+
+def test_sparse_models_try_local_aggregation_and_partition_counts():
+    choices, ranked = planned(build_embedding(), "localhost: cpu:0,cpu:1\n", {"run_option": ["PS", "HYBRID"]},
+                              partitions=[2, 4])
+    assert {c.get("partitions") for c in choices} == {2, 4}
+    assert {c.get("local_aggregation") for c in choices if c["run_option"] == "HYBRID"} == {True, False}
+    assert all(c.runnable for c in ranked)
+
+
+def test_a_refused_choice_is_kept_with_its_reason_after_the_rest():
+    _, ranked = planned(build_deep_mlp(), "localhost: cpu:0,cpu:1,cpu:2,cpu:3\n",
+                        {"run_option": ["PS"], "replicate_variables": [True], "local_aggregation": [True]})
+    assert [c.choice["run_option"] for c in ranked] == ["PS"]
+    refused = Candidate.from_dict({**Candidate({"run_option": "PS"}).to_dict(), "error": "no"})
+    assert not refused.runnable and refused.label == "run_option=PS"
+
+
+def test_a_restriction_to_an_unknown_key_is_refused():
+    with pytest.raises(ValueError, match="unknown key.*colour"):
+        planned(build_deep_mlp(), "localhost: cpu:0\n", {"colour": ["red"]})
+
+
+def test_space_from_the_command_line():
+    assert parse_space(["run_option=mpi,ps", "fusion_bytes=0,4194304", "local_aggregation=true,false"]) == {
+        "run_option": ["MPI", "PS"], "fusion_bytes": [0, 4194304], "local_aggregation": [True, False]}
+    with pytest.raises(ValueError, match="--space 'speed=fast'"):
+        parse_space(["speed=fast"])
