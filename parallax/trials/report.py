@@ -39,6 +39,9 @@ def bar_plot(path: str, labels: Sequence[str], values: Sequence[float], best: in
         return None
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(values) + 1.6))
     ax.barh(range(len(values)), values, color=["tab:green" if i == best else "tab:blue" for i in range(len(values))])
+    positive = [v for v in values if v > 0]
+    if len(positive) == len(values) and max(positive) > 1e3 * min(positive):
+        ax.set_xscale("log")  # a diverged trial would flatten the others
     ax.set_yticks(range(len(values)), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)

@@ -101,7 +101,8 @@ class TuneReport:
     def table(self) -> str:
         """The results, one line per trial, fastest marked."""
         best = self.best
-        lines = [f"{'':2}{'#':>3} {'model':>5}  {'ms/step':>9} {'steps/s':>8} {'MB/step':>8}  {'procs':>5}  choice"]
+        lines = [f"{'':2}{'#':>3} {'model':>5}  {'ms/step':>9} {'steps/s':>8} {'MB/step':>8}  {'procs':>5}  choice",
+                 "  (model: the cost model's order; MB/step: the plan's traffic model, all processes)"]
         for t in self.trials:
             mark = "* " if t is best else "  "
             if t.ok:

@@ -84,3 +84,12 @@ def test_sparse_lm_in_hybrid_trains():
     assert "starting 3 processes" in output  # 2 workers and a server for the sparse variables
     first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", output).groups())
     assert last < first - 1.0, output[-3000:]
+
+
+def test_the_sweep_example_finds_the_best_learning_rate_on_both_back_ends(tmp_path):
+    for backend in ("local", "dask"):
+        output = run(sys.executable, "examples/sweep/lr_sweep.py", "--resource_info", RESOURCES, "--backend",
+                     backend, "--output", str(tmp_path / backend))
+        assert output.count(" ok ") == 4, output[-4000:]
+        assert "best: learning_rate=0.5," in output, output[-3000:]
+        assert (tmp_path / backend / "sweep.png").exists()
