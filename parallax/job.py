@@ -132,7 +132,7 @@ class JobPlan:
 
 
 def _rank_dict(r: RankSpec) -> dict:
-    return {"host": r.host, "line": r.line, "role": r.role, "port": r.port,
+    return {"host": r.host, "line": r.line, "role": r.role, "port": r.port, "group": r.group, "stage": r.stage,
             "devices": None if r.devices is None else [str(d) for d in r.devices]}
 
 
@@ -156,8 +156,15 @@ def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis)
                             "parameter servers across processes (run_option PS); use 'MPI' or 'HYBRID' (whose "
                             "sparse variables may stay on servers), or one process (a single resource line)")
         processes = _processes(ranks, layout, settings)
-        servers = layout != "MPI" or backend_class(settings.allreduce_comm.backend).needs_server
-    plan = _variable_plan(layout, processes, servers, settings, analysis, by_memory)
+        staged = any(p.role == "stage" for p in processes)
+        if staged and (layout != "MPI" or settings.allreduce_comm.backend != "mpi"):
+            raise PlanError(f"pipeline_stages={settings.pipeline[0]} with each stage in a process of its own (the "
+                            "resource lines' devices do not divide into stages) runs with run_option 'MPI' and the "
+                            f"'mpi' all-reduce backend, not {layout} / {settings.allreduce_comm.backend!r}: list "
+                            "each replica's stages on one line to keep them in one process, or use 'MPI'")
+        # stage servers: the workers reach their stages through TensorFlow's gRPC runtime
+        servers = layout != "MPI" or staged or backend_class(settings.allreduce_comm.backend).needs_server
+    plan = _variable_plan(layout, processes, servers, settings, analysis, by_memory, ranks)
     return JobPlan(layout, processes, ranks, plan, servers, notes)
 
 
@@ -220,6 +227,7 @@ def _processes(ranks: tuple[RankSpec, ...], layout: str, settings: Settings) -> 
         if r.role == "ps":
             out.append(ProcessSpec(rank, "ps", index, r.host, r.line, r.port, (), None, 0))
             continue
+        # a worker, or a stage server (which runs the ops of its stage: devices like a worker's)
         if r.devices is not None:
             devices = r.devices
         elif layout == "PS":
@@ -231,19 +239,34 @@ def _processes(ranks: tuple[RankSpec, ...], layout: str, settings: Settings) -> 
         # a process sees only its own GPUs, numbered from 0 (two processes on one host share none)
         seen = tuple(Device("gpu", gpu_ids.index(d.index)) if d.kind == "gpu" else d for d in devices)
         sharing = trainers[r.host] if layout in ("MPI", "HYBRID") else 1
-        out.append(ProcessSpec(rank, "worker", index, r.host, r.line, r.port, seen, visible, sharing))
+        out.append(ProcessSpec(rank, r.role, index, r.host, r.line, r.port, seen, visible, sharing))
     return tuple(out)
 
 
+def stage_tasks(processes: tuple[ProcessSpec, ...], ranks: tuple[RankSpec, ...]) -> dict[int, list[ProcessSpec]]:
+    """Each worker's stage servers, in stage order (a pipeline spread over processes; else empty)."""
+    if not any(p.role == "stage" for p in processes):
+        return {}
+    worker_of = {r.group: p.index for p, r in zip(processes, ranks) if p.role == "worker"}
+    out: dict[int, list[tuple[int, ProcessSpec]]] = {}
+    for p, r in zip(processes, ranks):
+        if p.role == "stage":
+            out.setdefault(worker_of[r.group], []).append((r.stage, p))
+    return {w: [p for _, p in sorted(stages, key=lambda x: x[0])] for w, stages in out.items()}
+
+
 def _variable_plan(layout: str, processes: tuple[ProcessSpec, ...], servers: bool, settings: Settings,
-                   analysis: GraphAnalysis, by_memory: bool = False) -> Plan:
+                   analysis: GraphAnalysis, by_memory: bool = False, ranks: tuple[RankSpec, ...] = ()) -> Plan:
     """The plan of every variable, with each worker's TensorFlow device names."""
     workers = []
+    stages = stage_tasks(processes, ranks)
     for p in processes:
         if p.role != "worker":
             continue
         prefix = f"/job:worker/replica:0/task:{p.index}" if servers else ""
         replicas = tuple(f"{prefix}{d.tf_name}" for d in p.devices)
+        # a replica spread over processes: its later stages' devices are on the stage servers
+        replicas += tuple(f"/job:stage/replica:0/task:{s.index}{s.devices[0].tf_name}" for s in stages.get(p.index, ()))
         # one process per device (MPI): its shared state stays on that device, next to the all-reduce
         shared = replicas[0] if layout == "MPI" else f"{prefix}/device:CPU:0"
         workers.append((p.host, replicas, shared))

@@ -14,6 +14,9 @@ role                 layouts         what it sets up
 ``server_job_worker`` PS, HYBRID     the workers' communicators, a server; the
                                      chief initialises, the others wait for it
 ``parameter_server`` PS, HYBRID      a server, then serves until the job ends
+``_staged``          MPI, a pipeline  every rank a server; a stage server serves
+                     spread over      its worker's stage until the job ends; a
+                     processes        worker all-reduces among the workers alone
 ===================  ==============  =============================================
 
 A launched program may call ``parallel_run`` again (a second job, or a
@@ -166,6 +169,8 @@ def role_setup(job: JobPlan, settings: Settings, member: JobMember) -> ProcessSe
 
 def _allreduce_worker(job: JobPlan, settings: Settings, member: JobMember, process: ProcessSpec) -> ProcessSetup:
     """A rank of an MPI job: every rank initialises its variables, then takes rank 0's values."""
+    if any(p.role == "stage" for p in job.processes):
+        return _staged(job, settings, member, process)
     member.exit_together("finish", settings.timeouts.finish)
     beat = member.heartbeat("start", "initialising the variables and taking rank 0's values")
     server = None
@@ -175,3 +180,25 @@ def _allreduce_worker(job: JobPlan, settings: Settings, member: JobMember, proce
     return ProcessSetup(process, len(job.workers), server=server, broadcast=member.broadcast(job, process, settings),
                         comms=ProcessComms(group_leader=GROUP_LEADER if server is not None else None),
                         heartbeat=beat)
+
+
+def _staged(job: JobPlan, settings: Settings, member: JobMember, process: ProcessSpec) -> ProcessSetup:
+    """An MPI job whose replicas' stages are processes of their own: every rank runs a server; a stage
+    server serves its worker's stage until the job ends; a worker's session runs its whole replica
+    (its stages' ops on their servers, over gRPC), all-reduces among the workers alone, and initialises
+    its replica's variables, then takes worker 0's values."""
+    from parallax.job import stage_tasks
+
+    comms = member.split_comms()  # every rank: the workers' communicator leaves the stage servers out
+    server = member.server(lambda: member.start_server(job, settings, process), chief=process.rank == 0)
+    member.exit_together("barrier", settings.timeouts.finish)  # a stage server holds its stage until the end
+    if process.role == "stage":
+        member.heartbeat("serve")
+        logger.info("Parallax: stage server %d serving on %s", process.index, process.host)
+        return ProcessSetup(process, len(job.workers), server=server, serve_only=True)
+    mine = [f"/job:stage/task:{s.index}" for s in stage_tasks(job.processes, job.ranks).get(process.index, ())]
+    beat = member.heartbeat("start", "initialising the variables and taking worker 0's values")
+    return ProcessSetup(process, len(job.workers), server=server,
+                        device_filters=(f"/job:worker/task:{process.index}", *mine),
+                        broadcast=member.broadcast(job, process, settings),
+                        comms=ProcessComms(workers=comms[0]), heartbeat=beat)

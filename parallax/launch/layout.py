@@ -20,8 +20,12 @@ class RankSpec:
         devices: the devices its replicas use; ``None`` for a bare host line
             (the host's GPUs, or its CPU).
         line: the resource-file line it comes from (0 when Parallax added it).
-        role: ``"worker"`` or ``"ps"`` (a parameter server).
+        role: ``"worker"``, ``"ps"`` (a parameter server) or ``"stage"`` (a server holding
+            one pipeline stage of a worker's replica, :func:`ranks_per_device`).
         port: the port an explicit-role file gives its server, else ``None``.
+        group: a pipeline spread over processes: the replica (in device order) whose stage this
+            rank holds (its stage 0 is a worker), else ``None``.
+        stage: that stage.
     """
 
     host: str
@@ -29,6 +33,8 @@ class RankSpec:
     line: int
     role: str = "worker"
     port: int | None = None
+    group: int | None = None
+    stage: int = 0
 
     @property
     def device(self) -> Device | None:
@@ -53,9 +59,19 @@ def ranks_per_device(cluster: Cluster, group: int = 1) -> tuple[RankSpec, ...]:
     >>> [len(r.devices) for r in ranks_per_device(parse_resource_text("a: 0,1,2,3"), group=2)]
     [2, 2]
 
+    When a line's devices do not divide into groups of ``group``, each replica's stages are
+    processes of their own, possibly on several hosts (TensorFlow's gRPC runtime carries the
+    activations): ``group`` consecutive devices of the file, the first a worker and the others
+    ``stage`` servers.
+
+    >>> [(r.role, r.host, r.group, r.stage) for r in ranks_per_device(parse_resource_text("a: 0\\nb: 0"), 2)]
+    [('worker', 'a', 0, 0), ('stage', 'b', 0, 1)]
+
     Raises:
-        ResourceFileError: a line's devices do not divide into groups.
+        ResourceFileError: the devices do not divide into groups.
     """
+    if group > 1 and any(w.devices is None or len(w.devices) % group for w in cluster.workers):
+        return _stage_ranks(cluster, group)
     ranks = []
     for worker in cluster.workers:
         if worker.devices is None:
@@ -69,6 +85,23 @@ def ranks_per_device(cluster: Cluster, group: int = 1) -> tuple[RankSpec, ...]:
         port = worker.port if len(worker.devices) == group else None
         ranks.extend(RankSpec(worker.host, tuple(worker.devices[i:i + group]), worker.line, port=port)
                      for i in range(0, len(worker.devices), group))
+    return _hosts_together(ranks)
+
+
+def _stage_ranks(cluster: Cluster, group: int) -> tuple[RankSpec, ...]:
+    """A process per device; each ``group`` consecutive devices a replica: a worker (stage 0)
+    and ``group - 1`` stage servers."""
+    flat = [(w, d) for w in cluster.workers for d in (w.devices or (None,))]
+    if len(flat) % group:
+        raise ResourceFileError(
+            f"{cluster.source} lists {len(flat)} device(s), but pipeline_stages={group} needs each replica's "
+            f"{group} stages: list a multiple of {group} devices (one process per device when a line's devices "
+            "do not divide into stages)")
+    ranks = []
+    for i, (w, d) in enumerate(flat):
+        alone = w.devices is None or len(w.devices) == 1
+        ranks.append(RankSpec(w.host, None if d is None else (d,), w.line, "worker" if i % group == 0 else "stage",
+                              w.port if alone else None, i // group, i % group))
     return _hosts_together(ranks)
 
 
@@ -106,7 +139,8 @@ def _servers(cluster: Cluster) -> list[RankSpec]:
 
 
 def layout_to_json(ranks: tuple[RankSpec, ...]) -> str:
-    return json.dumps([{"host": r.host, "line": r.line, "role": r.role, "port": r.port,
+    return json.dumps([{"host": r.host, "line": r.line, "role": r.role, "port": r.port, "group": r.group,
+                        "stage": r.stage,
                         "devices": None if r.devices is None else [[d.kind, d.index] for d in r.devices]}
                        for r in ranks], sort_keys=True)
 
@@ -115,5 +149,6 @@ def layout_from_json(text: str) -> tuple[RankSpec, ...]:
     out = []
     for r in json.loads(text):
         devices = None if r["devices"] is None else tuple(Device(k, i) for k, i in r["devices"])
-        out.append(RankSpec(r["host"], devices, r["line"], r["role"], r.get("port")))
+        out.append(RankSpec(r["host"], devices, r["line"], r["role"], r.get("port"), r.get("group"),
+                            r.get("stage", 0)))
     return tuple(out)

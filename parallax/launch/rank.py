@@ -119,7 +119,7 @@ class LaunchedProcess:
 
     def workers_comm(self) -> Any:
         """The communicator of the job's workers (``COMM_WORLD`` when every rank is one)."""
-        if self.context.job.get("layout") in ("PS", "HYBRID"):
+        if any(r.role != "worker" for r in self.context.ranks):  # servers, or a pipeline's stage servers
             return self.split_comms()[0]
         from mpi4py import MPI
 

@@ -104,6 +104,19 @@ def test_a_job_on_three_hosts_equals_single_device(cluster, tmp_path, mode):
     assert_nothing_left(cluster)
 
 
+def test_a_replicas_pipeline_stages_on_two_hosts_equal_single_device(cluster, tmp_path):
+    """Two replicas of two stages: each replica's stage 0 (a worker) on vhost1, its stage 1 (a stage server)
+    on vhost2, the activations and their gradients between the hosts over TensorFlow's gRPC runtime."""
+    from tests.multiprocess.test_pipeline import CASES, COMMON
+    from tests.multiprocess.test_pipeline import expected as pipeline_expected
+
+    run = train(cluster, tmp_path, "vhost1: cpu:0\nvhost2: cpu:0\nvhost1: cpu:1\nvhost2: cpu:1\n", *COMMON,
+                "--run_option", "MPI", *CASES["dp+pp-adam"])
+    check_ranks_match(run, pipeline_expected("dp+pp-adam"), 2)
+    assert "stage server 0 serving on vhost2" in run.output and "stage server 1 serving on vhost2" in run.output
+    assert_nothing_left(cluster)
+
+
 @pytest.mark.parametrize("mode", ["PS", "MPI"])
 def test_parallax_run_on_two_hosts_with_two_devices_each_equals_single_device(cluster, tmp_path, mode):
     (tmp_path / "ignored").write_text("localhost: cpu:0\n")  # parallax-run's file replaces the script's

@@ -1,8 +1,9 @@
 """Pipeline stages and micro-batches across real processes, combined with data parallelism (and ZeRO).
 
 Each rank holds one replica cut into stages on virtual CPU devices of its own; the ranks all-reduce
-(MPI) or use servers too (HYBRID). Every case is compared, variable by variable, with
-single-device training on the union batch.
+(MPI) or use servers too (HYBRID). With one device a resource line, each stage is a process of its own
+(a stage server, reached over TensorFlow's gRPC runtime; tests/cluster puts them on two hosts). Every
+case is compared, variable by variable, with single-device training on the union batch.
 """
 
 from __future__ import annotations
@@ -40,8 +41,11 @@ CASES = {
 COMMON = ["--steps", str(STEPS), "--batch", str(BATCH), "--average_sparse", "--pipeline_stages", "2",
           "--export_graph_path", "out"]
 TWO_RANKS = "localhost: cpu:0,cpu:1,cpu:2,cpu:3\n"  # 2 ranks x 2 stages
+FOUR_PROCESSES = "localhost: cpu:0\nlocalhost: cpu:1\nlocalhost: cpu:2\nlocalhost: cpu:3\n"  # 2 x (worker + stage)
 GROUPS = {
     "MPI": (TWO_RANKS, COMMON + ["--run_option", "MPI"], CASES),
+    "stage-processes": (FOUR_PROCESSES, COMMON + ["--run_option", "MPI"],
+                        {c: CASES[c] for c in ("dp+pp-1f1b", "dp+zr+pp", "dp+pp+mp")}),
     "HYBRID": (TWO_RANKS, COMMON + ["--run_option", "HYBRID"],
                {c: CASES[c] for c in ("dp+pp-embedding", "dp+pp-idioms", "dp+pp+mp")}),
 }
@@ -73,3 +77,6 @@ def test_pipelined_ranks_train_as_one_device(jobs, group, case):
     assert f"parallax_micro_{micro - 1}/" in graph if micro > 1 else "parallax_micro_" not in graph
     for stage in (0, 1):  # worker 1's replica: its stages on its two devices, cpu:2 and cpu:3 of the line
         assert re.search(f'device: "[^"]*/device:CPU:{2 + stage}"', graph), stage
+    if group == "stage-processes":  # stage 1 of worker 1's replica: the second stage server's device
+        assert 'device: "/job:stage/replica:0/task:1/device:CPU:3"' in graph
+        assert "stage server 1 serving on localhost" in run.output

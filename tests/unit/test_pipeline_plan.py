@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from parallax.analysis import analyse_graph
-from parallax.config import Config
+from parallax.config import CommunicationConfig, Config, MPIConfig
 from parallax.errors import PlanError, ResourceFileError
 from parallax.plan import Plan
 from parallax.plan.stages import cut_forward, fit_stages
@@ -54,8 +54,34 @@ def test_mpi_ranks_take_a_pipeline_s_devices_together(deep):
     assert [len(p.devices) for p in job.processes] == [2, 2]
     assert job.plan.pipeline.devices == ((("/device:CPU:0", "/device:CPU:1"),), (("/device:CPU:2", "/device:CPU:3"),))
     assert job.plan.num_replicas == 2
-    with pytest.raises(ResourceFileError, match=r"line 1 \(localhost\) lists 3 device\(s\)"):
+    with pytest.raises(ResourceFileError, match=r"res lists 3 device\(s\), but pipeline_stages=2 needs each "
+                                                r"replica's 2 stages: list a multiple of 2"):
         job_for("localhost: cpu:0,cpu:1,cpu:2", deep, run_option="MPI", pipeline_stages=2)
+
+
+def test_stages_whose_devices_are_on_several_lines_are_processes_of_their_own(deep):
+    """One device a line (here on two hosts): each replica is a worker and a stage server; the worker's
+    later stages are the stage servers' devices, reached over gRPC."""
+    job = job_for("a: cpu:0\nb: cpu:0\na: cpu:1\nb: cpu:1", deep, run_option="MPI", pipeline_stages=2)
+    assert [(p.role, p.index, p.host, str(p.devices[0])) for p in job.processes] == [
+        ("worker", 0, "a", "cpu:0"), ("worker", 1, "a", "cpu:1"),
+        ("stage", 0, "b", "cpu:0"), ("stage", 1, "b", "cpu:1")]
+    assert job.servers and job.layout == "MPI"
+    assert job.plan.pipeline.devices == (
+        (("/job:worker/replica:0/task:0/device:CPU:0", "/job:stage/replica:0/task:0/device:CPU:0"),),
+        (("/job:worker/replica:0/task:1/device:CPU:1", "/job:stage/replica:0/task:1/device:CPU:1"),))
+    assert job.plan.num_replicas == 2 and len(job.workers) == 2
+    assert "rank 2: stage 0 on b: devices cpu:0" in job.describe()
+
+
+def test_stages_in_processes_of_their_own_need_mpi_and_its_mpi_backend(deep):
+    four = "a: cpu:0\nb: cpu:0\na: cpu:1\nb: cpu:1"
+    with pytest.raises(PlanError, match="runs with run_option 'MPI' and the 'mpi' all-reduce backend, not MPI / "
+                                        "'collective'"):
+        job_for(four, deep, run_option="MPI", pipeline_stages=2,
+                communication_config=CommunicationConfig(mpi_config=MPIConfig(backend="collective")))
+    with pytest.raises(PlanError, match="does not run with parameter servers across processes"):
+        job_for(four, deep, run_option="PS", pipeline_stages=2)
 
 
 def test_a_pipeline_with_servers_across_processes_is_refused_with_the_reason(deep):
