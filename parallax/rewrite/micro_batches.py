@@ -54,6 +54,7 @@ from tensorflow.python.framework import tensor_util
 
 from parallax.analysis import VARIABLE_OP_TYPES
 from parallax.errors import RewriteError
+from parallax.logs import log as logger
 from parallax.plan.model import Plan, TaskSpec
 from parallax.plan.stages import stage_of
 from parallax.rewrite.classify import classify, is_input_op
@@ -130,6 +131,8 @@ def split_micro_batches(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, tas
             new_nodes.append(_micro_copy(node, j, copied, splits))
         if node.name not in loops:
             new_nodes.extend(_combiner(node, info, m, batch, gradient_means, sparse_values, sparse_indices))
+    if task.worker_index == 0:
+        _warn_batch_statistics(nodes, copied, m)
     del graph_def.node[:]
     graph_def.node.extend(split_nodes + new_nodes)
     _check_loop_readers(graph_def, copied & loops)
@@ -326,6 +329,31 @@ def _combine(name: str, how: str, copies: list[str], dtype: tf.DType, device: st
     total.attr["N"].i = m
     scale = const(f"{name}/parallax_scale", 1.0 / m, dtype)
     return [total, scale, op(name, "Mul", [total.name, scale.name], T=t)]
+
+
+_FUSED_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+
+
+def batch_statistics(nodes, names) -> list[str]:
+    """Ops among ``names`` that normalise by the batch's own statistics: fused batch norm in training,
+    and ``tf.nn.moments``."""
+    found = []
+    for name in sorted(names):
+        node = nodes[name]
+        if node.op in _FUSED_NORMS and node.attr["is_training"].b:
+            found.append(name)
+        elif node.op == "Mean" and re.search(r"(^|/)moments(_\d+)?/mean$", name):
+            found.append(name)
+    return found
+
+
+def _warn_batch_statistics(nodes, copied: set[str], m: int) -> None:
+    found = batch_statistics(nodes, copied)
+    if found:
+        logger.warning("Parallax: micro_batches=%d: the batch statistics of %s are computed per micro-batch: each "
+                       "micro-batch is normalised by its own (as GPipe does), so training differs from one device "
+                       "on the whole batch. micro_batches=1 (stages alone) keeps it equal", m, ", ".join(found[:3]) +
+                       (f" and {len(found) - 3} more" if len(found) > 3 else ""))
 
 
 def _one_forward_one_backward(graph_def, copied: set[str], stages: dict[str, int], loops: set[str], k: int,

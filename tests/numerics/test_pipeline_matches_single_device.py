@@ -4,6 +4,8 @@ accumulation), both, and both with in-graph replicas (dp+pp)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -231,3 +233,35 @@ def test_micro_batches_without_a_batch_input_to_split_are_refused():
                       sync=True, average_sparse=False, micro_batches=2)
     with pytest.raises(RewriteError, match="micro_batches=2 splits each batch input .* computed from none"):
         rewrite_for_task(meta, plan, TaskSpec(0))
+
+
+def test_batch_statistics_split_by_micro_batches_are_named_in_a_warning(capfd):
+    """Batch norm (hand-written tf.nn.moments, and the fused op in training) normalises each micro-batch by
+    its own statistics: the rewrite says so, naming the ops, since training then differs from one device."""
+    from parallax.analysis import analyse_graph
+    from parallax.plan import TaskSpec, build_plan
+    from parallax.rewrite.pipeline import rewrite_for_task
+
+    model = BUILDERS["cnn_bn"]("momentum")
+    with model.graph.as_default():
+        meta = tf.compat.v1.train.export_meta_graph(graph=model.graph)
+    plan = build_plan(analyse_graph(model.graph), [("h", ("/device:CPU:0",), "/device:CPU:0")], run_option="PS",
+                      sync=True, average_sparse=False, micro_batches=2)
+    rewrite_for_task(meta, plan, TaskSpec(0))
+    err = capfd.readouterr().err
+    assert re.search(r"micro_batches=2: the batch statistics of \S*moments/mean are computed per micro-batch: each "
+                     r"micro-batch is normalised by its own", err), err
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 2, 2, 3], name="x")
+        scale, offset = tf.compat.v1.get_variable("gamma", [3]), tf.compat.v1.get_variable("beta", [3])
+        y, _, _ = tf.compat.v1.nn.fused_batch_norm(x, scale, offset, is_training=True, name="batch_normalization")
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(y))
+        fused = tf.compat.v1.train.export_meta_graph(graph=graph)
+    del train
+    plan = build_plan(analyse_graph(graph), [("h", ("/device:CPU:0",), "/device:CPU:0")], run_option="PS",
+                      sync=True, average_sparse=False, micro_batches=2)
+    rewrite_for_task(fused, plan, TaskSpec(0))
+    err = capfd.readouterr().err
+    assert re.search(r"the batch statistics of batch_normalization\S* are computed per micro-batch", err), err
