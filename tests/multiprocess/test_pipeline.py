@@ -80,3 +80,12 @@ def test_pipelined_ranks_train_as_one_device(jobs, group, case):
     if group == "stage-processes":  # stage 1 of worker 1's replica: the second stage server's device
         assert 'device: "/job:stage/replica:0/task:1/device:CPU:3"' in graph
         assert "stage server 1 serving on localhost" in run.output
+
+
+def test_a_killed_stage_server_ends_the_job_naming_it(tmp_path):
+    """Ranks of FOUR_PROCESSES: 0 and 2 the workers, 1 and 3 their stage servers (rank 3: worker 1's stage 1)."""
+    from tests.multiprocess.harness import assert_killed_rank_ended_the_job, run_script
+
+    run = run_script(tmp_path, FOUR_PROCESSES, *COMMON, "--run_option", "MPI", "--model", "mlp", "--optimizer", "adam",
+                     "--micro_batches", "2", "--kill_server_rank", "3", "--kill_step", "2", "--steps", "60")
+    assert_killed_rank_ended_the_job(run, tmp_path, rank="3")
