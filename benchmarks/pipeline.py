@@ -17,6 +17,9 @@ Virtual CPU devices share the machine's cores (2 here), so it is run twice:
 * ``one thread an op`` (``TF_NUM_INTRAOP_THREADS=1``, ``OMP_NUM_THREADS=1``): each stage's
   op takes one core, so two stages can work at once, on two micro-batches, as two devices
   would; with ``k=2`` the step should approach ``t(1,m) / 2 / (1 - bubble)``.
+* ``stage processes`` (``k`` <= the cores): each stage a process of its own (a worker and
+  stage servers, one device a resource line, ``run_option='MPI'``; activations over gRPC),
+  one thread an op: each stage has a core to itself, as on separate devices or hosts.
 """
 
 from __future__ import annotations
@@ -65,20 +68,26 @@ THREADS = {"all threads": None, "one thread an op": 1}
 ONE_THREAD_ENV = {"TF_NUM_INTRAOP_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
-def step_time(stages: int, micro: int, directory: str, threads: int | None) -> float:
-    """The median seconds per step of ``RUNS`` runs of ``STEPS`` steps, after ``WARMUP`` steps."""
+STAGED = "stage processes"
+
+
+def step_time(stages: int, micro: int, directory: str, threads: int | None, staged: bool = False) -> float:
+    """The median seconds per step of ``RUNS`` runs of ``STEPS`` steps, after ``WARMUP`` steps (``staged``:
+    each stage a process; this returns in the worker, the launching process ends with the job)."""
     import numpy as np
     import tensorflow as tf
 
     import parallax
 
     resources = os.path.join(directory, f"resources_{stages}")
+    devices = [f"cpu:{i}" for i in range(stages)]
     with open(resources, "w") as f:
-        f.write("localhost: " + ",".join(f"cpu:{i}" for i in range(stages)) + "\n")
+        f.write("".join(f"localhost: {d}\n" for d in devices) if staged else f"localhost: {','.join(devices)}\n")
     graph, x, y, loss, train = _model()
     sess_config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
                                            inter_op_parallelism_threads=os.cpu_count()) if threads else None
-    config = parallax.Config(run_option="PS", pipeline_stages=stages, micro_batches=micro, sess_config=sess_config)
+    config = parallax.Config(run_option="MPI" if staged else "PS", pipeline_stages=stages, micro_batches=micro,
+                             sess_config=sess_config)
     sess, *_ = parallax.parallel_run(graph, resources, parallax_config=config)
     rng = np.random.default_rng(0)
     feed = {x: [rng.standard_normal((BATCH, FEATURES)).astype(np.float32)],
@@ -102,10 +111,13 @@ def _plot(rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(THREADS) + 1, figsize=(16, 4))
-    for ax, mode in zip(axes, THREADS):
+    modes = list(dict.fromkeys(r["threads"] for r in rows))
+    fig, axes = plt.subplots(1, len(modes) + 1, figsize=(5.3 * (len(modes) + 1), 4))
+    for ax, mode in zip(axes, modes):
         for k in STAGES:
             mine = [r for r in rows if r["stages"] == k and r["threads"] == mode]
+            if not mine:
+                continue
             ax.plot([r["micro_batches"] for r in mine], [1000 * r["step_seconds"] for r in mine], "o-",
                     label=f"k={k}")
             if k > 1:
@@ -146,9 +158,17 @@ def main() -> None:
     parser.add_argument("--results", default=RESULTS, help="where to write pipeline.{json,csv,png}")
     parser.add_argument("--mode", choices=list(THREADS), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--staged", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--micro", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.mode:
         measure(args.mode, args.out)
+        return
+    if args.staged:  # one (k, m) with stage processes: the worker writes its row
+        with tempfile.TemporaryDirectory() as directory:
+            seconds = step_time(args.staged, args.micro, directory, 1, staged=True)
+        write_json(args.out, {"threads": STAGED, "stages": args.staged, "micro_batches": args.micro,
+                              "step_seconds": seconds, "bubble": (args.staged - 1) / (args.micro + args.staged - 1)})
         return
     rows = []
     with tempfile.TemporaryDirectory() as directory:
@@ -158,6 +178,13 @@ def main() -> None:
             subprocess.run([sys.executable, os.path.abspath(__file__), "--mode", mode, "--out", out], check=True,
                            env=env)
             rows.extend(read_json(out))
+        for k in (k for k in STAGES if k <= (os.cpu_count() or 1)):
+            for m in MICRO_BATCHES:
+                out = os.path.join(directory, f"staged_{k}_{m}.json")
+                subprocess.run([sys.executable, os.path.abspath(__file__), "--staged", str(k), "--micro", str(m),
+                                "--out", out], check=True, env={**os.environ, **ONE_THREAD_ENV})
+                rows.append(read_json(out))
+                print(f"{STAGED}, k={k} m={m}: {1000 * rows[-1]['step_seconds']:7.1f} ms a step", flush=True)
     alone = {(r["threads"], r["micro_batches"]): r["step_seconds"] for r in rows if r["stages"] == 1}
     for r in rows:
         r["ideal_seconds"] = alone[r["threads"], r["micro_batches"]] / r["stages"] / (1 - r["bubble"])

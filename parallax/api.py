@@ -156,7 +156,9 @@ def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync:
     joined = None if request is not None or launched is not None else joined_process()
     cluster = _cluster(resource_info, launched, joined)
     if request is None and trial is None and joined is None:
-        config, code = _tuned(config, graph, cluster, sync, launched is not None)
+        # a launched process, or the script run again with a tuned or searched partition count, takes the
+        # choice its starter made
+        config, code = _tuned(config, graph, cluster, sync, launched is not None or search.in_final_run())
         if code is not None:
             return code
     settings = derive(config, sync, cluster, gpus=launched.context.job.get("gpus") if launched else None,

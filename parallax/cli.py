@@ -469,7 +469,7 @@ def _tune_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _space_value(text: str):
+def _space_value(key: str, text: str):
     low = text.strip().lower()
     if low in ("true", "false"):
         return low == "true"
@@ -478,7 +478,7 @@ def _space_value(text: str):
     try:
         return int(text)
     except ValueError:
-        return text.strip().upper() if text.strip().upper() in ("MPI", "PS", "HYBRID") else text.strip()
+        return text.strip().upper() if key == "run_option" else low
 
 
 def parse_space(items: list[str]) -> dict[str, list]:
@@ -490,7 +490,7 @@ def parse_space(items: list[str]) -> dict[str, list]:
         key, sep, values = item.partition("=")
         if not sep or key not in SPACE_KEYS or not values:
             raise ValueError(f"--space {item!r}: expected KEY=V1,V2 with KEY one of {', '.join(SPACE_KEYS)}")
-        space[key] = [_space_value(v) for v in values.split(",")]
+        space[key] = [_space_value(key, v) for v in values.split(",")]
     return space
 
 

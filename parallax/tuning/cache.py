@@ -45,19 +45,20 @@ def tuned_entry(key: str) -> dict[str, Any] | None:
 def tuned_choice(graph, resource_text: str, sync: bool, launched: bool) -> tuple[dict[str, Any] | None, str]:
     """The tuned choice this process applies, and where it comes from (``""`` when none).
 
-    A launched process takes its launcher's (:data:`TUNED_ENV`); the process the user started
-    looks in the cache, and sets :data:`TUNED_ENV` for the processes it launches.
+    A launched process (or the script run again in the same process, ``launched=True`` too) takes
+    its starter's (:data:`TUNED_ENV`); the process the user started looks in the cache for this
+    graph, and sets :data:`TUNED_ENV` for the processes it launches.
     """
     if os.environ.get(USE_TUNED_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return None, ""
-    sent = os.environ.get(TUNED_ENV)
-    if sent:
-        return json.loads(sent), TUNED_ENV
     if launched:
-        return None, ""
+        sent = os.environ.get(TUNED_ENV)
+        return (json.loads(sent), TUNED_ENV) if sent else (None, "")
+    # this call's graph decides (a program may train several), for the processes it launches too
     key = tune_key(graph, resource_text, sync)
     entry = tuned_entry(key)
     if not entry:
+        os.environ.pop(TUNED_ENV, None)
         return None, ""
     os.environ[TUNED_ENV] = json.dumps(entry["choice"], sort_keys=True)
     return dict(entry["choice"]), f"{cache_path(TUNED_FILE)} ({key[:12]})"

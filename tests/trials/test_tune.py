@@ -76,3 +76,28 @@ def test_a_script_that_cannot_plan_is_reported_with_its_output(tmp_path):
     assert run.returncode == 1
     assert "did not plan its layouts: exited with 2" in run.output
     assert "the following arguments are required: resource_info" in run.output  # the script's own words
+
+
+@pytest.mark.extended
+def test_a_tuned_partition_count_rebuilds_the_graph_and_trains_equal_to_single_device(tmp_path):
+    """The tune keeps a partition count; the next plain run builds its graph again with it (the script runs
+    once more in its process) and trains equal to one device with that many partitions."""
+    from tests.models import DATA, build_sequence, train_single_device
+    from tests.multiprocess.harness import SCRIPT as TRAIN_SCRIPT
+    from tests.multiprocess.test_mpi_mode import check_ranks_match
+
+    (tmp_path / "res").write_text("localhost: cpu:0,cpu:1\n")
+    env = {"PARALLAX_CACHE_DIR": str(tmp_path / "cache")}
+    script_args = ["--resource_info", "res", "--model", "sequence", "--average_sparse", "--batch", "12"]
+    run = run_command(tmp_path, [PARALLAX, "tune", TRAIN_SCRIPT, "res", "--trials", "1", "--steps", "1,2",
+                                 "--space", "run_option=MPI", "--space", "partitions=4", "--space", "backend=mpi",
+                                 "--space", "fusion_bytes=67108864", "--space", "zero_stage=0", "--space",
+                                 "pipeline_stages=1", "-o", "tuned", "--", *script_args, "--steps", "8",
+                                 "--out", "trial_out"], timeout=400, env=env)
+    assert run.returncode == 0, run.output[-4000:]
+    again = run_command(tmp_path, [sys.executable, TRAIN_SCRIPT, *script_args, "--steps", "6", "--out", "out"],
+                        out_dir=tmp_path / "out", env=env)
+    assert again.returncode == 0, again.output[-4000:]
+    assert "using the layout parallax tune found: run_option=MPI partitions=4 fusion_bytes=64MiB backend=mpi" \
+        in again.output
+    check_ranks_match(again, train_single_device(build_sequence("adam", partitions=4), DATA["sequence"](6, 12)), 2)

@@ -74,7 +74,8 @@ def test_a_restriction_to_an_unknown_key_is_refused():
 
 
 def test_space_from_the_command_line():
-    assert parse_space(["run_option=mpi,ps", "fusion_bytes=0,4194304", "local_aggregation=true,false"]) == {
-        "run_option": ["MPI", "PS"], "fusion_bytes": [0, 4194304], "local_aggregation": [True, False]}
+    assert parse_space(["run_option=mpi,ps", "fusion_bytes=0,4194304", "local_aggregation=true,false",
+                        "backend=MPI"]) == {"run_option": ["MPI", "PS"], "fusion_bytes": [0, 4194304],
+                                            "local_aggregation": [True, False], "backend": ["mpi"]}
     with pytest.raises(ValueError, match="--space 'speed=fast'"):
         parse_space(["speed=fast"])
