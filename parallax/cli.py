@@ -458,8 +458,9 @@ def _tune_parser() -> argparse.ArgumentParser:
                         help="a running Dask scheduler (tcp://host:8786); default: an embedded LocalCluster")
     parser.add_argument("--space", action="append", default=[], metavar="KEY=V1,V2",
                         help=f"the values a choice may take, repeatable; keys: {', '.join(SPACE_KEYS)}")
-    parser.add_argument("--steps", default="2,5", metavar="WARMUP,TIMED",
-                        help="steps each trial discards and times (default 2,5)")
+    parser.add_argument("--steps", default="3,20", metavar="WARMUP,TIMED",
+                        help="steps each trial discards and times (default 3,20: short steps vary by tens of per cent "
+                             "on a busy machine; the median of 20 is steadier)")
     parser.add_argument("--time_limit", type=float, default=300, help="seconds one trial may run (default 300)")
     parser.add_argument("--output", "-o", default="parallax_tune", metavar="DIR",
                         help="where the table, plot, JSON, CSV and trial logs go (default ./parallax_tune)")

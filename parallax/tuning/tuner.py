@@ -126,7 +126,8 @@ class TuneReport:
             return "no trial measured a step"
         text = (f"fastest: {best.candidate.label}: {best.step_seconds * 1e3:.2f} ms/step "
                 f"({best.steps_per_second:.2f} steps/s), the cost model's #{best.candidate.order} of "
-                f"{len(self.trials) + len(self.untried)}; {len(self.trials)} trial(s) in {self.seconds:.0f} s")
+                f"{len(self.trials) + len(self.untried)}, trial {self.trials.index(best) + 1}; "
+                f"{len(self.trials)} trial(s) in {self.seconds:.0f} s")
         if self.history.get("tunes"):
             h = self.history
             text += (f"\nthe cost model's first choice was the fastest in {h['first']} of {h['tunes']} tune(s) "
@@ -166,7 +167,7 @@ def _devices(resource_info: str) -> tuple[str, ...]:
 
 def tune(script: str, resource_info: str, script_args: list[str] | tuple[str, ...] = (), *, trials: int = 8,
          time_budget: float | None = None, backend: str = "local", scheduler: str | None = None,
-         space: dict[str, list] | None = None, warmup: int = 2, steps: int = 5, time_limit: float = 300.0,
+         space: dict[str, list] | None = None, warmup: int = 3, steps: int = 20, time_limit: float = 300.0,
          output: str | None = None, store: bool = True, progress: bool = True,
          plan_timeout: float = 600.0) -> TuneReport:
     """Find the fastest layout of a training script on a resource file (see the module docstring).
@@ -219,9 +220,11 @@ def tune(script: str, resource_info: str, script_args: list[str] | tuple[str, ..
     with make_runner(backend, scheduler, devices=len(devices), max_parallel=1) as runner:
         launcher = TrialLauncher(runner, [script, *script_args], os.path.join(directory, "trials"), devices,
                                  warmup, steps, time_limit, env)
-        for candidate in runnable[:trials]:
+        pending = list(runnable)
+        while pending and len(done) < trials:
             if time_budget is not None and time.monotonic() - began > time_budget:
                 break
+            candidate = pending.pop(0)
             bar.start(candidate.label)
             trial = TuneTrial(candidate, launcher.run_one(candidate.choice))
             done.append(trial)
@@ -229,8 +232,9 @@ def tune(script: str, resource_info: str, script_args: list[str] | tuple[str, ..
             outcome = f"{trial.step_seconds * 1e3:.2f} ms/step" if trial.ok else trial.result.status
             bar.done(candidate.label, outcome,
                      f"{best.step_seconds * 1e3:.2f} ms/step ({best.candidate.label})" if best else "none")
+            pending = measured_order(pending, done)
     bar.close()
-    report = TuneReport(planned["key"], done, runnable[len(done):], refused, time.monotonic() - began, directory)
+    report = TuneReport(planned["key"], done, pending, refused, time.monotonic() - began, directory)
     _write(report)
     if report.best is None:
         raise TuneError("parallax tune: no trial measured a step:\n" + report.table())
@@ -242,6 +246,30 @@ def tune(script: str, resource_info: str, script_args: list[str] | tuple[str, ..
             "trials": len(done), "report": os.path.join(directory, "results.json")})
     report.history = _record(report)
     return report
+
+
+def _kind(c: Candidate) -> tuple[bool, bool, str]:
+    return bool(c.choice.get("zero_stage")), c.choice.get("pipeline_stages", 1) > 1, c.layout
+
+
+def measured_order(pending: list[Candidate], done: list[TuneTrial]) -> list[Candidate]:
+    """The candidates not yet tried, in the order to try them now: kinds of layout not yet measured first
+    (in the cost model's order); then by the fastest measured step of their kind, corrected by the model's
+    difference between them (what the model knows, communication, on top of what was measured)."""
+    base: dict[tuple, tuple[float, float]] = {}
+    for t in done:
+        if t.ok:
+            kind = _kind(t.candidate)
+            if kind not in base or t.step_seconds < base[kind][0]:
+                base[kind] = (t.step_seconds, t.candidate.predicted_seconds)
+
+    def key(c: Candidate) -> tuple:
+        known = base.get(_kind(c))
+        if known is None:
+            return (0, 0.0, c.order)
+        return (1, known[0] + c.predicted_seconds - known[1], c.order)
+
+    return sorted(pending, key=key)
 
 
 def _write(report: TuneReport) -> None:

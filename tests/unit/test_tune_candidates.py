@@ -79,3 +79,21 @@ def test_space_from_the_command_line():
                                             "local_aggregation": [True, False], "backend": ["mpi"]}
     with pytest.raises(ValueError, match="--space 'speed=fast'"):
         parse_space(["speed=fast"])
+
+
+def test_after_trials_the_untried_follow_what_was_measured():
+    """Kinds of layout not yet measured come first; then each candidate is its kind's fastest measured step
+    plus the model's difference from it."""
+    from parallax.trials.execute import TrialResult
+    from parallax.tuning.tuner import TuneTrial, measured_order
+
+    def cand(order, layout, predicted, **choice):
+        return Candidate({"run_option": layout, **choice}, predicted, layout=layout, order=order)
+
+    local_a, mpi_a = cand(1, "local", 0.0), cand(2, "MPI", 0.001)
+    local_b, mpi_b = cand(3, "local", 0.0005), cand(4, "MPI", 0.0011, fusion_bytes=0)
+    zero = cand(5, "MPI", 0.001, zero_stage=1)
+    ran = [TuneTrial(local_a, TrialResult("t1", "ok", {}, {"step_seconds": 0.010})),
+           TuneTrial(mpi_a, TrialResult("t2", "ok", {}, {"step_seconds": 0.004}))]
+    assert measured_order([local_b, mpi_b, zero], ran) == [zero, mpi_b, local_b]
+    assert measured_order([local_b, mpi_b], []) == [local_b, mpi_b]  # nothing measured: the model's order
