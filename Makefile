@@ -115,6 +115,7 @@ bench: $(STAMP) $(HVD_STAMP) cluster-packages
 	$(BIN)/python benchmarks/overheads.py || failed="$$failed overheads.py"; \
 	$(BIN)/python benchmarks/zero_memory.py || failed="$$failed zero_memory.py"; \
 	$(BIN)/python benchmarks/pipeline.py || failed="$$failed pipeline.py"; \
+	$(BIN)/python benchmarks/tune.py || failed="$$failed tune.py"; \
 	$(BIN)/python benchmarks/scale.py || failed="$$failed scale.py"; \
 	if [ -n "$$failed" ]; then echo "make bench: failed or missed a target:$$failed" >&2; exit 1; fi
 
