@@ -40,7 +40,7 @@ from parallax.managers.mpijob import MPIJOB
 from parallax.resources import from_environment, parse_resource_file
 from parallax.slurm import SLURM
 
-__all__ = ["main", "parallax_main", "plan_main", "manifest_main", "probe_main", "run_to_parallel_run", "tune_main"]
+__all__ = ["main", "parallax_main", "plan_main", "manifest_main", "probe_main", "tune_main"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             return 130
     with tempfile.TemporaryDirectory() as tmp:
         env[DRY_RUN_ENV] = output = os.path.join(tmp, "command")
-        code = run_to_parallel_run([sys.executable, *program], env, output, args.timeout, "parallax-run",
+        code = _run_to_parallel_run([sys.executable, *program], env, output, args.timeout, "parallax-run",
                                     "the program")
         if code == 0:
             with open(output, encoding="utf-8") as f:
@@ -134,7 +134,7 @@ def _check(resource_info: str, program: list[str]) -> int:
     return 0 if not bad else 1
 
 
-def run_to_parallel_run(argv: list[str], env: dict, output: str, timeout: float, command: str, what: str) -> int:
+def _run_to_parallel_run(argv: list[str], env: dict, output: str, timeout: float, command: str, what: str) -> int:
     """Run a script whose ``parallel_run`` writes ``output`` and exits (a plan, a dry run); its exit code,
     or 1 with a message when it times out or never reaches ``parallel_run``."""
     try:
@@ -267,7 +267,7 @@ def plan_main(argv: list[str] | None = None) -> int:
         request = {"resource_info": os.path.abspath(args.resource_info), "run_option": args.run_option,
                    "overrides": overrides, "fields": fields, "output": os.path.abspath(output)}
         env = {**os.environ, PLAN_ENV: json.dumps(request)}
-        code = run_to_parallel_run([sys.executable, os.path.abspath(args.script), *script_args], env, output,
+        code = _run_to_parallel_run([sys.executable, os.path.abspath(args.script), *script_args], env, output,
                                     args.timeout, "parallax plan", args.script)
         if code == 0 and prediction is not None:
             if args.probe:
@@ -416,7 +416,7 @@ def manifest_main(argv: list[str] | None = None) -> int:
                    # the pods of a TFJob or Polyaxon job decide as tasks started from TF_CONFIG do
                    "manager": "TF_CONFIG" if args.kind in ("tfjob", "polyaxon") else None}
         env_vars = {**os.environ, PLAN_ENV: json.dumps(request)}
-        code = run_to_parallel_run([sys.executable, *command[1:]], env_vars, report, args.timeout,
+        code = _run_to_parallel_run([sys.executable, *command[1:]], env_vars, report, args.timeout,
                                     "parallax manifest", command[1])
         if code != 0:
             return code

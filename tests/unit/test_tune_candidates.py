@@ -97,3 +97,14 @@ def test_after_trials_the_untried_follow_what_was_measured():
            TuneTrial(mpi_a, TrialResult("t2", "ok", {}, {"step_seconds": 0.004}))]
     assert measured_order([local_b, mpi_b, zero], ran) == [zero, mpi_b, local_b]
     assert measured_order([local_b, mpi_b], []) == [local_b, mpi_b]  # nothing measured: the model's order
+
+
+def test_the_tune_command_names_a_missing_file_and_a_bad_space(tmp_path, capsys):
+    from parallax.cli import parallax_main
+
+    assert parallax_main(["tune", str(tmp_path / "train.py"), str(tmp_path / "res")]) == 1
+    assert f"parallax tune: script {str(tmp_path / 'train.py')!r} not found" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as bad:
+        parallax_main(["tune", "train.py", "res", "--space", "colour=red"])
+    assert bad.value.code == 2 and "--space 'colour=red': expected KEY=V1,V2" in capsys.readouterr().err
+    assert parallax_main([]) == 2 and "tune      find the fastest layout" in capsys.readouterr().err
