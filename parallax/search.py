@@ -39,7 +39,7 @@ from parallax.partitioner import PARTITIONER_COLLECTION, PARTITIONS_ENV
 
 __all__ = ["in_final_run", "search", "run_final", "cache_key", "cached_count", "store_count", "candidates_from",
            "min_partitions", "run_script_again", "CACHE_ENV", "TRIAL_STEPS_ENV", "MAX_TRIALS", "partition_search",
-           "cache_path", "trial_steps", "TrialLauncher", "runner_from_environment", "BACKEND_ENV", "SCHEDULER_ENV",
+           "cache_path", "trial_steps", "runner_from_environment", "BACKEND_ENV", "SCHEDULER_ENV",
            "TRIAL_TIMEOUT_ENV", "partitioned_shapes", "store_entry"]
 
 
@@ -153,43 +153,6 @@ def runner_from_environment(devices: int = 1):
                        os.environ.get(SCHEDULER_ENV) or None, devices=devices, max_parallel=1)
 
 
-class TrialLauncher:
-    """Starts the training script (this process's program) as a trial job of a choice, on a runner.
-
-    Args:
-        runner: the :class:`~parallax.trials.runner.TrialRunner`.
-        program: the script and its arguments (``current_program()``).
-        directory: where each trial's directory goes.
-        devices: the devices every trial uses (``host/device``): trials of one job do not overlap.
-        warmup, steps: the steps a trial discards and times.
-        time_limit: seconds a trial may run.
-        env: more environment for every trial.
-    """
-
-    def __init__(self, runner, program: list[str], directory: str, devices: tuple[str, ...], warmup: int,
-                 steps: int, time_limit: float | None, env: dict[str, str] | None = None) -> None:
-        self.runner, self.program, self.directory = runner, program, directory
-        self.devices, self.warmup, self.steps, self.time_limit = devices, warmup, steps, time_limit
-        self.env = env or {}
-        self.count = 0
-
-    def spec(self, choice: dict, name: str | None = None):
-        from parallax.trials.choice import choice_env
-        from parallax.trials.execute import TrialSpec
-        from parallax.trials.mode import trial_env
-
-        self.count += 1
-        name = name or f"trial-{self.count:03d}"
-        return TrialSpec(name, (sys.executable, *self.program), os.path.join(self.directory, name),
-                         {**self.env, **choice_env(choice), **trial_env(choice, self.warmup, self.steps)},
-                         self.time_limit, self.devices, dict(choice))
-
-    def run_one(self, choice: dict):
-        """Run one trial of ``choice`` and wait for it."""
-        spec = self.spec(choice)
-        return next(iter(self.runner.run([spec])))
-
-
 def _time_limit() -> float:
     text = os.environ.get(TRIAL_TIMEOUT_ENV, "600")
     try:
@@ -261,6 +224,7 @@ def partition_search(graph, resource_text: str, settings, devices: tuple[str, ..
     """
     from parallax.launch.launcher import current_program
     from parallax.trials.mode import trial_request
+    from parallax.trials.script import TrialLauncher
 
     if trial_request() is not None or in_final_run():
         return None  # a trial's job, or the real run after the search

@@ -24,10 +24,11 @@ from typing import Any
 
 from parallax.errors import ParallaxError
 from parallax.launch.launcher import PLAN_ENV, RESOURCE_ENV
-from parallax.search import TrialLauncher, cache_path, store_entry
+from parallax.search import cache_path, store_entry
 from parallax.trials.execute import TrialResult, TrialSpec, run_trial, tail_of
 from parallax.trials.report import Progress, bar_plot, write_rows
 from parallax.trials.runner import make_runner
+from parallax.trials.script import TrialLauncher
 from parallax.tuning.cache import USE_TUNED_ENV, store_tuned
 from parallax.tuning.candidates import Candidate
 
