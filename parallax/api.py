@@ -164,9 +164,9 @@ def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync:
     settings = derive(config, sync, cluster, gpus=launched.context.job.get("gpus") if launched else None,
                       manager=joined.managed.manager if joined else (request or {}).get("manager"))
     analysis = analyse_graph(graph)
-    job = make_job_plan(cluster, settings, analysis)
-    if request is not None and request.get("tune") is not None:
+    if request is not None and request.get("tune") is not None:  # every layout, not the script's own
         return _write_candidates(request, graph, cluster, config, sync, analysis)
+    job = make_job_plan(cluster, settings, analysis)
     if request is not None and request.get("manifest"):
         return write_requested(job, cluster, request["manifest"], planner(config, sync, analysis))
     if request is not None:
@@ -203,15 +203,12 @@ def _write_candidates(request: dict, graph: tf.Graph, cluster: Cluster, config: 
     from parallax.tuning.cache import tune_key
     from parallax.tuning.candidates import layout_space, plan_candidates
 
-    start = search.min_partitions(graph)
-    rows = max([shape[0] or 1 for shape in search.partitioned_shapes(graph)], default=1)
-    partitions = search.candidates_from(start, rows)[:3] if start is not None else None
-    choices = layout_space(cluster, analysis, partitions, request["tune"].get("space"))
+    counts = search.partition_counts(graph)
+    choices = layout_space(cluster, analysis, counts[:3] if counts else None, request["tune"].get("space"))
     ranked = plan_candidates(cluster, analysis, config, sync, choices, derive, make_job_plan)
     with open(request["output"], "w", encoding="utf-8") as f:
-        json.dump({"key": tune_key(graph, cluster.text, sync), "candidates": [c.to_dict() for c in ranked],
-                   "devices": sum(len(w.devices or ()) or 1 for w in cluster.workers),
-                   "hosts": list(cluster.hosts)}, f, indent=1)
+        json.dump({"key": tune_key(graph, cluster.text, sync), "candidates": [c.to_dict() for c in ranked]}, f,
+                  indent=1)
     return 0
 
 

@@ -40,7 +40,7 @@ from parallax.partitioner import PARTITIONER_COLLECTION, PARTITIONS_ENV
 __all__ = ["in_final_run", "search", "run_final", "cache_key", "cached_count", "store_count", "candidates_from",
            "min_partitions", "run_script_again", "CACHE_ENV", "TRIAL_STEPS_ENV", "MAX_TRIALS", "partition_search",
            "cache_path", "trial_steps", "runner_from_environment", "BACKEND_ENV", "SCHEDULER_ENV",
-           "TRIAL_TIMEOUT_ENV", "partitioned_shapes", "store_entry"]
+           "TRIAL_TIMEOUT_ENV", "partitioned_shapes", "store_entry", "partition_counts"]
 
 
 CACHE_ENV = "PARALLAX_CACHE_DIR"
@@ -86,6 +86,15 @@ def candidates_from(start: int, max_rows: int) -> list[int]:
         out.append(p)
         p *= 2
     return out or [max(1, start)]
+
+
+def partition_counts(graph) -> list[int] | None:
+    """The counts to try for the graph's ``get_partitioner`` variables (:func:`candidates_from` their
+    smallest minimum, within their rows), or ``None`` when it has none."""
+    start = min_partitions(graph)
+    if start is None:
+        return None
+    return candidates_from(start, max([shape[0] or 1 for shape in partitioned_shapes(graph)], default=1))
 
 
 def cache_key(graph, resource_text: str, run_option: str, sync: bool) -> str:
@@ -161,12 +170,11 @@ def _time_limit() -> float:
         raise ValueError(f"{TRIAL_TIMEOUT_ENV}={text!r}: expected seconds") from None
 
 
-def search(start: int, max_rows: int, trial, report: bool = True) -> tuple[int, dict[int, float], float]:
+def search(counts: list[int], trial, report: bool = True) -> tuple[int, dict[int, float], float]:
     """Run the trials (see the module docstring).
 
     Args:
-        start: the smallest partition count.
-        max_rows: the most rows of a partitioned variable (no count above it).
+        counts: the partition counts, smallest first (:func:`partition_counts`).
         trial: ``f(count) -> TrialResult``: one trial job with that count.
         report: log each trial's time.
 
@@ -180,7 +188,7 @@ def search(start: int, max_rows: int, trial, report: bool = True) -> tuple[int, 
     results: dict[int, float] = {}
     failures = []
     best = None
-    for p in candidates_from(start, max_rows):
+    for p in counts:
         outcome = trial(p)
         if not outcome.ok:
             failures.append(outcome)
@@ -228,8 +236,8 @@ def partition_search(graph, resource_text: str, settings, devices: tuple[str, ..
 
     if trial_request() is not None or in_final_run():
         return None  # a trial's job, or the real run after the search
-    start = min_partitions(graph)
-    if start is None:
+    counts = partition_counts(graph)
+    if counts is None:
         logger.warning("Parallax: search_partitions=True, but no variable is built with "
                        "parallax.get_partitioner(): nothing to search")
         return None
@@ -244,12 +252,11 @@ def partition_search(graph, resource_text: str, settings, devices: tuple[str, ..
                        cached, key[:12])
         run_final(cached)
         return 0
-    rows = max([shape[0] or 1 for shape in partitioned_shapes(graph)], default=1)
     warmup, timed = trial_steps()
     tmp = tempfile.mkdtemp(prefix="parallax-search-")  # kept when a trial fails: its log is named
     with runner_from_environment(len(devices)) as runner:
         trials = TrialLauncher(runner, current_program(), tmp, devices, warmup, timed, _time_limit())
-        best, results, seconds = search(start, rows, lambda p: trials.run_one({"partitions": p}))
+        best, results, seconds = search(counts, lambda p: trials.run_one({"partitions": p}))
     if len(results) == trials.count:
         shutil.rmtree(tmp, ignore_errors=True)
     path = store_count(key, best, results, seconds)

@@ -22,6 +22,8 @@ def test_min_partitions_reads_get_partitioner_uses():
         tf.compat.v1.get_variable("a", [10, 2], partitioner=parallax.get_partitioner(3))
         tf.compat.v1.get_variable("b", [10, 2], partitioner=parallax.get_partitioner(2))
     assert search.min_partitions(graph) == 2
+    assert search.partition_counts(graph) == [2, 4, 8]  # from the smallest minimum, within the 10 rows
+    assert search.partition_counts(tf.Graph()) is None
 
 
 def test_cache_round_trip_and_key(tmp_path, monkeypatch):
