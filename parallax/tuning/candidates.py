@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,16 @@ class Candidate:
     @property
     def runnable(self) -> bool:
         return self.error is None
+
+    @property
+    def beyond(self) -> int:
+        """0: data parallelism alone; 1: with ZeRO; 2, 3: with a pipeline (and ZeRO)."""
+        return bool(self.choice.get("zero_stage")) + 2 * (self.choice.get("pipeline_stages", 1) > 1)
+
+    @property
+    def kind(self) -> tuple[int, str]:
+        """What a measurement of this choice tells of the others: the same layout, as far beyond dp."""
+        return self.beyond, self.layout
 
     @property
     def label(self) -> str:
@@ -204,16 +215,15 @@ def plan_candidates(cluster: Cluster, analysis: GraphAnalysis, config: Config, s
         candidate.predicted_seconds = predicted_seconds(job, links)
         candidate.memory_per_worker = _memory_per_worker(job)
         out.append(candidate)
-    beyond = lambda c: bool(c.choice.get("zero_stage")) + 2 * (c.choice.get("pipeline_stages", 1) > 1)  # noqa: E731
-    cheapest = sorted((c for c in out if c.runnable), key=lambda c: (beyond(c), c.predicted_seconds, c.processes))
-    # the cheapest of each layout first (in cost order), then the second of each, ...: a small budget
+    cheapest = sorted((c for c in out if c.runnable), key=lambda c: (c.beyond, c.predicted_seconds, c.processes))
+    # the cheapest of each kind first (in cost order), then the second of each, ...: a small budget
     # measures every kind of layout before it refines one
-    place: dict[tuple[int, str], int] = {}
-    rounds = {}
+    seen: Counter[tuple[int, str]] = Counter()
+    place = {}
     for c in cheapest:
-        group = (beyond(c), c.layout)
-        rounds[id(c)] = place[group] = place.get(group, -1) + 1
-    ranked = sorted(cheapest, key=lambda c: (beyond(c), rounds[id(c)], c.predicted_seconds, c.processes))
+        place[id(c)] = seen[c.kind]
+        seen[c.kind] += 1
+    ranked = sorted(cheapest, key=lambda c: (c.beyond, place[id(c)], c.predicted_seconds, c.processes))
     for i, c in enumerate(ranked, 1):
         c.order = i
     return ranked + [c for c in out if not c.runnable]

@@ -249,10 +249,6 @@ def tune(script: str, resource_info: str, script_args: list[str] | tuple[str, ..
     return report
 
 
-def _kind(c: Candidate) -> tuple[bool, bool, str]:
-    return bool(c.choice.get("zero_stage")), c.choice.get("pipeline_stages", 1) > 1, c.layout
-
-
 def measured_order(pending: list[Candidate], done: list[TuneTrial]) -> list[Candidate]:
     """The candidates not yet tried, in the order to try them now: kinds of layout not yet measured first
     (in the cost model's order); then by the fastest measured step of their kind, corrected by the model's
@@ -260,12 +256,12 @@ def measured_order(pending: list[Candidate], done: list[TuneTrial]) -> list[Cand
     base: dict[tuple, tuple[float, float]] = {}
     for t in done:
         if t.ok:
-            kind = _kind(t.candidate)
+            kind = t.candidate.kind
             if kind not in base or t.step_seconds < base[kind][0]:
                 base[kind] = (t.step_seconds, t.candidate.predicted_seconds)
 
     def key(c: Candidate) -> tuple:
-        known = base.get(_kind(c))
+        known = base.get(c.kind)
         if known is None:
             return (0, 0.0, c.order)
         return (1, known[0] + c.predicted_seconds - known[1], c.order)
