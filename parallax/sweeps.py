@@ -256,8 +256,7 @@ def sweep(train_fn: Callable[[dict, str], Any], space: dict[str, Any], resource_
     bar = Progress("parallax sweep", len(points), progress)
     report = SweepReport(metric, minimize, results, 0.0, directory)
 
-    def spec(index: int, params: dict | None) -> TrialSpec:
-        slot = index % len(slots)
+    def spec(index: int, params: dict | None, slot: int) -> TrialSpec:
         name = f"trial-{index + 1:03d}"
         trial_dir = os.path.join(directory, name)
         os.makedirs(trial_dir, exist_ok=True)
@@ -275,17 +274,19 @@ def sweep(train_fn: Callable[[dict, str], Any], space: dict[str, Any], resource_
         .strip(os.pathsep)}
 
     with make_runner(backend, scheduler, devices=total_devices, max_parallel=len(slots)) as runner:
-        submitted: dict[Any, TrialSpec] = {}
+        submitted: dict[Any, tuple[TrialSpec, int]] = {}
         pending = list(enumerate(points))
         # bayes: at most one trial per slot in flight, so each suggestion sees the results before it
         window = len(slots) if method == "bayes" else len(points)
         while pending or submitted:
             while pending and len(submitted) < window:
                 index, params = pending.pop(0)
-                s = spec(index, params)
-                submitted[runner.submit(s)] = s
+                busy = [slot for _, slot in submitted.values()]
+                slot = min(range(len(slots)), key=lambda i: (busy.count(i), i))  # the least busy device group
+                s = spec(index, params, slot)
+                submitted[runner.submit(s)] = (s, slot)
             future = next(iter(runner.wait_any(set(submitted))))
-            s = submitted.pop(future)
+            s, _ = submitted.pop(future)
             result = runner.result_of(s, future)
             results.append(result)
             value = report.value_of(result)
