@@ -26,7 +26,6 @@ import contextlib
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -243,7 +242,4 @@ def make_runner(backend: str = "local", address: str | None = None, devices: int
         if address:
             raise ValueError(f"a scheduler address ({address}) needs backend='dask'")
         return LocalRunner(max_parallel)
-    began = time.monotonic()
-    runner = DaskRunner(address, devices, max_parallel)
-    runner.started_in = time.monotonic() - began
-    return runner
+    return DaskRunner(address, devices, max_parallel)
