@@ -86,10 +86,10 @@ def test_sparse_lm_in_hybrid_trains():
     assert last < first - 1.0, output[-3000:]
 
 
-def test_the_sweep_example_finds_the_best_learning_rate_on_both_back_ends(tmp_path):
-    for backend in ("local", "dask"):
-        output = run(sys.executable, "examples/sweep/lr_sweep.py", "--resource_info", RESOURCES, "--backend",
-                     backend, "--output", str(tmp_path / backend))
-        assert output.count(" ok ") == 4, output[-4000:]
-        assert "best: learning_rate=0.5," in output, output[-3000:]
-        assert (tmp_path / backend / "sweep.png").exists()
+@pytest.mark.parametrize("backend", ["dask", pytest.param("local", marks=pytest.mark.extended)])
+def test_the_sweep_example_finds_the_best_learning_rate(tmp_path, backend):
+    output = run(sys.executable, "examples/sweep/lr_sweep.py", "--resource_info", RESOURCES, "--backend", backend,
+                 "--output", str(tmp_path / backend))
+    assert output.count(" ok ") == 4, output[-4000:]
+    assert "best: learning_rate=0.5," in output, output[-3000:]
+    assert (tmp_path / backend / "sweep.png").exists()

@@ -48,6 +48,7 @@ def test_a_grid_on_two_slots_with_a_crashing_trial_on_local_processes(tmp_path):
     assert not leftover_processes(tmp_path)
 
 
+@pytest.mark.extended  # make test runs the Dask back end in tests/unit/trials/test_runner.py and the sweep example
 def test_random_draws_on_a_real_dask_local_cluster(tmp_path):
     report = parallax.sweep(train, {"learning_rate": Uniform(0.01, 0.3, log=True)}, resources(tmp_path),
                             method="random", trials=2, devices_per_trial=2, backend="dask", metric="loss",
