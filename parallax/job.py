@@ -157,7 +157,7 @@ def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis)
                             "sparse variables may stay on servers), or one process (a single resource line)")
         processes = _processes(ranks, layout, settings)
         staged = any(p.role == "stage" for p in processes)
-        if staged and (layout != "MPI" or settings.allreduce_comm.backend != "mpi"):
+        if staged and (layout != "MPI" or not backend_class(settings.allreduce_comm.backend).supports_stage_servers):
             raise PlanError(f"pipeline_stages={settings.pipeline[0]} with each stage in a process of its own (the "
                             "resource lines' devices do not divide into stages) runs with run_option 'MPI' and the "
                             f"'mpi' all-reduce backend, not {layout} / {settings.allreduce_comm.backend!r}: list "

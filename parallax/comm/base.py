@@ -78,6 +78,9 @@ class Backend(ABC):
     supports_groups: ClassVar[bool] = False
     #: Whether it implements :meth:`reduce_scatter_sum` and :meth:`allgather_shards` (ZeRO).
     supports_shards: ClassVar[bool] = False
+    #: Whether it sums among the workers alone while other ranks serve a pipeline's stages (it takes the
+    #: workers' communicator, ``ProcessComms.workers``, and no cluster-wide TensorFlow group).
+    supports_stage_servers: ClassVar[bool] = False
 
     def __init__(self, spec: CommSpec, num_workers: int, group: str = "") -> None:
         self.spec = spec

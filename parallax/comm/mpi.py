@@ -111,6 +111,7 @@ class MPIBackend(Backend):
     name = "mpi"
     supports_groups = True
     supports_shards = True
+    supports_stage_servers = True
 
     def __init__(self, spec, num_workers, group: str = ""):
         super().__init__(spec, num_workers, group)

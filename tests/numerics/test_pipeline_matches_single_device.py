@@ -4,6 +4,7 @@ accumulation), both, and both with in-graph replicas (dp+pp)."""
 
 from __future__ import annotations
 
+import logging
 import re
 
 import numpy as np
@@ -125,7 +126,7 @@ def test_a_batch_the_micro_batches_cannot_split_is_refused_by_name(resource_file
 
 @pytest.mark.parametrize("resources, config, message", [
     ("localhost: cpu:0,cpu:1,cpu:2\n", dict(pipeline_stages=2),
-     r"line 1 \(localhost\) lists 3 device\(s\), but pipeline_stages=2"),
+     r"resource_info\S* lists 3 device\(s\), but pipeline_stages=2 needs each replica's 2 stages"),
     ("localhost: cpu:0,cpu:1\n", dict(pipeline_cuts=["no_such_scope"]), "'no_such_scope' names no op"),
     ("localhost: cpu:0,cpu:1,cpu:2\n", dict(pipeline_cuts=["layer_4", "layer_2"]), "in the order the model"),
 ])
@@ -235,7 +236,25 @@ def test_micro_batches_without_a_batch_input_to_split_are_refused():
         rewrite_for_task(meta, plan, TaskSpec(0))
 
 
-def test_batch_statistics_split_by_micro_batches_are_named_in_a_warning(capfd):
+class _Records(logging.Handler):
+    """The Parallax logger's messages (its own handler may write to a stream another test captured)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+    def __enter__(self) -> _Records:
+        logging.getLogger("PARALLAX").addHandler(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        logging.getLogger("PARALLAX").removeHandler(self)
+
+
+def test_batch_statistics_split_by_micro_batches_are_named_in_a_warning():
     """Batch norm (hand-written tf.nn.moments, and the fused op in training) normalises each micro-batch by
     its own statistics: the rewrite says so, naming the ops, since training then differs from one device."""
     from parallax.analysis import analyse_graph
@@ -247,8 +266,9 @@ def test_batch_statistics_split_by_micro_batches_are_named_in_a_warning(capfd):
         meta = tf.compat.v1.train.export_meta_graph(graph=model.graph)
     plan = build_plan(analyse_graph(model.graph), [("h", ("/device:CPU:0",), "/device:CPU:0")], run_option="PS",
                       sync=True, average_sparse=False, micro_batches=2)
-    rewrite_for_task(meta, plan, TaskSpec(0))
-    err = capfd.readouterr().err
+    with _Records() as records:
+        rewrite_for_task(meta, plan, TaskSpec(0))
+    err = "\n".join(records.messages)
     assert re.search(r"micro_batches=2: the batch statistics of \S*moments/mean are computed per micro-batch: each "
                      r"micro-batch is normalised by its own", err), err
 
@@ -262,6 +282,7 @@ def test_batch_statistics_split_by_micro_batches_are_named_in_a_warning(capfd):
     del train
     plan = build_plan(analyse_graph(graph), [("h", ("/device:CPU:0",), "/device:CPU:0")], run_option="PS",
                       sync=True, average_sparse=False, micro_batches=2)
-    rewrite_for_task(fused, plan, TaskSpec(0))
-    err = capfd.readouterr().err
+    with _Records() as records:
+        rewrite_for_task(fused, plan, TaskSpec(0))
+    err = "\n".join(records.messages)
     assert re.search(r"the batch statistics of batch_normalization\S* are computed per micro-batch", err), err
