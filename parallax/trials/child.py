@@ -52,7 +52,7 @@ def _is_result_writer() -> bool:
 def main(argv: list[str] | None = None) -> int:
     import cloudpickle
 
-    from parallax.trials.execute import RESULT_ENV
+    from parallax.trials.execute import write_result
 
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0], "rb") as f:
@@ -67,13 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[PARAMS_ENV] = json.dumps(params)  # the job's processes take the same ones
     value = payload["fn"](params, payload["resource_info"])
     if _is_result_writer():
-        result = {"params": params, "value": value if isinstance(value, dict) else {"value": value}}
-        path = os.environ.get(RESULT_ENV)
-        if path:
-            tmp = f"{path}.{os.getpid()}"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(result, f, default=float)
-            os.replace(tmp, path)
+        write_result({"params": params, "value": value if isinstance(value, dict) else {"value": value}})
     return 0
 
 

@@ -14,6 +14,7 @@ for Dask; the master itself trains nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -24,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TrialSpec", "TrialResult", "run_trial", "RESULT_ENV", "STATUSES", "tail_of"]
+__all__ = ["TrialSpec", "TrialResult", "run_trial", "RESULT_ENV", "STATUSES", "tail_of", "write_result"]
 
 #: The file a trial writes its result to (JSON), set in the trial's environment.
 RESULT_ENV = "PARALLAX_TRIAL_RESULT"
@@ -141,6 +142,17 @@ def run_trial(spec: TrialSpec) -> TrialResult:
                        tail_of(spec.log_path) if status != "ok" else "", socket.gethostname())
 
 
+def write_result(result: dict) -> None:
+    """Inside a trial: write its result (JSON) to :data:`RESULT_ENV`'s file, whole or not at all."""
+    path = os.environ.get(RESULT_ENV)
+    if not path:
+        return
+    tmp = f"{path}.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1, sort_keys=True, default=float)
+    os.replace(tmp, path)
+
+
 def _exit_text(code: int) -> str:
     if code < 0:
         try:
@@ -152,25 +164,16 @@ def _exit_text(code: int) -> str:
 
 def _end_group(proc: subprocess.Popen) -> None:
     """End the trial's process group (it has one of its own: ``start_new_session``)."""
-    for sig, wait in ((signal.SIGTERM, _KILL_GRACE), (signal.SIGKILL, _KILL_GRACE)):
-        try:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=wait)
-            # the leader is gone; what it started in its group may linger a moment
-            deadline = time.monotonic() + wait
-            while _group_alive(proc.pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if not _group_alive(proc.pid):
+        deadline = time.monotonic() + _KILL_GRACE
+        while time.monotonic() < deadline:
+            # reap the leader first: a zombie still counts as a member of its group
+            if proc.poll() is not None and not _group_alive(proc.pid):
                 return
-        except subprocess.TimeoutExpired:
-            continue
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+            time.sleep(0.1)
+    proc.wait()
 
 
 def _group_alive(pgid: int) -> bool:
@@ -178,6 +181,4 @@ def _group_alive(pgid: int) -> bool:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
     return True

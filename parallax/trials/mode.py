@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from parallax.trials.execute import RESULT_ENV
+from parallax.trials.execute import write_result
 
 __all__ = ["TRIAL_ENV", "TrialRequest", "TrialOver", "TrialSession", "trial_request", "in_trial", "trial_env"]
 
@@ -116,12 +116,7 @@ class TrialSession:
             result = {"step_seconds": step, "steps_per_second": 1.0 / step, "worker_medians": medians,
                       "times": self.times, "warmup": self._request.warmup, "choice": self._request.choice,
                       **{k: v for k, v in self._facts.items() if k != "train_ops"}}
-            path = os.environ.get(RESULT_ENV)
-            if path:
-                tmp = f"{path}.{os.getpid()}"
-                with open(tmp, "w", encoding="utf-8") as f:
-                    json.dump(result, f, indent=1, sort_keys=True)
-                os.replace(tmp, path)
+            write_result(result)
         self._session.close()
         raise TrialOver()
 

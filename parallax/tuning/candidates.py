@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from parallax.analysis import GraphAnalysis
@@ -60,7 +60,6 @@ class Candidate:
     memory_per_worker: int = 0
     error: str | None = None
     order: int = 0  # 1 = the cost model's first
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def runnable(self) -> bool:
@@ -169,7 +168,7 @@ def predicted_seconds(job, links: tuple[Link, Link] = DEFAULT_LINKS) -> float:
     traffic = step_traffic(plan).total
     seconds = traffic.crossing / hosts / between.bandwidth + traffic.inside / n / inside.bandwidth
     dense = [v for v in plan.variables if v.gradient is not None and v.sync == "allreduce"]
-    dense_bytes = sum(_nbytes(v) for v in dense)
+    dense_bytes = sum(v.num_bytes for v in dense)
     fusion = plan.comm.fusion_bytes
     groups = (math.ceil(dense_bytes / fusion) if fusion else len(dense)) if dense else 0
     rounds = groups * 2 * (n - 1)
@@ -177,13 +176,6 @@ def predicted_seconds(job, links: tuple[Link, Link] = DEFAULT_LINKS) -> float:
     rounds += sum(2 for v in plan.variables if v.gradient is not None and v.sync == "ps")
     latency = (between if hosts > 1 else inside).latency
     return seconds + rounds * latency
-
-
-def _nbytes(v) -> int:
-    import numpy as np
-
-    itemsize = 2 if v.dtype == "bfloat16" else np.dtype(v.dtype).itemsize
-    return itemsize * math.prod(d or 1 for d in v.shape)
 
 
 def _memory_per_worker(job) -> int:

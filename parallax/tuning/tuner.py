@@ -91,10 +91,6 @@ class TuneReport:
         return min(done, key=lambda t: t.step_seconds) if done else None
 
     @property
-    def best_config_choice(self) -> dict[str, Any] | None:
-        return dict(self.best.candidate.choice) if self.best else None
-
-    @property
     def model_rank(self) -> int | None:
         """Where the fastest trial stood in the cost model's order (1: its first choice)."""
         return self.best.candidate.order if self.best else None
