@@ -6,11 +6,12 @@ Part 1 (2 ranks on this machine, started by Parallax's launcher): for 1, 16
 and 64 MB of float32, the time of ``comm.Allreduce(MPI.IN_PLACE, ...)`` on a
 numpy array (raw), and of Parallax's ``mpi`` backend op inside a TensorFlow
 graph summing the same bytes computed by the graph: as one tensor, as two
-(fused: one call), and as 64 small ones (packed into one buffer), with the
-compiled op (:mod:`parallax.comm.native`), and the two tensors once more through
-the ``PyFunc`` it replaces. Medians
-over repetitions, measured in the same processes one after the other, with
-TensorFlow's threads set as ``parallel_run`` sets them.
+(fused: one call), and as 64 small ones, with the compiled op
+(:mod:`parallax.comm.native`), the two tensors once more without its huge-page
+advice, and once more through the ``PyFunc`` it replaces. The measurements take
+turns in rounds, in the same processes, with TensorFlow's threads set as
+``parallel_run`` sets them; a speed is the median over the rounds of raw's time
+divided by the variant's (each time the median of its round's repetitions).
 
 Part 2: steps/s of a small MLP trained by ``parallel_run`` in MPI mode with 1
 and 2 ranks (the same per-rank batch, so 2 ranks process twice the examples).
@@ -33,16 +34,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from benchmarks.common import read_json, write_json  # noqa: E402
 
 SIZES_MB = (1, 16, 64)
+#: Measurements alternate in this many rounds (each of reps / ROUNDS repetitions).
+ROUNDS = 10
 
 
 # --------------------------------------------------------------------------- #
 # Part 1: runs in every rank
 # --------------------------------------------------------------------------- #
 
-#: In-graph variants: how many tensors carry the bytes (one; two fused in one call; 64 small ones,
-#: packed into one buffer by the call), and whether the compiled op sums them (else the PyFunc).
-VARIANTS = (("in_graph", 1, True), ("in_graph_fused", 2, True), ("in_graph_packed", 64, True),
-            ("in_graph_fused_python", 2, False))
+#: In-graph variants: how many tensors carry the bytes (one; two fused in one call; 64 small ones),
+#: whether the compiled op sums them (else the PyFunc), and whether it asks for huge pages.
+VARIANTS = (("in_graph", 1, True, True), ("in_graph_fused", 2, True, True), ("in_graph_packed", 64, True, True),
+            ("in_graph_fused_small_pages", 2, True, False), ("in_graph_fused_python", 2, False, True))
 
 
 def comm_worker(out: str, reps: int) -> None:
@@ -50,7 +53,7 @@ def comm_worker(out: str, reps: int) -> None:
     import tensorflow as tf
     from mpi4py import MPI
 
-    from parallax.comm.mpi import MPIBackend, import_bound
+    from parallax.comm.mpi import HUGE_PAGES_ENV, MPIBackend, import_bound
     from parallax.plan.model import CommSpec
 
     comm = MPI.COMM_WORLD
@@ -61,14 +64,8 @@ def comm_worker(out: str, reps: int) -> None:
     for mb in SIZES_MB:
         n = mb * 1024 * 1024 // 4
         buf = np.ones(n, np.float32)
-        comm.Barrier()
-        raw = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            comm.Allreduce(MPI.IN_PLACE, buf)
-            raw.append(time.perf_counter() - t0)
-        timings = {"raw_mpi4py": raw}
-        for variant, pieces, native in VARIANTS:
+        sessions, releases = {}, []
+        for variant, pieces, native, huge_pages in VARIANTS:
             graph = tf.Graph()
             with graph.as_default():
                 v = tf.Variable(tf.ones([n]), name="v")
@@ -81,30 +78,47 @@ def comm_worker(out: str, reps: int) -> None:
                 summed = backend.allreduce_sum(parts)
                 probe = tf.add_n([s[:1] for s in summed])
                 baseline = tf.add_n([p[:1] for p in parts])
+            os.environ[HUGE_PAGES_ENV] = "1" if huge_pages else "0"  # read when the op is bound
             run_graph, release = import_bound(graph, backend, native_ops=native)
-            with run_graph.as_default():
-                init = [run_graph.get_operation_by_name(f"{name}/Assign") for name in ("v", "w")]
-                probe_t = run_graph.get_tensor_by_name(probe.name)
-                base_t = run_graph.get_tensor_by_name(baseline.name)
-                with tf.compat.v1.Session(graph=run_graph, config=config) as sess:
-                    sess.run(init)
-                    if abs(float(sess.run(probe_t)[0]) - 2.0 * pieces * comm.size) > 1e-3:
-                        raise SystemExit(f"{variant}: wrong sum {sess.run(probe_t)}")
-                    comm.Barrier()
-                    total, base = [], []
-                    for _ in range(reps):
-                        t0 = time.perf_counter()
-                        sess.run(probe_t)
-                        total.append(time.perf_counter() - t0)
-                    comm.Barrier()
-                    for _ in range(reps):
-                        t0 = time.perf_counter()
-                        sess.run(base_t)
-                        base.append(time.perf_counter() - t0)
+            os.environ.pop(HUGE_PAGES_ENV)
+            releases.append(release)
+            sess = tf.compat.v1.Session(graph=run_graph, config=config)
+            sess.run([run_graph.get_operation_by_name(f"{name}/Assign") for name in ("v", "w")])
+            probe_t, base_t = run_graph.get_tensor_by_name(probe.name), run_graph.get_tensor_by_name(baseline.name)
+            if abs(float(sess.run(probe_t)[0]) - 2.0 * pieces * comm.size) > 1e-3:
+                raise SystemExit(f"{variant}: wrong sum {sess.run(probe_t)}")
+            sessions[variant] = (sess, probe_t, base_t)
+        # rounds of every measurement in turn, so that the box's drift reaches each the same; each
+        # round gives a ratio to raw, and the speed reported is the median of the rounds' ratios
+        rounds: list[dict[str, float]] = []
+
+        def timed(fn, count: int) -> float:
+            comm.Barrier()
+            seconds = []
+            for _ in range(count):
+                t0 = time.perf_counter()
+                fn()
+                seconds.append(time.perf_counter() - t0)
+            return float(np.median(seconds)) * 1e3
+
+        # small sizes take more repetitions: their medians are tenths of a millisecond
+        per_round = max(3, reps * max(1, 16 // mb) // ROUNDS)
+        for _ in range(ROUNDS):
+            got = {"raw_mpi4py": timed(lambda buf=buf: comm.Allreduce(MPI.IN_PLACE, buf), per_round)}
+            for variant, (sess, probe_t, base_t) in sessions.items():
+                total = timed(lambda s=sess, t=probe_t: s.run(t), per_round)
+                got[variant] = total - timed(lambda s=sess, t=base_t: s.run(t), per_round)  # the graph's own cost
+            rounds.append(got)
+        for sess, _, _ in sessions.values():
+            sess.close()
+        for release in releases:
             release()
-            # the graph's own cost (computing the tensors) is subtracted
-            timings[variant] = [t - float(np.median(base)) for t in total]
-        results.append({"megabytes": mb, **{k: float(np.median(v)) * 1e3 for k, v in timings.items()}})
+        row = {"megabytes": mb, "rounds": len(rounds)}
+        for key in rounds[0]:
+            row[key] = float(np.median([r[key] for r in rounds]))
+            if key != "raw_mpi4py":
+                row[f"speed_{key}"] = float(np.median([r["raw_mpi4py"] / max(r[key], 1e-6) for r in rounds]))
+        results.append(row)
     if comm.rank == 0:
         write_json(out, results)
 
@@ -151,6 +165,7 @@ def train_worker(resource: str, out: str, steps: int, batch: int) -> None:
 TARGETS = {1: 0.7, 16: 0.9, 64: 0.9}
 LABELS = {"raw_mpi4py": "raw mpi4py Allreduce (in place)", "in_graph": "in graph, 1 tensor",
           "in_graph_fused": "in graph, 2 tensors (one call)", "in_graph_packed": "in graph, 64 tensors (packed)",
+          "in_graph_fused_small_pages": "in graph, 2 tensors, no huge pages",
           "in_graph_fused_python": "in graph, 2 tensors, through Python (PyFunc)"}
 
 
@@ -168,7 +183,7 @@ def _plot(data: dict, path: str) -> None:
     width = 0.8 / len(LABELS)
     for i, (key, label) in enumerate(LABELS.items()):
         left.bar([j + (i - (len(LABELS) - 1) / 2) * width for j in range(len(sizes))],
-                 [r["raw_mpi4py"] / r[key] for r in rows], width, label=label)
+                 [r[f"speed_{key}"] for r in rows], width, label=label)
     for j, size in enumerate(sizes):
         left.hlines(TARGETS[size], j - 0.4, j + 0.4, colors="black", linestyles="dashed")
     left.set_xticks(range(len(sizes)), [f"{s} MB" for s in sizes])
@@ -203,8 +218,7 @@ def _run_comm(work: str, reps: int) -> list[dict]:
         raise SystemExit(f"all-reduce benchmark failed: {result.failure}")
     rows = read_json(comm_out)
     for row in rows:
-        for key in LABELS:
-            row[f"speed_{key}"] = row["raw_mpi4py"] / row[key]
+        row["speed_raw_mpi4py"] = 1.0
     return rows
 
 

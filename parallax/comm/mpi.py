@@ -65,6 +65,10 @@ _TRANSPORT_DTYPES = (tf.float32, tf.float64, tf.int32, tf.int64)
 #: Buffers are summed in pieces of at most this many bytes: Open MPI sums 16 pieces of 4 MiB in half the time
 #: of one 64 MiB buffer (on 2 ranks of one host; docs/benchmarks.md), and a piece costs one latency.
 CHUNK_BYTES = 4 * 1024 * 1024
+#: The compiled op asks for 2 MiB pages for buffers of at least this size (numpy's threshold for the
+#: same advice); ``PARALLAX_HUGE_PAGES=0`` turns it off (parallax/comm/allreduce.cc says why).
+HUGE_PAGE_BYTES = 4 * 1024 * 1024
+HUGE_PAGES_ENV = "PARALLAX_HUGE_PAGES"
 _BINDINGS = itertools.count()
 
 
@@ -388,6 +392,8 @@ def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None, groups: dict | N
                     raise RuntimeError(f"no Parallax MPI function for token {token!r} (groups bound: "
                                        f"{sorted(groups or {})})")
                 node.attr["token"].s = bound[token][0].encode()
+    if lowered:
+        _skip_owned(out)
 
     def release() -> None:
         for token, _ in bound.values():
@@ -423,6 +429,40 @@ def _lower(node, comm_key: str) -> None:
     node.attr["T"].list.type.extend(types)
     node.attr["comm"].s = comm_key.encode()
     node.attr["chunk_bytes"].i = CHUNK_BYTES
+    node.attr["huge_page_bytes"].i = HUGE_PAGE_BYTES if os.environ.get(HUGE_PAGES_ENV, "1") != "0" else 0
+
+
+def _skip_owned(graph_def: graph_pb2.GraphDef) -> None:
+    """Let each compiled all-reduce read its gradients directly, without :func:`_owned`'s two ops.
+
+    The compiled op does what the ``Snapshot`` did (it sums a buffer in place only when its
+    reference is the only one, else a copy), and Grappler folds or merges neither it nor its
+    inputs, so the ``DebugIdentityV2`` has nothing to guard: both are dropped (~10 us a tensor).
+    """
+    from parallax.comm.native import OP_NAME
+
+    nodes = {node.name: node for node in graph_def.node}
+    readers: dict[str, int] = {}
+    for node in graph_def.node:
+        for name in node.input:
+            readers[name.lstrip("^").split(":")[0]] = readers.get(name.lstrip("^").split(":")[0], 0) + 1
+    dropped: set[str] = set()
+    for node in graph_def.node:
+        if node.op != OP_NAME:
+            continue
+        for i, name in enumerate(node.input):
+            snapshot = nodes.get(name.split(":")[0])
+            kept = nodes.get(snapshot.input[0].split(":")[0]) if snapshot is not None and snapshot.op == "Snapshot" \
+                and len(snapshot.input) == 1 else None
+            if kept is None or kept.op != "DebugIdentityV2" or len(kept.input) != 1 \
+                    or readers.get(snapshot.name) != 1 or readers.get(kept.name) != 1:
+                continue  # not _owned's pair, or something else reads it too
+            node.input[i] = kept.input[0]
+            dropped.update((snapshot.name, kept.name))
+    if dropped:
+        keep = [node for node in graph_def.node if node.name not in dropped]
+        del graph_def.node[:]
+        graph_def.node.extend(keep)
 
 
 def import_bound(graph: tf.Graph, backend: MPIBackend, comm=None, native_ops: bool = True

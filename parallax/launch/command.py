@@ -21,8 +21,8 @@ FORWARDED_ENV = ("PYTHONPATH", "PATH", "LD_LIBRARY_PATH", "TF_CPP_MIN_LOG_LEVEL"
                  "PARALLAX_FINISH_TIMEOUT", "PARALLAX_NUM_PARTITIONS", "PARALLAX_SEARCH_STEPS",
                  "PARALLAX_CACHE_DIR", "PARALLAX_RESOURCE_INFO", "PARALLAX_MPIRUN_OPTIONS", "PARALLAX_RUN_OPTION",
                  "VIRTUAL_ENV", "OMPI_MCA_coll_tuned_allreduce_algorithm", "OMPI_MCA_coll_tuned_use_dynamic_rules",
-                 "GLIBC_TUNABLES", "PARALLAX_NATIVE_OPS", "PARALLAX_TUNED", "PARALLAX_USE_TUNED", "PARALLAX_TRIAL",
-                 "PARALLAX_TRIAL_RESULT", "PARALLAX_SWEEP_PARAMS")
+                 "GLIBC_TUNABLES", "PARALLAX_NATIVE_OPS", "PARALLAX_HUGE_PAGES", "PARALLAX_TUNED", "PARALLAX_USE_TUNED",
+                 "PARALLAX_TRIAL", "PARALLAX_TRIAL_RESULT", "PARALLAX_SWEEP_PARAMS")
 
 
 #: Open MPI 5's variable for the base of its session directories (read by mpirun and its daemons).

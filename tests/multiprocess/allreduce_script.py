@@ -5,8 +5,9 @@
 
 Each rank sums, twice, tensors that must not be changed by the call (constants Grappler may
 merge or fold, a variable's value, a tensor the step also fetches) beside tensors whose buffer
-it may take over (a fresh product, large and small), in one fusion bucket and in several, and
-writes what it saw.
+it may take over (a fresh product, large and small; two above the compiled op's huge-page
+size, of odd length), in one fusion bucket and in several, and writes what it saw, with the
+huge pages its anonymous memory gained in the steps.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ def rank_main(out: str, fusion_bytes: int) -> None:
     import tensorflow as tf
     from mpi4py import MPI
 
-    from parallax.comm.mpi import MPIBackend, import_bound
+    from parallax.comm.mpi import HUGE_PAGE_BYTES, MPIBackend, import_bound
     from parallax.comm.packing import PACK_BELOW_BYTES
     from parallax.plan.model import CommSpec
 
     comm = MPI.COMM_WORLD
     rank = comm.rank + 1.0  # rank r contributes r + 1, so every sum is 1 + 2 + ... = n(n+1)/2
     big = PACK_BELOW_BYTES // 4 + 3  # float32 elements: above the direct threshold, odd length
+    huge = HUGE_PAGE_BYTES // 4 * 2 + 5  # above the size the compiled op asks huge pages for
     graph = tf.Graph()
     with graph.as_default():
         const = tf.constant(np.full(big, rank, np.float32), name="const")
@@ -45,8 +47,11 @@ def rank_main(out: str, fusion_bytes: int) -> None:
         # a merged buffer summed twice in place would come out 4x
         twins = [tf.constant(np.full(big, rank, np.float32)), tf.fill([big], rank)]
         scalar = tf.constant(2.0) * rank  # a 0-d tensor reaches the call as a numpy scalar (a copy)
+        fresh_huge = tf.fill([huge], rank) * 5.0
+        const_huge = tf.constant(np.full(huge, rank, np.float32))  # not the call's: summed in a copy
         var_value = var.read_value()
-        inputs = [const, var_value, shared, fresh_big, *fresh_small, ints, halves, *twins, scalar]
+        inputs = [const, var_value, shared, fresh_big, *fresh_small, ints, halves, *twins, scalar, fresh_huge,
+                  const_huge]
         backend = MPIBackend(CommSpec(fusion_bytes=fusion_bytes), comm.size)
         summed = backend.allreduce_sum(inputs)
     run_graph, release = import_bound(graph, backend)
@@ -56,17 +61,26 @@ def rank_main(out: str, fusion_bytes: int) -> None:
         shared_t = run_graph.get_tensor_by_name(shared.name)
         with tf.compat.v1.Session(graph=run_graph) as sess:
             sess.run(run_graph.get_operation_by_name("var/Assign"))
+            huge_before = _anon_huge_page_kb()
             steps = []
             for _ in range(2):
                 values, shared_seen = sess.run([fetch, shared_t])
                 steps.append({"sums": [np.asarray(v, np.float64).ravel().tolist() for v in values],
                               "dtypes": [str(v.dtype) for v in values],
                               "shared_seen": np.asarray(shared_seen).tolist()})
+            huge_after = _anon_huge_page_kb()
             unchanged = [np.asarray(v).ravel().tolist()[:3] for v in sess.run(inputs_after)]
     release()
     with open(os.path.join(out, f"rank_{comm.rank}.json"), "w") as f:
         json.dump({"size": comm.size, "rank": comm.rank, "steps": steps, "inputs_after": unchanged,
-                   "ops": sorted({op.type for op in run_graph.get_operations()})}, f)
+                   "ops": sorted({op.type for op in run_graph.get_operations()}),
+                   "huge_page_kb_added": huge_after - huge_before}, f)
+
+
+def _anon_huge_page_kb() -> int:
+    """This process's anonymous memory in transparent huge pages (kB), from ``/proc/self/smaps``."""
+    with open("/proc/self/smaps") as f:
+        return sum(int(line.split()[1]) for line in f if line.startswith("AnonHugePages:"))
 
 
 def main() -> None:

@@ -9,7 +9,18 @@ import pytest
 import tensorflow as tf
 
 from parallax.comm import native
-from parallax.comm.mpi import _ALLGATHER, _ALLREDUCE, CHUNK_BYTES, _lower, _native_for
+from parallax.comm.mpi import (
+    _ALLGATHER,
+    _ALLREDUCE,
+    CHUNK_BYTES,
+    HUGE_PAGE_BYTES,
+    HUGE_PAGES_ENV,
+    MPIBackend,
+    _lower,
+    _native_for,
+    _skip_owned,
+)
+from parallax.plan.model import CommSpec
 
 
 def py_func_graph(token: str) -> tf.compat.v1.GraphDef:
@@ -33,7 +44,45 @@ def test_an_all_reduce_py_func_becomes_the_compiled_op_with_its_inputs_and_types
     assert node.op == native.OP_NAME and list(node.input) == inputs
     assert [tf.as_dtype(t) for t in node.attr["T"].list.type] == [tf.float32, tf.int64]
     assert node.attr["comm"].s == b"7.1@host" and node.attr["chunk_bytes"].i == CHUNK_BYTES
+    assert node.attr["huge_page_bytes"].i == HUGE_PAGE_BYTES
     assert not {"Tin", "Tout", "token"} & set(node.attr)
+
+
+def test_huge_page_advice_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv(HUGE_PAGES_ENV, "0")
+    graph_def = py_func_graph(_ALLREDUCE)
+    node = next(n for n in graph_def.node if n.op == "PyFunc")
+    _lower(node, "7.1")
+    assert node.attr["huge_page_bytes"].i == 0
+
+
+def test_the_compiled_op_reads_gradients_without_the_snapshots_the_py_func_needs():
+    """The op forwards or copies a buffer itself, so _owned's DebugIdentityV2 + Snapshot go, except
+    where something else reads them."""
+    graph = tf.Graph()
+    with graph.as_default():
+        grads = [tf.fill([70000], 1.0) * 2.0, tf.fill([80000], 1.0) * 3.0]
+        backend = MPIBackend(CommSpec(fusion_bytes=1 << 40), 2)
+        summed = backend.allreduce_sum(grads)
+        tf.identity(summed[0], name="after")
+    graph_def = graph.as_graph_def()
+    backend.finalize_nodes(graph_def.node)
+    by_name = {n.name: n for n in graph_def.node}
+    call = next(n for n in graph_def.node if n.op == "PyFunc")
+    snapshots = [by_name[i.split(":")[0]] for i in call.input]
+    assert [n.op for n in snapshots] == ["Snapshot", "Snapshot"]
+    # a second reader of the first gradient's snapshot keeps that one
+    extra = graph_def.node.add(name="also_reads", op="Identity", input=[snapshots[0].name])
+    extra.attr["T"].type = tf.float32.as_datatype_enum
+    _lower(call, "7.1")
+    _skip_owned(graph_def)
+    ops = {n.name: n.op for n in graph_def.node}
+    call = next(n for n in graph_def.node if n.op == native.OP_NAME)
+    assert call.input[0] == snapshots[0].name  # kept: also_reads needs it
+    assert call.input[1] == by_name[snapshots[1].input[0].split(":")[0]].input[0]  # the gradient itself
+    assert snapshots[1].name not in ops and snapshots[0].name in ops
+    assert sum(op == "DebugIdentityV2" for op in ops.values()) == 1
+    assert all(i.lstrip("^").split(":")[0] in ops for n in graph_def.node for i in n.input)  # none dangles
 
 
 def test_only_graphs_with_an_all_reduce_load_the_op(monkeypatch):
