@@ -8,7 +8,8 @@ Ops added (under the caller's name scope):
   ones of a bucket are concatenated into one (``fuse_<k>``). Each buffer
   passes :func:`_owned` (a ``Snapshot``, which hands over the buffer when
   nothing else holds it, the usual case, and copies it otherwise: a
-  constant, a variable's value, a tensor other ops still read). The call sums
+  constant, a variable's value, a tensor other ops still read; the compiled
+  op, which does the same itself, goes without it: :func:`_skip_owned`). The call sums
   every buffer in place, with ``Allreduce(MPI.IN_PLACE, ...)`` on pieces of
   at most ``CHUNK_BYTES``, and returns the same buffers, which TensorFlow
   takes back without a copy; the concatenated one is split again
@@ -42,6 +43,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import os
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -442,27 +444,37 @@ def _skip_owned(graph_def: graph_pb2.GraphDef) -> None:
     from parallax.comm.native import OP_NAME
 
     nodes = {node.name: node for node in graph_def.node}
-    readers: dict[str, int] = {}
-    for node in graph_def.node:
-        for name in node.input:
-            readers[name.lstrip("^").split(":")[0]] = readers.get(name.lstrip("^").split(":")[0], 0) + 1
+    readers = Counter(_producer(name) for node in graph_def.node for name in node.input)
+
+    def owned_pair(name: str):
+        """``(Snapshot, DebugIdentityV2)`` when ``name`` is :func:`_owned`'s output and nothing else reads
+        either, else ``None``."""
+        snapshot = nodes.get(_producer(name))
+        if snapshot is None or snapshot.op != "Snapshot" or len(snapshot.input) != 1:
+            return None
+        kept = nodes.get(_producer(snapshot.input[0]))
+        if kept is None or kept.op != "DebugIdentityV2" or len(kept.input) != 1:
+            return None
+        return (snapshot, kept) if readers[snapshot.name] == readers[kept.name] == 1 else None
+
     dropped: set[str] = set()
     for node in graph_def.node:
         if node.op != OP_NAME:
             continue
         for i, name in enumerate(node.input):
-            snapshot = nodes.get(name.split(":")[0])
-            kept = nodes.get(snapshot.input[0].split(":")[0]) if snapshot is not None and snapshot.op == "Snapshot" \
-                and len(snapshot.input) == 1 else None
-            if kept is None or kept.op != "DebugIdentityV2" or len(kept.input) != 1 \
-                    or readers.get(snapshot.name) != 1 or readers.get(kept.name) != 1:
-                continue  # not _owned's pair, or something else reads it too
-            node.input[i] = kept.input[0]
-            dropped.update((snapshot.name, kept.name))
+            pair = owned_pair(name)
+            if pair is not None:
+                node.input[i] = pair[1].input[0]
+                dropped.update(n.name for n in pair)
     if dropped:
         keep = [node for node in graph_def.node if node.name not in dropped]
         del graph_def.node[:]
         graph_def.node.extend(keep)
+
+
+def _producer(input_name: str) -> str:
+    """The node a ``NodeDef`` input names (``name:1`` and ``^name`` -> ``name``)."""
+    return input_name.lstrip("^").split(":")[0]
 
 
 def import_bound(graph: tf.Graph, backend: MPIBackend, comm=None, native_ops: bool = True
