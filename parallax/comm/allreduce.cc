@@ -13,6 +13,11 @@
 // numpy asks for huge pages for large arrays, TensorFlow's allocator does not, and on 4 KiB
 // pages 16 MB took 1.6-2x as long (docs/benchmarks.md). TensorFlow reuses a gradient's address
 // step after step, so the collapse (a copy) happens once per buffer.
+//
+// Inputs under `fuse_below` bytes (two or more, of the first one's dtype) are summed together, in
+// one call over one buffer, each at an offset rounded up to 64 bytes (TensorFlow's alignment, so
+// each output is a view of the buffer): an MPI call costs a fixed ~15-30 us on one host, about
+// what copying 1 MiB costs. parallax/comm/mpi.py's fused_layout() is the same rule for the PyFunc.
 
 #include <mpi.h>
 #include <sys/mman.h>
@@ -22,7 +27,11 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
+#include <algorithm>
+#include <cstring>
 
+#include "tensorflow/core/framework/allocator.h"  // kAllocatorAlignment
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -93,9 +102,10 @@ REGISTER_OP("ParallaxMpiAllreduce")
     .Attr("comm: string")
     .Attr("chunk_bytes: int = 4194304")
     .Attr("huge_page_bytes: int = 4194304")
+    .Attr("fuse_below: int = 0")
     .SetIsStateful()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
-      for (int i = 0; i < c->num_inputs(); ++i) c->set_output(i, c->input(i));
+      for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
       return tensorflow::OkStatus();
     });
 
@@ -105,6 +115,7 @@ class ParallaxMpiAllreduceOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(context, context->GetAttr("comm", &comm_key_));
     OP_REQUIRES_OK(context, context->GetAttr("chunk_bytes", &chunk_bytes_));
     OP_REQUIRES_OK(context, context->GetAttr("huge_page_bytes", &huge_page_bytes_));
+    OP_REQUIRES_OK(context, context->GetAttr("fuse_below", &fuse_below_));
   }
 
   void Compute(tensorflow::OpKernelContext* context) override {
@@ -118,34 +129,93 @@ class ParallaxMpiAllreduceOp : public tensorflow::OpKernel {
                       "' (the graph ran before the backend bound it to this process)"));
       comm = found->second;
     }
-    for (int i = 0; i < context->num_inputs(); ++i) {
+    const int count = static_cast<int>(context->num_outputs());
+    std::vector<int> fused;  // the inputs summed together, in order
+    for (int i = 0; i < count; ++i) {
+      const tensorflow::Tensor& input = context->input(i);
+      const auto bytes = static_cast<tensorflow::int64>(input.TotalBytes());
+      if (bytes > 0 && bytes < fuse_below_ && (fused.empty() || input.dtype() == context->input(fused[0]).dtype())) {
+        fused.push_back(i);
+      }
+    }
+    if (fused.size() < 2) fused.clear();
+    std::vector<bool> done(count, false);
+    if (!fused.empty()) {
+      SumFused(context, comm, fused);
+      if (!context->status().ok()) return;
+      for (int i : fused) done[i] = true;
+    }
+    for (int i = 0; i < count; ++i) {
+      if (done[i]) continue;
       const tensorflow::Tensor& input = context->input(i);
       tensorflow::Tensor* output = nullptr;
       OP_REQUIRES_OK(context, context->forward_input_or_allocate_output({i}, i, input.shape(), &output));
       if (output->data() != input.data() && input.TotalBytes() > 0) {
         std::memcpy(output->data(), input.data(), input.TotalBytes());  // not ours to sum in place
       }
-      const MPI_Datatype type = mpi_type(input.dtype());
-      OP_REQUIRES(context, type != MPI_DATATYPE_NULL,
-                  tensorflow::errors::InvalidArgument("Parallax: cannot all-reduce ", DataTypeString(input.dtype())));
-      const int64_t itemsize = tensorflow::DataTypeSize(input.dtype());
-      const int64_t step = std::max<int64_t>(1, chunk_bytes_ / itemsize);
-      char* data = static_cast<char*>(output->data());
-      if (huge_page_bytes_ > 0 && input.TotalBytes() >= huge_page_bytes_) advise_huge_pages(data, input.TotalBytes());
-      const int64_t count = input.NumElements();
-      for (int64_t at = 0; at < count; at += step) {
-        const int64_t n = std::min(step, count - at);
-        const int rc = MPI_Allreduce(MPI_IN_PLACE, data + at * itemsize, static_cast<int>(n), type, MPI_SUM, comm);
-        OP_REQUIRES(context, rc == MPI_SUCCESS,
-                    tensorflow::errors::Internal("Parallax: MPI_Allreduce failed with code ", rc));
+      if (huge_page_bytes_ > 0 && static_cast<tensorflow::int64>(input.TotalBytes()) >= huge_page_bytes_) {
+        advise_huge_pages(output->data(), input.TotalBytes());
       }
+      OP_REQUIRES_OK(context, Sum(comm, output->data(), input.NumElements(), input.dtype()));
     }
   }
 
  private:
+  // Sum `count` elements of `dtype` at `data` over `comm`, in place, in pieces of chunk_bytes_.
+  tensorflow::Status Sum(MPI_Comm comm, void* data, tensorflow::int64 count, tensorflow::DataType dtype) const {
+    const MPI_Datatype type = mpi_type(dtype);
+    if (type == MPI_DATATYPE_NULL) {
+      return tensorflow::errors::InvalidArgument("Parallax: cannot all-reduce ", DataTypeString(dtype));
+    }
+    const tensorflow::int64 itemsize = tensorflow::DataTypeSize(dtype);
+    const tensorflow::int64 step = std::max<tensorflow::int64>(1, chunk_bytes_ / itemsize);
+    char* bytes = static_cast<char*>(data);
+    for (tensorflow::int64 at = 0; at < count; at += step) {
+      const tensorflow::int64 n = std::min(step, count - at);
+      const int rc = MPI_Allreduce(MPI_IN_PLACE, bytes + at * itemsize, static_cast<int>(n), type, MPI_SUM, comm);
+      if (rc != MPI_SUCCESS) return tensorflow::errors::Internal("Parallax: MPI_Allreduce failed with code ", rc);
+    }
+    return tensorflow::OkStatus();
+  }
+
+  // The inputs `fused` summed with one call over one buffer (see the file's comment).
+  void SumFused(tensorflow::OpKernelContext* context, MPI_Comm comm, const std::vector<int>& fused) {
+    constexpr tensorflow::int64 kAlign = tensorflow::Allocator::kAllocatorAlignment;
+    const tensorflow::DataType dtype = context->input(fused[0]).dtype();
+    const tensorflow::int64 itemsize = tensorflow::DataTypeSize(dtype);
+    std::vector<tensorflow::int64> offsets;
+    tensorflow::int64 total = 0;
+    for (int i : fused) {
+      offsets.push_back(total);
+      total += context->input(i).TotalBytes();
+      total = (total + kAlign - 1) / kAlign * kAlign;
+    }
+    tensorflow::Tensor buffer;
+    OP_REQUIRES_OK(context, context->allocate_temp(dtype, tensorflow::TensorShape({total / itemsize}), &buffer));
+    char* data = static_cast<char*>(const_cast<void*>(static_cast<const void*>(buffer.tensor_data().data())));
+    for (size_t k = 0; k < fused.size(); ++k) {
+      const tensorflow::Tensor& input = context->input(fused[k]);
+      const tensorflow::int64 bytes = input.TotalBytes();
+      std::memcpy(data + offsets[k], input.tensor_data().data(), bytes);
+      const tensorflow::int64 end = k + 1 < fused.size() ? offsets[k + 1] : total;
+      std::memset(data + offsets[k] + bytes, 0, end - offsets[k] - bytes);  // the padding sums to 0
+    }
+    if (huge_page_bytes_ > 0 && total >= huge_page_bytes_) advise_huge_pages(data, total);
+    OP_REQUIRES_OK(context, Sum(comm, data, total / itemsize, dtype));
+    for (size_t k = 0; k < fused.size(); ++k) {
+      const tensorflow::Tensor& input = context->input(fused[k]);
+      const tensorflow::int64 first = offsets[k] / itemsize;
+      tensorflow::Tensor out;
+      OP_REQUIRES(context, out.CopyFrom(buffer.Slice(first, first + input.NumElements()), input.shape()),
+                  tensorflow::errors::Internal("Parallax: cannot view the fused buffer as ", input.shape().DebugString()));
+      context->set_output(fused[k], out);
+    }
+  }
+
   std::string comm_key_;
   tensorflow::int64 chunk_bytes_;
   tensorflow::int64 huge_page_bytes_;
+  tensorflow::int64 fuse_below_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("ParallaxMpiAllreduce").Device(tensorflow::DEVICE_CPU), ParallaxMpiAllreduceOp);

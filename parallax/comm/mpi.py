@@ -3,18 +3,17 @@
 Ops added (under the caller's name scope):
 
 * ``allreduce_<k>``: one ``PyFunc`` per fusion buffer: the dense gradients,
-  sorted by variable name, in buckets of at most ``fusion_bytes`` (per dtype).
-  A gradient of at least ``PACK_BELOW_BYTES`` (:mod:`parallax.comm.packing`) is a buffer of its own; the smaller
-  ones of a bucket are concatenated into one (``fuse_<k>``). Each buffer
-  passes :func:`_owned` (a ``Snapshot``, which hands over the buffer when
-  nothing else holds it, the usual case, and copies it otherwise: a
-  constant, a variable's value, a tensor other ops still read; the compiled
-  op, which does the same itself, goes without it: :func:`_skip_owned`). The call sums
-  every buffer in place, with ``Allreduce(MPI.IN_PLACE, ...)`` on pieces of
-  at most ``CHUNK_BYTES``, and returns the same buffers, which TensorFlow
-  takes back without a copy; the concatenated one is split again
-  (``unfuse_<k>``, views). No large gradient is copied: concatenating 64 MB
-  cost more than summing them (docs/benchmarks.md);
+  sorted by variable name, in buckets of at most ``fusion_bytes`` (per dtype),
+  each gradient a buffer of its own. Each buffer passes :func:`_owned` (a
+  ``Snapshot``, which hands over the buffer when nothing else holds it, the
+  usual case, and copies it otherwise: a constant, a variable's value, a
+  tensor other ops still read; the compiled op, which does the same itself,
+  goes without it: :func:`_skip_owned`). The call sums the buffers under
+  ``FUSE_BELOW_BYTES`` together, in one buffer (:func:`fused_layout`), and
+  every other one in place, with ``Allreduce(MPI.IN_PLACE, ...)`` on pieces
+  of at most ``CHUNK_BYTES``, and returns them, which TensorFlow takes back
+  without a copy. No large gradient is copied: concatenating 64 MB cost more
+  than summing them (docs/benchmarks.md);
 * per sparse gradient, with ``MPIConfig.use_allgatherv``, ``allgatherv_<k>``:
   one ``PyFunc`` that sends the values and indices with ``Allgatherv`` (each
   rank its own row count); without it (the default, as NCCL's all-gather
@@ -51,7 +50,6 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from parallax.comm.base import Backend, Prepared, ProcessComms
-from parallax.comm.packing import PACK_BELOW_BYTES, pack, unpack
 from parallax.plan.model import part_sizes
 
 __all__ = ["MPIBackend", "bind_py_functions", "import_bound", "TOKEN_PREFIX"]
@@ -71,6 +69,13 @@ CHUNK_BYTES = 4 * 1024 * 1024
 #: same advice); ``PARALLAX_HUGE_PAGES=0`` turns it off (parallax/comm/allreduce.cc says why).
 HUGE_PAGE_BYTES = 4 * 1024 * 1024
 HUGE_PAGES_ENV = "PARALLAX_HUGE_PAGES"
+#: Buffers of an all-reduce call under this size are summed together, in one MPI call over one
+#: buffer (:func:`fused_layout`): a call costs a fixed ~15-30 us on one host, about what copying
+#: 1 MiB costs (docs/benchmarks.md).
+FUSE_BELOW_BYTES = 1024 * 1024
+#: Alignment of each buffer in a fused one: TensorFlow's (``Allocator::kAllocatorAlignment``), so
+#: that each piece of the fused buffer can be a tensor of its own.
+FUSE_ALIGN = 64
 _BINDINGS = itertools.count()
 
 
@@ -143,20 +148,12 @@ class MPIBackend(Backend):
         for k, bucket in enumerate(self._buckets(tensors)):
             members = [tensors[i] for i in bucket]
             transport = _transport(members[0].dtype)
-            small = [j for j, t in enumerate(members) if _nbytes(t) < PACK_BELOW_BYTES]
-            large = [j for j in range(len(members)) if j not in small]
-            buffers = [tf.cast(members[j], transport) for j in large]
-            if len(small) > 1:  # packed: one buffer, one call
-                buffers.insert(0, pack([members[j] for j in small], transport, name=f"fuse_{k}"))
-            elif small:
-                large.insert(0, small.pop())
-                buffers.insert(0, tf.cast(members[large[0]], transport))
-            owned = [_owned(b, f"own_{k}_{n}") for n, b in enumerate(buffers)]
+            # each gradient its own buffer: the call itself sums the small ones together (fused_layout)
+            owned = [_owned(tf.cast(t, transport), f"own_{k}_{n}") for n, t in enumerate(members)]
             summed = self._chained(lambda owned=owned, k=k: _py_func(
                 owned, [o.dtype for o in owned], _ALLREDUCE, f"allreduce_{k}", self._tokens))
-            if small:
-                summed[:0] = unpack(summed.pop(0), [tf.shape(members[j]) for j in small], name=f"unfuse_{k}")
-            for j, total in zip(small + large, summed):
+            summed = summed if isinstance(summed, (list, tuple)) else [summed]
+            for j, total in enumerate(summed):
                 total.set_shape(members[j].shape)
                 outputs[bucket[j]] = tf.cast(total, members[j].dtype)
         return outputs  # type: ignore[return-value]
@@ -238,22 +235,34 @@ def _length(tensor: tf.Tensor) -> int:
 def _functions(comm):
     from mpi4py import MPI
 
+    def sum_in_place(target: np.ndarray) -> None:
+        step = max(1, CHUNK_BYTES // target.itemsize)
+        for at in range(0, target.size, step):
+            comm.Allreduce(MPI.IN_PLACE, target[at:at + step], op=MPI.SUM)
+
     def allreduce(*buffers):
-        """Sum each buffer over the workers in place (each is ours alone: see :func:`_owned`)."""
-        summed = []
-        for buffer in buffers:
+        """Sum each buffer over the workers in place (each is ours alone: see :func:`_owned`); the small
+        ones together, in one buffer laid out as :func:`fused_layout` says (the compiled op's calls)."""
+        arrays = [np.asarray(b) for b in buffers]
+        fused, offsets, total = fused_layout([(a.nbytes, a.dtype) for a in arrays])
+        summed: list = list(buffers)
+        if fused:
+            joint = np.zeros(total, np.uint8)
+            for i, at in zip(fused, offsets):
+                joint[at:at + arrays[i].nbytes] = arrays[i].reshape(-1).view(np.uint8)
+            sum_in_place(joint.view(arrays[fused[0]].dtype))
+            for i, at in zip(fused, offsets):
+                summed[i] = joint[at:at + arrays[i].nbytes].view(arrays[i].dtype).reshape(arrays[i].shape)
+        for i, buffer in enumerate(buffers):
+            if i in fused:
+                continue
             if not isinstance(buffer, np.ndarray) or buffer.ndim == 0:
                 # a scalar arrives as a numpy scalar, a copy of TensorFlow's: sum a new array
-                total = np.array(buffer, ndmin=1)
-                comm.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
-                summed.append(total.reshape(()))
-                continue
-            if buffer.size:
-                target = _writable(buffer)
-                step = max(1, CHUNK_BYTES // target.itemsize)
-                for at in range(0, target.size, step):
-                    comm.Allreduce(MPI.IN_PLACE, target[at:at + step], op=MPI.SUM)
-            summed.append(buffer)  # now summed: TensorFlow takes it back without a copy
+                total_ = np.array(buffer, ndmin=1)
+                comm.Allreduce(MPI.IN_PLACE, total_, op=MPI.SUM)
+                summed[i] = total_.reshape(())
+            elif buffer.size:
+                sum_in_place(_writable(buffer))  # now summed: TensorFlow takes it back without a copy
         return summed
 
     def allgatherv(values, indices):
@@ -316,6 +325,27 @@ def _functions(comm):
 
     return {_ALLREDUCE: allreduce, _ALLGATHERV: allgatherv, _ALLGATHER: allgather, _GATHERV: gatherv,
             _REDUCE_SCATTER: reduce_scatter, _ALLGATHER_SHARDS: allgather_shards}
+
+
+def fused_layout(buffers: list[tuple[int, object]]) -> tuple[list[int], list[int], int]:
+    """Which of an all-reduce call's buffers (``(nbytes, dtype)`` each) are summed together, and where.
+
+    Those under :data:`FUSE_BELOW_BYTES` (not empty) of the first one's dtype, when there are two or
+    more, in order, each at an offset rounded up to :data:`FUSE_ALIGN` bytes: ``(indices, offsets,
+    total bytes)``; none otherwise. The ``PyFunc`` and the compiled op both follow it, so processes
+    with and without the op issue the same MPI calls: the fused buffer first, then the others in order.
+    """
+    fused: list[int] = []
+    for i, (nbytes, dtype) in enumerate(buffers):
+        if 0 < nbytes < FUSE_BELOW_BYTES and (not fused or np.dtype(dtype) == np.dtype(buffers[fused[0]][1])):
+            fused.append(i)
+    if len(fused) < 2:
+        return [], [], 0
+    offsets, total = [], 0
+    for i in fused:
+        offsets.append(total)
+        total = -(-(total + int(buffers[i][0])) // FUSE_ALIGN) * FUSE_ALIGN
+    return fused, offsets, total
 
 
 def _writable(buffer: np.ndarray) -> np.ndarray:
@@ -432,6 +462,7 @@ def _lower(node, comm_key: str) -> None:
     node.attr["comm"].s = comm_key.encode()
     node.attr["chunk_bytes"].i = CHUNK_BYTES
     node.attr["huge_page_bytes"].i = HUGE_PAGE_BYTES if os.environ.get(HUGE_PAGES_ENV, "1") != "0" else 0
+    node.attr["fuse_below"].i = FUSE_BELOW_BYTES
 
 
 def _skip_owned(graph_def: graph_pb2.GraphDef) -> None:

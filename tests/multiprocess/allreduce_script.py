@@ -7,7 +7,9 @@ Each rank sums, twice, tensors that must not be changed by the call (constants G
 merge or fold, a variable's value, a tensor the step also fetches) beside tensors whose buffer
 it may take over (a fresh product, large and small; two above the compiled op's huge-page
 size, of odd length), in one fusion bucket and in several, and writes what it saw, with the
-huge pages its anonymous memory gained in the steps.
+huge pages its anonymous memory gained in the steps. With ``--mixed``, rank 0 sums with the
+compiled op and the others through the ``PyFunc``: both must issue the same MPI calls (the
+small buffers fused into one, ``fused_layout``).
 """
 
 from __future__ import annotations
@@ -21,18 +23,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 
-def rank_main(out: str, fusion_bytes: int) -> None:
+def rank_main(out: str, fusion_bytes: int, mixed: bool) -> None:
     import numpy as np
     import tensorflow as tf
     from mpi4py import MPI
 
-    from parallax.comm.mpi import HUGE_PAGE_BYTES, MPIBackend, import_bound
-    from parallax.comm.packing import PACK_BELOW_BYTES
+    from parallax.comm.mpi import FUSE_BELOW_BYTES, HUGE_PAGE_BYTES, MPIBackend, import_bound
     from parallax.plan.model import CommSpec
 
     comm = MPI.COMM_WORLD
     rank = comm.rank + 1.0  # rank r contributes r + 1, so every sum is 1 + 2 + ... = n(n+1)/2
-    big = PACK_BELOW_BYTES // 4 + 3  # float32 elements: above the direct threshold, odd length
+    big = FUSE_BELOW_BYTES // 4 + 3  # float32 elements: summed alone (not fused), odd length
     huge = HUGE_PAGE_BYTES // 4 * 2 + 5  # above the size the compiled op asks huge pages for
     graph = tf.Graph()
     with graph.as_default():
@@ -54,7 +55,8 @@ def rank_main(out: str, fusion_bytes: int) -> None:
                   const_huge]
         backend = MPIBackend(CommSpec(fusion_bytes=fusion_bytes), comm.size)
         summed = backend.allreduce_sum(inputs)
-    run_graph, release = import_bound(graph, backend)
+    # mixed: rank 0 sums with the compiled op, the others through the PyFunc (the same MPI calls)
+    run_graph, release = import_bound(graph, backend, native_ops=comm.rank == 0 or not mixed)
     with run_graph.as_default():
         fetch = [run_graph.get_tensor_by_name(t.name) for t in summed]
         inputs_after = [run_graph.get_tensor_by_name(t.name) for t in (const, var_value)]
@@ -89,10 +91,11 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--rank", action="store_true")
     parser.add_argument("--fusion_bytes", type=int, default=64 << 20)
+    parser.add_argument("--mixed", action="store_true")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.rank:
-        return rank_main(args.out, args.fusion_bytes)
+        return rank_main(args.out, args.fusion_bytes, args.mixed)
     from parallax.launch.launcher import launch
     from parallax.launch.layout import ranks_per_device
     from parallax.resources import parse_resource_text
@@ -100,7 +103,7 @@ def main() -> None:
     with open(args.resource_info) as f:
         ranks = ranks_per_device(parse_resource_text(f.read()))
     result = launch(ranks, [os.path.abspath(__file__), "--rank", "--out", args.out,
-                            "--fusion_bytes", str(args.fusion_bytes)])
+                            "--fusion_bytes", str(args.fusion_bytes)] + (["--mixed"] if args.mixed else []))
     sys.exit(result.returncode)
 
 

@@ -15,24 +15,31 @@ from tests.multiprocess.harness import ROOT, run_script
 SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "allreduce_script.py")
 
 
-@pytest.mark.parametrize("native, huge_pages", [
-    (True, True), (False, True), pytest.param(True, False, marks=pytest.mark.extended),
-], ids=["compiled-op", "pyfunc", "compiled-op-no-huge-pages"])
-@pytest.mark.parametrize("fusion_bytes", [
-    pytest.param(64 << 20, marks=pytest.mark.extended),  # the small ones concatenated; MPI-mode training covers it
-    1,
-], ids=["one-bucket", "a-bucket-each"])
+_ONE_BUCKET = 64 << 20  # the small buffers summed together (fused_layout)
+_MIXED = "mixed"  # rank 0 with the compiled op, rank 1 through the PyFunc
+
+
+@pytest.mark.parametrize("native, huge_pages, fusion_bytes", [
+    (True, True, 1),
+    (False, True, 1),
+    (_MIXED, True, _ONE_BUCKET),
+    pytest.param(True, False, 1, marks=pytest.mark.extended),
+    pytest.param(True, True, _ONE_BUCKET, marks=pytest.mark.extended),  # MPI-mode training covers it too
+    pytest.param(False, True, _ONE_BUCKET, marks=pytest.mark.extended),
+], ids=["compiled-op", "pyfunc", "mixed-one-bucket", "compiled-op-no-huge-pages", "compiled-op-one-bucket",
+        "pyfunc-one-bucket"])
 def test_in_place_sums_are_right_and_leave_shared_buffers_alone(tmp_path, monkeypatch, fusion_bytes, native,
                                                                huge_pages):
+    mixed = native == _MIXED
     monkeypatch.setenv(DISABLE_ENV, "1" if native else "0")
     monkeypatch.setenv(HUGE_PAGES_ENV, "1" if huge_pages else "0")
-    run = run_script(tmp_path, "localhost: cpu:0,cpu:1\n", "--fusion_bytes", str(fusion_bytes), script=SCRIPT,
-                     timeout=300)
+    run = run_script(tmp_path, "localhost: cpu:0,cpu:1\n", "--fusion_bytes", str(fusion_bytes),
+                     *(["--mixed"] if mixed else []), script=SCRIPT, timeout=300)
     assert run.returncode == 0, run.output[-4000:]
     for rank in (0, 1):
         with open(os.path.join(run.out_dir, f"rank_{rank}.json")) as f:
             seen = json.load(f)
-        assert (OP_NAME in seen["ops"]) == native, seen["ops"]
+        assert (OP_NAME in seen["ops"]) == (rank == 0 if mixed else native), seen["ops"]
         own = rank + 1.0
         total = 3.0  # 1 + 2
         factors = [1.0, 1.0, 1.5, 2.0, 3.0, 3.0, 3.0, 3.0, 4.0, 1.0, 1.0, 1.0, 2.0, 5.0, 1.0]
@@ -47,9 +54,11 @@ def test_in_place_sums_are_right_and_leave_shared_buffers_alone(tmp_path, monkey
         np.testing.assert_allclose(seen["inputs_after"], [[own] * 3, [own] * 3])
         print(f"rank {rank}: {seen['huge_page_kb_added']} kB more in huge pages")
         # the two 8 MiB buffers' whole 2 MiB pages (3 each) became huge pages when the op summed them
-        # (measured: 30 MiB gained with the advice, 6 MiB without)
-        if native and _huge_pages_mode() == "madvise":
-            assert (seen["huge_page_kb_added"] >= 2 * 3 * 2048) == huge_pages, seen["huge_page_kb_added"]
+        # (measured: 30 MiB gained with the advice). Without it the figure depends on which memory the
+        # heap reuses (6-20 MiB seen: numpy advises its own large arrays), so only the advice's side is
+        # asserted; the unit tests check that the switch takes the advice off the op.
+        if native is True and huge_pages and _huge_pages_mode() == "madvise":
+            assert seen["huge_page_kb_added"] >= 2 * 3 * 2048, seen["huge_page_kb_added"]
 
 
 def _huge_pages_mode() -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -13,12 +14,14 @@ from parallax.comm.mpi import (
     _ALLGATHER,
     _ALLREDUCE,
     CHUNK_BYTES,
+    FUSE_BELOW_BYTES,
     HUGE_PAGE_BYTES,
     HUGE_PAGES_ENV,
     MPIBackend,
     _lower,
     _native_for,
     _skip_owned,
+    fused_layout,
 )
 from parallax.plan.model import CommSpec
 
@@ -45,7 +48,19 @@ def test_an_all_reduce_py_func_becomes_the_compiled_op_with_its_inputs_and_types
     assert [tf.as_dtype(t) for t in node.attr["T"].list.type] == [tf.float32, tf.int64]
     assert node.attr["comm"].s == b"7.1@host" and node.attr["chunk_bytes"].i == CHUNK_BYTES
     assert node.attr["huge_page_bytes"].i == HUGE_PAGE_BYTES
+    assert node.attr["fuse_below"].i == FUSE_BELOW_BYTES  # the same rule as the PyFunc's (fused_layout)
     assert not {"Tin", "Tout", "token"} & set(node.attr)
+
+
+def test_small_buffers_of_one_dtype_are_fused_in_order_at_aligned_offsets():
+    f4, i8 = np.dtype(np.float32), np.dtype(np.int64)
+    big = FUSE_BELOW_BYTES
+    # 12 bytes -> next at 64; a big one and another dtype stay apart; 4 bytes (a scalar) -> 64 + 64
+    assert fused_layout([(12, f4), (big, f4), (100, f4), (8, i8), (4, f4)]) == ([0, 2, 4], [0, 64, 192], 256)
+    assert fused_layout([(FUSE_BELOW_BYTES - 4, f4), (64, f4)]) == ([0, 1], [0, FUSE_BELOW_BYTES], big + 64)
+    # one small buffer, empty ones and big ones: nothing to fuse
+    assert fused_layout([(12, f4), (0, f4), (big, f4)]) == ([], [], 0)
+    assert fused_layout([(big, f4), (big + 4, f4)]) == ([], [], 0)
 
 
 def test_huge_page_advice_can_be_turned_off(monkeypatch):
