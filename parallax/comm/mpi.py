@@ -79,12 +79,6 @@ FUSE_ALIGN = 64
 _BINDINGS = itertools.count()
 
 
-def _nbytes(tensor: tf.Tensor) -> float:
-    """Bytes of ``tensor`` when its shape is known (else infinite)."""
-    n = tensor.shape.num_elements()
-    return float("inf") if n is None else n * _transport(tensor.dtype).size
-
-
 def _transport(dtype: tf.DType) -> tf.DType:
     """The dtype a tensor travels in (MPI sums these; others go as float32)."""
     return dtype if dtype in _TRANSPORT_DTYPES else tf.float32
@@ -253,14 +247,15 @@ def _functions(comm):
             sum_in_place(joint.view(arrays[fused[0]].dtype))
             for i, at in zip(fused, offsets):
                 summed[i] = joint[at:at + arrays[i].nbytes].view(arrays[i].dtype).reshape(arrays[i].shape)
+        together = set(fused)
         for i, buffer in enumerate(buffers):
-            if i in fused:
+            if i in together:
                 continue
             if not isinstance(buffer, np.ndarray) or buffer.ndim == 0:
                 # a scalar arrives as a numpy scalar, a copy of TensorFlow's: sum a new array
-                total_ = np.array(buffer, ndmin=1)
-                comm.Allreduce(MPI.IN_PLACE, total_, op=MPI.SUM)
-                summed[i] = total_.reshape(())
+                scalar = np.array(buffer, ndmin=1)
+                comm.Allreduce(MPI.IN_PLACE, scalar, op=MPI.SUM)
+                summed[i] = scalar.reshape(())
             elif buffer.size:
                 sum_in_place(_writable(buffer))  # now summed: TensorFlow takes it back without a copy
         return summed
