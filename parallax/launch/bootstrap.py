@@ -198,13 +198,34 @@ def _note_failures() -> None:
     end_on_exception(abort)
 
 
-def leave_together() -> None:
-    """Exit handler of PS and HYBRID processes: every process leaves when all do (servers
-    wait for the workers). One ending with an exception never gets here: it aborts the
-    job from ``sys.excepthook`` (:func:`_note_failures`)."""
+#: How often a process waiting at the end of the job looks whether the others are there (seconds).
+EXIT_POLL_SECONDS = 0.01
+
+
+def _idle_barrier(on_waiting: Callable[[], None] | None = None) -> None:
+    """``COMM_WORLD``'s barrier, waited for asleep: tested every :data:`EXIT_POLL_SECONDS`.
+
+    A blocking ``Barrier`` polls (with ``mpi_yield_when_idle``, a ``sched_yield`` loop), and a
+    parameter server waits in it from its start to the end of training: on 2 cores, HYBRID's two
+    servers each took half a core that way, from the workers and from their own gRPC threads.
+    ``on_waiting`` is called at each test while the others are not there.
+    """
+    import time
+
     from mpi4py import MPI
 
-    MPI.COMM_WORLD.Barrier()
+    request = MPI.COMM_WORLD.Ibarrier()
+    while not request.Test():
+        if on_waiting is not None:
+            on_waiting()
+        time.sleep(EXIT_POLL_SECONDS)
+
+
+def leave_together() -> None:
+    """Exit handler of PS and HYBRID processes: every process leaves when all do (servers
+    wait for the workers, without taking a core: :func:`_idle_barrier`). One ending with an
+    exception never gets here: it aborts the job from ``sys.excepthook`` (:func:`_note_failures`)."""
+    _idle_barrier()
 
 
 def finish_together(rank: int, timeout: float) -> None:
@@ -221,18 +242,19 @@ def finish_together(rank: int, timeout: float) -> None:
     import time
 
     def check() -> None:
-        from mpi4py import MPI
-
-        request = MPI.COMM_WORLD.Ibarrier()
         deadline = time.monotonic() + timeout
-        while not request.Test():
+
+        def abort_when_late() -> None:
             if time.monotonic() > deadline:
+                from mpi4py import MPI
+
                 sys.stderr.write(
                     f"Parallax: rank {rank} finished, but after {timeout:.0f} s other ranks are still "
                     "waiting in an all-reduce it will never join: every rank must run the same number of "
                     "steps (give each the same number of batches)\n")
                 sys.stderr.flush()
                 MPI.COMM_WORLD.Abort(3)
-            time.sleep(0.01)
+
+        _idle_barrier(abort_when_late)
 
     atexit.register(check)

@@ -20,6 +20,7 @@ import types
 import pytest
 
 from parallax.launch.bootstrap import (
+    EXIT_POLL_SECONDS,
     JOB_DIR_ENV,
     LAUNCH_ENV,
     RankContext,
@@ -301,7 +302,13 @@ def test_finish_together_aborts_with_a_message_when_the_others_never_finish(fake
         "join: every rank must run the same number of steps (give each the same number of batches)\n")
 
 
-def test_leave_together_is_a_barrier(fake_mpi):
-    comm, _ = fake_mpi()
+def test_leave_together_waits_for_the_others_asleep(fake_mpi, monkeypatch):
+    """A server waits here for the whole training: a blocking Barrier would poll, taking a core."""
+    import time
+
+    naps = []
+    monkeypatch.setattr(time, "sleep", naps.append)
+    comm, _ = fake_mpi(polls=3)
     leave_together()
-    assert comm.calls == ["Barrier"]
+    assert comm.calls == ["Ibarrier"]  # never the blocking Barrier
+    assert naps == [EXIT_POLL_SECONDS] * 3 and EXIT_POLL_SECONDS >= 0.001
