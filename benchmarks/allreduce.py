@@ -42,7 +42,8 @@ ROUNDS = 10
 # Part 1: runs in every rank
 # --------------------------------------------------------------------------- #
 
-#: In-graph variants: how many tensors carry the bytes (one; two fused in one call; 64 small ones),
+#: In-graph variants: how many tensors carry the bytes (one; two in one op, one MPI call when each is under
+#: FUSE_BELOW_BYTES; 64 small ones, summed together),
 #: whether the compiled op sums them (else the PyFunc), and whether it asks for huge pages.
 VARIANTS = (("in_graph", 1, True, True), ("in_graph_fused", 2, True, True), ("in_graph_packed", 64, True, True),
             ("in_graph_fused_small_pages", 2, True, False), ("in_graph_fused_python", 2, False, True))
@@ -163,7 +164,7 @@ def train_worker(resource: str, out: str, steps: int, batch: int) -> None:
 #: Issue 16's targets: the fused in-graph all-reduce's speed as a fraction of raw mpi4py's, per size.
 TARGETS = {1: 0.7, 16: 0.9, 64: 0.9}
 LABELS = {"raw_mpi4py": "raw mpi4py Allreduce (in place)", "in_graph": "in graph, 1 tensor",
-          "in_graph_fused": "in graph, 2 tensors (one call)", "in_graph_packed": "in graph, 64 tensors (packed)",
+          "in_graph_fused": "in graph, 2 tensors (one op)", "in_graph_packed": "in graph, 64 tensors (one op)",
           "in_graph_fused_small_pages": "in graph, 2 tensors, no huge pages",
           "in_graph_fused_python": "in graph, 2 tensors, through Python (PyFunc)"}
 

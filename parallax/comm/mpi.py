@@ -146,7 +146,6 @@ class MPIBackend(Backend):
             owned = [_owned(tf.cast(t, transport), f"own_{k}_{n}") for n, t in enumerate(members)]
             summed = self._chained(lambda owned=owned, k=k: _py_func(
                 owned, [o.dtype for o in owned], _ALLREDUCE, f"allreduce_{k}", self._tokens))
-            summed = summed if isinstance(summed, (list, tuple)) else [summed]
             for j, total in enumerate(summed):
                 total.set_shape(members[j].shape)
                 outputs[bucket[j]] = tf.cast(total, members[j].dtype)
