@@ -55,7 +55,7 @@ def test_an_all_reduce_py_func_becomes_the_compiled_op_with_its_inputs_and_types
 def test_small_buffers_of_one_dtype_are_fused_in_order_at_aligned_offsets():
     f4, i8 = np.dtype(np.float32), np.dtype(np.int64)
     big = FUSE_BELOW_BYTES
-    # 12 bytes -> next at 64; a big one and another dtype stay apart; 4 bytes (a scalar) -> 64 + 64
+    # 12 bytes at 0, 100 at 64 (ending at 164), a scalar at 192, total 256: the big one and the int64 stay apart
     assert fused_layout([(12, f4), (big, f4), (100, f4), (8, i8), (4, f4)]) == ([0, 2, 4], [0, 64, 192], 256)
     assert fused_layout([(FUSE_BELOW_BYTES - 4, f4), (64, f4)]) == ([0, 1], [0, FUSE_BELOW_BYTES], big + 64)
     # one small buffer, empty ones and big ones: nothing to fuse
