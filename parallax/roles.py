@@ -163,8 +163,30 @@ def role_setup(job: JobPlan, settings: Settings, member: JobMember) -> ProcessSe
     return ProcessSetup(process, len(job.workers), server=server, is_chief=chief,
                         device_filters=("/job:ps", f"/job:worker/task:{process.index}"),
                         broadcast=member.broadcast(job, process, settings) if hybrid else None,
-                        comms=ProcessComms(workers=comms[0], groups={"host": comms[1]} if hybrid else {}),
+                        comms=ProcessComms(workers=comms[0], groups={"host": comms[1]} if hybrid else {},
+                                           arrival_spin=arrival_spin(job, settings)),
                         heartbeat=beat)
+
+
+def arrival_spin(job: JobPlan, settings: Settings) -> float | None:
+    """How the workers' MPI calls wait for late members (:attr:`ProcessComms.arrival_spin`).
+
+    ``PARALLAX_ARRIVAL_SPIN_US`` decides when it is set. Otherwise the calls of HYBRID workers on
+    several hosts wait asleep after :data:`~parallax.comm.arrival.DEFAULT_SPIN_SECONDS`: there a
+    worker's all-reduce waits for workers who wait for parameter servers over gRPC, and polling
+    takes the cores those need (2 cores, 4 workers on two virtual hosts: 11-14 steps/s polling,
+    24-26 asleep; docs/benchmarks.md). Measured on the same 2 cores, waiting asleep cost HYBRID
+    on one host about 20 % (its chain is short) and MPI at 3 ranks 5-15 % (the ranks run in
+    step), so those poll. The members of a communicator agree on the result when they bind it
+    (:func:`parallax.comm.mpi.bind_py_functions`).
+    """
+    from parallax.comm.arrival import DEFAULT_SPIN_SECONDS
+
+    if settings.arrival_spin is not None:
+        return None if settings.arrival_spin == "off" else float(settings.arrival_spin)
+    if job.layout == "HYBRID" and len({w.host for w in job.workers}) > 1:
+        return DEFAULT_SPIN_SECONDS
+    return None
 
 
 def _allreduce_worker(job: JobPlan, settings: Settings, member: JobMember, process: ProcessSpec) -> ProcessSetup:
@@ -178,7 +200,8 @@ def _allreduce_worker(job: JobPlan, settings: Settings, member: JobMember, proce
         server = member.server(lambda: member.start_server(job, settings, process, GROUP_LEADER),
                                chief=process.rank == 0)
     return ProcessSetup(process, len(job.workers), server=server, broadcast=member.broadcast(job, process, settings),
-                        comms=ProcessComms(group_leader=GROUP_LEADER if server is not None else None),
+                        comms=ProcessComms(group_leader=GROUP_LEADER if server is not None else None,
+                                           arrival_spin=arrival_spin(job, settings)),
                         heartbeat=beat)
 
 
@@ -201,4 +224,5 @@ def _staged(job: JobPlan, settings: Settings, member: JobMember, process: Proces
     return ProcessSetup(process, len(job.workers), server=server,
                         device_filters=(f"/job:worker/task:{process.index}", *mine),
                         broadcast=member.broadcast(job, process, settings),
-                        comms=ProcessComms(workers=comms[0]), heartbeat=beat)
+                        comms=ProcessComms(workers=comms[0], arrival_spin=arrival_spin(job, settings)),
+                        heartbeat=beat)

@@ -24,10 +24,14 @@ from parallax.launch.launcher import MPIRUN_OPTIONS_ENV
 from parallax.plan.model import CommSpec, PSSpec
 from parallax.resources import Cluster, is_local_host
 
-__all__ = ["Settings", "Timeouts", "derive", "FINISH_TIMEOUT_ENV"]
+__all__ = ["Settings", "Timeouts", "derive", "FINISH_TIMEOUT_ENV", "ARRIVAL_SPIN_ENV"]
 
 #: Seconds the ranks of an all-reduce job wait for each other when they end (default 60).
 FINISH_TIMEOUT_ENV = "PARALLAX_FINISH_TIMEOUT"
+#: How the ``mpi`` backend's calls wait for late members (:mod:`parallax.comm.arrival`): unset, as
+#: :func:`parallax.roles.arrival_spin` decides; ``off``: blocking collectives alone; a number:
+#: microseconds awake before sleeping between tests, in every job.
+ARRIVAL_SPIN_ENV = "PARALLAX_ARRIVAL_SPIN_US"
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,8 @@ class Settings:
         pipeline: ``(stages, micro_batches, cuts, schedule)`` from ``Config.pipeline_stages``,
             ``micro_batches``, ``pipeline_cuts`` and ``pipeline_schedule``.
         device_memory: ``Config.device_memory`` in bytes.
+        arrival_spin: ``PARALLAX_ARRIVAL_SPIN_US``: ``None`` (unset: decided per job), ``"off"``, or
+            seconds awake before sleeping (:mod:`parallax.comm.arrival`).
         notes: remarks on what was decided, printed with the plan.
     """
 
@@ -115,6 +121,7 @@ class Settings:
     zero_stage: int = 0
     pipeline: tuple[int, int, tuple[str, ...], str] = (1, 1, (), "gpipe")
     device_memory: int | None = None
+    arrival_spin: float | str | None = None
     notes: tuple[str, ...] = ()
 
     def threads_per_process(self, processes_on_host: int) -> int:
@@ -230,4 +237,20 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         redirect_path=config.redirect_path, export_graph_path=config.export_graph_path,
         search_partitions=config.search_partitions, notes=notes, zero_stage=config.zero_stage,
         pipeline=(config.stages, config.micro_batches, tuple(config.pipeline_cuts), config.pipeline_schedule),
-        device_memory=config.device_memory)
+        device_memory=config.device_memory, arrival_spin=_arrival_spin(environ))
+
+
+def _arrival_spin(environ: Mapping[str, str]) -> float | str | None:
+    """``PARALLAX_ARRIVAL_SPIN_US`` read: see :attr:`Settings.arrival_spin`."""
+    text = environ.get(ARRIVAL_SPIN_ENV, "").strip()
+    if not text:
+        return None
+    if text.lower() == "off":
+        return "off"
+    try:
+        micros = float(text)
+    except ValueError:
+        micros = -1.0
+    if not micros >= 0:
+        raise LaunchError(f"{ARRIVAL_SPIN_ENV}={text!r}: expected 'off' or microseconds (a number >= 0)")
+    return micros * 1e-6

@@ -18,6 +18,10 @@
 // one call over one buffer, each at an offset rounded up to 64 bytes (TensorFlow's alignment, so
 // each output is a view of the buffer): an MPI call costs a fixed ~15-30 us on one host, about
 // what copying 1 MiB costs. parallax/comm/mpi.py's fused_layout() is the same rule for the PyFunc.
+//
+// A communicator registered with a spin of 0 or more is first waited for asleep: an MPI_Ibarrier,
+// tested for `spin_ns`, then between naps doubling from `first_nap_ns` to `longest_nap_ns`
+// (parallax/comm/arrival.py says why; its arrive() is the same calls for the PyFunc).
 
 #include <mpi.h>
 #include <sys/mman.h>
@@ -29,7 +33,9 @@
 #include <string>
 #include <vector>
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "tensorflow/core/framework/allocator.h"  // kAllocatorAlignment
 #include "tensorflow/core/framework/op.h"
@@ -38,10 +44,38 @@
 
 namespace {
 
+// A registered communicator, and how its members wait for each other (spin_ns < 0: they do not).
+struct Registered {
+  MPI_Comm comm;
+  std::int64_t spin_ns;
+  std::int64_t first_nap_ns;
+  std::int64_t longest_nap_ns;
+};
+
 std::mutex comms_mutex;
-std::map<std::string, MPI_Comm>& comms() {
-  static auto* registered = new std::map<std::string, MPI_Comm>();
+std::map<std::string, Registered>& comms() {
+  static auto* registered = new std::map<std::string, Registered>();
   return *registered;
+}
+
+// Wait for every member of `how.comm` without holding a core (see the file's comment).
+tensorflow::Status Arrive(const Registered& how) {
+  MPI_Request request;
+  if (MPI_Ibarrier(how.comm, &request) != MPI_SUCCESS) {
+    return tensorflow::errors::Internal("Parallax: MPI_Ibarrier failed");
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(how.spin_ns);
+  std::int64_t nap_ns = how.first_nap_ns;
+  while (true) {
+    int done = 0;
+    if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      return tensorflow::errors::Internal("Parallax: MPI_Test of the arrival barrier failed");
+    }
+    if (done) return tensorflow::OkStatus();
+    if (how.spin_ns > 0 && std::chrono::steady_clock::now() < deadline) continue;
+    std::this_thread::sleep_for(std::chrono::nanoseconds(nap_ns));
+    nap_ns = std::min(nap_ns * 2, how.longest_nap_ns);
+  }
 }
 
 MPI_Datatype mpi_type(tensorflow::DataType dtype) {
@@ -82,10 +116,12 @@ void advise_huge_pages(void* data, std::int64_t bytes) {
 }  // namespace
 
 extern "C" {
-// Register (or replace) the communicator `key` names; `handle` is mpi4py's Comm.handle.
-int parallax_register_comm(const char* key, std::intptr_t handle) {
+// Register (or replace) the communicator `key` names; `handle` is mpi4py's Comm.handle. With
+// `spin_ns` >= 0 each call first waits for every member asleep (Arrive); < 0, it does not.
+int parallax_register_comm(const char* key, std::intptr_t handle, std::int64_t spin_ns, std::int64_t first_nap_ns,
+                           std::int64_t longest_nap_ns) {
   std::lock_guard<std::mutex> lock(comms_mutex);
-  comms()[key] = reinterpret_cast<MPI_Comm>(handle);
+  comms()[key] = Registered{reinterpret_cast<MPI_Comm>(handle), spin_ns, first_nap_ns, longest_nap_ns};
   return 0;
 }
 
@@ -119,7 +155,7 @@ class ParallaxMpiAllreduceOp : public tensorflow::OpKernel {
   }
 
   void Compute(tensorflow::OpKernelContext* context) override {
-    MPI_Comm comm;
+    Registered how;
     {
       std::lock_guard<std::mutex> lock(comms_mutex);
       auto found = comms().find(comm_key_);
@@ -127,8 +163,10 @@ class ParallaxMpiAllreduceOp : public tensorflow::OpKernel {
                   tensorflow::errors::FailedPrecondition(
                       "Parallax: no MPI communicator registered as '", comm_key_,
                       "' (the graph ran before the backend bound it to this process)"));
-      comm = found->second;
+      how = found->second;
     }
+    const MPI_Comm comm = how.comm;
+    if (how.spin_ns >= 0) OP_REQUIRES_OK(context, Arrive(how));
     const int count = static_cast<int>(context->num_outputs());
     std::vector<int> fused;  // the inputs summed together, in order
     for (int i = 0; i < count; ++i) {

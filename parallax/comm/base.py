@@ -48,11 +48,15 @@ class ProcessComms:
             the workers of this process's host).
         group_leader: the TensorFlow task that leads collective groups, when
             the process runs a server for collectives.
+        arrival_spin: ``None``: the ``mpi`` backend's calls are blocking collectives;
+            seconds: each first waits for every member asleep after this long awake
+            (:mod:`parallax.comm.arrival`; :func:`parallax.roles.arrival_spin` decides).
     """
 
     workers: Any = None
     groups: dict[str, Any] = field(default_factory=dict)
     group_leader: str | None = None
+    arrival_spin: float | None = None
 
 
 @dataclass(frozen=True)

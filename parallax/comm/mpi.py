@@ -49,6 +49,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
+from parallax.comm.arrival import FIRST_NAP_SECONDS, LONGEST_NAP_SECONDS, arrive
 from parallax.comm.base import Backend, Prepared, ProcessComms
 from parallax.plan.model import part_sizes
 
@@ -126,7 +127,8 @@ class MPIBackend(Backend):
     @classmethod
     def prepare(cls, graph_def: graph_pb2.GraphDef, comms: ProcessComms) -> Prepared:
         """Bind the graph's MPI ops to this process's communicators (:func:`bind_py_functions`)."""
-        bound, release = bind_py_functions(graph_def, comm=comms.workers, groups=comms.groups)
+        bound, release = bind_py_functions(graph_def, comm=comms.workers, groups=comms.groups,
+                                           spin=comms.arrival_spin)
         return Prepared(bound, release)
 
     def finalize_nodes(self, nodes) -> None:
@@ -225,7 +227,9 @@ def _length(tensor: tf.Tensor) -> int:
 # Run time
 # --------------------------------------------------------------------------- #
 
-def _functions(comm):
+def _functions(comm, spin: float | None = None):
+    """The Python functions of the graph's MPI ops, over ``comm``; with ``spin``, each first waits for
+    every member asleep (:func:`parallax.comm.arrival.arrive`)."""
     from mpi4py import MPI
 
     def sum_in_place(target: np.ndarray) -> None:
@@ -236,6 +240,7 @@ def _functions(comm):
     def allreduce(*buffers):
         """Sum each buffer over the workers in place (each is ours alone: see :func:`_owned`); the small
         ones together, in one buffer laid out as :func:`fused_layout` says (the compiled op's calls)."""
+        arrive(comm, spin)
         arrays = [np.asarray(b) for b in buffers]
         fused, offsets, total = fused_layout([(a.nbytes, a.dtype) for a in arrays])
         summed: list = list(buffers)
@@ -260,6 +265,7 @@ def _functions(comm):
         return summed
 
     def allgatherv(values, indices):
+        arrive(comm, spin)
         values = np.require(values, requirements="C")
         indices = np.require(indices, requirements="C")
         row = int(np.prod(values.shape[1:], dtype=np.int64))
@@ -272,6 +278,7 @@ def _functions(comm):
 
     def gatherv(values, indices):
         """Every member's rows at the first member; the others get none back."""
+        arrive(comm, spin)
         values = np.require(values, requirements="C")
         indices = np.require(indices, requirements="C")
         row = int(np.prod(values.shape[1:], dtype=np.int64))
@@ -288,6 +295,7 @@ def _functions(comm):
         return all_values, all_indices
 
     def allgather(values, indices):
+        arrive(comm, spin)
         counts = comm.allgather(int(values.shape[0]))
         most = max(counts)
         padded_values = np.zeros((most,) + values.shape[1:], dtype=values.dtype)
@@ -369,7 +377,8 @@ def _py_func_registry():
 
 
 def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None, groups: dict | None = None,
-                      native_ops: bool = True) -> tuple[graph_pb2.GraphDef, Callable[[], None]]:
+                      native_ops: bool = True, spin: float | None = None
+                      ) -> tuple[graph_pb2.GraphDef, Callable[[], None]]:
     """Point the graph's Parallax MPI ops at this process's functions.
 
     Registers one set of functions per communicator in TensorFlow's
@@ -385,6 +394,10 @@ def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None, groups: dict | N
             when ``None``); the functions use a duplicate of each communicator.
         groups: communicators of named groups (``{"host": ...}``).
         native_ops: ``False`` keeps the all-reduces in Python (benchmarks compare the two).
+        spin: ``None``: the calls are the collectives alone; seconds: each call first waits for
+            every member asleep, after this long awake (:mod:`parallax.comm.arrival`). The members
+            of each communicator agree here on the longest spin any of them asked for (an
+            ``Allreduce``; so all make the same calls even when their hosts decide differently).
 
     Returns:
         ``(bound graph_def, release)``.
@@ -401,11 +414,12 @@ def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None, groups: dict | N
             group_comm = MPI.COMM_WORLD
         own = group_comm.Dup()
         kept.append(own)
-        for key, fn in _functions(own).items():
+        agreed = _agreed_spin(own, spin)
+        for key, fn in _functions(own, agreed).items():
             bound[key + _group_suffix(group)] = (registry.insert(fn), fn)
         if native is not None:
             lowered[_ALLREDUCE + _group_suffix(group)] = key = f"{os.getpid()}.{next(_BINDINGS)}{_group_suffix(group)}"
-            native.register(key, own)
+            native.register(key, own, agreed, FIRST_NAP_SECONDS, LONGEST_NAP_SECONDS)
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
     for node in out.node:
@@ -431,6 +445,14 @@ def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None, groups: dict | N
         kept.clear()
 
     return out, release
+
+
+def _agreed_spin(comm, spin: float | None) -> float | None:
+    """The longest ``spin`` any member of ``comm`` asked for (``None``: none asked for one)."""
+    from mpi4py import MPI
+
+    longest = comm.allreduce(-1.0 if spin is None else float(spin), op=MPI.MAX)
+    return None if longest < 0 else longest
 
 
 def _native_for(graph_def: graph_pb2.GraphDef):
@@ -502,13 +524,13 @@ def _producer(input_name: str) -> str:
     return input_name.lstrip("^").split(":")[0]
 
 
-def import_bound(graph: tf.Graph, backend: MPIBackend, comm=None, native_ops: bool = True
-                 ) -> tuple[tf.Graph, Callable[[], None]]:
+def import_bound(graph: tf.Graph, backend: MPIBackend, comm=None, native_ops: bool = True,
+                 spin: float | None = None) -> tuple[tf.Graph, Callable[[], None]]:
     """A copy of ``graph``, in which ``backend`` built its ops, with those ops bound to this process
     (what a worker's start-up does, for one graph: benchmarks, tests), and what releases them."""
     graph_def = graph.as_graph_def()
     backend.finalize_nodes(graph_def.node)
-    graph_def, release = bind_py_functions(graph_def, comm=comm, native_ops=native_ops)
+    graph_def, release = bind_py_functions(graph_def, comm=comm, native_ops=native_ops, spin=spin)
     bound = tf.Graph()
     with bound.as_default():
         tf.graph_util.import_graph_def(graph_def, name="")

@@ -47,9 +47,17 @@ class NativeOps:
     path: str
     cdll: ctypes.CDLL
 
-    def register(self, key: str, comm) -> None:
-        """Let the graph's ops with ``comm=key`` use the mpi4py communicator ``comm``."""
-        self.cdll.parallax_register_comm(key.encode(), ctypes.c_ssize_t(comm.handle))
+    def register(self, key: str, comm, spin: float | None = None, first_nap: float = 0.0,
+                 longest_nap: float = 0.0) -> None:
+        """Let the graph's ops with ``comm=key`` use the mpi4py communicator ``comm``; with ``spin``
+        (seconds), each first waits for every member asleep, as
+        :func:`parallax.comm.arrival.wait_asleep` does with these naps."""
+
+        def ns(seconds: float) -> int:
+            return round(seconds * 1e9)
+
+        self.cdll.parallax_register_comm(key.encode(), ctypes.c_ssize_t(comm.handle),
+                                         -1 if spin is None else ns(spin), ns(first_nap), ns(longest_nap))
 
     def unregister(self, key: str) -> None:
         self.cdll.parallax_unregister_comm(key.encode())
@@ -132,7 +140,8 @@ def native_ops() -> NativeOps | None:
         path = build()
         tf.load_op_library(path)
         cdll = ctypes.CDLL(path)
-        cdll.parallax_register_comm.argtypes = [ctypes.c_char_p, ctypes.c_ssize_t]
+        cdll.parallax_register_comm.argtypes = [ctypes.c_char_p, ctypes.c_ssize_t, ctypes.c_int64, ctypes.c_int64,
+                                                ctypes.c_int64]
         cdll.parallax_unregister_comm.argtypes = [ctypes.c_char_p]
         return NativeOps(path, cdll)
     except (RuntimeError, OSError, subprocess.SubprocessError, tf.errors.OpError) as e:

@@ -210,15 +210,12 @@ def _idle_barrier(on_waiting: Callable[[], None] | None = None) -> None:
     servers each took half a core that way, from the workers and from their own gRPC threads.
     ``on_waiting`` is called at each test while the others are not there.
     """
-    import time
-
     from mpi4py import MPI
 
-    request = MPI.COMM_WORLD.Ibarrier()
-    while not request.Test():
-        if on_waiting is not None:
-            on_waiting()
-        time.sleep(EXIT_POLL_SECONDS)
+    from parallax.comm.arrival import wait_asleep
+
+    wait_asleep(MPI.COMM_WORLD.Ibarrier(), first_nap=EXIT_POLL_SECONDS, longest_nap=EXIT_POLL_SECONDS,
+                on_waiting=on_waiting)
 
 
 def leave_together() -> None:

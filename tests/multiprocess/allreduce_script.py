@@ -9,7 +9,9 @@ it may take over (a fresh product, large and small; two above the compiled op's 
 size, of odd length), in one fusion bucket and in several, and writes what it saw, with the
 huge pages its anonymous memory gained in the steps. With ``--mixed``, rank 0 sums with the
 compiled op and the others through the ``PyFunc``: both must issue the same MPI calls (the
-small buffers fused into one, ``fused_layout``).
+small buffers fused into one, ``fused_layout``). With ``--spin S``, rank 1 asks for each call to
+wait for every rank asleep after S seconds (``parallax.comm.arrival``) and rank 0 does not: they
+must agree when they bind, or the calls would not match.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 
-def rank_main(out: str, fusion_bytes: int, mixed: bool) -> None:
+def rank_main(out: str, fusion_bytes: int, mixed: bool, spin: float | None) -> None:
     import numpy as np
     import tensorflow as tf
     from mpi4py import MPI
@@ -56,7 +58,8 @@ def rank_main(out: str, fusion_bytes: int, mixed: bool) -> None:
         backend = MPIBackend(CommSpec(fusion_bytes=fusion_bytes), comm.size)
         summed = backend.allreduce_sum(inputs)
     # mixed: rank 0 sums with the compiled op, the others through the PyFunc (the same MPI calls)
-    run_graph, release = import_bound(graph, backend, native_ops=comm.rank == 0 or not mixed)
+    run_graph, release = import_bound(graph, backend, native_ops=comm.rank == 0 or not mixed,
+                                      spin=spin if comm.rank == 1 else None)
     with run_graph.as_default():
         fetch = [run_graph.get_tensor_by_name(t.name) for t in summed]
         inputs_after = [run_graph.get_tensor_by_name(t.name) for t in (const, var_value)]
@@ -92,10 +95,11 @@ def main() -> None:
     parser.add_argument("--rank", action="store_true")
     parser.add_argument("--fusion_bytes", type=int, default=64 << 20)
     parser.add_argument("--mixed", action="store_true")
+    parser.add_argument("--spin", type=float, default=None)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.rank:
-        return rank_main(args.out, args.fusion_bytes, args.mixed)
+        return rank_main(args.out, args.fusion_bytes, args.mixed, args.spin)
     from parallax.launch.launcher import launch
     from parallax.launch.layout import ranks_per_device
     from parallax.resources import parse_resource_text
@@ -103,7 +107,8 @@ def main() -> None:
     with open(args.resource_info) as f:
         ranks = ranks_per_device(parse_resource_text(f.read()))
     result = launch(ranks, [os.path.abspath(__file__), "--rank", "--out", args.out,
-                            "--fusion_bytes", str(args.fusion_bytes)] + (["--mixed"] if args.mixed else []))
+                            "--fusion_bytes", str(args.fusion_bytes)] + (["--mixed"] if args.mixed else [])
+                    + (["--spin", str(args.spin)] if args.spin is not None else []))
     sys.exit(result.returncode)
 
 

@@ -19,22 +19,26 @@ _ONE_BUCKET = 64 << 20  # the small buffers summed together (fused_layout)
 _MIXED = "mixed"  # rank 0 with the compiled op, rank 1 through the PyFunc
 
 
-@pytest.mark.parametrize("native, huge_pages, fusion_bytes", [
-    (True, True, 1),
-    (_MIXED, True, _ONE_BUCKET),  # rank 1's PyFunc sums the large buffers in place too
-    pytest.param(False, True, 1, marks=pytest.mark.extended),
-    pytest.param(True, False, 1, marks=pytest.mark.extended),
-    pytest.param(True, True, _ONE_BUCKET, marks=pytest.mark.extended),  # MPI-mode training covers it too
-    pytest.param(False, True, _ONE_BUCKET, marks=pytest.mark.extended),
-], ids=["compiled-op", "mixed-one-bucket", "pyfunc", "compiled-op-no-huge-pages", "compiled-op-one-bucket",
-        "pyfunc-one-bucket"])
+@pytest.mark.parametrize("native, huge_pages, fusion_bytes, spin", [
+    (True, True, 1, None),
+    # rank 1's PyFunc sums the large buffers in place too; only rank 1 asks to wait asleep (the
+    # compiled op's Arrive and the PyFunc's arrive, agreed on when they bind, or the calls hang)
+    (_MIXED, True, _ONE_BUCKET, 2e-4),
+    pytest.param(_MIXED, True, _ONE_BUCKET, None, marks=pytest.mark.extended),
+    pytest.param(False, True, 1, None, marks=pytest.mark.extended),
+    pytest.param(True, False, 1, None, marks=pytest.mark.extended),
+    pytest.param(True, True, _ONE_BUCKET, None, marks=pytest.mark.extended),  # MPI-mode training covers it too
+    pytest.param(False, True, _ONE_BUCKET, None, marks=pytest.mark.extended),
+], ids=["compiled-op", "mixed-one-bucket-arriving", "mixed-one-bucket", "pyfunc", "compiled-op-no-huge-pages",
+        "compiled-op-one-bucket", "pyfunc-one-bucket"])
 def test_in_place_sums_are_right_and_leave_shared_buffers_alone(tmp_path, monkeypatch, fusion_bytes, native,
-                                                               huge_pages):
+                                                               huge_pages, spin):
     mixed = native == _MIXED
     monkeypatch.setenv(DISABLE_ENV, "1" if native else "0")
     monkeypatch.setenv(HUGE_PAGES_ENV, "1" if huge_pages else "0")
     run = run_script(tmp_path, "localhost: cpu:0,cpu:1\n", "--fusion_bytes", str(fusion_bytes),
-                     *(["--mixed"] if mixed else []), script=SCRIPT, timeout=300)
+                     *(["--mixed"] if mixed else []), *(["--spin", str(spin)] if spin is not None else []),
+                     script=SCRIPT, timeout=300)
     assert run.returncode == 0, run.output[-4000:]
     for rank in (0, 1):
         with open(os.path.join(run.out_dir, f"rank_{rank}.json")) as f:

@@ -122,3 +122,22 @@ def test_auto_decides_the_layout_with_the_hosts_the_plan_has(embedding, text, la
     assert job.layout == layout
     assert job.plan.variable("embedding").sync == ("ps" if layout == "HYBRID" else "allgather")
     assert job.plan.server_hosts == (("a", "b", "c") if layout == "HYBRID" else ())
+
+
+@pytest.mark.parametrize("text, run_option, environ, expected", [
+    ("a: cpu:0,cpu:1\nb: cpu:0,cpu:1", None, {}, "default"),  # HYBRID across hosts: waits asleep
+    ("localhost: cpu:0,cpu:1,cpu:2,cpu:3", None, {}, None),  # HYBRID on one host: polls
+    ("a: cpu:0,cpu:1\nb: cpu:0,cpu:1", "MPI", {}, None),
+    ("a: cpu:0,cpu:1\nb: cpu:0,cpu:1", "PS", {}, None),
+    ("a: cpu:0,cpu:1\nb: cpu:0,cpu:1", None, {"PARALLAX_ARRIVAL_SPIN_US": "off"}, None),
+    ("localhost: cpu:0,cpu:1", "MPI", {"PARALLAX_ARRIVAL_SPIN_US": "250"}, 250e-6),
+], ids=["hybrid-hosts", "hybrid-one-host", "mpi", "ps", "env-off", "env-microseconds"])
+def test_the_workers_mpi_calls_wait_asleep_where_polling_takes_the_servers_cores(embedding, text, run_option,
+                                                                                   environ, expected):
+    from parallax.comm.arrival import DEFAULT_SPIN_SECONDS
+    from parallax.roles import arrival_spin
+
+    cluster = parse_resource_text(text, "res")
+    settings = derive(Config(run_option=run_option), True, cluster, gpus=0, cpu_count=2, environ=environ)
+    job = make_job_plan(cluster, settings, embedding)
+    assert arrival_spin(job, settings) == (DEFAULT_SPIN_SECONDS if expected == "default" else expected)

@@ -10,7 +10,7 @@ import tensorflow as tf
 import parallax
 from parallax.launch.launcher import MPIRUN_OPTIONS_ENV
 from parallax.resources import parse_resource_text
-from parallax.settings import FINISH_TIMEOUT_ENV, Timeouts, derive
+from parallax.settings import ARRIVAL_SPIN_ENV, FINISH_TIMEOUT_ENV, Timeouts, derive
 
 CPU = parse_resource_text("localhost: cpu:0,cpu:1", "res")
 GPU = parse_resource_text("a: 0,1", "res")
@@ -134,3 +134,16 @@ def test_the_chief_releases_inside_its_step_unless_the_user_gave_hooks_which_run
     assert settings().ps.release_in_step
     hooked = parallax.Config(hooks=[tf.compat.v1.train.StepCounterHook(every_n_steps=10)])
     assert not settings(hooked).ps.release_in_step
+
+
+@pytest.mark.parametrize("text, expected", [("", None), (" off ", "off"), ("OFF", "off"), ("0", 0.0),
+                                            ("1500", 1500e-6)])
+def test_the_arrival_spin_comes_from_the_environment_in_microseconds(text, expected):
+    assert settings(environ={ARRIVAL_SPIN_ENV: text}).arrival_spin == expected
+
+
+@pytest.mark.parametrize("text", ["-1", "soon", "nan"])
+def test_a_bad_arrival_spin_names_the_variable_and_what_it_takes(text):
+    expected = rf"^PARALLAX_ARRIVAL_SPIN_US='{text}': expected 'off' or microseconds"
+    with pytest.raises(parallax.LaunchError, match=expected):
+        settings(environ={ARRIVAL_SPIN_ENV: text})

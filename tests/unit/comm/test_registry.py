@@ -32,8 +32,9 @@ def imports_of(path: pathlib.Path) -> set[str]:
 
 
 def test_the_backend_modules_import_only_the_base_so_there_is_no_circle():
-    leaves = {"parallax.comm.base", "parallax.comm.packing", "parallax.comm.native"}  # import nothing of comm
-    for name in ("base", "packing", "native"):
+    leaves = {"parallax.comm.base", "parallax.comm.packing", "parallax.comm.native",  # import nothing of comm
+              "parallax.comm.arrival"}
+    for name in ("base", "packing", "native", "arrival"):
         assert not {m for m in imports_of(COMM / f"{name}.py") if m.startswith("parallax.comm")}, name
     for name in ("mpi", "collective", "horovod"):
         imported = {m for m in imports_of(COMM / f"{name}.py") if m.startswith("parallax.comm")}
