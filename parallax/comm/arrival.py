@@ -6,8 +6,8 @@ That is harmless when every process of a host is in the same call, and harmful w
 member waits for somebody who needs that core. HYBRID across hosts is that case: a worker's
 all-reduce waits for workers who wait for a parameter server's gRPC answer, and on a host with
 fewer cores than processes the polling workers starve the servers and gRPC threads the chain
-goes through (docs/benchmarks.md: 2 cores, 4 workers on two virtual hosts, 9-13 steps/s polling,
-22-30 waiting asleep).
+goes through (docs/benchmarks.md: 2 cores, 4 workers on two virtual hosts, 11-14 steps/s polling,
+24-26 waiting asleep).
 
 :func:`wait_asleep` tests a request for a while (a short wait stays as quick as polling), then
 sleeps between tests, each nap twice the last up to a bound. :func:`arrive` waits so for every
