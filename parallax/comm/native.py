@@ -47,11 +47,10 @@ class NativeOps:
     path: str
     cdll: ctypes.CDLL
 
-    def register(self, key: str, comm, spin: float | None = None, first_nap: float = 0.0,
-                 longest_nap: float = 0.0) -> None:
+    def register(self, key: str, comm, spin: float | None, first_nap: float, longest_nap: float) -> None:
         """Let the graph's ops with ``comm=key`` use the mpi4py communicator ``comm``; with ``spin``
-        (seconds), each first waits for every member asleep, as
-        :func:`parallax.comm.arrival.wait_asleep` does with these naps."""
+        (seconds; ``None``: no wait), each first waits for every member asleep, as
+        :func:`parallax.comm.arrival.wait_asleep` does with these naps (seconds)."""
 
         def ns(seconds: float) -> int:
             return round(seconds * 1e9)
