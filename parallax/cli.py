@@ -187,6 +187,13 @@ def _plan_parser() -> argparse.ArgumentParser:
     predict.add_argument("--inside_bandwidth", default="100Gbit",
                          help="between the devices of a host (default 100Gbit, about PCIe 3.0 x16)")
     predict.add_argument("--inside_latency", default="5us", help="between the devices of a host (default 5us)")
+    predict.add_argument("--step_spread", default="0", metavar="SECONDS",
+                         help="the standard deviation of one device's step time (default 0): adds the wait for the "
+                              "slowest of the cluster's devices each step")
+    predict.add_argument("--measured", default=None, metavar="FILE",
+                         help="steps measured on small clusters, per layout (YAML, e.g. 'MPI: {1x2: 2.1ms, 2x2: "
+                              "3.4ms}'): each layout's host costs are fitted to them and the prediction becomes a "
+                              "forecast (docs/modes.md)")
     predict.add_argument("--probe", action="store_true",
                          help="measure the link instead (parallax probe): between the resource file's first two "
                               "hosts, or inside its host when it has one")
@@ -194,39 +201,70 @@ def _plan_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _prediction_inputs(args: argparse.Namespace) -> tuple[float, tuple[int, int] | None, object, object]:
-    """``--predict``'s step time, cluster shape (or ``None``: the resource file's) and links.
+def _prediction_inputs(args: argparse.Namespace) -> tuple[float, tuple[int, int] | None, object, object, dict, float]:
+    """``--predict``'s step time, cluster shape (or ``None``: the resource file's), links,
+    measured steps (``--measured``: per layout, per cluster shape) and the step's spread.
 
     Raises:
         ValueError: naming the argument and what was expected.
     """
-    from parallax.plan.predict import Link, parse_bandwidth, parse_cluster, parse_latency
+    from parallax.plan.predict import Link, parse_bandwidth, parse_cluster, parse_latency, parse_measured
 
     if args.step_time is None:
         raise ValueError("--predict needs --step_time: the measured seconds of one training step on one device")
-    text = args.step_time.strip().lower()
-    try:
-        step = parse_latency(text) if text.endswith(("ms", "us", "s")) else float(text)
-    except ValueError:
-        raise ValueError(f"--step_time {args.step_time!r}: expected seconds, e.g. 0.175 or 175ms") from None
+    step = _seconds("--step_time", args.step_time)
     if not step > 0:
         raise ValueError(f"--step_time {args.step_time!r} must be positive")
+    spread = _seconds("--step_spread", args.step_spread)
+    if spread < 0:
+        raise ValueError(f"--step_spread {args.step_spread!r} must not be negative")
     shape = parse_cluster(args.cluster) if args.cluster else None
     between = Link(parse_bandwidth(args.bandwidth), parse_latency(args.latency))
     inside = Link(parse_bandwidth(args.inside_bandwidth), parse_latency(args.inside_latency))
-    return step, shape, between, inside
+    measured: dict = {}
+    if args.measured:
+        try:
+            with open(args.measured, encoding="utf-8") as f:
+                measured = parse_measured(f.read(), args.measured)
+        except OSError as e:
+            raise ValueError(f"--measured {args.measured!r}: {e.strerror}") from None
+    return step, shape, between, inside, measured, spread
 
 
-def _print_prediction(plan_json: str, step: float, shape, between, inside) -> None:
+def _seconds(option: str, text: str) -> float:
+    """``0.175`` or ``175ms`` -> seconds, or a ValueError naming ``option``."""
+    from parallax.plan.predict import parse_latency
+
+    clean = text.strip().lower()
+    try:
+        return parse_latency(clean) if clean.endswith(("ms", "us", "s")) else float(clean)
+    except ValueError:
+        raise ValueError(f"{option} {text!r}: expected seconds, e.g. 0.175 or 175ms") from None
+
+
+def _print_prediction(plan_json: str, step: float, shape, between, inside, measured: dict, spread: float) -> None:
     import json
 
-    from parallax.plan.predict import ClusterShape, cluster_of_plan, format_predictions, predict, variables_of_plan
+    from parallax.plan.predict import (
+        ClusterShape,
+        cluster_of_plan,
+        fit_costs,
+        format_costs,
+        format_predictions,
+        predict,
+        variables_of_plan,
+    )
 
     with open(plan_json, encoding="utf-8") as f:
         plan = json.load(f)
+    variables = variables_of_plan(plan)
     hosts, devices = shape or cluster_of_plan(plan)  # default: the planned job's hosts
     target = ClusterShape(hosts, devices, between, inside)
-    print(format_predictions(predict(variables_of_plan(plan), step, target), target, step), flush=True)
+    costs = {layout: fit_costs(variables, step, {ClusterShape(h, g, between, inside): t for (h, g), t in steps.items()},
+                               layout, spread) for layout, steps in measured.items()}
+    if costs:
+        print("host costs fitted to the measured steps (--measured):\n" + format_costs(costs), flush=True)
+    print(format_predictions(predict(variables, step, target, costs=costs, spread=spread), target, step), flush=True)
 
 
 def plan_main(argv: list[str] | None = None) -> int:
@@ -289,10 +327,10 @@ def _probed(prediction: tuple, resource_info: str, timeout: float) -> tuple:
     hosts = parse_resource_file(resource_info).hosts
     pair = (hosts[0], hosts[1] if len(hosts) > 1 else hosts[0])
     link = probe(pair, find_mpirun(), mpirun_options=os.environ.get(MPIRUN_OPTIONS_ENV, ""), timeout=timeout)
-    step, shape, between, inside = prediction
+    step, shape, between, inside, *rest = prediction
     measured = Link(link.bandwidth, link.latency)
     print(f"probed {_link_text(link)}", flush=True)
-    return (step, shape, measured, inside) if pair[0] != pair[1] else (step, shape, between, measured)
+    return (step, shape, measured, inside, *rest) if pair[0] != pair[1] else (step, shape, between, measured, *rest)
 
 
 def _link_text(link) -> str:

@@ -39,24 +39,49 @@ sends sparse ones to the servers per host; **TF PS** is TensorFlow's own
 ``N / step`` device batches a second, a speedup of ``N T / step`` over one
 device and a scaling efficiency of ``T / step``.
 
-What it leaves out, and why measured figures can be lower: copies between
-device and host memory, the servers' own work (summing, applying the update),
-stragglers, and collectives slower than their byte count (docs/benchmarks.md
-compares it with the Parallax paper's figures).
+Bytes alone are a bound. What a step spends besides them is the processes'
+own work, :class:`HostCosts`, per layout: a ``fixed`` cost per step of
+synchronising at all (the session, the in-graph calls, waiting for the last
+device), a ``row_rate`` at which the busiest process takes in sparse rows from
+other hosts (all-gathered rows at every worker; pushed rows at a server:
+copies through host memory, summing, applying), and a ``transfer`` cost per
+push or read a parameter server serves (they queue there). The drivers,
+:class:`HostLoad`, per step:
+
+==============  =========================================  ================================
+layout          rows taken in from other hosts             transfers a server serves
+==============  =========================================  ================================
+all-reduce      ``(N-G) k (r+8)`` per sparse variable       none
+TF PS           ``(N-G)/H k (r+8)``                         ``2 N`` (every device)
+PS, HYBRID      ``(H-1)/H min(G k, rows) (r+8)``            ``2 H`` (a process per host)
+==============  =========================================  ================================
+
+And a synchronous step waits for its slowest device: with ``spread`` the
+standard deviation of one device's step time, ``spread * E[max of N standard
+normals]`` (:func:`waiting`; 0.56 for 2 devices, 1.27 for 6, 2.23 for 48).
+
+The costs are the host's and the implementation's, not the model's: measure
+them (:func:`fit_costs` fits them to steps measured on a small cluster, as
+``parallax plan --predict --measured`` does) and the prediction becomes a
+forecast for larger ones; without them (all zero) it is a bound.
+docs/benchmarks.md calibrates them on the Parallax paper's one- and
+two-machine figures and sets the forecast for four and eight machines beside
+the published ones.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from parallax.plan.traffic import Payload, Traffic, variable_traffic
 
-__all__ = ["Link", "ClusterShape", "VariableCost", "Prediction", "LAYOUTS", "predict", "communication",
-           "parse_bandwidth", "parse_latency", "parse_cluster", "variables_of_plan", "cluster_of_plan",
-           "format_predictions"]
+__all__ = ["Link", "ClusterShape", "VariableCost", "HostCosts", "HostLoad", "Prediction", "LAYOUTS", "predict",
+           "communication", "host_load", "fit_costs", "waiting", "expected_max", "parse_bandwidth", "parse_latency",
+           "parse_cluster", "variables_of_plan", "cluster_of_plan", "format_predictions", "format_costs",
+           "parse_measured"]
 
 #: The layouts predicted, in the order printed.
 LAYOUTS = ("MPI", "PS", "HYBRID", "TF PS")
@@ -102,9 +127,35 @@ class VariableCost:
 
 
 @dataclass(frozen=True)
+class HostLoad:
+    """What the busiest process of a layout handles per step besides bytes over links: bytes of
+    sparse rows it takes in from other hosts, and the pushes and reads a server serves."""
+
+    rows_in: float = 0.0
+    transfers: int = 0
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """A layout's own costs on a host (module docstring): seconds per step of synchronising at
+    all (negative: communication overlapped with computing), bytes per second of sparse rows
+    taken in from other hosts, seconds per transfer a parameter server serves. All zero (the
+    default): the prediction is a bound."""
+
+    fixed: float = 0.0
+    row_rate: float = math.inf
+    transfer: float = 0.0
+
+    def seconds(self, load: HostLoad) -> float:
+        return self.fixed + load.rows_in / self.row_rate + load.transfers * self.transfer
+
+
+@dataclass(frozen=True)
 class Prediction:
-    """One layout's predicted step: seconds communicating, the whole step, the speedup over one
-    device, the scaling efficiency, and the bytes over a host's link to the others per step."""
+    """One layout's predicted step: seconds communicating, seconds of the processes' own work
+    (:class:`HostCosts`) and of waiting for the slowest device, the whole step, the speedup over
+    one device, the scaling efficiency, the bytes over a host's link to the others per step, and
+    whether it is a forecast (the layout's :class:`HostCosts` given) or a bound."""
 
     layout: str
     communication_s: float
@@ -112,6 +163,8 @@ class Prediction:
     speedup: float
     efficiency: float
     between_hosts_bytes: float
+    host_s: float = 0.0
+    forecast: bool = False  # with the layout's measured HostCosts; else a bound
 
 
 def _workers(layout: str, cluster: ClusterShape) -> tuple[list[str], int]:
@@ -172,9 +225,56 @@ def communication(variables: Iterable[VariableCost], layout: str, cluster: Clust
     return seconds, between
 
 
+def expected_max(n: int) -> float:
+    """The expected largest of ``n`` independent standard normal variables (0 for one).
+
+    >>> round(expected_max(2), 4), round(expected_max(48), 3)
+    (0.5642, 2.233)
+    """
+    if n < 2:
+        return 0.0
+    step = 1e-3  # E[max] = integral of x n phi(x) Phi(x)^(n-1) dx
+    total = 0.0
+    for i in range(-9000, 9001):
+        x = i * step
+        density = math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+        total += x * n * density * (0.5 * (1 + math.erf(x / math.sqrt(2)))) ** (n - 1)
+    return total * step
+
+
+def waiting(cluster: ClusterShape, spread: float) -> float:
+    """Seconds a synchronous step waits for its slowest device: ``spread`` (the standard deviation
+    of one device's step time) times the expected largest of ``N`` standard normals."""
+    return spread * expected_max(cluster.workers) if spread > 0 else 0.0
+
+
+def host_load(variables: Iterable[VariableCost], layout: str, cluster: ClusterShape) -> HostLoad:
+    """The :class:`HostLoad` of the busiest process of ``layout`` (module docstring); nothing on one device."""
+    n, h, g = cluster.workers, cluster.hosts, cluster.devices
+    if n < 2:
+        return HostLoad()
+    rows_in = 0.0
+    for v in variables:
+        if not v.sparse:
+            continue
+        each = v.row_bytes + _INDEX_BYTES
+        if _sync(layout, v) == "allgather":  # every worker takes in every other host's rows
+            rows_in += (n - g) * min(v.rows, v.rows_touched) * each
+        elif layout == "TF PS":  # a server's share of every other host's device's rows, none merged
+            rows_in += (n - g) / h * v.rows_touched * each
+        else:  # a server's share of every other host's rows, merged there
+            rows_in += (h - 1) / h * min(v.rows, g * v.rows_touched) * each
+    servers = layout in ("PS", "TF PS") or (layout == "HYBRID" and any(v.sparse for v in variables))
+    transfers = 0 if not servers else 2 * (n if layout == "TF PS" else h)
+    return HostLoad(rows_in, transfers)
+
+
 def predict(variables: Iterable[VariableCost], step_time: float, cluster: ClusterShape,
-            layouts: Iterable[str] = LAYOUTS) -> list[Prediction]:
-    """One :class:`Prediction` per layout (see the module docstring).
+            layouts: Iterable[str] = LAYOUTS, costs: Mapping[str, HostCosts] | None = None,
+            spread: float = 0.0) -> list[Prediction]:
+    """One :class:`Prediction` per layout (see the module docstring); ``costs``: each layout's
+    :class:`HostCosts` (a layout not in it: none, a bound); ``spread``: the standard deviation of
+    one device's step time, for :func:`waiting` (in ``host_s``).
 
     Raises:
         ValueError: a step time or cluster that is not positive.
@@ -184,13 +284,54 @@ def predict(variables: Iterable[VariableCost], step_time: float, cluster: Cluste
     if cluster.hosts < 1 or cluster.devices < 1:
         raise ValueError(f"a cluster needs at least one host and one device, got {cluster.hosts}x{cluster.devices}")
     variables = list(variables)
+    costs = costs or {}
     n = cluster.workers
     out = []
     for layout in layouts:
         seconds, between = communication(variables, layout, cluster)
-        step = step_time + seconds
-        out.append(Prediction(layout, seconds, step, n * step_time / step, step_time / step, between))
+        own = costs[layout].seconds(host_load(variables, layout, cluster)) if layout in costs and n > 1 else 0.0
+        own += waiting(cluster, spread)
+        step = max(step_time, step_time + seconds + own)  # overlap (fixed < 0) hides at most the communication
+        out.append(Prediction(layout, seconds, step, n * step_time / step, step_time / step, between, own,
+                              layout in costs))
     return out
+
+
+def fit_costs(variables: Iterable[VariableCost], step_time: float, measured: Mapping[ClusterShape, float],
+              layout: str, spread: float = 0.0) -> HostCosts:
+    """The :class:`HostCosts` of ``layout`` that best explain steps measured on small clusters
+    (``measured``: seconds per step on each cluster of several devices), by least squares of
+    what each step spends besides ``step_time``, the predicted communication and the waiting for
+    the slowest device (:func:`waiting`, from ``spread``): ``fixed`` and
+    one rate, the one that grows with the cluster for this layout (``row_rate`` where sparse rows
+    are all-gathered, ``transfer`` where there are servers). One cluster, or no growth between
+    them: ``fixed`` alone. The rate is never negative; ``fixed`` is when the layout overlaps
+    communication with computing (:func:`predict` never makes a step shorter than ``step_time``).
+
+    Raises:
+        ValueError: no cluster of more than one device, or a step that is not positive.
+    """
+    import numpy as np
+
+    variables = list(variables)
+    points = [(c, t) for c, t in measured.items() if c.workers > 1]
+    if not points:
+        raise ValueError(f"{layout}: fitting its costs needs a step measured on more than one device")
+    for c, t in points:
+        if not t > 0:
+            raise ValueError(f"{layout}: the step measured on {c.hosts}x{c.devices} must be positive, got {t}")
+    by_rows = not any(host_load(variables, layout, c).transfers for c, _ in points)
+    drive = np.array([host_load(variables, layout, c).rows_in if by_rows else host_load(variables, layout, c).transfers
+                      for c, _ in points], dtype=float)
+    extra = np.array([t - step_time - communication(variables, layout, c)[0] - waiting(c, spread) for c, t in points])
+    fixed, slope = float(np.mean(extra)), 0.0
+    if np.ptp(drive) > 0:
+        (a, b), *_ = np.linalg.lstsq(np.stack([np.ones_like(drive), drive], axis=1), extra, rcond=None)
+        if b > 0:  # a cost that falls as the cluster grows is noise: fixed alone
+            fixed, slope = float(a), float(b)
+    if by_rows:
+        return HostCosts(fixed, 1.0 / slope if slope > 0 else math.inf)
+    return HostCosts(fixed, transfer=float(slope))
 
 
 # --------------------------------------------------------------------------- #
@@ -277,17 +418,70 @@ def parse_cluster(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def parse_measured(text: str, source: str) -> dict[str, dict[tuple[int, int], float]]:
+    """Steps measured on small clusters, per layout, from YAML (``parallax plan --predict --measured``)::
+
+        MPI: {1x2: 2.1ms, 2x2: 3.4ms}     # layout: {HOSTSxDEVICES: seconds per step}
+        PS:
+          2x2: 0.0061
+
+    Raises:
+        ValueError: naming ``source``, the entry and what was expected.
+    """
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{source}: not YAML: {e}") from None
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"{source}: expected a mapping of layouts ({', '.join(LAYOUTS)}) to "
+                         "{HOSTSxDEVICES: step}, e.g. 'MPI: {1x2: 2.1ms, 2x2: 3.4ms}'")
+    out: dict[str, dict[tuple[int, int], float]] = {}
+    for layout, steps in data.items():
+        if layout not in LAYOUTS:
+            raise ValueError(f"{source}: unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+        if not isinstance(steps, dict) or not steps:
+            raise ValueError(f"{source}: {layout}: expected {{HOSTSxDEVICES: step}}, e.g. {{1x2: 2.1ms}}")
+        out[layout] = {}
+        for shape, step in steps.items():
+            where = f"{source}: {layout}: {shape}"
+            try:
+                cluster = parse_cluster(str(shape))
+                seconds = float(step) if isinstance(step, (int, float)) else parse_latency(str(step))
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
+            if not seconds > 0 or cluster[0] * cluster[1] < 2:
+                raise ValueError(f"{where}: expected a positive step on more than one device, got {step!r}")
+            out[layout][cluster] = seconds
+    return out
+
+
+def format_costs(costs: Mapping[str, HostCosts]) -> str:
+    """One line per layout's :class:`HostCosts`, as ``parallax plan --predict --measured`` prints them."""
+    lines = []
+    for layout, c in costs.items():
+        rate = "none" if math.isinf(c.row_rate) else f"{c.row_rate / 1e9:.3g} GB/s"
+        lines.append(f"  {layout:<8} fixed {c.fixed * 1e3:.3g} ms per step, rows from other hosts {rate}, "
+                     f"{c.transfer * 1e3:.3g} ms per server transfer")
+    return "\n".join(lines)
+
+
 def format_predictions(predictions: list[Prediction], cluster: ClusterShape, step_time: float) -> str:
     """The table ``parallax plan --predict`` prints."""
     gbit = cluster.between.bandwidth * 8 / 1e9
+    forecasts = [p for p in predictions if p.forecast]
+    kind = ("forecasts: each measured layout's host costs; the others bytes only, a bound" if forecasts else
+            "bytes only, communication not overlapped: a bound; --measured makes it a forecast")
     lines = [f"Predicted on {cluster.hosts} host(s) x {cluster.devices} device(s), {gbit:g} Gbit/s and "
              f"{cluster.between.latency * 1e6:g} us between hosts, single-device step {step_time * 1e3:g} ms "
-             "(communication not overlapped: a bound; see parallax/plan/predict.py):",
-             f"  {'layout':<8} {'comm ms':>9} {'step ms':>9} {'speedup':>8} {'efficiency':>10} "
-             f"{'MB between hosts':>17}"]
+             f"({kind}; see parallax/plan/predict.py):",
+             f"  {'layout':<8} {'comm ms':>9} {'host ms':>9} {'step ms':>9} {'speedup':>8} {'efficiency':>10} "
+             f"{'MB between hosts':>17}  kind"]
     for p in predictions:
-        lines.append(f"  {p.layout:<8} {p.communication_s * 1e3:>9.1f} {p.step_s * 1e3:>9.1f} {p.speedup:>7.1f}x "
-                     f"{p.efficiency * 100:>9.0f}% {p.between_hosts_bytes / 1e6:>17.1f}")
-    best = min(predictions, key=lambda p: p.step_s)
-    lines.append(f"  fastest: {best.layout}")
+        lines.append(f"  {p.layout:<8} {p.communication_s * 1e3:>9.1f} {p.host_s * 1e3:>9.1f} {p.step_s * 1e3:>9.1f} "
+                     f"{p.speedup:>7.1f}x {p.efficiency * 100:>9.0f}% {p.between_hosts_bytes / 1e6:>17.1f}  "
+                     f"{'forecast' if p.forecast else 'bound'}")
+    best = min(forecasts or predictions, key=lambda p: p.step_s)
+    lines.append(f"  fastest: {best.layout}" + (" (of the forecasts)" if forecasts else ""))
     return "\n".join(lines)

@@ -77,12 +77,48 @@ def test_predict_prints_each_layouts_step_from_the_plans_variables(tmp_path, res
     rows = {line.split()[0]: line.split() for line in printed.splitlines()
             if line.strip().split(" ")[0] in ("MPI", "PS", "HYBRID")}
     assert set(rows) == {"MPI", "PS", "HYBRID"}
-    # the step is the single-device 40 ms plus the predicted communication
+    # the step is the single-device 40 ms plus the predicted communication; no host costs: a bound
+    assert "a bound; --measured makes it a forecast" in printed
     for layout, cols in rows.items():
-        assert float(cols[2]) == pytest.approx(40.0 + float(cols[1]), abs=0.11), layout
+        assert float(cols[2]) == 0 and float(cols[3]) == pytest.approx(40.0 + float(cols[1]), abs=0.11), layout
     # without --cluster: the resource file's one host of 3 devices
     plan(tmp_path, resources, "--predict", "--step_time", "0.04")
     assert "Predicted on 1 host(s) x 3 device(s)" in capfd.readouterr().out
+
+
+def test_measured_steps_make_the_prediction_a_forecast(tmp_path, resources, capfd):
+    measured = tmp_path / "measured.yaml"
+    measured.write_text("MPI: {1x2: 45ms, 2x2: 47ms}\nPS:\n  1x2: 0.05\n")
+    code, _ = plan(tmp_path, resources, "--predict", "--step_time", "40ms", "--cluster", "6x8", "--latency", "0",
+                   "--measured", str(measured))
+    assert code == 0
+    printed = capfd.readouterr().out
+    assert "host costs fitted to the measured steps" in printed and "forecasts: each measured layout's" in printed
+    rows = {line.split()[0]: line.split() for line in printed.splitlines()
+            if line.strip().split(" ")[0] in ("MPI", "PS", "HYBRID")}
+    # PS measured once: its whole 10 ms less the predicted communication is a fixed cost per step
+    assert float(rows["PS"][2]) > 5 and float(rows["HYBRID"][2]) == 0  # HYBRID not measured: a bound
+    assert (rows["PS"][-1], rows["MPI"][-1], rows["HYBRID"][-1]) == ("forecast", "forecast", "bound")
+    fastest = [line for line in printed.splitlines() if "fastest:" in line][-1]
+    assert fastest.split()[1] in ("MPI", "PS") and "(of the forecasts)" in fastest
+    for layout, cols in rows.items():
+        assert float(cols[3]) == pytest.approx(40.0 + float(cols[1]) + float(cols[2]), abs=0.16), layout
+
+
+@pytest.mark.parametrize("text, message", [
+    ("RING: {1x2: 1ms}", "unknown layout 'RING'"),
+    ("MPI: {1x1: 1ms}", "MPI: 1x1: expected a positive step on more than one device"),
+    ("MPI: {2x2: soon}", "MPI: 2x2: latency 'soon': expected"),
+    ("MPI: 3", "MPI: expected {HOSTSxDEVICES: step}"),
+    ("[1, 2]", "expected a mapping of layouts"),
+])
+def test_measured_names_the_bad_entry(tmp_path, resources, capfd, text, message):
+    measured = tmp_path / "steps.yaml"
+    measured.write_text(text + "\n")
+    assert parallax_main(["plan", SCRIPT, resources, "--predict", "--step_time", "1", "--measured",
+                          str(measured)]) == 2
+    err = capfd.readouterr().err
+    assert f"{measured}: {message}" in err or (message in err and str(measured) in err), err
 
 
 @pytest.mark.parametrize("options, message", [
@@ -91,6 +127,10 @@ def test_predict_prints_each_layouts_step_from_the_plans_variables(tmp_path, res
     (["--predict", "--step_time", "1", "--cluster", "6by8"], "cluster '6by8': expected HOSTSxDEVICES"),
     (["--predict", "--step_time", "1", "--bandwidth", "10 furlongs"], "bandwidth '10 furlongs': expected"),
     (["--predict", "--step_time", "1", "--latency", "soon"], "latency 'soon': expected"),
+    (["--predict", "--step_time", "1", "--step_spread", "a lot"], "--step_spread 'a lot': expected seconds"),
+    (["--predict", "--step_time", "1", "--step_spread", "-0.5"], "--step_spread '-0.5' must not be negative"),
+    (["--predict", "--step_time", "1", "--measured", "/nonexistent/steps.yaml"],
+     "--measured '/nonexistent/steps.yaml': No such file"),
 ])
 def test_predict_names_a_bad_argument(tmp_path, resources, capfd, options, message):
     assert parallax_main(["plan", SCRIPT, resources, *options]) == 2

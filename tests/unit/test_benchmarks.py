@@ -104,3 +104,37 @@ def test_the_speed_targets_compare_like_with_like_at_each_rank_count():
     found = {(t["name"], t["ranks"]): t for t in compare.targets([rows, again, again])}
     assert [round(x, 2) for x in found["MPI vs Horovod", 3]["ratios"]] == [0.9, 1.17, 1.17]
     assert found["MPI vs Horovod", 3]["met"]
+
+
+def test_the_paper_forecast_fits_one_and_two_machines_and_forecasts_four_and_eight():
+    from benchmarks import predict_paper
+
+    variables, units = predict_paper.resnet50()
+    assert (len(variables), sum(v.num_bytes for v in variables) // 4) == (161, 25_557_032)  # ResNet-50 v1
+    variables, units = predict_paper.lm1b()
+    rows = predict_paper.model_rows("LM1B", variables, units, "HYBRID")
+    for r in rows:
+        if r["calibration"]:  # two figures, two costs per system: fitted exactly
+            assert r["forecast"] == pytest.approx(r["published"], rel=1e-6), r
+    at_48 = {r["system"]: r for r in rows if r["gpus"] == 48}
+    # the all-gathers grow with the rows from other hosts, as the published figures do
+    for system in ("MPI", "Horovod"):
+        assert at_48[system]["forecast"] == pytest.approx(at_48[system]["published"], rel=0.1)
+    assert at_48["HYBRID"]["forecast"] > at_48["HYBRID"]["published"]  # servers: too fast at 48 (docs say so)
+
+
+def test_the_machine_check_fits_at_two_ranks_and_forecasts_three():
+    from benchmarks import predict_here
+    from parallax.plan.predict import ClusterShape, Link, VariableCost, communication, expected_max
+
+    link = Link(1e9, 1e-5)
+    variables = [VariableCost("w", 10**6)]
+    devices = {2: {"step_time_s": 0.002, "spread_s": 0.0004}, 3: {"step_time_s": 0.004, "spread_s": 0.002}}
+    rows = predict_here.forecast_rows("dense", variables, devices, {("MPI", 2): 0.004, ("MPI", 3): 0.008}, link)
+    calibration, forecast = rows
+    assert calibration["forecast_s"] == pytest.approx(0.004)
+    comm_2 = communication(variables, "MPI", ClusterShape(1, 2, link, link))[0]
+    fixed = 0.004 - 0.002 - comm_2 - 0.0004 * expected_max(2)
+    assert forecast["fixed_s"] == pytest.approx(fixed)
+    assert forecast["forecast_s"] == pytest.approx(
+        0.004 + communication(variables, "MPI", ClusterShape(1, 3, link, link))[0] + fixed + 0.002 * expected_max(3))

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from parallax.plan.predict import (
     ClusterShape,
+    HostCosts,
+    HostLoad,
     Link,
     VariableCost,
     communication,
+    expected_max,
+    fit_costs,
+    host_load,
     parse_bandwidth,
     parse_cluster,
     parse_latency,
+    parse_measured,
     predict,
     variables_of_plan,
 )
@@ -109,3 +117,74 @@ def test_latencies_and_clusters():
                        ("0x8", parse_cluster), ("six", parse_cluster)):
         with pytest.raises(ValueError):
             parse(bad)
+
+
+def test_host_load_counts_the_rows_from_other_hosts_and_the_transfers_a_server_serves():
+    row = 1000 + 8
+    # all-gather: each worker takes in the rows of the 6 devices on the 3 other hosts
+    assert host_load([SPARSE, DENSE], "MPI", cluster(4, 2)) == HostLoad(6 * 1000 * row, 0)
+    # Parallax's servers: a quarter of each of the 3 other hosts' 2000 merged rows; a push and a read per host
+    for layout in ("PS", "HYBRID"):
+        assert host_load([SPARSE], layout, cluster(4, 2)) == HostLoad(3 / 4 * 2000 * row, 8)
+    # TensorFlow's: a quarter of each of the other 6 devices' rows, none merged; every device pushes and reads
+    assert host_load([SPARSE], "TF PS", cluster(4, 2)) == HostLoad(6 / 4 * 1000 * row, 16)
+    assert host_load([DENSE], "HYBRID", cluster(4, 2)) == HostLoad()  # all-reduced: no servers
+    assert host_load([DENSE], "PS", cluster(4, 2)).transfers == 8
+    assert host_load([SPARSE], "MPI", cluster(1, 1)) == HostLoad()
+
+
+def test_host_costs_add_to_the_step_and_an_overlap_never_beats_the_compute():
+    costs = HostCosts(fixed=0.1, row_rate=1 * GB, transfer=0.01)
+    (bound,) = predict([SPARSE], 1.0, cluster(4, 2), ["PS"])
+    (p,) = predict([SPARSE], 1.0, cluster(4, 2), ["PS"], {"PS": costs})
+    assert p.host_s == pytest.approx(0.1 + 3 / 4 * 2000 * 1008 / GB + 8 * 0.01)
+    assert p.step_s == pytest.approx(bound.step_s + p.host_s)
+    (overlapped,) = predict([DENSE], 1.0, cluster(4, 2), ["MPI"], {"MPI": HostCosts(fixed=-10.0)})
+    assert overlapped.step_s == 1.0 and overlapped.speedup == pytest.approx(8)
+    (alone,) = predict([DENSE], 1.0, cluster(1, 1), ["MPI"], {"MPI": costs})
+    assert alone.host_s == 0 and alone.step_s == 1.0
+
+
+def test_fit_costs_recovers_the_costs_that_made_the_steps_and_forecasts_larger_clusters():
+    variables = [SPARSE, DENSE]
+    for layout, truth in (("MPI", HostCosts(0.05, row_rate=0.5 * GB)), ("PS", HostCosts(0.02, transfer=0.003)),
+                          ("TF PS", HostCosts(-0.2, transfer=0.01))):
+        def step(hosts, devices, costs=truth, layout=layout):
+            return predict(variables, 1.0, cluster(hosts, devices), [layout], {layout: costs})[0].step_s
+        fitted = fit_costs(variables, 1.0, {cluster(1, 2): step(1, 2), cluster(2, 2): step(2, 2)}, layout)
+        assert fitted.fixed == pytest.approx(truth.fixed), layout
+        assert fitted.row_rate == pytest.approx(truth.row_rate) and fitted.transfer == pytest.approx(truth.transfer)
+        forecast = predict(variables, 1.0, cluster(8, 2), [layout], {layout: fitted})[0].step_s
+        assert forecast == pytest.approx(step(8, 2)), layout
+
+
+def test_fit_costs_with_one_cluster_or_no_growth_fits_a_fixed_cost():
+    one = fit_costs([DENSE], 1.0, {cluster(1, 2): 2.0}, "MPI")
+    assert one.fixed == pytest.approx(2.0 - 1.0 - communication([DENSE], "MPI", cluster(1, 2))[0])
+    assert one.row_rate == float("inf") and one.transfer == 0
+    # steps that fall as the cluster grows (noise) give no negative rate
+    falling = fit_costs([SPARSE], 1.0, {cluster(1, 2): 3.0, cluster(2, 2): 2.0}, "PS")
+    assert falling.transfer == 0
+    with pytest.raises(ValueError, match="more than one device"):
+        fit_costs([DENSE], 1.0, {cluster(1, 1): 1.0}, "MPI")
+
+
+def test_measured_steps_from_yaml():
+    assert parse_measured("MPI: {1x2: 2.5ms, 2x2: 0.004}\n'TF PS': {1x4: 1}\n", "m.yaml") == {
+        "MPI": {(1, 2): 0.0025, (2, 2): 0.004}, "TF PS": {(1, 4): 1.0}}
+    for text, message in (("MPI: [1]", "m.yaml: MPI: expected"), ("HOROVOD: {1x2: 1}", "unknown layout"),
+                          ("MPI: {2: 1}", "m.yaml: MPI: 2: cluster '2'"), ("MPI: {1x2: -1}", "positive step"),
+                          ("{", "m.yaml: not YAML"), ("", "expected a mapping")):
+        with pytest.raises(ValueError, match=message):
+            parse_measured(text, "m.yaml")
+
+
+def test_a_synchronous_step_waits_for_the_slowest_device():
+    assert expected_max(1) == 0 and expected_max(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-4)
+    assert expected_max(6) == pytest.approx(1.2672, abs=1e-3)  # the tabulated value
+    (p,) = predict([DENSE], 1.0, cluster(4, 2), ["MPI"], spread=0.1)
+    (bound,) = predict([DENSE], 1.0, cluster(4, 2), ["MPI"])
+    assert p.host_s == pytest.approx(0.1 * expected_max(8)) and p.step_s == pytest.approx(bound.step_s + p.host_s)
+    # fitted with the same spread, the fixed cost is what is left besides the wait
+    assert fit_costs([DENSE], 1.0, {cluster(4, 2): bound.step_s + 0.3}, "MPI", spread=0.1).fixed == \
+        pytest.approx(0.3 - 0.1 * expected_max(8))
