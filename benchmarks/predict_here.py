@@ -232,9 +232,8 @@ def main() -> int:
         devices = {n: {key: statistics.median(d[key] for d in ds) for key in ds[0]} for n, ds in singles.items()}
         devices_all[workload] = {n: {**devices[n], "rounds": ds} for n, ds in singles.items()}
         measured = {key: statistics.median(values) for key, values in steps.items()}
-        rows += forecast_rows(workload, plan_variables(workload, args.vocab, work), devices, measured, inside)
-        for r in rows[-2 * len(LAYOUTS):]:
-            r["measured_rounds_s"] = steps[r["layout"], r["ranks"]]
+        for r in forecast_rows(workload, plan_variables(workload, args.vocab, work), devices, measured, inside):
+            rows.append({**r, "measured_rounds_s": steps[r["layout"], r["ranks"]]})
     print(f"\n{'workload':<8} {'layout':<7} {'ranks':>5} {'measured ms':>12} {'forecast ms':>12} {'bound ms':>9} "
           f"{'forecast/measured':>18}")
     for r in rows:

@@ -302,10 +302,10 @@ def fit_costs(variables: Iterable[VariableCost], step_time: float, measured: Map
     """The :class:`HostCosts` of ``layout`` that best explain steps measured on small clusters
     (``measured``: seconds per step on each cluster of several devices), by least squares of
     what each step spends besides ``step_time``, the predicted communication and the waiting for
-    the slowest device (:func:`waiting`, from ``spread``): ``fixed`` and
-    one rate, the one that grows with the cluster for this layout (``row_rate`` where sparse rows
-    are all-gathered, ``transfer`` where there are servers). One cluster, or no growth between
-    them: ``fixed`` alone. The rate is never negative; ``fixed`` is when the layout overlaps
+    the slowest device (:func:`waiting`, from ``spread``): ``fixed`` and one rate, the one that
+    grows with the cluster for this layout (``row_rate`` where sparse rows are all-gathered,
+    ``transfer`` where there are servers). One cluster, or no growth between them: ``fixed``
+    alone. The rate is never negative; ``fixed`` is negative when the layout overlaps
     communication with computing (:func:`predict` never makes a step shorter than ``step_time``).
 
     Raises:
@@ -320,9 +320,9 @@ def fit_costs(variables: Iterable[VariableCost], step_time: float, measured: Map
     for c, t in points:
         if not t > 0:
             raise ValueError(f"{layout}: the step measured on {c.hosts}x{c.devices} must be positive, got {t}")
-    by_rows = not any(host_load(variables, layout, c).transfers for c, _ in points)
-    drive = np.array([host_load(variables, layout, c).rows_in if by_rows else host_load(variables, layout, c).transfers
-                      for c, _ in points], dtype=float)
+    loads = [host_load(variables, layout, c) for c, _ in points]
+    by_rows = not any(load.transfers for load in loads)
+    drive = np.array([load.rows_in if by_rows else load.transfers for load in loads], dtype=float)
     extra = np.array([t - step_time - communication(variables, layout, c)[0] - waiting(c, spread) for c, t in points])
     fixed, slope = float(np.mean(extra)), 0.0
     if np.ptp(drive) > 0:
