@@ -61,6 +61,13 @@ class NativeOps:
     def unregister(self, key: str) -> None:
         self.cdll.parallax_unregister_comm(key.encode())
 
+    def fused_counts(self) -> tuple[int, int]:
+        """Calls of this process that summed their small inputs together where they lay (TensorFlow
+        had put them back to back), and calls that copied them into one buffer first."""
+        in_place, copied = ctypes.c_int64(), ctypes.c_int64()
+        self.cdll.parallax_fused_counts(ctypes.byref(in_place), ctypes.byref(copied))
+        return in_place.value, copied.value
+
 
 def _mpi_flags() -> tuple[list[str], list[str]]:
     """Compile and link flags of the Open MPI next to this Python (its ``mpicc``), else on ``PATH``."""

@@ -76,10 +76,41 @@ def rank_main(out: str, fusion_bytes: int, mixed: bool, spin: float | None) -> N
             huge_after = _anon_huge_page_kb()
             unchanged = [np.asarray(v).ravel().tolist()[:3] for v in sess.run(inputs_after)]
     release()
+    adjacent = _adjacent_pair(comm, rank, fusion_bytes, native=comm.rank == 0 or not mixed,
+                              spin=spin if comm.rank == 1 else None)
     with open(os.path.join(out, f"rank_{comm.rank}.json"), "w") as f:
         json.dump({"size": comm.size, "rank": comm.rank, "steps": steps, "inputs_after": unchanged,
                    "ops": sorted({op.type for op in run_graph.get_operations()}),
-                   "huge_page_kb_added": huge_after - huge_before}, f)
+                   "huge_page_kb_added": huge_after - huge_before, "adjacent": adjacent}, f)
+
+
+def _adjacent_pair(comm, rank: float, fusion_bytes: int, native: bool, spin: float | None) -> dict:
+    """Two small fresh gradients made one after the other (one inter-op thread), which TensorFlow's
+    allocator puts back to back: in one bucket, the compiled op sums them where they lie."""
+    import numpy as np
+    import tensorflow as tf
+
+    from parallax.comm.mpi import MPIBackend, import_bound
+    from parallax.comm.native import native_ops
+    from parallax.plan.model import CommSpec
+
+    graph = tf.Graph()
+    with graph.as_default():
+        source = tf.compat.v1.Variable(np.full(2 * 131072, rank, np.float32), name="source", use_resource=True)
+        parts = [p * 1.5 for p in tf.split(source.read_value() * 2.0, 2)]  # views of one buffer, then their own
+        backend = MPIBackend(CommSpec(fusion_bytes=fusion_bytes), comm.size)
+        summed = backend.allreduce_sum(parts)
+    run_graph, release = import_bound(graph, backend, native_ops=native, spin=spin)
+    ops = native_ops() if native else None
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1, intra_op_parallelism_threads=1)
+    with tf.compat.v1.Session(graph=run_graph, config=config) as sess:
+        sess.run(run_graph.get_operation_by_name("source/Assign"))
+        before = ops.fused_counts() if ops else (0, 0)
+        sums = [[float(np.asarray(v).min()), float(np.asarray(v).max())]
+                for _ in range(3) for v in sess.run([run_graph.get_tensor_by_name(t.name) for t in summed])]
+        after = ops.fused_counts() if ops else (0, 0)
+    release()
+    return {"sums": sums, "in_place": after[0] - before[0], "copied": after[1] - before[1]}
 
 
 def _anon_huge_page_kb() -> int:

@@ -56,6 +56,13 @@ def test_in_place_sums_are_right_and_leave_shared_buffers_alone(tmp_path, monkey
             np.testing.assert_allclose(step["shared_seen"], own * 1.5)
         # the constant and the variable still hold this rank's value
         np.testing.assert_allclose(seen["inputs_after"], [[own] * 3, [own] * 3])
+        # two gradients back to back in one bucket: right sums, and the compiled op took them where
+        # they lay (no copy) at least once (the pure PyFunc ranks always copy: the same MPI calls)
+        adjacent = seen["adjacent"]
+        np.testing.assert_allclose(adjacent["sums"], [[total * 3.0] * 2] * 6)
+        uses_op = rank == 0 if mixed else native
+        if uses_op and fusion_bytes == _ONE_BUCKET:
+            assert adjacent["in_place"] >= 1 and adjacent["in_place"] + adjacent["copied"] == 3, adjacent
         print(f"rank {rank}: {seen['huge_page_kb_added']} kB more in huge pages")
         # the two 8 MiB buffers' whole 2 MiB pages (3 each) became huge pages when the op summed them
         # (measured: 30 MiB gained with the advice). Without it the figure depends on which memory the
