@@ -57,14 +57,14 @@ struct Registered {
 };
 
 std::mutex comms_mutex;
-
-// How often inputs summed together were summed where they lay (adjacent), and how often copied.
-std::atomic<std::int64_t> fused_in_place{0};
-std::atomic<std::int64_t> fused_copied{0};
 std::map<std::string, Registered>& comms() {
   static auto* registered = new std::map<std::string, Registered>();
   return *registered;
 }
+
+// How often inputs summed together were summed where they lay (adjacent), and how often copied.
+std::atomic<std::int64_t> fused_in_place{0};
+std::atomic<std::int64_t> fused_copied{0};
 
 // Wait for every member of `how.comm` without holding a core (see the file's comment).
 tensorflow::Status Arrive(const Registered& how) {

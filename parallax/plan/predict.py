@@ -75,6 +75,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cache
 
 from parallax.plan.traffic import Payload, Traffic, variable_traffic
 
@@ -225,6 +226,7 @@ def communication(variables: Iterable[VariableCost], layout: str, cluster: Clust
     return seconds, between
 
 
+@cache
 def expected_max(n: int) -> float:
     """The expected largest of ``n`` independent standard normal variables (0 for one).
 
@@ -233,7 +235,7 @@ def expected_max(n: int) -> float:
     """
     if n < 2:
         return 0.0
-    step = 1e-3  # E[max] = integral of x n phi(x) Phi(x)^(n-1) dx
+    step = 1e-3  # E[max] = integral of x n phi(x) Phi(x)^(n-1) dx (18,001 points: cached per n)
     total = 0.0
     for i in range(-9000, 9001):
         x = i * step
