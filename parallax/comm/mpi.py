@@ -63,9 +63,11 @@ _GATHERV = TOKEN_PREFIX + "mpi_gatherv"
 _REDUCE_SCATTER = TOKEN_PREFIX + "mpi_reduce_scatter"
 _ALLGATHER_SHARDS = TOKEN_PREFIX + "mpi_allgather_shards"
 _TRANSPORT_DTYPES = (tf.float32, tf.float64, tf.int32, tf.int64)
-#: Buffers are summed in pieces of at most this many bytes: Open MPI sums 16 pieces of 4 MiB in half the time
-#: of one 64 MiB buffer (on 2 ranks of one host; docs/benchmarks.md), and a piece costs one latency.
-CHUNK_BYTES = 4 * 1024 * 1024
+#: Buffers are summed in pieces of at most this many bytes: Open MPI sums 64 MiB in 2 or 4 MiB pieces in a
+#: third to half the time of one call, and 16 MiB in 2 MiB pieces 10-20 % faster than in 4 MiB ones (on 2
+#: ranks of one host, where a piece, its peer's and Open MPI's temporary all stay in the L3 cache;
+#: docs/benchmarks.md); a piece costs one latency.
+CHUNK_BYTES = 2 * 1024 * 1024
 #: The compiled op asks for 2 MiB pages for buffers of at least this size (numpy's threshold for the
 #: same advice); ``PARALLAX_HUGE_PAGES=0`` turns it off (parallax/comm/allreduce.cc says why).
 HUGE_PAGE_BYTES = 4 * 1024 * 1024
