@@ -80,10 +80,16 @@ def test_without_local_aggregation_each_replica_sends_and_the_result_is_the_same
 
 
 def test_explicit_role_file_with_two_servers(tmp_path):
-    ports = [free_port() for _ in range(4)]
-    text = (f"ps,localhost,{ports[0]},\nps,localhost,{ports[1]},\n"
-            f"worker,localhost,{ports[2]},cpu:0\nworker,localhost,{ports[3]},cpu:0\n")
-    run = run_script(tmp_path, text, "--run_option", "PS", "--model", "embedding", "--average_sparse")
+    # The file fixes the ports, so another test's process may take one between free_port() and the
+    # servers' start (the job then says so and stops); such a run is tried again on new ports.
+    for attempt in range(3):
+        ports = [free_port() for _ in range(4)]
+        text = (f"ps,localhost,{ports[0]},\nps,localhost,{ports[1]},\n"
+                f"worker,localhost,{ports[2]},cpu:0\nworker,localhost,{ports[3]},cpu:0\n")
+        run = run_script(tmp_path / f"attempt_{attempt}", text, "--run_option", "PS", "--model", "embedding",
+                         "--average_sparse")
+        if "is a port of the resource file in use?" not in run.output:
+            break
     check_ranks_match(run, expected_values("embedding"), 2)
 
 
