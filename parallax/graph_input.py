@@ -7,11 +7,15 @@ import os
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
-__all__ = ["load_graph"]
+__all__ = ["load_graph", "export_graph"]
 
-#: The ops of a ``tf.compat.v1.train.Saver`` (as TensorFlow's own meta_graph.py lists them).
-_SAVE_AND_RESTORE_OPS = frozenset({"SaveV2", "Save", "SaveSlice", "LegacySave", "LegacySaveSlice", "RestoreV2",
-                                   "Restore", "RestoreSlice", "LegacyRestore", "LegacyRestoreSlice"})
+
+def export_graph(graph: tf.Graph) -> meta_graph_pb2.MetaGraphDef:
+    """``graph`` as a ``MetaGraphDef``, every op kept: a ``tf.compat.v1.train.Saver`` the program
+    built keeps its ops, so that it can save and restore through the session
+    (:mod:`parallax.saver_calls`)."""
+    with graph.as_default():
+        return tf.compat.v1.train.export_meta_graph(graph=graph)
 
 
 def load_graph(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str | os.PathLike
@@ -27,14 +31,7 @@ def load_graph(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str | 
         TypeError: something else was given.
     """
     if isinstance(single_gpu_graph, tf.Graph):
-        # clear_extraneous_savers drops a Saver the program built (the chief saves with its own); TF does that
-        # node by node in Python (2.8 s for 10,000 ops), so only when there is one: without, the fast export
-        # is the same graph
-        savers = bool(single_gpu_graph.get_collection(tf.compat.v1.GraphKeys.SAVERS)) or any(
-            op.type in _SAVE_AND_RESTORE_OPS for op in single_gpu_graph.get_operations())
-        with single_gpu_graph.as_default():
-            meta = tf.compat.v1.train.export_meta_graph(graph=single_gpu_graph, clear_extraneous_savers=savers)
-        return single_gpu_graph, meta
+        return single_gpu_graph, export_graph(single_gpu_graph)
     if isinstance(single_gpu_graph, (str, os.PathLike)):
         path = os.fspath(single_gpu_graph)
         if not os.path.exists(path):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
@@ -22,15 +23,19 @@ from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
 
 from parallax.comm.registry import backends_in_use
 from parallax.errors import LaunchError
+from parallax.graph_input import export_graph
+from parallax.hooks import HookAdapter, SessionTranslation, begin_hooks, run_past_hooks
 from parallax.logs import log as logger
 from parallax.plan import TaskSpec
 from parallax.profiling import Profiler
 from parallax.rewrite.classify import classify
-from parallax.rewrite.names import release_op
+from parallax.rewrite.names import release_op, writes_barrier_op
 from parallax.rewrite.pipeline import rewrite_for_task, wait_points
+from parallax.rewrite.ps_sync import PROGRAM_WRITES, UNSYNCHRONISED
 from parallax.rewrite.replicate import shard_op_names
 from parallax.rewrite.zero import held_in_parts
-from parallax.session import ParallaxSession
+from parallax.session import ParallaxSession, WritesBarrier
+from parallax.translate import Translator
 
 if TYPE_CHECKING:
     from parallax.job import JobPlan, ProcessSpec
@@ -152,6 +157,8 @@ def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: t
     task = TaskSpec(worker_index=process.index)
     if process.index == 0:
         logger.info("Parallax plan:\n%s", job.describe())
+    if begin_hooks(settings.hooks, graph):  # what the hooks built in begin() is part of the graph rewritten
+        meta_graph = export_graph(graph)
     rewritten = rewrite_for_task(meta_graph, plan, task)
     if settings.export_graph_path:
         os.makedirs(settings.export_graph_path, exist_ok=True)
@@ -175,19 +182,37 @@ def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: t
     bound = meta_graph_pb2.MetaGraphDef()
     bound.CopyFrom(rewritten)
     bound.graph_def.CopyFrom(graph_def)
-    session, dist_graph, hooks = _start_session(bound, config, setup, settings,
-                                                frozenset(v.name for v in plan.variables))
-    setup.heartbeat.set("user")
     shard_ops = frozenset(n for n in shard_op_names(meta_graph) if n)
     replicated = classify(meta_graph.graph_def, plan, extra_inputs=shard_ops).replicated | shard_ops
     num_replicas = len(plan.workers[task.worker_index].replica_devices)  # a pipeline's stages are one replica
-    wrapper = ParallaxSession(session, dist_graph, graph, replicated, num_replicas,
+
+    def translation(dist_graph: tf.Graph) -> SessionTranslation:
+        return SessionTranslation(Translator(dist_graph, graph, replicated, num_replicas, held_in_parts(plan)),
+                                  chief=task.worker_index == 0)
+
+    session, translated, hooks = _start_session(bound, config, setup, settings,
+                                                frozenset(v.name for v in plan.variables), translation)
+    setup.heartbeat.set("user")
+    wrapper = ParallaxSession(session, translated,
                               profiler=Profiler.from_config(settings.profile, task.worker_index),
                               heartbeat=setup.heartbeat,
                               waits=wait_points(plan, task), on_close=tuple(releases),
-                              after_steps=_after_steps(plan, dist_graph), hooks=hooks,
-                              held_in_parts=held_in_parts(plan))
+                              after_steps=_after_steps(plan, translated.translator.graph), hooks=hooks,
+                              writes=_writes_barrier(plan, translated.translator.graph, task.worker_index == 0))
     return wrapper, setup.num_workers, task.worker_index, num_replicas
+
+
+def _writes_barrier(plan, graph: tf.Graph, chief: bool) -> WritesBarrier | None:
+    """The PS writes barrier of this worker's graph (see rewrite/ps_sync.py), or ``None``."""
+    writes = frozenset(_names(graph.get_collection(PROGRAM_WRITES)))
+    if not writes:
+        return None
+    return WritesBarrier(writes, frozenset(plan.train_ops), writes_barrier_op(chief), before=not chief,
+                         unsynchronised=frozenset(_names(graph.get_collection(UNSYNCHRONISED))))
+
+
+def _names(values: list) -> list[str]:
+    return [v.decode() if isinstance(v, bytes) else v for v in values]
 
 
 def _after_steps(plan, graph: tf.Graph) -> dict[str, str]:
@@ -197,18 +222,21 @@ def _after_steps(plan, graph: tf.Graph) -> dict[str, str]:
 
 
 def _start_session(meta: meta_graph_pb2.MetaGraphDef, config: config_pb2.ConfigProto, setup: ProcessSetup,
-                   settings: Settings, saved_names: frozenset[str]) -> tuple[Any, tf.Graph, bool]:
+                   settings: Settings, saved_names: frozenset[str],
+                   translation: Callable[[tf.Graph], SessionTranslation]) -> tuple[Any, SessionTranslation, bool]:
     """Import ``meta`` into a new graph and start a ``MonitoredSession`` on it: the chief
     initialises (restoring the latest checkpoint of ``ckpt_dir``; ``saved_names`` are the
-    single-device graph's variable names, which checkpoints hold), the others wait for it.
-    Returns the session, its graph and whether it runs hooks."""
+    single-device graph's variable names, which checkpoints hold), the others wait for it;
+    the program's hooks run through adapters (:mod:`parallax.hooks`) over ``translation`` of
+    the new graph. Returns the session, the translation and whether it runs hooks."""
     master = setup.server.target if setup.server is not None else ""
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.train.import_meta_graph(meta, clear_devices=False)
         if setup.broadcast is not None:
             setup.broadcast.build(graph)
-        all_hooks = list(settings.hooks)
+        translated = translation(graph)
+        all_hooks: list = [HookAdapter(h, translated) for h in settings.hooks]
         saver, ckpt_dir = None, None
         if settings.ckpt.ckpt_dir and setup.saves:
             from parallax.checkpoint import saver_hook, single_device_saver
@@ -228,8 +256,18 @@ def _start_session(meta: meta_graph_pb2.MetaGraphDef, config: config_pb2.ConfigP
                                             settings.timeouts.ready_poll)
         session = tf.compat.v1.train.MonitoredSession(session_creator=_InGraph(creator, graph), hooks=all_hooks)
     if setup.broadcast is not None:
-        setup.broadcast.run(session)
-    return session, graph, bool(all_hooks)
+        setup.broadcast.run(_PastHooks(session))  # no step of the program's: its hooks must not see it
+    return session, translated, bool(all_hooks)
+
+
+class _PastHooks:
+    """A ``MonitoredSession`` whose ``run`` goes past its hooks (for Parallax's own runs)."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+
+    def run(self, fetches: Any, feed_dict: Any = None) -> Any:
+        return run_past_hooks(self._session, fetches, feed_dict)
 
 
 class _InGraph(tf.compat.v1.train.SessionCreator):

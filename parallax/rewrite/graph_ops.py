@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
 
@@ -208,29 +208,57 @@ def written_variable(node: node_def_pb2.NodeDef, nodes: dict[str, node_def_pb2.N
     return None
 
 
-def make_no_op(graph_def: graph_pb2.GraphDef, names: set[str], device: str, what: str) -> None:
-    """Turn the ops ``names`` into ``NoOp``s on ``device`` that still wait for what they waited
-    for (their inputs become control inputs).
+def make_no_op(graph_def: graph_pb2.GraphDef, names: set[str], device: str, what: str,
+               values: Mapping[str, str] | None = None, after: Mapping[str, str] | None = None) -> None:
+    """Make the ops ``names`` run nothing on ``device``, still waiting for what they waited for (their
+    inputs become control inputs, and ``after[name]`` is waited for too).
+
+    A write that returns its variable (``Assign``, ``AssignAdd``, ``ScatterUpdate``... of a ref
+    variable) becomes an ``Identity`` of the same name, so its output still exists for a fetch, a reader
+    or a graph collection: of ``values[name]`` (a tensor name: what the write would have given) or else
+    of the variable, read once the waits are done. Every other op becomes a ``NoOp``.
 
     Raises:
-        RewriteError: another op reads the output of one of them; ``what`` says
+        RewriteError: another op reads the output of an op that became a ``NoOp``; ``what`` says
             what the dropped op is.
     """
     from parallax.errors import RewriteError
 
+    values, after = values or {}, after or {}
+    nodes = node_map(graph_def)
+    no_ops = set()
     for node in graph_def.node:
-        if node.name in names:
-            waits = list(dict.fromkeys(format_input(parse_input(t)[0], 0, True) for t in node.input))
+        if node.name not in names:
+            continue
+        ref = _returns_its_ref(node, nodes)
+        keep = (values.get(node.name) or node.input[0]) if ref else None  # the Identity's input
+        waits = [parse_input(t)[0] for t in node.input] + ([after[node.name]] if node.name in after else [])
+        kept_op = parse_input(keep)[0] if keep is not None else None
+        dtype = node.attr["T"].type if ref else None
+        for key in list(node.attr):
+            del node.attr[key]
+        del node.input[:]
+        if keep is not None:
+            node.op = "Identity"
+            node.attr["T"].type = dtype
+            node.input.append(keep)
+        else:
             node.op = "NoOp"
-            del node.input[:]
-            node.input.extend(waits)
-            for key in list(node.attr):
-                del node.attr[key]
-            node.device = device
+            no_ops.add(node.name)
+        node.input.extend(format_input(w, 0, True) for w in dict.fromkeys(waits) if w != kept_op)
+        node.device = device
     for node in graph_def.node:
         if node.name in names:
             continue
         for text in node.input:
             op, _, control = parse_input(text)
-            if op in names and not control:
+            if op in no_ops and not control:
                 raise RewriteError(f'op "{node.name}" reads the output of "{op}", {what}')
+
+
+def _returns_its_ref(node: node_def_pb2.NodeDef, nodes: dict[str, node_def_pb2.NodeDef]) -> bool:
+    """Whether ``node`` is a write of a ref variable whose output is that variable (``T`` its dtype)."""
+    if not is_variable_write(node.op) or "T" not in node.attr or not node.input:
+        return False
+    source = written_variable(node, nodes)
+    return source is not None and nodes[source].op in ("VariableV2", "Variable")

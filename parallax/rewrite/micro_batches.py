@@ -411,6 +411,8 @@ def _write_from_first_micro_batch(graph_def, writers: set[str], m: int) -> None:
         for j in range(1, m):
             copy = micro_op_name(name, j)
             by_device.setdefault(device_of[copy], set()).add(copy)
-    for device, names in sorted(by_device.items()):
+    for device, names in sorted(by_device.items()):  # a copy that returns its variable reads it after micro-batch 0's
         make_no_op(graph_def, names, device,
-                   "a write of a shared variable that only micro-batch 0 runs; read the variable instead")
+                   "a write of a shared variable that only micro-batch 0 runs; read the variable instead",
+                   after={micro_op_name(n, j): micro_op_name(n, 0) for n in writers for j in range(1, m)
+                          if micro_op_name(n, j) in names})

@@ -9,7 +9,8 @@ from __future__ import annotations
 __all__ = ["REPLICA_PREFIX", "replica_op_name", "copy_replica", "replica_tensor_name", "aggregate_scope",
            "replica_frame_name", "replica_function_name", "aggregate_outputs", "SYNC_PREFIX", "LOCAL_COPY_PREFIX",
            "sync_scope", "unsynchronised_train_op", "aggregate_step_scope", "variable_sync_scope", "local_copy_scope",
-           "is_parallax_op", "packed_reads_scope", "MICRO_PREFIX", "PIPELINE_PREFIX", "micro_op_name"]
+           "is_parallax_op", "packed_reads_scope", "MICRO_PREFIX", "PIPELINE_PREFIX", "micro_op_name",
+           "WRITES_SCOPE", "writes_barrier_op"]
 
 REPLICA_PREFIX = "parallax_replica_"
 AGGREGATE_PREFIX = "parallax_aggregate"
@@ -185,3 +186,18 @@ def release_op(train_op: str) -> str:
     'parallax_sync/step/Adam/release'
     """
     return f"{sync_scope(train_op)}release"
+
+
+#: The name scope of the barrier that orders the program's own writes of server variables outside a step.
+WRITES_SCOPE = f"{SYNC_PREFIX}/writes/"
+
+
+def writes_barrier_op(chief: bool) -> str:
+    """The op a worker's session runs around a ``run`` that wrote server variables outside a training step
+    (:func:`parallax.rewrite.ps_sync.add_ps_sync`): the chief's ``release`` after it, the others' ``wait``
+    before it.
+
+    >>> writes_barrier_op(True), writes_barrier_op(False)
+    ('parallax_sync/writes/release', 'parallax_sync/writes/wait')
+    """
+    return f"{WRITES_SCOPE}{'release' if chief else 'wait'}"

@@ -204,9 +204,10 @@ def _write_from_first_replica(meta_graph: meta_graph_pb2.MetaGraphDef, replicate
     nodes = node_map(meta_graph.graph_def)  # replica 0's copies keep the original names
     writers = [name for name in replicated
                if (var := written_variable(nodes[name], nodes)) is not None and var not in replicated]
-    for r in range(1, len(devices)):
+    for r in range(1, len(devices)):  # a copy that returns its variable reads it after replica 0's write
         make_no_op(meta_graph.graph_def, {replica_op_name(name, r) for name in writers}, devices[r],
-                   "a write of a shared variable that only replica 0 runs; read the variable instead")
+                   "a write of a shared variable that only replica 0 runs; read the variable instead",
+                   after={replica_op_name(name, r): name for name in writers})
 
 
 def _extend_table_initializers(meta_graph: meta_graph_pb2.MetaGraphDef, replicated: frozenset[str],

@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from parallax.hooks import SessionTranslation
 from parallax.rewrite.names import REPLICA_PREFIX, replica_op_name
 from parallax.session import ParallaxSession
+from parallax.translate import Translator
 
 REPLICAS = 2
 Pair = collections.namedtuple("Pair", "out total")
@@ -102,7 +104,9 @@ class Model:
         self.fake.session.run(init)
 
     def session(self, **kwargs):
-        return ParallaxSession(self.fake, self.rewritten, self.single, self.replicated, self.replicas, **kwargs)
+        held = kwargs.pop("held_in_parts", None)
+        translator = Translator(self.rewritten, self.single, self.replicated, self.replicas, held)
+        return ParallaxSession(self.fake, SessionTranslation(translator, chief=kwargs.pop("chief", True)), **kwargs)
 
     def close(self):
         self.fake.session.close()
@@ -419,7 +423,7 @@ def test_a_profiler_runs_the_step_and_hears_the_global_step(model):
 
 def test_the_session_properties(model):
     sess = model.session()
-    assert sess.graph is model.rewritten and sess.num_replicas == REPLICAS and sess.raw_session is model.fake
+    assert sess.graph is model.single and sess.raw_session is model.fake and sess.num_replicas == REPLICAS
     assert sess.should_stop() is False
     model.fake.should_stop = lambda: 1
     assert sess.should_stop() is True

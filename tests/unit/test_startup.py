@@ -45,7 +45,7 @@ def test_the_tail_turns_a_local_setup_into_a_session_of_in_graph_replicas(tmp_pa
         sess.run(model.train_op, feed_dict={model.inputs["x"]: [x, x], model.inputs["y"]: [x[:, :1], x[:, :1]]})
         assert (num_workers, worker_id, replicas) == (1, 0, 2)
         assert len(sess.run(model.loss, feed_dict={model.inputs["x"]: [x, x], model.inputs["y"]: [x[:, :1]] * 2})) == 2
-        assert sess.graph.get_operation_by_name("parallax_replica_1/loss").device.endswith("CPU:1")
+        assert sess.raw_session.graph.get_operation_by_name("parallax_replica_1/loss").device.endswith("CPU:1")
     assert "parallax_aggregate" in (tmp_path / "worker-0_metagraph").read_text()
 
 
