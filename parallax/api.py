@@ -245,6 +245,8 @@ def _run_joined(joined: JoinedProcess, job: JobPlan, settings: Settings, cluster
     joined.begin_call(settings)
     check_local_devices(job, settings, cluster.source)
     if not job.launched:  # one worker and no ps task: it trains alone
+        for note in job.notes:
+            logger.warning("Parallax: %s", note)
         return start_worker(local_replicas(job, settings), job, settings, graph, meta_graph)
     setup = role_setup(job, settings, joined)
     if setup.serve_only:

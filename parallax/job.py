@@ -149,6 +149,7 @@ def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis)
         devices = worker.devices or _bare_host_devices(settings.gpus)
         processes = (ProcessSpec(0, "worker", 0, worker.host, worker.line, worker.port, devices, None, 1),)
         servers = False
+        notes += _unused_alone(settings)
     else:
         if layout == "PS" and settings.pipeline[:2] != (1, 1):
             raise PlanError(f"pipeline_stages={settings.pipeline[0]}, micro_batches={settings.pipeline[1]}: a "
@@ -209,6 +210,16 @@ def _layout(cluster: Cluster, settings: Settings, analysis: GraphAnalysis
         return "PS", ps_ranks(cluster), (f"run_option={option}: every variable goes to parameter servers "
                                          f"({why}), so the job runs as PS",)
     return "HYBRID", hybrid_ranks(cluster, stages), ()
+
+
+def _unused_alone(settings: Settings) -> tuple[str, ...]:
+    """The note on what a job of one worker does not use: the settings that act between workers."""
+    if not settings.cross_worker_settings:
+        return ()
+    named = [s + " (its replicas average their gradients in every step, in-graph)" if s == "sync=False" else s
+             for s in settings.cross_worker_settings]
+    return (f"one worker trains alone here (the local layout): nothing crosses workers, so these settings are "
+            f"not used: {', '.join(named)}",)
 
 
 def _bare_host_devices(gpus: int) -> tuple[Device, ...]:

@@ -6,7 +6,7 @@ import pytest
 
 from parallax.analysis import analyse_graph
 from parallax.config import CommunicationConfig as Comm
-from parallax.config import Config, MPIConfig
+from parallax.config import Config, MPIConfig, PSConfig
 from parallax.job import make_job_plan
 from parallax.resources import Device, parse_resource_text
 from parallax.settings import derive
@@ -141,3 +141,33 @@ def test_the_workers_mpi_calls_wait_asleep_where_polling_takes_the_servers_cores
     settings = derive(Config(run_option=run_option), True, cluster, gpus=0, cpu_count=2, environ=environ)
     job = make_job_plan(cluster, settings, embedding)
     assert arrival_spin(job, settings) == (DEFAULT_SPIN_SECONDS if expected == "default" else expected)
+
+
+def test_one_worker_alone_names_each_setting_it_does_not_use_with_the_users_value(mlp):
+    cluster = parse_resource_text("localhost: cpu:0,cpu:1", "res")
+    config = Config(run_option="PS", plan_overrides={"dense*": "ps"}, communication_config=Comm(
+        ps_config=PSConfig(replicate_variables=False, boundary_among_servers=False)))
+    job = make_job_plan(cluster, derive(config, False, cluster, gpus=0, cpu_count=8, environ={}), mlp)
+    assert job.layout == "local"
+    assert job.notes == (
+        "one worker trains alone here (the local layout): nothing crosses workers, so these settings are not used: "
+        "sync=False (its replicas average their gradients in every step, in-graph), "
+        "PSConfig.replicate_variables=False, PSConfig.boundary_among_servers=False, "
+        "plan_overrides['dense*']['sync']='ps'",)
+    assert "  note: one worker trains alone here" in job.describe()
+
+
+@pytest.mark.parametrize("text, config", [
+    ("localhost: cpu:0,cpu:1", {"run_option": "PS"}),
+    ("localhost", {"run_option": "MPI"}),
+    ("localhost", {"plan_overrides": {"dense*": {"density": 0.5}}}),
+], ids=["defaults-ps", "defaults-mpi", "a-density-is-used-alone"])
+def test_one_worker_alone_with_defaults_says_nothing(mlp, text, config):
+    job = job_for(text, mlp, **config)
+    assert job.layout == "local" and job.notes == ()
+
+
+def test_zero_stage_alone_is_named_as_unused(mlp):
+    job = job_for("localhost", mlp, run_option="MPI", zero_stage=1)
+    assert job.layout == "local"
+    assert job.notes[0].endswith("so these settings are not used: zero_stage=1")
