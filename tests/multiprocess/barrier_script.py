@@ -1,5 +1,6 @@
 """A job without TensorFlow, started by :func:`parallax.launch.launcher.launch`: each rank
-meets the others at a barrier and writes ``rank_<r>.json`` (what launching alone costs)."""
+meets the others at a barrier and writes ``rank_<r>.json`` (what launching alone costs), with the
+``CUDA_VISIBLE_DEVICES`` it was started with."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def main() -> None:
         comm = MPI.COMM_WORLD
         comm.Barrier()
         with open(os.path.join(args.out, f"rank_{comm.rank}.json"), "w") as f:
-            json.dump({"rank": comm.rank, "size": comm.size, "pid": os.getpid()}, f)
+            json.dump({"rank": comm.rank, "size": comm.size, "pid": os.getpid(),
+                       "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}, f)
         return
     from parallax.launch.launcher import launch
     from parallax.launch.layout import ranks_per_device
