@@ -15,6 +15,7 @@ def main() -> None:
     parser.add_argument("--resource_info")
     parser.add_argument("--out", required=True)
     parser.add_argument("--rank", action="store_true")
+    parser.add_argument("--gpus", type=int, default=0, help="the GPUs a bare host line stands for (faked)")
     args = parser.parse_args()
     if args.rank:
         from mpi4py import MPI
@@ -30,7 +31,7 @@ def main() -> None:
     from parallax.resources import parse_resource_file
 
     os.makedirs(args.out, exist_ok=True)
-    result = launch(ranks_per_device(parse_resource_file(args.resource_info)),
+    result = launch(ranks_per_device(parse_resource_file(args.resource_info).with_bare_hosts(args.gpus)),
                     [os.path.abspath(__file__), "--rank", "--out", args.out])
     sys.exit(result.returncode)
 
