@@ -232,7 +232,7 @@ def _run_launched(launched: LaunchedProcess, job: JobPlan, settings: Settings, c
                   meta_graph: meta_graph_pb2.MetaGraphDef) -> tuple | int:
     """A process the launcher started: check it plans the launcher's job, then take its part."""
     launched.check_job(job, settings, cluster.source)
-    check_local_devices(job, settings, cluster.source)
+    check_local_devices(job, settings, cluster.source, launched.process_in(job))
     setup = role_setup(job, settings, launched)
     if setup.serve_only:
         return 0  # the exit barrier holds a server until every worker has finished
@@ -243,8 +243,10 @@ def _run_joined(joined: JoinedProcess, job: JobPlan, settings: Settings, cluster
                 meta_graph: meta_graph_pb2.MetaGraphDef) -> tuple | int:
     """A process a cluster manager started: take its task's part; nothing is launched."""
     joined.begin_call(settings)
-    check_local_devices(job, settings, cluster.source)
+    check_local_devices(job, settings, cluster.source, joined.process_in(job) if job.launched else None)
     if not job.launched:  # one worker and no ps task: it trains alone
+        for note in job.notes:
+            logger.warning("Parallax: %s", note)
         return start_worker(local_replicas(job, settings), job, settings, graph, meta_graph)
     setup = role_setup(job, settings, joined)
     if setup.serve_only:

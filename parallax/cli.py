@@ -116,16 +116,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check(resource_info: str, program: list[str]) -> int:
-    """``parallax-run --check``: one line per host of the file; 0 when every host is ready."""
+    """``parallax-run --check``: one line per host of the file (its GPUs among the facts); 0 when every host
+    is ready. A bare host line stands for this machine's GPUs, as in a job started here."""
+    from parallax.launch.command import GPUS_ENV
     from parallax.launch.launcher import check_job_hosts
     from parallax.launch.layout import RankSpec
+    from parallax.launch.preflight import gpu_names
 
     try:
         cluster = parse_resource_file(resource_info)
     except (ParallaxError, OSError) as e:
         print(f"parallax-run: {e}", file=sys.stderr)
         return 2
-    ranks = tuple(RankSpec(t.host, None, t.line, "worker", t.port) for t in (*cluster.workers, *cluster.servers))
+    here, visible = len(gpu_names()), os.environ.get(GPUS_ENV)  # what TensorFlow would count here
+    cluster = cluster.with_bare_hosts(here if visible is None else min(here, len([g for g in visible.split(",")
+                                                                                   if g.strip()])))
+    ranks = tuple(RankSpec(w.host, w.devices, w.line, "worker", w.port) for w in cluster.workers) + \
+        tuple(RankSpec(s.host, None, s.line, "ps", s.port) for s in cluster.servers)
     checks = check_job_hosts(ranks, program)
     for check in checks:
         print(check.line(), flush=True)

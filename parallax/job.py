@@ -18,6 +18,12 @@ Layouts:
 * ``HYBRID``: one worker process per device, as in MPI, plus parameter
   servers for the variables the plan puts there.
 
+A bare host line stands for every GPU of its host (``settings.gpus``, the
+launching machine's count: every host is taken to be alike) in every layout,
+so MPI and HYBRID run a process per GPU there. A launched process sees only its
+own GPUs (``visible_gpus``: the launcher sets its ``CUDA_VISIBLE_DEVICES``),
+renumbered from 0, and its sessions name them so (``visible_device_list``).
+
 ``HYBRID`` and ``AUTO`` decide per variable first: without a variable for the
 servers they run as ``MPI``, with nothing to all-reduce as ``PS``.
 """
@@ -58,7 +64,9 @@ class ProcessSpec:
         devices: its replicas' devices as the process sees them: GPUs numbered
             from 0 within ``visible_gpus``, CPUs as listed (``()`` for a server).
         visible_gpus: the host's GPU ids the process may use (``"1"``,
-            ``"0,1"``), or ``None``.
+            ``"0,1"``): its ``CUDA_VISIBLE_DEVICES`` when launched; ``None``
+            for a process without GPUs and for the one process of a ``local``
+            job (its devices are the host's ids).
         sharing_host: how many training processes share its host's cores.
     """
 
@@ -71,6 +79,14 @@ class ProcessSpec:
     devices: tuple[Device, ...]
     visible_gpus: str | None
     sharing_host: int
+
+    @property
+    def visible_device_list(self) -> str | None:
+        """Its sessions' ``gpu_options.visible_device_list``: its GPUs as it sees them (``"0,1"``
+        for ``visible_gpus`` ``"2,3"``), or ``None`` (no GPU, or a ``local`` job's process)."""
+        if self.visible_gpus is None:
+            return None
+        return ",".join(str(d.index) for d in self.devices if d.kind == "gpu")
 
     @property
     def cpu_devices(self) -> int:
@@ -124,7 +140,8 @@ class JobPlan:
                  + ("" if self.launched else ", this one (nothing is launched)")]
         for p in self.processes:
             devices = ", ".join(str(d) for d in p.devices) or "-"
-            gpus = f", GPUs {p.visible_gpus} visible" if p.visible_gpus else ""
+            gpus = f" (the host's GPU{'s' if ',' in p.visible_gpus else ''} {p.visible_gpus})" \
+                if p.visible_gpus else ""
             port = f", port {p.port}" if p.port else ""
             lines.append(f"  rank {p.rank}: {p.role} {p.index} on {p.host}: devices {devices}{gpus}{port}")
         lines.extend(f"  note: {n}" for n in self.notes)
@@ -142,6 +159,7 @@ def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis)
     Raises:
         PlanError: the variable plan cannot be made (see :func:`parallax.plan.build_plan`).
     """
+    cluster = cluster.with_bare_hosts(settings.gpus)  # every GPU of the host, in every layout
     settings, by_memory = _fit_memory(cluster, settings, analysis)
     layout, ranks, notes = _layout(cluster, settings, analysis)
     if layout == "local":
@@ -149,13 +167,15 @@ def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis)
         devices = worker.devices or _bare_host_devices(settings.gpus)
         processes = (ProcessSpec(0, "worker", 0, worker.host, worker.line, worker.port, devices, None, 1),)
         servers = False
+        notes += _unused_alone(settings)
     else:
         if layout == "PS" and settings.pipeline[:2] != (1, 1):
             raise PlanError(f"pipeline_stages={settings.pipeline[0]}, micro_batches={settings.pipeline[1]}: a "
                             "pipeline keeps each stage's variables on its own device, so it does not run with "
                             "parameter servers across processes (run_option PS); use 'MPI' or 'HYBRID' (whose "
                             "sparse variables may stay on servers), or one process (a single resource line)")
-        processes = _processes(ranks, layout, settings)
+        _check_ports(cluster, ranks, layout)
+        processes = _processes(ranks, layout)
         staged = any(p.role == "stage" for p in processes)
         if staged and (layout != "MPI" or not backend_class(settings.allreduce_comm.backend).supports_stage_servers):
             raise PlanError(f"pipeline_stages={settings.pipeline[0]} with each stage in a process of its own (the "
@@ -174,8 +194,7 @@ def _fit_memory(cluster: Cluster, settings: Settings, analysis: GraphAnalysis) -
     stages, micro, cuts, schedule = settings.pipeline
     if settings.device_memory is None or stages > 1 or cuts:
         return settings, False
-    counts = [len(w.devices) if w.devices is not None else len(_bare_host_devices(settings.gpus))
-              for w in cluster.workers]
+    counts = [len(w.devices or _bare_host_devices(settings.gpus)) for w in cluster.workers]
     fitted = fit_stages(analysis, settings.device_memory, counts)
     return replace(settings, pipeline=(fitted, micro, cuts, schedule)), fitted > 1
 
@@ -211,12 +230,37 @@ def _layout(cluster: Cluster, settings: Settings, analysis: GraphAnalysis
     return "HYBRID", hybrid_ranks(cluster, stages), ()
 
 
+def _unused_alone(settings: Settings) -> tuple[str, ...]:
+    """The note on what a job of one worker does not use: the settings that act between workers."""
+    if not settings.cross_worker_settings:
+        return ()
+    named = [s + " (its replicas average their gradients in every step, in-graph)" if s == "sync=False" else s
+             for s in settings.cross_worker_settings]
+    return (f"one worker trains alone here (the local layout): nothing crosses workers, so these settings are "
+            f"not used: {', '.join(named)}",)
+
+
 def _bare_host_devices(gpus: int) -> tuple[Device, ...]:
     """What a bare host line stands for: every GPU, or one CPU replica without GPUs."""
     return tuple(Device("gpu", i) for i in range(gpus)) if gpus else (Device("cpu", 0),)
 
 
-def _processes(ranks: tuple[RankSpec, ...], layout: str, settings: Settings) -> tuple[ProcessSpec, ...]:
+def _check_ports(cluster: Cluster, ranks: tuple[RankSpec, ...], layout: str) -> None:
+    """A worker line's port serves one process: refuse a line with a port that became several.
+
+    Raises:
+        PlanError: naming the line (an explicit-role worker line whose host's GPUs make a process each).
+    """
+    for w in cluster.workers:
+        count = sum(r.line == w.line and r.role != "ps" for r in ranks)
+        if w.port is not None and count > 1:
+            raise PlanError(f"{cluster.source}, line {w.line}: the worker line of {w.host} with port {w.port} "
+                            f"leaves its device to the host, whose {count} GPUs make {count} processes in "
+                            f"{layout} (one per GPU), and a port serves one process: write one line per GPU, each "
+                            f"with its own port (worker,{w.host},<port>,<gpu id>), or use run_option='PS'")
+
+
+def _processes(ranks: tuple[RankSpec, ...], layout: str) -> tuple[ProcessSpec, ...]:
     """Each rank's part: its index among its role, and its devices as it sees them."""
     counters: Counter[str] = Counter()
     trainers = Counter(r.host for r in ranks if r.role == "worker")
@@ -227,13 +271,9 @@ def _processes(ranks: tuple[RankSpec, ...], layout: str, settings: Settings) -> 
         if r.role == "ps":
             out.append(ProcessSpec(rank, "ps", index, r.host, r.line, r.port, (), None, 0))
             continue
-        # a worker, or a stage server (which runs the ops of its stage: devices like a worker's)
-        if r.devices is not None:
-            devices = r.devices
-        elif layout == "PS":
-            devices = _bare_host_devices(settings.gpus)
-        else:  # one process per device: a bare host's first GPU, or its CPU
-            devices = _bare_host_devices(settings.gpus)[:1]
+        # a worker, or a stage server (which runs the ops of its stage: devices like a worker's);
+        # a bare host line is left only on hosts without GPUs (Cluster.with_bare_hosts): one CPU replica
+        devices = r.devices if r.devices is not None else _bare_host_devices(0)
         gpu_ids = [d.index for d in devices if d.kind == "gpu"]
         visible = ",".join(str(i) for i in gpu_ids) or None
         # a process sees only its own GPUs, numbered from 0 (two processes on one host share none)

@@ -126,6 +126,20 @@ class Cluster:
         """The worker processes on ``host``."""
         return tuple(w for w in self.workers if w.host == host)
 
+    def with_bare_hosts(self, gpus: int) -> Cluster:
+        """The cluster with every bare worker line given what it stands for on hosts with ``gpus``
+        GPUs each: every GPU (``None`` stays, one CPU replica, when ``gpus`` is 0).
+
+        >>> c = parse_resource_text("a\\nb: 1").with_bare_hosts(2)
+        >>> [(w.host, [str(d) for d in w.devices]) for w in c.workers]
+        [('a', ['gpu:0', 'gpu:1']), ('b', ['gpu:1'])]
+        """
+        if gpus <= 0:
+            return self
+        every = tuple(Device("gpu", i) for i in range(gpus))
+        return replace(self, workers=tuple(w if w.devices is not None else replace(w, devices=every)
+                                           for w in self.workers))
+
 
 def from_environment(environ) -> str | None:
     """The resources this process's environment describes: ``"slurm"`` inside a Slurm allocation,

@@ -115,14 +115,26 @@ class ProcessSetup:
         return self.is_chief
 
 
-def check_local_devices(job: JobPlan, settings: Settings, source: str) -> None:
-    """Refuse GPUs the job plan gives a process on this machine that this machine does not have
-    (checked where the job starts, and again in each launched process, on its own host).
+def check_local_devices(job: JobPlan, settings: Settings, source: str, process: ProcessSpec | None = None) -> None:
+    """Refuse GPUs the job plan gives a process on this machine that TensorFlow does not see here.
+
+    Checked where the job starts, for every process on this machine (by the host's GPU ids), and
+    again in each process of the job (``process``), for its own GPUs as it sees them: a launched
+    process sees only its own (its ``CUDA_VISIBLE_DEVICES``), numbered from 0.
 
     Raises:
         LaunchError: naming the resource file's line.
     """
-    gpus = len(tf.config.list_physical_devices("GPU"))  # this machine's, whatever the launcher assumed
+    gpus = len(tf.config.list_physical_devices("GPU"))  # what this process sees, whatever the launcher assumed
+    if process is not None:
+        seen = [d.index for d in process.devices if d.kind == "gpu"]
+        if seen and max(seen) >= gpus:
+            raise LaunchError(
+                f"{source}, line {process.line}: gives {process.role} {process.index} GPU(s) {process.visible_gpus} "
+                f"of {process.host}, but its process sees {gpus} of them there. A bare host line stands for the "
+                "GPUs of the machine that starts the job (every host is taken to be alike): where hosts differ, "
+                f"list each host's GPU ids (e.g. \"{process.host}: 0,1\"), or cpu:<n> ids for replicas on the CPU")
+        return
     for p in job.processes:
         if p.host not in settings.local_hosts:
             continue

@@ -12,19 +12,20 @@ on the way into a run.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from parallax.comm.registry import backend_without_mpirun, choose_backend
-from parallax.config import CheckPointConfig, Config, ProfileConfig
+from parallax.config import CheckPointConfig, Config, MPIConfig, ProfileConfig, PSConfig
 from parallax.errors import LaunchError
 from parallax.launch.launcher import MPIRUN_OPTIONS_ENV
 from parallax.plan.model import CommSpec, PSSpec
 from parallax.resources import Cluster, is_local_host
 
-__all__ = ["Settings", "Timeouts", "derive", "FINISH_TIMEOUT_ENV", "ARRIVAL_SPIN_ENV"]
+__all__ = ["Settings", "Timeouts", "derive", "FINISH_TIMEOUT_ENV", "ARRIVAL_SPIN_ENV", "STOCK_PROTOCOLS"]
 
 #: Seconds the ranks of an all-reduce job wait for each other when they end (default 60).
 FINISH_TIMEOUT_ENV = "PARALLAX_FINISH_TIMEOUT"
@@ -32,6 +33,9 @@ FINISH_TIMEOUT_ENV = "PARALLAX_FINISH_TIMEOUT"
 #: :func:`parallax.roles.arrival_spin` decides; ``off``: blocking collectives alone; a number:
 #: microseconds awake before sleeping between tests, in every job.
 ARRIVAL_SPIN_ENV = "PARALLAX_ARRIVAL_SPIN_US"
+#: The server protocols stock TensorFlow 2 registers (verbs, GDR and MPI were contrib modules, gone since
+#: TensorFlow 2; ``tf.distribute.Server`` with them raises "No server factory registered").
+STOCK_PROTOCOLS = ("grpc",)
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,10 @@ class Settings:
         arrival_spin: ``PARALLAX_ARRIVAL_SPIN_US``: ``None`` (unset: decided per job), ``"off"``, or
             seconds awake before sleeping (:mod:`parallax.comm.arrival`).
         notes: remarks on what was decided, printed with the plan.
+        cross_worker_settings: the settings the user changed from their defaults that act only
+            between workers (``sync=False``, ``PSConfig`` and ``MPIConfig`` fields, ``zero_stage``,
+            ``plan_overrides``' sync entries), each as ``name=value``: a job of one worker (the
+            ``local`` layout) does not use them, and says so (:func:`parallax.job.make_job_plan`).
     """
 
     run_option: str
@@ -123,6 +131,7 @@ class Settings:
     device_memory: int | None = None
     arrival_spin: float | str | None = None
     notes: tuple[str, ...] = ()
+    cross_worker_settings: tuple[str, ...] = ()
 
     def threads_per_process(self, processes_on_host: int) -> int:
         """TensorFlow threads per pool for each of ``processes_on_host`` training processes
@@ -194,17 +203,22 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         The frozen settings.
 
     Raises:
-        TypeError, ValueError: the config breaks a rule across fields.
+        TypeError, ValueError: the config breaks a rule across fields, or asks for a server
+            protocol stock TensorFlow does not have (``PSConfig.protocol``).
         LaunchError: the run option cannot run in the cluster ``manager`` started.
     """
     config.validate(sync=sync)
+    ps_config = config.communication_config.ps_config
+    if ps_config.protocol not in STOCK_PROTOCOLS:
+        raise ValueError(f"PSConfig.protocol={ps_config.protocol!r}: TensorFlow's servers start only with "
+                         f"{', '.join(map(repr, STOCK_PROTOCOLS))} (the verbs, GDR and MPI transports were contrib "
+                         "modules, removed in TensorFlow 2); use protocol='grpc'")
     environ = os.environ if environ is None else environ
     if gpus is None:
         import tensorflow as tf
 
         gpus = len(tf.config.list_physical_devices("GPU"))
     mpi = config.communication_config.mpi_config
-    ps_config = config.communication_config.ps_config
     on_gpus = any(d.kind == "gpu" for w in cluster.workers for d in (w.devices or ())) or \
         (gpus > 0 and any(w.devices is None for w in cluster.workers))
     run_option = config.run_option or ("HYBRID" if sync else "PS")  # the seed's default, HYBRID; PS for async
@@ -237,7 +251,23 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         redirect_path=config.redirect_path, export_graph_path=config.export_graph_path,
         search_partitions=config.search_partitions, notes=notes, zero_stage=config.zero_stage,
         pipeline=(config.stages, config.micro_batches, tuple(config.pipeline_cuts), config.pipeline_schedule),
-        device_memory=config.device_memory, arrival_spin=_arrival_spin(environ))
+        device_memory=config.device_memory, arrival_spin=_arrival_spin(environ),
+        cross_worker_settings=_cross_worker_settings(config, sync))
+
+
+def _cross_worker_settings(config: Config, sync: bool) -> tuple[str, ...]:
+    """What the user set, away from its default, that acts only between workers (see
+    :attr:`Settings.cross_worker_settings`), as ``name=value``."""
+    found = [] if sync else ["sync=False"]
+    for owner, given, default in (("PSConfig", config.communication_config.ps_config, PSConfig()),
+                                  ("MPIConfig", config.communication_config.mpi_config, MPIConfig())):
+        found += [f"{owner}.{f.name}={getattr(given, f.name)!r}" for f in dataclasses.fields(given)
+                  if getattr(given, f.name) != getattr(default, f.name)]
+    if config.zero_stage:
+        found.append(f"zero_stage={config.zero_stage}")
+    found += [f"plan_overrides[{name!r}]['sync']={entry['sync']!r}"
+              for name, entry in sorted(config.plan_overrides.items()) if "sync" in entry]
+    return tuple(found)
 
 
 def _arrival_spin(environ: Mapping[str, str]) -> float | str | None:

@@ -51,8 +51,10 @@ def session_config(user: config_pb2.ConfigProto | None, cpu_devices: int = 0, vi
                    threads: int = 0) -> config_pb2.ConfigProto:
     """A copy of the user's ``sess_config`` with what Parallax needs added.
 
-    ``threads``: when several processes share a host, each gets its share of the
-    cores for TensorFlow's thread pools (unless the user set them).
+    ``visible_gpus``: ``gpu_options.visible_device_list``, the process's GPUs as it sees them
+    (:attr:`parallax.job.ProcessSpec.visible_device_list`: ``"0"`` in a rank whose
+    ``CUDA_VISIBLE_DEVICES`` is the host's GPU 3). ``threads``: when several processes share a
+    host, each gets its share of the cores for TensorFlow's thread pools (unless the user set them).
     """
     proto = config_pb2.ConfigProto()
     if user is not None:
@@ -73,7 +75,7 @@ def session_config(user: config_pb2.ConfigProto | None, cpu_devices: int = 0, vi
 def server_config(settings: Settings, process: ProcessSpec, group_leader: str | None = None
                   ) -> config_pb2.ConfigProto:
     """The config of a process's TensorFlow server (its devices, GPUs and collective group leader)."""
-    config = session_config(settings.sess_config, process.cpu_devices, process.visible_gpus)
+    config = session_config(settings.sess_config, process.cpu_devices, process.visible_device_list)
     if group_leader is not None:
         config.experimental.collective_group_leader = group_leader
     return config
@@ -166,7 +168,7 @@ def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: t
         with open(path, "w", encoding="utf-8") as f:
             f.write(str(rewritten))
         logger.info("Parallax: wrote the graph of worker %d to %s", task.worker_index, path)
-    config = session_config(settings.sess_config, process.cpu_devices, process.visible_gpus,
+    config = session_config(settings.sess_config, process.cpu_devices, process.visible_device_list,
                             settings.threads_per_process(process.sharing_host))
     releases = list(setup.on_close)
     graph_def = rewritten.graph_def

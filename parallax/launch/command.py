@@ -4,17 +4,28 @@ The command starts one process per rank, hosts in order, and re-runs the
 user's own program in each (``python -m mpi4py <program>``, so that an
 exception in any rank aborts the whole job instead of leaving the others
 blocked in a collective).
+
+When a rank uses GPUs, every rank gets its own ``CUDA_VISIBLE_DEVICES`` before
+its program starts: the command is then one ``mpirun`` application context per
+run of consecutive ranks with the same GPUs (``-np 1 env
+CUDA_VISIBLE_DEVICES=2 python -m mpi4py <program> : ...``; MPI numbers the
+ranks in context order, and ``--host`` and ``--map-by slot`` place them as
+before). CUDA, and so TensorFlow, NCCL and any other library of the rank, then
+sees only the rank's GPUs, numbered from 0; a rank without GPUs (a parameter
+server) sees none.
 """
 
 from __future__ import annotations
 
+import itertools
 import shlex
 from collections import Counter
 from dataclasses import dataclass
 
+from parallax.errors import LaunchError
 from parallax.launch.layout import RankSpec
 
-__all__ = ["LaunchCommand", "build_mpirun_command", "FORWARDED_ENV", "SESSION_DIR_ENV"]
+__all__ = ["LaunchCommand", "build_mpirun_command", "rank_gpus", "FORWARDED_ENV", "SESSION_DIR_ENV", "GPUS_ENV"]
 
 #: environment variables every rank gets from the launcher (when set there).
 FORWARDED_ENV = ("PYTHONPATH", "PATH", "LD_LIBRARY_PATH", "TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES",
@@ -28,6 +39,8 @@ FORWARDED_ENV = ("PYTHONPATH", "PATH", "LD_LIBRARY_PATH", "TF_CPP_MIN_LOG_LEVEL"
 
 #: Open MPI 5's variable for the base of its session directories (read by mpirun and its daemons).
 SESSION_DIR_ENV = "PRTE_MCA_prte_tmpdir_base"
+#: The GPUs CUDA shows a process (read once, when CUDA starts in it).
+GPUS_ENV = "CUDA_VISIBLE_DEVICES"
 
 
 @dataclass(frozen=True)
@@ -57,7 +70,8 @@ def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tu
         is_root: running as root (Open MPI refuses without two variables).
         user_options: ``MPIConfig.mpirun_options``, appended as given.
         parallax_env: ``PARALLAX_*`` variables for the ranks.
-        environ: the launcher's environment (which of ``FORWARDED_ENV`` to pass).
+        environ: the launcher's environment (which of ``FORWARDED_ENV`` to pass; its
+            ``CUDA_VISIBLE_DEVICES``, within which the ranks' GPUs count: :func:`rank_gpus`).
         allocated: inside a Slurm allocation, its tasks per node, which Open MPI takes
             as the nodes' slots: a node given more ranks (a server beside the workers,
             a worker per GPU) needs ``--oversubscribe``.
@@ -69,11 +83,16 @@ def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tu
 
     Returns:
         The command and the environment variables to set for ``mpirun``.
+
+    Raises:
+        LaunchError: a rank's GPUs are not in the launcher's ``CUDA_VISIBLE_DEVICES``.
     """
     environ = environ or {}
+    gpus = rank_gpus(ranks, environ.get(GPUS_ENV))
     slots = Counter(r.host for r in ranks)
     hosts = ",".join(f"{h}:{n}" for h, n in slots.items())
-    argv = [mpirun, "-np", str(len(ranks)), "--host", hosts, "--map-by", "slot", "--bind-to", "none"]
+    argv = [mpirun] + (["-np", str(len(ranks))] if gpus is None else []) + \
+        ["--host", hosts, "--map-by", "slot", "--bind-to", "none"]
     local = all(h in local_hosts for h in slots)
     busiest = max((n for h, n in slots.items() if h in local_hosts), default=0)
     if busiest > cpu_count or any(n > (allocated or {}).get(h, n) for h, n in slots.items()):
@@ -88,11 +107,17 @@ def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tu
     for name in sorted(env):
         argv += ["-x", name]
     for name in FORWARDED_ENV:
-        if name in environ and name not in env:
+        if name in environ and name not in env and not (name == GPUS_ENV and gpus is not None):
             argv += ["-x", name]
     if user_options:
         argv += shlex.split(user_options)
-    argv += [python, "-m", "mpi4py", *program]
+    if gpus is None:
+        argv += [python, "-m", "mpi4py", *program]
+    else:
+        contexts = [(value, len(list(run))) for value, run in itertools.groupby(gpus)]
+        for i, (value, count) in enumerate(contexts):
+            argv += [":"] if i else []
+            argv += ["-np", str(count), "env", f"{GPUS_ENV}={value}", python, "-m", "mpi4py", *program]
     extra = {}
     if session_dir and not _sets_session_dir(user_options, environ):
         extra[SESSION_DIR_ENV] = session_dir
@@ -100,6 +125,40 @@ def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tu
         extra.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     extra.update(env)
     return LaunchCommand(tuple(argv), extra)
+
+
+def rank_gpus(ranks: tuple[RankSpec, ...], inherited: str | None = None) -> tuple[str, ...] | None:
+    """Each rank's ``CUDA_VISIBLE_DEVICES``: its GPU ids (``""`` for a rank without GPUs, which
+    then sees none), or ``None`` when no rank uses a GPU (nothing is set).
+
+    ``inherited``: the launching process's own ``CUDA_VISIBLE_DEVICES``, when set: the resource
+    file's GPU ids count within it (as TensorFlow numbers the GPUs there), on every host.
+
+    >>> from parallax.resources import Device
+    >>> ranks = (RankSpec("a", (Device("gpu", 1),), 1), RankSpec("a", (Device("gpu", 0), Device("gpu", 2)), 2),
+    ...          RankSpec("a", None, 0, "ps"))
+    >>> rank_gpus(ranks)
+    ('1', '0,2', '')
+    >>> rank_gpus(ranks, "4,5,6")
+    ('5', '4,6', '')
+
+    Raises:
+        LaunchError: a rank is given a GPU beyond the inherited list.
+    """
+    if not any(r.gpu_ids for r in ranks):
+        return None
+    if inherited is None:
+        return tuple(",".join(map(str, r.gpu_ids)) for r in ranks)
+    listed = [g.strip() for g in inherited.split(",") if g.strip()]
+    out = []
+    for rank, r in enumerate(ranks):
+        beyond = [i for i in r.gpu_ids if i >= len(listed)]
+        if beyond:
+            raise LaunchError(f"rank {rank} (on host {r.host}) is given GPU {beyond[0]}, but {GPUS_ENV}="
+                              f"{inherited!r} here lists {len(listed)} GPU(s), within which the resource file's GPU "
+                              f"ids count on every host: list ids below {len(listed)}, or unset {GPUS_ENV}")
+        out.append(",".join(listed[i] for i in r.gpu_ids))
+    return tuple(out)
 
 
 def _sets_session_dir(user_options: str, environ: dict[str, str]) -> bool:

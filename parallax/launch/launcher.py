@@ -17,7 +17,7 @@ from collections import Counter
 from parallax import slurm
 from parallax.errors import LaunchError
 from parallax.launch.bootstrap import launch_env
-from parallax.launch.command import LaunchCommand, build_mpirun_command
+from parallax.launch.command import GPUS_ENV, LaunchCommand, build_mpirun_command
 from parallax.launch.layout import RankSpec
 from parallax.launch.runner import JobResult, LostRank, run_job
 from parallax.logs import log as logger
@@ -132,7 +132,10 @@ def rank_names(ranks: tuple[RankSpec, ...]) -> dict[int, str]:
 
 def check_job_hosts(ranks: tuple[RankSpec, ...], program: list[str]) -> list:
     """:func:`parallax.launch.preflight.check_hosts` for the hosts of ``ranks`` (with the ports their
-    servers are given), in order of first appearance."""
+    servers are given, and the GPUs the job gives them), in order of first appearance.
+
+    The GPU ids are checked against each host's GPUs unless this process has its own
+    ``CUDA_VISIBLE_DEVICES`` (the ids then count within it, which the host's count does not tell)."""
     from parallax.launch.preflight import check_hosts
 
     hosts = list(dict.fromkeys(r.host for r in ranks))
@@ -140,7 +143,23 @@ def check_job_hosts(ranks: tuple[RankSpec, ...], program: list[str]) -> list:
     for r in ranks:
         if r.port is not None:
             ports.setdefault(r.host, []).append(r.port)
-    return check_hosts(hosts, ports, program, is_local_host)
+    return check_hosts(hosts, ports, program, is_local_host, gpu_use(ranks, own_list=GPUS_ENV in os.environ))
+
+
+def gpu_use(ranks: tuple[RankSpec, ...], own_list: bool = False) -> dict:
+    """What the job asks of each host's GPUs (:class:`parallax.launch.preflight.GpuUse`); with ``own_list``
+    (this process has a ``CUDA_VISIBLE_DEVICES``) the ids are not compared with the hosts' GPUs.
+
+    >>> from parallax.resources import Device
+    >>> gpu_use((RankSpec("a", (Device("gpu", 3),), 1), RankSpec("b", None, 2), RankSpec("b", None, 0, "ps")))
+    {'a': GpuUse(needed=4, bare=False), 'b': GpuUse(needed=0, bare=True)}
+    """
+    from parallax.launch.preflight import GpuUse
+
+    return {h: GpuUse(needed=0 if own_list else max((i + 1 for r in ranks if r.host == h for i in r.gpu_ids),
+                                                    default=0),
+                      bare=any(r.host == h and r.role != "ps" and r.devices is None for r in ranks))
+            for h in dict.fromkeys(r.host for r in ranks)}
 
 
 def _refuse_unready_hosts(ranks: tuple[RankSpec, ...], program: list[str], remote: set[str]) -> None:

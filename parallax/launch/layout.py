@@ -41,6 +41,11 @@ class RankSpec:
         """The one device of an MPI-mode rank (``None``: the host's default)."""
         return self.devices[0] if self.devices else None
 
+    @property
+    def gpu_ids(self) -> tuple[int, ...]:
+        """The host's GPUs it uses (``()``: none, or a bare host line's, which the job plan spells out)."""
+        return tuple(d.index for d in self.devices or () if d.kind == "gpu")
+
 
 def _hosts_together(ranks: list[RankSpec]) -> tuple[RankSpec, ...]:
     # mpirun maps ranks to hosts in the order of --host, filling each host: keep

@@ -11,15 +11,19 @@ Per host, over ``ssh -o BatchMode=yes`` (inside a Slurm allocation: ``srun`` on
 that node, as ``mpirun`` starts its daemons there; directly for this machine), a small
 probe (plain Python: no TensorFlow, well under a second) reports its name, its
 addresses, what its own name resolves to there, the Python and Parallax it
-would run, whether the program's script is there, the given ports' freedom
-and the interface it would use to reach the launching machine. :func:`judge`
-turns the report into problems (pure, unit-tested).
+would run, whether the program's script is there, the given ports' freedom,
+the interface it would use to reach the launching machine, and its GPUs
+(:func:`gpu_names`). :func:`judge` turns the report into problems (pure,
+unit-tested), among them GPUs the job would give a process there that the host
+lacks, and a bare host line whose host has GPUs the job would leave idle (it
+stands for the launching machine's GPUs, and that machine has none).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import importlib.util
+import inspect
 import ipaddress
 import json
 import os
@@ -31,11 +35,31 @@ from dataclasses import dataclass, field
 
 from parallax import slurm
 
-__all__ = ["HostCheck", "Expected", "check_hosts", "judge", "PROBE", "format_checks"]
+__all__ = ["HostCheck", "Expected", "GpuUse", "check_hosts", "judge", "gpu_names", "PROBE", "format_checks"]
+
+
+def gpu_names() -> list[str]:
+    """This machine's NVIDIA GPUs, by name (``""`` where unknown): ``nvidia-smi -L``, else the driver's
+    ``/proc/driver/nvidia/gpus``; ``[]`` without a driver. Plain Python: the probe runs it on every host."""
+    import os
+    import subprocess
+
+    try:
+        done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+        if done.returncode == 0:  # "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-...)"
+            return [line.split(":", 1)[1].split("(UUID")[0].strip() for line in done.stdout.splitlines()
+                    if line.startswith("GPU ")]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        return [""] * len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return []
+
 
 #: What runs on each host: prints one JSON object. Arguments: the launcher's address, the script path
 #: ('' for none), then the ports to try.
-PROBE = r"""
+PROBE = inspect.getsource(gpu_names) + r"""
 import importlib.util, json, os, socket, subprocess, sys
 target, script, ports = sys.argv[1], sys.argv[2], [int(p) for p in sys.argv[3:]]
 name = socket.gethostname()
@@ -80,7 +104,7 @@ print(json.dumps({"hostname": name, "own_name": own, "addresses": addresses, "so
                   "python": sys.executable, "python_version": sys.version.split()[0],
                   "parallax": os.path.dirname(spec.origin) if spec and spec.origin else None,
                   "parallax_version": version, "script": (not script) or os.path.isfile(script),
-                  "taken": taken}))
+                  "taken": taken, "gpus": gpu_names()}))
 """
 
 
@@ -94,6 +118,20 @@ class Expected:
     parallax_version: str | None
     script: str = ""
     several_hosts: bool = True
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    """What the job asks of a host's GPUs.
+
+    Attributes:
+        needed: the highest GPU id the job gives a process there, plus one (0: none).
+        bare: a bare host line names the host and stands for no GPU (the launching machine has
+            none), so the job would train on one CPU replica there.
+    """
+
+    needed: int = 0
+    bare: bool = False
 
 
 @dataclass
@@ -125,7 +163,7 @@ def expected_here(program: Sequence[str], several_hosts: bool) -> Expected:
                     several_hosts)
 
 
-def judge(host: str, resolved: list[str], report: dict, expected: Expected) -> HostCheck:
+def judge(host: str, resolved: list[str], report: dict, expected: Expected, gpus: GpuUse = GpuUse()) -> HostCheck:
     """The problems of ``host`` (pure).
 
     Args:
@@ -133,6 +171,7 @@ def judge(host: str, resolved: list[str], report: dict, expected: Expected) -> H
         resolved: the addresses ``host`` resolves to on the launching machine.
         report: what the probe printed on ``host``.
         expected: what it must match.
+        gpus: what the job asks of its GPUs.
     """
     check = HostCheck(host)
     name = report.get("hostname", "?")
@@ -172,6 +211,17 @@ def judge(host: str, resolved: list[str], report: dict, expected: Expected) -> H
     if report.get("taken"):
         check.problems.append(f"port(s) {', '.join(map(str, report['taken']))} are taken there; the resource "
                               "file names them for Parallax's servers.")
+    found = report.get("gpus")
+    if found is not None and gpus.needed > len(found):
+        check.problems.append(
+            f"the job gives a process there GPU {gpus.needed - 1}, but it has {_gpus_text(found)}. A bare host line "
+            "stands for the GPUs of the machine that starts the job (every host is taken to be alike): list the "
+            f"GPU ids {host} has" + (f" (\"{host}: {','.join(map(str, range(len(found))))}\")." if found else "."))
+    if found and gpus.bare:
+        check.problems.append(
+            f"its bare host line stands for the GPUs of the machine that starts the job, which has none, so the job "
+            f"would train on one CPU replica there and leave its {_gpus_text(found)} idle. Fix: list them "
+            f"(\"{host}: {','.join(map(str, range(len(found))))}\"), or start the job on a machine with the same GPUs.")
     if check.ok:
         source = report.get("source")
         interface = addresses.get(source, "?") if source else None
@@ -179,7 +229,17 @@ def judge(host: str, resolved: list[str], report: dict, expected: Expected) -> H
                        f"Python {report.get('python_version')} and Parallax {report.get('parallax_version')} "
                        "at the same paths",
                        f"reaches this machine from {source} ({interface})" if source else "no route to this machine"]
+        if found is not None:
+            check.facts.append(_gpus_text(found))
     return check
+
+
+def _gpus_text(names: list[str]) -> str:
+    """``no GPU``, ``1 GPU (Tesla T4)``, ``8 GPUs (NVIDIA A100-SXM4-40GB)``."""
+    if not names:
+        return "no GPU"
+    kinds = ", ".join(dict.fromkeys(n for n in names if n))
+    return f"{len(names)} GPU{'s' if len(names) > 1 else ''}" + (f" ({kinds})" if kinds else "")
 
 
 Runner = Callable[[list[str], float], subprocess.CompletedProcess]
@@ -204,9 +264,10 @@ def _remote(host: str, probe: list[str], via: str, ssh: Sequence[str], timeout: 
 
 
 def check_host(host: str, ports: Sequence[int], expected: Expected, local: bool, target: str, *,
-               via: str = "ssh", ssh: Sequence[str] = ("ssh",), timeout: float = 15, run: Runner = _run) -> HostCheck:
+               via: str = "ssh", ssh: Sequence[str] = ("ssh",), timeout: float = 15, run: Runner = _run,
+               gpus: GpuUse = GpuUse()) -> HostCheck:
     """Check one host: resolve its name here, run the probe on it (here when ``local``; else over
-    ssh, or with srun when ``via="srun"``)."""
+    ssh, or with srun when ``via="srun"``); ``gpus``: what the job asks of its GPUs."""
     try:
         resolved = sorted({i[4][0] for i in socket.getaddrinfo(host, None, socket.AF_INET)})
     except OSError:
@@ -232,12 +293,13 @@ def check_host(host: str, ports: Sequence[int], expected: Expected, local: bool,
         report = json.loads(done.stdout.strip().splitlines()[-1])
     except ValueError:
         return HostCheck(host, [f"the probe printed no report: {done.stdout.strip()[-200:]}"])
-    return judge(host, resolved, report, expected)
+    return judge(host, resolved, report, expected, gpus)
 
 
 def check_hosts(hosts: Sequence[str], ports: dict[str, list[int]], program: Sequence[str],
-                is_local: Callable[[str], bool], **kwargs) -> list[HostCheck]:
-    """Check every host at once (threads), in order. ``ports``: ports the job needs per host."""
+                is_local: Callable[[str], bool], gpus: dict[str, GpuUse] | None = None, **kwargs) -> list[HostCheck]:
+    """Check every host at once (threads), in order. ``ports``: ports the job needs per host;
+    ``gpus``: what it asks of each host's GPUs."""
     several = len(hosts) > 1 and not all(is_local(h) for h in hosts)
     expected = expected_here(program, several)
     target = _own_address(hosts, is_local)
@@ -245,7 +307,8 @@ def check_hosts(hosts: Sequence[str], ports: dict[str, list[int]], program: Sequ
     if nodes is not None:
         kwargs.setdefault("via", "srun")
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
-        futures = {h: pool.submit(check_host, h, ports.get(h, []), expected, is_local(h), target, **kwargs)
+        futures = {h: pool.submit(check_host, h, ports.get(h, []), expected, is_local(h), target,
+                                  gpus=(gpus or {}).get(h, GpuUse()), **kwargs)
                    for h in hosts if nodes is None or h in nodes or is_local(h)}
         return [futures[h].result() if h in futures else _outside(h, nodes) for h in hosts]
 

@@ -15,6 +15,14 @@ done here over the tasks' TensorFlow servers (gRPC) alone:
 * a task whose server goes away before that (its process died, or its host) ends
   every other task within seconds, naming it (:class:`PeerWatch`).
 
+GPUs: unlike a launched rank, a task gets no ``CUDA_VISIBLE_DEVICES`` from Parallax. The
+manager gives each task its GPUs (the Kubernetes device plugin decides what CUDA shows the
+container), and the task's process was started before Parallax ran in it, so TensorFlow may
+already have read the variable. Its cluster lines are bare hosts (``TF_CONFIG`` names no
+device), which stand for every GPU the task sees (``run_option='MPI'`` is refused with more
+than one, :func:`parallax.settings.derive`), so its GPUs as it sees them are the ones its
+sessions name (:attr:`parallax.job.ProcessSpec.visible_device_list`, ``0,...,n-1``).
+
 This is the process-wide state of a manager-started process (one per process,
 as for a launched one); a process that trains alone keeps nothing.
 """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import logging
 import os
 
 import numpy as np
@@ -179,10 +180,39 @@ def test_a_graph_without_training_op_runs_forward_on_every_replica_as_the_seed_a
 
 
 def test_bare_local_host_runs_one_replica_per_gpu_or_one_on_the_cpu(resource_file):
+    """In one process (PS): every GPU of the host as an in-graph replica. (MPI and HYBRID run a
+    process per GPU, tests/unit/test_job.py.)"""
     graph, t = small_graph()
-    sess, _, _, num_replicas = parallax.parallel_run(graph, resource_file("localhost\n"))
+    sess, _, _, num_replicas = parallax.parallel_run(graph, resource_file("localhost\n"), parallax_config=in_process())
     assert num_replicas == max(1, len(tf.config.list_physical_devices("GPU")))
     sess.close()
+
+
+@pytest.fixture
+def parallax_warnings():
+    """The Parallax logger's WARNING messages (its own handler writes to a stream pytest swapped)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    parallax.log.addHandler(handler)
+    yield records
+    parallax.log.removeHandler(handler)
+
+
+def test_one_worker_alone_warns_of_each_setting_it_does_not_use_and_not_of_defaults(resource_file,
+                                                                                      parallax_warnings):
+    graph, t = small_graph()
+    cfg = parallax.Config(run_option="PS", communication_config=parallax.CommunicationConfig(
+        ps_config=parallax.PSConfig(local_aggregation=False)))
+    parallax.parallel_run(graph, cpu_resources(resource_file, 2), sync=False, parallax_config=cfg)[0].close()
+    assert [r.getMessage() for r in parallax_warnings] == [
+        "Parallax: one worker trains alone here (the local layout): nothing crosses workers, so these settings are "
+        "not used: sync=False (its replicas average their gradients in every step, in-graph), "
+        "PSConfig.local_aggregation=False"]
+    parallax_warnings.clear()
+    graph, t = small_graph()
+    parallax.parallel_run(graph, cpu_resources(resource_file, 2), parallax_config=in_process())[0].close()
+    assert parallax_warnings == []
 
 
 def test_meta_graph_file_is_accepted(resource_file, tmp_path):

@@ -188,7 +188,7 @@ def test_check_prints_one_line_per_host(cluster, tmp_path):
     for host, address in (("vhost1", "198.18.0.1"), ("vhost2", "198.18.0.2"), ("vhost3", "198.18.0.3")):
         line = next(x for x in lines if x.startswith(f"{host}:"))
         assert re.match(rf"{host}: ok: hostname {host} -> {address}; Python \S+ and Parallax \S+ at the same "
-                        rf"paths; reaches this machine from {address} \(eth0\)$", line), line
+                        rf"paths; reaches this machine from {address} \(eth0\); no GPU$", line), line
     assert any(x.startswith("vhost9: FAILED: the name 'vhost9' does not resolve") for x in lines)
     assert lines[-1] == "3 of 4 hosts ready"
 

@@ -6,7 +6,7 @@ import pytest
 
 from parallax.analysis import analyse_graph
 from parallax.config import CommunicationConfig as Comm
-from parallax.config import Config, MPIConfig
+from parallax.config import Config, MPIConfig, PSConfig
 from parallax.job import make_job_plan
 from parallax.resources import Device, parse_resource_text
 from parallax.settings import derive
@@ -69,6 +69,68 @@ def test_each_process_sees_its_own_gpus_numbered_from_zero(mlp):
     assert (worker_b.visible_gpus, len(worker_b.devices)) == ("0,1,2,3", 4)  # a bare host: every GPU
     assert job.plan.workers[0].replica_devices == ("/job:worker/replica:0/task:0/device:GPU:0",
                                                    "/job:worker/replica:0/task:0/device:GPU:1")
+
+
+@pytest.mark.parametrize("run_option, layout", [("MPI", "MPI"), (None, "HYBRID"), ("HYBRID", "HYBRID"),
+                                                 ("AUTO", "HYBRID")], ids=["mpi", "default", "hybrid", "auto"])
+def test_a_bare_host_runs_a_process_on_each_of_its_gpus_in_mpi_and_hybrid(embedding, run_option, layout):
+    job = job_for("hostA\nhostB", embedding, gpus=4, run_option=run_option)
+    assert job.layout == layout
+    for host in ("hostA", "hostB"):
+        workers = [p for p in job.workers if p.host == host]
+        assert [p.visible_gpus for p in workers] == ["0", "1", "2", "3"]  # each its own GPU of the host
+        assert {p.devices for p in workers} == {(Device("gpu", 0),)}  # which it sees as GPU 0
+        assert [p.visible_device_list for p in workers] == ["0"] * 4
+        assert [p.sharing_host for p in workers] == [4] * 4
+    assert len(job.plan.workers) == 8
+    servers = [p for p in job.processes if p.role == "ps"]
+    assert all(p.visible_gpus is None and p.visible_device_list is None for p in servers)
+
+
+def test_a_bare_host_gives_its_one_ps_worker_every_gpu(mlp):
+    job = job_for("hostA\nhostB", mlp, gpus=4, run_option="PS")
+    assert job.layout == "PS"
+    assert [(p.host, p.visible_gpus, p.visible_device_list, len(p.devices)) for p in job.workers] == [
+        ("hostA", "0,1,2,3", "0,1,2,3", 4), ("hostB", "0,1,2,3", "0,1,2,3", 4)]
+
+
+def test_listed_gpus_are_each_processs_own_renumbered_from_zero(mlp):
+    job = job_for("a: 1,3\nb: 2", mlp, gpus=4, run_option="MPI")
+    assert [(p.host, p.visible_gpus, p.visible_device_list) for p in job.workers] == [
+        ("a", "1", "0"), ("a", "3", "0"), ("b", "2", "0")]
+    assert job.plan.workers[1].replica_devices == ("/job:worker/replica:0/task:1/device:GPU:0",)  # collective
+
+
+def test_describe_shows_the_gpus_of_the_host_each_process_gets(mlp):
+    lines = job_for("hostA", mlp, gpus=2, run_option="MPI").describe().splitlines()
+    assert lines[:3] == ["job: layout MPI, 2 process(es)",
+                         "  rank 0: worker 0 on hostA: devices gpu:0 (the host's GPU 0)",
+                         "  rank 1: worker 1 on hostA: devices gpu:0 (the host's GPU 1)"]
+    lines = job_for("hostA: 2,3", mlp, gpus=4, run_option="PS").describe().splitlines()
+    assert lines[1] == "  rank 0: worker 0 on hostA: devices gpu:0, gpu:1 (the host's GPUs 2,3)"
+
+
+def test_a_bare_local_host_alone_keeps_every_gpu_in_one_process_only_in_ps(mlp):
+    alone = job_for("localhost", mlp, gpus=4, run_option="PS")
+    assert alone.layout == "local" and alone.process(0).devices == tuple(Device("gpu", i) for i in range(4))
+    assert alone.process(0).visible_device_list is None  # the calling process: the host's ids, as listed
+    assert len(job_for("localhost", mlp, gpus=4, run_option="MPI").processes) == 4
+
+
+def test_without_gpus_a_bare_host_is_one_cpu_replica_in_every_layout(mlp):
+    for run_option in ("MPI", "PS"):
+        job = job_for("hostA\nhostB", mlp, gpus=0, run_option=run_option)
+        assert [(p.devices, p.visible_gpus) for p in job.workers] == [((Device("cpu", 0),), None)] * 2
+        assert [r.devices for r in job.ranks if r.role == "worker"] == [None, None]
+
+
+def test_a_role_line_whose_port_would_serve_a_process_per_gpu_is_refused(mlp):
+    from parallax.errors import PlanError
+
+    with pytest.raises(PlanError, match=r"^res, line 1: the worker line of a with port 2222 leaves its device to the "
+                                        r"host, whose 4 GPUs make 4 processes in MPI \(one per GPU\)"):
+        job_for("worker,a,2222,\nworker,b,2222,0", mlp, gpus=4, run_option="MPI")
+    assert job_for("worker,a,2222,\nworker,b,2222,0", mlp, gpus=4, run_option="PS").workers[0].port == 2222
 
 
 def test_mpi_ranks_of_one_host_share_its_cores_and_keep_state_on_their_device(mlp):
@@ -141,3 +203,33 @@ def test_the_workers_mpi_calls_wait_asleep_where_polling_takes_the_servers_cores
     settings = derive(Config(run_option=run_option), True, cluster, gpus=0, cpu_count=2, environ=environ)
     job = make_job_plan(cluster, settings, embedding)
     assert arrival_spin(job, settings) == (DEFAULT_SPIN_SECONDS if expected == "default" else expected)
+
+
+def test_one_worker_alone_names_each_setting_it_does_not_use_with_the_users_value(mlp):
+    cluster = parse_resource_text("localhost: cpu:0,cpu:1", "res")
+    config = Config(run_option="PS", plan_overrides={"dense*": "ps"}, communication_config=Comm(
+        ps_config=PSConfig(replicate_variables=False, boundary_among_servers=False)))
+    job = make_job_plan(cluster, derive(config, False, cluster, gpus=0, cpu_count=8, environ={}), mlp)
+    assert job.layout == "local"
+    assert job.notes == (
+        "one worker trains alone here (the local layout): nothing crosses workers, so these settings are not used: "
+        "sync=False (its replicas average their gradients in every step, in-graph), "
+        "PSConfig.replicate_variables=False, PSConfig.boundary_among_servers=False, "
+        "plan_overrides['dense*']['sync']='ps'",)
+    assert "  note: one worker trains alone here" in job.describe()
+
+
+@pytest.mark.parametrize("text, config", [
+    ("localhost: cpu:0,cpu:1", {"run_option": "PS"}),
+    ("localhost", {"run_option": "MPI"}),
+    ("localhost", {"plan_overrides": {"dense*": {"density": 0.5}}}),
+], ids=["defaults-ps", "defaults-mpi", "a-density-is-used-alone"])
+def test_one_worker_alone_with_defaults_says_nothing(mlp, text, config):
+    job = job_for(text, mlp, **config)
+    assert job.layout == "local" and job.notes == ()
+
+
+def test_zero_stage_alone_is_named_as_unused(mlp):
+    job = job_for("localhost", mlp, run_option="MPI", zero_stage=1)
+    assert job.layout == "local"
+    assert job.notes[0].endswith("so these settings are not used: zero_stage=1")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import tensorflow as tf
@@ -147,3 +148,24 @@ def test_a_bad_arrival_spin_names_the_variable_and_what_it_takes(text):
     expected = rf"^PARALLAX_ARRIVAL_SPIN_US='{text}': expected 'off' or microseconds"
     with pytest.raises(parallax.LaunchError, match=expected):
         settings(environ={ARRIVAL_SPIN_ENV: text})
+
+
+@pytest.mark.parametrize("protocol", ["grpc+verbs", "grpc+gdr", "grpc+mpi"])
+def test_a_protocol_stock_tensorflow_cannot_start_is_refused_before_anything_is_launched(protocol):
+    cfg = parallax.Config(communication_config=parallax.CommunicationConfig(
+        ps_config=parallax.PSConfig(protocol=protocol)))
+    with pytest.raises(ValueError, match=rf"^PSConfig.protocol='{re.escape(protocol)}': TensorFlow's servers start "
+                                         r"only with 'grpc' \(.*\); use protocol='grpc'$"):
+        settings(cfg)
+
+
+def test_the_settings_that_act_between_workers_are_those_the_user_changed():
+    assert settings().cross_worker_settings == ()
+    cfg = parallax.Config(run_option="PS", plan_overrides={"emb*": "ps", "w": {"density": 0.5}, "b": {"sync": "ps"}},
+                          communication_config=parallax.CommunicationConfig(
+                              ps_config=parallax.PSConfig(local_aggregation=False),
+                              mpi_config=parallax.MPIConfig(fusion_bytes=0)))
+    assert settings(cfg, sync=False).cross_worker_settings == (
+        "sync=False", "PSConfig.local_aggregation=False", "MPIConfig.fusion_bytes=0",
+        "plan_overrides['b']['sync']='ps'", "plan_overrides['emb*']['sync']='ps'")
+    assert settings(parallax.Config(zero_stage=2)).cross_worker_settings == ("zero_stage=2",)

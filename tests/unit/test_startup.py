@@ -56,6 +56,27 @@ def test_a_gpu_this_machine_lacks_is_refused_naming_the_line():
         check_local_devices(job, settings, cluster.source)
 
 
+def test_a_launched_process_names_its_gpus_as_it_sees_them_in_its_sessions_and_server():
+    """Its CUDA_VISIBLE_DEVICES is the host's GPU 3 (tests/unit/launch/test_command.py), which it sees as GPU 0."""
+    from parallax.startup import server_config
+
+    _, _, settings, job = local_job("a: 2,3", parallax.Config(run_option="MPI"), gpus=4)
+    process = job.process(1)
+    assert (process.visible_gpus, process.visible_device_list) == ("3", "0")
+    assert server_config(settings, process).gpu_options.visible_device_list == "0"
+    assert session_config(None, visible_gpus=process.visible_device_list).gpu_options.visible_device_list == "0"
+
+
+def test_a_process_that_sees_fewer_gpus_than_it_was_given_is_refused_naming_the_line():
+    _, cluster, settings, job = local_job("elsewhere.invalid", parallax.Config(run_option="MPI"), gpus=2)
+    with pytest.raises(LaunchError, match=r'^res, line 1: gives worker 1 GPU\(s\) 1 of elsewhere.invalid, but its '
+                                          r'process sees 0 of them there\. A bare host line stands for the GPUs of '
+                                          r'the machine that starts the job'):
+        check_local_devices(job, settings, cluster.source, job.process(1))  # this machine has no GPU
+    _, cluster, settings, job = local_job("elsewhere.invalid: cpu:0,cpu:1", parallax.Config(run_option="MPI"))
+    check_local_devices(job, settings, cluster.source, job.process(1))  # CPU replicas need no GPU
+
+
 def test_gpus_of_other_hosts_are_left_to_those_hosts():
     _, cluster, settings, job = local_job("elsewhere.invalid: 0,1\nlocalhost: cpu:0")
     check_local_devices(job, settings, cluster.source)  # no error: elsewhere.invalid checks its own

@@ -1,5 +1,6 @@
 """``parallax-run``: the script's own parallel_run decides the layout from its run option."""
 
+import sys
 import textwrap
 
 import pytest
@@ -48,6 +49,19 @@ def test_dry_run_prints_the_layout_of_the_scripts_run_option(tmp_path, capsys, s
     assert f"-np {processes} " in out or out.count("-np ") > 1
     assert "--mca from_config 1 --mca from_cli 2" in out
     assert out.strip().endswith(f"-m mpi4py {script} {run_option}")
+
+
+def test_dry_run_shows_the_gpus_each_rank_starts_with(tmp_path, capsys, script, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    resource = tmp_path / "r"
+    resource.write_text("hostA: 0,1\nhostB: 3\n")
+    assert main(["-r", str(resource), "--dry_run", str(script), "MPI"]) == 0
+    command = capsys.readouterr().out.splitlines()[-1]
+    assert " --host hostA:2,hostB:1 " in command
+    program = f"-m mpi4py {script} MPI"
+    assert command.endswith(f" -np 1 env CUDA_VISIBLE_DEVICES=0 {sys.executable} {program} : "
+                            f"-np 1 env CUDA_VISIBLE_DEVICES=1 {sys.executable} {program} : "
+                            f"-np 1 env CUDA_VISIBLE_DEVICES=3 {sys.executable} {program}")
 
 
 def test_dry_run_of_one_device_trains_in_process(tmp_path, capsys, script):

@@ -1,3 +1,6 @@
+import pytest
+
+from parallax.errors import LaunchError
 from parallax.launch.command import SESSION_DIR_ENV, build_mpirun_command
 from parallax.launch.layout import RankSpec, layout_from_json, layout_to_json, ranks_per_device
 from parallax.resources import Device, parse_resource_text
@@ -34,10 +37,77 @@ def test_remote_hosts_user_options_and_module_programs():
     cmd = build_mpirun_command("mpirun", "python", ["-m", "pkg.train"], ranks("h1: 0,1\nh2: 0\n"),
                                local_hosts=LOCAL, cpu_count=8, is_root=False,
                                user_options="--mca btl ^openib -x NCCL_DEBUG")
+    program = ["python", "-m", "mpi4py", "-m", "pkg.train"]
     assert list(cmd.argv) == [
-        "mpirun", "-np", "3", "--host", "h1:2,h2:1", "--map-by", "slot", "--bind-to", "none",
-        "--mca", "btl", "^openib", "-x", "NCCL_DEBUG", "python", "-m", "mpi4py", "-m", "pkg.train"]
+        "mpirun", "--host", "h1:2,h2:1", "--map-by", "slot", "--bind-to", "none",
+        "--mca", "btl", "^openib", "-x", "NCCL_DEBUG",
+        "-np", "1", "env", "CUDA_VISIBLE_DEVICES=0", *program, ":",
+        "-np", "1", "env", "CUDA_VISIBLE_DEVICES=1", *program, ":",
+        "-np", "1", "env", "CUDA_VISIBLE_DEVICES=0", *program]
     assert cmd.env == {}
+
+
+def job_ranks(text, gpus, run_option):
+    """The ranks of the job plan ``parallax-run`` would launch, on hosts with ``gpus`` (fake) GPUs."""
+    from parallax.analysis import analyse_graph
+    from parallax.config import Config
+    from parallax.job import make_job_plan
+    from parallax.settings import derive
+    from tests.models import build_embedding
+
+    cluster = parse_resource_text(text, "res")
+    settings = derive(Config(run_option=run_option), True, cluster, gpus=gpus, cpu_count=8, environ={})
+    return make_job_plan(cluster, settings, analyse_graph(build_embedding("adam").graph)).ranks
+
+
+def contexts(argv):
+    """Each mpirun application context of ``argv``: (its rank count, its CUDA_VISIBLE_DEVICES)."""
+    out, i = [], argv.index("-np")
+    while i < len(argv):
+        assert argv[i + 2] == "env" and argv[i + 3].startswith("CUDA_VISIBLE_DEVICES=")
+        out.append((int(argv[i + 1]), argv[i + 3].split("=", 1)[1]))
+        i = argv.index(":", i) + 1 if ":" in argv[i:] else len(argv)
+    return out
+
+
+@pytest.mark.parametrize("run_option, expected", [
+    ("MPI", [(1, "0"), (1, "1"), (1, "2"), (1, "3"), (1, "0"), (1, "1"), (1, "2"), (1, "3")]),
+    ("HYBRID", [(1, "0"), (1, "1"), (1, "2"), (1, "3"), (1, ""), (1, "0"), (1, "1"), (1, "2"), (1, "3"), (1, "")]),
+    ("PS", [(1, "0,1,2,3"), (1, ""), (1, "0,1,2,3"), (1, "")]),
+], ids=["mpi", "hybrid", "ps"])
+def test_each_rank_of_bare_gpu_hosts_is_given_its_own_gpus_before_it_starts(run_option, expected):
+    ranks = job_ranks("hostA\nhostB", 4, run_option)
+    argv = list(build_mpirun_command("mpirun", "python", ["t.py"], ranks, local_hosts=LOCAL, cpu_count=8,
+                                     is_root=False, environ={"CUDA_VISIBLE_DEVICES": "0,1,2,3"}).argv)
+    assert contexts(argv) == expected  # a server (PS, HYBRID) sees no GPU
+    assert argv[argv.index("--host") + 1] == f"hostA:{len(expected) // 2},hostB:{len(expected) // 2}"
+    assert "CUDA_VISIBLE_DEVICES" not in argv  # the launcher's own is not forwarded (-x) as well
+
+
+def test_consecutive_ranks_with_the_same_gpus_share_one_application_context():
+    layout = (RankSpec("a", (Device("gpu", 0),), 1), RankSpec("a", None, 0, "ps"), RankSpec("b", None, 0, "ps"))
+    argv = build_mpirun_command("mpirun", "python", ["t.py"], layout, local_hosts=LOCAL, cpu_count=8,
+                                is_root=False).argv
+    assert contexts(list(argv)) == [(1, "0"), (2, "")]
+
+
+def test_without_gpus_nothing_is_set_and_the_launchers_variable_is_forwarded():
+    argv = build_mpirun_command("mpirun", "python", ["t.py"], job_ranks("hostA\nhostB", 0, "MPI"),
+                                local_hosts=LOCAL, cpu_count=8, is_root=False,
+                                environ={"CUDA_VISIBLE_DEVICES": ""}).argv
+    assert argv[:3] == ("mpirun", "-np", "2") and "env" not in argv and ":" not in argv
+    assert argv[argv.index("CUDA_VISIBLE_DEVICES") - 1] == "-x"
+
+
+def test_gpu_ids_count_within_the_launchers_own_visible_devices():
+    layout = ranks("a: 0,1\n")
+    argv = build_mpirun_command("mpirun", "python", ["t.py"], layout, local_hosts=LOCAL, cpu_count=8,
+                                is_root=False, environ={"CUDA_VISIBLE_DEVICES": "6,7"}).argv
+    assert contexts(list(argv)) == [(1, "6"), (1, "7")]
+    with pytest.raises(LaunchError, match=r"^rank 1 \(on host a\) is given GPU 1, but CUDA_VISIBLE_DEVICES='6' "
+                                          r"here lists 1 GPU\(s\), within which the resource file's GPU ids count"):
+        build_mpirun_command("mpirun", "python", ["t.py"], layout, local_hosts=LOCAL, cpu_count=8, is_root=False,
+                             environ={"CUDA_VISIBLE_DEVICES": "6"})
 
 
 def test_rank_spec_is_plain_data():

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from parallax.launch.preflight import PROBE, Expected, check_host, judge
+from parallax.launch.preflight import PROBE, Expected, GpuUse, check_host, gpu_names, judge
 
 EXPECTED = Expected("/venv/bin/python", "3.11.7", "/src/parallax", "0.1.0", "/src/train.py", several_hosts=True)
 
@@ -16,7 +17,7 @@ EXPECTED = Expected("/venv/bin/python", "3.11.7", "/src/parallax", "0.1.0", "/sr
 def report(**changes):
     base = {"hostname": "node2", "own_name": ["10.0.0.2"], "addresses": {"127.0.0.1": "lo", "10.0.0.2": "eth0"},
             "source": "10.0.0.2", "python": "/venv/bin/python", "python_version": "3.11.7",
-            "parallax": "/src/parallax", "parallax_version": "0.1.0", "script": True, "taken": []}
+            "parallax": "/src/parallax", "parallax_version": "0.1.0", "script": True, "taken": [], "gpus": []}
     base.update(changes)
     return base
 
@@ -25,7 +26,7 @@ def test_a_ready_host_gets_one_line_of_facts():
     check = judge("node2", ["10.0.0.2"], report(), EXPECTED)
     assert check.ok
     assert check.line() == ("node2: ok: hostname node2 -> 10.0.0.2; Python 3.11.7 and Parallax 0.1.0 at the same "
-                            "paths; reaches this machine from 10.0.0.2 (eth0)")
+                            "paths; reaches this machine from 10.0.0.2 (eth0); no GPU")
 
 
 @pytest.mark.parametrize("changes, resolved, needle", [
@@ -110,3 +111,69 @@ def test_inside_a_slurm_allocation_a_host_outside_it_is_refused(monkeypatch):
     assert checks[1].line().startswith("node9: FAILED: it is not a node of the Slurm allocation of job 7 "
                                        "(node1, node2)")
     assert len(calls) == 1 and calls[0][1] == "-c"  # the local host is probed here, node9 not at all
+
+
+A100 = "NVIDIA A100-SXM4-40GB"
+
+
+@pytest.mark.parametrize("names, text", [
+    ([A100] * 8, "8 GPUs (NVIDIA A100-SXM4-40GB)"), (["Tesla T4"], "1 GPU (Tesla T4)"), (["", ""], "2 GPUs"),
+], ids=["eight", "one", "names-unknown"])
+def test_a_ready_host_shows_its_gpus(names, text):
+    check = judge("node2", ["10.0.0.2"], report(gpus=names), EXPECTED, GpuUse(needed=len(names)))
+    assert check.ok and check.line().endswith(f"; {text}")
+
+
+def test_a_host_with_fewer_gpus_than_the_job_gives_it_is_refused_naming_them():
+    check = judge("node2", ["10.0.0.2"], report(gpus=[A100] * 4), EXPECTED, GpuUse(needed=8))
+    assert check.line() == (
+        "node2: FAILED: the job gives a process there GPU 7, but it has 4 GPUs (NVIDIA A100-SXM4-40GB). A bare host "
+        "line stands for the GPUs of the machine that starts the job (every host is taken to be alike): list the GPU "
+        'ids node2 has ("node2: 0,1,2,3").')
+
+
+def test_a_bare_line_that_would_leave_a_hosts_gpus_idle_is_refused():
+    check = judge("node2", ["10.0.0.2"], report(gpus=[A100] * 2), EXPECTED, GpuUse(bare=True))
+    assert "would train on one CPU replica there and leave its 2 GPUs (NVIDIA A100-SXM4-40GB) idle. Fix: list " \
+           'them ("node2: 0,1")' in check.line()
+    assert judge("node2", ["10.0.0.2"], report(gpus=[]), EXPECTED, GpuUse(bare=True)).ok  # a CPU host: as meant
+
+
+@pytest.fixture
+def fake_gpus(tmp_path, monkeypatch):
+    """An ``nvidia-smi`` on PATH that lists ``count`` GPUs (this machine has none)."""
+    def install(count: int) -> None:
+        lines = "\n".join(f"GPU {i}: Fake GPU 16GB (UUID: GPU-{i:08d})" for i in range(count))
+        tool = tmp_path / "bin" / "nvidia-smi"
+        tool.parent.mkdir(exist_ok=True)
+        tool.write_text(f"#!/bin/sh\ncat <<'EOF'\n{lines}\nEOF\n")
+        tool.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{tool.parent}:{os.environ['PATH']}")
+    return install
+
+
+def test_the_gpus_are_read_from_nvidia_smi_on_this_machine_and_by_the_probe(fake_gpus):
+    fake_gpus(2)
+    assert gpu_names() == ["Fake GPU 16GB", "Fake GPU 16GB"]
+    done = subprocess.run([sys.executable, "-c", PROBE, "127.0.0.1", "", "0"], capture_output=True, text=True,
+                          timeout=30)
+    assert json.loads(done.stdout)["gpus"] == ["Fake GPU 16GB", "Fake GPU 16GB"]
+
+
+@pytest.mark.parametrize("resources, expected, code", [
+    ("localhost\n", "localhost: ok: hostname", 0),
+    ("localhost: 0,1,2\n", "localhost: FAILED: the job gives a process there GPU 2, but it has 2 GPUs (Fake GPU 16GB)",
+     1),
+], ids=["bare-host-is-every-gpu", "a-gpu-too-many"])
+def test_check_prints_each_hosts_gpus(tmp_path, capsys, fake_gpus, monkeypatch, resources, expected, code):
+    from parallax.cli import main
+
+    fake_gpus(2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    path = tmp_path / "resource_info"
+    path.write_text(resources)
+    assert main(["--check", str(path)]) == code
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(expected)
+    if code == 0:
+        assert out[0].endswith("; 2 GPUs (Fake GPU 16GB)")

@@ -1,0 +1,31 @@
+"""Each launched rank starts with its own GPUs in ``CUDA_VISIBLE_DEVICES`` (no GPU here: the ranks
+run no TensorFlow, they report the variable they were started with)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.multiprocess.harness import ROOT, run_script
+
+pytestmark = [pytest.mark.multiprocess]
+
+SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "barrier_script.py")
+
+
+def test_each_rank_starts_with_its_own_gpus_and_a_rank_without_gpus_with_none(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    run = run_script(tmp_path, "localhost: 3,1\nlocalhost: cpu:0\nlocalhost: 2\n", script=SCRIPT, timeout=120)
+    assert run.returncode == 0, run.output[-3000:]
+    seen = [json.loads((tmp_path / "out" / f"rank_{r}.json").read_text()) for r in range(4)]
+    assert [(s["rank"], s["size"], s["gpus"]) for s in seen] == [(0, 4, "3"), (1, 4, "1"), (2, 4, ""), (3, 4, "2")]
+
+
+def test_a_bare_host_of_four_gpus_starts_four_ranks_each_with_one(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    run = run_script(tmp_path, "localhost\n", "--gpus", "4", script=SCRIPT, timeout=120)
+    assert run.returncode == 0, run.output[-3000:]
+    seen = [json.loads((tmp_path / "out" / f"rank_{r}.json").read_text()) for r in range(4)]
+    assert [(s["size"], s["gpus"]) for s in seen] == [(4, "0"), (4, "1"), (4, "2"), (4, "3")]
