@@ -506,3 +506,31 @@ def test_a_slot_held_in_parts_is_refused_by_name_saying_why():
         assert sess.run("w:0") == [2.0, 2.0]
     finally:
         model.close()
+
+
+# --------------------------------------------------------------------------- the PS writes barrier
+@pytest.mark.parametrize("chief", [True, False], ids=["chief-releases-after", "other-waits-before"])
+def test_a_run_that_writes_a_server_variable_outside_a_step_takes_the_writes_barrier(model, chief):
+    from parallax.session import WritesBarrier
+
+    barrier = WritesBarrier(frozenset({"update"}), frozenset({"step"}), "sync", before=not chief)
+    sess = model.session(writes=barrier)
+    assert sess.run(model.shared.update, {model.shared.lr: 0.5}) == [1.0, 1.0]
+    ran = [c.fetches for c in model.fake.calls]
+    barrier_run = [model.rewritten.get_operation_by_name("sync")]
+    assert ran[0 if not chief else 1] == barrier_run and len(ran) == 2
+    model.fake.calls.clear()
+    sess.run(model.ops.total, {model.ops.x: X})  # writes nothing: no barrier
+    assert len(model.fake.calls) == 1
+
+
+def test_a_write_this_worker_cannot_give_in_a_training_run_is_refused_as_a_fetch(model):
+    from parallax.session import WritesBarrier
+
+    barrier = WritesBarrier(frozenset({"update"}), frozenset({"step"}), "sync", before=True,
+                            unsynchronised=frozenset({"update"}))
+    sess = model.session(writes=barrier)
+    with pytest.raises(ValueError, match=r"^fetch 'update': it writes a variable on the parameter servers outside "
+                                         r"the training step, which only the chief \(worker 0\) writes"):
+        sess.run([model.shared.update.op, model.ops.step], {model.shared.lr: 0.5, model.ops.x: X})
+    assert sess.run(model.shared.update, {model.shared.lr: 0.5}) == [1.0, 1.0]  # alone, after the barrier: exact
