@@ -17,7 +17,7 @@ import tensorflow as tf  # noqa: E402
 
 import parallax  # noqa: E402
 from tests.idioms import IDIOM_DATA, IDIOMS, PAUSE  # noqa: E402
-from tests.models import BUILDERS, DATA  # noqa: E402
+from tests.models import BUILDERS, DATA, count_applied_gradients  # noqa: E402
 
 BUILDERS = {**BUILDERS, **IDIOMS}
 DATA = {**DATA, **IDIOM_DATA}
@@ -97,6 +97,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile_steps", default=None, help="comma-separated steps")
     p.add_argument("--sess_threads", type=int, default=0, help="sess_config.intra_op_parallelism_threads")
     p.add_argument("--count_hook", action="store_true", help="a user hook counts the steps of every worker")
+    p.add_argument("--count_gradients", action="store_true", help="count the training steps whose updates were "
+                   "applied, in the variable applied_gradients (tests/models.py: count_applied_gradients)")
     p.add_argument("--zero_stage", type=int, default=0, help="Config.zero_stage; the slots are then not saved")
     p.add_argument("--pipeline_stages", type=int, default=1)
     p.add_argument("--micro_batches", type=int, default=1)
@@ -126,6 +128,8 @@ def main() -> None:
 def train(args: argparse.Namespace) -> None:
     builder = BUILDERS[args.model]
     model = builder(args.optimizer, clip=args.clip) if args.clip else builder(args.optimizer)
+    if args.count_gradients:
+        model = count_applied_gradients(model)
     mpi = parallax.MPIConfig(backend=args.backend, use_allgatherv=args.use_allgatherv,
                              fusion_bytes=args.fusion_bytes)
     ps = parallax.PSConfig(protocol=args.protocol, local_aggregation=args.local_aggregation,
