@@ -124,6 +124,48 @@ def train_single_device(model: Model, data: list[dict[str, np.ndarray]]) -> dict
         return variable_values(sess, model.graph)
 
 
+def loss_on(model: Model, values: dict[str, np.ndarray], data: list[dict[str, np.ndarray]]) -> float:
+    """``model.loss`` on every batch of ``data`` at once, with its variables set to ``values`` (by op name)."""
+    with model.graph.as_default(), tf.compat.v1.Session(graph=model.graph) as sess:
+        for variable in model.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES):
+            variable.load(values[variable.op.name], sess)
+        feed = {model.inputs[k]: np.concatenate([batch[k] for batch in data]) for k in data[0]}
+        return float(sess.run(model.loss, feed))
+
+
+APPLIED = "applied_gradients"
+
+
+def count_applied_gradients(model: Model) -> Model:
+    """``model`` with a count of the training steps whose updates were applied.
+
+    After each training op (each op of a schedule: the ``k``-th), a gradient descent optimizer with learning
+    rate 1 and ``use_locking`` minimises ``-applied_gradients/<k>``, a scalar variable: each step adds exactly
+    1 to it (its gradient is -1), wherever it lives (on a server in PS, where every worker's updates land),
+    and concurrent workers' additions are never lost (an exclusive lock). :func:`applied_gradients` sums them.
+    """
+    with model.graph.as_default():
+        optimizer = tf.compat.v1.train.GradientDescentOptimizer(1.0, use_locking=True)
+
+        def counted(k: int, op: tf.Operation) -> tf.Operation:
+            counter = tf.compat.v1.get_variable(f"{APPLIED}/{k}", [], initializer=tf.compat.v1.zeros_initializer(),
+                                                use_resource=True)
+            with tf.control_dependencies([op]):
+                return optimizer.minimize(tf.negative(counter), var_list=[counter], name=f"{APPLIED}/count_{k}")
+
+        schedule = [counted(k, op) for k, op in enumerate(model.schedule)]
+        train_op = schedule[0] if schedule else counted(0, model.train_op)
+    return Model(model.graph, model.inputs, model.loss, train_op, model.variables, schedule, model.initializer)
+
+
+def applied_gradients(values: dict[str, np.ndarray]) -> int:
+    """The number of training steps whose updates were applied, from the variables of a model made by
+    :func:`count_applied_gradients`."""
+    counts = [value for name, value in values.items() if name.startswith(APPLIED + "/")]
+    assert counts, f"no {APPLIED}/<k> variable: was the model made by count_applied_gradients?"
+    return int(round(float(sum(counts))))
+
+
 def build_sequence(optimizer: str = "adam", partitions: int | None = None, loop: bool = True) -> Model:
     """Sequence model: ids[?, 5] -> embedding (optionally partitioned with
     parallax.get_partitioner) -> a tanh RNN written with tf.while_loop -> 1.

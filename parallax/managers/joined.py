@@ -263,10 +263,23 @@ class ExitBarrier:
         return self._done.is_set()
 
     def wait(self, bound: float | None, failed: Callable[[], bool] | None = None) -> str | None:
-        """Arrive, wait for every task, and leave; ``None`` when all went well, else what went wrong."""
+        """Arrive, wait for every task, and leave; ``None`` when all went well, else what went wrong.
+
+        A parameter server arrives as soon as it has started, maybe before worker 0's server listens. Its
+        TensorFlow runtime is not asked to reach worker 0 until worker 0's port takes a connection: a gRPC
+        channel that fails to connect backs off (1 s, 1.6 s, ...) and fails every call meanwhile at once,
+        and the server's ``RecvTensor`` calls to worker 0 in worker 0's first steps take the same channel:
+        they would fail, and worker 0's ``MonitoredSession`` would start a new session, initialising every
+        variable on the servers again and so throwing away what the other workers had trained.
+        """
         start = time.monotonic()
         deadline = None if bound is None else start + bound
         while True:
+            if self._chief_address is not None and not _reachable(*self._chief_address):
+                if deadline is not None and time.monotonic() > deadline:
+                    return "worker 0 could not be reached to leave together: its port takes no connection"
+                time.sleep(0.2)
+                continue
             try:
                 self._run(self._arrive)
                 break

@@ -26,7 +26,8 @@ Ops added, on the worker's shared device, for every variable with a gradient
    per index; the other workers' results have no rows, and they send none);
 3. ``parallax_aggregate/<v>/grad`` (dense) or ``.../values`` and
    ``.../indices`` (sparse): the result, divided by the total number of
-   replicas when the plan says ``mean``.
+   replicas when the plan says ``mean`` (by this worker's replicas in
+   asynchronous PS, where each worker applies its own gradient).
 
 The update ops (the shared ops on the path to the training op) then read the
 result instead of replica 0's gradient. Other readers of a gradient (say, a
@@ -172,7 +173,11 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
                 crossed[v.name] = _merged(v, values, indices, "merge/")
         outputs = []
         for var in layout.variables:
-            total = plan.num_replicas if var.sync != "local" else num_local
+            # the mean over every replica of the job where the update gets every worker's gradient (all-reduced,
+            # all-gathered, or summed by the chief in synchronous PS); asynchronous PS applies each worker's own
+            # gradient alone, as TF's between-graph training does: the mean over this worker's replicas
+            across = var.sync in ("allreduce", "allgather") or (var.sync == "ps" and plan.sync)
+            total = plan.num_replicas if across else num_local
             with tf.name_scope(aggregate_scope(var.name)):
                 first = _scaled(crossed[var.name][0], var, total)
                 if var.sparse:

@@ -20,12 +20,7 @@ from tests.multiprocess.harness import ROOT
 pytestmark = [pytest.mark.cluster, pytest.mark.multiprocess, pytest.mark.slow]
 
 
-def test_bytes_between_hosts_match_the_model_and_hybrid_sends_the_fewest(tmp_path):
-    from tests.cluster.virtual_cluster import missing_requirements
-
-    reason = missing_requirements()
-    if reason:
-        pytest.skip(reason)
+def test_bytes_between_hosts_match_the_model_and_hybrid_sends_the_fewest(tmp_path, cluster_possible):
     out = tmp_path / "results"
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "scale.py"), "--quick", "--ranks", "2,4",

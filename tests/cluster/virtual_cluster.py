@@ -49,6 +49,11 @@ def missing_requirements() -> str | None:
     if missing:
         return (f"a virtual cluster needs {', '.join(missing)} (apt-get install iproute2 util-linux "
                 "openssh-server openssh-client; `make test-cluster` does)")
+    probe = subprocess.run(["unshare", "--net", "--uts", "--mount", "true"], capture_output=True, text=True,
+                           timeout=30)
+    if probe.returncode != 0:  # root in a container without CAP_SYS_ADMIN, a seccomp profile, ...
+        return ("a virtual cluster needs network, UTS and mount namespaces, which this machine refuses even to "
+                f"root (unshare --net --uts --mount: {probe.stderr.strip() or f'exit {probe.returncode}'})")
     return None
 
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.models import BUILDERS, build_sequence, variable_values
+from tests.models import BUILDERS, DATA, build_sequence, train_single_device, variable_values
 from tests.multiprocess.harness import run_script
-from tests.multiprocess.test_mpi_mode import check_ranks_match, resources
+from tests.multiprocess.test_mpi_mode import BATCH, check_ranks_match, resources
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -55,20 +55,30 @@ def test_mpi_checkpoint_restores_into_plain_tensorflow_and_into_ps_mode(tmp_path
 
 
 @pytest.mark.parametrize("run_option", [pytest.param("MPI", marks=pytest.mark.extended), "HYBRID"])
-def test_a_killed_job_resumes_from_the_last_saved_step(tmp_path, run_option):
+def test_a_killed_job_resumes_from_the_last_saved_step_and_ends_as_if_never_stopped(tmp_path, run_option):
+    """Killed during step 8 of 9 (checkpoints every 3 steps), the job restarts from the checkpoint of step 6
+    and trains the batches of steps 7 to 9: the checkpoint holds single-device training's values after 6
+    steps, and every variable of the resumed job (Adam's slots and powers too) ends as uninterrupted
+    single-device training of the same 9 batches does."""
     ckpt = str(tmp_path / "ckpt")
-    killed = run_script(tmp_path / "first", resources(2), "--run_option", run_option, "--model", "embedding",
-                        "--steps", "9", "--ckpt_dir", ckpt, "--save_steps", "3", "--kill_rank", "1",
+    common = ["--run_option", run_option, "--model", "embedding", "--average_sparse", "--batch", str(BATCH),
+              "--ckpt_dir", ckpt, "--save_steps", "3"]
+    killed = run_script(tmp_path / "first", resources(2), *common, "--steps", "9", "--kill_rank", "1",
                         "--kill_step", "7")
     assert killed.returncode != 0
     saved = int(re.search(r"model\.ckpt-(\d+)", tf.train.latest_checkpoint(ckpt)).group(1))
-    assert saved == 6  # saves at 3 and 6; killed during step 8
-    resumed = run_script(tmp_path / "second", resources(2), "--run_option", run_option, "--model", "embedding",
-                         "--steps", "3", "--ckpt_dir", ckpt, "--save_steps", "3")
+    assert saved == 6, killed.output[-4000:]  # saves at 3 and 6; killed during step 8
+    batches = DATA["embedding"](9, BATCH)
+    at_6 = train_single_device(BUILDERS["embedding"]("adam"), batches[:6])
+    for name, value in restore_single_device("embedding", ckpt).items():
+        np.testing.assert_allclose(value, at_6[name], rtol=1e-5, atol=1e-6, err_msg=f"checkpoint 6: {name}")
+    resumed = run_script(tmp_path / "second", resources(2), *common, "--steps", "3", "--data_from_global_step")
     assert resumed.returncode == 0, resumed.output[-4000:]
     assert "worker 0 starts at global step 6" in resumed.output
     assert "worker 1 starts at global step 6" in resumed.output
-    assert resumed.rank_values(0)["global_step"] == resumed.rank_values(1)["global_step"] == 9
+    uninterrupted = train_single_device(BUILDERS["embedding"]("adam"), batches)
+    assert uninterrupted["global_step"] == 9
+    check_ranks_match(resumed, uninterrupted, 2)
 
 
 @pytest.mark.parametrize("run_option, resource_text, processes", [

@@ -16,7 +16,7 @@ import pytest
 
 from tests.multiprocess.harness import ROOT, SCRIPT, Run, leftover_processes, namespace_prefix
 from tests.multiprocess.test_mpi_mode import BATCH, STEPS, check_ranks_match, expected_values
-from tests.multiprocess.test_ps_mode import free_port
+from tests.multiprocess.test_ps_mode import check_async_training, free_port
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -94,10 +94,11 @@ def test_workers_only_all_reduce_with_collectives(tmp_path):
 
 
 def test_master_and_ps_with_async_workers(tmp_path):
-    """SageMaker's names (master) and asynchronous training: every worker runs to the end."""
+    """SageMaker's names (master) and asynchronous training: every worker runs to the end, and every update
+    of both lands on the ps (check_async_training)."""
     cluster = tf_cluster(master=1, worker=1, ps=1)
-    run = run_managed(tmp_path, cluster, "--run_option", "PS", "--async", "--model", "mlp")
-    assert run.returncode == 0, run.output[-4000:]
+    run = run_managed(tmp_path, cluster, "--run_option", "PS", "--async", "--model", "mlp", "--count_gradients")
+    check_async_training(run, "mlp", "adam", workers=2, steps=STEPS)
     check_ids(run, 2)
 
 

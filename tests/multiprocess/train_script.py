@@ -17,7 +17,7 @@ import tensorflow as tf  # noqa: E402
 
 import parallax  # noqa: E402
 from tests.idioms import IDIOM_DATA, IDIOMS, PAUSE  # noqa: E402
-from tests.models import BUILDERS, DATA  # noqa: E402
+from tests.models import BUILDERS, DATA, count_applied_gradients  # noqa: E402
 
 BUILDERS = {**BUILDERS, **IDIOMS}
 DATA = {**DATA, **IDIOM_DATA}
@@ -91,10 +91,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--search_partitions", action="store_true")
     p.add_argument("--ckpt_dir", default=None)
     p.add_argument("--save_steps", type=int, default=None)
+    p.add_argument("--data_from_global_step", action="store_true", help="train on the batches of the global steps "
+                   "after the one the job starts at (a resumed job: as if it had not stopped), not from batch 0")
     p.add_argument("--profile_dir", default=None)
     p.add_argument("--profile_steps", default=None, help="comma-separated steps")
     p.add_argument("--sess_threads", type=int, default=0, help="sess_config.intra_op_parallelism_threads")
     p.add_argument("--count_hook", action="store_true", help="a user hook counts the steps of every worker")
+    p.add_argument("--count_gradients", action="store_true", help="count the training steps whose updates were "
+                   "applied, in the variable applied_gradients (tests/models.py: count_applied_gradients)")
     p.add_argument("--zero_stage", type=int, default=0, help="Config.zero_stage; the slots are then not saved")
     p.add_argument("--pipeline_stages", type=int, default=1)
     p.add_argument("--micro_batches", type=int, default=1)
@@ -124,6 +128,8 @@ def main() -> None:
 def train(args: argparse.Namespace) -> None:
     builder = BUILDERS[args.model]
     model = builder(args.optimizer, clip=args.clip) if args.clip else builder(args.optimizer)
+    if args.count_gradients:
+        model = count_applied_gradients(model)
     mpi = parallax.MPIConfig(backend=args.backend, use_allgatherv=args.use_allgatherv,
                              fusion_bytes=args.fusion_bytes)
     ps = parallax.PSConfig(protocol=args.protocol, local_aggregation=args.local_aggregation,
@@ -154,9 +160,12 @@ def train(args: argparse.Namespace) -> None:
         json.dump({"num_workers": num_workers, "worker_id": worker_id, "num_replicas": num_replicas,
                    "mpi": "mpi4py.MPI" in sys.modules}, f)
     step_var = tf.compat.v1.train.get_global_step(model.graph)
+    start = 0
     if step_var is not None:
-        print(f"worker {worker_id} starts at global step {sess.run(step_var)[0]}", flush=True)
-    data = DATA[args.model](args.steps, args.batch)
+        start = int(sess.run(step_var)[0])
+        print(f"worker {worker_id} starts at global step {start}", flush=True)
+    first = start if args.data_from_global_step else 0  # the index of the first batch (and schedule step)
+    data = DATA[args.model](first + args.steps, args.batch)[first:]
     parts = num_workers * num_replicas
     if model.initializer is not None:  # tf.data input: nothing to feed
         sess.run(model.initializer)
@@ -176,7 +185,7 @@ def train(args: argparse.Namespace) -> None:
             raise RuntimeError(f"deliberate failure on rank {worker_id}")
         mine = {model.inputs[k]: np.split(v, parts)[worker_id * num_replicas:(worker_id + 1) * num_replicas]
                 for k, v in feed.items()}
-        sess.run(model.step_op(step), feed_dict=mine)
+        sess.run(model.step_op(first + step), feed_dict=mine)
     variables = model.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
     if args.zero_stage:  # a worker holds a part of each slot only
         variables = [v for v in variables if not is_slot(v, model.graph)]

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+import pytest
+
+from tests.requirements import unavailable
+
 
 def test_a_group_name_in_the_node_id_reaches_the_scheduler(request):
     """pytest-xdist's --dist loadgroup keeps the tests of one xdist_group (cases sharing one
@@ -15,3 +21,65 @@ def test_a_group_name_in_the_node_id_reaches_the_scheduler(request):
         assert node.nodeid == before + "@probe", "pin pytest<9 (setup.py, the dev extra)"
     finally:
         node._nodeid = before
+
+
+# --- a test that cannot run here: a failure under CI, a skip elsewhere (tests/requirements.py) ---------------
+
+@pytest.mark.parametrize("ci, ends_as", [
+    ("true", pytest.fail.Exception), ("1", pytest.fail.Exception), ("TRUE", pytest.fail.Exception),
+    ("", pytest.skip.Exception), ("false", pytest.skip.Exception), ("0", pytest.skip.Exception),
+    (None, pytest.skip.Exception),
+], ids=["true", "1", "TRUE", "empty", "false", "0", "unset"])
+def test_a_missing_requirement_fails_under_ci_and_skips_elsewhere(ci, ends_as):
+    environ = {} if ci is None else {"CI": ci}
+    with pytest.raises(ends_as) as ended:
+        unavailable("sbatch is not installed", "make cluster-packages installs it", environ)
+    assert "sbatch is not installed; make cluster-packages installs it" in str(ended.value)
+    assert ("CI=true, so this test must run here" in str(ended.value)) == (ends_as is pytest.fail.Exception)
+
+
+def test_without_root_the_cluster_tests_fail_under_ci_naming_the_reason(monkeypatch):
+    """`make test-cluster` under CI cannot pass with every test skipped: the cluster fixture fails."""
+    from tests.cluster.conftest import require_cluster
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match=r"CI=true, so this test must run here, but a virtual cluster "
+                                                    r"needs root .*; run `make test-cluster` as root"):
+        require_cluster()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="a virtual cluster needs root"):
+        require_cluster()
+
+
+def test_without_namespaces_the_cluster_tests_fail_under_ci_naming_the_reason(monkeypatch):
+    """Root in a container that may not make namespaces: unshare fails, and the tests say so."""
+    import subprocess
+
+    from tests.cluster import virtual_cluster
+    from tests.cluster.conftest import require_cluster
+
+    refused = subprocess.CompletedProcess(["unshare"], 1, "", "unshare: unshare failed: Operation not permitted")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(virtual_cluster.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(virtual_cluster.os, "access", lambda path, mode: True)
+    monkeypatch.setattr(virtual_cluster.subprocess, "run", lambda *a, **k: refused)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match=r"namespaces, which this machine refuses even to root "
+                                                    r"\(unshare --net --uts --mount: unshare: unshare failed: "
+                                                    r"Operation not permitted\)"):
+        require_cluster()
+
+
+def test_a_missing_sbatch_is_not_a_valid_manifest(monkeypatch):
+    """The manifest tests' check: a validator that is not installed fails under CI, never counts as valid."""
+    from parallax.manifests import validate as validators
+    from tests.unit.test_manifests import checked
+
+    monkeypatch.setattr(validators.shutil, "which", lambda tool: None)
+    [shell, sbatch] = validators.validate("slurm", {"job.sbatch": "#!/bin/bash\n#SBATCH --nodes=2\ntrue\n"})
+    assert shell.ok and sbatch.missing and not sbatch.ok
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match=r"a validator is not installed: job.sbatch: install Slurm's "
+                                                    r"sbatch .*`make cluster-packages` installs Slurm"):
+        checked("slurm", {"job.sbatch": "#!/bin/bash\n"})

@@ -146,3 +146,20 @@ def test_a_peer_never_seen_up_is_named_when_another_goes():
     w.poll(2.5)
     assert ended == ["Parallax job failed: task worker 0 (h:2) and chief 0 (h:1) have ended or cannot be reached; "
                      "ending task ps 0"]
+
+
+def test_the_exit_barrier_asks_worker_0_nothing_before_its_port_takes_connections(monkeypatch):
+    """A parameter server arrives at the barrier at once; its TensorFlow runtime must not try worker 0's
+    server before it listens (a gRPC channel that failed backs off, and worker 0's first steps, which make
+    the server receive from it over the same channel, would fail: ExitBarrier.wait)."""
+    from parallax.managers import joined
+
+    barrier = joined.ExitBarrier("grpc://localhost:1", identity=1, total=2, chief=False, timeout_ms=1000,
+                                 chief_address=("localhost", 2))
+    listening = iter([False, False, True])
+    probes, asked = [], []
+    monkeypatch.setattr(joined, "_reachable", lambda host, port: probes.append(port) or next(listening, True))
+    monkeypatch.setattr(joined.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(barrier, "_run", lambda fetch: asked.append((len(probes), fetch)) or 2)
+    assert barrier.wait(bound=None) is None
+    assert asked[0] == (3, barrier._arrive)  # the first call after the third probe, the first that connected

@@ -124,6 +124,22 @@ def test_other_workers_apply_and_wait_for_their_token():
     assert nodes["Adam"].input == ["^parallax_sync/step/Adam/wait"]
 
 
+@pytest.mark.parametrize("sync, divisor", [(True, 4.0), (False, 2.0)], ids=["sync", "async"])
+def test_a_worker_averages_over_the_job_in_sync_and_over_its_own_replicas_in_async(sync, divisor):
+    """Synchronous PS: each worker's part of the union-batch mean (the chief sums them). Asynchronous PS:
+    each worker applies its own gradient, the mean over its own replicas' batches, as TF's between-graph
+    asynchronous training does, not a 1/num_workers part of it."""
+    import tensorflow as tf
+
+    model = build_mlp("gd")
+    plan = ps_plan(model, num_workers=2, replicas=2, sync=sync)
+    meta = rewrite_for_task(export(model.graph), plan, TaskSpec(1))
+    nodes = nodes_of(meta)
+    division = nodes["parallax_aggregate/dense/kernel/truediv"]
+    [constant] = [nodes[parse_input(i)[0]] for i in division.input if nodes[parse_input(i)[0]].op == "Const"]
+    assert tf.make_ndarray(constant.attr["value"].tensor) == divisor
+
+
 def test_async_adds_no_protocol():
     model = build_embedding("adam")
     nodes = nodes_of(rewrite_for_task(export(model.graph), ps_plan(model, sync=False), TaskSpec(1)))
