@@ -33,6 +33,7 @@ _EXPORTS = {
     "RewriteError": "parallax.errors",
     "LaunchError": "parallax.errors",
     "TaskFailedError": "parallax.errors",
+    "CheckpointError": "parallax.errors",
     "log": "parallax.logs",
     "tune": "parallax.tuning.tuner",
     "sweep": "parallax.sweeps",

@@ -26,7 +26,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 
 from parallax import search
 from parallax.analysis import analyse_graph
-from parallax.checkpoint import check_schedule
+from parallax.checkpoint import check_checkpoint, check_schedule
 from parallax.config import Config
 from parallax.errors import ParallaxError
 from parallax.graph_input import load_graph
@@ -152,6 +152,7 @@ def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync:
         config = with_choice(config, trial.choice)
     graph, meta_graph = load_graph(single_gpu_graph)
     check_schedule(config.ckpt_config, graph)
+    check_checkpoint(config.ckpt_config, graph)  # another model's checkpoint: refused before anything starts
     launched = None if request is not None else launched_process(config.redirect_path)
     joined = None if request is not None or launched is not None else joined_process()
     cluster = _cluster(resource_info, launched, joined)

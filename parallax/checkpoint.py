@@ -17,9 +17,16 @@ broadcast).
 
 from __future__ import annotations
 
+import os
+
 import tensorflow as tf
 
-__all__ = ["single_device_saver", "saver_hook", "check_schedule"]
+from parallax.errors import CheckpointError
+
+__all__ = ["single_device_saver", "saver_hook", "check_schedule", "check_checkpoint", "saved_keys"]
+
+#: How many mismatches a refusal lists (then "and N more").
+_LISTED = 8
 
 
 def check_schedule(ckpt_config, graph: tf.Graph) -> None:
@@ -33,6 +40,58 @@ def check_schedule(ckpt_config, graph: tf.Graph) -> None:
         raise ValueError("CheckPointConfig: saving on a schedule needs a global step in the graph: create it with "
                          "tf.compat.v1.train.get_or_create_global_step() and pass it to minimize(..., "
                          "global_step=...)")
+
+
+def saved_keys(graph: tf.Graph) -> dict[str, tuple[list[int | None], tf.DType]]:
+    """What a checkpoint of ``graph`` holds: each variable's key (its name, or a partitioned variable's
+    whole name) with the whole shape and the dtype."""
+    keys = {}
+    for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES) + \
+            graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES):
+        info = getattr(v, "_save_slice_info", None)
+        key, shape = (info.full_name, list(info.full_shape)) if info is not None else (v.op.name, v.shape.as_list())
+        keys.setdefault(key, (shape, v.dtype.base_dtype))
+    return keys
+
+
+def check_checkpoint(ckpt_config, graph: tf.Graph) -> str | None:
+    """Refuse the latest checkpoint of ``ckpt_dir`` before anything starts when it cannot be restored into
+    ``graph``: a variable missing from it, or kept there with another shape or dtype. Another model's
+    checkpoint would otherwise fail deep in TensorFlow at the first step, or be overwritten.
+
+    Returns:
+        The checkpoint that will be restored, or ``None`` (no ``ckpt_dir``, or none saved there yet).
+
+    Raises:
+        CheckpointError: naming the checkpoint file, each variable and both shapes (or dtypes).
+    """
+    directory = ckpt_config.ckpt_dir
+    path = tf.train.latest_checkpoint(directory) if directory and os.path.isdir(directory) else None
+    if path is None:
+        return None
+    try:
+        reader = tf.train.load_checkpoint(path)
+        shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    except (tf.errors.OpError, ValueError) as e:
+        raise CheckpointError(f"CheckPointConfig.ckpt_dir={directory!r}: its latest checkpoint {path} cannot be "
+                              f"read ({e}); remove it or point ckpt_dir elsewhere") from e
+    differ, missing = [], []
+    for key, (shape, dtype) in sorted(saved_keys(graph).items()):
+        if key not in shapes:
+            missing.append(f'"{key}" (shape {shape}) is not in it')
+        elif list(shapes[key]) != shape and None not in shape:
+            differ.append(f'"{key}" has shape {list(shapes[key])} there but {shape} in the graph')
+        elif dtypes[key] != dtype:
+            differ.append(f'"{key}" is {dtypes[key].name} there but {dtype.name} in the graph')
+    problems = differ + missing
+    if problems:
+        listed = "; ".join(problems[:_LISTED]) + (f"; and {len(problems) - _LISTED} more" if len(problems) > _LISTED
+                                                  else "")
+        raise CheckpointError(
+            f"CheckPointConfig.ckpt_dir={directory!r}: its latest checkpoint {path} does not fit this graph: {listed}. "
+            "Nothing was restored or overwritten. Point ckpt_dir at this model's checkpoints, or at an empty "
+            "directory to start afresh")
+    return path
 
 
 def single_device_saver(graph: tf.Graph, names: frozenset[str]) -> tf.compat.v1.train.Saver | None:

@@ -16,6 +16,7 @@ __all__ = [
     "LaunchError",
     "TaskFailedError",
     "ManifestError",
+    "CheckpointError",
 ]
 
 
@@ -48,6 +49,10 @@ class LaunchError(ParallaxError):
 
 class ManifestError(ParallaxError):
     """A manager's job file cannot describe the job (``parallax manifest``); the message says why."""
+
+
+class CheckpointError(ParallaxError):
+    """A checkpoint cannot be restored into the graph; the message names the file and the variables."""
 
 
 class TaskFailedError(ParallaxError):
