@@ -34,7 +34,7 @@ def single_device_w(steps: int, replicas: int) -> np.ndarray:
 
 def tune(tmp_path, *options: str):
     (tmp_path / "res").write_text("localhost: cpu:0,cpu:1\n")
-    env = {"PARALLAX_CACHE_DIR": str(tmp_path / "cache")}
+    env = {"PARALLAX_CACHE_DIR": str(tmp_path / "cache"), "PARALLAX_USE_TUNED": "1"}  # the suite turns it off
     return env, run_command(tmp_path, [PARALLAX, "tune", SCRIPT, "res", "--steps", "1,3", "-o", "tuned", *options,
                                        "--", "res", "--steps", "12"], timeout=400, env=env)
 
@@ -88,7 +88,7 @@ def test_a_tuned_partition_count_rebuilds_the_graph_and_trains_equal_to_single_d
     from tests.multiprocess.test_mpi_mode import check_ranks_match
 
     (tmp_path / "res").write_text("localhost: cpu:0,cpu:1\n")
-    env = {"PARALLAX_CACHE_DIR": str(tmp_path / "cache")}
+    env = {"PARALLAX_CACHE_DIR": str(tmp_path / "cache"), "PARALLAX_USE_TUNED": "1"}
     script_args = ["--resource_info", "res", "--model", "sequence", "--average_sparse", "--batch", "12"]
     run = run_command(tmp_path, [PARALLAX, "tune", TRAIN_SCRIPT, "res", "--trials", "1", "--steps", "1,2",
                                  "--space", "run_option=MPI", "--space", "partitions=4", "--space", "backend=mpi",
