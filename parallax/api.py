@@ -47,6 +47,7 @@ from parallax.manifests import write_requested
 from parallax.manifests.common import planner
 from parallax.overrides import PARTITION_COUNT, Replaced, environment_overrides, environment_warning, tuned_warning
 from parallax.partitioner import PARTITIONS_ENV
+from parallax.paths import check_paths
 from parallax.plan import Plan
 from parallax.resources import Cluster, parse_resource_file, parse_resource_text
 from parallax.roles import check_local_devices, local_replicas, role_setup
@@ -294,6 +295,8 @@ def _run_here(job: JobPlan, settings: Settings, cluster: Cluster, graph: tf.Grap
             f.write(text + "\n")
         return 0
     check_local_devices(job, settings, cluster.source)  # before anything starts
+    here = [p for p in job.processes if p.role == "worker" and (not job.launched or p.host in settings.local_hosts)]
+    check_paths(settings.ckpt, settings.export_graph_path, saves=any(p.index == 0 for p in here), exports=bool(here))
     if settings.search_partitions:
         code = search.partition_search(graph, cluster.text, settings, cluster.device_keys())
         if code is not None:

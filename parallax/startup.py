@@ -23,6 +23,7 @@ from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
 from parallax.comm.registry import backends_in_use
 from parallax.errors import LaunchError
 from parallax.logs import log as logger
+from parallax.paths import check_paths
 from parallax.plan import TaskSpec
 from parallax.profiling import Profiler
 from parallax.rewrite.classify import classify
@@ -150,6 +151,8 @@ def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: t
     """
     plan, process = job.plan, setup.process
     task = TaskSpec(worker_index=process.index)
+    # on this process's own host (the launcher checked only the hosts it runs on)
+    check_paths(settings.ckpt, settings.export_graph_path, saves=setup.saves, exports=True)
     if process.index == 0:
         logger.info("Parallax plan:\n%s", job.describe())
     rewritten = rewrite_for_task(meta_graph, plan, task)
