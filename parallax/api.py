@@ -34,6 +34,7 @@ from parallax.job import JobPlan, make_job_plan
 from parallax.launch.launcher import (
     DRY_RUN_ENV,
     PLAN_ENV,
+    RUN_OPTION_ENV,
     current_program,
     job_command,
     launch,
@@ -212,7 +213,9 @@ def _tuned(config: Config, graph: tf.Graph, cluster: Cluster, sync: bool, launch
     # a count the graph does not have yet (PARALLAX_NUM_PARTITIONS, when set, is the user's and stays)
     rebuild = bool(parts) and smallest is not None and int(parts) > smallest and not os.environ.get(PARTITIONS_ENV)
     if not launched:
-        replaced = list(replaced_by_choice(config, fields))
+        given = os.environ.get(RUN_OPTION_ENV, "").strip()  # then in config in place of the script's
+        replaced = [replace(r, source=RUN_OPTION_ENV) if given and r.setting == "Config.run_option" else r
+                    for r in replaced_by_choice(config, fields)]
         if rebuild:
             replaced.append(Replaced(PARTITION_COUNT, smallest, int(parts)))
         applied = {**fields, **({"partitions": parts} if rebuild else {})}

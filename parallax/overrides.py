@@ -60,17 +60,20 @@ class Replaced:
 
     Attributes:
         setting: how the user sets it, e.g. ``"Config.run_option"``, ``"MPIConfig.backend"``.
-        script: the script's value.
+        script: the script's value (or the one an environment variable put in its place: ``source``).
         value: the value in force instead.
+        source: where ``script`` came from when not from the script, e.g. ``"PARALLAX_RUN_OPTION"``.
     """
 
     setting: str
     script: Any
     value: Any
+    source: str = ""
 
     def describe(self) -> str:
-        """``Config.run_option 'PS' -> 'MPI'``."""
-        return f"{self.setting} {self.script!r} -> {self.value!r}"
+        """``Config.run_option 'PS' -> 'MPI'`` (``'PS' (from PARALLAX_RUN_OPTION) -> 'MPI'``)."""
+        source = f" (from {self.source})" if self.source else ""
+        return f"{self.setting} {self.script!r}{source} -> {self.value!r}"
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,17 @@ def test_the_suite_ignores_a_stored_layout_unless_a_test_asks(resource_file, par
     assert not about(parallax_warnings, "parallax tune")
 
 
+def test_a_tuned_layout_over_an_environment_override_says_where_the_value_it_replaced_came_from(
+        tuned_cache, resource_file, parallax_warnings, monkeypatch):
+    graph, res = small_graph(), resource_file("localhost: cpu:0,cpu:1\n")
+    store_tuned(tune_key(graph, parse_resource_file(res).text, True), {"run_option": "PS"}, {})
+    monkeypatch.setenv("PARALLAX_RUN_OPTION", "HYBRID")
+    run_locally(graph, res, parallax.Config(run_option="MPI"))
+    assert [line.split(": ", 2)[-1] for line in about(parallax_warnings, "replaces")] == [
+        "Config.run_option 'MPI' -> 'HYBRID'; unset PARALLAX_RUN_OPTION to use the script's",
+        "it replaces 1 of the script's settings: Config.run_option 'HYBRID' (from PARALLAX_RUN_OPTION) -> 'PS'"]
+
+
 def test_parallax_run_option_in_the_environment_is_said_at_warning(resource_file, parallax_warnings, monkeypatch):
     monkeypatch.setenv("PARALLAX_RUN_OPTION", "ps")
     run_locally(small_graph(), resource_file("localhost: cpu:0,cpu:1\n"), parallax.Config(run_option="MPI"))
