@@ -34,6 +34,7 @@ from parallax.job import JobPlan, make_job_plan
 from parallax.launch.launcher import (
     DRY_RUN_ENV,
     PLAN_ENV,
+    RUN_OPTION_ENV,
     current_program,
     job_command,
     launch,
@@ -45,6 +46,9 @@ from parallax.logs import log as logger
 from parallax.managers.joined import JoinedProcess, joined_process
 from parallax.manifests import write_requested
 from parallax.manifests.common import planner
+from parallax.overrides import PARTITION_COUNT, Replaced, environment_overrides, environment_warning, tuned_warning
+from parallax.partitioner import PARTITIONS_ENV
+from parallax.paths import check_paths
 from parallax.plan import Plan
 from parallax.resources import Cluster, parse_resource_file, parse_resource_text
 from parallax.roles import check_local_devices, local_replicas, role_setup
@@ -140,6 +144,7 @@ def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync:
          ) -> tuple | int:
     """Parse, plan and dispatch; an ``int`` is the exit code the process ends with."""
     request = json.loads(os.environ[PLAN_ENV]) if os.environ.get(PLAN_ENV) else None
+    script_config, script_resources = config, resource_info  # as the script passed them, for the report
     resource_info = resource_override(resource_info)
     config = replace(config, run_option=run_option_override(config.run_option))
     if request is not None:  # parallax plan: its resource file, run option and overrides replace the script's
@@ -155,6 +160,9 @@ def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync:
     check_checkpoint(config.ckpt_config, graph)  # another model's checkpoint: refused before anything starts
     launched = None if request is not None else launched_process(config.redirect_path)
     joined = None if request is not None or launched is not None else joined_process()
+    if request is None and trial is None and _speaks_for_the_job(launched, joined):
+        for override in environment_overrides(script_config, script_resources, search.min_partitions(graph)):
+            logger.warning(environment_warning(override))
     cluster = _cluster(resource_info, launched, joined)
     if request is None and trial is None and joined is None:
         # a launched process, or the script run again with a tuned or searched partition count, takes the
@@ -179,23 +187,44 @@ def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync:
     return _run_here(job, settings, cluster, graph, meta_graph)
 
 
+def _speaks_for_the_job(launched: LaunchedProcess | None, joined: JoinedProcess | None) -> bool:
+    """Whether this process reports what replaced the script's settings, once for the whole job: the
+    process the user started (not one it launched, nor the script run again after a partition search),
+    or, in a job a cluster manager started, its worker 0."""
+    if launched is not None or search.in_final_run():
+        return False
+    return joined is None or joined.task == joined.managed.tasks[0]
+
+
 def _tuned(config: Config, graph: tf.Graph, cluster: Cluster, sync: bool, launched: bool) -> tuple[Config, int | None]:
     """The script's config with the layout ``parallax tune`` stored for this graph and resources
-    (:mod:`parallax.tuning.cache`); an exit code when the script must run again (a tuned partition count)."""
-    from parallax.trials.choice import describe_choice
+    (:mod:`parallax.tuning.cache`); an exit code when the script must run again (a tuned partition count).
+
+    The process the user started (``launched=False``) says at WARNING which of the script's settings
+    the layout replaces, each with the script's value and the tuned one (:func:`parallax.overrides.tuned_warning`).
+    """
+    from parallax.trials.choice import describe_choice, replaced_by_choice
     from parallax.tuning.cache import USE_TUNED_ENV, tuned_choice
 
     choice, source = tuned_choice(graph, cluster.text, sync, launched)
     if choice is None:
         return config, None
+    fields = {k: v for k, v in choice.items() if k != "partitions"}
+    parts, smallest = choice.get("partitions"), search.min_partitions(graph)
+    # a count the graph does not have yet (PARALLAX_NUM_PARTITIONS, when set, is the user's and stays)
+    rebuild = bool(parts) and smallest is not None and int(parts) > smallest and not os.environ.get(PARTITIONS_ENV)
     if not launched:
-        logger.warning("Parallax: using the layout parallax tune found: %s (from %s; %s=0 ignores it)",
-                       describe_choice(choice), source, USE_TUNED_ENV)
-    parts = choice.get("partitions")
-    if parts and not os.environ.get(search.PARTITIONS_ENV) and search.min_partitions(graph) is not None:
+        given = os.environ.get(RUN_OPTION_ENV, "").strip()  # then in config in place of the script's
+        replaced = [replace(r, source=RUN_OPTION_ENV) if given and r.setting == "Config.run_option" else r
+                    for r in replaced_by_choice(config, fields)]
+        if rebuild:
+            replaced.append(Replaced(PARTITION_COUNT, smallest, int(parts)))
+        applied = {**fields, **({"partitions": parts} if rebuild else {})}
+        logger.warning(tuned_warning(replaced, describe_choice(applied), source, USE_TUNED_ENV))
+    if rebuild:
         search.run_final(int(parts))  # the graph is built again with the tuned count
         return config, 0
-    return with_choice(config, {k: v for k, v in choice.items() if k != "partitions"}), None
+    return with_choice(config, fields), None
 
 
 def _write_candidates(request: dict, graph: tf.Graph, cluster: Cluster, config: Config, sync: bool,
@@ -272,6 +301,8 @@ def _run_here(job: JobPlan, settings: Settings, cluster: Cluster, graph: tf.Grap
             f.write(text + "\n")
         return 0
     check_local_devices(job, settings, cluster.source)  # before anything starts
+    here = [p for p in job.processes if p.role == "worker" and (not job.launched or p.host in settings.local_hosts)]
+    check_paths(settings.ckpt, settings.export_graph_path, saves=any(p.index == 0 for p in here), exports=bool(here))
     if settings.search_partitions:
         code = search.partition_search(graph, cluster.text, settings, cluster.device_keys())
         if code is not None:

@@ -43,6 +43,39 @@ from parallax.slurm import SLURM
 __all__ = ["main", "parallax_main", "plan_main", "manifest_main", "probe_main", "tune_main"]
 
 
+def _seconds_arg(text: str) -> float:
+    """An argparse type: a number of seconds > 0 (``--timeout``, ``--time_budget``, ...)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _count_arg(text: str) -> int:
+    """An argparse type: a whole number >= 1 (``--trials``, ``--pipeline_stages``, ...)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+def _port_arg(text: str) -> int:
+    """An argparse type: a TCP port, 1-65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"expected a port 1-65535, got {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="parallax-run", description="Run a Parallax training script on the devices of a resource file: "
@@ -58,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--mpirun_options", default="", help="extra mpirun options, e.g. '--mca btl ^openib'")
     parser.add_argument("--dry_run", action="store_true",
                         help="run the script up to parallel_run, print the mpirun command and exit")
-    parser.add_argument("--timeout", type=float, default=600, help="--dry_run: seconds before giving up on the "
+    parser.add_argument("--timeout", type=_seconds_arg, default=600, help="--dry_run: seconds before giving up on the "
                         "script")
     parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, default=None, metavar="MODULE ...",
                         help="run a module and its arguments (like python -m)")
@@ -171,14 +204,14 @@ def _plan_parser() -> argparse.ArgumentParser:
     layout = parser.add_argument_group("beyond data parallelism", "replace the script's Config fields of the same "
                                        "names (docs/modes.md)")
     layout.add_argument("--zero_stage", type=int, choices=[0, 1, 2], default=None)
-    layout.add_argument("--pipeline_stages", type=int, default=None, metavar="K")
-    layout.add_argument("--micro_batches", type=int, default=None, metavar="M")
+    layout.add_argument("--pipeline_stages", type=_count_arg, default=None, metavar="K")
+    layout.add_argument("--micro_batches", type=_count_arg, default=None, metavar="M")
     layout.add_argument("--pipeline_cuts", default=None, metavar="SCOPE,SCOPE",
                         help="the scopes where stages 1 .. k-1 begin, comma-separated")
     layout.add_argument("--pipeline_schedule", choices=["gpipe", "1f1b"], default=None)
     layout.add_argument("--device_memory", default=None, metavar="BYTES", help="e.g. 16GB")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the plan as JSON")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds before giving up on the script")
+    parser.add_argument("--timeout", type=_seconds_arg, default=600, help="seconds before giving up on the script")
     predict = parser.add_argument_group(
         "prediction", "--predict also prints the predicted step time, speedup and scaling efficiency of each "
         "layout (MPI, PS, HYBRID, TensorFlow's own PS) on a cluster (parallax/plan/predict.py)")
@@ -278,8 +311,8 @@ def plan_main(argv: list[str] | None = None) -> int:
     """Entry point of ``parallax plan``; returns an exit code."""
     import json
 
-    mine, script_args = _split_command(argv)
-    args = _plan_parser().parse_args(mine)
+    mine, script_args, separated = _split_command(argv)
+    args = _parse_own(_plan_parser(), mine, separated, "The script's arguments go")
     for path, what in ((args.script, "script"), (args.resource_info, "resource file")):
         if not os.path.exists(path):
             print(f"parallax plan: {what} {path!r} not found", file=sys.stderr)
@@ -360,7 +393,7 @@ def probe_main(argv: list[str] | None = None) -> int:
                         help="the two hosts (default: the file's first two; one host: two processes on it)")
     parser.add_argument("--mpirun_options", default=os.environ.get(MPIRUN_OPTIONS_ENV, ""),
                         help="extra mpirun options, as MPIConfig.mpirun_options")
-    parser.add_argument("--timeout", type=float, default=120, help="seconds before giving up (default 120)")
+    parser.add_argument("--timeout", type=_seconds_arg, default=120, help="seconds before giving up (default 120)")
     args = parser.parse_args(argv)
     try:
         hosts = parse_resource_file(args.resource_info).hosts
@@ -379,12 +412,25 @@ def probe_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _split_command(argv: list[str] | None) -> tuple[list[str], list[str]]:
-    """``argv`` before ``--`` and after it."""
+def _split_command(argv: list[str] | None) -> tuple[list[str], list[str], bool]:
+    """``argv`` before ``--`` and after it, and whether there was a ``--``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
-        return argv, []
-    return argv[:argv.index("--")], argv[argv.index("--") + 1:]
+        return argv, [], False
+    return argv[:argv.index("--")], argv[argv.index("--") + 1:], True
+
+
+def _parse_own(parser: argparse.ArgumentParser, mine: list[str], separated: bool, after: str) -> argparse.Namespace:
+    """``parser``'s arguments of ``mine``; what it does not know, given without ``--``, is refused saying
+    what goes after ``--`` (``after``: "The script's arguments go"), with the command line that does it."""
+    args, extra = parser.parse_known_args(mine)
+    if extra and not separated:
+        fixed = [*mine[:-len(extra)], "--", *extra] if mine[-len(extra):] == extra else [*mine, "--", "..."]
+        parser.error(f"unrecognized arguments: {' '.join(extra)}. {after} after --, e.g. "
+                     f"{parser.prog} {' '.join(fixed)}")
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def _manifest_parser() -> argparse.ArgumentParser:
@@ -413,10 +459,10 @@ def _manifest_parser() -> argparse.ArgumentParser:
     parser.add_argument("--setup", action="append", default=[], metavar="SHELL_LINE",
                         help="condor, slurm: a line that prepares a node's environment, e.g. 'source "
                         "/shared/venv/bin/activate'; repeatable")
-    parser.add_argument("--port", type=int, default=2222, help="tfjob, polyaxon: each task's server port")
+    parser.add_argument("--port", type=_port_arg, default=2222, help="tfjob, polyaxon: each task's server port")
     parser.add_argument("--time", help="slurm: the job's time limit (sbatch --time), e.g. 2:00:00")
     parser.add_argument("--no_validate", action="store_true", help="do not run the validators")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds before giving up on the script")
+    parser.add_argument("--timeout", type=_seconds_arg, default=600, help="seconds before giving up on the script")
     return parser
 
 
@@ -429,9 +475,10 @@ def manifest_main(argv: list[str] | None = None) -> int:
 
     from parallax.manifests.validate import validate
 
-    mine, command = _split_command(argv)
+    mine, command, separated = _split_command(argv)
     parser = _manifest_parser()
-    args = parser.parse_args(mine)
+    args = _parse_own(parser, mine, separated, "The command every process runs (python SCRIPT ... or python -m "
+                                               "MODULE ...) goes")
     if not command:
         parser.error("give the command every process runs after --, e.g. -- python train.py --steps 1000")
     if not os.path.basename(command[0]).startswith("python") or len(command) < 2:
@@ -494,8 +541,8 @@ def _tune_parser() -> argparse.ArgumentParser:
         "must run at least warm-up + timed steps (--steps).")
     parser.add_argument("script", help="the training script (it must call parallax.parallel_run)")
     parser.add_argument("resource_info", help="the resource file to tune for (replaces the script's)")
-    parser.add_argument("--trials", type=int, default=8, help="at most this many trials (default 8)")
-    parser.add_argument("--time_budget", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--trials", type=_count_arg, default=8, help="at most this many trials (default 8)")
+    parser.add_argument("--time_budget", type=_seconds_arg, default=None, metavar="SECONDS",
                         help="start no trial after this many seconds")
     parser.add_argument("--backend", choices=["local", "dask"], default="local",
                         help="local processes (default) or Dask")
@@ -506,12 +553,12 @@ def _tune_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", default="3,20", metavar="WARMUP,TIMED",
                         help="steps each trial discards and times (default 3,20: short steps vary by tens of per cent "
                              "on a busy machine; the median of 20 is steadier)")
-    parser.add_argument("--time_limit", type=float, default=300, help="seconds one trial may run (default 300)")
+    parser.add_argument("--time_limit", type=_seconds_arg, default=300, help="seconds one trial may run (default 300)")
     parser.add_argument("--output", "-o", default="parallax_tune", metavar="DIR",
                         help="where the table, plot, JSON, CSV and trial logs go (default ./parallax_tune)")
     parser.add_argument("--no_store", action="store_true", help="do not keep the fastest for the next run")
     parser.add_argument("--no_progress", action="store_true", help="no live progress line")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds the script may take to plan")
+    parser.add_argument("--timeout", type=_seconds_arg, default=600, help="seconds the script may take to plan")
     return parser
 
 
@@ -544,9 +591,9 @@ def tune_main(argv: list[str] | None = None) -> int:
     """Entry point of ``parallax tune``; returns an exit code."""
     from parallax.tuning.tuner import TuneError, tune
 
-    mine, script_args = _split_command(argv)
+    mine, script_args, separated = _split_command(argv)
     parser = _tune_parser()
-    args = parser.parse_args(mine)
+    args = _parse_own(parser, mine, separated, "The script's arguments go")
     try:
         space = parse_space(args.space)
         warmup, steps = (int(x) for x in args.steps.split(","))

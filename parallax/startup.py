@@ -26,6 +26,7 @@ from parallax.errors import LaunchError
 from parallax.graph_input import export_graph
 from parallax.hooks import HookAdapter, SessionTranslation, begin_hooks, run_past_hooks
 from parallax.logs import log as logger
+from parallax.paths import check_paths
 from parallax.plan import TaskSpec
 from parallax.profiling import Profiler
 from parallax.rewrite.classify import classify
@@ -157,6 +158,8 @@ def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: t
     """
     plan, process = job.plan, setup.process
     task = TaskSpec(worker_index=process.index)
+    # on this process's own host (the launcher checked only the hosts it runs on)
+    check_paths(settings.ckpt, settings.export_graph_path, saves=setup.saves, exports=True)
     if process.index == 0:
         logger.info("Parallax plan:\n%s", job.describe())
     if begin_hooks(settings.hooks, graph):  # what the hooks built in begin() is part of the graph rewritten

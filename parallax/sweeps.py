@@ -83,6 +83,37 @@ def _check_space(space: dict[str, Any], method: str) -> None:
                              f"got {values!r}")
 
 
+def _check_picklable(train_fn: Any, space: dict[str, Any]) -> None:
+    """Each trial runs ``train_fn`` in a process of its own, which gets it (and the space) pickled: refuse
+    what cannot be, before anything starts.
+
+    Raises:
+        TypeError: ``train_fn`` is not callable, or it (or a value of ``space``) cannot be pickled.
+    """
+    import cloudpickle
+
+    if not callable(train_fn):
+        raise TypeError(f"sweep: train_fn must be a function (params, resource_info) -> metric, got "
+                        f"{type(train_fn).__name__}")
+    name = getattr(train_fn, "__qualname__", None) or repr(train_fn)
+    try:
+        cloudpickle.dumps(train_fn)
+    except Exception as e:  # cloudpickle raises what the object's reduction raises (TypeError, PicklingError, ...)
+        raise TypeError(
+            f"sweep: train_fn {name!r} cannot be pickled ({type(e).__name__}: {e}). Each trial runs train_fn in a "
+            "process of its own (on this machine or a Dask worker), which gets it pickled with what it refers to; "
+            "a function of the script you run is pickled by value, with the globals it uses. Create what cannot "
+            "be pickled (locks, threads, sessions, open files, connections) inside train_fn, or define train_fn "
+            "at module level in a module the trials can import (it is then pickled by name)") from e
+    for key, values in space.items():
+        try:
+            cloudpickle.dumps(values)
+        except Exception as e:
+            raise TypeError(f"sweep: space[{key!r}] cannot be pickled ({type(e).__name__}: {e}); each trial gets "
+                            "the space pickled: use plain values (numbers, strings, lists) or parallax.Uniform"
+                            ) from e
+
+
 def grid_points(space: dict[str, Any]) -> list[dict[str, Any]]:
     """Every combination of the listed values, in order.
 
@@ -228,6 +259,7 @@ def sweep(train_fn: Callable[[dict, str], Any], space: dict[str, Any], resource_
 
     Raises:
         ValueError: a bad space, method, mode, count or device split.
+        TypeError: ``train_fn`` is not a function, or it (or the space) cannot be pickled.
     """
     if method not in METHODS:
         raise ValueError(f"sweep: method {method!r}: expected one of {', '.join(METHODS)}")
@@ -240,6 +272,7 @@ def sweep(train_fn: Callable[[dict, str], Any], space: dict[str, Any], resource_
         import optuna  # noqa: F401 - a clear ImportError now, not in every trial
     import cloudpickle
 
+    _check_picklable(train_fn, space)
     began = time.monotonic()
     directory = os.path.abspath(output or "parallax_sweep")
     os.makedirs(directory, exist_ok=True)

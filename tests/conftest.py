@@ -1,7 +1,41 @@
+"""What every test runs with: its own Parallax cache, stored tunes off, quiet TensorFlow.
+
+Set at import time, before any test or subprocess starts, so the processes tests launch inherit it:
+
+* ``PARALLAX_CACHE_DIR``: a directory of this pytest process (removed when it ends), so a layout a
+  user once stored with ``parallax tune`` (``~/.cache/parallax/tuned.json``), or a partition count a
+  search kept, cannot change what a test trains. The compiled all-reduce op is the one exception: it
+  depends only on its source and this environment (its directory name is a hash of them), so the
+  user's build is linked in rather than compiled again in every run of the suite.
+* ``PARALLAX_USE_TUNED=0``: no stored tune applies; a test of the cache asks for it with the
+  :func:`tuned_cache` fixture (or ``PARALLAX_USE_TUNED=1`` in its subprocess's environment).
+"""
+
+import atexit
 import importlib.util
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+#: The prefix of the suite's own cache directory (tests/unit/test_suite_setup.py checks it is in force).
+TEST_CACHE_PREFIX = "parallax-tests-cache-"
+
+
+def _own_cache() -> str:
+    """A fresh cache directory for this pytest process, with the user's compiled ops linked in."""
+    users = os.environ.get("PARALLAX_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "parallax")
+    native = os.path.realpath(os.path.join(users, "native"))  # an xdist worker: through its controller's link
+    root = tempfile.mkdtemp(prefix=TEST_CACHE_PREFIX)
+    atexit.register(shutil.rmtree, root, True)
+    if os.path.isdir(native):
+        os.symlink(native, os.path.join(root, "native"))
+    return root
+
+
+os.environ["PARALLAX_CACHE_DIR"] = _own_cache()
+os.environ["PARALLAX_USE_TUNED"] = "0"
 
 import pytest  # noqa: E402
 
@@ -11,6 +45,17 @@ def pytest_configure(config):
     if os.environ.get("PARALLAX_TEST_BACKEND") == "horovod" and importlib.util.find_spec("horovod") is None:
         raise pytest.UsageError("PARALLAX_TEST_BACKEND=horovod, but horovod is not installed in this Python "
                                 "(`make test-horovod` builds a venv with it)")
+
+
+@pytest.fixture
+def tuned_cache(tmp_path, monkeypatch):
+    """A test that exercises the stored tunes: an empty cache directory of its own, stored tunes on."""
+    cache = tmp_path / "parallax-cache"
+    cache.mkdir()
+    monkeypatch.setenv("PARALLAX_CACHE_DIR", str(cache))
+    monkeypatch.setenv("PARALLAX_USE_TUNED", "1")
+    monkeypatch.delenv("PARALLAX_TUNED", raising=False)
+    return cache
 
 
 @pytest.fixture

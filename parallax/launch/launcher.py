@@ -13,8 +13,10 @@ import socket
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Mapping
 
 from parallax import slurm
+from parallax.config import RUN_OPTIONS
 from parallax.errors import LaunchError
 from parallax.launch.bootstrap import launch_env
 from parallax.launch.command import GPUS_ENV, LaunchCommand, build_mpirun_command
@@ -44,25 +46,31 @@ RUN_OPTION_ENV = "PARALLAX_RUN_OPTION"
 SKIP_CHECK_ENV = "PARALLAX_SKIP_HOST_CHECK"
 
 
-def resource_override(resource_info: str | os.PathLike | None) -> str | os.PathLike | None:
-    """The resource file ``parallax-run`` gave (if any), else ``resource_info``."""
-    given = os.environ.get(RESOURCE_ENV)
-    if not given:
+def resource_override(resource_info: str | os.PathLike | None, environ: Mapping[str, str] | None = None
+                      ) -> str | os.PathLike | None:
+    """The resource file ``parallax-run`` gave (if any), else ``resource_info`` (itself, also when
+    ``parallax-run`` gave the same file). :mod:`parallax.overrides` reports a replacement."""
+    given = (os.environ if environ is None else environ).get(RESOURCE_ENV)
+    if not given or (resource_info is not None and given in (os.fspath(resource_info),
+                                                             os.path.abspath(resource_info))):
         return resource_info
-    if resource_info is not None and given not in (os.fspath(resource_info), os.path.abspath(resource_info)):
-        logger.info("Parallax: using the resource file given to parallax-run, %s (the script names %s)",
-                    given, resource_info)
     return given
 
 
-def run_option_override(run_option: str | None) -> str | None:
-    """The run option ``PARALLAX_RUN_OPTION`` gives (if set), else ``run_option``."""
-    given = os.environ.get(RUN_OPTION_ENV, "").strip()
+def run_option_override(run_option: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The run option ``PARALLAX_RUN_OPTION`` gives (if set), else ``run_option``.
+    :mod:`parallax.overrides` reports a replacement.
+
+    Raises:
+        ValueError: the variable is not a run option.
+    """
+    given = (os.environ if environ is None else environ).get(RUN_OPTION_ENV, "").strip()
     if not given:
         return run_option
-    if run_option is not None and given.upper() != run_option.upper():
-        logger.info("Parallax: run option %s from %s (the script sets %s)", given, RUN_OPTION_ENV, run_option)
-    return given
+    if given.upper() not in RUN_OPTIONS:
+        raise ValueError(f"{RUN_OPTION_ENV}={given!r} (in the environment, replacing Config.run_option): expected "
+                         f"one of {', '.join(RUN_OPTIONS)}; unset it to use the script's run option")
+    return given.upper()
 
 
 def find_mpirun() -> str:

@@ -113,8 +113,9 @@ def read_tf_config(environ: Mapping[str, str]) -> ManagedJob | None:
     if not isinstance(data, dict):
         raise ResourceFileError(f"{TF_CONFIG_ENV} is {type(data).__name__}, not a JSON object")
     cluster = data.get("cluster") or {}
-    if not cluster:
-        return None  # TensorFlow reads such a TF_CONFIG as "no cluster" too
+    if not cluster:  # TensorFlow reads such a TF_CONFIG as "no cluster" too: one task, training alone
+        _check_alone(data)
+        return None
     if not isinstance(cluster, dict):
         raise ResourceFileError(f"{TF_CONFIG_ENV}: \"cluster\" is {type(cluster).__name__}; expected an object "
                                 "of task type -> list of \"host:port\"")
@@ -156,6 +157,24 @@ def read_tf_config(environ: Mapping[str, str]) -> ManagedJob | None:
     return ManagedJob(TF_CONFIG_ENV, tuple(tasks), by_type[(kind, index)])
 
 
+def _check_alone(data: dict) -> None:
+    """A TF_CONFIG without a cluster: this process trains alone, as worker 0, which its task (if it
+    names one) must be; a task that is not worker 0 is a job whose cluster is missing.
+
+    Raises:
+        ResourceFileError: the task names another task (``worker 1``, a ``ps``, an evaluator).
+    """
+    if not data.get("task"):
+        return
+    kind, index = _task(data, "the cluster is empty, and ")
+    if index != 0 or kind not in WORKER_TYPES:
+        raise ResourceFileError(
+            f"{TF_CONFIG_ENV}: the cluster is empty, but the task is {kind} {index}: with no cluster this process "
+            f"would train alone as worker 0, not as {kind} {index} of a job. Expected \"cluster\" to list every "
+            'task of the job ({"chief": ["host:port"], "worker": ["host:port", ...], "ps": [...]}), or, for one '
+            'process training alone, "task": {"type": "worker", "index": 0} (or no TF_CONFIG)')
+
+
 def _addresses(cluster: dict, kind: str) -> list[tuple[str, int]]:
     entries = cluster.get(kind) or []
     if isinstance(entries, dict):  # TensorFlow also accepts {index: address} for sparse clusters
@@ -176,9 +195,12 @@ def _addresses(cluster: dict, kind: str) -> list[tuple[str, int]]:
     return out
 
 
-def _task(data: dict) -> tuple[str, int]:
+def _task(data: dict, empty: str = "") -> tuple[str, int]:
     task = data.get("task")
     if not isinstance(task, dict) or "type" not in task:
+        if empty:
+            raise ResourceFileError(f"{TF_CONFIG_ENV}: {empty}the task is {json.dumps(task)}; expected "
+                                    '"task": {"type": "worker", "index": 0} naming this process')
         raise ResourceFileError(f"{TF_CONFIG_ENV} has a cluster but no task; expected "
                                 '"task": {"type": "worker", "index": 0} naming this process')
     kind, index = task.get("type"), task.get("index", 0)

@@ -13,9 +13,11 @@ from dataclasses import replace
 from typing import Any
 
 from parallax.config import Config
+from parallax.overrides import Replaced
 from parallax.partitioner import PARTITIONS_ENV
 
-__all__ = ["CHOICE_FIELDS", "with_choice", "choice_env", "describe_choice", "check_choice"]
+__all__ = ["CHOICE_FIELDS", "with_choice", "choice_env", "describe_choice", "check_choice", "replaced_by_choice",
+           "setting_name"]
 
 #: Each choice name and where it lives in a Config (``None``: the environment, read as the graph is built).
 CHOICE_FIELDS: dict[str, tuple[str, ...] | None] = {
@@ -58,6 +60,42 @@ def with_choice(config: Config, choice: dict[str, Any]) -> Config:
         if path is not None and value is not None:
             config = _set(config, path, value)
     return config
+
+
+def setting_name(name: str, config: Config) -> str:
+    """How a user sets choice ``name`` in ``config``: ``Config.run_option``, ``MPIConfig.backend``, ...
+
+    Raises:
+        ValueError: an unknown choice, or ``partitions`` (not a Config field).
+    """
+    check_choice({name: None})
+    path = CHOICE_FIELDS[name]
+    if path is None:
+        raise ValueError(f"choice {name!r} is not a Config field")
+    owner: Any = config
+    for attr in path[:-1]:
+        owner = getattr(owner, attr)
+    return f"{type(owner).__name__}.{path[-1]}"
+
+
+def replaced_by_choice(config: Config, choice: dict[str, Any]) -> tuple[Replaced, ...]:
+    """The Config fields whose value :func:`with_choice` changes, in :data:`CHOICE_FIELDS` order
+    (``partitions`` is not a field: the caller compares it with the graph's count).
+
+    Raises:
+        ValueError: an unknown choice, or a value the field refuses.
+    """
+    chosen = with_choice(config, choice)
+    out = []
+    for name, path in CHOICE_FIELDS.items():
+        if path is None or choice.get(name) is None:
+            continue
+        before, after = config, chosen
+        for attr in path:
+            before, after = getattr(before, attr), getattr(after, attr)
+        if before != after:
+            out.append(Replaced(setting_name(name, config), before, after))
+    return tuple(out)
 
 
 def choice_env(choice: dict[str, Any]) -> dict[str, str]:

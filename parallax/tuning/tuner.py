@@ -194,8 +194,12 @@ def tune(script: str, resource_info: str, script_args: list[str] | tuple[str, ..
     for path, what in ((script, "script"), (resource_info, "resource file")):
         if not os.path.exists(path):
             raise FileNotFoundError(f"parallax tune: {what} {path!r} not found")
-    if trials < 1:
-        raise ValueError(f"parallax tune: trials must be >= 1, got {trials}")
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise ValueError(f"parallax tune: trials must be an int >= 1, got {trials!r}")
+    for name, value in (("time_budget", time_budget), ("time_limit", time_limit), ("plan_timeout", plan_timeout)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+            raise ValueError(f"parallax tune: {name} must be a number of seconds > 0"
+                             f"{' (or None: no budget)' if name == 'time_budget' else ''}, got {value!r}")
     if min(warmup, steps) < 0 or steps < 1:
         raise ValueError(f"parallax tune: steps must be >= 1 and warmup >= 0, got {warmup},{steps}")
     began = time.monotonic()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -34,7 +35,7 @@ def single_device_w(steps: int, replicas: int) -> np.ndarray:
 
 def tune(tmp_path, *options: str):
     (tmp_path / "res").write_text("localhost: cpu:0,cpu:1\n")
-    env = {"PARALLAX_CACHE_DIR": str(tmp_path / "cache")}
+    env = {"PARALLAX_CACHE_DIR": str(tmp_path / "cache"), "PARALLAX_USE_TUNED": "1"}  # the suite turns it off
     return env, run_command(tmp_path, [PARALLAX, "tune", SCRIPT, "res", "--steps", "1,3", "-o", "tuned", *options,
                                        "--", "res", "--steps", "12"], timeout=400, env=env)
 
@@ -63,7 +64,10 @@ def test_tune_measures_layouts_keeps_the_fastest_and_the_next_run_uses_it(tmp_pa
     (tmp_path / "out").mkdir()
     again = run_command(tmp_path, [sys.executable, SCRIPT, "res", "--steps", str(STEPS), "--out", "out"], env=env)
     assert again.returncode == 0, again.output[-4000:]
-    assert "using the layout parallax tune found: run_option=" in again.output
+    # the config left to Parallax: the tuned run option replaces its default (None), said with both values
+    assert re.search(r"Parallax: using the layout parallax tune found for this graph and resources \(\S+tuned\.json "
+                     r"\([0-9a-f]{12}\); PARALLAX_USE_TUNED=0 ignores it\): it replaces \d of the script's settings: "
+                     r"Config\.run_option None -> '(MPI|PS)'", again.output), again.output[-4000:]
     written = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").glob("w_*.json"))]
     expected = single_device_w(STEPS, 2)
     for w in written:
@@ -88,7 +92,7 @@ def test_a_tuned_partition_count_rebuilds_the_graph_and_trains_equal_to_single_d
     from tests.multiprocess.test_mpi_mode import check_ranks_match
 
     (tmp_path / "res").write_text("localhost: cpu:0,cpu:1\n")
-    env = {"PARALLAX_CACHE_DIR": str(tmp_path / "cache")}
+    env = {"PARALLAX_CACHE_DIR": str(tmp_path / "cache"), "PARALLAX_USE_TUNED": "1"}
     script_args = ["--resource_info", "res", "--model", "sequence", "--average_sparse", "--batch", "12"]
     run = run_command(tmp_path, [PARALLAX, "tune", TRAIN_SCRIPT, "res", "--trials", "1", "--steps", "1,2",
                                  "--space", "run_option=MPI", "--space", "partitions=4", "--space", "backend=mpi",
@@ -99,6 +103,9 @@ def test_a_tuned_partition_count_rebuilds_the_graph_and_trains_equal_to_single_d
     again = run_command(tmp_path, [sys.executable, TRAIN_SCRIPT, *script_args, "--steps", "6", "--out", "out"],
                         out_dir=tmp_path / "out", env=env)
     assert again.returncode == 0, again.output[-4000:]
-    assert "using the layout parallax tune found: run_option=MPI partitions=4 fusion_bytes=64MiB backend=mpi" \
-        in again.output
+    # the script sets run_option MPI and fusion_bytes 64 MiB itself, its sequence model 2 partitions
+    assert re.search(r"using the layout parallax tune found for this graph and resources \(.*\): it replaces 2 of "
+                     r"the script's settings: MPIConfig\.backend 'auto' -> 'mpi', get_partitioner's partition count "
+                     r"2 -> 4\n",
+                     again.output), again.output[-4000:]
     check_ranks_match(again, train_single_device(build_sequence("adam", partitions=4), DATA["sequence"](6, 12)), 2)

@@ -19,6 +19,7 @@ from parallax.manifests import ManifestRequest, make_manifest
 from parallax.manifests.common import planner
 from parallax.manifests.validate import validate
 from parallax.resources import parse_resource_text
+from parallax.rolespec import parse_role_spec
 from parallax.settings import derive
 from tests.models import build_embedding, build_mlp
 from tests.requirements import unavailable
@@ -96,6 +97,22 @@ def test_a_role_spec_gives_each_role_its_requests_and_limits(analyses):
     assert run["worker"]["container"]["resources"] == {"requests": {"memory": "1024Mi"},
                                                        "limits": {"nvidia.com/gpu": 1}}
     assert run["ps"]["container"]["resources"] == {"requests": {"memory": "256Mi"}, "limits": {"memory": "512Mi"}}
+
+
+def test_the_polyaxonfile_parallax_writes_reads_back_as_the_job_it_describes(analyses):
+    """parallax manifest --kind polyaxon writes a v1.1 polyaxonfile; given back as the resources (to parallax plan,
+    parallel_run or parallax manifest), it is the same job, not one task."""
+    spec = ("environment:\n  resources:\n    cpu: {requests: 2, limits: 4}\n    gpu: {limits: 1}\n"
+            "  tensorflow:\n    n_workers: 2\n    n_ps: 1\n    default_worker:\n      resources:\n"
+            "        gpu: {limits: 1}\n        memory: {requests: 1024}\n"
+            "    default_ps:\n      resources:\n        memory: {requests: 256, limits: 512}\n")
+    written = manifest(analyses, "polyaxon", spec, gpus=1, manager="TF_CONFIG").files["polyaxonfile.yaml"]
+    original, read = parse_resource_text(spec, "res"), parse_resource_text(written, "res")
+    assert [w.devices for w in read.workers] == [w.devices for w in original.workers]  # 3 workers, a GPU each
+    assert len(read.servers) == len(original.servers) == 1
+    assert [t.resources for t in parse_role_spec(written, "res").tasks] == \
+        [t.resources for t in parse_role_spec(spec, "res").tasks]
+    assert manifest(analyses, "polyaxon", written, gpus=1, manager="TF_CONFIG").files["polyaxonfile.yaml"] == written
 
 
 def test_per_index_overrides_do_not_fit_one_worker_template(analyses):

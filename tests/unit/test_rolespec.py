@@ -78,7 +78,8 @@ def test_a_whole_polyaxonfile_is_read_for_its_environment():
 
 @pytest.mark.parametrize("text,message", [
     ("environment:\n  tensorflow:\n    n_worker: 2\n",
-     'line 3: environment.tensorflow has the key "n_worker"; expected one of: n_workers, n_ps'),
+     'line 3: environment.tensorflow has the key "n_worker" \\(did you mean "n_workers"\\?\\); expected one of: '
+     'n_workers, n_ps, default_worker, default_ps, worker, ps$'),
     ("environment:\n  tensorflow:\n    n_workers: -1\n",
      "line 3: environment.tensorflow.n_workers -1 is less than the minimum of 0; expected an integer >= 0"),
     ("environment:\n  tensorflow:\n    n_workers: 1\n    worker:\n      - index: 3\n",
@@ -98,3 +99,108 @@ def test_a_bad_spec_names_the_line_and_the_key(text, message):
 
 def test_host_lines_are_not_role_specs():
     assert not looks_like_role_spec("# c\nlocalhost: cpu:0\n") and not looks_like_role_spec("ps,h,1,\n")
+
+
+IGNORED = ("node_selector, tolerations, affinity, annotations, labels, persistence, data_refs, artifact_refs, outputs, "
+           "config_map_refs, configmap_refs, secret_refs, service_account, service_account_name, image_pull_secrets, "
+           "max_restarts, security_context, env_vars")
+
+
+@pytest.mark.parametrize("text,message", [
+    pytest.param("environment:\n  resources:\n    cpu: {requests: 1}\n  tensorfow:\n    n_workers: 2\n",
+                 'line 4: environment has the key "tensorfow" \\(did you mean "tensorflow"\\?\\); expected one of: '
+                 rf"resources, tensorflow \(or a key Polyaxon reads and Parallax does not: {IGNORED}\)$",
+                 id="in-the-environment-section"),
+    pytest.param("tensorfow:\n  n_workers: 2\n  n_ps: 1\n",
+                 'line 1: the top level has the key "tensorfow" \\(did you mean "tensorflow"\\?\\); expected one of: '
+                 rf"resources, tensorflow \(or a key Polyaxon reads and Parallax does not: {IGNORED}\)$",
+                 id="as-the-section-itself"),
+    pytest.param("version: 1\nkind: experiment\nenviroment:\n  tensorflow: {n_workers: 2}\n",
+                 'line 3: the top level has the key "enviroment" \\(did you mean "environment"\\?\\); expected one '
+                 r"of: environment \(or a key Polyaxon reads and Parallax does not: version, kind, name, .*\)$",
+                 id="a-polyaxonfiles-environment"),
+    pytest.param("environment:\n  replicas:\n    n_workers: 2\n",
+                 'line 2: environment has the key "replicas"; expected one of: resources, tensorflow', id="unknown"),
+])
+def test_a_misspelt_or_unknown_section_is_refused_with_the_close_match_and_the_keys_expected(text, message):
+    with pytest.raises(ResourceFileError, match=f"^spec.yaml, {message}"):
+        parse_resource_text(text, "spec.yaml")
+
+
+def test_polyaxons_keys_that_say_nothing_of_the_roles_are_accepted_and_not_read():
+    spec = parse_role_spec("environment:\n  node_selector: {gpu: a100}\n  tensorflow: {n_workers: 1}\n", "s")
+    assert [t.role for t in spec.tasks] == ["master", "worker"]
+
+
+def test_a_host_line_without_devices_is_still_a_host_line():
+    assert not looks_like_role_spec("localhost:\n") and looks_like_role_spec("tensorfow:\n  n_ps: 1\n")
+
+
+V1 = """\
+# written by parallax manifest
+version: 1.1
+kind: component
+name: demo
+run:
+  kind: tfjob
+  chief:
+    replicas: 1
+    container:
+      name: tensorflow
+      resources:
+        requests: {cpu: '2', memory: 1Gi}
+        limits: {cpu: 4000m, nvidia.com/gpu: 1}
+  worker:
+    replicas: 2
+    container:
+      resources:
+        limits: {memory: 16384Mi, nvidia.com/gpu: 2}
+  ps:
+    replicas: 1
+    container: {name: tensorflow}
+  evaluator:
+    replicas: 1
+"""
+
+
+def test_a_v1_polyaxonfile_reads_as_the_tfjob_it_describes():
+    spec = parse_role_spec(V1, "polyaxonfile.yaml")
+    assert [(t.role, t.index, t.line) for t in spec.tasks] == [("master", 0, 7), ("worker", 0, 14), ("worker", 1, 14),
+                                                               ("ps", 0, 19)]  # the evaluator does not train
+    assert spec.tasks[0].resources == Resources(cpu=(2, 4), memory=(1024, None), gpu=(None, 1))
+    assert spec.of("worker")[1].resources == Resources(memory=(None, 16384), gpu=(None, 2))
+    assert spec.of("ps")[0].resources == Resources()
+    cluster = parse_resource_text(V1, "polyaxonfile.yaml")
+    assert [w.devices for w in cluster.workers] == [(Device("gpu", 0),), (Device("gpu", 1), Device("gpu", 2)),
+                                                    (Device("gpu", 3), Device("gpu", 4))]
+    assert len(cluster.servers) == 1
+
+
+def test_without_a_chief_the_first_worker_is_the_master():
+    spec = parse_role_spec("version: 1.1\nkind: component\nrun:\n  kind: tfjob\n  worker: {replicas: 3}\n", "p")
+    assert [(t.role, t.index) for t in spec.tasks] == [("master", 0), ("worker", 0), ("worker", 1)]
+
+
+@pytest.mark.parametrize("text,message", [
+    pytest.param("version: 1.1\nkind: component\nrun:\n  kind: tfjob\n  wroker: {replicas: 2}\n",
+                 'line 5: run has the key "wroker" \\(did you mean "worker"\\?\\); expected one of: kind, chief, '
+                 r"worker, ps, evaluator, .* \(a tfjob's keys\)$", id="misspelt-role"),
+    pytest.param("version: 1.1\nkind: component\nrun:\n  kind: tfjob\n  worker: {replica: 2}\n",
+                 'line 5: run.worker has the key "replica" \\(did you mean "replicas"\\?\\); expected one of: '
+                 r"replicas, container, .* \(a replica's keys\)$", id="misspelt-replicas"),
+    pytest.param("version: 1.1\nkind: component\nrnu:\n  kind: tfjob\n",
+                 'line 3: the top level has the key "rnu" \\(did you mean "run"\\?\\)', id="misspelt-run"),
+    pytest.param("version: 1.1\nkind: component\nrun:\n  kind: job\n",
+                 r"line 4: run.kind is 'job'; expected 'tfjob' \(a chief, workers and ps tasks", id="not-a-tfjob"),
+    pytest.param("version: 1.1\nkind: component\nrun:\n  kind: tfjob\n  chief: {replicas: 2}\n",
+                 r"line 5: run.chief.replicas is 2; expected at most 1 \(the chief is worker 0\)$", id="two-chiefs"),
+    pytest.param("version: 1.1\nkind: component\nrun:\n  kind: tfjob\n  ps: {replicas: 1}\n",
+                 "line 3: run has no chief or worker replica; expected at least one task that trains$", id="no-worker"),
+    pytest.param("version: 1.1\nkind: component\nrun:\n  kind: tfjob\n  worker:\n    container:\n"
+                 "      resources: {limits: {memory: lots}}\n",
+                 r"line 7: run.worker.container.resources.limits.memory is 'lots'; expected a Kubernetes memory "
+                 r"quantity, e.g. '512Mi' or '8Gi'$", id="bad-quantity"),
+])
+def test_a_bad_v1_polyaxonfile_names_the_line_and_the_key(text, message):
+    with pytest.raises(ResourceFileError, match=f"^polyaxonfile.yaml, {message}"):
+        parse_resource_text(text, "polyaxonfile.yaml")

@@ -20,11 +20,9 @@ def graph_of(width: int) -> tf.Graph:
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PARALLAX_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv(TUNED_ENV, raising=False)
-    monkeypatch.delenv(USE_TUNED_ENV, raising=False)
-    return tmp_path
+def cache(tuned_cache):
+    """The cache these tests store in and read, stored tunes on (the suite turns them off elsewhere)."""
+    return tuned_cache
 
 
 def test_the_same_graph_and_resources_find_the_choice_and_pass_it_on(cache, monkeypatch):

@@ -83,6 +83,29 @@ def test_malformed_tf_config_names_the_key(config, message):
         read_tf_config({"TF_CONFIG": config})
 
 
+@pytest.mark.parametrize("task", [{"type": "worker", "index": 0}, {"type": "chief", "index": 0}, {}])
+def test_an_empty_cluster_whose_task_is_worker_0_trains_alone(task):
+    assert read_tf_config({"TF_CONFIG": json.dumps({"cluster": {}, "task": task})}) is None
+
+
+@pytest.mark.parametrize("task,named", [({"type": "worker", "index": 1}, "worker 1"), ({"type": "ps"}, "ps 0"),
+                                        ({"type": "evaluator", "index": 0}, "evaluator 0")])
+def test_an_empty_cluster_whose_task_is_not_worker_0_is_refused_naming_the_mismatch(task, named):
+    config = json.dumps({"cluster": {}, "task": task})
+    with pytest.raises(ResourceFileError, match=(
+            rf"^TF_CONFIG: the cluster is empty, but the task is {named}: with no cluster this process would train "
+            rf"alone as worker 0, not as {named} of a job\. Expected \"cluster\" to list every task of the job "
+            r"\(.*\), or, for one process training alone, \"task\": \{\"type\": \"worker\", \"index\": 0\} "
+            r"\(or no TF_CONFIG\)$")):
+        read_tf_config({"TF_CONFIG": config})
+
+
+def test_an_empty_cluster_with_a_malformed_task_names_the_task():
+    with pytest.raises(ResourceFileError, match=r'^TF_CONFIG: the cluster is empty, and the task is "worker"; '
+                                                r'expected "task": \{"type": "worker", "index": 0\}'):
+        read_tf_config({"TF_CONFIG": json.dumps({"cluster": {}, "task": "worker"})})
+
+
 def test_a_sparse_cluster_is_read_by_index():
     job = read_tf_config(env({"worker": {"1": "b:2", "0": "a:1"}}, {"type": "worker", "index": 0}))
     assert [t.host for t in job.tasks] == ["a", "b"]
