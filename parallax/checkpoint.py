@@ -12,18 +12,24 @@ single-device graph with ``tf.compat.v1.train.Saver()``, and into
 Only the chief saves (worker 0; in MPI mode rank 0) and only it restores the
 latest checkpoint of ``ckpt_dir`` when the session starts; the other workers
 then get its values (the variables on servers are shared, the others are
-broadcast).
+broadcast). Optimizer slots that ``zero_stage`` keeps in parts are saved whole
+too: every worker sends the chief its parts for each save, and takes its part
+of each restored slot (:mod:`parallax.zero_checkpoint`). A checkpoint that does
+not fit the graph is refused before anything starts (:func:`check_checkpoint`).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
+from typing import Any
 
 import tensorflow as tf
 
 from parallax.errors import CheckpointError
 
-__all__ = ["single_device_saver", "saver_hook", "check_schedule", "check_checkpoint", "saved_keys"]
+__all__ = ["single_device_saver", "saver_hook", "check_schedule", "check_checkpoint", "saved_keys", "checkpointing",
+           "Checkpointing"]
 
 #: How many mismatches a refusal lists (then "and N more").
 _LISTED = 8
@@ -94,9 +100,60 @@ def check_checkpoint(ckpt_config, graph: tf.Graph) -> str | None:
     return path
 
 
-def single_device_saver(graph: tf.Graph, names: frozenset[str]) -> tf.compat.v1.train.Saver | None:
+@dataclass
+class Checkpointing:
+    """How one worker's session saves and restores (:func:`checkpointing`).
+
+    Attributes:
+        saver: the chief's saver (``None`` elsewhere, or without ``ckpt_dir``).
+        hooks: the hooks that save.
+        restore_from: where the chief's session restores from, or ``None``.
+        sharded: the ZeRO slots this worker holds parts of, which it gathers to save and takes
+            its part of after a restore (:mod:`parallax.zero_checkpoint`), or ``None``.
+    """
+
+    saver: Any = None
+    hooks: list = field(default_factory=list)
+    restore_from: str | None = None
+    sharded: Any = None
+
+
+def checkpointing(graph: tf.Graph, ckpt_config, plan, worker_index: int, saves: bool, comm: Any) -> Checkpointing:
+    """What ``CheckPointConfig`` makes of one worker's session over ``graph`` (the rewritten graph, not yet
+    finalized): the chief restores the latest checkpoint and saves on the schedule; with optimizer slots kept
+    in parts (``zero_stage``) every worker takes part in each save and restore (``comm``: the workers' MPI
+    communicator)."""
+    from parallax.rewrite.zero import sharded_slots
+
+    if not ckpt_config.ckpt_dir:
+        return Checkpointing()
+    steps, secs = ckpt_config.save_ckpt_steps, ckpt_config.save_ckpt_secs
+    pairs = sharded_slots(graph)
+    sharded = None
+    if pairs:
+        from parallax.zero_checkpoint import ShardedSlots
+
+        shapes = {v.name: (v.shape, v.dtype) for v in plan.variables}
+        sharded = ShardedSlots(graph, pairs, shapes, comm, plan.num_workers, worker_index)
+    saver = single_device_saver(graph, frozenset(v.name for v in plan.variables),
+                                sharded.saveables() if sharded is not None else ()) if saves else None
+    hooks = []
+    if sharded is not None and (steps or secs):
+        from parallax.zero_checkpoint import ShardedSlotsSaverHook
+
+        hooks.append(ShardedSlotsSaverHook(sharded, tf.compat.v1.train.get_global_step(graph), ckpt_config.ckpt_dir,
+                                           steps, secs, saver))
+    elif saver is not None:
+        hook = saver_hook(ckpt_config.ckpt_dir, steps, secs, saver)
+        hooks += [hook] if hook is not None else []
+    return Checkpointing(saver, hooks, ckpt_config.ckpt_dir if saves else None, sharded)
+
+
+def single_device_saver(graph: tf.Graph, names: frozenset[str], extra: tuple | list = ()
+                        ) -> tf.compat.v1.train.Saver | None:
     """A saver over the variables of ``graph`` (the rewritten graph) whose op names are
-    ``names`` (the single-device graph's variables); ``None`` when there are none."""
+    ``names`` (the single-device graph's variables), and the ``extra`` saveables (sharded
+    slots); ``None`` when there are none."""
     keys = (tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, tf.compat.v1.GraphKeys.LOCAL_VARIABLES)
     seen, variables = set(), []
     for key in keys:
@@ -104,9 +161,10 @@ def single_device_saver(graph: tf.Graph, names: frozenset[str]) -> tf.compat.v1.
             if v.op.name in names and v.op.name not in seen:
                 seen.add(v.op.name)
                 variables.append(v)
-    if not variables:
+    if not variables and not extra:
         return None
-    return tf.compat.v1.train.Saver(var_list=variables, sharded=False, max_to_keep=5, save_relative_paths=True)
+    return tf.compat.v1.train.Saver(var_list=variables + list(extra), sharded=False, max_to_keep=5,
+                                    save_relative_paths=True)
 
 
 def saver_hook(ckpt_dir: str, save_steps: int | None, save_secs: float | None,

@@ -111,8 +111,9 @@ class ProcessSetup:
 
     @property
     def saves(self) -> bool:
-        """Whether this process restores and saves checkpoints."""
-        return self.is_chief
+        """Whether this process restores and saves checkpoints: worker 0 alone (every rank of an MPI job
+        initialises its own variables, then takes worker 0's, restored ones included)."""
+        return self.is_chief and self.process.index == 0
 
 
 def check_local_devices(job: JobPlan, settings: Settings, source: str, process: ProcessSpec | None = None) -> None:

@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
 
+from parallax.checkpoint import checkpointing
 from parallax.comm.registry import backends_in_use
 from parallax.errors import LaunchError
 from parallax.graph_input import export_graph
 from parallax.hooks import HookAdapter, SessionTranslation, begin_hooks, run_past_hooks
 from parallax.logs import log as logger
 from parallax.paths import check_paths
-from parallax.plan import TaskSpec
+from parallax.plan import Plan, TaskSpec
 from parallax.profiling import Profiler
 from parallax.rewrite.classify import classify
 from parallax.rewrite.names import release_op, writes_barrier_op
@@ -195,8 +196,7 @@ def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: t
         return SessionTranslation(Translator(dist_graph, graph, replicated, num_replicas, held_in_parts(plan)),
                                   chief=task.worker_index == 0)
 
-    session, translated, hooks = _start_session(bound, config, setup, settings,
-                                                frozenset(v.name for v in plan.variables), translation)
+    session, translated, hooks = _start_session(bound, config, setup, settings, plan, translation)
     setup.heartbeat.set("user")
     wrapper = ParallaxSession(session, translated,
                               profiler=Profiler.from_config(settings.profile, task.worker_index),
@@ -227,13 +227,14 @@ def _after_steps(plan, graph: tf.Graph) -> dict[str, str]:
 
 
 def _start_session(meta: meta_graph_pb2.MetaGraphDef, config: config_pb2.ConfigProto, setup: ProcessSetup,
-                   settings: Settings, saved_names: frozenset[str],
-                   translation: Callable[[tf.Graph], SessionTranslation]) -> tuple[Any, SessionTranslation, bool]:
+                   settings: Settings, plan: Plan, translation: Callable[[tf.Graph], SessionTranslation]
+                   ) -> tuple[Any, SessionTranslation, bool]:
     """Import ``meta`` into a new graph and start a ``MonitoredSession`` on it: the chief
-    initialises (restoring the latest checkpoint of ``ckpt_dir``; ``saved_names`` are the
-    single-device graph's variable names, which checkpoints hold), the others wait for it;
-    the program's hooks run through adapters (:mod:`parallax.hooks`) over ``translation`` of
-    the new graph. Returns the session, the translation and whether it runs hooks."""
+    initialises (restoring the latest checkpoint of ``ckpt_dir``, which holds the single-device
+    graph's variables, :mod:`parallax.checkpoint`), the others wait for it; the program's hooks
+    run through adapters (:mod:`parallax.hooks`) over ``translation`` of the new graph. Then the
+    workers take worker 0's values and their parts of restored sharded slots. Returns the session,
+    the translation and whether it runs hooks."""
     master = setup.server.target if setup.server is not None else ""
     graph = tf.Graph()
     with graph.as_default():
@@ -241,27 +242,20 @@ def _start_session(meta: meta_graph_pb2.MetaGraphDef, config: config_pb2.ConfigP
         if setup.broadcast is not None:
             setup.broadcast.build(graph)
         translated = translation(graph)
-        all_hooks: list = [HookAdapter(h, translated) for h in settings.hooks]
-        saver, ckpt_dir = None, None
-        if settings.ckpt.ckpt_dir and setup.saves:
-            from parallax.checkpoint import saver_hook, single_device_saver
-
-            saver = single_device_saver(graph, saved_names)
-            ckpt_dir = settings.ckpt.ckpt_dir
-            hook = saver_hook(ckpt_dir, settings.ckpt.save_ckpt_steps, settings.ckpt.save_ckpt_secs, saver) \
-                if saver else None
-            if hook is not None:
-                all_hooks.append(hook)
-        scaffold = tf.compat.v1.train.Scaffold(saver=saver)
+        ckpt = checkpointing(graph, settings.ckpt, plan, setup.process.index, setup.saves, setup.comms.workers)
+        all_hooks: list = [HookAdapter(h, translated) for h in settings.hooks] + ckpt.hooks
+        scaffold = tf.compat.v1.train.Scaffold(saver=ckpt.saver)
         if setup.is_chief:
             creator = tf.compat.v1.train.ChiefSessionCreator(scaffold=scaffold, master=master, config=config,
-                                                             checkpoint_dir=ckpt_dir)
+                                                             checkpoint_dir=ckpt.restore_from)
         else:
             creator = _WorkerSessionCreator(scaffold, master, config, settings.timeouts.session_wait,
                                             settings.timeouts.ready_poll)
         session = tf.compat.v1.train.MonitoredSession(session_creator=_InGraph(creator, graph), hooks=all_hooks)
     if setup.broadcast is not None:
         setup.broadcast.run(_PastHooks(session))  # no step of the program's: its hooks must not see it
+    if ckpt.sharded is not None:
+        ckpt.sharded.scatter(_PastHooks(session))  # every worker's part of the slots the chief restored
     return session, translated, bool(all_hooks)
 
 

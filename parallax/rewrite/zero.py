@@ -49,7 +49,10 @@ from parallax.rewrite.aggregate import build_subgraph
 from parallax.rewrite.graph_ops import add_nodes, consumers, node_map, parse_input
 from parallax.rewrite.names import AGGREGATE_PREFIX, ZERO_PREFIX, aggregate_outputs, zero_scope
 
-__all__ = ["shard_optimizer_states", "held_in_parts", "ELEMENTWISE_OPS"]
+__all__ = ["shard_optimizer_states", "held_in_parts", "sharded_slots", "ELEMENTWISE_OPS", "ZERO_SLOTS"]
+
+#: The collection of the rewritten graph naming each sharded slot and this worker's part of it.
+ZERO_SLOTS = "parallax_zero_slots"
 
 #: Ops a gradient's part may pass through between the reduce-scatter and the update at stage 2
 #: (their other inputs must be scalars): what clipping and scaling do.
@@ -213,7 +216,20 @@ def shard_optimizer_states(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, 
     for u, assign in zip(updates, assigns):
         _replace_update(u, assign.name, data_read)
     _drop_slots(out, [s for u in updates for _, s in u.slots], defs)
+    out.collection_def[ZERO_SLOTS].bytes_list.value.extend(
+        f"{slot}\0{part}".encode() for u in updates for (_, slot), part in zip(u.slots, slot_parts[u.var.name]))
     return out
+
+
+def sharded_slots(graph) -> list[tuple[str, str]]:
+    """``(slot, this worker's part of it)`` of every slot the rewrite sharded, by variable name, from the
+    rewritten graph (a ``tf.Graph``) the session runs: what a checkpoint gathers and restores
+    (:mod:`parallax.zero_checkpoint`)."""
+    pairs = []
+    for entry in graph.get_collection(ZERO_SLOTS):
+        slot, part = (entry.decode() if isinstance(entry, bytes) else entry).split("\0")
+        pairs.append((slot, part))
+    return pairs
 
 
 def _build_parts(plan: Plan, updates: list[_Update], nodes: dict, graph_def, workers: int, index: int):

@@ -89,7 +89,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no_boundary_between", dest="boundary_between", action="store_false")
     p.add_argument("--overrides", default=None, help="Config.plan_overrides as JSON")
     p.add_argument("--search_partitions", action="store_true")
-    p.add_argument("--ckpt_dir", default=None)
+    p.add_argument("--ckpt_dir", default=None, help="CheckPointConfig.ckpt_dir; 'out': <out>/ckpt")
     p.add_argument("--save_steps", type=int, default=None)
     p.add_argument("--data_from_global_step", action="store_true", help="train on the batches of the global steps "
                    "after the one the job starts at (a resumed job: as if it had not stopped), not from batch 0")
@@ -136,7 +136,8 @@ def train(args: argparse.Namespace) -> None:
                            replicate_variables=args.replicate_variables, boundary_among_servers=args.boundary_among,
                            boundary_between_workers_and_servers=args.boundary_between)
     hooks = [StepCounter(args.out)] if args.count_hook else None
-    ckpt = parallax.CheckPointConfig(ckpt_dir=args.ckpt_dir, save_ckpt_steps=args.save_steps)
+    ckpt_dir = os.path.join(args.out, "ckpt") if args.ckpt_dir == "out" else args.ckpt_dir  # "out": the case's own
+    ckpt = parallax.CheckPointConfig(ckpt_dir=ckpt_dir, save_ckpt_steps=args.save_steps)
     profile = parallax.ProfileConfig(profile_dir=args.profile_dir, profile_steps=[
         int(x) for x in args.profile_steps.split(",")] if args.profile_steps else None)
     sess_config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=args.sess_threads) \
