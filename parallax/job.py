@@ -214,12 +214,16 @@ def _layout(cluster: Cluster, settings: Settings, analysis: GraphAnalysis
         return ("local", (), ()) if alone else ("PS", ps_ranks(cluster), ())
     if alone and len(per_device) == 1:
         return "local", (), ()
-    choices, _ = choose_sync(analysis, len(per_device), 1, option.lower(), settings.overrides,
-                             hosts=[r.host for r in per_device])
+    choices, coupled = choose_sync(analysis, len(per_device), 1, option.lower(), settings.overrides,
+                                   hosts=[r.host for r in per_device])
     on_servers = [name for name, c in choices.items() if c.sync == "ps"]
     if not on_servers:
-        why = "no sparse gradient" if option == "HYBRID" else \
-            "the cost model chose all-reduce or all-gather for every variable"
+        if coupled:  # sparse gradients there were, but tied to the all-reduced updates
+            why = "; ".join(coupled)
+        elif option == "HYBRID":
+            why = "no sparse gradient"
+        else:
+            why = "the cost model chose all-reduce or all-gather for every variable"
         unused = "; the ps lines of the cluster file are not used" if cluster.servers else ""
         return "MPI", per_device, (f"run_option={option}: no variable goes to parameter servers ({why}), so "
                                    f"the job runs as MPI{unused}",)

@@ -62,6 +62,15 @@ def test_a_run_option_that_runs_as_another_layout_says_so(mlp):
     assert "run_option=HYBRID runs as MPI" in job.plan.notes
 
 
+def test_a_sparse_gradient_tied_to_the_all_reduced_updates_is_the_reason_hybrid_runs_as_mpi():
+    clipped = analyse_graph(build_embedding("adam", clip=0.5).graph)  # clip_by_global_norm over every gradient
+    job = job_for("localhost: cpu:0,cpu:1", clipped, run_option="HYBRID")
+    assert job.layout == "MPI"
+    assert job.notes == ("run_option=HYBRID: no variable goes to parameter servers (embedding: allgather instead of "
+                         "ps, because its gradient feeds the update of all-reduced variables (e.g. "
+                         "clip_by_global_norm)), so the job runs as MPI",)
+
+
 def test_each_process_sees_its_own_gpus_numbered_from_zero(mlp):
     job = job_for("a: 2,3\nb", mlp, gpus=4, run_option="PS")
     worker_a, worker_b = job.workers
