@@ -53,7 +53,15 @@ over the server variables it updates.
 
 Only the chief writes server variables: on the other workers every other op
 that writes one (an EMA of the weights, batch-norm moving statistics kept on
-a server) becomes a no-op, so that it runs once per step, as on one device.
+a server, the program's own increment of the global step or assignment of a
+learning rate, a saver's restore) runs nothing, so that it runs once per step,
+as on one device; it keeps its name and output, with the value one device
+gives (:func:`_drop_server_writes`). The program's writes outside a step take
+the writes barrier under ``parallax_sync/writes/``: ``token_<w>`` queues on
+server 0, the chief's ``release`` (a token to each other worker), each other
+worker's ``wait``; the session runs ``release`` after, ``wait`` before, a run
+that makes such a write and trains nothing (:class:`parallax.session.WritesBarrier`),
+and the writes' names are in the collection :data:`PROGRAM_WRITES`.
 
 Plans that mix servers and all-reduce (HYBRID, AUTO): the other workers also
 run the original training op, for their own copies of the all-reduced
