@@ -35,7 +35,7 @@ from parallax.errors import AnalysisError
 from parallax.saver_calls import SAVE, SaverCalls
 from parallax.translate import Translator
 
-__all__ = ["begin_hooks", "HookAdapter", "HookSession", "SessionTranslation", "run_past_hooks"]
+__all__ = ["begin_hooks", "HookAdapter", "HookSession", "SessionTranslation", "SingleDeviceSession", "run_past_hooks"]
 
 _HookBase = tf.compat.v1.train.SessionRunHook
 
@@ -115,14 +115,13 @@ class SessionTranslation:
         return self.translator.rebuild(structure, values, targets, first_only=True)
 
 
-class HookSession(SessionInterface):
-    """The session a program's hook gets: runs fetches and feeds of the single-device graph on the real
-    session, each fetch coming back as one value (replica 0's), as on one device. Other attributes are
-    the real session's."""
+class SingleDeviceSession(SessionInterface):
+    """A session over the rewritten graph (``_session``) that speaks the single-device graph
+    (``_translation``): what it says of itself as a TensorFlow ``SessionInterface``, which a
+    ``Saver`` checks for. Its ``graph`` is the single-device graph."""
 
-    def __init__(self, session: Any, translation: SessionTranslation) -> None:
-        self._session = session
-        self._translation = translation
+    _session: Any
+    _translation: SessionTranslation
 
     @property
     def graph(self) -> tf.Graph:
@@ -135,6 +134,16 @@ class HookSession(SessionInterface):
     @property
     def sess_str(self) -> str:
         return getattr(self._session, "sess_str", "")
+
+
+class HookSession(SingleDeviceSession):
+    """The session a program's hook gets: runs fetches and feeds of the single-device graph on the real
+    session, each fetch coming back as one value (replica 0's), as on one device. Other attributes are
+    the real session's."""
+
+    def __init__(self, session: Any, translation: SessionTranslation) -> None:
+        self._session = session
+        self._translation = translation
 
     def run(self, fetches: Any, feed_dict: Any = None, options: Any = None, run_metadata: Any = None) -> Any:
         translation = self._translation

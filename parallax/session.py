@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.client.session import SessionInterface  # what Saver.save checks a session is
 
-from parallax.hooks import SessionTranslation, run_past_hooks
+from parallax.hooks import SessionTranslation, SingleDeviceSession, run_past_hooks
 from parallax.rewrite.graph_ops import ancestors, node_map, parse_input
 
 __all__ = ["ParallaxSession", "WritesBarrier"]
@@ -45,7 +44,7 @@ class WritesBarrier:
     unsynchronised: frozenset[str] = frozenset()
 
 
-class ParallaxSession(SessionInterface):
+class ParallaxSession(SingleDeviceSession):
     """Runs the distributed graph with the single-device graph's names.
 
     Args:
@@ -90,20 +89,8 @@ class ParallaxSession(SessionInterface):
         self._hooks = hooks
 
     # ------------------------------------------------------------------ #
-    @property
-    def graph(self) -> tf.Graph:
-        """The single-device graph, whose names this session speaks (``raw_session.graph`` is the
-        rewritten one it runs)."""
-        return self._translator.single_graph
-
-    @property
-    def graph_def(self):
-        return self.graph.as_graph_def()
-
-    @property
-    def sess_str(self) -> str:
-        return getattr(self._session, "sess_str", "")
-
+    # ``graph`` (SingleDeviceSession's) is the single-device graph, whose names this session speaks;
+    # ``raw_session.graph`` is the rewritten one it runs.
     @property
     def num_replicas(self) -> int:
         return self._translator.num_replicas
