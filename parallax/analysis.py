@@ -43,7 +43,7 @@ __all__ = ["VariableInfo", "GradientInfo", "ForwardOp", "GraphAnalysis", "analys
 VARIABLE_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable", "AutoReloadVariable",
                                "_VarHandlesOp"})
 _PURE_READS = frozenset({"ReadVariableOp", "Identity", "Const", "Shape"})
-_GRADIENT_SCOPE_RE = re.compile(r"(^|/)gradients(_\d+)?/")
+_GRADIENT_SCOPE_RE = re.compile(r"(^|/)(gradients(_\d+)?|gradient_tape)/")  # tf.gradients, a GradientTape
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import json
 import os
 import sys
 from dataclasses import replace
+from typing import Any
 
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
@@ -55,16 +56,18 @@ from parallax.roles import check_local_devices, local_replicas, role_setup
 from parallax.session import ParallaxSession
 from parallax.settings import Settings, derive
 from parallax.startup import start_worker
+from parallax.tf2.step import DistributedStep
+from parallax.tf2.trace import is_step_function, trace_step
 from parallax.trials.choice import with_choice
 from parallax.trials.mode import in_trial, trial_request
 
 __all__ = ["parallel_run", "preview_plan"]
 
-Graph = tf.Graph | meta_graph_pb2.MetaGraphDef | str | os.PathLike
+Graph = tf.Graph | meta_graph_pb2.MetaGraphDef | str | os.PathLike | Any  # Any: a tf.function step
 
 
 def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync: bool = True,
-                 parallax_config: Config | None = None) -> tuple[ParallaxSession, int, int, int]:
+                 parallax_config: Config | None = None) -> tuple[ParallaxSession | DistributedStep, int, int, int]:
     """Train ``single_gpu_graph`` data-parallel on the devices of ``resource_info``.
 
     The graph is analysed (variables, gradients, training op), a plan is made,
@@ -84,9 +87,18 @@ def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
         for step in range(1000):
             loss_values, _ = sess.run([loss, train_op], feed_dict={x: [b0, b1], y: [l0, l1]})
 
+    A TensorFlow 2 training step, a ``tf.function`` with an ``input_signature``, is
+    taken too (:mod:`parallax.tf2`): it is traced into the same kind of graph, and
+    what comes back is a step to call like it, each argument one batch per replica::
+
+        step, num_workers, worker_id, num_replicas = parallax.parallel_run(train_step, "resource_info")
+        for x, y in batches:
+            losses = step([x], [y])     # one batch per local replica; one loss each
+
     Args:
         single_gpu_graph: a ``tf.Graph`` that trains on one device, or its
-            ``MetaGraphDef`` (a proto, or the path of a ``.meta`` file).
+            ``MetaGraphDef`` (a proto, or the path of a ``.meta`` file), or a
+            ``tf.function`` training step with an ``input_signature``.
         resource_info: path of the resource file (see ``docs/resources.md``);
             ``"slurm"`` (or ``None`` inside a Slurm allocation): the nodes of the
             allocation this process runs in (:mod:`parallax.slurm`).
@@ -94,7 +106,8 @@ def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
         parallax_config: a :class:`parallax.Config`; defaults when ``None``.
 
     Returns:
-        ``(session, num_workers, worker_id, num_replicas_per_worker)``.
+        ``(session, num_workers, worker_id, num_replicas_per_worker)``; for a
+        ``tf.function``, a :class:`parallax.tf2.step.DistributedStep` in place of the session.
 
     Raises:
         TypeError, ValueError: bad arguments or config values.
@@ -103,8 +116,9 @@ def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
         LaunchError: the resources cannot be used as asked.
     """
     config = _checked_config(parallax_config, sync, resource_info)
+    traced = trace_step(single_gpu_graph) if is_step_function(single_gpu_graph) else None
     try:
-        outcome = _run(single_gpu_graph, resource_info, sync, config)
+        outcome = _run(traced.graph if traced is not None else single_gpu_graph, resource_info, sync, config)
     except ParallaxError as e:
         if not os.environ.get(PLAN_ENV):
             raise
@@ -112,6 +126,9 @@ def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
         outcome = 2
     if isinstance(outcome, int):
         raise SystemExit(outcome)  # the one place a parallel_run call ends its process
+    if traced is not None:
+        session, *rest = outcome
+        return (DistributedStep(session, traced), *rest)
     return outcome
 
 
@@ -123,7 +140,8 @@ def preview_plan(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
     (``parallax plan`` prints the whole job plan).
     """
     config = _checked_config(parallax_config, sync, resource_info)
-    graph, _ = load_graph(single_gpu_graph)
+    graph, _ = load_graph(trace_step(single_gpu_graph).graph if is_step_function(single_gpu_graph)
+                          else single_gpu_graph)
     cluster = parse_resource_file(resource_info)
     return make_job_plan(cluster, derive(config, sync, cluster), analyse_graph(graph)).plan
 

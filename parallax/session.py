@@ -96,6 +96,11 @@ class ParallaxSession(SingleDeviceSession):
         return self._translator.num_replicas
 
     @property
+    def held_in_parts(self) -> dict[str, str]:
+        """The variables no worker holds whole (optimizer slots ``zero_stage`` shards), and why."""
+        return dict(self._translator.held_in_parts)
+
+    @property
     def raw_session(self) -> Any:
         """The underlying TensorFlow session, for what the wrapper does not cover."""
         return self._session
@@ -162,6 +167,13 @@ class ParallaxSession(SingleDeviceSession):
             if self._heartbeat is not None:
                 self._heartbeat.step_done()
         return values
+
+    def read(self, fetches: Any) -> Any:
+        """Read ``fetches`` (of the single-device graph, as :meth:`run` takes them) past the program's
+        hooks, one value each (the first local replica's), as one device gives them: a read that is no
+        step of the program's (a ``MonitoredSession`` refuses ``run`` once its hooks asked to stop)."""
+        structure, targets, _, elements = self._translator.fetch_plan(fetches)
+        return self._translator.rebuild(structure, run_past_hooks(self._session, elements), targets, first_only=True)
 
     def make_callable(self, fetches: Any, feed_list: list | tuple | None = None, accept_options: bool = False):
         """A function that runs ``fetches``, like ``tf.compat.v1.Session.make_callable``.

@@ -173,19 +173,20 @@ def add_ps_sync(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskS
         return out
     chief = task.worker_index == 0
     worker = plan.workers[task.worker_index]
-    on_servers: set[str] = set()
+    waits: dict[str, str] = {}  # server variable -> the wait for the chief's token of its training op
+    mixed_plan = any(v.gradient is not None and v.sync != "ps" for v in plan.variables)
     for train_op, variables in variables_by_train_op(out.graph_def, plan):
         synced = [v for v in variables if v.sync == "ps"]
         if synced:
             mixed = len(synced) < len(variables)
             _add_protocol(out, plan, task, train_op, synced, mixed)
-            on_servers.update(v.name for v in synced)
+            waits.update({v.name: f"{sync_scope(train_op)}wait" for v in synced})
     after_step, outside = program_writes(out, plan)
     if outside and plan.num_workers > 1:
         _add_writes_barrier(out, plan, task, outside)
     if not chief:
-        if any(v.gradient is not None and v.sync != "ps" for v in plan.variables):
-            _drop_server_updates(out, plan, on_servers, worker.shared_device)
+        # in a mixed plan this worker's wait follows its own training op, which holds the dropped updates
+        _drop_server_updates(out, plan, waits, worker.shared_device, wait=not mixed_plan)
         _drop_server_writes(out, plan, worker.shared_device, after_step, outside)
     return out
 
@@ -412,15 +413,19 @@ def _rename_train_op(meta_graph: meta_graph_pb2.MetaGraphDef, train_op: str, ori
             node.name = train_op
 
 
-def _drop_server_updates(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, on_servers: set[str],
-                         device: str) -> None:
-    """On a worker other than the chief, the ops of the server variables'
-    ``update_<var>`` scopes become no-ops: the chief updates those variables."""
+def _drop_server_updates(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, waits: dict[str, str],
+                         device: str, wait: bool) -> None:
+    """On a worker other than the chief, the ops of the server variables' ``update_<var>`` scopes (``waits``
+    maps each variable to its training op's wait for the chief's token) run nothing: the chief updates those
+    variables. With ``wait``, each waits for the token too, so whatever this worker's graph orders after an
+    update (a traced step's outputs and later reads, under TensorFlow 2's automatic control dependencies)
+    sees the chief's update."""
     owner = update_scope_owner([v.name for v in plan.variables])
-    dropped = {node.name for node in meta_graph.graph_def.node if owner(node.name) in on_servers}
-    make_no_op(meta_graph.graph_def, dropped, device,
-               "an update of a variable on the parameter servers; this graph cannot mix servers and all-reduce "
-               "(use run_option='PS' or 'MPI')")
+    dropped = {node.name: waits[var] for node in meta_graph.graph_def.node
+               if (var := owner(node.name)) in waits}
+    make_no_op(meta_graph.graph_def, set(dropped), device,
+               "an update of a variable on the parameter servers, which only the chief runs; read the variable "
+               "instead", after=dropped if wait else None)
 
 
 def program_writes(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan) -> tuple[set[str], set[str]]:

@@ -40,12 +40,21 @@ def test_partitions_spread_over_servers():
 def test_variables_and_their_update_ops_go_to_their_server():
     model = build_embedding("adam")
     plan = ps_plan(model)
-    nodes = nodes_of(rewrite_for_task(export(model.graph), plan, TaskSpec(1)))
+    nodes = nodes_of(rewrite_for_task(export(model.graph), plan, TaskSpec(0)))  # the chief, which updates
     server = SERVERS[plan.variable("embedding").server]
     assert nodes["embedding"].device == server
     assert nodes["embedding/Adam"].device == server
     assert nodes["Adam/update_embedding/ResourceScatterAdd"].device == server
     assert nodes["Adam/update_embedding/UnsortedSegmentSum"].device == server
+
+
+def test_another_worker_runs_no_update_of_a_server_variable_and_what_follows_one_waits_for_the_chiefs():
+    """Reached through a dependency (a traced step's outputs wait for its updates), an update on another
+    worker runs nothing but waits for the chief's token, so a read after it sees the chief's update."""
+    model = build_embedding("adam")
+    nodes = nodes_of(rewrite_for_task(export(model.graph), ps_plan(model), TaskSpec(1)))
+    for name in ("Adam/update_embedding/ResourceScatterAdd", "Adam/update_proj/kernel/ResourceApplyAdam"):
+        assert nodes[name].op == "NoOp" and "^parallax_sync/step/Adam/wait" in nodes[name].input, name
 
 
 def test_chief_takes_and_releases_the_others():
@@ -237,9 +246,10 @@ def test_replicate_variables_gives_each_replica_a_local_copy_of_dense_variables(
     assert "^parallax_local/replica_1/proj/kernel/refresh" in read1.input
     assert nodes["parallax_local/replica_1/proj/kernel"].device == "/job:worker/replica:0/task:1/device:CPU:1"
     assert len(meta.collection_def["local_variables"].bytes_list.value) == 2
-    # sparse variables are read on the server (gathered rows), the update reads the server
+    # sparse variables are read on the server (gathered rows), the chief's update reads the server
     assert not [n for n in nodes if n.startswith("parallax_local/") and "embedding" in n]
-    assert "proj/kernel" in nodes["Adam/update_proj/kernel/ResourceApplyAdam"].input
+    chief = nodes_of(rewrite_for_task(export(model.graph), plan, TaskSpec(0)))
+    assert "proj/kernel" in chief["Adam/update_proj/kernel/ResourceApplyAdam"].input
 
 
 @pytest.mark.parametrize("boundary", [True, False])

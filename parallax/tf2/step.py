@@ -1,0 +1,105 @@
+"""The step ``parallel_run`` returns for a ``tf.function``: called like the program's step, on every worker.
+
+``step(x, y)`` runs one synchronised training step of the traced step
+(:mod:`parallax.tf2.trace`) through the session: each argument takes one batch per
+local replica, as ``sess.run``'s feeds do (a list, or an ndarray whose first axis is
+the replicas; with one replica per process a plain batch is that replica's), and the
+step's return value comes back with each tensor a list of one value per replica
+(:class:`parallax.translate.ReplicaValues`: ``float()`` takes it when the replicas
+agree, or there is one).
+
+``step.sync_variables()`` writes the trained values (this worker's) into the program's
+eager variables, so that ``model.save_weights``, ``tf.train.Checkpoint`` or ``model.predict``
+see them; ``close()`` does it, then ends the session.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from parallax.tf2.trace import TracedStep
+
+__all__ = ["DistributedStep"]
+
+
+class DistributedStep:
+    """A traced ``tf.function`` step, trained data-parallel (see the module docstring).
+
+    Args:
+        session: the session ``parallel_run`` made over the traced step's graph.
+        traced: the traced step.
+    """
+
+    def __init__(self, session: Any, traced: TracedStep) -> None:
+        self._session = session
+        self._traced = traced
+        self._fetches = (traced.outputs, traced.train_op)
+        self._ranks = [t.shape.rank for t in traced.inputs]
+
+    @property
+    def session(self) -> Any:
+        """The session (:class:`parallax.session.ParallaxSession`) that runs the step's graph."""
+        return self._session
+
+    @property
+    def graph(self) -> tf.Graph:
+        """The step's single-device graph."""
+        return self._traced.graph
+
+    @property
+    def num_replicas(self) -> int:
+        return self._session.num_replicas
+
+    def __call__(self, *args: Any) -> Any:
+        """One training step: ``args`` as the ``tf.function`` takes them, each tensor one batch per replica.
+
+        Raises:
+            ValueError: the arguments do not match the step's input signature, or a batch is not one
+                per replica.
+        """
+        flat = tf.nest.flatten(args, expand_composites=False)
+        if len(flat) != len(self._traced.inputs):
+            raise ValueError(f"the step takes {len(self._traced.inputs)} tensor(s) (its input_signature: "
+                             f"{self._traced.signature}), got {len(flat)}")
+        feeds = {placeholder: self._per_replica(value, rank)
+                 for placeholder, value, rank in zip(self._traced.inputs, flat, self._ranks)}
+        outputs, _ = self._session.run(self._fetches, feed_dict=feeds)
+        return outputs
+
+    def _per_replica(self, value: Any, rank: int | None) -> Any:
+        """A plain batch stands for the one replica of a process that has one."""
+        if self.num_replicas == 1 and not isinstance(value, (list, tuple)) and rank is not None \
+                and np.ndim(value) == rank:
+            return [value]
+        return value
+
+    def sync_variables(self) -> None:
+        """Write this worker's values of the step's variables into the program's eager variables (optimizer
+        slots that ``zero_stage`` keeps in parts stay as they were)."""
+        held = self._session.held_in_parts
+        graph = self._traced.graph
+        names = [n for n in sorted(self._traced.variables) if n not in held]
+        variables = {v.op.name: v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
+        values = self._session.read([variables[n] for n in names])
+        for name, value in zip(names, values):
+            self._traced.variables[name].write(value)
+
+    def should_stop(self) -> bool:
+        return self._session.should_stop()
+
+    def close(self) -> None:
+        """Write the trained values into the program's variables, then close the session."""
+        try:
+            self.sync_variables()
+        finally:
+            self._session.close()
+
+    def __enter__(self) -> DistributedStep:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.close()
+        return exc_type is tf.errors.OutOfRangeError

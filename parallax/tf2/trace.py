@@ -1,0 +1,309 @@
+"""A ``tf.function`` training step as a single-device ``tf.compat.v1`` graph.
+
+A traced step's graph (a ``FuncGraph``) holds what it reads and writes as captured
+placeholders: a variable's resource handle, or a constant's value. This module
+builds a ``tf.Graph`` that Parallax analyses and rewrites like any TF1 program's:
+
+1. each captured variable becomes a resource variable of the new graph, with the
+   eager variable's name (made unique) and its value now as initial value (a
+   constant fill, or read from the eager variable when the process initialises);
+   other captured tensors become constants;
+2. the step's ops are imported with every reference to a capture (an input, a
+   ``loc:@`` colocation) bound to what replaced it, and without the devices the eager
+   context gave them (Parallax places them); its arguments stay placeholders of their
+   own names;
+3. a ``tf.compat.v1.train`` optimizer traced in a function names its update scopes
+   ``update_``, ``update__1``...: each is renamed ``update_<variable>`` after the
+   variable its update writes, as the optimizer names them in a TF1 graph;
+4. the step's side effects (its updates, counters, moving statistics) are grouped in
+   one training op, ``parallax_step``, put in the ``train_op`` collection.
+
+The step's outputs keep its return value's structure (:attr:`TracedStep.outputs`).
+Nothing downstream learns where the graph came from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2, graph_pb2
+
+from parallax.errors import AnalysisError
+from parallax.rewrite.graph_ops import colocated_with, colocation_group, format_input, parse_input
+
+__all__ = ["TracedStep", "trace_step", "is_step_function", "STEP_OP"]
+
+#: The name of the training op that runs a traced step's side effects.
+STEP_OP = "parallax_step"
+
+_TRACED_UPDATE = re.compile(r"(^|/)(update_(?:_\d+)?)/")  # update_/, update__1/ (a traced optimizer's)
+
+
+@dataclass(frozen=True)
+class TracedStep:
+    """A ``tf.function`` step as a single-device graph.
+
+    Attributes:
+        graph: the graph (variables, the step's ops, :data:`STEP_OP`).
+        inputs: one placeholder per argument tensor, in the order of the flattened arguments.
+        outputs: the step's return value, its tensors those of ``graph``.
+        train_op: the op that runs the step's side effects.
+        variables: the eager variables the step reads or writes, by the name of the graph's variable
+            that stands for each.
+        signature: the arguments' ``tf.TensorSpec`` structure.
+        initializers: the graph the variables were made in, which holds the callbacks of their
+            ``py_function`` initializers (TensorFlow drops a callback with its graph).
+    """
+
+    graph: tf.Graph
+    inputs: tuple
+    outputs: Any
+    train_op: tf.Operation
+    variables: dict
+    signature: Any
+    initializers: tf.Graph
+
+
+def is_step_function(obj: Any) -> bool:
+    """Whether ``obj`` is a ``tf.function`` (what :func:`trace_step` takes)."""
+    return callable(getattr(obj, "get_concrete_function", None)) and hasattr(obj, "python_function")
+
+
+def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
+    """Trace ``fn`` (a ``tf.function``) into a single-device graph (see the module docstring).
+
+    Args:
+        fn: the training step, a ``tf.function`` with an ``input_signature`` (or one given here).
+        input_signature: ``tf.TensorSpec`` objects for its arguments, when ``fn`` has none.
+
+    Raises:
+        TypeError: ``fn`` is not a ``tf.function``.
+        ValueError: it has no input signature.
+        AnalysisError: it captures a resource that is no variable (a lookup table, an iterator).
+    """
+    if not is_step_function(fn):
+        raise TypeError(f"parallel_run: a TensorFlow 2 step must be a tf.function, got {type(fn).__name__}")
+    signature = input_signature if input_signature is not None else getattr(fn, "input_signature", None)
+    if signature is None:
+        raise ValueError(f"parallel_run: the tf.function {fn.python_function.__name__!r} has no input_signature; "
+                         "declare one (@tf.function(input_signature=[tf.TensorSpec([None, 784], tf.float32), ...])) "
+                         "so that every replica's batch has a placeholder of known dtype and shape")
+    concrete = fn.get_concrete_function(*signature)
+    func_graph = concrete.graph
+    known = {id(v.handle): _Eager.of(v) for v in func_graph.variables}
+    for placeholder, value in zip(func_graph.internal_captures, concrete.captured_inputs):
+        if id(value) not in known and value.dtype == tf.resource:  # a slot made in the step, passed as a handle
+            found = _Eager.of_handle(value, placeholder.op.name)
+            if found is not None:
+                known[id(value)] = found
+    captures = list(zip([p.op.name for p in func_graph.internal_captures], concrete.captured_inputs))
+    for name, value in captures:
+        if value.dtype == tf.resource and id(value) not in known:
+            raise AnalysisError(
+                f"the step {fn.python_function.__name__!r} captures {name!r}, a resource that is no variable (a "
+                "lookup table, a dataset iterator, a random generator); Parallax takes a step whose state is "
+                "variables: pass the batches as the step's arguments")
+    step_def = func_graph.as_graph_def()
+    primary = _slot_owners(step_def, {c for c, _ in captures})
+    scratch = tf.Graph()  # the variables and constants that stand for the captures
+    bindings: dict[str, str] = {}  # capture placeholder -> op that stands for it
+    variables: dict[str, Any] = {}
+    with scratch.as_default():
+        taken: set[str] = set()
+        # variables first, then their slots beside them (a slot's placeholder is colocated with its variable's)
+        for name, value in sorted(captures, key=lambda c: primary[c[0]] is not None):
+            if value.dtype != tf.resource:
+                bindings[name] = tf.constant(np.asarray(value), name=f"parallax_captured/{name}").op.name
+                continue
+            eager = known[id(value)]
+            owner = primary[name]
+            if owner is not None and eager.name == name:  # a slot made in the step: named after its variable
+                eager = replace(eager, name=f"{bindings[owner]}/{name.rsplit('/', 1)[-1]}")
+            with tf.compat.v1.colocate_with(scratch.get_operation_by_name(bindings[owner])) if owner in bindings \
+                    else contextlib.nullcontext():
+                made = _graph_variable(eager, taken)
+            variables[made.op.name] = eager
+            bindings[name] = made.op.name
+    with scratch.as_default():
+        meta = tf.compat.v1.train.export_meta_graph(graph=scratch)
+    step_def = _bound(step_def, bindings)
+    renamed = _name_update_scopes(step_def, set(variables))
+    clash = sorted({n.name for n in step_def.node} & {n.name for n in meta.graph_def.node})
+    if clash:
+        raise AnalysisError(f"the step {fn.python_function.__name__!r} has ops named as its variables' own "
+                            f"({', '.join(clash[:5])}); rename the name scope of the step's ops or of the variables")
+    meta.graph_def.node.extend(step_def.node)
+    meta.graph_def.library.MergeFrom(step_def.library)
+
+    def mine(name: str) -> str:  # a tensor's or op's name in the graph made
+        op, index, _ = parse_input(name)
+        return f"{renamed.get(op, op)}:{index}" if ":" in name else renamed.get(op, op)
+
+    effects = sorted({parse_input(mine(op.name))[0] for op in func_graph.control_outputs})
+    meta.graph_def.node.add(name=STEP_OP, op="NoOp", input=[f"^{e}" for e in effects])
+    meta.collection_def[tf.compat.v1.GraphKeys.TRAIN_OP].node_list.value.append(STEP_OP)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.train.import_meta_graph(meta)
+    num_args = len(func_graph.inputs) - len(func_graph.internal_captures)
+    args = [graph.get_tensor_by_name(mine(t.name)) for t in func_graph.inputs[:num_args]]
+    outputs = tf.nest.map_structure(
+        lambda t: graph.get_tensor_by_name(mine(t.name)) if isinstance(t, tf.Tensor) else t,
+        func_graph.structured_outputs)
+    train_op = graph.get_operation_by_name(STEP_OP)
+    return TracedStep(graph, tuple(args), outputs, train_op, variables, signature, scratch)
+
+
+@dataclass(frozen=True)
+class _Eager:
+    """An eager variable the step uses: its name, dtype, shape, trainability and value now, and how to read
+    it later (a slot made in the step comes as a bare handle, with no Variable object the function shows)."""
+
+    name: str
+    dtype: tf.DType
+    value: np.ndarray
+    trainable: bool
+    read: Any
+    write: Any
+
+    @classmethod
+    def of(cls, variable: Any) -> _Eager:
+        return cls(variable.name.split(":")[0], variable.dtype, variable.numpy(), bool(variable.trainable),
+                   variable.read_value, variable.assign)
+
+    @classmethod
+    def of_handle(cls, handle: Any, name: str) -> _Eager | None:
+        from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_ops
+
+        data = resource_variable_ops.get_eager_safe_handle_data(handle)
+        if not data.is_set or len(data.shape_and_type) != 1:
+            return None
+        dtype = tf.dtypes.as_dtype(data.shape_and_type[0].dtype)
+
+        def read() -> tf.Tensor:
+            return gen_resource_variable_ops.read_variable_op(handle, dtype)
+
+        def write(value: Any) -> None:
+            gen_resource_variable_ops.assign_variable_op(handle, tf.convert_to_tensor(value, dtype))
+
+        try:
+            value = read().numpy()
+        except tf.errors.OpError:  # not a variable's handle after all
+            return None
+        return cls(name, dtype, value, False, read, write)
+
+
+def _graph_variable(variable: _Eager, taken: set[str]) -> tf.Variable:
+    """A resource variable of the graph being built standing for the eager ``variable``."""
+    base = re.sub(r"[^A-Za-z0-9_./-]", "_", variable.name) or "variable"
+    name, n = base, 0
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
+    taken.add(name)
+    value = variable.value
+    flat = value.reshape(-1)
+
+    def initial() -> tf.Tensor:  # made under the variable's own name scope (<name>/Initializer/)
+        if flat.size and np.all(flat == flat[0]):  # a constant fill (zeros, ones): no copy of the values
+            return tf.fill(value.shape, tf.constant(flat[0], dtype=variable.dtype))
+        # read from the eager variable when the process initialises (eagerly: a py_function), not copied in
+        return tf.ensure_shape(tf.py_function(variable.read, [], variable.dtype), value.shape)
+
+    made = tf.compat.v1.Variable(initial, name=name, trainable=variable.trainable, use_resource=True,
+                                 dtype=variable.dtype)
+    if made.op.name != name:
+        raise AnalysisError(f"variable {variable.name!r} could not keep its name in the step's graph ({made.op.name})")
+    return made
+
+
+def _slot_owners(step_def: graph_pb2.GraphDef, captures: set[str]) -> dict[str, str | None]:
+    """For each capture placeholder, the capture it is an optimizer slot of (``None``: none): the one its
+    placeholder is colocated with, or else the variable of the one traced update scope whose ops read it
+    (a sparse update's slots come uncolocated)."""
+    owners: dict[str, str | None] = {}
+    scope_votes: dict[str, dict[str, int]] = {}
+    readers: dict[str, set[str]] = {}
+    for node in step_def.node:
+        targets = colocated_with(node.attr["_class"].list.s) if "_class" in node.attr else []
+        if node.name in captures:
+            owners[node.name] = next((t for t in targets if t in captures and t != node.name), None)
+            continue
+        m = _TRACED_UPDATE.search(node.name)
+        if m is None:
+            continue
+        scope = node.name[:m.end(2)]
+        for t in targets:
+            if t in captures:
+                votes = scope_votes.setdefault(scope, {})
+                votes[t] = votes.get(t, 0) + 1
+        for text in node.input:
+            source = parse_input(text)[0]
+            if source in captures:
+                readers.setdefault(source, set()).add(scope)
+    variable_of = {scope: max(sorted(votes), key=votes.get) for scope, votes in scope_votes.items()}
+    for name in captures:
+        if owners.get(name) is None:
+            scopes = readers.get(name, set())
+            owner = variable_of.get(next(iter(scopes))) if len(scopes) == 1 else None
+            owners[name] = owner if owner != name else None
+    return owners
+
+
+def _bound(graph_def: graph_pb2.GraphDef, bindings: dict[str, str]) -> graph_pb2.GraphDef:
+    """``graph_def`` without the capture placeholders of ``bindings``, every input and colocation that
+    named one naming what stands for it."""
+    out = graph_pb2.GraphDef()
+    out.versions.CopyFrom(graph_def.versions)
+    out.library.CopyFrom(graph_def.library)
+    for node in graph_def.node:
+        if node.name in bindings:
+            continue
+        copy = out.node.add()
+        copy.CopyFrom(node)
+        copy.device = ""  # where the eager context put it (/job:localhost/...): Parallax places the ops
+        _rename_references(copy, bindings)
+    return out
+
+
+def _rename_references(node, names: dict[str, str]) -> None:
+    """Rename the inputs and ``loc:@`` colocations of ``node`` that ``names`` maps."""
+    for i, text in enumerate(node.input):
+        op, index, control = parse_input(text)
+        if op in names:
+            node.input[i] = format_input(names[op], index, control)
+    if "_class" in node.attr:
+        groups = [colocation_group(names.get(t[0], t[0])) if (t := colocated_with([g])) else g
+                  for g in node.attr["_class"].list.s]
+        node.attr["_class"].CopyFrom(attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(s=groups)))
+
+
+def _name_update_scopes(graph_def: graph_pb2.GraphDef, variables: set[str]) -> dict[str, str]:
+    """Rename a traced ``tf.compat.v1.train`` optimizer's ``update_``, ``update__1``... scopes
+    ``update_<variable>`` after the variable each one updates (the one its ops are colocated with, as the
+    optimizer colocates them), in place. Returns the new name of every renamed op."""
+    votes: dict[str, dict[str, int]] = {}  # "<prefix>update__1" -> {variable: ops colocated with it}
+    for node in graph_def.node:
+        m = _TRACED_UPDATE.search(node.name)
+        if m is None or "_class" not in node.attr:
+            continue
+        for target in colocated_with(node.attr["_class"].list.s):
+            if target in variables:
+                counts = votes.setdefault(node.name[:m.end(2)], {})
+                counts[target] = counts.get(target, 0) + 1
+    scopes = {scope: max(sorted(counts), key=counts.get) for scope, counts in votes.items()}
+    renamed = {}
+    for node in graph_def.node:
+        m = _TRACED_UPDATE.search(node.name)
+        if m is not None and node.name[:m.end(2)] in scopes:
+            renamed[node.name] = f"{node.name[:m.start(2)]}update_{scopes[node.name[:m.end(2)]]}{node.name[m.end(2):]}"
+    if renamed:
+        for node in graph_def.node:
+            node.name = renamed.get(node.name, node.name)
+            _rename_references(node, renamed)
+    return renamed
