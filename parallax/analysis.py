@@ -388,7 +388,9 @@ def _gradient_of(var_name: str, scope_ops: list, graph: tf.Graph) -> GradientInf
                 continue
             if t.name not in external:
                 external.append(t.name)
-    tensors = [graph.get_tensor_by_name(n) for n in external]
+    # an IndexedSlices' dense shape (Keras 3 densifies a sparse gradient inside the update) is no part of it
+    tensors = [t for t in (graph.get_tensor_by_name(n) for n in external)
+               if t.op.type not in ("Shape", "VariableShape")]
     cache: dict = {}
     grads = [t for t in tensors if _from_gradient_computation(t, cache)]
     if not grads:
@@ -400,14 +402,41 @@ def _gradient_of(var_name: str, scope_ops: list, graph: tf.Graph) -> GradientInf
         return GradientInfo(var_name, False, floats[0].name, None, floats[0].dtype.name, update_ops)
     if len(floats) == 1 and len(ints) == 1:
         count = ints[0].shape.num_elements() if ints[0].shape.is_fully_defined() else None
-        users = [op.type for op in scope_ops if floats[0] in list(op.inputs)]
         return GradientInfo(var_name, True, floats[0].name, ints[0].name, floats[0].dtype.name, update_ops,
                             ints[0].dtype.name, indices_count=count,
-                            repeats_merged=bool(users) and all(t == "UnsortedSegmentSum" for t in users))
+                            repeats_merged=_sums_rows_first(floats[0], scope_ops))
     raise AnalysisError(
         f'cannot tell the gradient of variable "{var_name}" from the other inputs of its update ops '
         f"(candidates: {', '.join(t.name for t in grads) or 'none'}). Expected one floating tensor "
         "(dense) or values + indices (sparse) coming from tf.gradients / optimizer.compute_gradients")
+
+
+#: Ops that sum a sparse gradient's rows of equal index (``tf.compat.v1.train`` optimizers deduplicate
+#: with ``UnsortedSegmentSum`` first; plain gradient descent scatters them, adding as it goes).
+_SUMS_ROWS = frozenset({"UnsortedSegmentSum", "ResourceScatterAdd", "ResourceScatterSub", "ScatterAdd", "ScatterSub"})
+#: Ops a gradient's rows may pass through on the way there without their sum changing meaning (a scale).
+_ROW_SCALES = frozenset({"Neg", "Mul", "RealDiv", "Cast", "Identity"})
+
+
+def _sums_rows_first(values, scope_ops: list) -> bool:
+    """Whether the update's every use of a sparse gradient's ``values`` sums the rows of equal index (after
+    a scale at most), so that summing them before they are sent changes nothing. Keras 3's Adam squares each
+    row before summing: not so."""
+    inside = {op.name for op in scope_ops}
+    frontier, seen, found = [values], set(), False
+    while frontier:
+        tensor = frontier.pop()
+        for op in tensor.consumers():
+            if op.name not in inside or op.name in seen:
+                continue
+            seen.add(op.name)
+            if op.type in _SUMS_ROWS:
+                found = True
+            elif op.type in _ROW_SCALES:
+                frontier.extend(op.outputs)
+            else:
+                return False
+    return found
 
 
 def _train_ops(graph: tf.Graph, scopes: dict[str, list]) -> tuple[str, ...]:

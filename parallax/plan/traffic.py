@@ -220,7 +220,7 @@ def step_traffic(plan: Plan, rows: Mapping[str, RowsFn] | None = None) -> StepTr
         if v.gradient is None:
             continue
         server = plan.server_hosts[v.server] if v.server is not None and v.server < len(plan.server_hosts) else None
-        merged = v.gradient.repeats_merged if v.sync == "allgather" else plan.sync and plan.ps.local_aggregation
+        merged = v.gradient.repeats_merged and (v.sync == "allgather" or plan.sync and plan.ps.local_aggregation)
         out[v.name] = variable_traffic(
             payload_of(v, rows.get(v.name)), v.sync, hosts, server, merged=merged,
             host_aggregation=plan.ps.host_aggregation,

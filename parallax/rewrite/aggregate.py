@@ -18,7 +18,7 @@ Ops added, on the worker's shared device, for every variable with a gradient
    itself before anything else, :attr:`GradientRef.repeats_merged`), all built in
    one call so the backend can fuse and order them; for sparse variables on
    parameter servers (synchronous, with local aggregation), the rows with equal indices
-   summed (``<v>/dedup/``: the update sums them anyway, so each row is
+   summed when the update sums them first anyway (``<v>/dedup/``: each row is
    sent once; a batch of Zipf-distributed words repeats a third of its ids),
    and with ``host_aggregation`` a gather of these rows of the
    host's workers to its first worker, which sends them to the servers
@@ -162,15 +162,17 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
                 crossed[v.name] = pair
         pushed = [v for v in layout.variables
                   if v.sync == "ps" and v.sparse and plan.ps.local_aggregation and plan.sync]
-        for v in pushed:  # the update sums rows by index anyway: send each row once
-            crossed[v.name] = _merged(v, *local[v.name], "dedup/")
+        for v in pushed:  # the update sums rows by index first anyway: send each row once
+            if v.gradient.repeats_merged:
+                crossed[v.name] = _merged(v, *local[v.name], "dedup/")
         host_vars = [v for v in pushed if plan.ps.host_aggregation]
         if host_vars:
             with tf.name_scope(aggregate_step_scope("host")):
                 gathered = backend(plan.comm.host_backend, group="host").gather(
                     [crossed[v.name] for v in host_vars])
             for v, (values, indices) in zip(host_vars, gathered):
-                crossed[v.name] = _merged(v, values, indices, "merge/")
+                crossed[v.name] = _merged(v, values, indices, "merge/") if v.gradient.repeats_merged \
+                    else (values, indices)
         outputs = []
         for var in layout.variables:
             # the mean over every replica of the job where the update gets every worker's gradient (all-reduced,

@@ -14,7 +14,9 @@ builds a ``tf.Graph`` that Parallax analyses and rewrites like any TF1 program's
    own names;
 3. a ``tf.compat.v1.train`` optimizer traced in a function names its update scopes
    ``update_``, ``update__1``...: each is renamed ``update_<variable>`` after the
-   variable its update writes, as the optimizer names them in a TF1 graph;
+   variable its update writes, as the optimizer names them in a TF1 graph; an
+   optimizer that names none (Keras 3) has each variable's update region found
+   (:mod:`parallax.tf2.regions`) and named so, its slots colocated with it;
 4. the step's side effects (its updates, counters, moving statistics) are grouped in
    one training op, ``parallax_step``, put in the ``train_op`` collection.
 
@@ -35,6 +37,7 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2
 
 from parallax.errors import AnalysisError
 from parallax.rewrite.graph_ops import colocated_with, colocation_group, format_input, parse_input
+from parallax.tf2.regions import update_regions
 
 __all__ = ["TracedStep", "trace_step", "is_step_function", "STEP_OP"]
 
@@ -110,6 +113,11 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
                 "variables: pass the batches as the step's arguments")
     step_def = func_graph.as_graph_def()
     primary = _slot_owners(step_def, {c for c, _ in captures})
+    held = {name for name, value in captures if value.dtype == tf.resource}
+    regions = update_regions(step_def, held, {name for name, value in captures
+                                              if value.dtype == tf.resource and known[id(value)].trainable})
+    for region in regions:  # a Keras 3 optimizer's slots, by what the update writes
+        primary.update({slot: region.variable for slot in region.slots})
     scratch = tf.Graph()  # the variables and constants that stand for the captures
     bindings: dict[str, str] = {}  # capture placeholder -> op that stands for it
     variables: dict[str, Any] = {}
@@ -133,6 +141,7 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
         meta = tf.compat.v1.train.export_meta_graph(graph=scratch)
     step_def = _bound(step_def, bindings)
     renamed = _name_update_scopes(step_def, set(variables))
+    renamed.update(_name_regions(step_def, regions, bindings))
     clash = sorted({n.name for n in step_def.node} & {n.name for n in meta.graph_def.node})
     if clash:
         raise AnalysisError(f"the step {fn.python_function.__name__!r} has ops named as its variables' own "
@@ -220,6 +229,26 @@ def _graph_variable(variable: _Eager, taken: set[str]) -> tf.Variable:
     if made.op.name != name:
         raise AnalysisError(f"variable {variable.name!r} could not keep its name in the step's graph ({made.op.name})")
     return made
+
+
+def _name_regions(graph_def: graph_pb2.GraphDef, regions: list, bindings: dict[str, str]) -> dict[str, str]:
+    """Rename each update region's ops (:mod:`parallax.tf2.regions`) ``<scope>/update_<variable>/<rest>``
+    and colocate them with the variable, as a TF1 optimizer builds an update, in place. Returns the new
+    name of every renamed op."""
+    renamed, variable_of = {}, {}
+    for region in regions:
+        variable = bindings[region.variable]
+        for op in region.ops:
+            scope, _, rest = op.partition("/")
+            renamed[op] = f"{scope}/update_{variable}/{rest}" if rest else f"update_{variable}/{op}"
+            variable_of[op] = variable
+    for node in graph_def.node:
+        if node.name in variable_of:
+            node.attr["_class"].CopyFrom(attr_value_pb2.AttrValue(
+                list=attr_value_pb2.AttrValue.ListValue(s=[colocation_group(variable_of[node.name])])))
+        node.name = renamed.get(node.name, node.name)
+        _rename_references(node, renamed)
+    return renamed
 
 
 def _slot_owners(step_def: graph_pb2.GraphDef, captures: set[str]) -> dict[str, str | None]:

@@ -135,10 +135,26 @@ def test_ambiguous_post_processing_falls_back_to_the_update_inputs():
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_repeated_rows_may_be_merged_when_the_update_sums_them_first(optimizer):
     """TensorFlow's sparse updates sum the rows of repeated indices first (an UnsortedSegmentSum
-    on the values, which is all they do with them); plain SGD scales them and scatter-adds, and
-    clipping reads them before: summing repeats before sending would change nothing only in the first case."""
+    on the values, which is all they do with them), and plain SGD scales them and scatter-adds,
+    adding as it goes; clipping reads them before: summing repeats before sending changes nothing
+    but there."""
     analysis = analyse_graph(build_embedding(optimizer).graph)
-    sums_first = optimizer not in ("gd", "sgd")
-    assert analysis.gradient("embedding").repeats_merged is sums_first
+    assert analysis.gradient("embedding").repeats_merged is True
     clipped = analyse_graph(build_embedding(optimizer, clip=0.5).graph)
     assert clipped.gradient("embedding").repeats_merged is False
+
+
+def test_an_update_that_squares_each_row_before_summing_keeps_its_rows_apart():
+    """Keras 3's Adam sums the rows for its first moment but squares each row before summing them for
+    its second: merging repeated rows before sending would change the second moment."""
+    graph = tf.Graph()
+    with graph.as_default():
+        emb = tf.compat.v1.get_variable("emb", [10, 2], use_resource=True)
+        slot = tf.compat.v1.get_variable("emb/v", [10, 2], use_resource=True, trainable=False)
+        ids = tf.compat.v1.placeholder(tf.int32, [None])
+        grad = tf.gradients(tf.reduce_sum(tf.nn.embedding_lookup(emb, ids)), emb)[0]
+        with tf.compat.v1.name_scope("opt/update_emb"):
+            rows = tf.math.unsorted_segment_sum(tf.square(grad.values), grad.indices, 10)
+            tf.compat.v1.assign_add(slot, rows)
+            tf.compat.v1.assign_sub(emb, tf.math.unsorted_segment_sum(grad.values, grad.indices, 10))
+    assert analyse_graph(graph).gradient("emb").repeats_merged is False

@@ -1,0 +1,129 @@
+"""Each variable's update region in a traced step whose optimizer names no update scopes (Keras 3).
+
+A ``tf.compat.v1.train`` optimizer builds each variable's update under
+``<optimizer>/update_<variable>/`` (:mod:`parallax.analysis` reads those scopes).
+A Keras 3 optimizer writes every variable with plain ``AssignAdd``/``AssignSub``
+ops under one flat scope (``adam/``): the variable's slots first (Adam's ``m``
+and ``v`` from the gradient), then the variable from reads of its slots, with
+quantities every update shares (the step size from the ``iteration`` counter and
+the learning rate) computed once. This module finds, for each trainable variable
+the step writes outside a ``gradient_tape`` scope:
+
+* its **gradient**: the tensors of the gradient computation its writes are computed
+  from (one tensor, or an ``IndexedSlices``' values and indices, which Keras turns
+  into a whole-table tensor with an ``UnsortedSegmentSum`` inside the region, so the
+  gradient stays sparse where it crosses workers);
+* its **slots**: the other variables the step writes from that same gradient and
+  the variable's write reads;
+* its **region**: the ops the writes of the variable and its slots are computed
+  with, back to the gradient and the variables' reads, but for ops another
+  variable's update uses too (quantities computed once for all).
+
+:func:`update_regions` returns them; the trace names each region
+``<scope>/update_<variable>/`` and colocates its ops with the variable, as a TF1
+optimizer does, so the rest of Parallax reads them as it reads any optimizer's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass
+
+from tensorflow.core.framework import graph_pb2
+
+from parallax.rewrite.graph_ops import is_variable_write, parse_input
+
+__all__ = ["UpdateRegion", "update_regions", "GRADIENT_SCOPE"]
+
+#: Name scopes of gradient computations (``tf.gradients``, a ``GradientTape``).
+GRADIENT_SCOPE = re.compile(r"(^|/)(gradients(_\d+)?|gradient_tape)/")
+_UPDATE_SCOPE = re.compile(r"(^|/)update_")
+_READS = frozenset({"ReadVariableOp", "ResourceGather"})
+
+
+@dataclass(frozen=True)
+class UpdateRegion:
+    """One variable's update, as :func:`update_regions` finds it.
+
+    Attributes:
+        variable: the variable (the name of the op that holds it).
+        slots: the variables the region writes besides it.
+        ops: the region's op names.
+    """
+
+    variable: str
+    slots: tuple[str, ...]
+    ops: frozenset[str]
+
+
+def update_regions(graph_def: graph_pb2.GraphDef, variables: set[str], trainable: set[str]) -> list[UpdateRegion]:
+    """The update regions of the ``trainable`` variables (op names; ``variables`` are all the variable ops,
+    resource handles, of ``graph_def``) whose writes lie in no update scope (see the module docstring).
+
+    A variable written from no gradient, or whose writes cannot be told from another's, gets no region:
+    the analysis then finds no gradient for it, and refuses the step (a write it cannot attribute).
+    """
+    nodes = {n.name: n for n in graph_def.node}
+    writes: dict[str, list[str]] = {}  # variable -> its writes outside gradient and update scopes
+    for node in graph_def.node:
+        if not is_variable_write(node.op) or not node.input or GRADIENT_SCOPE.search(node.name) \
+                or _UPDATE_SCOPE.search(node.name):
+            continue
+        target = parse_input(node.input[0])[0]
+        if target in variables:
+            writes.setdefault(target, []).append(node.name)
+    walks = {w: _walk_back(w, nodes, variables) for ws in writes.values() for w in ws}
+    owned: dict[str, tuple[set[str], list[str]]] = {}  # variable -> (its slots, its and their writes)
+    for var in sorted(set(writes) & trainable):
+        read = set().union(*(walks[w][1] for w in writes[var]))
+        slots = {s for s in read - {var} if s in writes and s not in trainable and all(walks[w][0] for w in writes[s])}
+        own = [w for v in (var, *sorted(slots)) for w in writes[v]]
+        if any(walks[w][0] for w in own):  # written from a gradient (else: the program's own write)
+            owned[var] = (slots, own)
+    passed_by: dict[str, set[str]] = {}
+    for var, (_, own) in owned.items():
+        for w in own:
+            for op in walks[w][2] | {w}:
+                passed_by.setdefault(op, set()).add(var)
+    regions = []
+    for var, (slots, _) in sorted(owned.items()):
+        ops = frozenset(op for op, users in passed_by.items() if users == {var} and not GRADIENT_SCOPE.search(op))
+        regions.append(UpdateRegion(var, tuple(sorted(slots)), ops))
+    return regions
+
+
+def _walk_back(start: str, nodes: dict, variables: set[str]) -> tuple[set[str], set[str], set[str]]:
+    """Backwards over data edges from ``start``: the gradient tensors reached (made in a gradient scope), the
+    variables read, and the ops passed (stopping at both)."""
+    gradient, read, passed = set(), set(), set()
+    queue = deque([start])
+    while queue:
+        name = queue.popleft()
+        if name in passed or name not in nodes:
+            continue
+        passed.add(name)
+        for text in nodes[name].input:
+            if text.startswith("^"):
+                continue
+            source = parse_input(text)[0]
+            node = nodes.get(source)
+            if node is None or source in variables:
+                continue
+            if GRADIENT_SCOPE.search(source):
+                op, index, _ = parse_input(text)
+                if not _is_shape(node):
+                    gradient.add(f"{op}:{index}")
+            elif node.op in _READS and node.input and parse_input(node.input[0])[0] in variables:
+                read.add(parse_input(node.input[0])[0])
+                passed.add(source)
+            elif node.op not in ("Const", "Placeholder"):
+                queue.append(source)
+    return gradient, read, passed
+
+
+def _is_shape(node) -> bool:
+    """A gradient's dense shape (an ``IndexedSlices``' ``dense_shape``): no part of its value."""
+    return node.op in ("Shape", "VariableShape", "Const")
+
+
