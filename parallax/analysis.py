@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 import tensorflow as tf
 
 from parallax.errors import AnalysisError
-from parallax.rewrite.graph_ops import colocated_with
+from parallax.rewrite.graph_ops import colocated_with, is_variable_write
 
 __all__ = ["VariableInfo", "GradientInfo", "ForwardOp", "GraphAnalysis", "analyse_graph", "VARIABLE_OP_TYPES",
            "update_scope_owner"]
@@ -233,9 +233,76 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
     for var_name in sorted(scopes):
         gradients.append(_gradient_of(var_name, scopes[var_name], graph))
     gradients = _find_raw_gradients(graph, gradients)
+    _refuse_hidden_updates(graph, {v.name for v in variables if v.trainable})
     train_ops = _train_ops(graph, scopes) if gradients else ()
     forward = _forward_ops(graph, gradients, {v.name: v for v in variables})
     return GraphAnalysis(tuple(variables), tuple(gradients), train_ops, forward)
+
+
+#: Ops that run functions of the graph's library, with the attributes that name them.
+_FUNCTION_CALLS = {"If": ("then_branch", "else_branch"), "While": ("cond", "body"), "Case": ("branches",),
+                   "StatefulPartitionedCall": ("f",)}
+
+
+def _refuse_hidden_updates(graph: tf.Graph, trainable: set[str]) -> None:
+    """Refuse a trainable variable written inside a function the graph calls (a ``tf.cond`` or loop of
+    TensorFlow 2's control flow, a nested function: a ``LossScaleOptimizer`` skipping steps that overflow
+    puts every update in one): its update cannot be synchronised, and the graph would train each worker
+    alone.
+
+    Raises:
+        AnalysisError: naming the variable, the op and what to change.
+    """
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    for op in graph.get_operations():
+        if op.type not in _FUNCTION_CALLS:
+            continue
+        handles = [(i, t) for i, t in enumerate(op.inputs) if t.dtype == tf.resource]
+        if not handles:
+            continue
+        offset = 1 if op.type in ("If", "Case") else 0  # their first input is the predicate or branch index
+        for i, tensor in handles:
+            source = tensor.op
+            while source.type == "Identity" and source.inputs:
+                source = source.inputs[0].op
+            if source.name not in trainable:
+                continue
+            for attr in _FUNCTION_CALLS[op.type]:
+                value = op.node_def.attr[attr]
+                names = [f.name for f in value.list.func] if value.list.func else [value.func.name]
+                if any(_writes_argument(library, name, i - offset, set()) for name in names):
+                    raise AnalysisError(
+                        f'the trainable variable "{source.name}" is written inside {op.type} "{op.name}" (a '
+                        "TensorFlow 2 tf.cond, loop or nested function; a LossScaleOptimizer puts every update in "
+                        "one to skip the steps that overflow): Parallax synchronises updates it sees in the graph, "
+                        "so it cannot train this one data-parallel. Apply the gradients outside the control flow "
+                        "(for mixed precision: without loss scaling, or with a fixed scale applied to the loss and "
+                        "the gradients in the step)")
+
+
+def _writes_argument(library: dict, function: str, index: int, seen: set[str]) -> bool:
+    """Whether ``function`` (or a function it calls) writes the variable given as its argument ``index``."""
+    fdef = library.get(function)
+    if fdef is None or index < 0 or index >= len(fdef.signature.input_arg) or function in seen:
+        return False
+    seen.add(function)
+    arg = fdef.signature.input_arg[index].name
+    for node in fdef.node_def:
+        inputs = [t.split(":")[0] for t in node.input if not t.startswith("^")]
+        if is_variable_write(node.op) and inputs and inputs[0] == arg:
+            return True
+        if node.op in _FUNCTION_CALLS or node.op == "PartitionedCall":
+            offset = 1 if node.op in ("If", "Case") else 0
+            for position, name in enumerate(inputs):
+                if name != arg:
+                    continue
+                for attr in _FUNCTION_CALLS.get(node.op, ("f",)):
+                    value = node.attr[attr]
+                    called = [f.name for f in value.list.func] if value.list.func else [value.func.name]
+                    if any(_writes_argument(library, c, position - offset, seen) for c in called):
+                        return True
+    return False
+
 
 
 def _forward_ops(graph: tf.Graph, gradients: list[GradientInfo], variables: dict) -> tuple[ForwardOp, ...]:

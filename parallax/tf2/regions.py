@@ -13,8 +13,8 @@ the step writes outside a ``gradient_tape`` scope:
   from (one tensor, or an ``IndexedSlices``' values and indices, which Keras turns
   into a whole-table tensor with an ``UnsortedSegmentSum`` inside the region, so the
   gradient stays sparse where it crosses workers);
-* its **slots**: the other variables the step writes from that same gradient and
-  the variable's write reads;
+* its **slots**: the other variables the step writes from that same gradient (and
+  maybe otherwise: a decay) and the variable's write reads;
 * its **region**: the ops the writes of the variable and its slots are computed
   with, back to the gradient and the variables' reads, but for ops another
   variable's update uses too (quantities computed once for all).
@@ -38,7 +38,9 @@ __all__ = ["UpdateRegion", "update_regions", "GRADIENT_SCOPE"]
 
 #: Name scopes of gradient computations (``tf.gradients``, a ``GradientTape``).
 GRADIENT_SCOPE = re.compile(r"(^|/)(gradients(_\d+)?|gradient_tape)/")
-_UPDATE_SCOPE = re.compile(r"(^|/)update_")
+#: An optimizer's own update scope (``update_<variable>``, or traced: ``update_``, ``update__1``, ``update``,
+#: ``update_1``): its ops are attributed by their scope, not by a region.
+_UPDATE_SCOPE = re.compile(r"(^|/)update(_[^/]*)?/")
 _READS = frozenset({"ReadVariableOp", "ResourceGather"})
 
 
@@ -77,7 +79,7 @@ def update_regions(graph_def: graph_pb2.GraphDef, variables: set[str], trainable
     owned: dict[str, tuple[set[str], list[str]]] = {}  # variable -> (its slots, its and their writes)
     for var in sorted(set(writes) & trainable):
         read = set().union(*(walks[w][1] for w in writes[var]))
-        slots = {s for s in read - {var} if s in writes and s not in trainable and all(walks[w][0] for w in writes[s])}
+        slots = {s for s in read - {var} if s in writes and s not in trainable and any(walks[w][0] for w in writes[s])}
         own = [w for v in (var, *sorted(slots)) for w in writes[v]]
         if any(walks[w][0] for w in own):  # written from a gradient (else: the program's own write)
             owned[var] = (slots, own)

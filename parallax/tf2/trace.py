@@ -44,7 +44,9 @@ __all__ = ["TracedStep", "trace_step", "is_step_function", "STEP_OP"]
 #: The name of the training op that runs a traced step's side effects.
 STEP_OP = "parallax_step"
 
-_TRACED_UPDATE = re.compile(r"(^|/)(update_(?:_\d+)?)/")  # update_/, update__1/ (a traced optimizer's)
+#: A traced optimizer's update scopes: ``update_``, ``update__1`` (a ``tf.compat.v1.train`` optimizer's),
+#: ``update``, ``update_1`` (a tf_keras ``OptimizerV2``'s).
+_TRACED_UPDATE = re.compile(r"(^|/)(update(?:_|__\d+|_\d+)?)/")
 
 
 @dataclass(frozen=True)
