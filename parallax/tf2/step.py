@@ -60,10 +60,10 @@ class DistributedStep:
             ValueError: the arguments do not match the step's input signature, or a batch is not one
                 per replica.
         """
-        flat = tf.nest.flatten(args, expand_composites=False)
-        if len(flat) != len(self._traced.inputs):
-            raise ValueError(f"the step takes {len(self._traced.inputs)} tensor(s) (its input_signature: "
-                             f"{self._traced.signature}), got {len(flat)}")
+        flat = _flatten_up_to(list(self._traced.signature), list(args))
+        if flat is None or len(flat) != len(self._traced.inputs):
+            raise ValueError(f"the step takes arguments shaped as its input_signature ({self._traced.signature}), "
+                             f"each tensor one batch per replica; got {len(args)} argument(s) shaped otherwise")
         feeds = {placeholder: self._per_replica(value, rank)
                  for placeholder, value, rank in zip(self._traced.inputs, flat, self._ranks)}
         outputs, _ = self._session.run(self._fetches, feed_dict=feeds)
@@ -103,3 +103,21 @@ class DistributedStep:
     def __exit__(self, exc_type, exc, tb) -> bool:
         self.close()
         return exc_type is tf.errors.OutOfRangeError
+
+
+def _flatten_up_to(structure: Any, value: Any) -> list | None:
+    """``value``'s parts at the leaves (``tf.TensorSpec``) of ``structure``, each kept whole (a per-replica
+    list stays a list); ``None`` when ``value`` is not shaped as ``structure``."""
+    if isinstance(structure, tf.TensorSpec):
+        return [value]
+    if isinstance(structure, dict):
+        if not isinstance(value, dict) or set(value) != set(structure):
+            return None
+        parts = [_flatten_up_to(structure[k], value[k]) for k in sorted(structure)]
+    elif isinstance(structure, (list, tuple)):
+        if not isinstance(value, (list, tuple)) or len(value) != len(structure):
+            return None
+        parts = [_flatten_up_to(s, v) for s, v in zip(structure, value)]
+    else:
+        return None
+    return None if any(p is None for p in parts) else [leaf for p in parts for leaf in p]

@@ -220,11 +220,19 @@ def _graph_variable(variable: _Eager, taken: set[str]) -> tf.Variable:
     value = variable.value
     flat = value.reshape(-1)
 
-    def initial() -> tf.Tensor:  # made under the variable's own name scope (<name>/Initializer/)
-        if flat.size and np.all(flat == flat[0]):  # a constant fill (zeros, ones): no copy of the values
+    if flat.size and np.all(flat == flat[0]):  # a constant fill (zeros, ones): no copy of the values
+
+        def initial() -> tf.Tensor:  # made under the variable's own name scope (<name>/Initializer/)
             return tf.fill(value.shape, tf.constant(flat[0], dtype=variable.dtype))
-        # read from the eager variable when the process initialises (eagerly: a py_function), not copied in
-        return tf.ensure_shape(tf.py_function(variable.read, [], variable.dtype), value.shape)
+    else:
+        # read from the eager variable when the process initialises (eagerly: a py_function), not copied in;
+        # made apart from the variable (no colocation with it), so that it runs in the worker's process, whose
+        # Python holds the eager variable, wherever the variable lives (a parameter server has no such Python)
+        with tf.name_scope(f"parallax_initial/{name}/"):
+            read = tf.ensure_shape(tf.py_function(variable.read, [], variable.dtype), value.shape)
+
+        def initial() -> tf.Tensor:
+            return read
 
     made = tf.compat.v1.Variable(initial, name=name, trainable=variable.trainable, use_resource=True,
                                  dtype=variable.dtype)

@@ -1,0 +1,88 @@
+"""TensorFlow 2 training steps (a ``tf.function`` with a ``GradientTape``, tests/tf2/programs.py) trained by
+``parallel_run`` in every mode, on 2 and 3 processes and with 2 replicas in one process, against eager
+training of the same step on one device with the union batch: every trained variable (written back into
+the program's own variables), and every step's loss (the mean of the replicas' losses)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from tests.multiprocess.harness import ROOT, run_command
+from tests.requirements import unavailable
+from tests.tf2.programs import CASES, eager
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+SCRIPT = os.path.join(ROOT, "tests", "tf2", "step_script.py")
+STEPS = 4
+# group: (resource file, run option, processes that write results, replicas each)
+GROUPS = {
+    "MPI-2": ("localhost: cpu:0,cpu:1\n", "MPI", 2, 1),
+    "PS-2": ("localhost: cpu:0\nlocalhost: cpu:1\n", "PS", 2, 1),
+    "HYBRID-2": ("localhost: cpu:0,cpu:1\n", "HYBRID", 2, 1),
+    "AUTO-2": ("localhost: cpu:0\nlocalhost: cpu:1\n", "AUTO", 2, 1),
+    "MPI-3": ("localhost: cpu:0,cpu:1,cpu:2\n", "MPI", 3, 1),
+    "HYBRID-3": ("localhost: cpu:0,cpu:1,cpu:2\n", "HYBRID", 3, 1),
+    "local-2-replicas": ("localhost: cpu:0,cpu:1\n", "PS", 1, 2),
+}
+EXTENDED = {"AUTO-2", "HYBRID-3"}
+
+
+class Jobs:
+    """One job per group trains every case in turn, run when a test first asks for it."""
+
+    def __init__(self, factory) -> None:
+        self._factory = factory
+        self._runs: dict = {}
+
+    def case(self, group: str, case: str) -> str:
+        if group not in self._runs:
+            text, option, _, _ = GROUPS[group]
+            tmp = self._factory.mktemp(f"tf2-{group}")
+            (tmp / "resource_info").write_text(text)
+            run = run_command(tmp, [sys.executable, SCRIPT, "--resource_info", str(tmp / "resource_info"),
+                                    "--run_option", option, "--out", str(tmp / "out"), "--steps", str(STEPS),
+                                    *CASES], timeout=420)
+            self._runs[group] = (run, str(tmp / "out"))
+        run, out = self._runs[group]
+        assert run.returncode == 0, run.output[-4000:]
+        return os.path.join(out, case)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    if importlib.util.find_spec("tf_keras") is None:
+        unavailable("tf_keras is not installed (the tf_keras cases need it)",
+                    "`make test` installs it (pip install --no-deps tf_keras)")
+    return Jobs(tmp_path_factory)
+
+
+@functools.lru_cache(maxsize=None)
+def reference(case: str):
+    return eager(case, STEPS)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("group", [pytest.param(g, marks=[pytest.mark.xdist_group(f"tf2-{g}")]
+                                                + ([pytest.mark.extended] if g in EXTENDED else []))
+                                   for g in GROUPS])
+def test_a_tf_function_step_trains_as_eager_training_on_one_device(jobs, group, case):
+    out = jobs.case(group, case)
+    losses, values = reference(case)
+    _, _, processes, replicas = GROUPS[group]
+    seen = []
+    for rank in range(processes):
+        with np.load(os.path.join(out, f"rank_{rank}.npz")) as got:
+            for i, value in enumerate(values):
+                np.testing.assert_allclose(got[f"v{i}"], value, rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{group} {case} rank {rank}: variable {i}")
+            assert got["losses"].shape == (STEPS, replicas)
+            seen.append(got["losses"])
+    np.testing.assert_allclose(np.concatenate(seen, axis=1).mean(axis=1), losses, rtol=1e-5,
+                               err_msg=f"{group} {case}: the mean of the replicas' losses")
