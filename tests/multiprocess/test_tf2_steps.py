@@ -63,7 +63,7 @@ def jobs(tmp_path_factory):
     return Jobs(tmp_path_factory)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(case: str):
     return eager(case, STEPS)
 
