@@ -7,6 +7,9 @@ BIN    := $(VENV)/bin
 # CPU machines get tensorflow-cpu, machines with an NVIDIA driver tensorflow[and-cuda].
 TF_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP  := $(VENV)/.installed-$(TF_EXTRA)
+# tf_keras (Keras 2, for TensorFlow 2 programs written with it) requires the full `tensorflow` wheel, which
+# tensorflow-cpu stands for: installed without its dependencies (setup.py's TF_KERAS pin)
+TF_KERAS := $(shell sed -n 's/^TF_KERAS_VERSION = "\(.*\)"/\1/p' setup.py)
 
 .PHONY: demo test lint clean
 
@@ -14,6 +17,7 @@ $(STAMP): setup.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[$(TF_EXTRA),dev]'
+	$(BIN)/python -m pip install --quiet --no-deps 'tf_keras==$(TF_KERAS)'  # Keras 2; its deps would pull tensorflow
 	$(BIN)/python -m parallax.comm.native || echo "(the mpi backend will sum through Python)"
 	@touch $@
 

@@ -3,6 +3,9 @@
 from setuptools import find_packages, setup
 
 TF_VERSION = "2.21.0"
+# tf_keras (Keras 2) for TensorFlow 2 programs written with it: `pip install --no-deps tf_keras==...` (it requires
+# the full `tensorflow` wheel, which tensorflow-cpu stands for); the Makefile installs it so
+TF_KERAS_VERSION = "2.21.0"
 
 setup(
     name="parallax",

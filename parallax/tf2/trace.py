@@ -192,7 +192,7 @@ class _Eager:
         from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_ops
 
         data = resource_variable_ops.get_eager_safe_handle_data(handle)
-        if not data.is_set or len(data.shape_and_type) != 1:
+        if data is None or not data.is_set or len(data.shape_and_type) != 1:
             return None
         dtype = tf.dtypes.as_dtype(data.shape_and_type[0].dtype)
 

@@ -93,3 +93,15 @@ def test_the_sweep_example_finds_the_best_learning_rate(tmp_path, backend):
     assert output.count(" ok ") == 4, output[-4000:]
     assert "best: learning_rate=0.5," in output, output[-3000:]
     assert (tmp_path / backend / "sweep.png").exists()
+
+
+@pytest.mark.parametrize("run_option", ["MPI", "HYBRID"])
+def test_the_tf_function_custom_loop_learns_and_equals_eager_training_on_one_device(run_option):
+    output = run(sys.executable, "examples/tf_function/custom_loop.py", "--resource_info", RESOURCES,
+                 "--run_option", run_option)
+    for worker in range(2):
+        accuracy = float(re.search(rf"worker {worker} of 2: held-out accuracy ([\d.]+)%", output).group(1))
+        assert accuracy > 90, output[-3000:]
+        worst = float(re.search(rf"worker {worker}: largest difference from eager training on one device "
+                                r"([\d.e+-]+)", output).group(1))
+        assert worst < 1e-5, output[-3000:]

@@ -1,0 +1,116 @@
+"""A tf.function training step traced into a single-device graph (parallax/tf2/trace.py, regions.py): the
+graph trains as the eager step does, and the analysis reads its variables, slots, gradients and training op;
+what cannot be traced or synchronised is refused with the reason."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from parallax.analysis import analyse_graph
+from parallax.errors import AnalysisError
+from parallax.tf2.trace import STEP_OP, trace_step
+from tests.tf2.programs import CASES, batches, build, eager
+
+
+def run_traced(traced, steps: int) -> list[float]:
+    with tf.compat.v1.Session(graph=traced.graph) as sess:
+        sess.run(tf.compat.v1.variables_initializer(traced.graph.get_collection("variables")))
+        return [float(sess.run([traced.outputs, traced.train_op], dict(zip(traced.inputs, batch)))[0])
+                for batch in batches(steps)]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("tfkeras")])
+def test_the_traced_graph_trains_as_the_eager_step(case):
+    losses, _ = eager(case, 3)
+    step, _ = build(case)
+    np.testing.assert_allclose(run_traced(trace_step(step), 3), losses, rtol=1e-6)
+
+
+@pytest.mark.parametrize("case, slots_per_variable", [("module-v1-adam", 2), ("keras3-adam", 2), ("keras3-sgd", 1)])
+def test_the_analysis_finds_every_gradient_its_slots_and_the_step(case, slots_per_variable):
+    step, variables = build(case)
+    traced = trace_step(step)
+    analysis = analyse_graph(traced.graph)
+    trainable = {v.name for v in analysis.variables if v.trainable}
+    assert {g.variable for g in analysis.gradients} == trainable and len(trainable) == len(variables())
+    embeddings = [g for g in analysis.gradients if g.sparse]
+    assert len(embeddings) == 1  # the embedding's gradient stays sparse (values, indices)
+    for name in trainable:
+        assert len([v for v in analysis.variables if v.slot_of == name]) == slots_per_variable, name
+    assert analysis.train_ops == (STEP_OP,)
+
+
+def test_a_traced_tf1_optimizers_update_scopes_are_named_after_their_variables():
+    step, _ = build("module-v1-adam")
+    names = {op.name for op in trace_step(step).graph.get_operations()}
+    assert any(n.startswith("Adam/update_w/") for n in names) and not any("update_/" in n for n in names)
+
+
+def test_a_keras_3_update_is_colocated_with_its_variable_in_a_scope_of_its_own():
+    step, _ = build("keras3-adam")
+    graph = trace_step(step).graph
+    writes = [op for op in graph.get_operations() if op.type == "AssignSubVariableOp" and "/update_" in op.name]
+    assert writes
+    for op in writes:
+        variable = op.name.split("/update_", 1)[1].rsplit("/", 1)[0]
+        assert op.get_attr("_class") == [f"loc:@{variable}".encode()]
+
+
+def test_a_step_without_an_input_signature_is_refused_saying_how_to_give_one():
+    @tf.function
+    def step(x):
+        return x
+
+    with pytest.raises(ValueError, match=r"^parallel_run: the tf.function 'step' has no input_signature; declare one"):
+        trace_step(step)
+
+
+def test_something_other_than_a_tf_function_is_refused():
+    with pytest.raises(TypeError, match=r"^parallel_run: a TensorFlow 2 step must be a tf.function, got function$"):
+        trace_step(lambda x: x)
+
+
+def test_a_captured_constant_becomes_a_constant_of_the_graph():
+    table = np.arange(3.0, dtype=np.float32)
+    w = tf.Variable(1.0, name="w")
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.float32)])
+    def step(x):
+        w.assign_add(x * tf.reduce_sum(tf.constant(table) * table))
+        return w.read_value()
+
+    traced = trace_step(step)
+    with tf.compat.v1.Session(graph=traced.graph) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        assert sess.run([traced.outputs, traced.train_op], {traced.inputs[0]: 2.0})[0] == 11.0
+
+
+def test_a_lookup_table_the_step_captures_is_refused_naming_it():
+    table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer([1, 2], [10, 20]), -1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int32)])
+    def step(keys):
+        return table.lookup(keys)
+
+    with pytest.raises(AnalysisError, match=r"^the step 'step' captures '.*', a resource that is no variable"):
+        trace_step(step)
+
+
+def test_updates_inside_a_loss_scale_optimizers_cond_are_refused_naming_the_variable():
+    import keras
+
+    model = keras.Sequential([keras.layers.Input((3,)), keras.layers.Dense(1)])
+    opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3]), tf.TensorSpec([None, 1])])
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            scaled = opt.scale_loss(tf.reduce_mean(tf.square(model(x) - y)))
+        opt.apply_gradients(zip(tape.gradient(scaled, model.trainable_variables), model.trainable_variables))
+        return scaled
+
+    with pytest.raises(AnalysisError, match=r'^the trainable variable ".*" is written inside If ".*" \(a TensorFlow '
+                                            r"2 tf.cond, loop or nested function; a LossScaleOptimizer"):
+        analyse_graph(trace_step(step).graph)
