@@ -12,7 +12,7 @@ from parallax.errors import AnalysisError
 from parallax.hooks import HookAdapter, SessionTranslation, begin_hooks, run_past_hooks
 from parallax.session import ParallaxSession
 from parallax.translate import Translator
-from tests.unit.test_session import REPLICAS, X, Model
+from tests.unit.test_session import REPLICAS, Model, X
 
 
 class Recorder(tf.compat.v1.train.SessionRunHook):
