@@ -52,7 +52,7 @@ def train_pipelined(model, data, resource_path, config):
         sess.run(model.step_op(step), feed_dict={model.inputs[k]: np.split(v, num_replicas) for k, v in feed.items()})
     variables = model.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
     values = sess.run(variables)
-    graph = sess.graph.as_graph_def()
+    graph = sess.raw_session.graph.as_graph_def()  # the rewritten graph (sess.graph is the single-device one)
     sess.close()
     return {v.op.name: value for v, value in zip(variables, values)}, num_replicas, graph
 
@@ -179,7 +179,7 @@ def test_a_tf_data_batch_is_split_into_micro_batches(resource_file, one_shot):
         sess.run(model.train_op)
     variables = model.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
     got = dict(zip([v.op.name for v in variables], sess.run(variables)))
-    splits = [n.name for n in sess.graph.as_graph_def().node if n.op == "Split"]
+    splits = [n.name for n in sess.raw_session.graph.as_graph_def().node if n.op == "Split"]
     sess.close()
     assert any(name.startswith("parallax_pipeline/split/IteratorGetNext") for name in splits)
     for name, value in expected.items():
