@@ -31,7 +31,7 @@ GROUPS = {
     "HYBRID-3": ("localhost: cpu:0,cpu:1,cpu:2\n", "HYBRID", 3, 1),
     "local-2-replicas": ("localhost: cpu:0,cpu:1\n", "PS", 1, 2),
 }
-EXTENDED = {"AUTO-2", "HYBRID-3"}
+EXTENDED = {"AUTO-2", "MPI-3", "HYBRID-3"}  # CI's extended suite
 
 
 class Jobs:
