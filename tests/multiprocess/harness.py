@@ -132,3 +132,32 @@ class SharedJobs:
             resources, options, cases = self._groups[group]
             self._runs[group] = run_cases(self._factory.mktemp(group), resources, cases, *options)
         return self._runs[group].case(case)
+
+
+class ScriptJobs:
+    """One job per group: ``script`` run once over every case (a ``parallel_run`` call each, as a program that
+    trains several models would), when a test first asks for one of them; each case's results land in
+    ``<out>/<case>`` (``:`` in a case's name becomes ``-``). ``groups`` maps a group to its resource text and
+    the script's options; the script takes ``--resource_info``, ``--out``, those options and the cases."""
+
+    def __init__(self, factory, script: str, groups: dict[str, tuple[str, list[str]]], cases: list[str],
+                 timeout: float = 420) -> None:
+        self._factory = factory
+        self._script = script
+        self._groups = groups
+        self._cases = cases
+        self._timeout = timeout
+        self._runs: dict[str, tuple[Run, str]] = {}
+
+    def case(self, group: str, case: str) -> str:
+        """The directory case ``case`` of ``group`` wrote into (the group's job having succeeded)."""
+        if group not in self._runs:
+            text, options = self._groups[group]
+            tmp = self._factory.mktemp(group)
+            (tmp / "resource_info").write_text(text)
+            run = run_command(tmp, [sys.executable, self._script, "--resource_info", str(tmp / "resource_info"),
+                                    "--out", str(tmp / "out"), *options, *self._cases], timeout=self._timeout)
+            self._runs[group] = (run, str(tmp / "out"))
+        run, out = self._runs[group]
+        assert run.returncode == 0, run.output[-4000:]
+        return os.path.join(out, case.replace(":", "-"))

@@ -11,13 +11,12 @@ from __future__ import annotations
 import functools
 import json
 import os
-import sys
 import tempfile
 
 import numpy as np
 import pytest
 
-from tests.multiprocess.harness import ROOT, run_command
+from tests.multiprocess.harness import ROOT, ScriptJobs
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -29,28 +28,11 @@ CASES = ("cifar10:queue", "cifar10:dataset", "cnn_benchmark:ref", "cnn_benchmark
 STEPS, EPOCHS = 6, 2  # as run.py
 
 
-class Jobs:
-    """One job per mode trains every case in turn (a parallel_run call each), run when first asked for."""
-
-    def __init__(self, factory) -> None:
-        self._factory = factory
-        self._runs: dict = {}
-
-    def case(self, mode: str, case: str) -> str:
-        if mode not in self._runs:
-            tmp = self._factory.mktemp(f"programs-{mode}")
-            (tmp / "resource_info").write_text(RESOURCES[mode])
-            run = run_command(tmp, [sys.executable, SCRIPT, "--resource_info", str(tmp / "resource_info"),
-                                    "--run_option", mode, "--out", str(tmp / "out"), *CASES], timeout=420)
-            self._runs[mode] = (run, str(tmp / "out"))
-        run, out = self._runs[mode]
-        assert run.returncode == 0, run.output[-4000:]
-        return os.path.join(out, case.replace(":", "-"))
-
-
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
-    return Jobs(tmp_path_factory)
+    """One job per mode trains every case in turn."""
+    groups = {mode: (text, ["--run_option", mode]) for mode, text in RESOURCES.items()}
+    return ScriptJobs(tmp_path_factory, SCRIPT, groups, list(CASES))
 
 
 @functools.cache

@@ -8,12 +8,11 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import sys
 
 import numpy as np
 import pytest
 
-from tests.multiprocess.harness import ROOT, run_command
+from tests.multiprocess.harness import ROOT, ScriptJobs
 from tests.requirements import unavailable
 from tests.tf2.programs import CASES, eager
 
@@ -34,33 +33,13 @@ GROUPS = {
 EXTENDED = {"AUTO-2", "MPI-3", "HYBRID-3"}  # CI's extended suite
 
 
-class Jobs:
-    """One job per group trains every case in turn, run when a test first asks for it."""
-
-    def __init__(self, factory) -> None:
-        self._factory = factory
-        self._runs: dict = {}
-
-    def case(self, group: str, case: str) -> str:
-        if group not in self._runs:
-            text, option, _, _ = GROUPS[group]
-            tmp = self._factory.mktemp(f"tf2-{group}")
-            (tmp / "resource_info").write_text(text)
-            run = run_command(tmp, [sys.executable, SCRIPT, "--resource_info", str(tmp / "resource_info"),
-                                    "--run_option", option, "--out", str(tmp / "out"), "--steps", str(STEPS),
-                                    *CASES], timeout=420)
-            self._runs[group] = (run, str(tmp / "out"))
-        run, out = self._runs[group]
-        assert run.returncode == 0, run.output[-4000:]
-        return os.path.join(out, case)
-
-
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     if importlib.util.find_spec("tf_keras") is None:
         unavailable("tf_keras is not installed (the tf_keras cases need it)",
                     "`make test` installs it (pip install --no-deps tf_keras)")
-    return Jobs(tmp_path_factory)
+    return ScriptJobs(tmp_path_factory, SCRIPT, {group: (text, ["--run_option", option, "--steps", str(STEPS)])
+                                                 for group, (text, option, _, _) in GROUPS.items()}, list(CASES))
 
 
 @functools.cache
