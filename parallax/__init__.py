@@ -36,6 +36,7 @@ _EXPORTS = {
     "CheckpointError": "parallax.errors",
     "log": "parallax.logs",
     "tune": "parallax.tuning.tuner",
+    "fit": "parallax.tf2.fit",
     "sweep": "parallax.sweeps",
     "Uniform": "parallax.sweeps",
 }

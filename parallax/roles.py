@@ -41,6 +41,7 @@ import tensorflow as tf
 
 from parallax.comm.base import ProcessComms
 from parallax.comm.broadcast import Broadcast
+from parallax.comm.group import Alone, WorkerGroup
 from parallax.errors import LaunchError
 from parallax.job import JobPlan, ProcessSpec
 from parallax.launch.bootstrap import tee_output
@@ -77,6 +78,9 @@ class JobMember(Protocol):
     def broadcast(self, job: JobPlan, process: ProcessSpec, settings: Settings) -> Broadcast:
         """How this worker takes worker 0's values of the variables the workers hold."""
 
+    def workers_group(self) -> WorkerGroup | None:
+        """The job's workers as a group a program's loop can talk to (``None``: no means to)."""
+
 
 @dataclass(frozen=True)
 class ProcessSetup:
@@ -96,6 +100,8 @@ class ProcessSetup:
         serve_only: a parameter server: no session; the process serves until
             every worker has finished.
         on_close: what to undo when its session closes.
+        group: the job's workers as a group the program's loop can talk to between steps
+            (:mod:`parallax.comm.group`; ``None``: no means to, in a process a cluster manager started).
     """
 
     process: ProcessSpec
@@ -108,6 +114,7 @@ class ProcessSetup:
     heartbeat: Any = field(default_factory=NoHeartbeat)
     serve_only: bool = False
     on_close: tuple[Callable[[], None], ...] = ()
+    group: WorkerGroup | None = field(default_factory=Alone)
 
     @property
     def saves(self) -> bool:
@@ -173,7 +180,7 @@ def role_setup(job: JobPlan, settings: Settings, member: JobMember) -> ProcessSe
     beat = member.heartbeat("start", "initialising the variables" if chief else
                             "waiting for the chief (worker 0) to initialise the variables")
     hybrid = job.layout == "HYBRID"
-    return ProcessSetup(process, len(job.workers), server=server, is_chief=chief,
+    return ProcessSetup(process, len(job.workers), server=server, is_chief=chief, group=member.workers_group(),
                         device_filters=("/job:ps", f"/job:worker/task:{process.index}"),
                         broadcast=member.broadcast(job, process, settings) if hybrid else None,
                         comms=ProcessComms(workers=comms[0], groups={"host": comms[1]} if hybrid else {},
@@ -213,6 +220,7 @@ def _allreduce_worker(job: JobPlan, settings: Settings, member: JobMember, proce
         server = member.server(lambda: member.start_server(job, settings, process, GROUP_LEADER),
                                chief=process.rank == 0)
     return ProcessSetup(process, len(job.workers), server=server, broadcast=member.broadcast(job, process, settings),
+                        group=member.workers_group(),
                         comms=ProcessComms(group_leader=GROUP_LEADER if server is not None else None,
                                            arrival_spin=arrival_spin(job, settings)),
                         heartbeat=beat)
@@ -234,7 +242,7 @@ def _staged(job: JobPlan, settings: Settings, member: JobMember, process: Proces
         return ProcessSetup(process, len(job.workers), server=server, serve_only=True)
     mine = [f"/job:stage/task:{s.index}" for s in stage_tasks(job.processes, job.ranks).get(process.index, ())]
     beat = member.heartbeat("start", "initialising the variables and taking worker 0's values")
-    return ProcessSetup(process, len(job.workers), server=server,
+    return ProcessSetup(process, len(job.workers), server=server, group=member.workers_group(),
                         device_filters=(f"/job:worker/task:{process.index}", *mine),
                         broadcast=member.broadcast(job, process, settings),
                         comms=ProcessComms(workers=comms[0], arrival_spin=arrival_spin(job, settings)),

@@ -63,6 +63,8 @@ class ParallaxSession(SingleDeviceSession):
             ``run`` that ran it (the PS chief's release of the other workers,
             :func:`parallax.rewrite.names.release_op`).
         writes: the PS writes barrier (:class:`WritesBarrier`), or ``None``.
+        group: the job's workers as a group the program's loop can talk to between steps
+            (:mod:`parallax.comm.group`), or ``None``.
         hooks: whether ``session`` runs hooks, which may build ops: each ``run``
             then makes the rewritten graph the default one (5 us a run, skipped
             without hooks; the session's creator enters the graph itself when a
@@ -72,7 +74,7 @@ class ParallaxSession(SingleDeviceSession):
     def __init__(self, session: Any, translation: SessionTranslation, profiler: Any = None, heartbeat: Any = None,
                  waits: str = "", on_close: tuple[Callable[[], None], ...] = (),
                  after_steps: Mapping[str, str] | None = None, hooks: bool = True,
-                 writes: WritesBarrier | None = None) -> None:
+                 writes: WritesBarrier | None = None, group: Any = None) -> None:
         self._session = session
         self._translation = translation
         self._translator = translation.translator
@@ -84,6 +86,7 @@ class ParallaxSession(SingleDeviceSession):
         self._on_close = list(on_close)
         self._after_steps = dict(after_steps or {})
         self._writes = writes
+        self.group = group
         self._around_runs: dict[tuple[str, ...], tuple] = {}  # targets -> what runs before and after them
         self._node_map: dict[str, Any] | None = None
         self._hooks = hooks

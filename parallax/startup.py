@@ -203,7 +203,8 @@ def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: t
                               heartbeat=setup.heartbeat,
                               waits=wait_points(plan, task), on_close=tuple(releases),
                               after_steps=_after_steps(plan, translated.translator.graph), hooks=hooks,
-                              writes=_writes_barrier(plan, translated.translator.graph, task.worker_index == 0))
+                              writes=_writes_barrier(plan, translated.translator.graph, task.worker_index == 0),
+                              group=setup.group)
     return wrapper, setup.num_workers, task.worker_index, num_replicas
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from parallax.comm.group import MPIWorkers
 from parallax.errors import LaunchError
 from parallax.launch.bootstrap import (
     RankContext,
@@ -124,6 +125,10 @@ class LaunchedProcess:
         from mpi4py import MPI
 
         return MPI.COMM_WORLD
+
+    def workers_group(self) -> MPIWorkers:
+        """The job's workers over their MPI communicator (:mod:`parallax.comm.group`)."""
+        return MPIWorkers(self.workers_comm())
 
     def check_job(self, job: JobPlan, settings: Settings, source: str) -> None:
         """This process must make the launcher's job plan from its own copy of the graph (its first

@@ -165,6 +165,10 @@ class JoinedProcess:
         self._how = self._how or how
         self._finish_timeout = finish_timeout
 
+    def workers_group(self) -> None:
+        """No group: the tasks of a manager's job share no MPI (:mod:`parallax.comm.group`)."""
+        return None
+
     def broadcast(self, job: JobPlan, process: ProcessSpec, settings: Settings) -> Broadcast:
         from parallax.comm.broadcast import CollectiveBroadcast
 
