@@ -105,3 +105,14 @@ def test_the_tf_function_custom_loop_learns_and_equals_eager_training_on_one_dev
         worst = float(re.search(rf"worker {worker}: largest difference from eager training on one device "
                                 r"([\d.e+-]+)", output).group(1))
         assert worst < 1e-5, output[-3000:]
+
+
+def test_the_keras_fit_example_learns_and_equals_model_fit_on_one_device():
+    output = run(sys.executable, "examples/keras/fit_embedding.py", "--resource_info", RESOURCES)
+    assert "Epoch 4/4" in output  # Keras's progress bar, on worker 0
+    for worker in range(2):
+        accuracy = float(re.search(rf"worker {worker} of 2: val_accuracy ([\d.]+)%", output).group(1))
+        assert accuracy > 80, output[-3000:]
+        worst = float(re.search(rf"worker {worker}: largest difference from model.fit on one device ([\d.e+-]+)",
+                                output).group(1))
+        assert worst < 1e-5, output[-3000:]
