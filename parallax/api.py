@@ -28,7 +28,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from parallax import search
 from parallax.analysis import analyse_graph
 from parallax.checkpoint import check_checkpoint, check_schedule
-from parallax.config import Config
+from parallax.config import CheckPointConfig, Config
 from parallax.errors import ParallaxError
 from parallax.graph_input import load_graph
 from parallax.job import JobPlan, make_job_plan
@@ -56,6 +56,7 @@ from parallax.roles import check_local_devices, local_replicas, role_setup
 from parallax.session import ParallaxSession
 from parallax.settings import Settings, derive
 from parallax.startup import start_worker
+from parallax.tf2.checkpoints import step_checkpoints
 from parallax.tf2.step import DistributedStep
 from parallax.tf2.trace import is_step_function, trace_step
 from parallax.trials.choice import with_choice
@@ -116,7 +117,18 @@ def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
         LaunchError: the resources cannot be used as asked.
     """
     config = _checked_config(parallax_config, sync, resource_info)
-    traced = trace_step(single_gpu_graph) if is_step_function(single_gpu_graph) else None
+    traced, checkpoints = None, None
+    if is_step_function(single_gpu_graph):
+        checkpoints = step_checkpoints(config)
+        if checkpoints is not None:  # the program's own objects restored, before the trace reads their values
+            checkpoints.restore()
+            config = replace(config, ckpt_config=CheckPointConfig())
+        traced = trace_step(single_gpu_graph)
+        if checkpoints is not None:
+            checkpoints.check_restored()
+    elif config.ckpt_config.checkpoint is not None:
+        raise ValueError("CheckPointConfig.checkpoint (a tf.train.Checkpoint) is for a tf.function step; a "
+                         "tf.compat.v1 graph's checkpoints are saved under its variables' names: leave it None")
     try:
         outcome = _run(traced.graph if traced is not None else single_gpu_graph, resource_info, sync, config)
     except ParallaxError as e:
@@ -128,7 +140,7 @@ def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
         raise SystemExit(outcome)  # the one place a parallel_run call ends its process
     if traced is not None:
         session, *rest = outcome
-        return (DistributedStep(session, traced), *rest)
+        return (DistributedStep(session, traced, checkpoints, worker_id=rest[1]), *rest)
     return outcome
 
 

@@ -82,6 +82,17 @@ def _positive_number_or_none(owner: str, field: str, value: Any) -> float | None
     return value
 
 
+def _tf_checkpoint(owner: str, field: str, value: Any) -> Any:
+    if value is None:
+        return None
+    import tensorflow as tf  # local: keep `import parallax.config` light
+
+    if not isinstance(value, tf.train.Checkpoint):
+        raise TypeError(f"{owner}.{field} must be a tf.train.Checkpoint of the step's objects "
+                        f"(tf.train.Checkpoint(model=model, optimizer=optimizer)) or None, got {_describe(value)}")
+    return value
+
+
 def _zero_stage(owner: str, field: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value not in (0, 1, 2):
         raise ValueError(f"{owner}.{field} must be 0 (off), 1 (optimizer states sharded) or 2 (and gradients), "
@@ -319,11 +330,19 @@ class CheckPointConfig(_ConfigBase):
         save_ckpt_steps: save every this many global steps.
         save_ckpt_secs: save every this many seconds. At most one of
             ``save_ckpt_steps`` and ``save_ckpt_secs`` may be set.
+        checkpoint: (Parallax only) for a ``tf.function`` step: the program's
+            ``tf.train.Checkpoint`` (``tf.train.Checkpoint(model=model,
+            optimizer=optimizer)``). Its latest save in ``ckpt_dir`` is restored
+            before the step is traced, and worker 0 saves it there (TensorFlow 2's
+            object form, as the single-device program saves it) every
+            ``save_ckpt_steps`` steps or ``save_ckpt_secs`` seconds and when the
+            step is closed. See docs/tf2_programs.md.
     """
 
     ckpt_dir: str | None = _field(None, _optional_str)
     save_ckpt_steps: int | None = _field(None, _positive_int_or_none)
     save_ckpt_secs: float | None = _field(None, _positive_number_or_none)
+    checkpoint: Any = _field(None, _tf_checkpoint)
 
     def validate(self) -> None:
         if self.save_ckpt_steps is not None and self.save_ckpt_secs is not None:
@@ -332,6 +351,9 @@ class CheckPointConfig(_ConfigBase):
         if self.ckpt_dir is None and (self.save_ckpt_steps or self.save_ckpt_secs):
             raise ValueError("CheckPointConfig: save_ckpt_steps/save_ckpt_secs need ckpt_dir "
                              "(the directory to save into)")
+        if self.ckpt_dir is None and self.checkpoint is not None:
+            raise ValueError("CheckPointConfig: checkpoint needs ckpt_dir (the directory to save it into and "
+                             "restore its latest save from)")
 
 
 # --------------------------------------------------------------------------- #

@@ -3,7 +3,9 @@
 No ops are added. Every variable the plan assigns to a server gets that
 server's device, and so does every op colocated with it (``_class`` =
 ``loc:@<variable>``): its initializer, its optimizer slots, and its update
-ops, so the update runs where the variable is.
+ops, so the update runs where the variable is. A traced step's initial values
+read from the program's eager variables (``parallax_initial/``) run on the
+worker, whose Python holds those variables.
 
 With ``boundary_between_workers_and_servers`` (default on) a replica's
 gather of rows from a server variable (``embedding_lookup``) runs on the
@@ -40,7 +42,7 @@ from tensorflow.python.framework import tensor_util
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.classify import classify
 from parallax.rewrite.graph_ops import add_nodes, colocated_with, consumers, descendants, parse_input
-from parallax.rewrite.names import copy_replica, is_parallax_op
+from parallax.rewrite.names import INITIAL_VALUE_PREFIX, copy_replica, is_parallax_op
 
 __all__ = ["place_variables"]
 
@@ -58,6 +60,10 @@ def place_variables(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
     for node in out.graph_def.node:
         if node.name in device_of:
             node.device = device_of[node.name]
+            continue
+        if node.name.startswith(INITIAL_VALUE_PREFIX + "/"):  # reads the program's eager variable: not on a server
+            node.attr.pop("_class", None)
+            node.device = worker_device
             continue
         if "_class" in node.attr:
             for target in colocated_with(node.attr["_class"].list.s):

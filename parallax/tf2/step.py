@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from parallax.tf2.checkpoints import StepCheckpoints
 from parallax.tf2.trace import TracedStep
 
 __all__ = ["DistributedStep"]
@@ -31,11 +32,17 @@ class DistributedStep:
     Args:
         session: the session ``parallel_run`` made over the traced step's graph.
         traced: the traced step.
+        checkpoints: the job's checkpoints in the program's form (``CheckPointConfig.checkpoint``), if any.
+        worker_id: this worker's index (worker 0 saves the checkpoints).
     """
 
-    def __init__(self, session: Any, traced: TracedStep) -> None:
+    def __init__(self, session: Any, traced: TracedStep, checkpoints: StepCheckpoints | None = None,
+                 worker_id: int = 0) -> None:
         self._session = session
         self._traced = traced
+        self._checkpoints = checkpoints
+        if checkpoints is not None:
+            checkpoints.start(chief=worker_id == 0)
         self._fetches = (traced.outputs, traced.train_op)
         self._ranks = [t.shape.rank for t in traced.inputs]
 
@@ -67,6 +74,8 @@ class DistributedStep:
         feeds = {placeholder: self._per_replica(value, rank)
                  for placeholder, value, rank in zip(self._traced.inputs, flat, self._ranks)}
         outputs, _ = self._session.run(self._fetches, feed_dict=feeds)
+        if self._checkpoints is not None:
+            self._checkpoints.after_step(self)
         return outputs
 
     def _per_replica(self, value: Any, rank: int | None) -> Any:
@@ -91,9 +100,11 @@ class DistributedStep:
         return self._session.should_stop()
 
     def close(self) -> None:
-        """Write the trained values into the program's variables, then close the session."""
+        """Write the trained values into the program's variables (and, on worker 0, save the job's checkpoint
+        when ``CheckPointConfig.checkpoint`` is set), then close the session."""
         try:
-            self.sync_variables()
+            if self._checkpoints is None or self._checkpoints.save(self) is None:
+                self.sync_variables()
         finally:
             self._session.close()
 

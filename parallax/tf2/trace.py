@@ -37,6 +37,7 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2
 
 from parallax.errors import AnalysisError
 from parallax.rewrite.graph_ops import colocated_with, colocation_group, format_input, parse_input
+from parallax.rewrite.names import INITIAL_VALUE_PREFIX
 from parallax.tf2.regions import update_regions
 
 __all__ = ["TracedStep", "trace_step", "is_step_function", "STEP_OP"]
@@ -226,9 +227,10 @@ def _graph_variable(variable: _Eager, taken: set[str]) -> tf.Variable:
             return tf.fill(value.shape, tf.constant(flat[0], dtype=variable.dtype))
     else:
         # read from the eager variable when the process initialises (eagerly: a py_function), not copied in;
-        # made apart from the variable (no colocation with it), so that it runs in the worker's process, whose
-        # Python holds the eager variable, wherever the variable lives (a parameter server has no such Python)
-        with tf.name_scope(f"parallax_initial/{name}/"):
+        # made apart from the variable (no colocation with it, nor with a slot's variable), so that it runs in the
+        # worker's process, whose Python holds the eager variable, wherever the variable lives (a parameter
+        # server's process has no such Python)
+        with tf.compat.v1.colocate_with(None, ignore_existing=True), tf.name_scope(f"{INITIAL_VALUE_PREFIX}/{name}/"):
             read = tf.ensure_shape(tf.py_function(variable.read, [], variable.dtype), value.shape)
 
         def initial() -> tf.Tensor:
