@@ -8,7 +8,8 @@
 * **Replicated** ops are copied onto every replica: the ancestors of the
   gradients (forward and backward pass, variable reads, input pipeline) and
   every other op fed by the input (placeholders, iterators, datasets), such
-  as an accuracy metric or batch-norm moving statistics, but not through
+  as an accuracy metric or batch-norm moving statistics (also when the
+  training op needs them: a metric's write grouped into it), but not through
   the update: ops that run after the training op (an
   ``ExponentialMovingAverage`` applied under its control dependency) are
   shared and run once.
@@ -77,9 +78,15 @@ def classify(graph_def: graph_pb2.GraphDef, plan: Plan, extra_inputs: frozenset[
     forward = ancestors(nodes, grad_ops, stop=variables)
     train_closure = ancestors(nodes, plan.train_ops)
     update_path = (descendants(cons, grad_ops) - grad_ops) & train_closure
-    hyper = train_closure - forward
-    shared = variables | update_path | hyper
     inputs = {n.name for n in graph_def.node if is_input_op(n.op)} | set(extra_inputs)
+    # What the training op needs from a replica's forward pass but not through the gradients (a loss or an
+    # accuracy a metric's write accumulates, a batch statistic a moving average takes) is that replica's: it
+    # stays with the replica (its writes of shared variables are then made by replica 0 alone), and is not
+    # taken for a hyper-parameter computed once.
+    activations = forward & descendants(cons, inputs, stop=variables)
+    per_replica = descendants(cons, activations, stop=variables | update_path | set(plan.train_ops)) - forward
+    hyper = train_closure - forward - per_replica
+    shared = variables | update_path | hyper
     # What runs after the update (an EMA under control_dependencies([train_op])) is not fed
     # through it: it runs once, on the updated variables.
     fed = descendants(cons, inputs, stop=shared | set(plan.train_ops))

@@ -28,7 +28,8 @@ def jobs(tmp_path_factory):
     import importlib.util
 
     if importlib.util.find_spec("tf_keras") is None:
-        unavailable("tf_keras is not installed (a case needs it)", "`make test` installs it (pip install --no-deps tf_keras)")
+        unavailable("tf_keras is not installed (a case needs it)",
+                    "`make test` installs it (pip install --no-deps tf_keras)")
     root = tmp_path_factory.mktemp("tf2-checkpoints")
     ckpt_dir, outs = root / "ckpt", []
     for option, text, until in RUNS:
