@@ -1,12 +1,13 @@
-"""``parallax.fit``: a compiled Keras 3 model trained as ``model.fit`` trains it, data-parallel.
+"""``parallax.fit``: a compiled Keras model (Keras 3 or ``tf_keras``) trained as ``model.fit`` trains it, data-parallel.
 
 ``history = parallax.fit(model, x, y, batch_size=64, epochs=3, resource_info="resource_info")`` takes
 what ``model.fit`` takes for arrays or a ``tf.data.Dataset``, and what ``parallel_run`` takes for the job,
 and returns a Keras ``History`` on every worker. Under it:
 
-* **the step**: the model's forward pass, its compiled loss and its optimizer's update, as Keras's own
-  ``train_step`` writes them, in a ``tf.function`` that Parallax traces and trains data-parallel
-  (:mod:`parallax.tf2.trace`); it returns the loss and the predictions of each replica's part;
+* **the step**: the model's forward pass, its compiled loss and its optimizer's update, as that Keras's own
+  ``train_step`` writes them (:mod:`parallax.tf2.keras_flavor`), in a ``tf.function`` that Parallax traces
+  and trains data-parallel (:mod:`parallax.tf2.trace`); it returns the loss and the predictions of each
+  replica's part;
 * **the examples**: each epoch the arrays are cut into batches of ``batch_size`` (the global batch), in
   order, or shuffled with ``np.random.RandomState(seed + epoch)``, the same on every worker; replica
   ``k`` of worker ``w`` takes part ``w * replicas + k`` of ``np.array_split``-free equal parts of each
@@ -18,14 +19,16 @@ and returns a Keras ``History`` on every worker. Under it:
   replicas' predictions; the progress bar (worker 0's) shows worker 0's running values; at each epoch's
   end the metrics' states (their counts and sums) are summed over the workers, so the epoch's logs, the
   ``History`` and the callbacks see the metrics of every example of the epoch, as one device does;
-* **validation**: ``validation_data`` is evaluated after each epoch by every worker on the trained
-  weights (``model.evaluate``): every worker has the same ``val_`` logs;
+* **validation**: ``validation_data`` is evaluated after each epoch on the trained weights, sharded over
+  the workers as :func:`parallax.evaluate` does (:mod:`parallax.tf2.evaluate`): every worker has the same
+  ``val_`` logs, those of every validation example;
 * **callbacks**: run on every worker with the trained weights in the model (so ``EarlyStopping`` decides
   alike everywhere; a stop asked on any worker stops all), except those that write files
   (``ModelCheckpoint``, ``TensorBoard``, ``CSVLogger``, ``BackupAndRestore``), which run on worker 0.
 
 After ``fit`` the model holds the trained weights on every worker: ``model.evaluate``, ``model.predict``
-and ``model.save`` work as after ``model.fit``. As with ``parallel_run``, the process the user started
+and ``model.save`` work as after ``model.fit``, and ``parallax.evaluate`` / ``parallax.predict`` shard
+over the job's workers. As with ``parallel_run``, the process the user started
 launches the job and exits with its exit code; ``fit`` returns in the job's worker processes.
 """
 
@@ -38,12 +41,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from parallax.comm.group import Alone
+from parallax.tf2.evaluate import CHIEF_ONLY, evaluate_on, global_batches, numbers, sum_metrics, use_job
+from parallax.tf2.keras_flavor import Flavor, flavor_of
+
 __all__ = ["fit", "parts"]
 
 log = logging.getLogger("parallax")
-
-#: Callbacks that write files: run on worker 0 alone.
-_CHIEF_ONLY = ("ModelCheckpoint", "TensorBoard", "CSVLogger", "BackupAndRestore")
 
 
 def parts(batch: Any, num_workers: int, worker_id: int, num_replicas: int) -> list:
@@ -68,18 +72,20 @@ def _per_leaf(per_replica: list, structure: Any) -> Any:
 
 def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None, epochs: int = 1,
         verbose: Any = "auto", callbacks: list | None = None, validation_data: Any = None, shuffle: bool = True,
-        initial_epoch: int = 0, steps_per_epoch: int | None = None, *, resource_info: Any = None, seed: int = 0,
-        sync: bool = True, parallax_config: Any = None) -> Any:
-    """Train a compiled Keras 3 ``model`` data-parallel, as ``model.fit`` does on one device (see the module
+        initial_epoch: int = 0, steps_per_epoch: int | None = None, validation_steps: int | None = None,
+        validation_batch_size: int | None = None, validation_freq: int = 1, *, resource_info: Any = None,
+        seed: int = 0, sync: bool = True, parallax_config: Any = None) -> Any:
+    """Train a compiled Keras ``model`` data-parallel, as ``model.fit`` does on one device (see the module
     docstring).
 
     Args:
-        model: a Keras 3 model, compiled (``model.compile(optimizer, loss, metrics)``).
+        model: a Keras 3 or ``tf_keras`` model, compiled (``model.compile(optimizer, loss, metrics)``).
         x, y: the inputs and targets (arrays, or structures of arrays), or ``x`` a ``tf.data.Dataset``
             of ``(inputs, targets)`` global batches.
         batch_size: the global batch (arrays; default 32).
-        epochs, verbose, callbacks, validation_data, shuffle, initial_epoch, steps_per_epoch: as
-            ``model.fit`` takes them.
+        epochs, verbose, callbacks, validation_data, shuffle, initial_epoch, steps_per_epoch,
+            validation_steps, validation_batch_size, validation_freq: as ``model.fit`` takes them
+            (``validation_freq`` an int).
         resource_info, sync, parallax_config: as :func:`parallax.parallel_run` takes them.
         seed: the shuffle of epoch ``e`` is ``np.random.RandomState(seed + e)``'s.
 
@@ -88,22 +94,19 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         ``num_replicas`` (per worker), as ``parallel_run`` returns them.
 
     Raises:
-        TypeError: the model is no Keras 3 model, or ``x`` is missing.
-        ValueError: the model is not compiled; a batch does not split into the replicas' parts.
+        TypeError: the model is no Keras model, or ``x`` is missing.
+        ValueError: the model is not compiled; it has several targets; a batch does not split into the
+            replicas' parts.
     """
-    import keras
-
     from parallax.api import parallel_run
 
-    if not isinstance(model, keras.Model):
-        raise TypeError(f"parallax.fit: model must be a Keras 3 model (keras.Model), got {type(model).__name__}; "
-                        "for tf_keras or a custom loop, pass a tf.function step to parallel_run")
-    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
-        raise ValueError("parallax.fit: the model is not compiled; call model.compile(optimizer=..., loss=..., "
-                         "metrics=...) first, as for model.fit")
+    flavor = flavor_of(model, "parallax.fit")
     batches = _Batches(x, y, batch_size, shuffle, seed, steps_per_epoch)
+    if len(tf.nest.flatten(batches.signature[1])) > 1:
+        raise ValueError("parallax.fit: the model has several targets (a loss each, logged as metrics of their "
+                         "own): not yet supported; train it with a tf.function step and parallel_run")
     outputs: dict = {}  # the structure of the model's predictions, seen when the step is traced
-    step_fn = _train_step(model, batches.signature, outputs)
+    step_fn = _train_step(model, flavor, batches.signature, outputs)
     step, num_workers, worker_id, num_replicas = parallel_run(step_fn, resource_info, sync=sync,
                                                               parallax_config=parallax_config)
     group = step.session.group
@@ -112,10 +115,12 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         raise ValueError("parallax.fit sums the metrics over the workers, which the tasks of a job a cluster manager "
                          "starts (TF_CONFIG) cannot do; launch the job with parallel_run's launcher (python train.py "
                          "or parallax-run), or train with a tf.function step and parallel_run")
+    group = group or Alone()
+    use_job(group)  # parallax.evaluate and parallax.predict shard over this job's workers from now on
     chief = worker_id == 0
-    kept = [c for c in (callbacks or []) if chief or type(c).__name__ not in _CHIEF_ONLY]
+    kept = [c for c in (callbacks or []) if chief or type(c).__name__ not in CHIEF_ONLY]
     steps = batches.steps(num_workers * num_replicas)
-    callback_list = keras.callbacks.CallbackList(
+    callback_list = flavor.callbacks.CallbackList(
         kept, add_history=True, add_progbar=chief and verbose != 0, model=model,
         verbose=1 if verbose == "auto" else verbose, epochs=epochs, steps=steps)
     loss_tracker = next(m for m in model.metrics if m.name == "loss")
@@ -131,68 +136,67 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
             mine_y = parts(targets, num_workers, worker_id, num_replicas)
             losses, predicted = step(_per_leaf(mine_x, inputs), _per_leaf(mine_y, targets))
             for k, (loss, part_x, part_y) in enumerate(zip(losses, mine_x, mine_y)):
-                prediction = tf.nest.pack_sequence_as(outputs["structure"], [leaf[k] for leaf in predicted])
+                prediction = tf.nest.pack_sequence_as(outputs["structure"],
+                                                      [tf.convert_to_tensor(leaf[k]) for leaf in predicted])
                 loss_tracker.update_state(loss, sample_weight=len(tf.nest.flatten(part_x)[0]))
-                model.compute_metrics(part_x, part_y, prediction)
-            callback_list.on_train_batch_end(index, _numbers(model.get_metrics_result()))
-        _sum_metrics(model, group)
-        logs = _numbers(model.get_metrics_result())
-        step.sync_variables()  # the callbacks and the validation see the trained weights
-        if validation_data is not None:
-            val = model.evaluate(*_pair(validation_data), verbose=0, return_dict=True)
-            logs.update({f"val_{k}": float(v) for k, v in val.items()})
+                model.compute_metrics(*tf.nest.map_structure(tf.convert_to_tensor, (part_x, part_y)), prediction,
+                                      None)
+            callback_list.on_train_batch_end(index, numbers(model.get_metrics_result()))
+        sum_metrics(model, group)
+        logs = numbers(model.get_metrics_result())
+        _sync(step, model)  # the callbacks and the validation see the trained weights
+        if validation_data is not None and (epoch + 1) % validation_freq == 0:
+            _, val_batches = global_batches(*_triple(validation_data), validation_batch_size or batch_size,
+                                            validation_steps, "parallax.fit: validation_data")
+            val = evaluate_on(model, flavor, group, val_batches, callback_list)
+            logs.update({f"val_{k}": v for k, v in val.items()})
         callback_list.on_epoch_end(epoch, logs)
-        if group is not None and group.any(bool(model.stop_training)):
+        if group.any(bool(model.stop_training)):
             model.stop_training = True
         if model.stop_training:
             break
-    step.close()
+    _sync(step, model, close=True)
     callback_list.on_train_end(logs)
     history = model.history
     history.num_workers, history.worker_id, history.num_replicas = num_workers, worker_id, num_replicas
     return history
 
 
-def _train_step(model: Any, signature: list, outputs: dict) -> Any:
-    """Keras 3's ``train_step`` for one replica, its metrics left to the host: the loss and the predictions
+def _train_step(model: Any, flavor: Flavor, signature: list, outputs: dict) -> Any:
+    """The model's ``train_step`` for one replica, its metrics left to the host: the loss and the predictions
     (flattened; their structure goes into ``outputs["structure"]``)."""
 
     @tf.function(input_signature=signature)
     def train_step(x, y):
         with tf.GradientTape() as tape:
             prediction = model(x, training=True)
-            loss = model.compute_loss(x=x, y=y, y_pred=prediction, training=True)
-        variables = model.trainable_weights
-        model.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+            loss = flavor.loss(model, x, y, prediction, None)
+        flavor.apply(model, tape, loss)
         outputs["structure"] = prediction
         return loss, tf.nest.flatten(prediction)
 
     return train_step
 
 
-def _sum_metrics(model: Any, group: Any) -> None:
-    """Every metric's state (counts and sums) summed over the workers: the metrics of every example."""
-    if group is None or group.size == 1:
-        return
+def _sync(step: Any, model: Any, close: bool = False) -> None:
+    """The trained weights into the model's variables (and the session closed, with ``close``); its metrics'
+    states stay the host's (a loss that updates a metric inside the step, as tf_keras's compiled loss does,
+    updates each worker's own copy in the graph, which is not the epoch's)."""
     variables = [v for m in model.metrics for v in m.variables]
-    values = [np.asarray(v.numpy(), dtype=np.float64) for v in variables]
-    if not values:
-        return
-    summed = group.sum(np.concatenate([a.reshape(-1) for a in values]))
-    start = 0
-    for variable, value in zip(variables, values):
-        variable.assign(summed[start:start + value.size].reshape(value.shape).astype(variable.dtype))
-        start += value.size
+    kept = [v.numpy() for v in variables]
+    if close:
+        step.close()
+    else:
+        step.sync_variables()
+    for variable, value in zip(variables, kept):
+        variable.assign(value)
 
 
-def _numbers(logs: dict) -> dict:
-    return {k: float(np.asarray(v)) for k, v in logs.items()}
-
-
-def _pair(data: Any) -> tuple:
-    if isinstance(data, (list, tuple)) and len(data) == 2:
-        return tuple(data)
-    return (data,)
+def _triple(data: Any) -> tuple:
+    """``validation_data``: ``(x, y[, sample_weight])``, or a dataset."""
+    if isinstance(data, (list, tuple)) and len(data) in (2, 3):
+        return (*data, *([None] * (3 - len(data))))
+    return (data, None, None)
 
 
 class _Batches:

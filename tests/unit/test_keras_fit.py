@@ -1,4 +1,5 @@
-"""parallax.fit's own checks and its batches (parallax/tf2/fit.py), without processes."""
+"""parallax.fit, evaluate and predict: their checks, batches, parts and gather order (parallax/tf2/fit.py and
+evaluate.py), without processes."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import numpy as np
 import pytest
 
 import parallax
+from parallax.tf2.evaluate import global_batches, in_order, worker_part
 from parallax.tf2.fit import _Batches, parts
 
 
@@ -17,8 +19,9 @@ def test_a_model_that_is_not_compiled_is_refused_saying_what_to_do():
         parallax.fit(model, np.zeros((4, 2)), np.zeros((4, 1)), resource_info="unused")
 
 
-def test_something_other_than_a_keras_3_model_is_refused():
-    with pytest.raises(TypeError, match=r"^parallax.fit: model must be a Keras 3 model \(keras.Model\), got str"):
+def test_something_other_than_a_keras_model_is_refused():
+    with pytest.raises(TypeError, match=r"^parallax.fit: model must be a Keras 3 model \(keras.Model\) or a tf_keras "
+                                        r"one \(tf_keras.Model\), got str"):
         parallax.fit("model", np.zeros((4, 2)), np.zeros((4, 1)), resource_info="unused")
 
 
@@ -41,3 +44,71 @@ def test_the_epochs_are_batches_in_order_or_one_seeded_permutation_each_and_a_ra
     shuffled = _Batches(x, y, 5, shuffle=True, seed=3, steps_per_epoch=None)
     order = np.random.RandomState(3 + 1).permutation(10)
     assert [b[0][:, 0].tolist() for b in shuffled.epoch(1, 1)] == [order[:5].tolist(), order[5:].tolist()]
+
+
+@pytest.mark.parametrize("examples, workers", [(10, 2), (7, 3), (2, 3), (0, 2), (5, 1)],
+                         ids=["even", "uneven", "fewer-than-workers", "empty", "one-worker"])
+def test_the_workers_parts_of_a_batch_hold_every_example_once_in_order(examples, workers):
+    batch = (np.arange(examples), {"w": np.arange(examples) * 10})
+    mine = [worker_part(batch, workers, w) for w in range(workers)]
+    assert np.concatenate([m[0] for m in mine]).tolist() == list(range(examples))
+    assert [len(m[0]) for m in mine] == [len(p) for p in np.array_split(np.arange(examples), workers)]
+    np.testing.assert_array_equal(np.concatenate([m[1]["w"] for m in mine]), np.arange(examples) * 10)
+
+
+def test_a_missing_target_or_weight_stays_missing_in_each_part():
+    assert worker_part((np.arange(4), None, None), 2, 1)[1:] == (None, None)
+
+
+def test_the_gathered_predictions_come_back_in_the_original_order():
+    examples, workers, batch = 11, 3, 4  # batches of 4, 4, 3: parts [2,1,1], [2,1,1], [1,1,1]
+    x = np.arange(examples)
+    per_worker = [[None] * 3 for _ in range(workers)]
+    for i, start in enumerate(range(0, examples, batch)):
+        for w in range(workers):
+            part = worker_part(x[start:start + batch], workers, w)
+            per_worker[w][i] = {"y": part * 2, "z": part[:, None]} if len(part) else None
+    got = in_order(per_worker)
+    np.testing.assert_array_equal(got["y"], x * 2)
+    np.testing.assert_array_equal(got["z"][:, 0], x)
+
+
+def test_a_batch_smaller_than_the_workers_leaves_empty_parts_out_of_the_gather():
+    per_worker = [[np.array([0]), np.array([2])], [np.array([1]), None], [None, None]]
+    np.testing.assert_array_equal(in_order(per_worker), [0, 1, 2])
+
+
+def test_arrays_are_evaluated_in_global_batches_in_order_the_last_as_short_as_it_is():
+    x, y = np.arange(10)[:, None], np.arange(10)
+    count, batches = global_batches(x, y, None, 4, None, "test")
+    cut = list(batches)
+    assert count == len(cut) == 3
+    assert [b[1].tolist() for b in cut] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert all(b[2] is None for b in cut)
+    count, batches = global_batches(x, y, None, 4, 2, "test")
+    assert count == 2 and [b[1].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_a_dataset_is_evaluated_as_it_yields_its_batches():
+    import tensorflow as tf
+
+    dataset = tf.data.Dataset.from_tensor_slices((np.arange(5), np.arange(5) * 2)).batch(2)
+    count, batches = global_batches(dataset, None, None, None, None, "test")
+    cut = list(batches)
+    assert count is None
+    assert [b[1].tolist() for b in cut] == [[0, 2], [4, 6], [8]] and cut[0][2] is None
+
+
+def test_evaluate_and_predict_with_no_job_run_alone_saying_so_at_warning(caplog):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.layers.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    x, y = np.random.RandomState(0).randn(7, 2), np.random.RandomState(1).randn(7, 1)
+    got = parallax.evaluate(model, x, y, batch_size=3, verbose=0)
+    np.testing.assert_allclose(got, model.evaluate(x, y, batch_size=3, verbose=0), rtol=1e-6)
+    np.testing.assert_allclose(parallax.predict(model, x, batch_size=3, verbose=0),
+                               model.predict(x, batch_size=3, verbose=0), rtol=1e-6)
+    assert "parallax.evaluate: no parallax.fit has run in this process, so there is no job to shard over" in caplog.text
+    assert "parallax.predict: no parallax.fit has run in this process" in caplog.text
