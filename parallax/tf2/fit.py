@@ -123,7 +123,6 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     callback_list = flavor.callbacks.CallbackList(
         kept, add_history=True, add_progbar=chief and verbose != 0, model=model,
         verbose=1 if verbose == "auto" else verbose, epochs=epochs, steps=steps)
-    loss_tracker = next(m for m in model.metrics if m.name == "loss")
     model.stop_training = False
     callback_list.on_train_begin()
     logs: dict = {}
@@ -134,13 +133,13 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
             callback_list.on_train_batch_begin(index)
             mine_x = parts(inputs, num_workers, worker_id, num_replicas)
             mine_y = parts(targets, num_workers, worker_id, num_replicas)
-            losses, predicted = step(_per_leaf(mine_x, inputs), _per_leaf(mine_y, targets))
-            for k, (loss, part_x, part_y) in enumerate(zip(losses, mine_x, mine_y)):
+            losses, predicted, regularization = step(_per_leaf(mine_x, inputs), _per_leaf(mine_y, targets))
+            for k, (part_x, part_y) in enumerate(zip(mine_x, mine_y)):
                 prediction = tf.nest.pack_sequence_as(outputs["structure"],
                                                       [tf.convert_to_tensor(leaf[k]) for leaf in predicted])
-                loss_tracker.update_state(loss, sample_weight=len(tf.nest.flatten(part_x)[0]))
-                model.compute_metrics(*tf.nest.map_structure(tf.convert_to_tensor, (part_x, part_y)), prediction,
-                                      None)
+                part_x, part_y = tf.nest.map_structure(tf.convert_to_tensor, (part_x, part_y))
+                flavor.record_loss(model, losses[k], tf.constant(regularization[k]), part_x, part_y, prediction)
+                model.compute_metrics(part_x, part_y, prediction, None)
             callback_list.on_train_batch_end(index, numbers(model.get_metrics_result()))
         sum_metrics(model, group)
         logs = numbers(model.get_metrics_result())
@@ -163,8 +162,9 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
 
 
 def _train_step(model: Any, flavor: Flavor, signature: list, outputs: dict) -> Any:
-    """The model's ``train_step`` for one replica, its metrics left to the host: the loss and the predictions
-    (flattened; their structure goes into ``outputs["structure"]``)."""
+    """The model's ``train_step`` for one replica, its metrics left to the host: the loss, the predictions
+    (flattened; their structure goes into ``outputs["structure"]``) and what the flavor needs to record the
+    loss (:meth:`~parallax.tf2.keras_flavor.Flavor.record_loss`)."""
 
     @tf.function(input_signature=signature)
     def train_step(x, y):
@@ -173,7 +173,7 @@ def _train_step(model: Any, flavor: Flavor, signature: list, outputs: dict) -> A
             loss = flavor.loss(model, x, y, prediction, None)
         flavor.apply(model, tape, loss)
         outputs["structure"] = prediction
-        return loss, tf.nest.flatten(prediction)
+        return loss, tf.nest.flatten(prediction), flavor.regularization(model)
 
     return train_step
 

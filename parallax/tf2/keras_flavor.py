@@ -42,6 +42,16 @@ class Flavor:
         variables = model.trainable_weights
         model.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
 
+    def regularization(self, model: Any) -> Any:
+        """What the step returns beside the loss for :meth:`record_loss`: nothing Keras 3 needs."""
+        return tf.zeros([])
+
+    def record_loss(self, model: Any, loss: Any, regularization: Any, x: Any, y: Any, prediction: Any) -> None:
+        """Update the model's loss metric on the host with one replica's part, as its ``train_step`` does:
+        Keras 3 averages the step's loss, weighted by the part's examples."""
+        tracker = next(m for m in model.metrics if m.name == "loss")
+        tracker.update_state(loss, sample_weight=len(tf.nest.flatten(x)[0]))
+
     def test_batch(self, model: Any, x: Any, y: Any, sample_weight: Any) -> None:
         """The model's own ``test_step`` on one batch (the metrics updated, not reset), compiled as Keras
         compiles it (``jit_compile`` as the model says), once per model."""
@@ -70,6 +80,17 @@ class TfKerasFlavor(Flavor):
 
     def apply(self, model: Any, tape: tf.GradientTape, loss: Any) -> None:
         model.optimizer.minimize(loss, model.trainable_variables, tape=tape)
+
+    def regularization(self, model: Any) -> Any:
+        return tf.add_n(model.losses) if model.losses else tf.zeros([])
+
+    def record_loss(self, model: Any, loss: Any, regularization: Any, x: Any, y: Any, prediction: Any) -> None:
+        """tf_keras's compiled loss updates its loss metrics itself (inside the step, where they would be each
+        replica's own): it runs again on the host, on the replica's predictions, with the regularization
+        losses the step computed, so its loss metrics (the total, and one per output) are updated as its
+        ``train_step`` updates them."""
+        del loss
+        model.compiled_loss(y, prediction, None, regularization_losses=[regularization] if model.losses else None)
 
     def test_batch(self, model: Any, x: Any, y: Any, sample_weight: Any) -> None:
         model.test_on_batch(x, y, sample_weight=sample_weight, reset_metrics=False)
