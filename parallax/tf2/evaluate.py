@@ -220,7 +220,7 @@ def _callbacks(flavor: Flavor, callbacks: list | None, group: WorkerGroup, verbo
 
 
 #: Callbacks that write files: run on worker 0 alone.
-CHIEF_ONLY = ("ModelCheckpoint", "TensorBoard", "CSVLogger", "BackupAndRestore")
+CHIEF_ONLY = ("ModelCheckpoint", "TensorBoard", "CSVLogger")
 
 
 def global_batches(x: Any, y: Any, sample_weight: Any, batch_size: int | None, steps: int | None,

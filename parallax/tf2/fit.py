@@ -24,7 +24,10 @@ and returns a Keras ``History`` on every worker. Under it:
   ``val_`` logs, those of every validation example;
 * **callbacks**: run on every worker with the trained weights in the model (so ``EarlyStopping`` decides
   alike everywhere; a stop asked on any worker stops all), except those that write files
-  (``ModelCheckpoint``, ``TensorBoard``, ``CSVLogger``, ``BackupAndRestore``), which run on worker 0.
+  (``ModelCheckpoint``, ``TensorBoard``, ``CSVLogger``), which run on worker 0; ``BackupAndRestore`` is
+  refused (its restore, on worker 0 after the job's variables are made, would be lost);
+* **weights**: ``sample_weight`` (or ``class_weight``, turned into sample weights as Keras does) is cut into
+  the replicas' parts with the examples; ``validation_split`` holds out the last examples, as Keras does.
 
 After ``fit`` the model holds the trained weights on every worker: ``model.evaluate``, ``model.predict``
 and ``model.save`` work as after ``model.fit``, and ``parallax.evaluate`` / ``parallax.predict`` shard
@@ -45,7 +48,7 @@ from parallax.comm.group import Alone
 from parallax.tf2.evaluate import CHIEF_ONLY, evaluate_on, global_batches, numbers, sum_metrics, use_job
 from parallax.tf2.keras_flavor import Flavor, flavor_of
 
-__all__ = ["fit", "parts"]
+__all__ = ["fit", "parts", "class_weights", "split_validation"]
 
 log = logging.getLogger("parallax")
 
@@ -71,10 +74,11 @@ def _per_leaf(per_replica: list, structure: Any) -> Any:
 
 
 def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None, epochs: int = 1,
-        verbose: Any = "auto", callbacks: list | None = None, validation_data: Any = None, shuffle: bool = True,
-        initial_epoch: int = 0, steps_per_epoch: int | None = None, validation_steps: int | None = None,
-        validation_batch_size: int | None = None, validation_freq: int = 1, *, resource_info: Any = None,
-        seed: int = 0, sync: bool = True, parallax_config: Any = None) -> Any:
+        verbose: Any = "auto", callbacks: list | None = None, validation_split: float = 0.0,
+        validation_data: Any = None, shuffle: bool = True, class_weight: dict | None = None,
+        sample_weight: Any = None, initial_epoch: int = 0, steps_per_epoch: int | None = None,
+        validation_steps: int | None = None, validation_batch_size: int | None = None, validation_freq: int = 1, *,
+        resource_info: Any = None, seed: int = 0, sync: bool = True, parallax_config: Any = None) -> Any:
     """Train a compiled Keras ``model`` data-parallel, as ``model.fit`` does on one device (see the module
     docstring).
 
@@ -83,9 +87,10 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         x, y: the inputs and targets (arrays, or structures of arrays), or ``x`` a ``tf.data.Dataset``
             of ``(inputs, targets)`` global batches.
         batch_size: the global batch (arrays; default 32).
-        epochs, verbose, callbacks, validation_data, shuffle, initial_epoch, steps_per_epoch,
-            validation_steps, validation_batch_size, validation_freq: as ``model.fit`` takes them
-            (``validation_freq`` an int).
+        epochs, verbose, callbacks, validation_split, validation_data, shuffle, class_weight, sample_weight,
+            initial_epoch, steps_per_epoch, validation_steps, validation_batch_size, validation_freq: as
+            ``model.fit`` takes them (``validation_freq`` an int; ``BackupAndRestore`` is refused: restore
+            before ``fit`` and pass ``initial_epoch``).
         resource_info, sync, parallax_config: as :func:`parallax.parallel_run` takes them.
         seed: the shuffle of epoch ``e`` is ``np.random.RandomState(seed + e)``'s.
 
@@ -96,17 +101,30 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     Raises:
         TypeError: the model is no Keras model, or ``x`` is missing.
         ValueError: the model is not compiled; it has several targets; a batch does not split into the
-            replicas' parts.
+            replicas' parts; a ``BackupAndRestore`` callback; weights or a split asked of a dataset.
     """
     from parallax.api import parallel_run
 
     flavor = flavor_of(model, "parallax.fit")
-    batches = _Batches(x, y, batch_size, shuffle, seed, steps_per_epoch)
+    _refuse_restoring(callbacks)
+    if class_weight is not None:
+        if sample_weight is not None or isinstance(x, tf.data.Dataset):
+            raise ValueError("parallax.fit: class_weight goes with arrays x, y and no sample_weight (as in model.fit)")
+        sample_weight = class_weights(y, class_weight)
+    if validation_split:
+        if isinstance(x, tf.data.Dataset) or validation_data is not None:
+            raise ValueError("parallax.fit: validation_split cuts arrays x, y, and is ignored by model.fit when "
+                             "validation_data is given; pass one of them, with arrays")
+        (x, y, sample_weight), validation_data = split_validation((x, y, sample_weight), validation_split)
+    if sample_weight is not None and isinstance(x, tf.data.Dataset):
+        raise ValueError("parallax.fit: sample_weight goes with arrays; a dataset yields its own "
+                         "(inputs, targets, sample_weights)")
+    batches = _Batches(x, y, batch_size, shuffle, seed, steps_per_epoch, sample_weight)
     if len(tf.nest.flatten(batches.signature[1])) > 1:
         raise ValueError("parallax.fit: the model has several targets (a loss each, logged as metrics of their "
                          "own): not yet supported; train it with a tf.function step and parallel_run")
     outputs: dict = {}  # the structure of the model's predictions, seen when the step is traced
-    step_fn = _train_step(model, flavor, batches.signature, outputs)
+    step_fn = _train_step(model, flavor, batches, outputs)
     step, num_workers, worker_id, num_replicas = parallel_run(step_fn, resource_info, sync=sync,
                                                               parallax_config=parallax_config)
     group = step.session.group
@@ -129,17 +147,18 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     for epoch in range(initial_epoch, epochs):
         model.reset_metrics()
         callback_list.on_epoch_begin(epoch)
-        for index, (inputs, targets) in enumerate(batches.epoch(epoch, num_workers * num_replicas)):
+        for index, batch in enumerate(batches.epoch(epoch, num_workers * num_replicas)):
             callback_list.on_train_batch_begin(index)
-            mine_x = parts(inputs, num_workers, worker_id, num_replicas)
-            mine_y = parts(targets, num_workers, worker_id, num_replicas)
-            losses, predicted, regularization = step(_per_leaf(mine_x, inputs), _per_leaf(mine_y, targets))
-            for k, (part_x, part_y) in enumerate(zip(mine_x, mine_y)):
+            mine = [parts(a, num_workers, worker_id, num_replicas) for a in batch]  # x, y[, w]: a part per replica
+            losses, predicted, regularization = step(*[_per_leaf(m, a) for m, a in zip(mine, batch)])
+            for k in range(num_replicas):
                 prediction = tf.nest.pack_sequence_as(outputs["structure"],
                                                       [tf.convert_to_tensor(leaf[k]) for leaf in predicted])
-                part_x, part_y = tf.nest.map_structure(tf.convert_to_tensor, (part_x, part_y))
-                flavor.record_loss(model, losses[k], tf.constant(regularization[k]), part_x, part_y, prediction)
-                model.compute_metrics(part_x, part_y, prediction, None)
+                part_x, part_y, part_w = (*tf.nest.map_structure(tf.convert_to_tensor, [m[k] for m in mine]),
+                                          None)[:3]
+                flavor.record_loss(model, losses[k], tf.constant(regularization[k]), part_x, part_y, part_w,
+                                   prediction)
+                model.compute_metrics(part_x, part_y, prediction, part_w)
             callback_list.on_train_batch_end(index, numbers(model.get_metrics_result()))
         sum_metrics(model, group)
         logs = numbers(model.get_metrics_result())
@@ -161,21 +180,34 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     return history
 
 
-def _train_step(model: Any, flavor: Flavor, signature: list, outputs: dict) -> Any:
+def _train_step(model: Any, flavor: Flavor, batches: _Batches, outputs: dict) -> Any:
     """The model's ``train_step`` for one replica, its metrics left to the host: the loss, the predictions
     (flattened; their structure goes into ``outputs["structure"]``) and what the flavor needs to record the
-    loss (:meth:`~parallax.tf2.keras_flavor.Flavor.record_loss`)."""
+    loss (:meth:`~parallax.tf2.keras_flavor.Flavor.record_loss`). It takes ``(x, y)``, or ``(x, y,
+    sample_weight)`` when the batches are weighted."""
 
-    @tf.function(input_signature=signature)
-    def train_step(x, y):
+    def step(x, y, sample_weight):
         with tf.GradientTape() as tape:
             prediction = model(x, training=True)
-            loss = flavor.loss(model, x, y, prediction, None)
+            loss = flavor.loss(model, x, y, prediction, sample_weight)
         flavor.apply(model, tape, loss)
         outputs["structure"] = prediction
         return loss, tf.nest.flatten(prediction), flavor.regularization(model)
 
-    return train_step
+    if batches.weighted:
+        return tf.function(step, input_signature=batches.signature)
+    return tf.function(lambda x, y: step(x, y, None), input_signature=batches.signature)
+
+
+def _refuse_restoring(callbacks: list | None) -> None:
+    """``BackupAndRestore`` restores the weights when training begins: into the model, after Parallax has made
+    the job's variables from it (and on worker 0 alone), so every worker would train on without it."""
+    for callback in callbacks or []:
+        if type(callback).__name__ == "BackupAndRestore":
+            raise ValueError("parallax.fit: a BackupAndRestore callback restores the weights when training begins, "
+                             "after the job's variables were made from the model (on worker 0 alone), so the restore "
+                             "would be lost; restore before parallax.fit on every worker (model.load_weights) and "
+                             "pass initial_epoch, and save with ModelCheckpoint")
 
 
 def _sync(step: Any, model: Any, close: bool = False) -> None:
@@ -200,43 +232,46 @@ def _triple(data: Any) -> tuple:
 
 
 class _Batches:
-    """The global batches of each epoch, from arrays or a ``tf.data.Dataset`` (see the module docstring)."""
+    """The global batches of each epoch, from arrays or a ``tf.data.Dataset`` (see the module docstring): tuples
+    ``(x, y)``, or ``(x, y, sample_weight)`` when there are weights (``weighted``)."""
 
     def __init__(self, x: Any, y: Any, batch_size: int | None, shuffle: bool, seed: int,
-                 steps_per_epoch: int | None) -> None:
+                 steps_per_epoch: int | None, sample_weight: Any = None) -> None:
         if x is None:
             raise TypeError("parallax.fit: x is missing (arrays, or a tf.data.Dataset of (inputs, targets) batches)")
         self._dataset = x if isinstance(x, tf.data.Dataset) else None
-        self._x, self._y = x, y
+        self._arrays = (x, y) if sample_weight is None else (x, y, sample_weight)
         self._batch = batch_size or 32
         self._shuffle, self._seed, self._steps = shuffle, seed, steps_per_epoch
         if self._dataset is None:
             self._n = len(tf.nest.flatten(x)[0])
-            first_x = tf.nest.map_structure(lambda a: np.asarray(a)[:1], x)
-            first_y = tf.nest.map_structure(lambda a: np.asarray(a)[:1], y)
+            first = tuple(tf.nest.map_structure(lambda a: np.asarray(a)[:1], a) for a in self._arrays)
         else:
-            first_x, first_y = next(iter(self._dataset))
-        self.signature = [_spec(first_x), _spec(first_y)]
+            first = next(iter(self._dataset))
+            if not isinstance(first, tuple) or len(first) not in (2, 3):
+                raise ValueError("parallax.fit: the dataset must yield (inputs, targets) or (inputs, targets, "
+                                 "sample_weights) batches")
+        self.weighted = len(first) == 3
+        self.signature = [_spec(a) for a in first]
 
     def steps(self, parts: int) -> int | None:
         if self._steps is not None or self._dataset is not None:
             return self._steps
         return len(list(self._cuts(0, parts)))
 
-    def epoch(self, epoch: int, parts: int) -> Iterator[tuple[Any, Any]]:
+    def epoch(self, epoch: int, parts: int) -> Iterator[tuple]:
         if self._dataset is not None:
-            for i, (x, y) in enumerate(self._dataset):
+            for i, batch in enumerate(self._dataset):
                 if self._steps is not None and i >= self._steps:
                     return
-                if len(tf.nest.flatten(x)[0]) % parts:
-                    raise ValueError(f"parallax.fit: batch {i} of the dataset has {len(tf.nest.flatten(x)[0])} "
+                if len(tf.nest.flatten(batch[0])[0]) % parts:
+                    raise ValueError(f"parallax.fit: batch {i} of the dataset has {len(tf.nest.flatten(batch[0])[0])} "
                                      f"examples, which do not split into {parts} equal parts (one per replica); "
                                      "batch it with a multiple of the replicas and drop_remainder=True")
-                yield tf.nest.map_structure(np.asarray, x), tf.nest.map_structure(np.asarray, y)
+                yield tuple(tf.nest.map_structure(np.asarray, a) for a in batch)
             return
         for chosen in self._cuts(epoch, parts):
-            yield (tf.nest.map_structure(lambda a, c=chosen: np.asarray(a)[c], self._x),
-                   tf.nest.map_structure(lambda a, c=chosen: np.asarray(a)[c], self._y))
+            yield tuple(tf.nest.map_structure(lambda v, c=chosen: np.asarray(v)[c], a) for a in self._arrays)
 
     def _cuts(self, epoch: int, parts: int) -> Iterator[np.ndarray]:
         order = np.random.RandomState(self._seed + epoch).permutation(self._n) if self._shuffle \
@@ -253,6 +288,40 @@ class _Batches:
                 return
             count += 1
             yield chosen
+
+
+def class_weights(y: Any, class_weight: dict) -> np.ndarray:
+    """The weight of each example of ``y`` by its class, as ``model.fit`` turns ``class_weight`` into sample
+    weights: ``y`` holds class indices (shape ``(n,)`` or ``(n, 1)``, rounded) or one-hot rows (the class is
+    the largest); a class without a weight weighs 1.
+
+    >>> class_weights(np.array([[0], [2], [1]]), {0: 2.0, 2: 3.0})
+    array([2., 3., 1.], dtype=float32)
+    """
+    labels = np.asarray(y)
+    if labels.ndim > 1:
+        labels = np.argmax(labels, axis=-1) if labels.shape[-1] != 1 else labels[..., 0]
+    return np.array([class_weight.get(int(c), 1.0) for c in np.round(labels).astype(np.int64)], dtype=np.float32)
+
+
+def split_validation(arrays: tuple, fraction: float) -> tuple[tuple, tuple]:
+    """The arrays cut as Keras cuts them for ``validation_split``: the last ``fraction`` of the examples (before
+    any shuffle) for validation, the rest for training (``None`` stays ``None``).
+
+    >>> split_validation((np.arange(10), None), 0.25)
+    ((array([0, 1, 2, 3, 4, 5, 6]), None), (array([7, 8, 9]), None))
+    """
+    if not 0 < fraction < 1:
+        raise ValueError(f"parallax.fit: validation_split must be between 0 and 1, got {fraction}")
+    n = len(tf.nest.flatten(arrays[0])[0])
+    at = int(np.floor(n * (1.0 - fraction)))
+    if at == 0 or at == n:
+        raise ValueError(f"parallax.fit: validation_split={fraction} of {n} examples leaves no examples to "
+                         f"{'train on' if at == 0 else 'validate on'}")
+    cut = [tuple(None if a is None else tf.nest.map_structure(lambda v, sl=sl: np.asarray(v)[sl], a)
+                 for a in arrays)
+           for sl in (slice(0, at), slice(at, n))]
+    return cut[0], cut[1]
 
 
 def _spec(value: Any) -> Any:

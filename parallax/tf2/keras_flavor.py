@@ -46,7 +46,8 @@ class Flavor:
         """What the step returns beside the loss for :meth:`record_loss`: nothing Keras 3 needs."""
         return tf.zeros([])
 
-    def record_loss(self, model: Any, loss: Any, regularization: Any, x: Any, y: Any, prediction: Any) -> None:
+    def record_loss(self, model: Any, loss: Any, regularization: Any, x: Any, y: Any, sample_weight: Any,
+                    prediction: Any) -> None:
         """Update the model's loss metric on the host with one replica's part, as its ``train_step`` does:
         Keras 3 averages the step's loss, weighted by the part's examples."""
         tracker = next(m for m in model.metrics if m.name == "loss")
@@ -84,13 +85,15 @@ class TfKerasFlavor(Flavor):
     def regularization(self, model: Any) -> Any:
         return tf.add_n(model.losses) if model.losses else tf.zeros([])
 
-    def record_loss(self, model: Any, loss: Any, regularization: Any, x: Any, y: Any, prediction: Any) -> None:
+    def record_loss(self, model: Any, loss: Any, regularization: Any, x: Any, y: Any, sample_weight: Any,
+                    prediction: Any) -> None:
         """tf_keras's compiled loss updates its loss metrics itself (inside the step, where they would be each
         replica's own): it runs again on the host, on the replica's predictions, with the regularization
         losses the step computed, so its loss metrics (the total, and one per output) are updated as its
         ``train_step`` updates them."""
         del loss
-        model.compiled_loss(y, prediction, None, regularization_losses=[regularization] if model.losses else None)
+        model.compiled_loss(y, prediction, sample_weight,
+                            regularization_losses=[regularization] if model.losses else None)
 
     def test_batch(self, model: Any, x: Any, y: Any, sample_weight: Any) -> None:
         model.test_on_batch(x, y, sample_weight=sample_weight, reset_metrics=False)

@@ -3,8 +3,9 @@ calls them, against ``model.fit`` / ``model.evaluate`` / ``model.predict`` on on
 every epoch's logs (loss, metric, validation) and every trained weight, then the evaluation and the predictions
 of held-out examples (batches that do not split evenly over the workers), on every worker; in MPI, PS and HYBRID
 on 2 processes and with 2 replicas in one process, for Keras 3 with arrays in order, shuffled with a seed, and a
-``tf.data.Dataset``, and for tf_keras with its legacy and new Adam (in PS and HYBRID in the extended suite); the
-``ModelCheckpoint`` callback writes on worker 0."""
+``tf.data.Dataset``, for tf_keras with its legacy and new Adam, and for both with sample weights and
+``validation_split`` (the last two in PS and HYBRID in the extended suite); the ``ModelCheckpoint`` callback writes
+on worker 0."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 SCRIPT = os.path.join(ROOT, "tests", "tf2", "fit_script.py")
 KERAS_3 = ["ordered", "shuffled", "dataset"]
-TF_KERAS = ["tf_keras-legacy", "tf_keras-new"]
+# tf_keras, and sample weights with validation_split: in the jobs of MPI and of the local replicas; in PS and
+# HYBRID, a job of their own (extended)
+MORE = ["tf_keras-legacy", "tf_keras-new", "weighted", "tf_keras-weighted"]
 # group: (resource file, run option, workers, replicas each)
 GROUPS = {
     "MPI-2": ("localhost: cpu:0,cpu:1\n", "MPI", 2),
@@ -29,8 +32,7 @@ GROUPS = {
     "HYBRID-2": ("localhost: cpu:0,cpu:1\n", "HYBRID", 2),
     "local-2-replicas": ("localhost: cpu:0,cpu:1\n", "PS", 1),
 }
-# tf_keras rides in the jobs of MPI and of the local replicas; in PS and HYBRID it is a job of its own (extended)
-WITH_TF_KERAS = ("MPI-2", "local-2-replicas")
+WITH_MORE = ("MPI-2", "local-2-replicas")
 
 
 def _jobs(factory, groups, cases):
@@ -39,15 +41,15 @@ def _jobs(factory, groups, cases):
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
-    return {"all": _jobs(tmp_path_factory, WITH_TF_KERAS, KERAS_3 + TF_KERAS),
-            "keras": _jobs(tmp_path_factory, [g for g in GROUPS if g not in WITH_TF_KERAS], KERAS_3),
-            "tf_keras": _jobs(tmp_path_factory, [g for g in GROUPS if g not in WITH_TF_KERAS], TF_KERAS)}
+    return {"all": _jobs(tmp_path_factory, WITH_MORE, KERAS_3 + MORE),
+            "keras": _jobs(tmp_path_factory, [g for g in GROUPS if g not in WITH_MORE], KERAS_3),
+            "more": _jobs(tmp_path_factory, [g for g in GROUPS if g not in WITH_MORE], MORE)}
 
 
 def _out(jobs, group: str, case: str) -> str:
-    if group in WITH_TF_KERAS:
+    if group in WITH_MORE:
         return jobs["all"].case(group, case)
-    return jobs["keras" if case in KERAS_3 else "tf_keras"].case(group, case)
+    return jobs["keras" if case in KERAS_3 else "more"].case(group, case)
 
 
 @functools.cache
@@ -59,9 +61,9 @@ def reference(case: str):
 
 def _cases():
     for group in GROUPS:
-        for case in KERAS_3 + TF_KERAS:
+        for case in KERAS_3 + MORE:
             marks = [pytest.mark.xdist_group(f"fit-{group}")]
-            if case in TF_KERAS and group not in WITH_TF_KERAS:
+            if case in MORE and group not in WITH_MORE:
                 marks.append(pytest.mark.extended)
             yield pytest.param(group, case, marks=marks, id=f"{case}-{group}")
 

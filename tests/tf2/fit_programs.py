@@ -10,9 +10,15 @@ import numpy as np
 EXAMPLES, BATCH, EPOCHS = 48, 12, 3
 # parallax.evaluate / predict after fit: 11 examples in batches of 5 (5, 5, 1: uneven parts, and an empty one)
 HELD_OUT, EVAL_BATCH = 11, 5
-# case: the Keras that builds the model ("keras", "tf_keras-legacy", "tf_keras-new") and how the data comes
+# case: the Keras that builds the model ("keras", "tf_keras-legacy", "tf_keras-new"); how the data comes is
+# the case's name: arrays in order, shuffled, a dataset; "weighted": with sample weights and validation_split
 CASES = {"ordered": "keras", "shuffled": "keras", "dataset": "keras", "tf_keras-legacy": "tf_keras-legacy",
-         "tf_keras-new": "tf_keras-new"}
+         "tf_keras-new": "tf_keras-new", "weighted": "keras", "tf_keras-weighted": "tf_keras-new"}
+SPLIT = 0.25  # the weighted cases' validation_split: 36 examples to train on, 12 to validate
+
+
+def weights():
+    return np.random.RandomState(5).uniform(0.1, 2.0, EXAMPLES).astype(np.float32)
 
 
 def data():
@@ -65,6 +71,9 @@ def single_device(case: str, seed: int = 0) -> tuple[dict, list, dict, np.ndarra
                 history.setdefault(k, []).extend(v)
     elif case == "dataset":
         history = model.fit(dataset(), epochs=EPOCHS, validation_data=validation, verbose=0).history
+    elif case.endswith("weighted"):
+        history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, sample_weight=weights(),
+                            validation_split=SPLIT, verbose=0).history
     else:
         history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, validation_data=validation,
                             verbose=0).history

@@ -16,7 +16,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import numpy as np  # noqa: E402
 
 import parallax  # noqa: E402
-from tests.tf2.fit_programs import BATCH, CASES, EPOCHS, EVAL_BATCH, build, data, dataset, held_out  # noqa: E402
+from tests.tf2.fit_programs import (  # noqa: E402
+    BATCH,
+    CASES,
+    EPOCHS,
+    EVAL_BATCH,
+    SPLIT,
+    build,
+    data,
+    dataset,
+    held_out,
+    weights,
+)
 
 
 def main() -> None:
@@ -36,8 +47,12 @@ def main() -> None:
         config = parallax.Config(run_option=args.run_option, average_sparse=True, stall_timeout=60)
         source = dict(x=dataset()) if case == "dataset" else dict(x=x, y=y, batch_size=BATCH,
                                                                   shuffle=case == "shuffled", seed=0)
-        history = parallax.fit(model, **source, epochs=EPOCHS, validation_data=validation, callbacks=callbacks,
-                               verbose=0, resource_info=args.resource_info, parallax_config=config)
+        if case.endswith("weighted"):
+            source.update(sample_weight=weights(), validation_split=SPLIT)
+        else:
+            source.update(validation_data=validation)
+        history = parallax.fit(model, **source, epochs=EPOCHS, callbacks=callbacks, verbose=0,
+                               resource_info=args.resource_info, parallax_config=config)
         test_x, test_y = held_out()
         evaluated = parallax.evaluate(model, test_x, test_y, batch_size=EVAL_BATCH, verbose=0, return_dict=True)
         alone = model.evaluate(test_x, test_y, batch_size=EVAL_BATCH, verbose=0, return_dict=True)

@@ -8,7 +8,7 @@ import pytest
 
 import parallax
 from parallax.tf2.evaluate import global_batches, in_order, worker_part
-from parallax.tf2.fit import _Batches, parts
+from parallax.tf2.fit import _Batches, class_weights, parts, split_validation
 
 
 def test_a_model_that_is_not_compiled_is_refused_saying_what_to_do():
@@ -112,3 +112,61 @@ def test_evaluate_and_predict_with_no_job_run_alone_saying_so_at_warning(caplog)
                                model.predict(x, batch_size=3, verbose=0), rtol=1e-6)
     assert "parallax.evaluate: no parallax.fit has run in this process, so there is no job to shard over" in caplog.text
     assert "parallax.predict: no parallax.fit has run in this process" in caplog.text
+
+
+def _tiny(keras_module=None):
+    import keras
+
+    k = keras_module or keras
+    k.utils.set_random_seed(0)
+    model = k.Sequential([k.layers.Input((2,)), k.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def test_a_backup_and_restore_callback_is_refused_saying_how_to_restore(tmp_path):
+    import keras
+
+    callback = keras.callbacks.BackupAndRestore(str(tmp_path))
+    with pytest.raises(ValueError, match=r"^parallax.fit: a BackupAndRestore callback restores the weights when "
+                                         r"training begins, .* \(model.load_weights\) and pass initial_epoch"):
+        parallax.fit(_tiny(), np.zeros((4, 2)), np.zeros((4,)), callbacks=[callback], resource_info="unused")
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (dict(class_weight={0: 1.0}, sample_weight=np.ones(4)), "class_weight goes with arrays x, y and no sample_weight"),
+    (dict(validation_split=0.5, validation_data=(np.zeros((2, 2)), np.zeros(2))), "validation_split cuts arrays"),
+    (dict(validation_split=1.5), r"validation_split must be between 0 and 1, got 1.5"),
+], ids=["class-and-sample-weights", "split-and-validation-data", "split-out-of-range"])
+def test_weights_and_splits_that_model_fit_does_not_take_are_refused(arguments, message):
+    with pytest.raises(ValueError, match=rf"^parallax.fit: {message}"):
+        parallax.fit(_tiny(), np.zeros((4, 2)), np.zeros((4,)), resource_info="unused", **arguments)
+
+
+def test_class_weights_are_the_sample_weights_model_fit_makes_of_them():
+    x = np.random.RandomState(0).randn(12, 2).astype(np.float32)
+    y = np.array([0, 1, 2, 1, 0, 2, 2, 1, 0, 0, 1, 2])
+    weights = {0: 0.5, 2: 3.0}  # class 1 weighs 1, as in model.fit
+    by_class, by_sample = _tiny(), _tiny()
+    by_class.fit(x, y, batch_size=4, shuffle=False, class_weight=weights, verbose=0)
+    by_sample.fit(x, y, batch_size=4, shuffle=False, sample_weight=class_weights(y, weights), verbose=0)
+    for a, b in zip(by_class.trainable_variables, by_sample.trainable_variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(class_weights(np.eye(3)[y], weights), class_weights(y[:, None], weights))
+
+
+def test_validation_split_holds_out_the_last_examples_and_their_weights():
+    train, held = split_validation((np.arange(10), np.arange(10) * 2, None), 0.2)
+    assert [a.tolist() for a in train[:2]] == [list(range(8)), [2 * i for i in range(8)]] and train[2] is None
+    assert [a.tolist() for a in held[:2]] == [[8, 9], [16, 18]]
+
+
+def test_tf_keras_models_evaluate_and_predict_as_tf_keras_does_alone():
+    import tf_keras
+
+    model = _tiny(tf_keras)
+    x, y = np.random.RandomState(0).randn(7, 2), np.array([0, 1, 2, 1, 0, 2, 2])
+    np.testing.assert_allclose(parallax.evaluate(model, x, y, batch_size=3, verbose=0),
+                               model.evaluate(x, y, batch_size=3, verbose=0), rtol=1e-6)
+    np.testing.assert_allclose(parallax.predict(model, x, batch_size=3, verbose=0),
+                               model.predict(x, batch_size=3, verbose=0), rtol=1e-6)
