@@ -196,6 +196,11 @@ def sum_metrics(model: Any, group: WorkerGroup) -> None:
         return
     variables = [v for m in model.metrics for v in m.variables]
     values = [np.asarray(v.numpy(), dtype=np.float64) for v in variables]
+    shapes = group.gather([a.shape for a in values])
+    if any(s != shapes[0] for s in shapes):
+        described = "; ".join(f"worker {w}: {len(s)} variables" for w, s in enumerate(shapes))
+        raise ValueError(f"the workers' models keep different metrics ({described}); build and compile the same "
+                         "model, with the same metrics, on every worker")
     if not values:
         return
     summed = group.sum(np.concatenate([a.reshape(-1) for a in values]))
@@ -207,7 +212,8 @@ def sum_metrics(model: Any, group: WorkerGroup) -> None:
 
 
 def numbers(logs: dict) -> dict:
-    return {k: float(np.asarray(v)) for k, v in logs.items()}
+    """Logs as Python numbers (a metric with several values, such as a per-class score, as an array)."""
+    return {k: float(a) if (a := np.asarray(v)).ndim == 0 else a for k, v in logs.items()}
 
 
 def _callbacks(flavor: Flavor, callbacks: list | None, group: WorkerGroup, verbose: Any, steps: int | None,
