@@ -16,9 +16,11 @@ and returns a Keras ``History`` on every worker. Under it:
   out (said at WARNING). A ``Dataset`` yields global batches; every worker reads all of them (give it a
   seed) and takes its part;
 * **the metrics**: the compiled metrics are updated on each worker, outside the graph, from its
-  replicas' predictions; the progress bar (worker 0's) shows worker 0's running values; at each epoch's
-  end the metrics' states (their counts and sums) are summed over the workers, so the epoch's logs, the
-  ``History`` and the callbacks see the metrics of every example of the epoch, as one device does;
+  replicas' predictions (and the loss metric from their losses; tf_keras's compiled loss, which keeps its
+  own loss metrics, runs again on the host for them); the progress bar (worker 0's) shows worker 0's
+  running values; at each epoch's end the metrics' states (their counts and sums) are summed over the
+  workers, so the epoch's logs, the ``History`` and the callbacks see the metrics of every example of the
+  epoch, as one device does;
 * **validation**: ``validation_data`` is evaluated after each epoch on the trained weights, sharded over
   the workers as :func:`parallax.evaluate` does (:mod:`parallax.tf2.evaluate`): every worker has the same
   ``val_`` logs, those of every validation example;
