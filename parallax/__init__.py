@@ -37,6 +37,8 @@ _EXPORTS = {
     "log": "parallax.logs",
     "tune": "parallax.tuning.tuner",
     "fit": "parallax.tf2.fit",
+    "evaluate": "parallax.tf2.evaluate",
+    "predict": "parallax.tf2.evaluate",
     "sweep": "parallax.sweeps",
     "Uniform": "parallax.sweeps",
 }

@@ -1,4 +1,6 @@
-"""A compiled Keras 3 model with an embedding, trained by ``parallax.fit`` as ``model.fit`` trains it.
+"""A compiled Keras 3 model with an embedding, trained by ``parallax.fit`` as ``model.fit`` trains it, then
+evaluated by ``parallax.evaluate`` and asked for predictions by ``parallax.predict``, each worker taking its
+share of the test reviews.
 
 HYBRID by default: the embedding's sparse gradients go to a parameter server, the dense layers are
 all-reduced. Run it with::
@@ -7,8 +9,9 @@ all-reduced. Run it with::
     python examples/keras/fit_embedding.py --run_option MPI
 
 It learns which of 1,000 words make a review positive, prints Keras's progress bar on worker 0, and
-checks that every worker's History and weights equal ``model.fit`` of the same model on one device
-(``--no_check`` skips that).
+checks that every worker's History and weights equal ``model.fit`` of the same model on one device, and
+that the sharded evaluation and predictions equal ``model.evaluate`` / ``model.predict`` (``--no_check``
+skips that).
 """
 
 from __future__ import annotations
@@ -61,8 +64,17 @@ def main() -> None:
     worker = history.worker_id
     print(f"worker {worker} of {history.num_workers}: val_accuracy "
           f"{100 * history.history['val_accuracy'][-1]:.1f}%", flush=True)
-    if args.check:  # the same epochs on one device: each a permutation from RandomState(seed + epoch)
-        reference = build(args.learning_rate)
+    test_x, test_y = reviews(1000, 2)  # 1,000 reviews in batches of 64: the last batch is short
+    loss, accuracy = parallax.evaluate(model, test_x, test_y, batch_size=args.batch_size, verbose=0)
+    probabilities = parallax.predict(model, test_x, batch_size=args.batch_size, verbose=0)
+    print(f"worker {worker}: test accuracy {100 * accuracy:.1f}%, {len(probabilities)} predictions", flush=True)
+    if args.check:  # this worker's model alone on all the test reviews
+        alone = model.evaluate(test_x, test_y, batch_size=args.batch_size, verbose=0)
+        gap = max(abs(loss - alone[0]) / abs(alone[0]), abs(accuracy - alone[1]),
+                  float(np.max(np.abs(probabilities - model.predict(test_x, batch_size=args.batch_size, verbose=0)))))
+        print(f"worker {worker}: largest difference of the sharded evaluation and predictions from model.evaluate "
+              f"and model.predict {gap:.2e}", flush=True)
+        reference = build(args.learning_rate)  # the same epochs on one device: a seeded permutation each
         for epoch in range(args.epochs):
             order = np.random.RandomState(5 + epoch).permutation(len(x))
             reference.fit(x[order], y[order], batch_size=args.batch_size, epochs=1, shuffle=False, verbose=0)

@@ -2,7 +2,8 @@
 
 What runs around the training steps sometimes needs every worker: summing the states of Keras
 metrics over the workers' batches, agreeing to stop. :class:`WorkerGroup` is that, in the
-smallest form: how many workers, which one this is, a sum of arrays, an agreement. Processes
+smallest form: how many workers, which one this is, a sum of arrays, a gather of values, an
+agreement. Processes
 Parallax launches hold an MPI communicator of the workers (:class:`MPIWorkers`); a process that
 trains alone is a group of one (:class:`Alone`). A process a cluster manager started
 (``TF_CONFIG``) has no MPI and no group.
@@ -36,6 +37,10 @@ class WorkerGroup(ABC):
     @abstractmethod
     def sum(self, values: np.ndarray) -> np.ndarray:
         """``values`` summed over the workers (every worker gets the sum)."""
+
+    @abstractmethod
+    def gather(self, value: Any) -> list:
+        """Every worker's ``value`` (any picklable object), in worker order (every worker gets the list)."""
 
     def any(self, flag: bool) -> bool:
         """Whether any worker says ``flag``."""
@@ -72,6 +77,9 @@ class MPIWorkers(WorkerGroup):
         self.comm.Allreduce(send, out, op=MPI.SUM)
         return out
 
+    def gather(self, value: Any) -> list:
+        return self.comm.allgather(value)
+
 
 class Alone(WorkerGroup):
     """A process that trains alone: a group of one."""
@@ -86,3 +94,6 @@ class Alone(WorkerGroup):
 
     def sum(self, values: np.ndarray) -> np.ndarray:
         return np.asarray(values, dtype=np.float64)
+
+    def gather(self, value: Any) -> list:
+        return [value]

@@ -1,12 +1,13 @@
-"""``parallax.fit``: a compiled Keras 3 model trained as ``model.fit`` trains it, data-parallel.
+"""``parallax.fit``: a compiled Keras model (Keras 3 or ``tf_keras``) trained as ``model.fit`` trains it, data-parallel.
 
 ``history = parallax.fit(model, x, y, batch_size=64, epochs=3, resource_info="resource_info")`` takes
 what ``model.fit`` takes for arrays or a ``tf.data.Dataset``, and what ``parallel_run`` takes for the job,
 and returns a Keras ``History`` on every worker. Under it:
 
-* **the step**: the model's forward pass, its compiled loss and its optimizer's update, as Keras's own
-  ``train_step`` writes them, in a ``tf.function`` that Parallax traces and trains data-parallel
-  (:mod:`parallax.tf2.trace`); it returns the loss and the predictions of each replica's part;
+* **the step**: the model's forward pass, its compiled loss and its optimizer's update, as that Keras's own
+  ``train_step`` writes them (:mod:`parallax.tf2.keras_flavor`), in a ``tf.function`` that Parallax traces
+  and trains data-parallel (:mod:`parallax.tf2.trace`); it returns the loss and the predictions of each
+  replica's part;
 * **the examples**: each epoch the arrays are cut into batches of ``batch_size`` (the global batch), in
   order, or shuffled with ``np.random.RandomState(seed + epoch)``, the same on every worker; replica
   ``k`` of worker ``w`` takes part ``w * replicas + k`` of ``np.array_split``-free equal parts of each
@@ -15,17 +16,24 @@ and returns a Keras ``History`` on every worker. Under it:
   out (said at WARNING). A ``Dataset`` yields global batches; every worker reads all of them (give it a
   seed) and takes its part;
 * **the metrics**: the compiled metrics are updated on each worker, outside the graph, from its
-  replicas' predictions; the progress bar (worker 0's) shows worker 0's running values; at each epoch's
-  end the metrics' states (their counts and sums) are summed over the workers, so the epoch's logs, the
-  ``History`` and the callbacks see the metrics of every example of the epoch, as one device does;
-* **validation**: ``validation_data`` is evaluated after each epoch by every worker on the trained
-  weights (``model.evaluate``): every worker has the same ``val_`` logs;
+  replicas' predictions (and the loss metric from their losses; tf_keras's compiled loss, which keeps its
+  own loss metrics, runs again on the host for them); the progress bar (worker 0's) shows worker 0's
+  running values; at each epoch's end the metrics' states (their counts and sums) are summed over the
+  workers, so the epoch's logs, the ``History`` and the callbacks see the metrics of every example of the
+  epoch, as one device does;
+* **validation**: ``validation_data`` is evaluated after each epoch on the trained weights, sharded over
+  the workers as :func:`parallax.evaluate` does (:mod:`parallax.tf2.evaluate`): every worker has the same
+  ``val_`` logs, those of every validation example;
 * **callbacks**: run on every worker with the trained weights in the model (so ``EarlyStopping`` decides
   alike everywhere; a stop asked on any worker stops all), except those that write files
-  (``ModelCheckpoint``, ``TensorBoard``, ``CSVLogger``, ``BackupAndRestore``), which run on worker 0.
+  (``ModelCheckpoint``, ``TensorBoard``, ``CSVLogger``), which run on worker 0; ``BackupAndRestore`` is
+  refused (its restore, on worker 0 after the job's variables are made, would be lost);
+* **weights**: ``sample_weight`` (or ``class_weight``, turned into sample weights as Keras does) is cut into
+  the replicas' parts with the examples; ``validation_split`` holds out the last examples, as Keras does.
 
 After ``fit`` the model holds the trained weights on every worker: ``model.evaluate``, ``model.predict``
-and ``model.save`` work as after ``model.fit``. As with ``parallel_run``, the process the user started
+and ``model.save`` work as after ``model.fit``, and ``parallax.evaluate`` / ``parallax.predict`` shard
+over the job's workers. As with ``parallel_run``, the process the user started
 launches the job and exits with its exit code; ``fit`` returns in the job's worker processes.
 """
 
@@ -38,12 +46,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["fit", "parts"]
+from parallax.comm.group import Alone
+from parallax.tf2.evaluate import CHIEF_ONLY, evaluate_on, global_batches, numbers, sum_metrics, use_job
+from parallax.tf2.keras_flavor import Flavor, flavor_of
+
+__all__ = ["fit", "parts", "class_weights", "split_validation"]
 
 log = logging.getLogger("parallax")
-
-#: Callbacks that write files: run on worker 0 alone.
-_CHIEF_ONLY = ("ModelCheckpoint", "TensorBoard", "CSVLogger", "BackupAndRestore")
 
 
 def parts(batch: Any, num_workers: int, worker_id: int, num_replicas: int) -> list:
@@ -67,19 +76,23 @@ def _per_leaf(per_replica: list, structure: Any) -> Any:
 
 
 def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None, epochs: int = 1,
-        verbose: Any = "auto", callbacks: list | None = None, validation_data: Any = None, shuffle: bool = True,
-        initial_epoch: int = 0, steps_per_epoch: int | None = None, *, resource_info: Any = None, seed: int = 0,
-        sync: bool = True, parallax_config: Any = None) -> Any:
-    """Train a compiled Keras 3 ``model`` data-parallel, as ``model.fit`` does on one device (see the module
+        verbose: Any = "auto", callbacks: list | None = None, validation_split: float = 0.0,
+        validation_data: Any = None, shuffle: bool = True, class_weight: dict | None = None,
+        sample_weight: Any = None, initial_epoch: int = 0, steps_per_epoch: int | None = None,
+        validation_steps: int | None = None, validation_batch_size: int | None = None, validation_freq: int = 1, *,
+        resource_info: Any = None, seed: int = 0, sync: bool = True, parallax_config: Any = None) -> Any:
+    """Train a compiled Keras ``model`` data-parallel, as ``model.fit`` does on one device (see the module
     docstring).
 
     Args:
-        model: a Keras 3 model, compiled (``model.compile(optimizer, loss, metrics)``).
+        model: a Keras 3 or ``tf_keras`` model, compiled (``model.compile(optimizer, loss, metrics)``).
         x, y: the inputs and targets (arrays, or structures of arrays), or ``x`` a ``tf.data.Dataset``
             of ``(inputs, targets)`` global batches.
         batch_size: the global batch (arrays; default 32).
-        epochs, verbose, callbacks, validation_data, shuffle, initial_epoch, steps_per_epoch: as
-            ``model.fit`` takes them.
+        epochs, verbose, callbacks, validation_split, validation_data, shuffle, class_weight, sample_weight,
+            initial_epoch, steps_per_epoch, validation_steps, validation_batch_size, validation_freq: as
+            ``model.fit`` takes them (``validation_freq`` an int; ``BackupAndRestore`` is refused: restore
+            before ``fit`` and pass ``initial_epoch``).
         resource_info, sync, parallax_config: as :func:`parallax.parallel_run` takes them.
         seed: the shuffle of epoch ``e`` is ``np.random.RandomState(seed + e)``'s.
 
@@ -88,22 +101,32 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         ``num_replicas`` (per worker), as ``parallel_run`` returns them.
 
     Raises:
-        TypeError: the model is no Keras 3 model, or ``x`` is missing.
-        ValueError: the model is not compiled; a batch does not split into the replicas' parts.
+        TypeError: the model is no Keras model, or ``x`` is missing.
+        ValueError: the model is not compiled; it has several targets; a batch does not split into the
+            replicas' parts; a ``BackupAndRestore`` callback; weights or a split asked of a dataset.
     """
-    import keras
-
     from parallax.api import parallel_run
 
-    if not isinstance(model, keras.Model):
-        raise TypeError(f"parallax.fit: model must be a Keras 3 model (keras.Model), got {type(model).__name__}; "
-                        "for tf_keras or a custom loop, pass a tf.function step to parallel_run")
-    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
-        raise ValueError("parallax.fit: the model is not compiled; call model.compile(optimizer=..., loss=..., "
-                         "metrics=...) first, as for model.fit")
-    batches = _Batches(x, y, batch_size, shuffle, seed, steps_per_epoch)
+    flavor = flavor_of(model, "parallax.fit")
+    _refuse_restoring(callbacks)
+    if class_weight is not None:
+        if sample_weight is not None or isinstance(x, tf.data.Dataset):
+            raise ValueError("parallax.fit: class_weight goes with arrays x, y and no sample_weight (as in model.fit)")
+        sample_weight = class_weights(y, class_weight)
+    if validation_split:
+        if isinstance(x, tf.data.Dataset) or validation_data is not None:
+            raise ValueError("parallax.fit: validation_split cuts arrays x, y, and is ignored by model.fit when "
+                             "validation_data is given; pass one of them, with arrays")
+        (x, y, sample_weight), validation_data = split_validation((x, y, sample_weight), validation_split)
+    if sample_weight is not None and isinstance(x, tf.data.Dataset):
+        raise ValueError("parallax.fit: sample_weight goes with arrays; a dataset yields its own "
+                         "(inputs, targets, sample_weights)")
+    batches = _Batches(x, y, batch_size, shuffle, seed, steps_per_epoch, sample_weight)
+    if len(tf.nest.flatten(batches.signature[1])) > 1:
+        raise ValueError("parallax.fit: the model has several targets (a loss each, logged as metrics of their "
+                         "own): not yet supported; train it with a tf.function step and parallel_run")
     outputs: dict = {}  # the structure of the model's predictions, seen when the step is traced
-    step_fn = _train_step(model, batches.signature, outputs)
+    step_fn = _train_step(model, flavor, batches, outputs)
     step, num_workers, worker_id, num_replicas = parallel_run(step_fn, resource_info, sync=sync,
                                                               parallax_config=parallax_config)
     group = step.session.group
@@ -112,127 +135,145 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         raise ValueError("parallax.fit sums the metrics over the workers, which the tasks of a job a cluster manager "
                          "starts (TF_CONFIG) cannot do; launch the job with parallel_run's launcher (python train.py "
                          "or parallax-run), or train with a tf.function step and parallel_run")
+    group = group or Alone()
+    use_job(group)  # parallax.evaluate and parallax.predict shard over this job's workers from now on
     chief = worker_id == 0
-    kept = [c for c in (callbacks or []) if chief or type(c).__name__ not in _CHIEF_ONLY]
+    kept = [c for c in (callbacks or []) if chief or type(c).__name__ not in CHIEF_ONLY]
     steps = batches.steps(num_workers * num_replicas)
-    callback_list = keras.callbacks.CallbackList(
+    callback_list = flavor.callbacks.CallbackList(
         kept, add_history=True, add_progbar=chief and verbose != 0, model=model,
         verbose=1 if verbose == "auto" else verbose, epochs=epochs, steps=steps)
-    loss_tracker = next(m for m in model.metrics if m.name == "loss")
     model.stop_training = False
     callback_list.on_train_begin()
     logs: dict = {}
     for epoch in range(initial_epoch, epochs):
         model.reset_metrics()
         callback_list.on_epoch_begin(epoch)
-        for index, (inputs, targets) in enumerate(batches.epoch(epoch, num_workers * num_replicas)):
+        for index, batch in enumerate(batches.epoch(epoch, num_workers * num_replicas)):
             callback_list.on_train_batch_begin(index)
-            mine_x = parts(inputs, num_workers, worker_id, num_replicas)
-            mine_y = parts(targets, num_workers, worker_id, num_replicas)
-            losses, predicted = step(_per_leaf(mine_x, inputs), _per_leaf(mine_y, targets))
-            for k, (loss, part_x, part_y) in enumerate(zip(losses, mine_x, mine_y)):
-                prediction = tf.nest.pack_sequence_as(outputs["structure"], [leaf[k] for leaf in predicted])
-                loss_tracker.update_state(loss, sample_weight=len(tf.nest.flatten(part_x)[0]))
-                model.compute_metrics(part_x, part_y, prediction)
-            callback_list.on_train_batch_end(index, _numbers(model.get_metrics_result()))
-        _sum_metrics(model, group)
-        logs = _numbers(model.get_metrics_result())
-        step.sync_variables()  # the callbacks and the validation see the trained weights
-        if validation_data is not None:
-            val = model.evaluate(*_pair(validation_data), verbose=0, return_dict=True)
-            logs.update({f"val_{k}": float(v) for k, v in val.items()})
+            mine = [parts(a, num_workers, worker_id, num_replicas) for a in batch]  # x, y[, w]: a part per replica
+            losses, predicted, regularization = step(*[_per_leaf(m, a) for m, a in zip(mine, batch)])
+            for k in range(num_replicas):
+                prediction = tf.nest.pack_sequence_as(outputs["structure"],
+                                                      [tf.convert_to_tensor(leaf[k]) for leaf in predicted])
+                part_x, part_y, part_w = (*tf.nest.map_structure(tf.convert_to_tensor, [m[k] for m in mine]),
+                                          None)[:3]
+                flavor.record_loss(model, losses[k], tf.constant(regularization[k]), part_x, part_y, part_w,
+                                   prediction)
+                model.compute_metrics(part_x, part_y, prediction, part_w)
+            callback_list.on_train_batch_end(index, numbers(model.get_metrics_result()))
+        sum_metrics(model, group)
+        logs = numbers(model.get_metrics_result())
+        _sync(step, model)  # the callbacks and the validation see the trained weights
+        if validation_data is not None and (epoch + 1) % validation_freq == 0:
+            _, val_batches = global_batches(*_triple(validation_data), validation_batch_size or batch_size,
+                                            validation_steps, "parallax.fit: validation_data")
+            val = evaluate_on(model, flavor, group, val_batches, callback_list)
+            logs.update({f"val_{k}": v for k, v in val.items()})
         callback_list.on_epoch_end(epoch, logs)
-        if group is not None and group.any(bool(model.stop_training)):
+        if group.any(bool(model.stop_training)):
             model.stop_training = True
         if model.stop_training:
             break
-    step.close()
+    _sync(step, model, close=True)
     callback_list.on_train_end(logs)
     history = model.history
     history.num_workers, history.worker_id, history.num_replicas = num_workers, worker_id, num_replicas
     return history
 
 
-def _train_step(model: Any, signature: list, outputs: dict) -> Any:
-    """Keras 3's ``train_step`` for one replica, its metrics left to the host: the loss and the predictions
-    (flattened; their structure goes into ``outputs["structure"]``)."""
+def _train_step(model: Any, flavor: Flavor, batches: _Batches, outputs: dict) -> Any:
+    """The model's ``train_step`` for one replica, its metrics left to the host: the loss, the predictions
+    (flattened; their structure goes into ``outputs["structure"]``) and what the flavor needs to record the
+    loss (:meth:`~parallax.tf2.keras_flavor.Flavor.record_loss`). It takes ``(x, y)``, or ``(x, y,
+    sample_weight)`` when the batches are weighted."""
 
-    @tf.function(input_signature=signature)
-    def train_step(x, y):
+    def step(x, y, sample_weight):
         with tf.GradientTape() as tape:
             prediction = model(x, training=True)
-            loss = model.compute_loss(x=x, y=y, y_pred=prediction, training=True)
-        variables = model.trainable_weights
-        model.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+            loss = flavor.loss(model, x, y, prediction, sample_weight)
+        flavor.apply(model, tape, loss)
         outputs["structure"] = prediction
-        return loss, tf.nest.flatten(prediction)
+        return loss, tf.nest.flatten(prediction), flavor.regularization(model)
 
-    return train_step
+    if batches.weighted:
+        return tf.function(step, input_signature=batches.signature)
+    return tf.function(lambda x, y: step(x, y, None), input_signature=batches.signature)
 
 
-def _sum_metrics(model: Any, group: Any) -> None:
-    """Every metric's state (counts and sums) summed over the workers: the metrics of every example."""
-    if group is None or group.size == 1:
-        return
+def _refuse_restoring(callbacks: list | None) -> None:
+    """``BackupAndRestore`` restores the weights when training begins: into the model, after Parallax has made
+    the job's variables from it (and on worker 0 alone), so every worker would train on without it."""
+    for callback in callbacks or []:
+        if type(callback).__name__ == "BackupAndRestore":
+            raise ValueError("parallax.fit: a BackupAndRestore callback restores the weights when training begins, "
+                             "after the job's variables were made from the model (on worker 0 alone), so the restore "
+                             "would be lost; restore before parallax.fit on every worker (model.load_weights) and "
+                             "pass initial_epoch, and save with ModelCheckpoint")
+
+
+def _sync(step: Any, model: Any, close: bool = False) -> None:
+    """The trained weights into the model's variables (and the session closed, with ``close``); its metrics'
+    states stay the host's (a loss that updates a metric inside the step, as tf_keras's compiled loss does,
+    updates each worker's own copy in the graph, which is not the epoch's)."""
     variables = [v for m in model.metrics for v in m.variables]
-    values = [np.asarray(v.numpy(), dtype=np.float64) for v in variables]
-    if not values:
-        return
-    summed = group.sum(np.concatenate([a.reshape(-1) for a in values]))
-    start = 0
-    for variable, value in zip(variables, values):
-        variable.assign(summed[start:start + value.size].reshape(value.shape).astype(variable.dtype))
-        start += value.size
+    kept = [v.numpy() for v in variables]
+    if close:
+        step.close()
+    else:
+        step.sync_variables()
+    for variable, value in zip(variables, kept):
+        variable.assign(value)
 
 
-def _numbers(logs: dict) -> dict:
-    return {k: float(np.asarray(v)) for k, v in logs.items()}
-
-
-def _pair(data: Any) -> tuple:
-    if isinstance(data, (list, tuple)) and len(data) == 2:
-        return tuple(data)
-    return (data,)
+def _triple(data: Any) -> tuple:
+    """``validation_data``: ``(x, y[, sample_weight])``, or a dataset."""
+    if isinstance(data, (list, tuple)) and len(data) in (2, 3):
+        return (*data, *([None] * (3 - len(data))))
+    return (data, None, None)
 
 
 class _Batches:
-    """The global batches of each epoch, from arrays or a ``tf.data.Dataset`` (see the module docstring)."""
+    """The global batches of each epoch, from arrays or a ``tf.data.Dataset`` (see the module docstring): tuples
+    ``(x, y)``, or ``(x, y, sample_weight)`` when there are weights (``weighted``)."""
 
     def __init__(self, x: Any, y: Any, batch_size: int | None, shuffle: bool, seed: int,
-                 steps_per_epoch: int | None) -> None:
+                 steps_per_epoch: int | None, sample_weight: Any = None) -> None:
         if x is None:
             raise TypeError("parallax.fit: x is missing (arrays, or a tf.data.Dataset of (inputs, targets) batches)")
         self._dataset = x if isinstance(x, tf.data.Dataset) else None
-        self._x, self._y = x, y
+        self._arrays = (x, y) if sample_weight is None else (x, y, sample_weight)
         self._batch = batch_size or 32
         self._shuffle, self._seed, self._steps = shuffle, seed, steps_per_epoch
         if self._dataset is None:
             self._n = len(tf.nest.flatten(x)[0])
-            first_x = tf.nest.map_structure(lambda a: np.asarray(a)[:1], x)
-            first_y = tf.nest.map_structure(lambda a: np.asarray(a)[:1], y)
+            first = tuple(tf.nest.map_structure(lambda a: np.asarray(a)[:1], a) for a in self._arrays)
         else:
-            first_x, first_y = next(iter(self._dataset))
-        self.signature = [_spec(first_x), _spec(first_y)]
+            first = next(iter(self._dataset))
+            if not isinstance(first, tuple) or len(first) not in (2, 3):
+                raise ValueError("parallax.fit: the dataset must yield (inputs, targets) or (inputs, targets, "
+                                 "sample_weights) batches")
+        self.weighted = len(first) == 3
+        self.signature = [_spec(a) for a in first]
 
     def steps(self, parts: int) -> int | None:
         if self._steps is not None or self._dataset is not None:
             return self._steps
         return len(list(self._cuts(0, parts)))
 
-    def epoch(self, epoch: int, parts: int) -> Iterator[tuple[Any, Any]]:
+    def epoch(self, epoch: int, parts: int) -> Iterator[tuple]:
         if self._dataset is not None:
-            for i, (x, y) in enumerate(self._dataset):
+            for i, batch in enumerate(self._dataset):
                 if self._steps is not None and i >= self._steps:
                     return
-                if len(tf.nest.flatten(x)[0]) % parts:
-                    raise ValueError(f"parallax.fit: batch {i} of the dataset has {len(tf.nest.flatten(x)[0])} "
+                if len(tf.nest.flatten(batch[0])[0]) % parts:
+                    raise ValueError(f"parallax.fit: batch {i} of the dataset has {len(tf.nest.flatten(batch[0])[0])} "
                                      f"examples, which do not split into {parts} equal parts (one per replica); "
                                      "batch it with a multiple of the replicas and drop_remainder=True")
-                yield tf.nest.map_structure(np.asarray, x), tf.nest.map_structure(np.asarray, y)
+                yield tuple(tf.nest.map_structure(np.asarray, a) for a in batch)
             return
         for chosen in self._cuts(epoch, parts):
-            yield (tf.nest.map_structure(lambda a, c=chosen: np.asarray(a)[c], self._x),
-                   tf.nest.map_structure(lambda a, c=chosen: np.asarray(a)[c], self._y))
+            yield tuple(tf.nest.map_structure(lambda v, c=chosen: np.asarray(v)[c], a) for a in self._arrays)
 
     def _cuts(self, epoch: int, parts: int) -> Iterator[np.ndarray]:
         order = np.random.RandomState(self._seed + epoch).permutation(self._n) if self._shuffle \
@@ -249,6 +290,40 @@ class _Batches:
                 return
             count += 1
             yield chosen
+
+
+def class_weights(y: Any, class_weight: dict) -> np.ndarray:
+    """The weight of each example of ``y`` by its class, as ``model.fit`` turns ``class_weight`` into sample
+    weights: ``y`` holds class indices (shape ``(n,)`` or ``(n, 1)``, rounded) or one-hot rows (the class is
+    the largest); a class without a weight weighs 1.
+
+    >>> class_weights(np.array([[0], [2], [1]]), {0: 2.0, 2: 3.0})
+    array([2., 3., 1.], dtype=float32)
+    """
+    labels = np.asarray(y)
+    if labels.ndim > 1:
+        labels = np.argmax(labels, axis=-1) if labels.shape[-1] != 1 else labels[..., 0]
+    return np.array([class_weight.get(int(c), 1.0) for c in np.round(labels).astype(np.int64)], dtype=np.float32)
+
+
+def split_validation(arrays: tuple, fraction: float) -> tuple[tuple, tuple]:
+    """The arrays cut as Keras cuts them for ``validation_split``: the last ``fraction`` of the examples (before
+    any shuffle) for validation, the rest for training (``None`` stays ``None``).
+
+    >>> split_validation((np.arange(10), None), 0.25)
+    ((array([0, 1, 2, 3, 4, 5, 6]), None), (array([7, 8, 9]), None))
+    """
+    if not 0 < fraction < 1:
+        raise ValueError(f"parallax.fit: validation_split must be between 0 and 1, got {fraction}")
+    n = len(tf.nest.flatten(arrays[0])[0])
+    at = int(np.floor(n * (1.0 - fraction)))
+    if at == 0 or at == n:
+        raise ValueError(f"parallax.fit: validation_split={fraction} of {n} examples leaves no examples to "
+                         f"{'train on' if at == 0 else 'validate on'}")
+    cut = [tuple(None if a is None else tf.nest.map_structure(lambda v, sl=sl: np.asarray(v)[sl], a)
+                 for a in arrays)
+           for sl in (slice(0, at), slice(at, n))]
+    return cut[0], cut[1]
 
 
 def _spec(value: Any) -> Any:

@@ -107,7 +107,7 @@ def test_the_tf_function_custom_loop_learns_and_equals_eager_training_on_one_dev
         assert worst < 1e-5, output[-3000:]
 
 
-def test_the_keras_fit_example_learns_and_equals_model_fit_on_one_device():
+def test_the_keras_fit_example_learns_and_equals_model_fit_evaluate_and_predict_on_one_device():
     output = run(sys.executable, "examples/keras/fit_embedding.py", "--resource_info", RESOURCES)
     assert "Epoch 4/4" in output  # Keras's progress bar, on worker 0
     for worker in range(2):
@@ -116,3 +116,7 @@ def test_the_keras_fit_example_learns_and_equals_model_fit_on_one_device():
         worst = float(re.search(rf"worker {worker}: largest difference from model.fit on one device ([\d.e+-]+)",
                                 output).group(1))
         assert worst < 1e-5, output[-3000:]
+        assert re.search(rf"worker {worker}: test accuracy [\d.]+%, 1000 predictions", output), output[-3000:]
+        gap = float(re.search(rf"worker {worker}: largest difference of the sharded evaluation and predictions from "
+                              r"model.evaluate and model.predict ([\d.e+-]+)", output).group(1))
+        assert gap < 1e-6, output[-3000:]

@@ -1,7 +1,11 @@
-"""``parallax.fit`` (parallax/tf2/fit.py) as a Keras user calls it, against ``model.fit`` on one device with the
-same batches: every epoch's logs (loss, metric, validation) and every trained weight, on every worker, in
-every mode on 2 processes and with 2 replicas in one process; for arrays in order, shuffled with a seed, and
-a ``tf.data.Dataset``; the ``ModelCheckpoint`` callback writes on worker 0."""
+"""``parallax.fit``, ``parallax.evaluate`` and ``parallax.predict`` (parallax/tf2/fit.py, evaluate.py) as a Keras user
+calls them, against ``model.fit`` / ``model.evaluate`` / ``model.predict`` on one device with the same batches:
+every epoch's logs (loss, metric, validation) and every trained weight, then the evaluation and the predictions
+of held-out examples (batches that do not split evenly over the workers), on every worker; in MPI, PS and HYBRID
+on 2 processes and with 2 replicas in one process, for Keras 3 with arrays in order, shuffled with a seed, and a
+``tf.data.Dataset``, for tf_keras with its legacy and new Adam, and for both with sample weights and
+``validation_split`` (the last two in PS and HYBRID in the extended suite); the ``ModelCheckpoint`` callback writes
+on worker 0."""
 
 from __future__ import annotations
 
@@ -17,7 +21,10 @@ from tests.multiprocess.harness import ROOT, ScriptJobs
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 SCRIPT = os.path.join(ROOT, "tests", "tf2", "fit_script.py")
-CASES = ["ordered", "shuffled", "dataset"]
+KERAS_3 = ["ordered", "shuffled", "dataset"]
+# tf_keras, and sample weights with validation_split: in the jobs of MPI and of the local replicas; in PS and
+# HYBRID, a job of their own (extended)
+MORE = ["tf_keras-legacy", "tf_keras-new", "weighted", "tf_keras-weighted"]
 # group: (resource file, run option, workers, replicas each)
 GROUPS = {
     "MPI-2": ("localhost: cpu:0,cpu:1\n", "MPI", 2),
@@ -25,12 +32,24 @@ GROUPS = {
     "HYBRID-2": ("localhost: cpu:0,cpu:1\n", "HYBRID", 2),
     "local-2-replicas": ("localhost: cpu:0,cpu:1\n", "PS", 1),
 }
+WITH_MORE = ("MPI-2", "local-2-replicas")
+
+
+def _jobs(factory, groups, cases):
+    return ScriptJobs(factory, SCRIPT, {g: (GROUPS[g][0], ["--run_option", GROUPS[g][1]]) for g in groups}, cases)
 
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
-    return ScriptJobs(tmp_path_factory, SCRIPT, {g: (text, ["--run_option", option])
-                                                 for g, (text, option, _) in GROUPS.items()}, CASES)
+    return {"all": _jobs(tmp_path_factory, WITH_MORE, KERAS_3 + MORE),
+            "keras": _jobs(tmp_path_factory, [g for g in GROUPS if g not in WITH_MORE], KERAS_3),
+            "more": _jobs(tmp_path_factory, [g for g in GROUPS if g not in WITH_MORE], MORE)}
+
+
+def _out(jobs, group: str, case: str) -> str:
+    if group in WITH_MORE:
+        return jobs["all"].case(group, case)
+    return jobs["keras" if case in KERAS_3 else "more"].case(group, case)
 
 
 @functools.cache
@@ -40,20 +59,41 @@ def reference(case: str):
     return single_device(case)
 
 
-@pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("group", [pytest.param(g, marks=pytest.mark.xdist_group(f"fit-{g}")) for g in GROUPS])
-def test_parallax_fit_equals_model_fit_on_one_device(jobs, group, case):
-    out = jobs.case(group, case)
-    history, weights = reference(case)
+def _cases():
+    for group in GROUPS:
+        for case in KERAS_3 + MORE:
+            marks = [pytest.mark.xdist_group(f"fit-{group}")]
+            if case in MORE and group not in WITH_MORE:
+                marks.append(pytest.mark.extended)
+            yield pytest.param(group, case, marks=marks, id=f"{case}-{group}")
+
+
+@pytest.mark.parametrize("group, case", list(_cases()))
+def test_parallax_fit_evaluate_and_predict_equal_keras_on_one_device(jobs, group, case):
+    out = _out(jobs, group, case)
+    history, weights, evaluated, predicted = reference(case)
     workers = GROUPS[group][2]
     for worker in range(workers):
+        where = f"{group} {case} worker {worker}"
         with open(os.path.join(out, f"rank_{worker}.json")) as f:
-            got = json.load(f)["history"]
-        assert sorted(got) == sorted(history) == ["loss", "mae", "val_loss", "val_mae"]
+            got = json.load(f)
+        assert sorted(got["history"]) == sorted(history) == ["loss", "mae", "val_loss", "val_mae"]
         for key, values in history.items():
-            np.testing.assert_allclose(got[key], values, rtol=1e-5, err_msg=f"{group} {case} worker {worker}: {key}")
-        with np.load(os.path.join(out, f"rank_{worker}.npz")) as got_weights:
+            np.testing.assert_allclose(got["history"][key], values, rtol=1e-5, err_msg=f"{where}: {key}")
+        # the sharded evaluation and prediction equal the model's own on one device, on every worker
+        assert sorted(got["evaluate"]) == sorted(got["evaluate_alone"]) == ["loss", "mae"]
+        for key, value in got["evaluate_alone"].items():
+            np.testing.assert_allclose(got["evaluate"][key], value, rtol=1e-6, err_msg=f"{where}: evaluate {key}")
+            np.testing.assert_allclose(got["evaluate"][key], evaluated[key], rtol=1e-5, err_msg=f"{where}: {key}")
+        np.testing.assert_allclose(got["evaluate_list"], [got["evaluate"]["loss"], got["evaluate"]["mae"]],
+                                   rtol=1e-7)
+        with np.load(os.path.join(out, f"rank_{worker}.npz")) as got_arrays:
+            assert got_arrays["predict"].shape == predicted.shape
+            np.testing.assert_allclose(got_arrays["predict"], got_arrays["predict_alone"], rtol=1e-6, atol=1e-7,
+                                       err_msg=f"{where}: predict")
+            np.testing.assert_allclose(got_arrays["predict"], predicted, rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{where}: predict")
             for i, value in enumerate(weights):
-                np.testing.assert_allclose(got_weights[f"v{i}"], value, rtol=1e-5, atol=1e-6,
-                                           err_msg=f"{group} {case} worker {worker}: weight {i}")
+                np.testing.assert_allclose(got_arrays[f"v{i}"], value, rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{where}: weight {i}")
     assert os.path.exists(os.path.join(out, "model.weights.h5"))  # the chief's ModelCheckpoint

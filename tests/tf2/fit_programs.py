@@ -1,11 +1,24 @@
-"""A compiled Keras 3 model as its users train it with ``model.fit``, and the same training on one device
-(the reference ``parallax.fit`` must equal): ``build()`` a fresh model (seeded), ``data()`` its examples."""
+"""A compiled Keras model as its users train it with ``model.fit``, and the same training on one device
+(the reference ``parallax.fit`` must equal): ``build()`` a fresh model (seeded; Keras 3, or tf_keras with its
+legacy or new Adam), ``data()`` its examples, ``held_out()`` the examples ``parallax.evaluate`` and
+``parallax.predict`` take after training."""
 
 from __future__ import annotations
 
 import numpy as np
 
 EXAMPLES, BATCH, EPOCHS = 48, 12, 3
+# parallax.evaluate / predict after fit: 11 examples in batches of 5 (5, 5, 1: uneven parts, and an empty one)
+HELD_OUT, EVAL_BATCH = 11, 5
+# case: the Keras that builds the model ("keras", "tf_keras-legacy", "tf_keras-new"); how the data comes is
+# the case's name: arrays in order, shuffled, a dataset; "weighted": with sample weights and validation_split
+CASES = {"ordered": "keras", "shuffled": "keras", "dataset": "keras", "tf_keras-legacy": "tf_keras-legacy",
+         "tf_keras-new": "tf_keras-new", "weighted": "keras", "tf_keras-weighted": "tf_keras-new"}
+SPLIT = 0.25  # the weighted cases' validation_split: 36 examples to train on, 12 to validate
+
+
+def weights():
+    return np.random.RandomState(5).uniform(0.1, 2.0, EXAMPLES).astype(np.float32)
 
 
 def data():
@@ -15,13 +28,24 @@ def data():
     return x, y, (rng.randint(0, 10, (12, 3)).astype(np.int32), rng.randn(12, 1).astype(np.float32))
 
 
-def build():
-    import keras
+def held_out():
+    rng = np.random.RandomState(4)
+    return rng.randint(0, 10, (HELD_OUT, 3)).astype(np.int32), rng.randn(HELD_OUT, 1).astype(np.float32)
 
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.layers.Input((3,), dtype="int32"), keras.layers.Embedding(10, 4),
-                              keras.layers.Flatten(), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse", metrics=["mae"])
+
+def build(flavor: str = "keras"):
+    if flavor == "keras":
+        import keras as k
+
+        optimizer = k.optimizers.Adam(0.05)
+    else:
+        import tf_keras as k
+
+        optimizer = (k.optimizers.legacy if flavor == "tf_keras-legacy" else k.optimizers).Adam(0.05)
+    k.utils.set_random_seed(1)
+    model = k.Sequential([k.layers.Input((3,), dtype="int32"), k.layers.Embedding(10, 4),
+                          k.layers.Flatten(), k.layers.Dense(4, activation="relu"), k.layers.Dense(1)])
+    model.compile(optimizer=optimizer, loss="mse", metrics=["mae"])
     return model
 
 
@@ -32,9 +56,10 @@ def dataset():
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH, drop_remainder=True)
 
 
-def single_device(case: str, seed: int = 0) -> tuple[dict, list]:
-    """``model.fit`` on one device with the batches ``parallax.fit`` makes for ``case``: its History and weights."""
-    model = build()
+def single_device(case: str, seed: int = 0) -> tuple[dict, list, dict, np.ndarray]:
+    """``model.fit`` on one device with the batches ``parallax.fit`` makes for ``case``: its History and
+    weights, then ``model.evaluate`` (a dict) and ``model.predict`` of the held-out examples."""
+    model = build(CASES[case])
     x, y, validation = data()
     if case == "shuffled":  # parallax.fit's epochs: a permutation from RandomState(seed + epoch) each
         history: dict = {}
@@ -46,7 +71,13 @@ def single_device(case: str, seed: int = 0) -> tuple[dict, list]:
                 history.setdefault(k, []).extend(v)
     elif case == "dataset":
         history = model.fit(dataset(), epochs=EPOCHS, validation_data=validation, verbose=0).history
+    elif case.endswith("weighted"):
+        history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, sample_weight=weights(),
+                            validation_split=SPLIT, verbose=0).history
     else:
         history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, validation_data=validation,
                             verbose=0).history
-    return history, [v.numpy() for v in model.trainable_variables]
+    test_x, test_y = held_out()
+    evaluated = model.evaluate(test_x, test_y, batch_size=EVAL_BATCH, verbose=0, return_dict=True)
+    return (history, [v.numpy() for v in model.trainable_variables], {k: float(v) for k, v in evaluated.items()},
+            model.predict(test_x, batch_size=EVAL_BATCH, verbose=0))

@@ -1,9 +1,12 @@
-"""A user's Keras 3 program trained with ``parallax.fit``: ``python fit_script.py --resource_info R
---run_option M --out D CASE...``; each rank writes its History and trained weights to ``D/<case>/rank_<id>``."""
+"""A user's Keras program trained with ``parallax.fit``, then evaluated and asked for predictions with
+``parallax.evaluate`` / ``parallax.predict``: ``python fit_script.py --resource_info R --run_option M --out D
+CASE...``; each rank writes its History, trained weights, evaluation and predictions (and ``model.evaluate`` /
+``model.predict`` of its own trained model on one device) to ``D/<case>/rank_<id>``."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -13,7 +16,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import numpy as np  # noqa: E402
 
 import parallax  # noqa: E402
-from tests.tf2.fit_programs import BATCH, EPOCHS, build, data, dataset  # noqa: E402
+from tests.tf2.fit_programs import (  # noqa: E402
+    BATCH,
+    CASES,
+    EPOCHS,
+    EVAL_BATCH,
+    SPLIT,
+    build,
+    data,
+    dataset,
+    held_out,
+    weights,
+)
 
 
 def main() -> None:
@@ -24,9 +38,8 @@ def main() -> None:
     p.add_argument("cases", nargs="+")
     args = p.parse_args()
     for case in args.cases:
-        import keras
-
-        model = build()
+        model = build(CASES[case])
+        keras = importlib.import_module("keras" if CASES[case] == "keras" else "tf_keras")
         x, y, validation = data()
         out = os.path.join(args.out, case)
         os.makedirs(out, exist_ok=True)
@@ -34,13 +47,25 @@ def main() -> None:
         config = parallax.Config(run_option=args.run_option, average_sparse=True, stall_timeout=60)
         source = dict(x=dataset()) if case == "dataset" else dict(x=x, y=y, batch_size=BATCH,
                                                                   shuffle=case == "shuffled", seed=0)
-        history = parallax.fit(model, **source, epochs=EPOCHS, validation_data=validation, callbacks=callbacks,
-                               verbose=0, resource_info=args.resource_info, parallax_config=config)
+        if case.endswith("weighted"):
+            source.update(sample_weight=weights(), validation_split=SPLIT)
+        else:
+            source.update(validation_data=validation)
+        history = parallax.fit(model, **source, epochs=EPOCHS, callbacks=callbacks, verbose=0,
+                               resource_info=args.resource_info, parallax_config=config)
+        test_x, test_y = held_out()
+        evaluated = parallax.evaluate(model, test_x, test_y, batch_size=EVAL_BATCH, verbose=0, return_dict=True)
+        alone = model.evaluate(test_x, test_y, batch_size=EVAL_BATCH, verbose=0, return_dict=True)
         rank = history.worker_id
         with open(os.path.join(out, f"rank_{rank}.json"), "w") as f:
-            json.dump({"history": history.history}, f)
-        np.savez(os.path.join(out, f"rank_{rank}.npz"), **{f"v{i}": v.numpy() for i, v in
-                                                            enumerate(model.trainable_variables)})
+            json.dump({"history": history.history, "evaluate": evaluated,
+                       "evaluate_alone": {k: float(v) for k, v in alone.items()},
+                       "evaluate_list": parallax.evaluate(model, test_x, test_y, batch_size=EVAL_BATCH, verbose=0)},
+                      f)
+        np.savez(os.path.join(out, f"rank_{rank}.npz"),
+                 predict=parallax.predict(model, test_x, batch_size=EVAL_BATCH, verbose=0),
+                 predict_alone=model.predict(test_x, batch_size=EVAL_BATCH, verbose=0),
+                 **{f"v{i}": v.numpy() for i, v in enumerate(model.trainable_variables)})
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""parallax.fit's own checks and its batches (parallax/tf2/fit.py), without processes."""
+"""parallax.fit, evaluate and predict: their checks, batches, parts and gather order (parallax/tf2/fit.py and
+evaluate.py), without processes."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import numpy as np
 import pytest
 
 import parallax
-from parallax.tf2.fit import _Batches, parts
+from parallax.tf2.evaluate import global_batches, in_order, worker_part
+from parallax.tf2.fit import _Batches, class_weights, parts, split_validation
 
 
 def test_a_model_that_is_not_compiled_is_refused_saying_what_to_do():
@@ -17,8 +19,9 @@ def test_a_model_that_is_not_compiled_is_refused_saying_what_to_do():
         parallax.fit(model, np.zeros((4, 2)), np.zeros((4, 1)), resource_info="unused")
 
 
-def test_something_other_than_a_keras_3_model_is_refused():
-    with pytest.raises(TypeError, match=r"^parallax.fit: model must be a Keras 3 model \(keras.Model\), got str"):
+def test_something_other_than_a_keras_model_is_refused():
+    with pytest.raises(TypeError, match=r"^parallax.fit: model must be a Keras 3 model \(keras.Model\) or a tf_keras "
+                                        r"one \(tf_keras.Model\), got str"):
         parallax.fit("model", np.zeros((4, 2)), np.zeros((4, 1)), resource_info="unused")
 
 
@@ -41,3 +44,129 @@ def test_the_epochs_are_batches_in_order_or_one_seeded_permutation_each_and_a_ra
     shuffled = _Batches(x, y, 5, shuffle=True, seed=3, steps_per_epoch=None)
     order = np.random.RandomState(3 + 1).permutation(10)
     assert [b[0][:, 0].tolist() for b in shuffled.epoch(1, 1)] == [order[:5].tolist(), order[5:].tolist()]
+
+
+@pytest.mark.parametrize("examples, workers", [(10, 2), (7, 3), (2, 3), (0, 2), (5, 1)],
+                         ids=["even", "uneven", "fewer-than-workers", "empty", "one-worker"])
+def test_the_workers_parts_of_a_batch_hold_every_example_once_in_order(examples, workers):
+    batch = (np.arange(examples), {"w": np.arange(examples) * 10})
+    mine = [worker_part(batch, workers, w) for w in range(workers)]
+    assert np.concatenate([m[0] for m in mine]).tolist() == list(range(examples))
+    assert [len(m[0]) for m in mine] == [len(p) for p in np.array_split(np.arange(examples), workers)]
+    np.testing.assert_array_equal(np.concatenate([m[1]["w"] for m in mine]), np.arange(examples) * 10)
+
+
+def test_a_missing_target_or_weight_stays_missing_in_each_part():
+    assert worker_part((np.arange(4), None, None), 2, 1)[1:] == (None, None)
+
+
+def test_the_gathered_predictions_come_back_in_the_original_order():
+    examples, workers, batch = 11, 3, 4  # batches of 4, 4, 3: parts [2,1,1], [2,1,1], [1,1,1]
+    x = np.arange(examples)
+    per_worker = [[None] * 3 for _ in range(workers)]
+    for i, start in enumerate(range(0, examples, batch)):
+        for w in range(workers):
+            part = worker_part(x[start:start + batch], workers, w)
+            per_worker[w][i] = {"y": part * 2, "z": part[:, None]} if len(part) else None
+    got = in_order(per_worker)
+    np.testing.assert_array_equal(got["y"], x * 2)
+    np.testing.assert_array_equal(got["z"][:, 0], x)
+
+
+def test_a_batch_smaller_than_the_workers_leaves_empty_parts_out_of_the_gather():
+    per_worker = [[np.array([0]), np.array([2])], [np.array([1]), None], [None, None]]
+    np.testing.assert_array_equal(in_order(per_worker), [0, 1, 2])
+
+
+def test_arrays_are_evaluated_in_global_batches_in_order_the_last_as_short_as_it_is():
+    x, y = np.arange(10)[:, None], np.arange(10)
+    count, batches = global_batches(x, y, None, 4, None, "test")
+    cut = list(batches)
+    assert count == len(cut) == 3
+    assert [b[1].tolist() for b in cut] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert all(b[2] is None for b in cut)
+    count, batches = global_batches(x, y, None, 4, 2, "test")
+    assert count == 2 and [b[1].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_a_dataset_is_evaluated_as_it_yields_its_batches():
+    import tensorflow as tf
+
+    dataset = tf.data.Dataset.from_tensor_slices((np.arange(5), np.arange(5) * 2)).batch(2)
+    count, batches = global_batches(dataset, None, None, None, None, "test")
+    cut = list(batches)
+    assert count is None
+    assert [b[1].tolist() for b in cut] == [[0, 2], [4, 6], [8]] and cut[0][2] is None
+
+
+def test_evaluate_and_predict_with_no_job_run_alone_saying_so_at_warning(caplog):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.layers.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    x, y = np.random.RandomState(0).randn(7, 2), np.random.RandomState(1).randn(7, 1)
+    got = parallax.evaluate(model, x, y, batch_size=3, verbose=0)
+    np.testing.assert_allclose(got, model.evaluate(x, y, batch_size=3, verbose=0), rtol=1e-6)
+    np.testing.assert_allclose(parallax.predict(model, x, batch_size=3, verbose=0),
+                               model.predict(x, batch_size=3, verbose=0), rtol=1e-6)
+    assert "parallax.evaluate: no parallax.fit has run in this process, so there is no job to shard over" in caplog.text
+    assert "parallax.predict: no parallax.fit has run in this process" in caplog.text
+
+
+def _tiny(keras_module=None):
+    import keras
+
+    k = keras_module or keras
+    k.utils.set_random_seed(0)
+    model = k.Sequential([k.layers.Input((2,)), k.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def test_a_backup_and_restore_callback_is_refused_saying_how_to_restore(tmp_path):
+    import keras
+
+    callback = keras.callbacks.BackupAndRestore(str(tmp_path))
+    with pytest.raises(ValueError, match=r"^parallax.fit: a BackupAndRestore callback restores the weights when "
+                                         r"training begins, .* \(model.load_weights\) and pass initial_epoch"):
+        parallax.fit(_tiny(), np.zeros((4, 2)), np.zeros((4,)), callbacks=[callback], resource_info="unused")
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (dict(class_weight={0: 1.0}, sample_weight=np.ones(4)), "class_weight goes with arrays x, y and no sample_weight"),
+    (dict(validation_split=0.5, validation_data=(np.zeros((2, 2)), np.zeros(2))), "validation_split cuts arrays"),
+    (dict(validation_split=1.5), r"validation_split must be between 0 and 1, got 1.5"),
+], ids=["class-and-sample-weights", "split-and-validation-data", "split-out-of-range"])
+def test_weights_and_splits_that_model_fit_does_not_take_are_refused(arguments, message):
+    with pytest.raises(ValueError, match=rf"^parallax.fit: {message}"):
+        parallax.fit(_tiny(), np.zeros((4, 2)), np.zeros((4,)), resource_info="unused", **arguments)
+
+
+def test_class_weights_are_the_sample_weights_model_fit_makes_of_them():
+    x = np.random.RandomState(0).randn(12, 2).astype(np.float32)
+    y = np.array([0, 1, 2, 1, 0, 2, 2, 1, 0, 0, 1, 2])
+    weights = {0: 0.5, 2: 3.0}  # class 1 weighs 1, as in model.fit
+    by_class, by_sample = _tiny(), _tiny()
+    by_class.fit(x, y, batch_size=4, shuffle=False, class_weight=weights, verbose=0)
+    by_sample.fit(x, y, batch_size=4, shuffle=False, sample_weight=class_weights(y, weights), verbose=0)
+    for a, b in zip(by_class.trainable_variables, by_sample.trainable_variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(class_weights(np.eye(3)[y], weights), class_weights(y[:, None], weights))
+
+
+def test_validation_split_holds_out_the_last_examples_and_their_weights():
+    train, held = split_validation((np.arange(10), np.arange(10) * 2, None), 0.2)
+    assert [a.tolist() for a in train[:2]] == [list(range(8)), [2 * i for i in range(8)]] and train[2] is None
+    assert [a.tolist() for a in held[:2]] == [[8, 9], [16, 18]]
+
+
+def test_tf_keras_models_evaluate_and_predict_as_tf_keras_does_alone():
+    import tf_keras
+
+    model = _tiny(tf_keras)
+    x, y = np.random.RandomState(0).randn(7, 2), np.array([0, 1, 2, 1, 0, 2, 2])
+    np.testing.assert_allclose(parallax.evaluate(model, x, y, batch_size=3, verbose=0),
+                               model.evaluate(x, y, batch_size=3, verbose=0), rtol=1e-6)
+    np.testing.assert_allclose(parallax.predict(model, x, batch_size=3, verbose=0),
+                               model.predict(x, batch_size=3, verbose=0), rtol=1e-6)
