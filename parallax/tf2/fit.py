@@ -145,6 +145,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         verbose=1 if verbose == "auto" else verbose, epochs=epochs, steps=steps)
     model.stop_training = False
     callback_list.on_train_begin()
+    saves_in_epochs = chief and _saves_within_epochs(kept)
     logs: dict = {}
     for epoch in range(initial_epoch, epochs):
         model.reset_metrics()
@@ -161,6 +162,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                 flavor.record_loss(model, losses[k], tf.constant(regularization[k]), part_x, part_y, part_w,
                                    prediction)
                 model.compute_metrics(part_x, part_y, prediction, part_w)
+            if saves_in_epochs:  # a ModelCheckpoint(save_freq=<batches>) saves the weights trained so far
+                _sync(step, model)
             callback_list.on_train_batch_end(index, numbers(model.get_metrics_result()))
         sum_metrics(model, group)
         logs = numbers(model.get_metrics_result())
@@ -199,6 +202,13 @@ def _train_step(model: Any, flavor: Flavor, batches: _Batches, outputs: dict) ->
     if batches.weighted:
         return tf.function(step, input_signature=batches.signature)
     return tf.function(lambda x, y: step(x, y, None), input_signature=batches.signature)
+
+
+def _saves_within_epochs(callbacks: list) -> bool:
+    """Whether a callback saves the weights after some batches (``ModelCheckpoint(save_freq=<int>)``): the
+    model's variables must then hold the trained values after every batch, not only at each epoch's end."""
+    return any(type(c).__name__ == "ModelCheckpoint" and getattr(c, "save_freq", "epoch") != "epoch"
+               for c in callbacks)
 
 
 def _refuse_restoring(callbacks: list | None) -> None:

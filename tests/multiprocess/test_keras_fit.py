@@ -97,3 +97,15 @@ def test_parallax_fit_evaluate_and_predict_equal_keras_on_one_device(jobs, group
                 np.testing.assert_allclose(got_arrays[f"v{i}"], value, rtol=1e-5, atol=1e-6,
                                            err_msg=f"{where}: weight {i}")
     assert os.path.exists(os.path.join(out, "model.weights.h5"))  # the chief's ModelCheckpoint
+
+
+@pytest.mark.parametrize("group", [pytest.param(g, marks=pytest.mark.xdist_group(f"fit-{g}")) for g in GROUPS])
+def test_a_checkpoint_saved_within_an_epoch_holds_the_weights_trained_so_far(jobs, group, tmp_path):
+    from tests.tf2.fit_programs import saved_within_epochs, single_device_within_epochs
+
+    want = single_device_within_epochs(str(tmp_path))
+    got = saved_within_epochs(_out(jobs, group, "ordered"))  # worker 0's ModelCheckpoint(save_freq=3)
+    assert sorted(got) == sorted(want) == ["e1.weights.h5", "e2.weights.h5", "e3.weights.h5"]
+    for name, values in want.items():
+        for i, value in enumerate(values):
+            np.testing.assert_allclose(got[name][i], value, rtol=1e-5, atol=1e-6, err_msg=f"{group} {name}: {i}")

@@ -81,3 +81,35 @@ def single_device(case: str, seed: int = 0) -> tuple[dict, list, dict, np.ndarra
     evaluated = model.evaluate(test_x, test_y, batch_size=EVAL_BATCH, verbose=0, return_dict=True)
     return (history, [v.numpy() for v in model.trainable_variables], {k: float(v) for k, v in evaluated.items()},
             model.predict(test_x, batch_size=EVAL_BATCH, verbose=0))
+
+
+def within_epochs(keras, directory: str):
+    """A ``ModelCheckpoint`` that saves every 3 steps (within epochs) into ``directory/e<epoch>.weights.h5``."""
+    import os
+
+    return keras.callbacks.ModelCheckpoint(os.path.join(directory, "e{epoch}.weights.h5"), save_weights_only=True,
+                                           save_freq=3)
+
+
+def saved_within_epochs(directory: str) -> dict[str, list]:
+    """The weights each file of :func:`within_epochs` holds."""
+    import os
+
+    saved = {}
+    for name in sorted(os.listdir(directory)):
+        if name.startswith("e") and name.endswith(".weights.h5"):
+            model = build()
+            model.load_weights(os.path.join(directory, name))
+            saved[name] = [v.numpy() for v in model.trainable_variables]
+    return saved
+
+
+def single_device_within_epochs(directory: str) -> dict[str, list]:
+    """``model.fit`` of the ordered case on one device with :func:`within_epochs`: what its files hold."""
+    import keras
+
+    model = build()
+    x, y, validation = data()
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, validation_data=validation, verbose=0,
+              callbacks=[within_epochs(keras, directory)])
+    return saved_within_epochs(directory)

@@ -27,6 +27,7 @@ from tests.tf2.fit_programs import (  # noqa: E402
     dataset,
     held_out,
     weights,
+    within_epochs,
 )
 
 
@@ -44,6 +45,8 @@ def main() -> None:
         out = os.path.join(args.out, case)
         os.makedirs(out, exist_ok=True)
         callbacks = [keras.callbacks.ModelCheckpoint(os.path.join(out, "model.weights.h5"), save_weights_only=True)]
+        if case == "ordered":  # saves within epochs too: the weights of steps 3, 6 (and 12)
+            callbacks.append(within_epochs(keras, out))
         config = parallax.Config(run_option=args.run_option, average_sparse=True, stall_timeout=60)
         source = dict(x=dataset()) if case == "dataset" else dict(x=x, y=y, batch_size=BATCH,
                                                                   shuffle=case == "shuffled", seed=0)
