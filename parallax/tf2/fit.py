@@ -108,6 +108,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     from parallax.api import parallel_run
 
     flavor = flavor_of(model, "parallax.fit")
+    _refuse_own_train_step(model, flavor)
     _refuse_restoring(callbacks)
     if class_weight is not None:
         if sample_weight is not None or isinstance(x, tf.data.Dataset):
@@ -209,6 +210,16 @@ def _saves_within_epochs(callbacks: list) -> bool:
     model's variables must then hold the trained values after every batch, not only at each epoch's end."""
     return any(type(c).__name__ == "ModelCheckpoint" and getattr(c, "save_freq", "epoch") != "epoch"
                for c in callbacks)
+
+
+def _refuse_own_train_step(model: Any, flavor: Flavor) -> None:
+    """``parallax.fit`` trains with Keras's own step; a model that overrides ``train_step`` (a GAN, a custom
+    loss or update) would be trained otherwise than ``model.fit`` trains it."""
+    if type(model).train_step is not flavor.module.Model.train_step:
+        raise ValueError(f"parallax.fit: {type(model).__name__} overrides train_step, and parallax.fit trains with "
+                         "Keras's own step (the forward pass, the compiled loss, the optimizer's update), so it would "
+                         "not train as model.fit does; pass your step as a tf.function with an input_signature to "
+                         "parallax.parallel_run (docs/tf2_programs.md)")
 
 
 def _refuse_restoring(callbacks: list | None) -> None:

@@ -170,3 +170,26 @@ def test_tf_keras_models_evaluate_and_predict_as_tf_keras_does_alone():
                                model.evaluate(x, y, batch_size=3, verbose=0), rtol=1e-6)
     np.testing.assert_allclose(parallax.predict(model, x, batch_size=3, verbose=0),
                                model.predict(x, batch_size=3, verbose=0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("flavor", ["keras", "tf_keras"])
+def test_a_model_with_its_own_train_step_is_refused_saying_to_pass_the_step(flavor):
+    import importlib
+
+    k = importlib.import_module(flavor)
+
+    class Custom(k.Model):  # as in Keras's guide "Customizing what happens in fit()"
+        def __init__(self):
+            super().__init__()
+            self.dense = k.layers.Dense(1)
+
+        def call(self, x):
+            return self.dense(x)
+
+        def train_step(self, data):
+            return super().train_step(data)
+
+    model = Custom()
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ValueError, match=r"Custom overrides train_step.*parallax.parallel_run"):
+        parallax.fit(model, np.zeros((4, 2), np.float32), np.zeros((4, 1), np.float32), resource_info="unused")
