@@ -1,0 +1,64 @@
+"""Public TensorFlow 2 custom training loops (tests/tf2/public_programs.py: Keras's guide "Writing a training
+loop from scratch" and TensorFlow's "Custom training: walkthrough", rewritten small) trained by
+``parallel_run`` with their steps unchanged, in MPI, PS, HYBRID on 2 processes and with 2 replicas in one
+process, against one device on the union batches: every replica's loss at every step, every trained weight,
+and the accuracy each keeps (the walkthrough's from the returned logits, of every replica; the guide's metric,
+updated inside the step, as docs/tf2_programs.md says such state is kept)."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+import pytest
+
+from tests.multiprocess.harness import ROOT, ScriptJobs
+from tests.tf2.public_programs import PROGRAMS
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+SCRIPT = os.path.join(ROOT, "tests", "tf2", "public_script.py")
+STEPS = 4
+# group: (resource file, run option, processes, replicas each, whose copy of the step's own metric each keeps)
+GROUPS = {
+    "MPI-2": ("localhost: cpu:0,cpu:1\n", "MPI", 2, 1, "own"),
+    "PS-2": ("localhost: cpu:0\nlocalhost: cpu:1\n", "PS", 2, 1, "worker 0"),
+    "HYBRID-2": ("localhost: cpu:0,cpu:1\n", "HYBRID", 2, 1, "own"),
+    "local-2-replicas": ("localhost: cpu:0,cpu:1\n", "PS", 1, 2, "own"),
+}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    return ScriptJobs(tmp_path_factory, SCRIPT, {g: (text, ["--run_option", option, "--steps", str(STEPS)])
+                                                 for g, (text, option, *_) in GROUPS.items()}, PROGRAMS)
+
+
+@functools.cache
+def reference(name: str):
+    from tests.tf2.public_programs import eager
+
+    return eager(name, STEPS)
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+@pytest.mark.parametrize("group", [pytest.param(g, marks=[pytest.mark.xdist_group(f"tf2-public-{g}")]
+                                                + ([pytest.mark.extended] if g == "HYBRID-2" else []))
+                                   for g in GROUPS])
+def test_a_public_custom_training_loop_trains_as_on_one_device(jobs, group, name):
+    out = jobs.case(group, name)
+    losses, weights, right = reference(name)
+    _, _, processes, replicas, whose = GROUPS[group]
+    for rank in range(processes):
+        where = f"{group} {name} rank {rank}"
+        with np.load(os.path.join(out, f"rank_{rank}.npz")) as got:
+            parts = slice(rank * replicas, (rank + 1) * replicas)
+            np.testing.assert_allclose(got["losses"], losses[:, parts], rtol=1e-5, err_msg=where)
+            for i, value in enumerate(weights):
+                np.testing.assert_allclose(got[f"v{i}"], value, rtol=1e-5, atol=1e-6, err_msg=f"{where}: {i}")
+            if name == "tf-walkthrough":
+                assert list(got["correct"]) == list(right[parts]), where
+            else:  # the step's metric: the writes of a worker's first replica (of worker 0's in PS)
+                first = rank * replicas if whose == "own" else 0
+                assert int(got["correct"][0]) == int(right[first]), where

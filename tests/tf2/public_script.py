@@ -1,0 +1,51 @@
+"""The public custom training loops of tests/tf2/public_programs.py as their users run them with Parallax:
+``python public_script.py --resource_info R --run_option M --out D --steps N PROGRAM...``; each rank writes
+each replica's losses, its correct-prediction counts and its trained weights to ``D/<program>/rank_<id>.npz``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import numpy as np  # noqa: E402
+
+import parallax  # noqa: E402
+from tests.tf2.public_programs import batches, build, correct  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--resource_info", required=True)
+    p.add_argument("--run_option", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("programs", nargs="+")
+    args = p.parse_args()
+    for name in args.programs:
+        train_step, model, accuracy = build(name)
+        config = parallax.Config(run_option=args.run_option, stall_timeout=60)
+        step, num_workers, worker_id, num_replicas = parallax.parallel_run(train_step, args.resource_info,
+                                                                           parallax_config=config)
+        parts, mine = num_workers * num_replicas, slice(worker_id * num_replicas, (worker_id + 1) * num_replicas)
+        losses, right = [], np.zeros(num_replicas, np.int64)
+        for x, y in batches(name, args.steps):
+            xs, ys = np.split(x, parts)[mine], np.split(y, parts)[mine]
+            out = step(xs, ys)
+            if accuracy is None:  # the walkthrough: the loop keeps the accuracy, from the logits the step returns
+                out, logits = out
+                right += [correct(np.asarray(lg), yp) for lg, yp in zip(logits, ys)]
+            losses.append([float(v) for v in out])
+        step.close()
+        if accuracy is not None:  # the guide: the step's own metric (this worker's first replica's, see the docs)
+            right[0] = int(round(float(accuracy.variables[0].numpy())))
+        out_dir = os.path.join(args.out, name)
+        os.makedirs(out_dir, exist_ok=True)
+        np.savez(os.path.join(out_dir, f"rank_{worker_id}.npz"), losses=np.array(losses), correct=right,
+                 **{f"v{i}": v.numpy() for i, v in enumerate(model.trainable_variables)})
+
+
+if __name__ == "__main__":
+    main()
