@@ -57,6 +57,7 @@ from parallax.session import ParallaxSession
 from parallax.settings import Settings, derive
 from parallax.startup import start_worker
 from parallax.tf2.checkpoints import step_checkpoints
+from parallax.tf2.evaluate import use_job
 from parallax.tf2.step import DistributedStep
 from parallax.tf2.trace import is_step_function, trace_step
 from parallax.trials.choice import with_choice
@@ -140,6 +141,8 @@ def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
         raise SystemExit(outcome)  # the one place a parallel_run call ends its process
     if traced is not None:
         session, *rest = outcome
+        if session.group is not None:
+            use_job(session.group)  # parallax.evaluate and parallax.predict shard over this job's workers
         return (DistributedStep(session, traced, checkpoints, worker_id=rest[1]), *rest)
     return outcome
 

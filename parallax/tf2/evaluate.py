@@ -43,18 +43,19 @@ _JOB: list[WorkerGroup] = []
 
 
 def use_job(group: WorkerGroup) -> None:
-    """Make ``group`` (the workers of the job ``parallax.fit`` runs in) the one ``evaluate`` and ``predict``
-    shard over in this process from now on."""
+    """Make ``group`` (the workers of the job ``parallax.fit``, or ``parallel_run`` of a ``tf.function`` step,
+    runs in) the one ``evaluate`` and ``predict`` shard over in this process from now on."""
     _JOB[:] = [group]
 
 
 def job_group(caller: str) -> WorkerGroup:
-    """The workers of this process's job; alone (said at WARNING) when ``parallax.fit`` has not run here."""
+    """The workers of this process's job; alone (said at WARNING) when no job has started here."""
     if _JOB:
         return _JOB[0]
-    log.warning("%s: no parallax.fit has run in this process, so there is no job to shard over: it runs on this "
-                "process alone, over all the data (as model.%s does); call it after parallax.fit in the job's "
-                "script to shard it over the workers", caller, caller.rsplit(".", 1)[-1])
+    log.warning("%s: no job has started in this process (parallax.fit, or parallel_run of a tf.function step), so "
+                "there is none to shard over: it runs on this process alone, over all the data (as model.%s "
+                "does); call it after the job has started in the job's script to shard it over the workers",
+                caller, caller.rsplit(".", 1)[-1])
     return Alone()
 
 

@@ -3,7 +3,8 @@ loop from scratch" and TensorFlow's "Custom training: walkthrough", rewritten sm
 ``parallel_run`` with their steps unchanged, in MPI, PS, HYBRID on 2 processes and with 2 replicas in one
 process, against one device on the union batches: every replica's loss at every step, every trained weight,
 and the accuracy each keeps (the walkthrough's from the returned logits, of every replica; the guide's metric,
-updated inside the step, as docs/tf2_programs.md says such state is kept)."""
+updated inside the step, as docs/tf2_programs.md says such state is kept); then ``parallax.predict`` of held-out
+examples, sharded over the job's workers, equals ``model.predict``."""
 
 from __future__ import annotations
 
@@ -57,6 +58,8 @@ def test_a_public_custom_training_loop_trains_as_on_one_device(jobs, group, name
             np.testing.assert_allclose(got["losses"], losses[:, parts], rtol=1e-5, err_msg=where)
             for i, value in enumerate(weights):
                 np.testing.assert_allclose(got[f"v{i}"], value, rtol=1e-5, atol=1e-6, err_msg=f"{where}: {i}")
+            # parallax.predict in a parallel_run job: sharded over its workers, gathered in order
+            np.testing.assert_allclose(got["predict"], got["predict_alone"], rtol=1e-6, atol=1e-7, err_msg=where)
             if name == "tf-walkthrough":
                 assert list(got["correct"]) == list(right[parts]), where
             else:  # the step's metric: the writes of a worker's first replica (of worker 0's in PS)

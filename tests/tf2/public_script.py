@@ -1,6 +1,7 @@
 """The public custom training loops of tests/tf2/public_programs.py as their users run them with Parallax:
 ``python public_script.py --resource_info R --run_option M --out D --steps N PROGRAM...``; each rank writes
-each replica's losses, its correct-prediction counts and its trained weights to ``D/<program>/rank_<id>.npz``."""
+each replica's losses, its correct-prediction counts, its trained weights and ``parallax.predict`` of held-out
+examples (with ``model.predict``'s, alone) to ``D/<program>/rank_<id>.npz``."""
 
 from __future__ import annotations
 
@@ -41,9 +42,12 @@ def main() -> None:
         step.close()
         if accuracy is not None:  # the guide: the step's own metric (this worker's first replica's, see the docs)
             right[0] = int(round(float(accuracy.variables[0].numpy())))
+        held_out = batches(name, 1)[0][0][:11]  # sharded over the job's workers (the model is not compiled)
+        predicted = parallax.predict(model, held_out, batch_size=5, verbose=0)
         out_dir = os.path.join(args.out, name)
         os.makedirs(out_dir, exist_ok=True)
         np.savez(os.path.join(out_dir, f"rank_{worker_id}.npz"), losses=np.array(losses), correct=right,
+                 predict=predicted, predict_alone=model.predict(held_out, batch_size=5, verbose=0),
                  **{f"v{i}": v.numpy() for i, v in enumerate(model.trainable_variables)})
 
 

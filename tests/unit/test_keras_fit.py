@@ -110,8 +110,8 @@ def test_evaluate_and_predict_with_no_job_run_alone_saying_so_at_warning(caplog)
     np.testing.assert_allclose(got, model.evaluate(x, y, batch_size=3, verbose=0), rtol=1e-6)
     np.testing.assert_allclose(parallax.predict(model, x, batch_size=3, verbose=0),
                                model.predict(x, batch_size=3, verbose=0), rtol=1e-6)
-    assert "parallax.evaluate: no parallax.fit has run in this process, so there is no job to shard over" in caplog.text
-    assert "parallax.predict: no parallax.fit has run in this process" in caplog.text
+    assert "parallax.evaluate: no job has started in this process (parallax.fit, or parallel_run of a" in caplog.text
+    assert "parallax.predict: no job has started in this process" in caplog.text
 
 
 def _tiny(keras_module=None):
