@@ -10,7 +10,7 @@ __all__ = ["REPLICA_PREFIX", "replica_op_name", "copy_replica", "replica_tensor_
            "replica_frame_name", "replica_function_name", "aggregate_outputs", "SYNC_PREFIX", "LOCAL_COPY_PREFIX",
            "sync_scope", "unsynchronised_train_op", "aggregate_step_scope", "variable_sync_scope", "local_copy_scope",
            "is_parallax_op", "packed_reads_scope", "MICRO_PREFIX", "PIPELINE_PREFIX", "micro_op_name",
-           "WRITES_SCOPE", "writes_barrier_op", "INITIAL_VALUE_PREFIX"]
+           "WRITES_SCOPE", "writes_barrier_op", "INITIAL_VALUE_PREFIX", "replica_seed_ops"]
 
 REPLICA_PREFIX = "parallax_replica_"
 AGGREGATE_PREFIX = "parallax_aggregate"
@@ -204,3 +204,14 @@ def writes_barrier_op(chief: bool) -> str:
     ('parallax_sync/writes/release', 'parallax_sync/writes/wait')
     """
     return f"{WRITES_SCOPE}{'release' if chief else 'wait'}"
+
+
+def replica_seed_ops(op: str) -> tuple[str, str]:
+    """The offset constant and the offset seed a replica's copy ``op`` of a stateless random op takes
+    (:mod:`parallax.rewrite.replicate`).
+
+    >>> replica_seed_ops("parallax_replica_1/dropout/StatelessRandomGetKeyCounter")[1]
+    'parallax_replica_1/dropout/StatelessRandomGetKeyCounter/parallax_seed'
+    """
+    return f"{op}/parallax_seed_offset", f"{op}/parallax_seed"
+

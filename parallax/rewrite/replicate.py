@@ -18,7 +18,14 @@ Wiring:
   moving statistics of batch norm in ``UPDATE_OPS``) writes it from replica 0
   only: the copies of other replicas become ``NoOp``s that wait for the same
   inputs. So such a variable is updated once per step, from replica 0's
-  batch, as each process does under Horovod.
+  batch, as each process does under Horovod;
+* each replica draws its own random numbers (dropout masks, augmentation):
+  the copy for the replica of global index ``g > 0`` of a stateless random
+  op takes its seed plus ``[g * 933199, 0]`` (Keras 3's ``SeedGenerator``
+  keeps its seeds below 933199, or advances the second element only), and
+  of a seeded stateful op (a TF1 ``tf.random.uniform(seed=...)``) has
+  ``seed2 + g * 7919``: otherwise every replica, each worker's first too,
+  would draw the same numbers from the same seed.
 
 Devices: a replica's ops go on its device (an op the user pinned to the CPU
 stays on the CPU when the replica is a GPU); shared ops without a device go
@@ -34,6 +41,7 @@ from parallax.errors import RewriteError
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.classify import classify
 from parallax.rewrite.graph_ops import (
+    add_nodes,
     consumers,
     copy_op,
     descendants,
@@ -50,6 +58,7 @@ from parallax.rewrite.names import (
     replica_frame_name,
     replica_function_name,
     replica_op_name,
+    replica_seed_ops,
 )
 from parallax.shard import NUM_SHARDS_COLLECTION, SHARD_ID_COLLECTION
 
@@ -151,6 +160,7 @@ def replicate_graph(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
     _shard_dataset_functions(out, sharded_functions, (num_shards_op, shard_id_op), replicated, plan.num_replicas,
                              first_replica, len(devices))
     _write_from_first_replica(out, replicated, devices)
+    _own_random_streams(out, replicated, first_replica, len(devices))
     _extend_table_initializers(out, replicated, len(devices))
     return out
 
@@ -194,6 +204,49 @@ def _shard_dataset_functions(meta_graph: meta_graph_pb2.MetaGraphDef, functions:
                     raise RewriteError(f'op "{original}" reads a dataset sharded with parallax.shard() but is not '
                                        "copied per replica; build its iterator from the replicas' input")
                 value.func.name = replica_function_name(value.func.name, r)
+
+
+#: Stateless random ops: the index of their ``seed`` input.
+_STATELESS_SEED_INPUT = {"StatelessRandomGetKeyCounter": 0, "StatelessRandomGetKeyCounterAlg": 0,
+                         "StatelessRandomUniform": 1, "StatelessRandomNormal": 1, "StatelessTruncatedNormal": 1,
+                         "StatelessRandomUniformInt": 1, "StatelessRandomUniformFullInt": 1,
+                         "StatelessRandomBinomial": 1, "StatelessRandomGammaV2": 1, "StatelessRandomPoisson": 1,
+                         "StatelessParameterizedTruncatedNormal": 1, "StatelessMultinomial": 2}
+#: Stateful random ops seeded by ``seed``/``seed2`` attributes.
+_SEEDED_STATEFUL = frozenset({"RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+                              "Multinomial", "RandomShuffle", "RandomGamma", "RandomPoisson", "RandomPoissonV2"})
+_SEED_STRIDE, _SEED2_STRIDE = 933199, 7919
+
+
+def _own_random_streams(meta_graph: meta_graph_pb2.MetaGraphDef, replicated: frozenset[str], first_replica: int,
+                        num_local: int) -> None:
+    """Each replica its own random numbers (see the module docstring)."""
+    import tensorflow as tf
+    from tensorflow.python.framework import tensor_util
+
+    added = []
+    for node in meta_graph.graph_def.node:
+        original = node.name.split("/", 1)[1] if node.name.startswith(REPLICA_PREFIX) else node.name
+        if original not in replicated:
+            continue
+        index = first_replica + copy_replica(node.name)
+        if index == 0:
+            continue
+        if node.op in _SEEDED_STATEFUL and (node.attr["seed"].i or node.attr["seed2"].i):
+            node.attr["seed2"].i = (node.attr["seed2"].i + index * _SEED2_STRIDE) % (2**31 - 1)
+        elif node.op in _STATELESS_SEED_INPUT:
+            position = _STATELESS_SEED_INPUT[node.op]
+            dtype = tf.dtypes.as_dtype(node.attr["Tseed"].type)
+            offset_name, seed_name = replica_seed_ops(node.name)
+            offset = node_def_pb2.NodeDef(name=offset_name, op="Const", device=node.device)
+            offset.attr["dtype"].type = dtype.as_datatype_enum
+            offset.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto([index * _SEED_STRIDE, 0], dtype=dtype))
+            seeded = node_def_pb2.NodeDef(name=seed_name, op="AddV2", device=node.device,
+                                          input=[node.input[position], offset.name])
+            seeded.attr["T"].type = dtype.as_datatype_enum
+            node.input[position] = seeded.name
+            added.extend([offset, seeded])
+    add_nodes(meta_graph.graph_def, added)
 
 
 def _write_from_first_replica(meta_graph: meta_graph_pb2.MetaGraphDef, replicated: frozenset[str],

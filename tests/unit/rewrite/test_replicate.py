@@ -91,3 +91,73 @@ def test_shard_ids_become_each_replicas_global_index():
            ("parallax_shard_id", "parallax_replica_1/parallax_shard_id", "parallax_replica_2/parallax_shard_id")]
     assert ids == [0, 1, 2]
     assert nodes["parallax_replica_2/parallax_num_shards"].attr["value"].tensor.int64_val[0] == 3
+
+
+def _dropout_step():
+    import keras
+
+    from parallax.tf2.trace import trace_step
+
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dropout(0.5), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None, 1])])
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    return trace_step(step)
+
+
+def _workers_plan(traced, workers: int, replicas: int):
+    from parallax.analysis import analyse_graph
+    from parallax.plan import build_plan
+
+    layout = [("h", tuple(f"/job:worker/replica:0/task:{w}/device:CPU:{r}" for r in range(replicas)),
+               f"/job:worker/replica:0/task:{w}/device:CPU:0") for w in range(workers)]
+    return build_plan(analyse_graph(traced.graph), layout, run_option="MPI", sync=True, average_sparse=False)
+
+
+def test_each_replica_draws_its_own_dropout_masks():
+    from parallax.plan import TaskSpec
+
+    traced = _dropout_step()
+    plan = _workers_plan(traced, workers=2, replicas=2)
+    for worker, first in ((0, 0), (1, 2)):
+        nodes = nodes_of(replicate_graph(export(traced.graph), plan, TaskSpec(worker)))
+        keys = sorted(n for n, node in nodes.items() if node.op == "StatelessRandomGetKeyCounter")
+        assert len(keys) == 2  # replica 0's (the original name) and replica 1's copy
+        for name in keys:
+            index = first + (1 if name.startswith("parallax_replica_1/") else 0)
+            seed = nodes[name].input[0]
+            if index == 0:
+                assert not seed.endswith("/parallax_seed")
+                continue
+            assert seed == f"{name}/parallax_seed"
+            offset = tf.make_ndarray(nodes[f"{name}/parallax_seed_offset"].attr["value"].tensor)
+            assert list(offset) == [index * 933199, 0]
+
+
+def test_each_replica_of_a_seeded_tf1_random_op_draws_its_own_numbers():
+    from parallax.plan import TaskSpec
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4])
+        kept = tf.compat.v1.nn.dropout(x, rate=0.5, seed=7)
+        w = tf.compat.v1.get_variable("w", [4, 1])
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(tf.matmul(kept, w)))
+
+    class Model:
+        pass
+
+    model = Model()
+    model.graph = graph
+    plan, task = plan_for(model, 2)
+    nodes = nodes_of(replicate_graph(export(graph), plan, task))
+    draws = {n: node.attr["seed2"].i for n, node in nodes.items() if node.op == "RandomUniform"}
+    original = next(n for n in draws if not n.startswith("parallax_replica_"))
+    assert draws[f"parallax_replica_1/{original}"] == draws[original] + 7919
