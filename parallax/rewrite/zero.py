@@ -111,7 +111,9 @@ def _find_updates(graph_def: graph_pb2.GraphDef, nodes: dict, sharded: list[Vari
     updates = []
     for v in sharded:
         if len(found[v.name]) != 1:
-            what = "no dense Apply/ResourceApply op" if not found[v.name] else \
+            what = ("no dense Apply/ResourceApply op (a Keras 3 or tf_keras non-legacy optimizer writes it with "
+                    "plain assign ops, which ZeRO does not shard yet: use a tf.compat.v1.train or "
+                    "tf_keras.optimizers.legacy optimizer)") if not found[v.name] else \
                 f"{len(found[v.name])} ops ({', '.join(n.name for n in found[v.name])})"
             raise RewriteError(f'zero_stage: "{v.name}" is updated by {what}; sharding its optimizer state needs '
                                "exactly one. Leave it whole with plan_overrides, or use zero_stage=0")

@@ -65,3 +65,34 @@ def test_a_tf_function_step_trains_as_eager_training_on_one_device(jobs, group, 
             seen.append(got["losses"])
     np.testing.assert_allclose(np.concatenate(seen, axis=1).mean(axis=1), losses, rtol=1e-5,
                                err_msg=f"{group} {case}: the mean of the replicas' losses")
+
+
+# ZeRO (with the optimizers whose updates it shards: Keras 3's are refused, tests/unit/rewrite/test_zero.py) and
+# pipeline stages with micro-batches: group -> (resource file, options, cases)
+MECHANISMS = {
+    "MPI-2-zero1": ("localhost: cpu:0,cpu:1\n", ["--run_option", "MPI", "--zero_stage", "1"],
+                    ["module-v1-adam", "tfkeras-legacy-adam"]),
+    "MPI-2-pipeline": ("localhost: cpu:0,cpu:1,cpu:2,cpu:3\n",
+                       ["--run_option", "MPI", "--pipeline_stages", "2", "--micro_batches", "3"],
+                       ["keras3-adam", "module-v1-adam"]),
+}
+
+
+@pytest.fixture(scope="module")
+def mechanism_jobs(tmp_path_factory):
+    return {group: ScriptJobs(tmp_path_factory, SCRIPT, {group: (text, [*options, "--steps", str(STEPS)])}, cases)
+            for group, (text, options, cases) in MECHANISMS.items()}
+
+
+@pytest.mark.parametrize("group, case", [pytest.param(g, c, marks=pytest.mark.xdist_group(f"tf2-{g}"), id=f"{c}-{g}")
+                                         for g, (_, _, cases) in MECHANISMS.items() for c in cases])
+def test_a_tf_function_step_with_zero_or_pipeline_stages_trains_as_eager_training(mechanism_jobs, group, case):
+    out = mechanism_jobs[group].case(group, case)
+    _, values = reference(case)
+    ranks = sorted(f for f in os.listdir(out) if f.startswith("rank_"))
+    assert len(ranks) == 2, ranks
+    for rank in ranks:
+        with np.load(os.path.join(out, rank)) as got:
+            for i, value in enumerate(values):
+                np.testing.assert_allclose(got[f"v{i}"], value, rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{group} {case} {rank}: variable {i}")

@@ -22,11 +22,16 @@ def main() -> None:
     p.add_argument("--run_option", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--zero_stage", type=int, default=0)
+    p.add_argument("--pipeline_stages", type=int, default=1)
+    p.add_argument("--micro_batches", type=int, default=1)
     p.add_argument("cases", nargs="+")
     args = p.parse_args()
     for case in args.cases:
         train_step, variables = build(case)
-        config = parallax.Config(run_option=args.run_option, average_sparse=True, stall_timeout=60)
+        config = parallax.Config(run_option=args.run_option, average_sparse=True, stall_timeout=60,
+                                 zero_stage=args.zero_stage, pipeline_stages=args.pipeline_stages,
+                                 micro_batches=args.micro_batches)
         step, num_workers, worker_id, num_replicas = parallax.parallel_run(train_step, args.resource_info,
                                                                            parallax_config=config)
         parts = num_workers * num_replicas

@@ -142,7 +142,6 @@ def test_each_replica_draws_its_own_dropout_masks():
 
 
 def test_each_replica_of_a_seeded_tf1_random_op_draws_its_own_numbers():
-    from parallax.plan import TaskSpec
 
     graph = tf.Graph()
     with graph.as_default():

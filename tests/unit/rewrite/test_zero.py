@@ -174,3 +174,14 @@ def test_stage_two_refuses_a_gradient_combined_with_a_tensor_of_its_shape():
     model = one_variable_model(lambda g: g * tf.constant([[1.0, 0.0]] * 4, name="mask"))
     with pytest.raises(RewriteError, match=r'"w", but ".*" \(Mul\) combines it with mask of shape \(4, 2\)'):
         rewrite_for_task(export(model.graph), plan_of(model, 2), TaskSpec(0))
+
+
+def test_a_keras_3_optimizers_plain_assign_updates_are_refused_saying_which_optimizers_zero_shards():
+    from parallax.tf2.trace import trace_step
+    from tests.tf2.programs import build
+
+    step, _ = build("keras3-adam")
+    traced = trace_step(step)
+    with pytest.raises(RewriteError, match=r"a Keras 3 or tf_keras non-legacy optimizer writes it with plain assign "
+                                           r"ops, which ZeRO does not shard yet: use a tf.compat.v1.train"):
+        rewrite_for_task(export(traced.graph), plan_of(traced, 1), TaskSpec(0))
