@@ -234,9 +234,36 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
         gradients.append(_gradient_of(var_name, scopes[var_name], graph))
     gradients = _find_raw_gradients(graph, gradients)
     _refuse_hidden_updates(graph, {v.name for v in variables if v.trainable})
+    if not gradients:
+        _refuse_unapplied_gradients(ops, {v.name for v in variables})
     train_ops = _train_ops(graph, scopes) if gradients else ()
     forward = _forward_ops(graph, gradients, {v.name: v for v in variables})
     return GraphAnalysis(tuple(variables), tuple(gradients), train_ops, forward)
+
+
+def _refuse_unapplied_gradients(ops: list, variables: set[str]) -> None:
+    """Refuse a graph that computes gradients and writes variables, but applies no gradient Parallax can
+    see: it would be run as a forward-only graph, each worker alone, training nothing together (tf_keras'
+    non-legacy optimizers' ``apply_gradients`` in a ``tf.compat.v1`` graph advance their ``iteration``
+    counter and update nothing; a hand-written update that reads no gradient Parallax can tie to it).
+
+    Raises:
+        AnalysisError: naming a gradient op and a write, and what to use instead.
+    """
+    gradient = next((op for op in ops if op.name.split("/", 1)[0].startswith(("gradients", "gradient_tape"))), None)
+    if gradient is None:
+        return
+    initializers = {f"{v}/Assign" for v in variables}
+    write = next((op for op in ops if is_variable_write(op.type) and op.name not in initializers
+                  and not op.name.split("/", 1)[0].startswith("save")), None)
+    if write is None:
+        return
+    raise AnalysisError(
+        f'the graph computes gradients ("{gradient.name}") and writes a variable ("{write.name}", {write.type}), '
+        "but no optimizer update that Parallax recognises applies the gradients: it would run forward-only, each "
+        "worker alone. Use a tf.compat.v1.train optimizer or a tf_keras.optimizers.legacy one in a "
+        "tf.compat.v1 graph (tf_keras' non-legacy optimizers update nothing there), or write the step as a "
+        "tf.function (docs/tf2_programs.md)")
 
 
 #: Ops that run functions of the graph's library, with the attributes that name them.

@@ -317,6 +317,26 @@ def build_everything(optimizer: str = "adagrad") -> Model:
     return Model(graph, {"x": x, "ids": ids, "y": y}, total, train_op)
 
 
+def build_tf_keras(optimizer: str = "adam") -> Model:
+    """A tf_keras model in a ``tf.compat.v1`` graph (an embedding, then a dense layer), trained by a
+    ``tf_keras.optimizers.legacy`` optimizer's ``apply_gradients`` of ``tf.gradients`` (its ``minimize``
+    takes a callable there; its non-legacy optimizers are refused)."""
+    import tf_keras
+
+    optimizers = {"adam": tf_keras.optimizers.legacy.Adam(0.05), "adagrad": tf_keras.optimizers.legacy.Adagrad(0.1)}
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+        y = tf.compat.v1.placeholder(tf.float32, [None, 1], name="y")
+        model = tf_keras.Sequential([
+            tf_keras.layers.Embedding(VOCAB, 4, embeddings_initializer=tf_keras.initializers.RandomNormal(seed=3)),
+            tf_keras.layers.Dense(1, kernel_initializer=tf_keras.initializers.GlorotUniform(seed=4))])
+        loss = tf.reduce_mean(tf.square(model(ids) - y), name="keras_loss")
+        weights = model.trainable_variables
+        train_op = optimizers[optimizer].apply_gradients(zip(tf.gradients(loss, weights), weights))
+    return Model(graph, {"ids": ids, "y": y}, loss, train_op)
+
+
 def _optimizer(name: str):
     from tests.models import OPTIMIZERS
 
@@ -349,6 +369,8 @@ IDIOMS = {
     "dataset_one_shot": lambda optimizer="adam": build_dataset(optimizer, one_shot=True),
     "lm1b": build_lm1b,
     "everything": build_everything,
+    "tf_keras": build_tf_keras,
 }
-IDIOM_DATA = {name: {"scoped": _ids_data, "everything": _both_data, "lm1b": _lm1b_data}.get(name, _mlp_data)
+IDIOM_DATA = {name: {"scoped": _ids_data, "everything": _both_data, "lm1b": _lm1b_data,
+                     "tf_keras": _ids_data}.get(name, _mlp_data)
               for name in IDIOMS}

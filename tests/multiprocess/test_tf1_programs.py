@@ -45,7 +45,7 @@ def train(tmp_path, idiom: str, mode: str, resources: str, *extra: str):
 
 # HYBRID and AUTO run a graph without sparse gradients as MPI (docs/modes.md), so the dense-only
 # idioms are run in PS and MPI; the idioms with an embedding in every mode.
-SPARSE = ("scoped", "lm1b")
+SPARSE = ("scoped", "lm1b", "tf_keras")
 CASES = [(i, m) for i in IDIOMS if i not in ("everything", "dataset", "dataset_one_shot")
          for m in (MODES if i in SPARSE else ("PS", "MPI"))]
 

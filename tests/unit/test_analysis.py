@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 from parallax.analysis import analyse_graph
+from parallax.errors import AnalysisError
 from tests.models import OPTIMIZERS, build_embedding, build_mlp
 
 CASES = list(itertools.product(sorted(OPTIMIZERS), [True, False], [None, 1.0], [True, False]))
@@ -158,3 +159,28 @@ def test_an_update_that_squares_each_row_before_summing_keeps_its_rows_apart():
             tf.compat.v1.assign_add(slot, rows)
             tf.compat.v1.assign_sub(emb, tf.math.unsorted_segment_sum(grad.values, grad.indices, 10))
     assert analyse_graph(graph).gradient("emb").repeats_merged is False
+
+
+def test_tf_keras_non_legacy_optimizers_in_a_v1_graph_are_refused_not_run_forward_only():
+    import tf_keras
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 3])
+        model = tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(3,))])
+        loss = tf.reduce_mean(model(x))
+        variables = model.trainable_variables
+        tf_keras.optimizers.Adam(0.1).apply_gradients(zip(tf.gradients(loss, variables), variables))
+    with pytest.raises(AnalysisError, match=r"the graph computes gradients .* but no optimizer update that Parallax "
+                                            r"recognises applies the gradients: it would run forward-only.*"
+                                            r"tf_keras.optimizers.legacy"):
+        analyse_graph(graph)
+
+
+def test_gradients_without_any_write_stay_a_forward_only_graph():
+    graph = tf.Graph()
+    with graph.as_default():  # e.g. the gradient of the loss with respect to the input (an adversarial example)
+        x = tf.compat.v1.placeholder(tf.float32, [None, 3])
+        w = tf.compat.v1.get_variable("w", [3, 1])
+        tf.gradients(tf.reduce_sum(tf.matmul(x, w)), x)
+    assert analyse_graph(graph).forward_only
