@@ -23,6 +23,15 @@ SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "train_script.py")
 TEST_BACKEND = os.environ.get("PARALLAX_TEST_BACKEND", "")
 
 
+#: The layouts of two replicas the TF2 tests train in: name -> (resource file, run option, processes, replicas each).
+TWO_REPLICAS = {
+    "MPI-2": ("localhost: cpu:0,cpu:1\n", "MPI", 2, 1),
+    "PS-2": ("localhost: cpu:0\nlocalhost: cpu:1\n", "PS", 2, 1),
+    "HYBRID-2": ("localhost: cpu:0,cpu:1\n", "HYBRID", 2, 1),
+    "local-2-replicas": ("localhost: cpu:0,cpu:1\n", "PS", 1, 2),
+}
+
+
 @functools.lru_cache(maxsize=1)
 def namespace_prefix() -> tuple[str, ...]:
     """``unshare -n`` with loopback up, or nothing where namespaces are not allowed."""

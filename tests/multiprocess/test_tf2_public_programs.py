@@ -14,20 +14,20 @@ import os
 import numpy as np
 import pytest
 
-from tests.multiprocess.harness import ROOT, ScriptJobs
+from tests.multiprocess.harness import ROOT, TWO_REPLICAS, ScriptJobs
 from tests.tf2.public_programs import PROGRAMS
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 SCRIPT = os.path.join(ROOT, "tests", "tf2", "public_script.py")
 STEPS = 4
-# group: (resource file, run option, processes, replicas each, whose copy of the step's own metric each keeps)
-GROUPS = {
-    "MPI-2": ("localhost: cpu:0,cpu:1\n", "MPI", 2, 1, "own"),
-    "PS-2": ("localhost: cpu:0\nlocalhost: cpu:1\n", "PS", 2, 1, "worker 0"),
-    "HYBRID-2": ("localhost: cpu:0,cpu:1\n", "HYBRID", 2, 1, "own"),
-    "local-2-replicas": ("localhost: cpu:0,cpu:1\n", "PS", 1, 2, "own"),
-}
+# group: (resource file, run option, processes, replicas each, whose copy of the state written in the step
+# each worker ends with)
+WHOSE = {"MPI-2": "own",
+         "PS-2": "worker 0",
+         "HYBRID-2": "own",
+         "local-2-replicas": "own"}
+GROUPS = {g: (*TWO_REPLICAS[g], whose) for g, whose in WHOSE.items()}
 
 
 @pytest.fixture(scope="module")

@@ -15,19 +15,19 @@ import sys
 import numpy as np
 import pytest
 
-from tests.multiprocess.harness import ROOT, run_command
+from tests.multiprocess.harness import ROOT, TWO_REPLICAS, run_command
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 SCRIPT = os.path.join(ROOT, "tests", "tf2", "state_script.py")
 STEPS = 3
-# group: (resource file, run option, processes that write results, replicas each, whose copy each worker ends with)
-GROUPS = {
-    "MPI-2": ("localhost: cpu:0,cpu:1\n", "MPI", 2, 1, "own"),
-    "PS-2": ("localhost: cpu:0\nlocalhost: cpu:1\n", "PS", 2, 1, "worker 0"),
-    "HYBRID-2": ("localhost: cpu:0,cpu:1\n", "HYBRID", 2, 1, "own"),
-    "local-2-replicas": ("localhost: cpu:0,cpu:1\n", "PS", 1, 2, "replica 0"),
-}
+# group: (resource file, run option, processes, replicas each, whose copy of the state written in the step
+# each worker ends with)
+WHOSE = {"MPI-2": "own",
+         "PS-2": "worker 0",
+         "HYBRID-2": "own",
+         "local-2-replicas": "replica 0"}
+GROUPS = {g: (*TWO_REPLICAS[g], whose) for g, whose in WHOSE.items()}
 
 
 @functools.cache

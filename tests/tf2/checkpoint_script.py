@@ -5,7 +5,6 @@ union batches of tests/tf2/programs.py) and each rank writes its step range to `
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -17,13 +16,11 @@ import numpy as np  # noqa: E402
 import parallax  # noqa: E402
 from tests.tf2.checkpoint_programs import build  # noqa: E402
 from tests.tf2.programs import batches  # noqa: E402
+from tests.tf2.scripts import parser  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--resource_info", required=True)
-    p.add_argument("--run_option", required=True)
-    p.add_argument("--out", required=True)
+    p = parser(__doc__)
     p.add_argument("--ckpt_dir", required=True)
     p.add_argument("--until", type=int, required=True)
     p.add_argument("cases", nargs="+")

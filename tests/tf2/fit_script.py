@@ -5,7 +5,6 @@ CASE...``; each rank writes its History, trained weights, evaluation and predict
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
@@ -29,13 +28,11 @@ from tests.tf2.fit_programs import (  # noqa: E402
     weights,
     within_epochs,
 )
+from tests.tf2.scripts import parser  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--resource_info", required=True)
-    p.add_argument("--run_option", required=True)
-    p.add_argument("--out", required=True)
+    p = parser(__doc__)
     p.add_argument("cases", nargs="+")
     args = p.parse_args()
     for case in args.cases:

@@ -5,7 +5,6 @@ examples (with ``model.predict``'s, alone) to ``D/<program>/rank_<id>.npz``."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -15,13 +14,11 @@ import numpy as np  # noqa: E402
 
 import parallax  # noqa: E402
 from tests.tf2.public_programs import batches, build, correct  # noqa: E402
+from tests.tf2.scripts import parser  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--resource_info", required=True)
-    p.add_argument("--run_option", required=True)
-    p.add_argument("--out", required=True)
+    p = parser(__doc__)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("programs", nargs="+")
     args = p.parse_args()

@@ -4,7 +4,6 @@ its state (written back into the program's variables) to ``D/rank_<id>.npz``."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -13,14 +12,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import numpy as np  # noqa: E402
 
 import parallax  # noqa: E402
+from tests.tf2.scripts import parser  # noqa: E402
 from tests.tf2.state_programs import batches, build, state  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--resource_info", required=True)
-    p.add_argument("--run_option", required=True)
-    p.add_argument("--out", required=True)
+    p = parser(__doc__)
     p.add_argument("--steps", type=int, required=True)
     args = p.parse_args()
     train_step, model, optimizer, metric = build()

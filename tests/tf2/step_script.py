@@ -4,7 +4,6 @@ variables (written back into the program's own, as ``DistributedStep.close`` doe
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -14,13 +13,11 @@ import numpy as np  # noqa: E402
 
 import parallax  # noqa: E402
 from tests.tf2.programs import batches, build  # noqa: E402
+from tests.tf2.scripts import parser  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--resource_info", required=True)
-    p.add_argument("--run_option", required=True)
-    p.add_argument("--out", required=True)
+    p = parser(__doc__)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--zero_stage", type=int, default=0)
     p.add_argument("--pipeline_stages", type=int, default=1)
