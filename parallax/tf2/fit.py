@@ -12,9 +12,10 @@ and returns a Keras ``History`` on every worker. Under it:
   order, or shuffled with ``np.random.RandomState(seed + epoch)``, the same on every worker; replica
   ``k`` of worker ``w`` takes part ``w * replicas + k`` of ``np.array_split``-free equal parts of each
   batch (:func:`parts`). So one step's union is one batch of the same ``model.fit`` on one device with
-  ``shuffle=False`` (or the same permutation). A last batch that does not split into equal parts is left
-  out (said at WARNING). A ``Dataset`` yields global batches; every worker reads all of them (give it a
-  seed) and takes its part;
+  ``shuffle=False`` (or the same permutation). A batch that does not split into equal parts is padded
+  with examples of weight 0 and its examples' weights scaled so that the replicas' mean loss is the
+  batch's (:func:`even_parts`). A ``Dataset`` yields global batches; every worker reads all of them (give
+  it a seed) and takes its part;
 * **the metrics**: the compiled metrics are updated on each worker, outside the graph, from its
   replicas' predictions (and the loss metric from their losses; tf_keras's compiled loss, which keeps its
   own loss metrics, runs again on the host for them); the progress bar (worker 0's) shows worker 0's
@@ -39,6 +40,7 @@ launches the job and exits with its exit code; ``fit`` returns in the job's work
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -67,6 +69,31 @@ def parts(batch: Any, num_workers: int, worker_id: int, num_replicas: int) -> li
     cut = [np.split(np.asarray(a), n) for a in tf.nest.flatten(batch)]
     first = worker_id * num_replicas
     return [tf.nest.pack_sequence_as(batch, [pieces[first + k] for pieces in cut]) for k in range(num_replicas)]
+
+
+def even_parts(batch: tuple, replicas: int) -> tuple[tuple, int, int]:
+    """A global ``batch`` ``(x, y, sample_weight or None)`` made ready to cut into ``replicas`` equal parts:
+    ``(fed, size, examples)``. A batch of ``examples`` that does not split evenly (the last of an epoch) is
+    padded at its end, by repeats of its first example, to ``replicas * size`` (``size`` the examples a part
+    takes, rounded up); the weights fed (the user's, or ones) are ``replicas * size / examples`` times the
+    user's for the real examples and 0 for the padding, so that the mean of the replicas' losses (Keras's
+    default reduction divides a part's weighted sum by its size) is the batch's mean loss, as on one device,
+    and so is the mean of their gradients.
+
+    >>> fed, size, examples = even_parts((np.arange(5.0), np.arange(5.0), None), 2)
+    >>> fed[0], fed[2], size, examples
+    (array([0., 1., 2., 3., 4., 0.]), array([1.2, 1.2, 1.2, 1.2, 1.2, 0. ], dtype=float32), 3, 5)
+    """
+    x, y, weights = batch
+    examples = len(tf.nest.flatten(x)[0])
+    w = np.ones(examples, np.float32) if weights is None else np.asarray(weights, np.float32)
+    size = -(-examples // replicas)
+    if size * replicas == examples:
+        return (x, y, w), size, examples
+    order = np.concatenate([np.arange(examples), np.zeros(size * replicas - examples, np.int64)])
+    scaled = np.concatenate([w * (size * replicas / examples), np.zeros(size * replicas - examples, np.float32)])
+    pad = functools.partial(tf.nest.map_structure, lambda a: np.asarray(a)[order])
+    return (pad(x), pad(y), scaled.astype(np.float32)), size, examples
 
 
 def _per_leaf(per_replica: list, structure: Any) -> Any:
@@ -153,16 +180,21 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         callback_list.on_epoch_begin(epoch)
         for index, batch in enumerate(batches.epoch(epoch, num_workers * num_replicas)):
             callback_list.on_train_batch_begin(index)
-            mine = [parts(a, num_workers, worker_id, num_replicas) for a in batch]  # x, y[, w]: a part per replica
-            losses, predicted, regularization = step(*[_per_leaf(m, a) for m, a in zip(mine, batch)])
+            fed, size, examples = even_parts(batch, num_workers * num_replicas)
+            mine = [parts(a, num_workers, worker_id, num_replicas) for a in fed]  # x, y, w: a part per replica
+            losses, predicted, regularization = step(*[_per_leaf(m, a) for m, a in zip(mine, fed)])
             for k in range(num_replicas):
+                first = (worker_id * num_replicas + k) * size
+                real = min(max(examples - first, 0), size)  # the part's examples; the rest of it is padding
                 prediction = tf.nest.pack_sequence_as(outputs["structure"],
-                                                      [tf.convert_to_tensor(leaf[k]) for leaf in predicted])
-                part_x, part_y, part_w = (*tf.nest.map_structure(tf.convert_to_tensor, [m[k] for m in mine]),
-                                          None)[:3]
+                                                      [tf.convert_to_tensor(leaf[k][:real]) for leaf in predicted])
+                part_x, part_y = (tf.nest.map_structure(lambda a, n=real: tf.convert_to_tensor(a[:n]), m[k])
+                                  for m in mine[:2])
+                part_w = None if batch[2] is None else tf.convert_to_tensor(batch[2][first:first + real])
                 flavor.record_loss(model, losses[k], tf.constant(regularization[k]), part_x, part_y, part_w,
-                                   prediction)
-                model.compute_metrics(part_x, part_y, prediction, part_w)
+                                   prediction, examples / (num_workers * num_replicas))
+                if real:
+                    model.compute_metrics(part_x, part_y, prediction, part_w)
             if saves_in_epochs:  # a ModelCheckpoint(save_freq=<batches>) saves the weights trained so far
                 _sync(step, model)
             callback_list.on_train_batch_end(index, numbers(model.get_metrics_result()))
@@ -189,8 +221,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
 def _train_step(model: Any, flavor: Flavor, batches: _Batches, outputs: dict) -> Any:
     """The model's ``train_step`` for one replica, its metrics left to the host: the loss, the predictions
     (flattened; their structure goes into ``outputs["structure"]``) and what the flavor needs to record the
-    loss (:meth:`~parallax.tf2.keras_flavor.Flavor.record_loss`). It takes ``(x, y)``, or ``(x, y,
-    sample_weight)`` when the batches are weighted."""
+    loss (:meth:`~parallax.tf2.keras_flavor.Flavor.record_loss`). It takes ``(x, y, sample_weight)``
+    (:func:`even_parts` makes the weights)."""
 
     def step(x, y, sample_weight):
         with tf.GradientTape() as tape:
@@ -200,9 +232,7 @@ def _train_step(model: Any, flavor: Flavor, batches: _Batches, outputs: dict) ->
         outputs["structure"] = prediction
         return loss, tf.nest.flatten(prediction), flavor.regularization(model)
 
-    if batches.weighted:
-        return tf.function(step, input_signature=batches.signature)
-    return tf.function(lambda x, y: step(x, y, None), input_signature=batches.signature)
+    return tf.function(step, input_signature=batches.signature)
 
 
 def _saves_within_epochs(callbacks: list) -> bool:
@@ -256,61 +286,49 @@ def _triple(data: Any) -> tuple:
 
 class _Batches:
     """The global batches of each epoch, from arrays or a ``tf.data.Dataset`` (see the module docstring): tuples
-    ``(x, y)``, or ``(x, y, sample_weight)`` when there are weights (``weighted``)."""
+    ``(x, y, sample_weight)``, the weights ``None`` when there are none. The step always takes weights
+    (:func:`even_parts` feeds ones where there are none): a batch that does not split evenly into the
+    replicas' parts is padded with examples of weight 0."""
 
     def __init__(self, x: Any, y: Any, batch_size: int | None, shuffle: bool, seed: int,
                  steps_per_epoch: int | None, sample_weight: Any = None) -> None:
         if x is None:
             raise TypeError("parallax.fit: x is missing (arrays, or a tf.data.Dataset of (inputs, targets) batches)")
         self._dataset = x if isinstance(x, tf.data.Dataset) else None
-        self._arrays = (x, y) if sample_weight is None else (x, y, sample_weight)
+        self._arrays = (x, y, sample_weight)
         self._batch = batch_size or 32
         self._shuffle, self._seed, self._steps = shuffle, seed, steps_per_epoch
         if self._dataset is None:
             self._n = len(tf.nest.flatten(x)[0])
-            first = tuple(tf.nest.map_structure(lambda a: np.asarray(a)[:1], a) for a in self._arrays)
+            first = tuple(tf.nest.map_structure(lambda a: np.asarray(a)[:1], a) for a in (x, y))
         else:
             first = next(iter(self._dataset))
             if not isinstance(first, tuple) or len(first) not in (2, 3):
                 raise ValueError("parallax.fit: the dataset must yield (inputs, targets) or (inputs, targets, "
                                  "sample_weights) batches")
-        self.weighted = len(first) == 3
-        self.signature = [_spec(a) for a in first]
+        self.signature = [_spec(a) for a in first[:2]] + [tf.TensorSpec([None], tf.float32)]
 
     def steps(self, parts: int) -> int | None:
         if self._steps is not None or self._dataset is not None:
             return self._steps
-        return len(list(self._cuts(0, parts)))
+        return -(-self._n // self._batch)
 
     def epoch(self, epoch: int, parts: int) -> Iterator[tuple]:
         if self._dataset is not None:
             for i, batch in enumerate(self._dataset):
                 if self._steps is not None and i >= self._steps:
                     return
-                if len(tf.nest.flatten(batch[0])[0]) % parts:
-                    raise ValueError(f"parallax.fit: batch {i} of the dataset has {len(tf.nest.flatten(batch[0])[0])} "
-                                     f"examples, which do not split into {parts} equal parts (one per replica); "
-                                     "batch it with a multiple of the replicas and drop_remainder=True")
-                yield tuple(tf.nest.map_structure(np.asarray, a) for a in batch)
+                x, y, *w = (tf.nest.map_structure(np.asarray, a) for a in batch)
+                yield x, y, (w[0] if w else None)
             return
-        for chosen in self._cuts(epoch, parts):
-            yield tuple(tf.nest.map_structure(lambda v, c=chosen: np.asarray(v)[c], a) for a in self._arrays)
-
-    def _cuts(self, epoch: int, parts: int) -> Iterator[np.ndarray]:
         order = np.random.RandomState(self._seed + epoch).permutation(self._n) if self._shuffle \
             else np.arange(self._n)
-        count = 0
-        for start in range(0, self._n, self._batch):
-            chosen = order[start:start + self._batch]
-            if len(chosen) % parts:
-                if epoch == 0:
-                    log.warning("parallax.fit: the last %d example(s) of each epoch do not split into %d equal parts "
-                                "(one per replica); they are left out", len(chosen), parts)
-                continue
+        for count, start in enumerate(range(0, self._n, self._batch)):
             if self._steps is not None and count >= self._steps:
                 return
-            count += 1
-            yield chosen
+            chosen = order[start:start + self._batch]
+            yield tuple(None if a is None else tf.nest.map_structure(lambda v, c=chosen: np.asarray(v)[c], a)
+                        for a in self._arrays)
 
 
 def class_weights(y: Any, class_weight: dict) -> np.ndarray:

@@ -47,11 +47,13 @@ class Flavor:
         return tf.zeros([])
 
     def record_loss(self, model: Any, loss: Any, regularization: Any, x: Any, y: Any, sample_weight: Any,
-                    prediction: Any) -> None:
+                    prediction: Any, share: float) -> None:
         """Update the model's loss metric on the host with one replica's part, as its ``train_step`` does:
-        Keras 3 averages the step's loss, weighted by the part's examples."""
+        Keras 3 averages the step's loss, weighted by the batch's examples; a replica's ``loss`` counts for
+        its ``share`` of them (the batch's examples over the replicas: the losses of a padded batch's parts
+        are scaled so that their mean is the batch's, :func:`parallax.tf2.fit.even_parts`)."""
         tracker = next(m for m in model.metrics if m.name == "loss")
-        tracker.update_state(loss, sample_weight=len(tf.nest.flatten(x)[0]))
+        tracker.update_state(loss, sample_weight=share)
 
     def test_batch(self, model: Any, x: Any, y: Any, sample_weight: Any) -> None:
         """The model's own ``test_step`` on one batch (the metrics updated, not reset), compiled as Keras
@@ -86,12 +88,14 @@ class TfKerasFlavor(Flavor):
         return tf.add_n(model.losses) if model.losses else tf.zeros([])
 
     def record_loss(self, model: Any, loss: Any, regularization: Any, x: Any, y: Any, sample_weight: Any,
-                    prediction: Any) -> None:
+                    prediction: Any, share: float) -> None:
         """tf_keras's compiled loss updates its loss metrics itself (inside the step, where they would be each
         replica's own): it runs again on the host, on the replica's predictions, with the regularization
         losses the step computed, so its loss metrics (the total, and one per output) are updated as its
         ``train_step`` updates them."""
-        del loss
+        del loss, share
+        if not len(tf.nest.flatten(x)[0]):  # a part of padding only
+            return
         model.compiled_loss(y, prediction, sample_weight,
                             regularization_losses=[regularization] if model.losses else None)
 

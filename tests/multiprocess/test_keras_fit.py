@@ -21,10 +21,10 @@ from tests.multiprocess.harness import ROOT, ScriptJobs
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 SCRIPT = os.path.join(ROOT, "tests", "tf2", "fit_script.py")
-KERAS_3 = ["ordered", "shuffled", "dataset"]
+KERAS_3 = ["ordered", "shuffled", "dataset", "ragged"]
 # tf_keras, and sample weights with validation_split: in the jobs of MPI and of the local replicas; in PS and
 # HYBRID, a job of their own (extended)
-MORE = ["tf_keras-legacy", "tf_keras-new", "weighted", "tf_keras-weighted"]
+MORE = ["tf_keras-legacy", "tf_keras-new", "weighted", "tf_keras-weighted", "ragged-dataset", "tf_keras-ragged"]
 # group: (resource file, run option, workers, replicas each)
 GROUPS = {
     "MPI-2": ("localhost: cpu:0,cpu:1\n", "MPI", 2),

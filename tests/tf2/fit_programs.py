@@ -13,7 +13,14 @@ HELD_OUT, EVAL_BATCH = 11, 5
 # case: the Keras that builds the model ("keras", "tf_keras-legacy", "tf_keras-new"); how the data comes is
 # the case's name: arrays in order, shuffled, a dataset; "weighted": with sample weights and validation_split
 CASES = {"ordered": "keras", "shuffled": "keras", "dataset": "keras", "tf_keras-legacy": "tf_keras-legacy",
-         "tf_keras-new": "tf_keras-new", "weighted": "keras", "tf_keras-weighted": "tf_keras-new"}
+         "tf_keras-new": "tf_keras-new", "weighted": "keras", "tf_keras-weighted": "tf_keras-new",
+         "ragged": "keras", "ragged-dataset": "keras", "tf_keras-ragged": "tf_keras-new"}
+# the "ragged" cases' batch: batches of 9 and a last of 3, none of which splits evenly over 2 replicas
+RAGGED = 9
+
+
+def batch_size(case: str) -> int:
+    return RAGGED if "ragged" in case else BATCH
 SPLIT = 0.25  # the weighted cases' validation_split: 36 examples to train on, 12 to validate
 
 
@@ -49,11 +56,11 @@ def build(flavor: str = "keras"):
     return model
 
 
-def dataset():
+def dataset(case: str = "dataset"):
     import tensorflow as tf
 
     x, y, _ = data()
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH, drop_remainder=True)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size(case), drop_remainder="ragged" not in case)
 
 
 def single_device(case: str, seed: int = 0) -> tuple[dict, list, dict, np.ndarray]:
@@ -69,14 +76,14 @@ def single_device(case: str, seed: int = 0) -> tuple[dict, list, dict, np.ndarra
                           verbose=0)
             for k, v in h.history.items():
                 history.setdefault(k, []).extend(v)
-    elif case == "dataset":
-        history = model.fit(dataset(), epochs=EPOCHS, validation_data=validation, verbose=0).history
+    elif case.endswith("dataset"):
+        history = model.fit(dataset(case), epochs=EPOCHS, validation_data=validation, verbose=0).history
     elif case.endswith("weighted"):
         history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, sample_weight=weights(),
                             validation_split=SPLIT, verbose=0).history
     else:
-        history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, validation_data=validation,
-                            verbose=0).history
+        history = model.fit(x, y, batch_size=batch_size(case), epochs=EPOCHS, shuffle=False,
+                            validation_data=validation, verbose=0).history
     test_x, test_y = held_out()
     evaluated = model.evaluate(test_x, test_y, batch_size=EVAL_BATCH, verbose=0, return_dict=True)
     return (history, [v.numpy() for v in model.trainable_variables], {k: float(v) for k, v in evaluated.items()},

@@ -16,11 +16,11 @@ import numpy as np  # noqa: E402
 
 import parallax  # noqa: E402
 from tests.tf2.fit_programs import (  # noqa: E402
-    BATCH,
     CASES,
     EPOCHS,
     EVAL_BATCH,
     SPLIT,
+    batch_size,
     build,
     data,
     dataset,
@@ -45,8 +45,8 @@ def main() -> None:
         if case == "ordered":  # saves within epochs too: the weights of steps 3, 6 (and 12)
             callbacks.append(within_epochs(keras, out))
         config = parallax.Config(run_option=args.run_option, average_sparse=True, stall_timeout=60)
-        source = dict(x=dataset()) if case == "dataset" else dict(x=x, y=y, batch_size=BATCH,
-                                                                  shuffle=case == "shuffled", seed=0)
+        source = dict(x=dataset(case)) if case.endswith("dataset") else \
+            dict(x=x, y=y, batch_size=batch_size(case), shuffle=case == "shuffled", seed=0)
         if case.endswith("weighted"):
             source.update(sample_weight=weights(), validation_split=SPLIT)
         else:

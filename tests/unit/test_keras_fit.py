@@ -34,16 +34,30 @@ def test_each_replica_takes_its_equal_part_of_each_global_batch():
     np.testing.assert_array_equal(two[1], [6, 7])
 
 
-def test_the_epochs_are_batches_in_order_or_one_seeded_permutation_each_and_a_ragged_end_is_left_out(caplog):
+def test_the_epochs_are_batches_in_order_or_one_seeded_permutation_each_the_last_as_short_as_it_is():
     x, y = np.arange(10)[:, None], np.arange(10)[:, None]
     ordered = _Batches(x, y, 4, shuffle=False, seed=0, steps_per_epoch=None)
-    cut = [b[0][:, 0].tolist() for b in ordered.epoch(0, 2)]
-    assert cut == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # the last batch splits into 2 parts: kept
-    assert [b[0][:, 0].tolist() for b in ordered.epoch(0, 4)] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # 2 of 4: left out
-    assert "the last 2 example(s) of each epoch do not split into 4 equal parts" in caplog.text
+    assert [b[0][:, 0].tolist() for b in ordered.epoch(0, 4)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert ordered.steps(4) == 3
     shuffled = _Batches(x, y, 5, shuffle=True, seed=3, steps_per_epoch=None)
     order = np.random.RandomState(3 + 1).permutation(10)
     assert [b[0][:, 0].tolist() for b in shuffled.epoch(1, 1)] == [order[:5].tolist(), order[5:].tolist()]
+
+
+def test_a_batch_that_does_not_split_evenly_is_padded_with_examples_of_weight_zero():
+    from parallax.tf2.fit import even_parts
+
+    x, y, w = np.arange(5.0)[:, None], np.arange(5.0), np.array([1, 1, 1, 1, 2], np.float32)
+    (px, py, pw), size, examples = even_parts((x, y, w), 4)
+    assert (size, examples) == (2, 5) and px[:, 0].tolist() == [0, 1, 2, 3, 4, 0, 0, 0]
+    np.testing.assert_allclose(pw, [1.6, 1.6, 1.6, 1.6, 3.2, 0, 0, 0])
+    # the mean of the parts' losses (a part's weighted sum over its size) is the batch's weighted mean loss
+    loss = (px[:, 0] - 10.0) ** 2
+    parts_mean = np.mean([np.sum(loss[k * size:(k + 1) * size] * pw[k * size:(k + 1) * size]) / size
+                          for k in range(4)])
+    np.testing.assert_allclose(parts_mean, np.sum(((x[:, 0] - 10.0) ** 2) * w) / 5, rtol=1e-6)
+    (fed_x, _, fed_w), size, _ = even_parts((x[:4], y[:4], None), 2)  # even: as it is, weights of one
+    assert size == 2 and fed_x.shape == (4, 1) and fed_w.tolist() == [1, 1, 1, 1]
 
 
 @pytest.mark.parametrize("examples, workers", [(10, 2), (7, 3), (2, 3), (0, 2), (5, 1)],
