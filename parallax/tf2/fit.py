@@ -182,7 +182,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
             callback_list.on_train_batch_begin(index)
             fed, size, examples = even_parts(batch, num_workers * num_replicas)
             mine = [parts(a, num_workers, worker_id, num_replicas) for a in fed]  # x, y, w: a part per replica
-            losses, predicted, regularization = step(*[_per_leaf(m, a) for m, a in zip(mine, fed)])
+            losses, predicted, regularization = step(*[_per_leaf(m, a) for m, a in zip(mine, fed)],
+                                                     [learning_rate(model, flavor)] * num_replicas)
             for k in range(num_replicas):
                 first = (worker_id * num_replicas + k) * size
                 real = min(max(examples - first, 0), size)  # the part's examples; the rest of it is padding
@@ -224,7 +225,11 @@ def _train_step(model: Any, flavor: Flavor, batches: _Batches, outputs: dict) ->
     loss (:meth:`~parallax.tf2.keras_flavor.Flavor.record_loss`). It takes ``(x, y, sample_weight)``
     (:func:`even_parts` makes the weights)."""
 
-    def step(x, y, sample_weight):
+    rate = flavor.learning_rate(model)
+
+    def step(x, y, sample_weight, rate_now):
+        if rate is not None:  # what a callback set between steps, as model.fit's step reads it
+            rate.assign(tf.cast(rate_now, rate.dtype))
         with tf.GradientTape() as tape:
             prediction = model(x, training=True)
             loss = flavor.loss(model, x, y, prediction, sample_weight)
@@ -232,7 +237,7 @@ def _train_step(model: Any, flavor: Flavor, batches: _Batches, outputs: dict) ->
         outputs["structure"] = prediction
         return loss, tf.nest.flatten(prediction), flavor.regularization(model)
 
-    return tf.function(step, input_signature=batches.signature)
+    return tf.function(step, input_signature=[*batches.signature, tf.TensorSpec([], tf.float32)])
 
 
 def _saves_within_epochs(callbacks: list) -> bool:
@@ -240,6 +245,13 @@ def _saves_within_epochs(callbacks: list) -> bool:
     model's variables must then hold the trained values after every batch, not only at each epoch's end."""
     return any(type(c).__name__ == "ModelCheckpoint" and getattr(c, "save_freq", "epoch") != "epoch"
                for c in callbacks)
+
+
+def learning_rate(model: Any, flavor: Flavor) -> np.float32:
+    """The learning rate the program's optimizer holds now (a callback may have set it), which the step
+    assigns before its update; 0 when it is a schedule (the step then assigns nothing)."""
+    rate = flavor.learning_rate(model)
+    return np.float32(0.0 if rate is None else np.asarray(rate.numpy() if hasattr(rate, "numpy") else rate))
 
 
 def _refuse_own_train_step(model: Any, flavor: Flavor) -> None:

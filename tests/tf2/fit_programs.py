@@ -14,13 +14,25 @@ HELD_OUT, EVAL_BATCH = 11, 5
 # the case's name: arrays in order, shuffled, a dataset; "weighted": with sample weights and validation_split
 CASES = {"ordered": "keras", "shuffled": "keras", "dataset": "keras", "tf_keras-legacy": "tf_keras-legacy",
          "tf_keras-new": "tf_keras-new", "weighted": "keras", "tf_keras-weighted": "tf_keras-new",
-         "ragged": "keras", "ragged-dataset": "keras", "tf_keras-ragged": "tf_keras-new"}
+         "ragged": "keras", "ragged-dataset": "keras", "tf_keras-ragged": "tf_keras-new",
+         "scheduled": "keras", "tf_keras-scheduled": "tf_keras-legacy"}
 # the "ragged" cases' batch: batches of 9 and a last of 3, none of which splits evenly over 2 replicas
 RAGGED = 9
 
 
 def batch_size(case: str) -> int:
     return RAGGED if "ragged" in case else BATCH
+
+
+def callbacks(case: str) -> list:
+    """The "scheduled" cases' callbacks: the learning rate set between epochs (halved each), as
+    ``LearningRateScheduler`` and ``ReduceLROnPlateau`` set it."""
+    if "scheduled" not in case:
+        return []
+    import importlib
+
+    keras = importlib.import_module("keras" if CASES[case] == "keras" else "tf_keras")
+    return [keras.callbacks.LearningRateScheduler(lambda epoch, rate: 0.05 * 0.5 ** epoch)]
 SPLIT = 0.25  # the weighted cases' validation_split: 36 examples to train on, 12 to validate
 
 
@@ -83,7 +95,7 @@ def single_device(case: str, seed: int = 0) -> tuple[dict, list, dict, np.ndarra
                             validation_split=SPLIT, verbose=0).history
     else:
         history = model.fit(x, y, batch_size=batch_size(case), epochs=EPOCHS, shuffle=False,
-                            validation_data=validation, verbose=0).history
+                            validation_data=validation, verbose=0, callbacks=callbacks(case)).history
     test_x, test_y = held_out()
     evaluated = model.evaluate(test_x, test_y, batch_size=EVAL_BATCH, verbose=0, return_dict=True)
     return (history, [v.numpy() for v in model.trainable_variables], {k: float(v) for k, v in evaluated.items()},

@@ -28,6 +28,9 @@ from tests.tf2.fit_programs import (  # noqa: E402
     weights,
     within_epochs,
 )
+from tests.tf2.fit_programs import (
+    callbacks as scheduled,
+)
 from tests.tf2.scripts import parser  # noqa: E402
 
 
@@ -44,6 +47,7 @@ def main() -> None:
         callbacks = [keras.callbacks.ModelCheckpoint(os.path.join(out, "model.weights.h5"), save_weights_only=True)]
         if case == "ordered":  # saves within epochs too: the weights of steps 3, 6 (and 12)
             callbacks.append(within_epochs(keras, out))
+        callbacks += scheduled(case)
         config = parallax.Config(run_option=args.run_option, average_sparse=True, stall_timeout=60)
         source = dict(x=dataset(case)) if case.endswith("dataset") else \
             dict(x=x, y=y, batch_size=batch_size(case), shuffle=case == "shuffled", seed=0)
@@ -61,7 +65,7 @@ def main() -> None:
             json.dump({"history": history.history, "evaluate": evaluated,
                        "evaluate_alone": {k: float(v) for k, v in alone.items()},
                        "evaluate_list": parallax.evaluate(model, test_x, test_y, batch_size=EVAL_BATCH, verbose=0)},
-                      f)
+                      f, default=float)
         np.savez(os.path.join(out, f"rank_{rank}.npz"),
                  predict=parallax.predict(model, test_x, batch_size=EVAL_BATCH, verbose=0),
                  predict_alone=model.predict(test_x, batch_size=EVAL_BATCH, verbose=0),
