@@ -405,6 +405,7 @@ def _slots(scopes: dict[str, list], variable_names: set[str]) -> dict[str, str]:
                 source = t.op
                 if source.type in ("Identity", "ReadVariableOp") and source.inputs:
                     source = source.inputs[0].op
+                source = _behind_switches(source)
                 if source.name in variable_names and source.name != owner:
                     readers.setdefault(source.name, set()).add(owner)
     return {slot: next(iter(owners)) for slot, owners in readers.items() if len(owners) == 1}
@@ -414,8 +415,19 @@ def _is_variable_read(op) -> bool:
     if op.type in VARIABLE_OP_TYPES:
         return True
     if op.type in ("Identity", "ReadVariableOp") and op.inputs:
-        return op.inputs[0].op.type in VARIABLE_OP_TYPES
+        return _behind_switches(op.inputs[0].op).type in VARIABLE_OP_TYPES
     return False
+
+
+def _behind_switches(op):
+    """The op whose handle or ref ``op`` passes on through a lowered conditional's ``Switch`` ops (``op``
+    itself when it is none)."""
+    while op.type in _SWITCHES and op.inputs:
+        op = op.inputs[0].op
+    return op
+
+
+_SWITCHES = frozenset({"Switch", "RefSwitch"})
 
 
 def _from_gradient_computation(tensor, cache: dict) -> bool:
@@ -431,7 +443,8 @@ def _from_gradient_computation(tensor, cache: dict) -> bool:
         if _GRADIENT_SCOPE_RE.search(op.name + "/"):
             found = True
             break
-        for t in op.inputs:
+        # a lowered conditional's predicate (all gradients finite) tells which branch runs, no part of a value
+        for t in list(op.inputs)[:1] if op.type in _SWITCHES else op.inputs:
             if t.op.name not in seen and t.op.type not in VARIABLE_OP_TYPES:
                 seen.add(t.op.name)
                 queue.append(t.op)

@@ -37,6 +37,7 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2
 
 from parallax.errors import AnalysisError
 from parallax.rewrite.graph_ops import colocated_with, colocation_group, format_input, parse_input
+from parallax.tf2.conds import lower_conds
 from parallax.tf2.regions import update_regions
 
 __all__ = ["TracedStep", "trace_step", "is_step_function", "STEP_OP"]
@@ -113,7 +114,7 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
                 f"the step {fn.python_function.__name__!r} captures {name!r}, a resource that is no variable (a "
                 "lookup table, a dataset iterator, a random generator); Parallax takes a step whose state is "
                 "variables: pass the batches as the step's arguments")
-    step_def = func_graph.as_graph_def()
+    step_def = lower_conds(func_graph.as_graph_def())  # a LossScaleOptimizer's updates, out of its tf.cond
     primary = _slot_owners(step_def, {c for c, _ in captures})
     held = {name for name, value in captures if value.dtype == tf.resource}
     regions = update_regions(step_def, held, {name for name, value in captures

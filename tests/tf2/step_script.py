@@ -31,7 +31,7 @@ def main() -> None:
                                                                            parallax_config=config)
         parts = num_workers * num_replicas
         losses = []
-        for ids, y in batches(args.steps):
+        for ids, y in batches(args.steps, case):
             mine = slice(worker_id * num_replicas, (worker_id + 1) * num_replicas)
             losses.append([float(v) for v in step(np.split(ids, parts)[mine], np.split(y, parts)[mine])])
         step.close()
