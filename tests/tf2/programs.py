@@ -20,7 +20,7 @@ CASES = {
     # mixed precision (tests/multiprocess/test_tf2_mixed_precision.py)
     "keras3-lso-adam": ("keras3", "lso-adam"),
     "keras3-lso-overflow": ("keras3", "lso-adam"),
-    "keras3-f16-lso-adam": ("keras3", "lso-adam"),
+    "keras3-f16-lso-adam": ("keras3", "lso-1024-adam"),
     "keras3-f16-adam": ("keras3", "adam"),
     "keras3-bf16-adam": ("keras3", "adam"),
     "tfkeras-lso-adam": ("tfkeras", "lso-adam"),
@@ -96,7 +96,11 @@ def _build(family: str, optimizer: str):
         model = _keras_model(keras)
         opt = {"adam": lambda: keras.optimizers.Adam(0.05),
                "sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
-               "lso-adam": lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.05))}[optimizer]()
+               "lso-adam": lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.05)),
+               # float16 compute: a scale whose scaled gradients fit float16 on one device and on each replica (a
+               # replica's loss is its part's mean: N times one device's per example; see docs/tf2_programs.md)
+               "lso-1024-adam": lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.05),
+                                                                            initial_scale=1024.0)}[optimizer]()
         variables = lambda: model.trainable_variables  # noqa: E731
     else:
         import tf_keras
@@ -109,6 +113,8 @@ def _build(family: str, optimizer: str):
                "fixed-lso-adam": lambda: tf_keras.mixed_precision.LossScaleOptimizer(
                    tf_keras.optimizers.Adam(0.05), dynamic=False, initial_scale=1024.0)}[optimizer]()
         variables = lambda: model.trainable_variables  # noqa: E731
+
+    variables.optimizer = opt  # its state (a loss scale, its counter), which the mixed-precision tests compare
 
     @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.int32), tf.TensorSpec([None, 1], tf.float32)])
     def train_step(ids, y):
@@ -130,3 +136,16 @@ def eager(case: str, steps: int) -> tuple[list[float], list[np.ndarray]]:
     step, variables = build(case)
     losses = [float(step(ids, y)) for ids, y in batches(steps, case)]
     return losses, [v.numpy() for v in variables()]
+
+
+def optimizer_state(variables) -> list[np.ndarray]:
+    """The values of the optimizer's own variables (its slots, step counter, loss scale) of a built step."""
+    held = variables.optimizer.variables
+    return [np.asarray(v.numpy()) for v in (held() if callable(held) else held)]
+
+
+def eager_with_state(case: str, steps: int) -> tuple[list[float], list[np.ndarray], list[np.ndarray]]:
+    """:func:`eager`, and the optimizer's state after the steps (:func:`optimizer_state`)."""
+    step, variables = build(case)
+    losses = [float(step(ids, y)) for ids, y in batches(steps, case)]
+    return losses, [v.numpy() for v in variables()], optimizer_state(variables)

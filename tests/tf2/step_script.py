@@ -1,6 +1,6 @@
 """A user's TF2 program trained by Parallax: ``python step_script.py --resource_info R --run_option M --out D
 CASE...``: each case a parallel_run call of its own; every rank writes the losses it saw and its trained
-variables (written back into the program's own, as ``DistributedStep.close`` does) to ``D/<case>/rank_<id>.npz``."""
+variables and its optimizer's (written back into the program's own, as ``DistributedStep.close`` does) to ``D/<case>/rank_<id>.npz``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import numpy as np  # noqa: E402
 
 import parallax  # noqa: E402
-from tests.tf2.programs import batches, build  # noqa: E402
+from tests.tf2.programs import batches, build, optimizer_state  # noqa: E402
 
 
 def main() -> None:
@@ -38,7 +38,8 @@ def main() -> None:
         out = os.path.join(args.out, case)
         os.makedirs(out, exist_ok=True)
         np.savez(os.path.join(out, f"rank_{worker_id}.npz"), losses=np.array(losses),
-                 **{f"v{i}": v.numpy() for i, v in enumerate(variables())})
+                 **{f"v{i}": v.numpy() for i, v in enumerate(variables())},
+                 **{f"o{i}": v for i, v in enumerate(optimizer_state(variables))})
 
 
 if __name__ == "__main__":
