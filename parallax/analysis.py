@@ -245,10 +245,11 @@ _FUNCTION_CALLS = {"If": ("then_branch", "else_branch"), "While": ("cond", "body
 
 
 def _refuse_hidden_updates(graph: tf.Graph, trainable: set[str]) -> None:
-    """Refuse a trainable variable written inside a function the graph calls (a ``tf.cond`` or loop of
-    TensorFlow 2's control flow, a nested function: a ``LossScaleOptimizer`` skipping steps that overflow
-    puts every update in one): its update cannot be synchronised, and the graph would train each worker
-    alone.
+    """Refuse a trainable variable written inside a function the graph calls (a loop of TensorFlow 2's
+    control flow, a nested function, a ``tf.cond`` of a graph not traced by Parallax): its update cannot be
+    synchronised, and the graph would train each worker alone. (A traced ``tf.function`` step has its
+    conditionals that write variables lowered into the graph, :mod:`parallax.tf2.conds`: a
+    ``LossScaleOptimizer``'s updates are read as any optimizer's.)
 
     Raises:
         AnalysisError: naming the variable, the op and what to change.
@@ -273,11 +274,10 @@ def _refuse_hidden_updates(graph: tf.Graph, trainable: set[str]) -> None:
                 if any(_writes_argument(library, name, i - offset, set()) for name in names):
                     raise AnalysisError(
                         f'the trainable variable "{source.name}" is written inside {op.type} "{op.name}" (a '
-                        "TensorFlow 2 tf.cond, loop or nested function; a LossScaleOptimizer puts every update in "
-                        "one to skip the steps that overflow): Parallax synchronises updates it sees in the graph, "
-                        "so it cannot train this one data-parallel. Apply the gradients outside the control flow "
-                        "(for mixed precision: without loss scaling, or with a fixed scale applied to the loss and "
-                        "the gradients in the step)")
+                        "TensorFlow 2 loop, nested function or tf.cond): Parallax synchronises updates it sees in "
+                        "the graph, so it cannot train this one data-parallel. Apply the gradients outside the loop "
+                        "or function (a tf.cond, such as a LossScaleOptimizer's, is read when the step is a "
+                        "tf.function given to parallel_run)")
 
 
 def _writes_argument(library: dict, function: str, index: int, seen: set[str]) -> bool:

@@ -29,7 +29,7 @@ any optimizer's (:mod:`parallax.tf2.regions`, :mod:`parallax.analysis`).
 
 from __future__ import annotations
 
-from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
+from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 
 from parallax.rewrite.graph_ops import colocated_with, colocation_group, format_input, is_variable_write, parse_input
@@ -43,20 +43,24 @@ _CALLS = {"If": ("then_branch", "else_branch"), "StatelessIf": ("then_branch", "
           "StatefulPartitionedCall": ("f",), "PartitionedCall": ("f",)}
 
 
-def lower_conds(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
+def lower_conds(graph_def: graph_pb2.GraphDef) -> tuple[graph_pb2.GraphDef, dict[str, str]]:
     """``graph_def`` (not modified) with every ``If`` whose branches write a variable lowered (see the
-    module docstring); the library keeps the functions."""
+    module docstring; the library keeps the functions), and the tensor that stands for each output of a
+    lowered ``If`` (``"<c>:<k>"`` -> ``"<c>/output_<k>:0"``)."""
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
     library = {f.signature.name: f for f in graph_def.library.function}
     writes: dict[str, bool] = {}
+    outputs: dict[str, str] = {}
     while True:
         conds = [n for n in out.node if n.op in COND_OPS
                  and any(_writes(library, _branch(n, a), writes) for a in ("then_branch", "else_branch"))]
         if not conds:
-            return out
+            return out, outputs
         for node in conds:
             out = _lower(out, node.name, library)
+            outputs.update({f"{node.name}:{k}": f"{node.name}/output_{k}:0"
+                            for k in range(len(node.attr["Tout"].list.type))})
 
 
 def _branch(node: node_def_pb2.NodeDef, attr: str) -> str:
@@ -108,7 +112,8 @@ def _lower(graph_def: graph_pb2.GraphDef, name: str, library: dict) -> graph_pb2
     results: dict[bool, list[str]] = {}
     done: dict[bool, str] = {}
     for taken, attr, label in ((True, "then_branch", "then"), (False, "else_branch", "else")):
-        fdef = library[_branch(cond, attr)]
+        fdef = function_pb2.FunctionDef()
+        fdef.CopyFrom(library[_branch(cond, attr)])  # function_def_to_graph_def adds to its arg_attr
         body, flat = function_def_to_graph_def(fdef)
         arg_names = [a.name for a in fdef.signature.input_arg]
         port = 1 if taken else 0

@@ -82,7 +82,8 @@ def test_a_mixed_precision_step_trains_as_eager_training_on_one_device(jobs, gro
             assert got["losses"].shape == (STEPS, replicas)
             seen.append(got["losses"])
     mean = np.concatenate(seen, axis=1).mean(axis=1)
-    np.testing.assert_allclose(mean, losses, rtol=loss_rtol, err_msg=f"{group} {case}: the mean of the replicas' losses")
+    np.testing.assert_allclose(mean, losses, rtol=loss_rtol,
+                               err_msg=f"{group} {case}: the mean of the replicas' losses")
     if case in OVERFLOW:
         assert np.isinf(losses[1]) and np.all(np.isfinite(np.delete(losses, 1)))
         every = np.concatenate(seen, axis=1)

@@ -1,6 +1,7 @@
 """A user's TF2 program trained by Parallax: ``python step_script.py --resource_info R --run_option M --out D
 CASE...``: each case a parallel_run call of its own; every rank writes the losses it saw and its trained
-variables and its optimizer's (written back into the program's own, as ``DistributedStep.close`` does) to ``D/<case>/rank_<id>.npz``."""
+variables and its optimizer's (written back into the program's own, as ``DistributedStep.close`` does) to
+``D/<case>/rank_<id>.npz``."""
 
 from __future__ import annotations
 
