@@ -233,6 +233,7 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
     for var_name in sorted(scopes):
         gradients.append(_gradient_of(var_name, scopes[var_name], graph))
     gradients = _find_raw_gradients(graph, gradients)
+    gradients = _coupled_by_conditions(graph, gradients)
     _refuse_hidden_updates(graph, {v.name for v in variables if v.trainable})
     train_ops = _train_ops(graph, scopes) if gradients else ()
     forward = _forward_ops(graph, gradients, {v.name: v for v in variables})
@@ -596,6 +597,48 @@ def _find_raw_gradients(graph: tf.Graph, gradients: list[GradientInfo]) -> list[
         return gradients  # some raw gradient feeds the post-processing without being any variable's
     return [replace(g, coupled_with=tuple(sorted({claimed[t] for t in distances[g.variable]} - {g.variable})))
             for g in result]
+
+
+def _coupled_by_conditions(graph: tf.Graph, gradients: list[GradientInfo]) -> list[GradientInfo]:
+    """Couple each update that runs under a conditional (a lowered ``tf.cond``'s ``Switch``: a
+    ``LossScaleOptimizer`` applies the gradients only when all are finite) with every variable whose gradient
+    its predicate is computed from: that decision must be taken on the gradients every worker sees alike
+    (aggregated), so these variables cannot be split between parameter servers and all-reduce."""
+    owner = {t: g.variable for g in gradients for t in g.aggregation_tensors if t}
+    behind: dict[str, frozenset[str]] = {}
+    out = []
+    for g in gradients:
+        predicates = {}
+        for name in g.update_ops:
+            op = graph.get_operation_by_name(name)
+            sources = [op] + [t.op for t in op.inputs]
+            for source in sources:
+                while source.type in _SWITCHES and len(source.inputs) > 1:
+                    predicates[source.inputs[1].name] = source.inputs[1]
+                    source = source.inputs[0].op
+        coupled = set()
+        for name, predicate in predicates.items():
+            if name not in behind:
+                behind[name] = _gradients_behind(predicate, owner)
+            coupled |= behind[name]
+        coupled -= {g.variable}
+        out.append(replace(g, coupled_with=tuple(sorted(set(g.coupled_with) | coupled))) if coupled else g)
+    return out
+
+
+def _gradients_behind(tensor, owner: dict[str, str]) -> frozenset[str]:
+    """The variables (``owner``: gradient tensor -> variable) whose gradients ``tensor`` is computed from."""
+    found, seen, queue = set(), {tensor.op.name}, deque([tensor])
+    while queue:
+        t = queue.popleft()
+        if t.name in owner:
+            found.add(owner[t.name])
+            continue
+        for source in t.op.inputs:
+            if source.op.name not in seen and source.op.type not in VARIABLE_OP_TYPES:
+                seen.add(source.op.name)
+                queue.extend(source.op.outputs)
+    return frozenset(found)
 
 
 def _frontier_distances(start, frontier: set[str]) -> dict[str, int]:

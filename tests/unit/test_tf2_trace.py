@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from parallax.analysis import analyse_graph
 from parallax.errors import AnalysisError
+from parallax.plan.policies import choose_sync
 from parallax.tf2.trace import STEP_OP, trace_step
 from tests.tf2.programs import CASES, MIXED, batches, build, eager
 
@@ -127,9 +128,18 @@ def test_a_loss_scale_optimizers_updates_are_read_through_its_lowered_cond(case)
     assert [g.sparse for g in analysis.gradients].count(True) == 1
     for name in trainable:
         assert len([v for v in analysis.variables if v.slot_of == name]) == 2, name
+    for g in analysis.gradients:  # the finite check reads every gradient: one decision, on aggregated gradients
+        assert set(g.coupled_with) == trainable - {g.variable}, g
     scale = [v for v in analysis.variables
              if v.name.rsplit("/", 1)[-1] in ("dynamic_scale", "step_counter", "current_loss_scale", "good_steps")]
     assert scale and all(v.slot_of is None for v in scale)  # the loss scale and its counter are no one's slots
+
+
+def test_hybrid_keeps_a_loss_scaled_embedding_off_the_servers_since_every_worker_takes_the_skip_decision():
+    step, _ = build("keras3-lso-adam")
+    choices, notes = choose_sync(analyse_graph(trace_step(step).graph), 2, 1, "hybrid")
+    assert {c.sync for c in choices.values()} == {"allreduce", "allgather"}
+    assert len(notes) == 1 and "embedding" in notes[0] and "instead of ps" in notes[0]
 
 
 def test_a_trainable_variable_written_inside_a_loop_is_refused_naming_it():
