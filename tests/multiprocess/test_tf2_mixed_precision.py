@@ -26,7 +26,7 @@ import pytest
 
 from tests.multiprocess.harness import ROOT, ScriptJobs
 from tests.requirements import unavailable
-from tests.tf2.programs import MIXED, OVERFLOW, POLICIES, eager_with_state
+from tests.tf2.programs import DYNAMIC_SCALE, MIXED, OVERFLOW, POLICIES, eager_with_state
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -52,8 +52,12 @@ def jobs(tmp_path_factory):
     if importlib.util.find_spec("tf_keras") is None:
         unavailable("tf_keras is not installed (the tf_keras cases need it)",
                     "`make test` installs it (pip install --no-deps tf_keras)")
-    return ScriptJobs(tmp_path_factory, SCRIPT, {group: (text, ["--run_option", option, "--steps", str(STEPS)])
-                                                 for group, (text, option, _, _) in GROUPS.items()}, list(MIXED))
+    groups = {group: (text, ["--run_option", option, "--steps", str(STEPS)])
+              for group, (text, option, _, _) in GROUPS.items()}
+    # one job per group and layout: HYBRID and AUTO run the dynamic loss scale's cases as MPI (one process fewer)
+    scaled = [c for c in MIXED if c in DYNAMIC_SCALE]
+    return {True: ScriptJobs(tmp_path_factory, SCRIPT, groups, scaled),
+            False: ScriptJobs(tmp_path_factory, SCRIPT, groups, [c for c in MIXED if c not in scaled])}
 
 
 @functools.cache
@@ -66,7 +70,7 @@ def reference(case: str):
                                                 + ([pytest.mark.extended] if g in EXTENDED else []))
                                    for g in GROUPS])
 def test_a_mixed_precision_step_trains_as_eager_training_on_one_device(jobs, group, case):
-    out = jobs.case(group, case)
+    out = jobs[case in DYNAMIC_SCALE].case(group, case)
     losses, values, state = reference(case)
     rtol, atol, loss_rtol = TOLERANCE[POLICIES.get(case)]
     _, _, processes, replicas = GROUPS[group]

@@ -14,7 +14,7 @@ import pytest
 
 from tests.multiprocess.harness import ROOT, ScriptJobs
 from tests.requirements import unavailable
-from tests.tf2.programs import CASES, eager
+from tests.tf2.programs import PLAIN, eager
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -39,7 +39,7 @@ def jobs(tmp_path_factory):
         unavailable("tf_keras is not installed (the tf_keras cases need it)",
                     "`make test` installs it (pip install --no-deps tf_keras)")
     return ScriptJobs(tmp_path_factory, SCRIPT, {group: (text, ["--run_option", option, "--steps", str(STEPS)])
-                                                 for group, (text, option, _, _) in GROUPS.items()}, list(CASES))
+                                                 for group, (text, option, _, _) in GROUPS.items()}, list(PLAIN))
 
 
 @functools.cache
@@ -47,7 +47,7 @@ def reference(case: str):
     return eager(case, STEPS)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", list(PLAIN))
 @pytest.mark.parametrize("group", [pytest.param(g, marks=[pytest.mark.xdist_group(f"tf2-{g}")]
                                                 + ([pytest.mark.extended] if g in EXTENDED else []))
                                    for g in GROUPS])

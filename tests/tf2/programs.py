@@ -33,6 +33,10 @@ POLICIES = {"keras3-f16-lso-adam": "mixed_float16", "keras3-f16-adam": "mixed_fl
 #: the cases whose second step overflows the scaled gradient in the last row alone (the last replica's part):
 #: the loss scaling optimizer skips that step and halves its scale
 OVERFLOW = {"keras3-lso-overflow", "tfkeras-lso-overflow"}
+#: the cases with a dynamic loss scale, whose finite check couples every gradient to every update: HYBRID and AUTO
+#: run them as MPI (a job of another layout than the other cases')
+DYNAMIC_SCALE = frozenset({"keras3-lso-adam", "keras3-lso-overflow", "keras3-f16-lso-adam", "tfkeras-lso-adam",
+                           "tfkeras-lso-overflow"})
 #: the first (main) cases of tests/multiprocess/test_tf2_steps.py
 PLAIN = ("module-v1-adam", "keras3-adam", "keras3-sgd", "tfkeras-legacy-adam", "tfkeras-adam")
 MIXED = tuple(c for c in CASES if c not in PLAIN)

@@ -14,7 +14,7 @@ from parallax.analysis import analyse_graph
 from parallax.errors import AnalysisError
 from parallax.plan.policies import choose_sync
 from parallax.tf2.trace import STEP_OP, trace_step
-from tests.tf2.programs import CASES, MIXED, batches, build, eager
+from tests.tf2.programs import MIXED, PLAIN, batches, build, eager
 
 
 def run_traced(traced, steps: int) -> list[float]:
@@ -24,7 +24,7 @@ def run_traced(traced, steps: int) -> list[float]:
                 for batch in batches(steps)]
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("tfkeras") and c not in MIXED])
+@pytest.mark.parametrize("case", [c for c in PLAIN if not c.startswith("tfkeras")])
 def test_the_traced_graph_trains_as_the_eager_step(case):
     losses, _ = eager(case, 3)
     step, _ = build(case)
