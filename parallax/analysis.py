@@ -265,7 +265,7 @@ def _refuse_hidden_updates(graph: tf.Graph, trainable: set[str]) -> None:
         offset = 1 if op.type in ("If", "Case") else 0  # their first input is the predicate or branch index
         for i, tensor in handles:
             source = tensor.op
-            while source.type == "Identity" and source.inputs:
+            while source.type in ("Identity", *_SWITCHES) and source.inputs:  # a lowered cond's Switch too
                 source = source.inputs[0].op
             if source.name not in trainable:
                 continue

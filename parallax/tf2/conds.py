@@ -32,6 +32,7 @@ from __future__ import annotations
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 
+from parallax.errors import AnalysisError
 from parallax.rewrite.graph_ops import colocated_with, colocation_group, format_input, is_variable_write, parse_input
 
 __all__ = ["lower_conds", "COND_OPS"]
@@ -157,6 +158,10 @@ def _lower(graph_def: graph_pb2.GraphDef, name: str, library: dict) -> graph_pb2
         merged = add("Merge", f"merge_{k}", [results[False][k], results[True][k]], T=dtype(out_type),
                      N=attr_value_pb2.AttrValue(i=2))
         renamed[k] = add("Identity", f"output_{k}", [merged, f"^{executed}"], T=dtype(out_type))
+    clash = sorted({n.name for n in new} & {n.name for n in graph_def.node})
+    if clash:
+        raise AnalysisError(f'cannot lower the tf.cond "{name}" into the step\'s graph: its ops would take the names '
+                            f"of ops the step has ({', '.join(clash[:3])}); rename the step's name scope {name!r}")
     out = graph_pb2.GraphDef()
     out.versions.CopyFrom(graph_def.versions)
     out.library.CopyFrom(graph_def.library)

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from parallax.analysis import analyse_graph
+from parallax.errors import AnalysisError
 from parallax.tf2.conds import lower_conds
 from parallax.tf2.trace import trace_step
 
@@ -68,3 +70,25 @@ def test_a_cond_that_writes_no_variable_is_left_as_it_is():
     graph_def = pure.get_concrete_function().graph.as_graph_def()
     lowered, outputs = lower_conds(graph_def)
     assert outputs == {} and [n.op for n in lowered.node] == [n.op for n in graph_def.node]
+
+
+def test_a_trainable_variable_written_by_a_nested_function_inside_a_cond_is_still_refused():
+    w = tf.Variable(1.0, name="w")
+
+    @tf.function(autograph=False)
+    def descend(g):
+        w.assign_sub(0.1 * g)
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.float32)])
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = w * x
+        grad = tape.gradient(loss, w)
+        tf.cond(tf.math.is_finite(grad), lambda: descend(grad) or tf.constant(0), lambda: tf.constant(0))
+        return loss
+
+    traced = trace_step(step)
+    assert not [op for op in traced.graph.get_operations() if op.type in ("If", "StatelessIf")]
+    with pytest.raises(AnalysisError, match=r'^the trainable variable "w" is written inside StatefulPartitionedCall '
+                                            r'"cond/then/'):
+        analyse_graph(traced.graph)
