@@ -8,11 +8,13 @@ In the ``*-overflow`` cases the second step's batch has one huge label in its la
 replica's part only: that replica's scaled gradient overflows, so the sum of the replicas' gradients does, and
 every replica skips the step and halves the loss scale, as one device does on the union batch (its loss is inf).
 
-Tolerances. float32 compute: rtol 1e-5 (as the other TF2 steps). float16 / bfloat16 compute: each replica sums
-its half of the batch in the policy's type where one device sums the whole batch, so the gradients differ by a
-few units in the last place of that type (float16: 2**-11 relative, bfloat16: 2**-8); Adam divides by the
-gradients' scale, so the variables move by ``lr`` (0.05) times such a relative error per step: atol 2e-3 (float16)
-and 1e-2 (bfloat16) on values of order 1 over 4 steps, losses rtol 1e-2. The overflow decision itself is exact.
+Tolerances. float32 compute: rtol 1e-5 (as the other TF2 steps). float16 / bfloat16 compute: each replica runs
+its part of the batch in the policy's type where one device runs the whole batch, so the sums over examples are
+rounded differently, by a few units of that type's roundoff (float16: 2**-11 = 4.9e-4, bfloat16: 2**-8 = 3.9e-3);
+the gradients reach the float32 variables with that relative error. Variables and losses: rtol and atol of about
+two to four units: 2e-3 / 1e-3 (float16), 1e-2 (bfloat16), losses rtol 2e-3 / 1e-2. Measured (2 and 3 processes,
+2 replicas, 4 Adam steps): at most 3.6e-4 (float16) and 3.2e-3 (bfloat16) on the variables, 2.1e-4 and 5.1e-4
+relative on the losses; 1.2e-7 in float32. The overflow decision itself is exact.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ GROUPS = {
 }
 EXTENDED = {"AUTO-2", "MPI-3", "PS-3"}  # the mechanism again, in another layout: CI's extended suite
 #: (rtol, atol) of the variables, rtol of the losses, by the type the case computes in (see the module docstring)
-TOLERANCE = {"mixed_float16": (1e-2, 2e-3, 1e-2), "mixed_bfloat16": (5e-2, 1e-2, 1e-2), None: (1e-5, 1e-6, 1e-5)}
+TOLERANCE = {"mixed_float16": (2e-3, 1e-3, 2e-3), "mixed_bfloat16": (1e-2, 1e-2, 1e-2), None: (1e-5, 1e-6, 1e-5)}
 
 
 @pytest.fixture(scope="module")
