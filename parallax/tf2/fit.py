@@ -162,8 +162,9 @@ def _train_step(model: Any, signature: list, outputs: dict) -> Any:
         with tf.GradientTape() as tape:
             prediction = model(x, training=True)
             loss = model.compute_loss(x=x, y=y, y_pred=prediction, training=True)
+            scaled = model.optimizer.scale_loss(loss)  # as Keras's: a loss scale (mixed precision) or the loss
         variables = model.trainable_weights
-        model.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        model.optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables))
         outputs["structure"] = prediction
         return loss, tf.nest.flatten(prediction)
 

@@ -15,13 +15,27 @@ def data():
     return x, y, (rng.randint(0, 10, (12, 3)).astype(np.int32), rng.randn(12, 1).astype(np.float32))
 
 
-def build():
+#: cases built under the mixed_float16 policy, with loss scaling (a LossScaleOptimizer whose scale fits float16 on
+#: one device and on each replica: docs/tf2_programs.md#mixed-precision)
+MIXED = ("mixed-float16",)
+
+
+def build(case: str = ""):
     import keras
 
     keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.layers.Input((3,), dtype="int32"), keras.layers.Embedding(10, 4),
-                              keras.layers.Flatten(), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse", metrics=["mae"])
+    if case in MIXED:
+        keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.layers.Input((3,), dtype="int32"), keras.layers.Embedding(10, 4),
+                                  keras.layers.Flatten(), keras.layers.Dense(4, activation="relu"),
+                                  keras.layers.Dense(1)])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    optimizer = keras.optimizers.Adam(0.05)
+    if case in MIXED:
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=1024.0)
+    model.compile(optimizer=optimizer, loss="mse", metrics=["mae"])
     return model
 
 
@@ -34,7 +48,7 @@ def dataset():
 
 def single_device(case: str, seed: int = 0) -> tuple[dict, list]:
     """``model.fit`` on one device with the batches ``parallax.fit`` makes for ``case``: its History and weights."""
-    model = build()
+    model = build(case)
     x, y, validation = data()
     if case == "shuffled":  # parallax.fit's epochs: a permutation from RandomState(seed + epoch) each
         history: dict = {}

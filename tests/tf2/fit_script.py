@@ -26,7 +26,7 @@ def main() -> None:
     for case in args.cases:
         import keras
 
-        model = build()
+        model = build(case)
         x, y, validation = data()
         out = os.path.join(args.out, case)
         os.makedirs(out, exist_ok=True)
@@ -40,7 +40,8 @@ def main() -> None:
         with open(os.path.join(out, f"rank_{rank}.json"), "w") as f:
             json.dump({"history": history.history}, f)
         np.savez(os.path.join(out, f"rank_{rank}.npz"), **{f"v{i}": v.numpy() for i, v in
-                                                            enumerate(model.trainable_variables)})
+                                                            enumerate(model.trainable_variables)},
+                 **{f"o{i}": v.numpy() for i, v in enumerate(model.optimizer.variables)})
 
 
 if __name__ == "__main__":
