@@ -234,6 +234,7 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
         gradients.append(_gradient_of(var_name, scopes[var_name], graph))
     gradients = _find_raw_gradients(graph, gradients)
     gradients = _coupled_by_conditions(graph, gradients)
+    _refuse_gradients_behind_decisions(graph, gradients)
     _refuse_hidden_updates(graph, {v.name for v in variables if v.trainable})
     train_ops = _train_ops(graph, scopes) if gradients else ()
     forward = _forward_ops(graph, gradients, {v.name: v for v in variables})
@@ -626,6 +627,46 @@ def _coupled_by_conditions(graph: tf.Graph, gradients: list[GradientInfo]) -> li
     return out
 
 
+def _refuse_gradients_behind_decisions(graph: tf.Graph, gradients: list[GradientInfo]) -> None:
+    """Refuse a gradient that Parallax would aggregate inside a conditional whose predicate is computed from
+    the gradients (a ``LossScaleOptimizer``'s finite check): each worker would take that decision on its own
+    gradients, and the aggregation would run on some workers only.
+
+    Raises:
+        AnalysisError: naming the variable, the conditional and what to change.
+    """
+    cache: dict = {}
+    for g in gradients:
+        for name in g.aggregation_tensors:
+            if name is None:
+                continue
+            switch = _switch_behind(graph.get_tensor_by_name(name))
+            if switch is not None and _from_gradient_computation(switch.inputs[1], cache):
+                raise AnalysisError(
+                    f'the gradient of "{g.variable}" ({name}) is computed inside a conditional that the gradients '
+                    f'decide ("{switch.name}": a LossScaleOptimizer\'s check that they are all finite), from ops '
+                    "Parallax cannot run on the aggregated gradients before that check (e.g. an optimizer's "
+                    "global_clipnorm or clipnorm turning a sparse gradient, an embedding's, into a dense one): "
+                    "every worker would decide on its own gradients. Clip the gradients in the step, outside the "
+                    "optimizer, or leave the sparse variable out of the clipping")
+
+
+def _switch_behind(tensor):
+    """The first ``Switch`` op ``tensor`` is computed from, outside gradient scopes and variables (``None``)."""
+    seen, queue = {tensor.op.name}, deque([tensor.op])
+    while queue:
+        op = queue.popleft()
+        if op.type in _SWITCHES:
+            return op
+        if _in_gradient_scope(op):
+            continue
+        for t in op.inputs:
+            if t.op.name not in seen and t.op.type not in VARIABLE_OP_TYPES:
+                seen.add(t.op.name)
+                queue.append(t.op)
+    return None
+
+
 def _gradients_behind(tensor, owner: dict[str, str]) -> frozenset[str]:
     """The variables (``owner``: gradient tensor -> variable) whose gradients ``tensor`` is computed from."""
     found, seen, queue = set(), {tensor.op.name}, deque([tensor])
@@ -653,7 +694,8 @@ def _frontier_distances(start, frontier: set[str]) -> dict[str, int]:
     queue = deque([(start.op, 1)])
     while queue:
         op, depth = queue.popleft()
-        for t in op.inputs:
+        # a lowered conditional's predicate (all gradients finite) tells which branch runs, no part of a value
+        for t in list(op.inputs)[:1] if op.type in _SWITCHES else op.inputs:
             p = t.op
             if p.type in VARIABLE_OP_TYPES or p.type == "Const" or t.dtype == tf.resource:
                 continue

@@ -142,6 +142,27 @@ def test_hybrid_keeps_a_loss_scaled_embedding_off_the_servers_since_every_worker
     assert len(notes) == 1 and "embedding" in notes[0] and "instead of ps" in notes[0]
 
 
+def test_clipping_that_densifies_a_sparse_gradient_inside_a_loss_scale_optimizers_cond_is_refused():
+    import keras
+
+    from tests.tf2.programs import _keras_model
+
+    keras.utils.set_random_seed(1)
+    model = _keras_model(keras)  # a trainable embedding: a sparse gradient, made dense by the clipping in the cond
+    opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1, global_clipnorm=0.5))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.int32), tf.TensorSpec([None, 1], tf.float32)])
+    def step(ids, y):
+        with tf.GradientTape() as tape:
+            scaled = opt.scale_loss(tf.reduce_mean(tf.square(model(ids) - y)))
+        opt.apply_gradients(zip(tape.gradient(scaled, model.trainable_variables), model.trainable_variables))
+        return scaled
+
+    with pytest.raises(AnalysisError, match=r'^the gradient of ".*" \(.*\) is computed inside a '
+                                            r'conditional that the gradients decide \(".*": a LossScaleOptimizer'):
+        analyse_graph(trace_step(step).graph)
+
+
 def test_a_trainable_variable_written_inside_a_loop_is_refused_naming_it():
     w = tf.Variable(1.0, name="w")
 
