@@ -6,6 +6,7 @@ variables and its optimizer's (written back into the program's own, as ``Distrib
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -23,11 +24,13 @@ def main() -> None:
     p.add_argument("--run_option", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--config", default="{}", help="more parallax.Config fields, as JSON")
     p.add_argument("cases", nargs="+")
     args = p.parse_args()
     for case in args.cases:
         train_step, variables = build(case)
-        config = parallax.Config(run_option=args.run_option, average_sparse=True, stall_timeout=60)
+        config = parallax.Config(run_option=args.run_option, average_sparse=True, stall_timeout=60,
+                                 **json.loads(args.config))
         step, num_workers, worker_id, num_replicas = parallax.parallel_run(train_step, args.resource_info,
                                                                            parallax_config=config)
         parts = num_workers * num_replicas
