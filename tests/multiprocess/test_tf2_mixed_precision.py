@@ -44,8 +44,10 @@ GROUPS = {
     "MPI-3": ("localhost: cpu:0,cpu:1,cpu:2\n", "MPI", 3, 1),
     "PS-3": ("localhost: cpu:0\nlocalhost: cpu:1\nlocalhost: cpu:2\n", "PS", 3, 1),
     "local-2-replicas": ("localhost: cpu:0,cpu:1\n", "PS", 1, 2),
+    "MPI-2-micro-batches": ("localhost: cpu:0,cpu:1\n", "MPI", 2, 1),
 }
-EXTENDED = {"AUTO-2", "MPI-3", "PS-3"}  # the mechanism again, in another layout: CI's extended suite
+CONFIG = {"MPI-2-micro-batches": '{"micro_batches": 3}'}  # more Config fields of a group (JSON)
+EXTENDED = {"AUTO-2", "MPI-3", "PS-3", "MPI-2-micro-batches"}  # the mechanism again, in another layout
 #: (rtol, atol) of the variables, rtol of the losses, by the type the case computes in (see the module docstring)
 TOLERANCE = {"mixed_float16": (2e-3, 1e-3, 2e-3), "mixed_bfloat16": (1e-2, 1e-2, 1e-2), None: (1e-5, 1e-6, 1e-5)}
 
@@ -55,7 +57,7 @@ def jobs(tmp_path_factory):
     if importlib.util.find_spec("tf_keras") is None:
         unavailable("tf_keras is not installed (the tf_keras cases need it)",
                     "`make test` installs it (pip install --no-deps tf_keras)")
-    groups = {group: (text, ["--run_option", option, "--steps", str(STEPS)])
+    groups = {group: (text, ["--run_option", option, "--steps", str(STEPS), "--config", CONFIG.get(group, "{}")])
               for group, (text, option, _, _) in GROUPS.items()}
     # one job per group and layout: HYBRID and AUTO run the dynamic loss scale's cases as MPI (one process fewer)
     scaled = [c for c in MIXED if c in DYNAMIC_SCALE]
