@@ -78,6 +78,8 @@ def _writes(library: dict, function: str, cache: dict[str, bool]) -> bool:
             if is_variable_write(node.op):
                 found = True
             for attr in _CALLS.get(node.op, ()):
+                if attr not in node.attr:  # (reading a missing key of a map would add it to the library)
+                    continue
                 value = node.attr[attr]
                 names = [f.name for f in value.list.func] if value.list.func else [value.func.name]
                 found = found or any(_writes(library, name, cache) for name in names)
