@@ -39,6 +39,7 @@ __all__ = ["lower_conds", "COND_OPS"]
 
 #: Functional conditionals lowered when their branches write a variable.
 COND_OPS = frozenset({"If", "StatelessIf"})
+_BOOL = 10  # DT_BOOL: a predicate a Switch takes (an If's may be a number or a string, true when not zero or empty)
 _CALLS = {"If": ("then_branch", "else_branch"), "StatelessIf": ("then_branch", "else_branch"),
           "While": ("cond", "body"), "StatelessWhile": ("cond", "body"), "Case": ("branches",),
           "StatefulPartitionedCall": ("f",), "PartitionedCall": ("f",)}
@@ -54,7 +55,7 @@ def lower_conds(graph_def: graph_pb2.GraphDef) -> tuple[graph_pb2.GraphDef, dict
     writes: dict[str, bool] = {}
     outputs: dict[str, str] = {}
     while True:
-        conds = [n for n in out.node if n.op in COND_OPS
+        conds = [n for n in out.node if n.op in COND_OPS and n.attr["Tcond"].type == _BOOL  # (else: left, refused)
                  and any(_writes(library, _branch(n, a), writes) for a in ("then_branch", "else_branch"))]
         if not conds:
             return out, outputs
@@ -105,7 +106,7 @@ def _lower(graph_def: graph_pb2.GraphDef, name: str, library: dict) -> graph_pb2
     def dtype(value: int) -> attr_value_pb2.AttrValue:
         return attr_value_pb2.AttrValue(type=value)
 
-    boolean = dtype(10)  # DT_BOOL
+    boolean = dtype(_BOOL)
     switch_pred = add("Switch", "pred", [pred, pred, *controls], T=boolean)
     pivots = {True: add("Identity", "pivot_t", [f"{switch_pred}:1"], T=boolean),
               False: add("Identity", "pivot_f", [f"{switch_pred}:0"], T=boolean)}

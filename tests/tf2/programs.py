@@ -150,8 +150,12 @@ def eager(case: str, steps: int) -> tuple[list[float], list[np.ndarray]]:
 
 def optimizer_state(variables) -> list[np.ndarray]:
     """The values of the optimizer's own variables (its slots, step counter, loss scale) of a built step."""
-    held = variables.optimizer.variables
-    return [np.asarray(v.numpy()) for v in (held() if callable(held) else held)]
+    optimizer = variables.optimizer
+    held = optimizer.variables
+    held = list(held() if callable(held) else held)
+    if getattr(optimizer, "dynamic_counter", None) is not None:  # tf_keras' dynamic loss scale, kept apart
+        held += [optimizer.loss_scale, optimizer.dynamic_counter]
+    return [np.asarray(v.numpy()) for v in held]
 
 
 def eager_with_state(case: str, steps: int) -> tuple[list[float], list[np.ndarray], list[np.ndarray]]:
