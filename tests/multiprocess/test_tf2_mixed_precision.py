@@ -1,8 +1,8 @@
 """Mixed precision in TensorFlow 2 steps (tests/tf2/programs.py's ``MIXED`` cases) trained by ``parallel_run`` in
 every mode, against eager training of the same step on one device with the union batch: Keras 3's
 ``LossScaleOptimizer`` (dynamic; its inner optimizer also clipping by the global norm, inside the loss scale's
-cond) and tf_keras' (dynamic, and fixed: ``dynamic=False``), the ``mixed_float16``
-policy with and without loss scaling, and ``mixed_bfloat16``. Every trained variable, the optimizer's state (its
+cond) and tf_keras' (dynamic, and fixed: ``dynamic=False``), the ``mixed_float16`` policy with and without loss
+scaling (Keras 3's; tf_keras', with), and ``mixed_bfloat16``. Every trained variable, the optimizer's state (its
 slots, iteration, the loss scale and its counter) and every step's loss (the mean of the replicas') are compared.
 
 In the ``*-overflow`` cases the second step's batch has one huge label in its last row, which is in the last

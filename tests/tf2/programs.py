@@ -27,9 +27,11 @@ CASES = {
     "tfkeras-lso-adam": ("tfkeras", "lso-adam"),
     "tfkeras-lso-overflow": ("tfkeras", "lso-adam"),
     "tfkeras-fixed-lso-adam": ("tfkeras", "fixed-lso-adam"),
+    "tfkeras-f16-lso-adam": ("tfkeras", "lso-1024-adam"),
 }
 #: the cases built under a Keras mixed-precision policy (float32 variables, compute in the policy's type)
 POLICIES = {"keras3-f16-lso-adam": "mixed_float16", "keras3-f16-adam": "mixed_float16",
+            "tfkeras-f16-lso-adam": "mixed_float16",
             "keras3-bf16-adam": "mixed_bfloat16"}
 #: the cases whose second step overflows the scaled gradient in the last row alone (the last replica's part):
 #: the loss scaling optimizer skips that step and halves its scale
@@ -37,7 +39,7 @@ OVERFLOW = {"keras3-lso-overflow", "tfkeras-lso-overflow"}
 #: the cases with a dynamic loss scale, whose finite check couples every gradient to every update: HYBRID and AUTO
 #: run them as MPI (a job of another layout than the other cases')
 DYNAMIC_SCALE = frozenset({"keras3-lso-adam", "keras3-lso-overflow", "keras3-lso-clip-sgd", "keras3-f16-lso-adam",
-                           "tfkeras-lso-adam", "tfkeras-lso-overflow"})
+                           "tfkeras-lso-adam", "tfkeras-lso-overflow", "tfkeras-f16-lso-adam"})
 #: the first (main) cases of tests/multiprocess/test_tf2_steps.py
 PLAIN = ("module-v1-adam", "keras3-adam", "keras3-sgd", "tfkeras-legacy-adam", "tfkeras-adam")
 MIXED = tuple(c for c in CASES if c not in PLAIN)
@@ -79,7 +81,10 @@ def build(case: str):
     """A fresh model, optimizer and step of ``case``: ``(step, model)``; the step returns the loss."""
     family, optimizer = CASES[case]
     if case in POLICIES:
-        import keras
+        if family == "tfkeras":
+            import tf_keras as keras
+        else:
+            import keras
 
         keras.mixed_precision.set_global_policy(POLICIES[case])
         try:
@@ -121,7 +126,9 @@ def _build(family: str, optimizer: str):
                "adam": lambda: tf_keras.optimizers.Adam(0.05),
                "lso-adam": lambda: tf_keras.mixed_precision.LossScaleOptimizer(tf_keras.optimizers.Adam(0.05)),
                "fixed-lso-adam": lambda: tf_keras.mixed_precision.LossScaleOptimizer(
-                   tf_keras.optimizers.Adam(0.05), dynamic=False, initial_scale=1024.0)}[optimizer]()
+                   tf_keras.optimizers.Adam(0.05), dynamic=False, initial_scale=1024.0),
+               "lso-1024-adam": lambda: tf_keras.mixed_precision.LossScaleOptimizer(
+                   tf_keras.optimizers.Adam(0.05), initial_scale=1024.0)}[optimizer]()
         variables = lambda: model.trainable_variables  # noqa: E731
 
     variables.optimizer = opt  # its state (a loss scale, its counter), which the mixed-precision tests compare
