@@ -233,6 +233,8 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
     for var_name in sorted(scopes):
         gradients.append(_gradient_of(var_name, scopes[var_name], graph))
     gradients = _find_raw_gradients(graph, gradients)
+    gradients = _coupled_by_conditions(graph, gradients)
+    _refuse_gradients_behind_decisions(graph, gradients)
     _refuse_hidden_updates(graph, {v.name for v in variables if v.trainable})
     if not gradients:
         _refuse_unapplied_gradients(ops, {v.name for v in variables})
@@ -272,10 +274,11 @@ _FUNCTION_CALLS = {"If": ("then_branch", "else_branch"), "While": ("cond", "body
 
 
 def _refuse_hidden_updates(graph: tf.Graph, trainable: set[str]) -> None:
-    """Refuse a trainable variable written inside a function the graph calls (a ``tf.cond`` or loop of
-    TensorFlow 2's control flow, a nested function: a ``LossScaleOptimizer`` skipping steps that overflow
-    puts every update in one): its update cannot be synchronised, and the graph would train each worker
-    alone.
+    """Refuse a trainable variable written inside a function the graph calls (a loop of TensorFlow 2's
+    control flow, a nested function, a ``tf.cond`` of a graph not traced by Parallax): its update cannot be
+    synchronised, and the graph would train each worker alone. (A traced ``tf.function`` step has its
+    conditionals that write variables lowered into the graph, :mod:`parallax.tf2.conds`: a
+    ``LossScaleOptimizer``'s updates are read as any optimizer's.)
 
     Raises:
         AnalysisError: naming the variable, the op and what to change.
@@ -290,7 +293,7 @@ def _refuse_hidden_updates(graph: tf.Graph, trainable: set[str]) -> None:
         offset = 1 if op.type in ("If", "Case") else 0  # their first input is the predicate or branch index
         for i, tensor in handles:
             source = tensor.op
-            while source.type == "Identity" and source.inputs:
+            while source.type in ("Identity", *_SWITCHES) and source.inputs:  # a lowered cond's Switch too
                 source = source.inputs[0].op
             if source.name not in trainable:
                 continue
@@ -300,11 +303,10 @@ def _refuse_hidden_updates(graph: tf.Graph, trainable: set[str]) -> None:
                 if any(_writes_argument(library, name, i - offset, set()) for name in names):
                     raise AnalysisError(
                         f'the trainable variable "{source.name}" is written inside {op.type} "{op.name}" (a '
-                        "TensorFlow 2 tf.cond, loop or nested function; a LossScaleOptimizer puts every update in "
-                        "one to skip the steps that overflow): Parallax synchronises updates it sees in the graph, "
-                        "so it cannot train this one data-parallel. Apply the gradients outside the control flow "
-                        "(for mixed precision: without loss scaling, or with a fixed scale applied to the loss and "
-                        "the gradients in the step)")
+                        "TensorFlow 2 loop, nested function or tf.cond): Parallax synchronises updates it sees in "
+                        "the graph, so it cannot train this one data-parallel. Apply the gradients outside the loop "
+                        "or function (a tf.cond, such as a LossScaleOptimizer's, is read when the step is a "
+                        "tf.function given to parallel_run)")
 
 
 def _writes_argument(library: dict, function: str, index: int, seen: set[str]) -> bool:
@@ -432,6 +434,7 @@ def _slots(scopes: dict[str, list], variable_names: set[str]) -> dict[str, str]:
                 source = t.op
                 if source.type in ("Identity", "ReadVariableOp") and source.inputs:
                     source = source.inputs[0].op
+                source = _behind_switches(source)
                 if source.name in variable_names and source.name != owner:
                     readers.setdefault(source.name, set()).add(owner)
     return {slot: next(iter(owners)) for slot, owners in readers.items() if len(owners) == 1}
@@ -441,8 +444,19 @@ def _is_variable_read(op) -> bool:
     if op.type in VARIABLE_OP_TYPES:
         return True
     if op.type in ("Identity", "ReadVariableOp") and op.inputs:
-        return op.inputs[0].op.type in VARIABLE_OP_TYPES
+        return _behind_switches(op.inputs[0].op).type in VARIABLE_OP_TYPES
     return False
+
+
+def _behind_switches(op):
+    """The op whose handle or ref ``op`` passes on through a lowered conditional's ``Switch`` ops (``op``
+    itself when it is none)."""
+    while op.type in _SWITCHES and op.inputs:
+        op = op.inputs[0].op
+    return op
+
+
+_SWITCHES = frozenset({"Switch", "RefSwitch"})
 
 
 def _from_gradient_computation(tensor, cache: dict) -> bool:
@@ -458,7 +472,8 @@ def _from_gradient_computation(tensor, cache: dict) -> bool:
         if _GRADIENT_SCOPE_RE.search(op.name + "/"):
             found = True
             break
-        for t in op.inputs:
+        # a lowered conditional's predicate (all gradients finite) tells which branch runs, no part of a value
+        for t in list(op.inputs)[:1] if op.type in _SWITCHES else op.inputs:
             if t.op.name not in seen and t.op.type not in VARIABLE_OP_TYPES:
                 seen.add(t.op.name)
                 queue.append(t.op)
@@ -612,6 +627,88 @@ def _find_raw_gradients(graph: tf.Graph, gradients: list[GradientInfo]) -> list[
             for g in result]
 
 
+def _coupled_by_conditions(graph: tf.Graph, gradients: list[GradientInfo]) -> list[GradientInfo]:
+    """Couple each update that runs under a conditional (a lowered ``tf.cond``'s ``Switch``: a
+    ``LossScaleOptimizer`` applies the gradients only when all are finite) with every variable whose gradient
+    its predicate is computed from: that decision must be taken on the gradients every worker sees alike
+    (aggregated), so these variables cannot be split between parameter servers and all-reduce."""
+    owner = {t: g.variable for g in gradients for t in g.aggregation_tensors if t}
+    behind: dict[str, frozenset[str]] = {}
+    out = []
+    for g in gradients:
+        predicates = {}
+        for name in g.update_ops:
+            op = graph.get_operation_by_name(name)
+            sources = [op] + [t.op for t in op.inputs]
+            for source in sources:
+                while source.type in _SWITCHES and len(source.inputs) > 1:
+                    predicates[source.inputs[1].name] = source.inputs[1]
+                    source = source.inputs[0].op
+        coupled = set()
+        for name, predicate in predicates.items():
+            if name not in behind:
+                behind[name] = _gradients_behind(predicate, owner)
+            coupled |= behind[name]
+        coupled -= {g.variable}
+        out.append(replace(g, coupled_with=tuple(sorted(set(g.coupled_with) | coupled))) if coupled else g)
+    return out
+
+
+def _refuse_gradients_behind_decisions(graph: tf.Graph, gradients: list[GradientInfo]) -> None:
+    """Refuse a gradient that Parallax would aggregate inside a conditional whose predicate is computed from
+    the gradients (a ``LossScaleOptimizer``'s finite check): each worker would take that decision on its own
+    gradients, and the aggregation would run on some workers only.
+
+    Raises:
+        AnalysisError: naming the variable, the conditional and what to change.
+    """
+    cache: dict = {}
+    for g in gradients:
+        for name in g.aggregation_tensors:
+            if name is None:
+                continue
+            switch = _switch_behind(graph.get_tensor_by_name(name))
+            if switch is not None and _from_gradient_computation(switch.inputs[1], cache):
+                raise AnalysisError(
+                    f'the gradient of "{g.variable}" ({name}) is computed inside a conditional that the gradients '
+                    f'decide ("{switch.name}": a LossScaleOptimizer\'s check that they are all finite), from ops '
+                    "Parallax cannot run on the aggregated gradients before that check (e.g. an optimizer's "
+                    "global_clipnorm or clipnorm turning a sparse gradient, an embedding's, into a dense one): "
+                    "every worker would decide on its own gradients. Clip the gradients in the step, outside the "
+                    "optimizer, or leave the sparse variable out of the clipping")
+
+
+def _switch_behind(tensor):
+    """The first ``Switch`` op ``tensor`` is computed from, outside gradient scopes and variables (``None``)."""
+    seen, queue = {tensor.op.name}, deque([tensor.op])
+    while queue:
+        op = queue.popleft()
+        if op.type in _SWITCHES:
+            return op
+        if _in_gradient_scope(op):
+            continue
+        for t in op.inputs:
+            if t.op.name not in seen and t.op.type not in VARIABLE_OP_TYPES:
+                seen.add(t.op.name)
+                queue.append(t.op)
+    return None
+
+
+def _gradients_behind(tensor, owner: dict[str, str]) -> frozenset[str]:
+    """The variables (``owner``: gradient tensor -> variable) whose gradients ``tensor`` is computed from."""
+    found, seen, queue = set(), {tensor.op.name}, deque([tensor])
+    while queue:
+        t = queue.popleft()
+        if t.name in owner:
+            found.add(owner[t.name])
+            continue
+        for source in t.op.inputs:
+            if source.op.name not in seen and source.op.type not in VARIABLE_OP_TYPES:
+                seen.add(source.op.name)
+                queue.extend(source.op.outputs)
+    return frozenset(found)
+
+
 def _frontier_distances(start, frontier: set[str]) -> dict[str, int]:
     """Breadth-first backwards from ``start`` through ops outside gradient scopes;
     returns the gradient-scope tensors reached, with their distance, and adds
@@ -624,7 +721,8 @@ def _frontier_distances(start, frontier: set[str]) -> dict[str, int]:
     queue = deque([(start.op, 1)])
     while queue:
         op, depth = queue.popleft()
-        for t in op.inputs:
+        # a lowered conditional's predicate (all gradients finite) tells which branch runs, no part of a value
+        for t in list(op.inputs)[:1] if op.type in _SWITCHES else op.inputs:
             p = t.op
             if p.type in VARIABLE_OP_TYPES or p.type == "Const" or t.dtype == tf.resource:
                 continue

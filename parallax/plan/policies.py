@@ -173,11 +173,13 @@ def choose_sync(analysis: GraphAnalysis, num_workers: int, replicas_per_worker: 
                 raise PlanError(f'plan override puts "{g.variable}" on the parameter servers, but its gradient '
                                 f"also feeds the update of {', '.join(sorted(set(g.coupled_with) & on_workers))}, "
                                 "which every worker applies itself (e.g. clip_by_global_norm over all "
-                                "gradients); put them all on the servers or none")
+                                "gradients, or a loss scale optimizer's check that all are finite); put them all "
+                                "on the servers or none")
             sync = "allgather" if g.sparse else "allreduce"
             choices[g.variable] = Choice(sync, c.density, c.density_source, "coupled to all-reduced updates")
             notes.append(f"{g.variable}: {sync} instead of ps, because its gradient feeds the update of "
-                         f"all-reduced variables (e.g. clip_by_global_norm)")
+                         f"all-reduced variables (e.g. clip_by_global_norm, or a loss scale optimizer's "
+                         f"check that all gradients are finite)")
             changed = True
     return choices, tuple(notes)
 

@@ -10,7 +10,7 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
 
 __all__ = ["parse_input", "format_input", "op_of", "enclosing_scope", "replica_device",
            "copy_op", "node_map", "consumers", "ancestors",
-           "descendants", "add_nodes", "is_variable_write", "written_variable", "make_no_op"]
+           "descendants", "add_nodes", "is_variable_write", "written_variable", "variable_behind", "make_no_op"]
 
 _WRITE_OPS = frozenset({"Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",
                         "AssignSubVariableOp", "StridedSliceAssign", "ResourceStridedSliceAssign"})
@@ -192,7 +192,8 @@ def is_variable_write(op_type: str) -> bool:
 
 
 def written_variable(node: node_def_pb2.NodeDef, nodes: dict[str, node_def_pb2.NodeDef]) -> str | None:
-    """The variable op that ``node`` writes (through ``Identity`` of a handle or ref), or ``None``."""
+    """The variable op that ``node`` writes (through ``Identity`` or a conditional's ``Switch`` of a handle or
+    ref), or ``None``."""
     if not is_variable_write(node.op) or not node.input:
         return None
     name = parse_input(node.input[0])[0]
@@ -202,10 +203,24 @@ def written_variable(node: node_def_pb2.NodeDef, nodes: dict[str, node_def_pb2.N
         source = nodes[name]
         if source.op in _VARIABLE_OPS:
             return name
-        if source.op not in ("Identity", "RefIdentity") or not source.input:
+        if source.op not in _PASS_HANDLE or not source.input:
             return None
         name = parse_input(source.input[0])[0]
     return None
+
+
+#: Ops whose output is their first input's handle or ref (a conditional's ``Switch`` on either branch).
+_PASS_HANDLE = frozenset({"Identity", "RefIdentity", "Switch", "RefSwitch"})
+
+
+def variable_behind(name: str, nodes: dict[str, node_def_pb2.NodeDef]) -> str:
+    """The op ``name`` passes on the handle or ref of, through ``Identity`` and ``Switch`` (``name`` itself when
+    it passes none on)."""
+    seen = set()
+    while name in nodes and name not in seen and nodes[name].op in _PASS_HANDLE and nodes[name].input:
+        seen.add(name)
+        name = parse_input(nodes[name].input[0])[0]
+    return name
 
 
 def make_no_op(graph_def: graph_pb2.GraphDef, names: set[str], device: str, what: str,

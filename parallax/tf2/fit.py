@@ -233,7 +233,8 @@ def _train_step(model: Any, flavor: Flavor, batches: _Batches, outputs: dict) ->
         with tf.GradientTape() as tape:
             prediction = model(x, training=True)
             loss = flavor.loss(model, x, y, prediction, sample_weight)
-        flavor.apply(model, tape, loss)
+            scaled = flavor.scaled(model, loss)  # as that Keras's step: a loss scale (mixed precision) applied
+        flavor.apply(model, tape, scaled)
         outputs["structure"] = prediction
         return loss, tf.nest.flatten(prediction), flavor.regularization(model)
 

@@ -38,6 +38,11 @@ class Flavor:
     def loss(self, model: Any, x: Any, y: Any, prediction: Any, sample_weight: Any) -> Any:
         return model.compute_loss(x=x, y=y, y_pred=prediction, sample_weight=sample_weight, training=True)
 
+    def scaled(self, model: Any, loss: Any) -> Any:
+        """The loss the gradients are taken of: Keras 3's ``train_step`` scales it by the optimizer's loss
+        scale (a ``LossScaleOptimizer``, or ``loss_scale_factor``), inside the tape."""
+        return model.optimizer.scale_loss(loss)
+
     def apply(self, model: Any, tape: tf.GradientTape, loss: Any) -> None:
         variables = model.trainable_weights
         model.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
@@ -86,6 +91,10 @@ class TfKerasFlavor(Flavor):
 
     def loss(self, model: Any, x: Any, y: Any, prediction: Any, sample_weight: Any) -> Any:
         return model.compute_loss(x, y, prediction, sample_weight)
+
+    def scaled(self, model: Any, loss: Any) -> Any:
+        """tf_keras' ``minimize`` scales the loss itself (its ``LossScaleOptimizer``)."""
+        return loss
 
     def apply(self, model: Any, tape: tf.GradientTape, loss: Any) -> None:
         model.optimizer.minimize(loss, model.trainable_variables, tape=tape)

@@ -17,7 +17,14 @@ the step writes outside a ``gradient_tape`` scope:
   maybe otherwise: a decay) and the variable's write reads;
 * its **region**: the ops the writes of the variable and its slots are computed
   with, back to the gradient and the variables' reads, but for ops another
-  variable's update uses too (quantities computed once for all).
+  variable's update uses too (quantities computed once for all) and ops outside
+  the outermost name scope of the variable's writes (the program's own work on a
+  gradient before the optimizer takes it, such as unscaling it by a loss scale).
+
+A ``LossScaleOptimizer`` applies the gradients inside a ``tf.cond``, which the trace
+lowers first (:mod:`parallax.tf2.conds`): the writes then reach their variables,
+and the gradients, through the conditional's ``Switch`` ops, whose predicate (all
+gradients finite) is shared by every update and no part of any.
 
 :func:`update_regions` returns them; the trace names each region
 ``<scope>/update_<variable>/`` and colocates its ops with the variable, as a TF1
@@ -32,7 +39,7 @@ from dataclasses import dataclass
 
 from tensorflow.core.framework import graph_pb2
 
-from parallax.rewrite.graph_ops import is_variable_write, parse_input
+from parallax.rewrite.graph_ops import is_variable_write, parse_input, variable_behind
 
 __all__ = ["UpdateRegion", "update_regions", "GRADIENT_SCOPE"]
 
@@ -42,6 +49,7 @@ GRADIENT_SCOPE = re.compile(r"(^|/)(gradients(_\d+)?|gradient_tape)/")
 #: ``update_1``): its ops are attributed by their scope, not by a region.
 _UPDATE_SCOPE = re.compile(r"(^|/)update(_[^/]*)?/")
 _READS = frozenset({"ReadVariableOp", "ResourceGather"})
+_SWITCHES = frozenset({"Switch", "RefSwitch"})
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,7 @@ def update_regions(graph_def: graph_pb2.GraphDef, variables: set[str], trainable
         if not is_variable_write(node.op) or not node.input or GRADIENT_SCOPE.search(node.name) \
                 or _UPDATE_SCOPE.search(node.name):
             continue
-        target = parse_input(node.input[0])[0]
+        target = variable_behind(parse_input(node.input[0])[0], nodes)  # maybe through a lowered cond's Switch
         if target in variables:
             writes.setdefault(target, []).append(node.name)
     walks = {w: _walk_back(w, nodes, variables) for ws in writes.values() for w in ws}
@@ -90,9 +98,18 @@ def update_regions(graph_def: graph_pb2.GraphDef, variables: set[str], trainable
                 passed_by.setdefault(op, set()).add(var)
     regions = []
     for var, (slots, _) in sorted(owned.items()):
-        ops = frozenset(op for op, users in passed_by.items() if users == {var} and not GRADIENT_SCOPE.search(op))
+        # the optimizer's own ops: in the scope of the variable's writes (what the program does to a gradient
+        # on its way there, such as tf_keras' unscaling by the loss scale, is no part of the update)
+        scopes = {_outer_scope(w) for w in writes[var]}
+        ops = frozenset(op for op, users in passed_by.items()
+                        if users == {var} and not GRADIENT_SCOPE.search(op) and _outer_scope(op) in scopes)
         regions.append(UpdateRegion(var, tuple(sorted(slots)), ops))
     return regions
+
+
+def _outer_scope(name: str) -> str:
+    """The outermost name scope of an op (``""`` at the top level)."""
+    return name.split("/", 1)[0] if "/" in name else ""
 
 
 def _walk_back(start: str, nodes: dict, variables: set[str]) -> tuple[set[str], set[str], set[str]]:
@@ -105,19 +122,26 @@ def _walk_back(start: str, nodes: dict, variables: set[str]) -> tuple[set[str], 
         if name in passed or name not in nodes:
             continue
         passed.add(name)
-        for text in nodes[name].input:
+        inputs = nodes[name].input
+        if nodes[name].op in _SWITCHES:  # a lowered cond's: its predicate (shared by all) is no part of the value
+            inputs = inputs[:1]
+        for text in inputs:
             if text.startswith("^"):
                 continue
             source = parse_input(text)[0]
             node = nodes.get(source)
             if node is None or source in variables:
                 continue
+            if node.op in _SWITCHES and variable_behind(source, nodes) in variables:
+                passed.add(source)  # a variable's handle into a lowered cond
+                continue
             if GRADIENT_SCOPE.search(source):
                 op, index, _ = parse_input(text)
                 if not _is_shape(node):
                     gradient.add(f"{op}:{index}")
-            elif node.op in _READS and node.input and parse_input(node.input[0])[0] in variables:
-                read.add(parse_input(node.input[0])[0])
+            elif node.op in _READS and node.input \
+                    and (held := variable_behind(parse_input(node.input[0])[0], nodes)) in variables:
+                read.add(held)
                 passed.add(source)
             elif node.op not in ("Const", "Placeholder"):
                 queue.append(source)

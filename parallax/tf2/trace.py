@@ -11,7 +11,11 @@ builds a ``tf.Graph`` that Parallax analyses and rewrites like any TF1 program's
 2. the step's ops are imported with every reference to a capture (an input, a
    ``loc:@`` colocation) bound to what replaced it, and without the devices the eager
    context gave them (Parallax places them); its arguments stay placeholders of their
-   own names;
+   own names; a ``tf.cond`` whose branches write variables (a ``LossScaleOptimizer``
+   applies every gradient in one, to skip a step whose gradients overflow) is lowered
+   into the graph first (``Switch``/``Merge``, :mod:`parallax.tf2.conds`), so that its
+   updates are ops the analysis reads and the decision is taken once, on the gradients
+   the replicas aggregated;
 3. a ``tf.compat.v1.train`` optimizer traced in a function names its update scopes
    ``update_``, ``update__1``...: each is renamed ``update_<variable>`` after the
    variable its update writes, as the optimizer names them in a TF1 graph; an
@@ -38,6 +42,7 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2
 from parallax.errors import AnalysisError
 from parallax.rewrite.graph_ops import colocated_with, colocation_group, format_input, parse_input
 from parallax.rewrite.names import INITIAL_VALUE_PREFIX
+from parallax.tf2.conds import lower_conds
 from parallax.tf2.regions import update_regions
 
 __all__ = ["TracedStep", "trace_step", "is_step_function", "STEP_OP"]
@@ -114,7 +119,7 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
                 f"the step {fn.python_function.__name__!r} captures {name!r}, a resource that is no variable (a "
                 "lookup table, a dataset iterator, a random generator); Parallax takes a step whose state is "
                 "variables: pass the batches as the step's arguments")
-    step_def = func_graph.as_graph_def()
+    step_def, cond_outputs = lower_conds(func_graph.as_graph_def())  # a LossScaleOptimizer's updates, out of its cond
     primary = _slot_owners(step_def, {c for c, _ in captures})
     held = {name for name, value in captures if value.dtype == tf.resource}
     regions = update_regions(step_def, held, {name for name, value in captures
@@ -153,7 +158,7 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
     meta.graph_def.library.MergeFrom(step_def.library)
 
     def mine(name: str) -> str:  # a tensor's or op's name in the graph made
-        op, index, _ = parse_input(name)
+        op, index, _ = parse_input(cond_outputs.get(name, name))
         return f"{renamed.get(op, op)}:{index}" if ":" in name else renamed.get(op, op)
 
     effects = sorted({parse_input(mine(op.name))[0] for op in func_graph.control_outputs})

@@ -14,7 +14,7 @@ import pytest
 
 from tests.multiprocess.harness import ROOT, ScriptJobs
 from tests.requirements import unavailable
-from tests.tf2.programs import CASES, eager
+from tests.tf2.programs import PLAIN, eager
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -39,7 +39,7 @@ def jobs(tmp_path_factory):
         unavailable("tf_keras is not installed (the tf_keras cases need it)",
                     "`make test` installs it (pip install --no-deps tf_keras)")
     return ScriptJobs(tmp_path_factory, SCRIPT, {group: (text, ["--run_option", option, "--steps", str(STEPS)])
-                                                 for group, (text, option, _, _) in GROUPS.items()}, list(CASES))
+                                                 for group, (text, option, _, _) in GROUPS.items()}, list(PLAIN))
 
 
 @functools.cache
@@ -47,7 +47,7 @@ def reference(case: str):
     return eager(case, STEPS)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", list(PLAIN))
 @pytest.mark.parametrize("group", [pytest.param(g, marks=[pytest.mark.xdist_group(f"tf2-{g}")]
                                                 + ([pytest.mark.extended] if g in EXTENDED else []))
                                    for g in GROUPS])
@@ -70,10 +70,10 @@ def test_a_tf_function_step_trains_as_eager_training_on_one_device(jobs, group, 
 # ZeRO (with the optimizers whose updates it shards: Keras 3's are refused, tests/unit/rewrite/test_zero.py) and
 # pipeline stages with micro-batches: group -> (resource file, options, cases)
 MECHANISMS = {
-    "MPI-2-zero1": ("localhost: cpu:0,cpu:1\n", ["--run_option", "MPI", "--zero_stage", "1"],
+    "MPI-2-zero1": ("localhost: cpu:0,cpu:1\n", ["--run_option", "MPI", "--config", '{"zero_stage": 1}'],
                     ["module-v1-adam", "tfkeras-legacy-adam"]),
     "MPI-2-pipeline": ("localhost: cpu:0,cpu:1,cpu:2,cpu:3\n",
-                       ["--run_option", "MPI", "--pipeline_stages", "2", "--micro_batches", "3"],
+                       ["--run_option", "MPI", "--config", '{"pipeline_stages": 2, "micro_batches": 3}'],
                        ["keras3-adam", "module-v1-adam"]),
 }
 

@@ -15,7 +15,7 @@ HELD_OUT, EVAL_BATCH = 11, 5
 CASES = {"ordered": "keras", "shuffled": "keras", "dataset": "keras", "tf_keras-legacy": "tf_keras-legacy",
          "tf_keras-new": "tf_keras-new", "weighted": "keras", "tf_keras-weighted": "tf_keras-new",
          "ragged": "keras", "ragged-dataset": "keras", "tf_keras-ragged": "tf_keras-new",
-         "scheduled": "keras", "tf_keras-scheduled": "tf_keras-legacy"}
+         "scheduled": "keras", "tf_keras-scheduled": "tf_keras-legacy", "mixed-float16": "keras-mixed"}
 # the "ragged" cases' batch: batches of 9 and a last of 3, none of which splits evenly over 2 replicas
 RAGGED = 9
 
@@ -52,18 +52,30 @@ def held_out():
     return rng.randint(0, 10, (HELD_OUT, 3)).astype(np.int32), rng.randn(HELD_OUT, 1).astype(np.float32)
 
 
+#: cases built under the mixed_float16 policy, with loss scaling (a LossScaleOptimizer whose scale fits float16 on
+#: one device and on each replica: docs/tf2_programs.md#mixed-precision)
+MIXED = ("mixed-float16",)
+
+
 def build(flavor: str = "keras"):
-    if flavor == "keras":
+    if flavor in ("keras", "keras-mixed"):
         import keras as k
 
         optimizer = k.optimizers.Adam(0.05)
+        if flavor == "keras-mixed":
+            optimizer = k.optimizers.LossScaleOptimizer(optimizer, initial_scale=1024.0)
+            k.mixed_precision.set_global_policy("mixed_float16")
     else:
         import tf_keras as k
 
         optimizer = (k.optimizers.legacy if flavor == "tf_keras-legacy" else k.optimizers).Adam(0.05)
     k.utils.set_random_seed(1)
-    model = k.Sequential([k.layers.Input((3,), dtype="int32"), k.layers.Embedding(10, 4),
-                          k.layers.Flatten(), k.layers.Dense(4, activation="relu"), k.layers.Dense(1)])
+    try:
+        model = k.Sequential([k.layers.Input((3,), dtype="int32"), k.layers.Embedding(10, 4),
+                              k.layers.Flatten(), k.layers.Dense(4, activation="relu"), k.layers.Dense(1)])
+    finally:
+        if flavor == "keras-mixed":
+            k.mixed_precision.set_global_policy("float32")
     model.compile(optimizer=optimizer, loss="mse", metrics=["mae"])
     return model
 

@@ -40,7 +40,7 @@ def main() -> None:
     args = p.parse_args()
     for case in args.cases:
         model = build(CASES[case])
-        keras = importlib.import_module("keras" if CASES[case] == "keras" else "tf_keras")
+        keras = importlib.import_module("tf_keras" if CASES[case].startswith("tf_keras") else "keras")
         x, y, validation = data()
         out = os.path.join(args.out, case)
         os.makedirs(out, exist_ok=True)

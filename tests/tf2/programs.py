@@ -17,13 +17,41 @@ CASES = {
     "keras3-sgd": ("keras3", "sgd"),
     "tfkeras-legacy-adam": ("tfkeras", "legacy-adam"),
     "tfkeras-adam": ("tfkeras", "adam"),
+    # mixed precision (tests/multiprocess/test_tf2_mixed_precision.py)
+    "keras3-lso-adam": ("keras3", "lso-adam"),
+    "keras3-lso-overflow": ("keras3", "lso-adam"),
+    "keras3-lso-clip-sgd": ("keras3", "lso-clip-sgd"),
+    "keras3-f16-lso-adam": ("keras3", "lso-1024-adam"),
+    "keras3-f16-adam": ("keras3", "adam"),
+    "keras3-bf16-adam": ("keras3", "adam"),
+    "tfkeras-lso-adam": ("tfkeras", "lso-adam"),
+    "tfkeras-lso-overflow": ("tfkeras", "lso-adam"),
+    "tfkeras-fixed-lso-adam": ("tfkeras", "fixed-lso-adam"),
+    "tfkeras-f16-lso-adam": ("tfkeras", "lso-1024-adam"),
 }
+#: the cases built under a Keras mixed-precision policy (float32 variables, compute in the policy's type)
+POLICIES = {"keras3-f16-lso-adam": "mixed_float16", "keras3-f16-adam": "mixed_float16",
+            "tfkeras-f16-lso-adam": "mixed_float16",
+            "keras3-bf16-adam": "mixed_bfloat16"}
+#: the cases whose second step overflows the scaled gradient in the last row alone (the last replica's part):
+#: the loss scaling optimizer skips that step and halves its scale
+OVERFLOW = {"keras3-lso-overflow", "tfkeras-lso-overflow"}
+#: the cases with a dynamic loss scale, whose finite check couples every gradient to every update: HYBRID and AUTO
+#: run them as MPI (a job of another layout than the other cases')
+DYNAMIC_SCALE = frozenset({"keras3-lso-adam", "keras3-lso-overflow", "keras3-lso-clip-sgd", "keras3-f16-lso-adam",
+                           "tfkeras-lso-adam", "tfkeras-lso-overflow", "tfkeras-f16-lso-adam"})
+#: the first (main) cases of tests/multiprocess/test_tf2_steps.py
+PLAIN = ("module-v1-adam", "keras3-adam", "keras3-sgd", "tfkeras-legacy-adam", "tfkeras-adam")
+MIXED = tuple(c for c in CASES if c not in PLAIN)
 
 
-def batches(steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def batches(steps: int, case: str = "") -> list[tuple[np.ndarray, np.ndarray]]:
     rng = np.random.RandomState(3)
-    return [(rng.randint(0, VOCAB, (BATCH, 3)).astype(np.int32), rng.randn(BATCH, 1).astype(np.float32))
-            for _ in range(steps)]
+    out = [(rng.randint(0, VOCAB, (BATCH, 3)).astype(np.int32), rng.randn(BATCH, 1).astype(np.float32))
+           for _ in range(steps)]
+    if case in OVERFLOW and steps > 1:
+        out[1][1][-1, 0] = 1e35  # the scaled gradient overflows (float32); the loss is inf
+    return out
 
 
 class _Module(tf.Module):
@@ -52,6 +80,21 @@ def _keras_model(keras, **embedding):
 def build(case: str):
     """A fresh model, optimizer and step of ``case``: ``(step, model)``; the step returns the loss."""
     family, optimizer = CASES[case]
+    if case in POLICIES:
+        if family == "tfkeras":
+            import tf_keras as keras
+        else:
+            import keras
+
+        keras.mixed_precision.set_global_policy(POLICIES[case])
+        try:
+            return _build(family, optimizer)
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+    return _build(family, optimizer)
+
+
+def _build(family: str, optimizer: str):
     if family == "module":
         model = _Module()
         opt = tf.compat.v1.train.AdamOptimizer(0.05)
@@ -60,22 +103,45 @@ def build(case: str):
         import keras
 
         keras.utils.set_random_seed(1)
-        model = _keras_model(keras)
-        opt = {"adam": keras.optimizers.Adam(0.05), "sgd": keras.optimizers.SGD(0.1, momentum=0.9)}[optimizer]
+        # clipping inside the loss scale's cond makes a sparse gradient dense there, where Parallax cannot
+        # aggregate it (refused: tests/unit/test_tf2_trace.py): the clipped case's embedding is frozen
+        model = _keras_model(keras, trainable=optimizer != "lso-clip-sgd")
+        opt = {"adam": lambda: keras.optimizers.Adam(0.05),
+               "sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+               "lso-adam": lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.05)),
+               # clipping by the global norm inside the cond: the gradients' post-processing under it
+               "lso-clip-sgd": lambda: keras.optimizers.LossScaleOptimizer(
+                   keras.optimizers.SGD(0.1, momentum=0.9, global_clipnorm=0.5)),
+               # float16 compute: a scale whose scaled gradients fit float16 on one device and on each replica (a
+               # replica's loss is its part's mean: N times one device's per example; see docs/tf2_programs.md)
+               "lso-1024-adam": lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.05),
+                                                                            initial_scale=1024.0)}[optimizer]()
         variables = lambda: model.trainable_variables  # noqa: E731
     else:
         import tf_keras
 
         tf_keras.utils.set_random_seed(1)
         model = _keras_model(tf_keras, input_length=3)
-        opt = tf_keras.optimizers.legacy.Adam(0.05) if optimizer == "legacy-adam" else tf_keras.optimizers.Adam(0.05)
+        opt = {"legacy-adam": lambda: tf_keras.optimizers.legacy.Adam(0.05),
+               "adam": lambda: tf_keras.optimizers.Adam(0.05),
+               "lso-adam": lambda: tf_keras.mixed_precision.LossScaleOptimizer(tf_keras.optimizers.Adam(0.05)),
+               "fixed-lso-adam": lambda: tf_keras.mixed_precision.LossScaleOptimizer(
+                   tf_keras.optimizers.Adam(0.05), dynamic=False, initial_scale=1024.0),
+               "lso-1024-adam": lambda: tf_keras.mixed_precision.LossScaleOptimizer(
+                   tf_keras.optimizers.Adam(0.05), initial_scale=1024.0)}[optimizer]()
         variables = lambda: model.trainable_variables  # noqa: E731
+
+    variables.optimizer = opt  # its state (a loss scale, its counter), which the mixed-precision tests compare
 
     @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.int32), tf.TensorSpec([None, 1], tf.float32)])
     def train_step(ids, y):
         with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(model(ids, training=True) - y))
-        grads = tape.gradient(loss, variables())
+            loss = tf.reduce_mean(tf.square(tf.cast(model(ids, training=True), tf.float32) - y))
+            scaled = opt.get_scaled_loss(loss) if hasattr(opt, "get_scaled_loss") else \
+                opt.scale_loss(loss) if hasattr(opt, "scale_loss") else loss
+        grads = tape.gradient(scaled, variables())
+        if hasattr(opt, "get_unscaled_gradients"):  # tf_keras' LossScaleOptimizer: the program unscales
+            grads = opt.get_unscaled_gradients(grads)
         opt.apply_gradients(zip(grads, variables()))
         return loss
 
@@ -85,5 +151,22 @@ def build(case: str):
 def eager(case: str, steps: int) -> tuple[list[float], list[np.ndarray]]:
     """One device: the losses of ``steps`` steps on the union batches, and the trained variables."""
     step, variables = build(case)
-    losses = [float(step(ids, y)) for ids, y in batches(steps)]
+    losses = [float(step(ids, y)) for ids, y in batches(steps, case)]
     return losses, [v.numpy() for v in variables()]
+
+
+def optimizer_state(variables) -> list[np.ndarray]:
+    """The values of the optimizer's own variables (its slots, step counter, loss scale) of a built step."""
+    optimizer = variables.optimizer
+    held = optimizer.variables
+    held = list(held() if callable(held) else held)
+    if getattr(optimizer, "dynamic_counter", None) is not None:  # tf_keras' dynamic loss scale, kept apart
+        held += [optimizer.loss_scale, optimizer.dynamic_counter]
+    return [np.asarray(v.numpy()) for v in held]
+
+
+def eager_with_state(case: str, steps: int) -> tuple[list[float], list[np.ndarray], list[np.ndarray]]:
+    """:func:`eager`, and the optimizer's state after the steps (:func:`optimizer_state`)."""
+    step, variables = build(case)
+    losses = [float(step(ids, y)) for ids, y in batches(steps, case)]
+    return losses, [v.numpy() for v in variables()], optimizer_state(variables)

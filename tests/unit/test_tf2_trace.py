@@ -4,14 +4,17 @@ what cannot be traced or synchronised is refused with the reason."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from parallax.analysis import analyse_graph
 from parallax.errors import AnalysisError
+from parallax.plan.policies import choose_sync
 from parallax.tf2.trace import STEP_OP, trace_step
-from tests.tf2.programs import CASES, batches, build, eager
+from tests.tf2.programs import MIXED, PLAIN, batches, build, eager
 
 
 def run_traced(traced, steps: int) -> list[float]:
@@ -21,7 +24,7 @@ def run_traced(traced, steps: int) -> list[float]:
                 for batch in batches(steps)]
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("tfkeras")])
+@pytest.mark.parametrize("case", [c for c in PLAIN if not c.startswith("tfkeras")])
 def test_the_traced_graph_trains_as_the_eager_step(case):
     losses, _ = eager(case, 3)
     step, _ = build(case)
@@ -98,19 +101,79 @@ def test_a_lookup_table_the_step_captures_is_refused_naming_it():
         trace_step(step)
 
 
-def test_updates_inside_a_loss_scale_optimizers_cond_are_refused_naming_the_variable():
+@pytest.mark.parametrize("case", [c for c in MIXED if c.startswith("keras3") or importlib.util.find_spec("tf_keras")])
+def test_a_mixed_precision_step_traced_trains_as_the_eager_step(case):
+    losses, _ = eager(case, 3)
+    step, _ = build(case)
+    traced = trace_step(step)
+    with tf.compat.v1.Session(graph=traced.graph) as sess:
+        sess.run(tf.compat.v1.variables_initializer(traced.graph.get_collection("variables")))
+        got = [float(sess.run([traced.outputs, traced.train_op], dict(zip(traced.inputs, batch)))[0])
+               for batch in batches(3, case)]
+    np.testing.assert_allclose(got, losses, rtol=1e-6)  # the overflow cases: inf at the second step, on both
+
+
+@pytest.mark.parametrize("case", ["keras3-lso-adam", "tfkeras-lso-adam"])
+def test_a_loss_scale_optimizers_updates_are_read_through_its_lowered_cond(case):
+    if case.startswith("tfkeras"):
+        pytest.importorskip("tf_keras")
+    step, variables = build(case)
+    graph = trace_step(step).graph
+    assert not [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
+    analysis = analyse_graph(graph)
+    trainable = {v.name for v in analysis.variables if v.trainable}
+    assert {g.variable for g in analysis.gradients} == trainable and len(trainable) == len(variables())
+    for g in analysis.gradients:  # aggregated where the tape made them: before the finite check and the cond
+        assert all(t.startswith("gradient_tape/") for t in g.aggregation_tensors if t), g
+    assert [g.sparse for g in analysis.gradients].count(True) == 1
+    for name in trainable:
+        assert len([v for v in analysis.variables if v.slot_of == name]) == 2, name
+    for g in analysis.gradients:  # the finite check reads every gradient: one decision, on aggregated gradients
+        assert set(g.coupled_with) == trainable - {g.variable}, g
+    scale = [v for v in analysis.variables
+             if v.name.rsplit("/", 1)[-1] in ("dynamic_scale", "step_counter", "current_loss_scale", "good_steps")]
+    assert scale and all(v.slot_of is None for v in scale)  # the loss scale and its counter are no one's slots
+
+
+def test_hybrid_keeps_a_loss_scaled_embedding_off_the_servers_since_every_worker_takes_the_skip_decision():
+    step, _ = build("keras3-lso-adam")
+    choices, notes = choose_sync(analyse_graph(trace_step(step).graph), 2, 1, "hybrid")
+    assert {c.sync for c in choices.values()} == {"allreduce", "allgather"}
+    assert len(notes) == 1 and "embedding" in notes[0] and "instead of ps" in notes[0]
+
+
+def test_clipping_that_densifies_a_sparse_gradient_inside_a_loss_scale_optimizers_cond_is_refused():
     import keras
 
-    model = keras.Sequential([keras.layers.Input((3,)), keras.layers.Dense(1)])
-    opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    from tests.tf2.programs import _keras_model
 
-    @tf.function(input_signature=[tf.TensorSpec([None, 3]), tf.TensorSpec([None, 1])])
-    def step(x, y):
+    keras.utils.set_random_seed(1)
+    model = _keras_model(keras)  # a trainable embedding: a sparse gradient, made dense by the clipping in the cond
+    opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1, global_clipnorm=0.5))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.int32), tf.TensorSpec([None, 1], tf.float32)])
+    def step(ids, y):
         with tf.GradientTape() as tape:
-            scaled = opt.scale_loss(tf.reduce_mean(tf.square(model(x) - y)))
+            scaled = opt.scale_loss(tf.reduce_mean(tf.square(model(ids) - y)))
         opt.apply_gradients(zip(tape.gradient(scaled, model.trainable_variables), model.trainable_variables))
         return scaled
 
-    with pytest.raises(AnalysisError, match=r'^the trainable variable ".*" is written inside If ".*" \(a TensorFlow '
-                                            r"2 tf.cond, loop or nested function; a LossScaleOptimizer"):
+    with pytest.raises(AnalysisError, match=r'^the gradient of ".*" \(.*\) is computed inside a '
+                                            r'conditional that the gradients decide \(".*": a LossScaleOptimizer'):
+        analyse_graph(trace_step(step).graph)
+
+
+def test_a_trainable_variable_written_inside_a_loop_is_refused_naming_it():
+    w = tf.Variable(1.0, name="w")
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.float32)])
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = w * x
+        grad = tape.gradient(loss, w)
+        tf.while_loop(lambda i: i < 2, lambda i: (w.assign_sub(0.1 * grad), i + 1)[1], [0])
+        return loss
+
+    with pytest.raises(AnalysisError, match=r'^the trainable variable "w" is written inside While ".*" \(a TensorFlow '
+                                            r"2 loop, nested function or tf.cond\)"):
         analyse_graph(trace_step(step).graph)
