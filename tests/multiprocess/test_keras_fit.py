@@ -22,11 +22,12 @@ from tests.tf2.fit_programs import MIXED
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 SCRIPT = os.path.join(ROOT, "tests", "tf2", "fit_script.py")
-KERAS_3 = ["ordered", "shuffled", "dataset", "ragged", "scheduled"]
-# tf_keras, and sample weights with validation_split: in the jobs of MPI and of the local replicas; in PS and
-# HYBRID, a job of their own (extended)
-MORE = ["tf_keras-legacy", "tf_keras-new", "weighted", "tf_keras-weighted", "ragged-dataset", "tf_keras-ragged",
-        "tf_keras-scheduled"]
+KERAS_3 = ["ordered", "shuffled", "dataset"]
+
+# tf_keras, sample weights with validation_split, batches that do not split evenly, a learning rate set by a
+# callback: in the jobs of MPI and of the local replicas; in PS and HYBRID, a job of their own (extended)
+MORE = ["tf_keras-legacy", "tf_keras-new", "weighted", "tf_keras-weighted", "ragged", "ragged-dataset",
+        "tf_keras-ragged", "scheduled", "tf_keras-scheduled"]
 # group: (resource file, run option, workers, replicas each)
 GROUPS = {
     "MPI-2": ("localhost: cpu:0,cpu:1\n", "MPI", 2),

@@ -47,7 +47,8 @@ GROUPS = {
     "MPI-2-micro-batches": ("localhost: cpu:0,cpu:1\n", "MPI", 2, 1),
 }
 CONFIG = {"MPI-2-micro-batches": '{"micro_batches": 3}'}  # more Config fields of a group (JSON)
-EXTENDED = {"AUTO-2", "MPI-3", "PS-3", "MPI-2-micro-batches"}  # the mechanism again, in another layout
+# the mechanism again, in another layout (HYBRID runs a dynamically scaled step as MPI)
+EXTENDED = {"HYBRID-2", "AUTO-2", "MPI-3", "PS-3", "MPI-2-micro-batches"}
 #: (rtol, atol) of the variables, rtol of the losses, by the type the case computes in (see the module docstring)
 TOLERANCE = {"mixed_float16": (2e-3, 1e-3, 2e-3), "mixed_bfloat16": (1e-2, 1e-2, 1e-2), None: (1e-5, 1e-6, 1e-5)}
 

@@ -68,7 +68,8 @@ def test_a_sparse_gradient_tied_to_the_all_reduced_updates_is_the_reason_hybrid_
     assert job.layout == "MPI"
     assert job.notes == ("run_option=HYBRID: no variable goes to parameter servers (embedding: allgather instead of "
                          "ps, because its gradient feeds the update of all-reduced variables (e.g. "
-                         "clip_by_global_norm)), so the job runs as MPI",)
+                         "clip_by_global_norm, or a loss scale optimizer's check that all gradients are finite)), so "
+                         "the job runs as MPI",)
 
 
 def test_each_process_sees_its_own_gpus_numbered_from_zero(mlp):
