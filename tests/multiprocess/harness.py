@@ -23,13 +23,20 @@ SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "train_script.py")
 TEST_BACKEND = os.environ.get("PARALLAX_TEST_BACKEND", "")
 
 
-#: The layouts of two replicas the TF2 tests train in: name -> (resource file, run option, processes, replicas each).
-TWO_REPLICAS = {
+#: The layouts the TF2 tests train in: name -> (resource file, run option, processes that write results, replicas
+#: each).
+LAYOUTS = {
     "MPI-2": ("localhost: cpu:0,cpu:1\n", "MPI", 2, 1),
     "PS-2": ("localhost: cpu:0\nlocalhost: cpu:1\n", "PS", 2, 1),
     "HYBRID-2": ("localhost: cpu:0,cpu:1\n", "HYBRID", 2, 1),
+    "AUTO-2": ("localhost: cpu:0\nlocalhost: cpu:1\n", "AUTO", 2, 1),
+    "MPI-3": ("localhost: cpu:0,cpu:1,cpu:2\n", "MPI", 3, 1),
+    "HYBRID-3": ("localhost: cpu:0,cpu:1,cpu:2\n", "HYBRID", 3, 1),
+    "PS-3": ("localhost: cpu:0\nlocalhost: cpu:1\nlocalhost: cpu:2\n", "PS", 3, 1),
     "local-2-replicas": ("localhost: cpu:0,cpu:1\n", "PS", 1, 2),
 }
+#: Those of two replicas.
+TWO_REPLICAS = {name: LAYOUTS[name] for name in ("MPI-2", "PS-2", "HYBRID-2", "local-2-replicas")}
 
 
 @functools.lru_cache(maxsize=1)

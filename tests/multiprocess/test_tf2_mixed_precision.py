@@ -27,7 +27,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.multiprocess.harness import ROOT, ScriptJobs
+from tests.multiprocess.harness import LAYOUTS, ROOT, ScriptJobs
 from tests.requirements import unavailable
 from tests.tf2.programs import DYNAMIC_SCALE, MIXED, OVERFLOW, POLICIES, eager_with_state
 
@@ -35,17 +35,9 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 SCRIPT = os.path.join(ROOT, "tests", "tf2", "step_script.py")
 STEPS = 4
-# group: (resource file, run option, processes that write results, replicas each)
-GROUPS = {
-    "MPI-2": ("localhost: cpu:0,cpu:1\n", "MPI", 2, 1),
-    "PS-2": ("localhost: cpu:0\nlocalhost: cpu:1\n", "PS", 2, 1),
-    "HYBRID-2": ("localhost: cpu:0,cpu:1\n", "HYBRID", 2, 1),
-    "AUTO-2": ("localhost: cpu:0\nlocalhost: cpu:1\n", "AUTO", 2, 1),
-    "MPI-3": ("localhost: cpu:0,cpu:1,cpu:2\n", "MPI", 3, 1),
-    "PS-3": ("localhost: cpu:0\nlocalhost: cpu:1\nlocalhost: cpu:2\n", "PS", 3, 1),
-    "local-2-replicas": ("localhost: cpu:0,cpu:1\n", "PS", 1, 2),
-    "MPI-2-micro-batches": ("localhost: cpu:0,cpu:1\n", "MPI", 2, 1),
-}
+# group: (resource file, run option, processes that write results, replicas each); micro-batches: MPI-2's layout
+GROUPS = {**{g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "HYBRID-2", "AUTO-2", "MPI-3", "PS-3", "local-2-replicas")},
+          "MPI-2-micro-batches": LAYOUTS["MPI-2"]}
 CONFIG = {"MPI-2-micro-batches": '{"micro_batches": 3}'}  # more Config fields of a group (JSON)
 # the mechanism again, in another layout (HYBRID runs a dynamically scaled step as MPI)
 EXTENDED = {"HYBRID-2", "AUTO-2", "MPI-3", "PS-3", "MPI-2-micro-batches"}

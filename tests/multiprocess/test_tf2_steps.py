@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.multiprocess.harness import ROOT, ScriptJobs
+from tests.multiprocess.harness import LAYOUTS, ROOT, ScriptJobs
 from tests.requirements import unavailable
 from tests.tf2.programs import PLAIN, eager
 
@@ -21,15 +21,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 SCRIPT = os.path.join(ROOT, "tests", "tf2", "step_script.py")
 STEPS = 4
 # group: (resource file, run option, processes that write results, replicas each)
-GROUPS = {
-    "MPI-2": ("localhost: cpu:0,cpu:1\n", "MPI", 2, 1),
-    "PS-2": ("localhost: cpu:0\nlocalhost: cpu:1\n", "PS", 2, 1),
-    "HYBRID-2": ("localhost: cpu:0,cpu:1\n", "HYBRID", 2, 1),
-    "AUTO-2": ("localhost: cpu:0\nlocalhost: cpu:1\n", "AUTO", 2, 1),
-    "MPI-3": ("localhost: cpu:0,cpu:1,cpu:2\n", "MPI", 3, 1),
-    "HYBRID-3": ("localhost: cpu:0,cpu:1,cpu:2\n", "HYBRID", 3, 1),
-    "local-2-replicas": ("localhost: cpu:0,cpu:1\n", "PS", 1, 2),
-}
+GROUPS = {g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "HYBRID-2", "AUTO-2", "MPI-3", "HYBRID-3", "local-2-replicas")}
 EXTENDED = {"AUTO-2", "MPI-3", "HYBRID-3"}  # CI's extended suite
 
 
