@@ -127,6 +127,7 @@ def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
         traced = trace_step(single_gpu_graph)
         if checkpoints is not None:
             checkpoints.check_restored()
+        config = _tf2_conventions(config)
     elif config.ckpt_config.checkpoint is not None:
         raise ValueError("CheckPointConfig.checkpoint (a tf.train.Checkpoint) is for a tf.function step; a "
                          "tf.compat.v1 graph's checkpoints are saved under its variables' names: leave it None")
@@ -155,8 +156,9 @@ def preview_plan(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
     (``parallax plan`` prints the whole job plan).
     """
     config = _checked_config(parallax_config, sync, resource_info)
-    graph, _ = load_graph(trace_step(single_gpu_graph).graph if is_step_function(single_gpu_graph)
-                          else single_gpu_graph)
+    if is_step_function(single_gpu_graph):
+        config, single_gpu_graph = _tf2_conventions(config), trace_step(single_gpu_graph).graph
+    graph, _ = load_graph(single_gpu_graph)
     cluster = parse_resource_file(resource_info)
     return make_job_plan(cluster, derive(config, sync, cluster), analyse_graph(graph)).plan
 
@@ -171,6 +173,13 @@ def _checked_config(parallax_config: Config | None, sync: bool, resource_info: s
         raise TypeError(f"parallel_run: resource_info must be the path of a resource file (or 'slurm'), got "
                         f"{type(resource_info).__name__}")
     return config
+
+
+def _tf2_conventions(config: Config) -> Config:
+    """A TensorFlow 2 step's defaults: sparse gradients averaged over the replicas unless the config says
+    otherwise (``average_sparse=None``), as ``model.fit`` and TensorFlow's distribution strategies average
+    every gradient; a ``tf.compat.v1`` graph keeps the seed's sum."""
+    return replace(config, average_sparse=True) if config.average_sparse is None else config
 
 
 def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync: bool, config: Config

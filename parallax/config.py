@@ -53,6 +53,12 @@ def _bool(owner: str, field: str, value: Any) -> bool:
     return value
 
 
+def _optional_bool(owner: str, field: str, value: Any) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{owner}.{field} must be True, False or None, got {_describe(value)}")
+    return value
+
+
 def _optional_str(owner: str, field: str, value: Any) -> str | None:
     if value is not None and not isinstance(value, str):
         raise TypeError(f"{owner}.{field} must be a string or None, got {_describe(value)}")
@@ -505,7 +511,11 @@ class Config(_ConfigBase):
         run_option: ``"PS"``, ``"MPI"``, ``"HYBRID"`` or ``"AUTO"`` (case does
             not matter); ``None`` means the default, ``"HYBRID"``.
         average_sparse: update sparse variables with the average of the
-            replicas' gradients instead of their sum (the seed's default, sum).
+            replicas' gradients (``True``) or their sum (``False``, the seed's
+            default). ``None`` (the default) is the program's own convention: a
+            ``tf.compat.v1`` graph sums, as in the seed; a ``tf.function`` step and
+            :func:`parallax.fit` average, as ``model.fit`` and TensorFlow's
+            distribution strategies do (equal to one device on the union batch).
         sess_config: a ``tf.compat.v1.ConfigProto`` for the session.
         redirect_path: directory for each process's stdout/stderr.
         search_partitions: search the partition count of variables built with
@@ -564,7 +574,7 @@ class Config(_ConfigBase):
     """
 
     run_option: str | None = _field(None, _run_option)
-    average_sparse: bool = _field(False, _bool)
+    average_sparse: bool | None = _field(None, _optional_bool)
     sess_config: Any = _field(None, _sess_config)
     redirect_path: str | None = _field(None, _optional_str)
     search_partitions: bool = _field(False, _bool)

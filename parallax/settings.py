@@ -231,7 +231,7 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
     notes = (why,) if why and run_option in ("HYBRID", "AUTO") else ()
     extra_options = environ.get(MPIRUN_OPTIONS_ENV, "")
     return Settings(
-        run_option=run_option, sync=sync, average_sparse=config.average_sparse,
+        run_option=run_option, sync=sync, average_sparse=bool(config.average_sparse),
         overrides=dict(config.plan_overrides),
         allreduce_comm=CommSpec(backend=dense, **common),
         server_comm=CommSpec(backend=beside_servers, **common),

@@ -58,7 +58,7 @@ def main() -> None:
     x, y = reviews(2048, 0)
     validation = reviews(256, 1)
     model = build(args.learning_rate)
-    config = parallax.Config(run_option=args.run_option, average_sparse=True)
+    config = parallax.Config(run_option=args.run_option)
     history = parallax.fit(model, x, y, batch_size=args.batch_size, epochs=args.epochs, validation_data=validation,
                            seed=5, resource_info=args.resource_info, parallax_config=config)
     worker = history.worker_id

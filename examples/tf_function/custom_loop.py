@@ -76,7 +76,7 @@ def main() -> None:
 
     batches = data(args.steps, args.batch_size)
     model, train_step = build(args.learning_rate)
-    config = parallax.Config(run_option=args.run_option, average_sparse=True)
+    config = parallax.Config(run_option=args.run_option)
     step, num_workers, worker_id, num_replicas = parallax.parallel_run(train_step, args.resource_info,
                                                                        parallax_config=config)
     parts = num_workers * num_replicas

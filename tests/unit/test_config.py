@@ -7,7 +7,7 @@ import parallax
 def test_defaults_follow_the_seed_api():
     cfg = parallax.Config()
     assert cfg.run_option is None  # HYBRID in force (tests/unit/test_settings.py)
-    assert cfg.average_sparse is False and cfg.sess_config is None and cfg.redirect_path is None
+    assert cfg.average_sparse is None and cfg.sess_config is None and cfg.redirect_path is None
     assert cfg.search_partitions is False
     ps = cfg.communication_config.ps_config
     assert (ps.protocol, ps.replicate_variables, ps.local_aggregation, ps.boundary_among_servers,
@@ -52,7 +52,7 @@ def test_seed_example_assignments_work():
     (lambda: parallax.Config(run_option="FOO"), ValueError, r"run_option is 'FOO'; allowed: PS, MPI, HYBRID"),
     (lambda: parallax.Config(run_option=("PS",)), TypeError, r"stray trailing comma"),
     (lambda: parallax.Config(run_option=3), TypeError, r"Config.run_option must be one of"),
-    (lambda: parallax.Config(average_sparse="yes"), TypeError, r"Config.average_sparse must be True or False"),
+    (lambda: parallax.Config(average_sparse="yes"), TypeError, r"Config.average_sparse must be True, False or None"),
     (lambda: parallax.Config(sess_config={}), TypeError, r"Config.sess_config must be a tf.compat.v1.ConfigProto"),
     (lambda: parallax.Config(ckpt_config="dir"), TypeError, r"Config.ckpt_config must be a parallax.CheckPointConfig"),
     (lambda: parallax.CommunicationConfig(ps_config=parallax.MPIConfig()), TypeError,

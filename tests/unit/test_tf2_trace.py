@@ -177,3 +177,19 @@ def test_a_trainable_variable_written_inside_a_loop_is_refused_naming_it():
     with pytest.raises(AnalysisError, match=r'^the trainable variable "w" is written inside While ".*" \(a TensorFlow '
                                             r"2 loop, nested function or tf.cond\)"):
         analyse_graph(trace_step(step).graph)
+
+
+@pytest.mark.parametrize("average_sparse, aggregation", [(None, "mean"), (False, "sum"), (True, "mean")],
+                         ids=["default", "sum", "mean"])
+def test_a_steps_sparse_gradients_are_averaged_unless_the_config_says_sum(tmp_path, average_sparse, aggregation):
+    """A TF2 step follows its own framework: model.fit and the distribution strategies average every gradient, so
+    the default (``None``) averages the embedding's sparse gradient too, where a tf.compat.v1 graph sums."""
+    import parallax
+
+    resources = tmp_path / "resources"
+    resources.write_text("localhost: cpu:0,cpu:1\n")
+    step, _ = build("keras3-adam")
+    config = parallax.Config(run_option="MPI", average_sparse=average_sparse)
+    plan = parallax.preview_plan(step, str(resources), parallax_config=config)
+    embedding = [v for v in plan.variables if v.sparse]
+    assert embedding and {v.aggregation for v in embedding} == {aggregation}
