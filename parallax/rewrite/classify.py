@@ -14,7 +14,10 @@
   ``ExponentialMovingAverage`` applied under its control dependency) are
   shared and run once.
 
-Ops that are neither (a saver, ``init``) stay shared.
+Ops that are neither (a saver, ``init``) stay shared. So do a TF1 input pipeline's
+queues (each replica's dequeue takes the next batch from the one queue that the
+program's queue runners fill) and a placeholder that only sets variables (a
+learning rate assigned from a feed: the write runs once).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from tensorflow.core.framework import graph_pb2
 from parallax.analysis import VARIABLE_OP_TYPES
 from parallax.errors import RewriteError
 from parallax.plan.model import Plan
-from parallax.rewrite.graph_ops import ancestors, consumers, descendants, node_map, op_of
+from parallax.rewrite.graph_ops import ancestors, consumers, descendants, is_variable_write, node_map, op_of
 
 __all__ = ["Classification", "classify", "is_input_op"]
 
@@ -34,8 +37,30 @@ _INPUT_OP_TYPES = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDef
 
 
 def is_input_op(op_type: str) -> bool:
-    """Whether an op type feeds data into a replica (placeholder, iterator, dataset)."""
-    return op_type in _INPUT_OP_TYPES or "Iterator" in op_type or "Dataset" in op_type
+    """Whether an op type feeds data into a replica (placeholder, iterator, dataset, a queue's dequeue)."""
+    return op_type in _INPUT_OP_TYPES or "Iterator" in op_type or "Dataset" in op_type \
+        or op_type.startswith("QueueDequeue")
+
+
+_QUEUE_OP_TYPES = frozenset({"FIFOQueue", "FIFOQueueV2", "PaddingFIFOQueue", "PaddingFIFOQueueV2",
+                             "RandomShuffleQueue", "RandomShuffleQueueV2", "PriorityQueue", "PriorityQueueV2"})
+
+
+def _assigned_only(nodes: dict, cons: dict[str, list[str]], forward: set[str], variables: set[str]) -> set[str]:
+    """The placeholders that only set variables (a learning rate assigned from a feed each epoch, a pretrained
+    table loaded once): everything they reach is on the way to a variable write and meets no replica's
+    computation. They are shared, not per-replica inputs: the write runs once, with the one value fed."""
+    near_replicas = forward | descendants(cons, forward, stop=variables)
+    found = set()
+    for name, node in nodes.items():
+        if node.op not in _INPUT_OP_TYPES:
+            continue
+        reached = descendants(cons, [name], stop=variables)
+        writes = {n for n in reached if is_variable_write(nodes[n].op)}
+        written = ancestors(nodes, writes, stop=variables) | descendants(cons, writes, stop=variables)
+        if writes and not reached & near_replicas and reached <= written:  # after a write: its value returned
+            found.add(name)
+    return found
 
 
 @dataclass(frozen=True)
@@ -73,12 +98,15 @@ def classify(graph_def: graph_pb2.GraphDef, plan: Plan, extra_inputs: frozenset[
             if op_of(tensor) not in nodes:
                 raise RewriteError(f'gradient tensor "{tensor}" of variable "{v.name}" is not in the graph')
             grad_ops.add(op_of(tensor))
-    variables = {n.name for n in graph_def.node if n.op in VARIABLE_OP_TYPES}
+    # a queue (a TF1 input pipeline's batch queue) is shared like a variable: every replica's copy of the
+    # dequeue takes the next batch from it, and the program's queue runners fill it
+    variables = {n.name for n in graph_def.node if n.op in VARIABLE_OP_TYPES or n.op in _QUEUE_OP_TYPES}
     cons = consumers(graph_def)
     forward = ancestors(nodes, grad_ops, stop=variables)
     train_closure = ancestors(nodes, plan.train_ops)
     update_path = (descendants(cons, grad_ops) - grad_ops) & train_closure
-    inputs = {n.name for n in graph_def.node if is_input_op(n.op)} | set(extra_inputs)
+    inputs = {n.name for n in graph_def.node if is_input_op(n.op)} - _assigned_only(nodes, cons, forward, variables)
+    inputs |= set(extra_inputs)
     # What the training op needs from a replica's forward pass but not through the gradients (a loss or an
     # accuracy a metric's write accumulates, a batch statistic a moving average takes) is that replica's: it
     # stays with the replica (its writes of shared variables are then made by replica 0 alone), and is not

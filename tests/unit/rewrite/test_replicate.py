@@ -160,3 +160,28 @@ def test_each_replica_of_a_seeded_tf1_random_op_draws_its_own_numbers():
     draws = {n: node.attr["seed2"].i for n, node in nodes.items() if node.op == "RandomUniform"}
     original = next(n for n in draws if not n.startswith("parallax_replica_"))
     assert draws[f"parallax_replica_1/{original}"] == draws[original] + 7919
+
+
+@pytest.mark.parametrize("resource", [True, False], ids=["resource", "ref"])
+def test_a_queue_and_a_placeholder_that_only_sets_a_variable_are_shared(resource):
+    """Every replica's dequeue takes its batch from the one queue the program's queue runners fill (a copy of the
+    queue would be filled by nothing), and a learning rate assigned from a feed is set once, with one value."""
+    graph = tf.Graph()
+    with graph.as_default():
+        queue = tf.queue.FIFOQueue(8, [tf.float32], shapes=[[2]], name="queue")
+        tf.compat.v1.train.add_queue_runner(tf.compat.v1.train.QueueRunner(queue, [queue.enqueue([[1.0, 2.0]])]))
+        x = queue.dequeue_many(2, name="x")
+        new_lr = tf.compat.v1.placeholder(tf.float32, [], name="new_lr")
+        lr = tf.compat.v1.get_variable("lr", initializer=0.1, trainable=False, use_resource=resource)
+        tf.compat.v1.assign(lr, new_lr, name="lr_update")
+        w = tf.compat.v1.get_variable("w", [2, 1], use_resource=resource)
+        tf.compat.v1.train.GradientDescentOptimizer(lr).minimize(tf.reduce_mean(tf.matmul(x, w), name="loss"))
+    from parallax.analysis import analyse_graph
+    from parallax.plan import TaskSpec, build_plan
+    plan = build_plan(analyse_graph(graph), [("h", ("/device:CPU:0", "/device:CPU:1"), "/device:CPU:0")],
+                      run_option="PS", sync=True, average_sparse=False)
+    roles = classify(export(graph).graph_def, plan)
+    assert {"x", "loss"} <= roles.replicated
+    assert {"queue", "new_lr", "lr_update"} <= roles.shared
+    nodes = nodes_of(replicate_graph(export(graph), plan, TaskSpec(0)))
+    assert nodes["parallax_replica_1/x"].input[0] == "queue"
