@@ -236,6 +236,7 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
     gradients = _coupled_by_conditions(graph, gradients)
     _refuse_gradients_behind_decisions(graph, gradients)
     _refuse_hidden_updates(graph, {v.name for v in variables if v.trainable})
+    _refuse_trainables_written_from_data(ops, {v.name for v in variables if v.trainable}, scopes)
     if not gradients:
         _refuse_unapplied_gradients(ops, {v.name for v in variables})
     train_ops = _train_ops(graph, scopes) if gradients else ()
@@ -266,6 +267,73 @@ def _refuse_unapplied_gradients(ops: list, variables: set[str]) -> None:
         "worker alone. Use a tf.compat.v1.train optimizer or a tf_keras.optimizers.legacy one in a "
         "tf.compat.v1 graph (tf_keras' non-legacy optimizers update nothing there), or write the step as a "
         "tf.function (docs/tf2_programs.md)")
+
+
+#: Ops whose outputs are a replica's own part of the data: input pipelines and queues.
+_DATA_SOURCES = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional", "QueueDequeue",
+                           "QueueDequeueV2", "QueueDequeueMany", "QueueDequeueManyV2", "QueueDequeueUpTo",
+                           "QueueDequeueUpToV2", "ReaderRead", "ReaderReadV2", "ReaderReadUpTo",
+                           "ReaderReadUpToV2"})
+
+
+def _is_batch_input(op) -> bool:
+    """Whether ``op`` gives each replica data of its own: an input pipeline's or queue's output, or a placeholder
+    whose first dimension is the batch (unknown); a placeholder of fixed shape (a learning rate, a pretrained
+    table) is taken to be fed the same on every replica."""
+    if op.type in _DATA_SOURCES:
+        return True
+    if op.type not in ("Placeholder", "PlaceholderV2", "PlaceholderWithDefault"):
+        return False
+    shape = op.outputs[0].shape
+    return shape.rank is not None and shape.rank > 0 and shape[0] is None
+
+
+def _refuse_trainables_written_from_data(ops: list, trainable: set[str], scopes: dict[str, list]) -> None:
+    """Refuse a trainable variable that the program writes itself, outside the optimizer's updates, with a value
+    computed from the batch (``w.assign_add(tf.reduce_mean(x))``, an update written by hand from a gradient):
+    on one device it takes the whole batch's value, but each worker would write its own part's, and the
+    workers' copies of a trained variable would drift apart without a word. (Writes of variables that are not
+    trained, such as batch normalisation's moving statistics, follow documented rules: docs/tf1_programs.md.)
+
+    Raises:
+        AnalysisError: naming the variable, the write, the batch input it reads and what to change.
+    """
+    in_updates = {op.name for scope in scopes.values() for op in scope}
+    memo: dict[str, object] = {}
+
+    def batch_input_behind(start) -> object:
+        """The first batch input that ``start`` (an op) is computed from, or ``None`` (a post-order walk; a
+        loop's back edge, still in progress, finds nothing through it)."""
+        stack = [(start, False)]
+        while stack:
+            op, inputs_done = stack.pop()
+            if inputs_done:
+                memo[op.name] = op if _is_batch_input(op) else next(
+                    (memo[t.op.name] for t in op.inputs if memo.get(t.op.name) is not None), None)
+            elif op.name not in memo:
+                memo[op.name] = None
+                stack.append((op, True))
+                stack.extend((t.op, False) for t in op.inputs if t.op.name not in memo and not _is_batch_input(op))
+        return memo[start.name]
+
+    for op in ops:
+        if not is_variable_write(op.type) or op.name in in_updates or not op.inputs:
+            continue
+        target = op.inputs[0].op
+        while target.type in ("Identity", *_SWITCHES) and target.inputs:
+            target = target.inputs[0].op
+        if target.name not in trainable:
+            continue
+        for value in op.inputs[1:]:
+            source = batch_input_behind(value.op)
+            if source is not None:
+                raise AnalysisError(
+                    f'the trainable variable "{target.name}" is written by "{op.name}" ({op.type}) outside the '
+                    f'optimizer\'s updates, with a value computed from the batch input "{source.name}": one device '
+                    "writes the whole batch's value, but each worker would write its own part's and the copies "
+                    "of a trained variable would drift apart. Update it through the optimizer "
+                    "(minimize/apply_gradients), or make it a variable that is not trained (trainable=False), "
+                    "whose writes each worker makes from its own data (docs/tf1_programs.md)")
 
 
 #: Ops that run functions of the graph's library, with the attributes that name them.

@@ -184,3 +184,27 @@ def test_gradients_without_any_write_stay_a_forward_only_graph():
         w = tf.compat.v1.get_variable("w", [3, 1])
         tf.gradients(tf.reduce_sum(tf.matmul(x, w)), x)
     assert analyse_graph(graph).forward_only
+
+
+@pytest.mark.parametrize("source", ["placeholder", "dataset"])
+def test_a_trainable_variable_the_program_writes_from_the_batch_is_refused_naming_it(source):
+    """Outside the optimizer, each worker would write its own part's value, and the copies of a trained variable
+    would drift apart; a variable set from a fixed-shape feed (a pretrained table) is accepted."""
+    graph = tf.Graph()
+    with graph.as_default():
+        if source == "placeholder":
+            x = tf.compat.v1.placeholder(tf.float32, [None, 3], name="x")
+        else:
+            x = tf.compat.v1.data.make_one_shot_iterator(tf.data.Dataset.from_tensors(tf.ones([4, 3]))).get_next()
+        w = tf.compat.v1.get_variable("w", [3, 1], use_resource=True)
+        b = tf.compat.v1.get_variable("b", [1], use_resource=True)
+        table = tf.compat.v1.placeholder(tf.float32, [3, 1], name="table")
+        w.assign(table)  # accepted: the same feed on every worker
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(tf.matmul(x, w) + b),
+                                                                          var_list=[w])
+        with tf.control_dependencies([train]):
+            b.assign_add(tf.reduce_mean(x, axis=0)[:1], name="shift")
+    with pytest.raises(AnalysisError, match=r'^the trainable variable "b" is written by "shift" \(AssignAddVariableOp\) '
+                                            r"outside the optimizer's updates, with a value computed from the batch "
+                                            r'input ".+".*trainable=False'):
+        analyse_graph(graph)
