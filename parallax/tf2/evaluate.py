@@ -34,7 +34,7 @@ from parallax.comm.group import Alone, WorkerGroup
 from parallax.tf2.keras_flavor import Flavor, flavor_of
 
 __all__ = ["evaluate", "predict", "worker_part", "in_order", "use_job", "job_group", "evaluate_on", "global_batches",
-           "sum_metrics", "numbers", "CHIEF_ONLY"]
+           "sum_metrics", "numbers", "CHIEF_ONLY", "chief_or_shared"]
 
 log = logging.getLogger("parallax")
 
@@ -221,13 +221,22 @@ def _callbacks(flavor: Flavor, callbacks: list | None, group: WorkerGroup, verbo
                model: Any) -> Any:
     """The callbacks of an evaluation or a prediction: those that write files on worker 0 alone, and worker
     0's progress bar."""
-    kept = [c for c in (callbacks or []) if group.index == 0 or type(c).__name__ not in CHIEF_ONLY]
+    kept = chief_or_shared(callbacks, flavor, group.index == 0)
     return flavor.callbacks.CallbackList(kept, add_progbar=group.index == 0 and verbose != 0, model=model,
                                          verbose=1 if verbose == "auto" else verbose, epochs=1, steps=steps)
 
 
-#: Callbacks that write files: run on worker 0 alone.
+#: Callbacks that write files: run on worker 0 alone (their subclasses too).
 CHIEF_ONLY = ("ModelCheckpoint", "TensorBoard", "CSVLogger")
+
+
+def chief_or_shared(callbacks: list | None, flavor: Flavor, chief: bool) -> list:
+    """The ``callbacks`` this worker runs: every one on worker 0 (``chief``), on the others those that write
+    no file (instances of :data:`CHIEF_ONLY`'s classes, subclasses included, run on worker 0 alone)."""
+    if chief:
+        return list(callbacks or [])
+    writers = tuple(getattr(flavor.callbacks, name) for name in CHIEF_ONLY)
+    return [c for c in (callbacks or []) if not isinstance(c, writers)]
 
 
 def global_batches(x: Any, y: Any, sample_weight: Any, batch_size: int | None, steps: int | None,

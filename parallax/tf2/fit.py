@@ -49,7 +49,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallax.comm.group import Alone
-from parallax.tf2.evaluate import CHIEF_ONLY, evaluate_on, global_batches, numbers, sum_metrics, use_job
+from parallax.tf2.evaluate import chief_or_shared, evaluate_on, global_batches, numbers, sum_metrics, use_job
 from parallax.tf2.keras_flavor import Flavor, flavor_of
 
 __all__ = ["fit", "parts", "class_weights", "split_validation"]
@@ -166,7 +166,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     group = group or Alone()
     use_job(group)  # parallax.evaluate and parallax.predict shard over this job's workers from now on
     chief = worker_id == 0
-    kept = [c for c in (callbacks or []) if chief or type(c).__name__ not in CHIEF_ONLY]
+    kept = chief_or_shared(callbacks, flavor, chief)
     steps = batches.steps(num_workers * num_replicas)
     callback_list = flavor.callbacks.CallbackList(
         kept, add_history=True, add_progbar=chief and verbose != 0, model=model,

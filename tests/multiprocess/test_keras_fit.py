@@ -27,15 +27,19 @@ KERAS_3 = ["ordered", "shuffled", "dataset"]
 # tf_keras, sample weights with validation_split, batches that do not split evenly, a learning rate set by a
 # callback: in the jobs of MPI and of the local replicas; in PS and HYBRID, a job of their own (extended)
 MORE = ["tf_keras-legacy", "tf_keras-new", "weighted", "tf_keras-weighted", "ragged", "ragged-dataset",
-        "tf_keras-ragged", "scheduled", "tf_keras-scheduled"]
+        "tf_keras-ragged", "scheduled", "tf_keras-scheduled", "early-stopping", "tf_keras-early-stopping"]
 # group: (resource file, run option, workers, replicas each)
 GROUPS = {
     "MPI-2": ("localhost: cpu:0,cpu:1\n", "MPI", 2),
     "PS-2": ("localhost: cpu:0\nlocalhost: cpu:1\n", "PS", 2),
     "HYBRID-2": ("localhost: cpu:0,cpu:1\n", "HYBRID", 2),
     "local-2-replicas": ("localhost: cpu:0,cpu:1\n", "PS", 1),
+    "AUTO-2": ("localhost: cpu:0\nlocalhost: cpu:1\n", "AUTO", 2),
+    "MPI-3": ("localhost: cpu:0,cpu:1,cpu:2\n", "MPI", 3),
+    "PS-3": ("localhost: cpu:0\nlocalhost: cpu:1\nlocalhost: cpu:2\n", "PS", 3),
 }
 WITH_MORE = ("MPI-2", "local-2-replicas")
+EXTENDED = ("AUTO-2", "MPI-3", "PS-3")  # every case in the extended suite
 
 
 def _jobs(factory, groups, cases):
@@ -66,7 +70,7 @@ def _cases():
     for group in GROUPS:
         for case in KERAS_3 + MORE:
             marks = [pytest.mark.xdist_group(f"fit-{group}")]
-            if case in MORE and group not in WITH_MORE:
+            if (case in MORE and group not in WITH_MORE) or group in EXTENDED:
                 marks.append(pytest.mark.extended)
             yield pytest.param(group, case, marks=marks, id=f"{case}-{group}")
 
@@ -85,6 +89,8 @@ def test_parallax_fit_evaluate_and_predict_equal_keras_on_one_device(jobs, group
         assert logged <= set(history) <= logged | {"learning_rate", "lr"}  # the scheduled cases log the rate
         for key, values in history.items():
             np.testing.assert_allclose(got["history"][key], values, rtol=1e-5, err_msg=f"{where}: {key}")
+        if "early-stopping" in case:  # every worker stopped where model.fit did: after the second epoch
+            assert len(got["history"]["loss"]) == len(history["loss"]) == 2, where
         # the sharded evaluation and prediction equal the model's own on one device, on every worker
         assert sorted(got["evaluate"]) == sorted(got["evaluate_alone"]) == ["loss", "mae"]
         for key, value in got["evaluate_alone"].items():
@@ -104,7 +110,8 @@ def test_parallax_fit_evaluate_and_predict_equal_keras_on_one_device(jobs, group
     assert os.path.exists(os.path.join(out, "model.weights.h5"))  # the chief's ModelCheckpoint
 
 
-@pytest.mark.parametrize("group", [pytest.param(g, marks=pytest.mark.xdist_group(f"fit-{g}")) for g in GROUPS])
+@pytest.mark.parametrize("group", [pytest.param(g, marks=pytest.mark.xdist_group(f"fit-{g}")) for g in GROUPS
+                                   if g not in EXTENDED])
 def test_a_checkpoint_saved_within_an_epoch_holds_the_weights_trained_so_far(jobs, group, tmp_path):
     from tests.tf2.fit_programs import saved_within_epochs, single_device_within_epochs
 

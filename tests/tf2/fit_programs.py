@@ -15,7 +15,8 @@ HELD_OUT, EVAL_BATCH = 11, 5
 CASES = {"ordered": "keras", "shuffled": "keras", "dataset": "keras", "tf_keras-legacy": "tf_keras-legacy",
          "tf_keras-new": "tf_keras-new", "weighted": "keras", "tf_keras-weighted": "tf_keras-new",
          "ragged": "keras", "ragged-dataset": "keras", "tf_keras-ragged": "tf_keras-new",
-         "scheduled": "keras", "tf_keras-scheduled": "tf_keras-legacy", "mixed-float16": "keras-mixed"}
+         "scheduled": "keras", "tf_keras-scheduled": "tf_keras-legacy", "mixed-float16": "keras-mixed",
+         "early-stopping": "keras", "tf_keras-early-stopping": "tf_keras-new"}
 # the "ragged" cases' batch: batches of 9 and a last of 3, none of which splits evenly over 2 replicas
 RAGGED = 9
 
@@ -26,12 +27,16 @@ def batch_size(case: str) -> int:
 
 def callbacks(case: str) -> list:
     """The "scheduled" cases' callbacks: the learning rate set between epochs (halved each), as
-    ``LearningRateScheduler`` and ``ReduceLROnPlateau`` set it."""
-    if "scheduled" not in case:
+    ``LearningRateScheduler`` and ``ReduceLROnPlateau`` set it; the "early-stopping" cases': an ``EarlyStopping``
+    that sees no improvement of ``val_loss`` after the first epoch (``min_delta`` too large), so training stops
+    after the second of three epochs (on every worker, which all see the same summed metrics)."""
+    if "scheduled" not in case and "early-stopping" not in case:
         return []
     import importlib
 
     keras = importlib.import_module("keras" if CASES[case] == "keras" else "tf_keras")
+    if "early-stopping" in case:
+        return [keras.callbacks.EarlyStopping(monitor="val_loss", min_delta=1e9, patience=1)]
     return [keras.callbacks.LearningRateScheduler(lambda epoch, rate: 0.05 * 0.5 ** epoch)]
 SPLIT = 0.25  # the weighted cases' validation_split: 36 examples to train on, 12 to validate
 

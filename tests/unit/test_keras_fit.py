@@ -207,3 +207,20 @@ def test_a_model_with_its_own_train_step_is_refused_saying_to_pass_the_step(flav
     model.compile(optimizer="sgd", loss="mse")
     with pytest.raises(ValueError, match=r"Custom overrides train_step.*parallax.parallel_run"):
         parallax.fit(model, np.zeros((4, 2), np.float32), np.zeros((4, 1), np.float32), resource_info="unused")
+
+
+def test_callbacks_that_write_files_run_on_worker_0_alone_subclasses_too(tmp_path):
+    import keras
+
+    from parallax.tf2.evaluate import chief_or_shared
+    from parallax.tf2.keras_flavor import flavor_of
+
+    class Checkpoints(keras.callbacks.ModelCheckpoint):
+        pass
+
+    writers = [Checkpoints(str(tmp_path / "m.weights.h5"), save_weights_only=True),
+               keras.callbacks.CSVLogger(str(tmp_path / "log.csv")), keras.callbacks.TensorBoard(str(tmp_path))]
+    stopping = keras.callbacks.EarlyStopping(monitor="loss", patience=1)
+    flavor = flavor_of(_tiny(), "parallax.fit")
+    assert chief_or_shared([*writers, stopping], flavor, chief=True) == [*writers, stopping]
+    assert chief_or_shared([*writers, stopping], flavor, chief=False) == [stopping]
