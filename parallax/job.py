@@ -36,13 +36,13 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from parallax.analysis import GraphAnalysis
+from parallax.cluster import Cluster, Device
 from parallax.comm.registry import backend_class
 from parallax.errors import PlanError
 from parallax.launch.layout import RankSpec, hybrid_ranks, ps_ranks, ranks_per_device
 from parallax.plan import Plan, build_plan
 from parallax.plan.policies import choose_sync
 from parallax.plan.stages import fit_stages
-from parallax.resources import Cluster, Device
 from parallax.settings import Settings
 
 __all__ = ["JobPlan", "ProcessSpec", "make_job_plan", "LAYOUTS"]

@@ -49,8 +49,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from parallax.cluster import Cluster, Device, ServerTask, WorkerTask
 from parallax.errors import ResourceFileError
-from parallax.resources import Cluster, Device, ServerTask, WorkerTask
 
 __all__ = ["Resources", "RoleTask", "RoleSpec", "SCHEMA", "looks_like_role_spec", "parse_role_spec"]
 

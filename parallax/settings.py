@@ -18,19 +18,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from parallax.cluster import Cluster, is_local_host
 from parallax.comm.registry import backend_without_mpirun, choose_backend
 from parallax.config import CheckPointConfig, Config, MPIConfig, ProfileConfig, PSConfig
 from parallax.errors import LaunchError
 from parallax.launch.launcher import MPIRUN_OPTIONS_ENV
 from parallax.plan.model import CommSpec, PSSpec
-from parallax.resources import Cluster, is_local_host
 
 __all__ = ["Settings", "Timeouts", "derive", "FINISH_TIMEOUT_ENV", "ARRIVAL_SPIN_ENV", "STOCK_PROTOCOLS"]
 
 #: Seconds the ranks of an all-reduce job wait for each other when they end (default 60).
 FINISH_TIMEOUT_ENV = "PARALLAX_FINISH_TIMEOUT"
 #: How the ``mpi`` backend's calls wait for late members (:mod:`parallax.comm.arrival`): unset, as
-#: :func:`parallax.roles.arrival_spin` decides; ``off``: blocking collectives alone; a number:
+#: :func:`parallax.member.roles.arrival_spin` decides; ``off``: blocking collectives alone; a number:
 #: microseconds awake before sleeping between tests, in every job.
 ARRIVAL_SPIN_ENV = "PARALLAX_ARRIVAL_SPIN_US"
 #: The server protocols stock TensorFlow 2 registers (verbs, GDR and MPI were contrib modules, gone since

@@ -50,7 +50,7 @@ class ProcessComms:
             the process runs a server for collectives.
         arrival_spin: ``None``: the ``mpi`` backend's calls are blocking collectives;
             seconds: each first waits for every member asleep after this long awake
-            (:mod:`parallax.comm.arrival`; :func:`parallax.roles.arrival_spin` decides).
+            (:mod:`parallax.comm.arrival`; :func:`parallax.member.roles.arrival_spin` decides).
     """
 
     workers: Any = None

@@ -27,7 +27,7 @@ _CLASSES = {
 #: What ``MPIConfig.backend='auto'`` means, by where the replicas are: NCCL without leaving the GPU, MPI on CPUs.
 _AUTO = {True: "collective", False: "mpi"}
 #: The backends that work beside parameter servers: TF collectives and a shared PS in one step abort
-#: (``AbortedError ... Cleanup``, see DESIGN.md), so HYBRID all-reduces over MPI (or Horovod) instead.
+#: (``AbortedError ... Cleanup``, docs/modes.md), so HYBRID all-reduces over MPI (or Horovod) instead.
 _BESIDE_SERVERS = frozenset({"mpi", "horovod"})
 
 

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from parallax.errors import LaunchError
 from parallax.launch.layout import RankSpec
 
-__all__ = ["LaunchCommand", "build_mpirun_command", "rank_gpus", "FORWARDED_ENV", "SESSION_DIR_ENV", "GPUS_ENV"]
+__all__ = ["LaunchCommand", "build_mpirun_command", "rank_gpus", "FORWARDED_ENV", "SESSION_DIR_ENV", "GPUS_ENV",
+           "LAUNCH_ENV", "JOB_DIR_ENV"]
 
 #: environment variables every rank gets from the launcher (when set there).
 FORWARDED_ENV = ("PYTHONPATH", "PATH", "LD_LIBRARY_PATH", "TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES",
@@ -41,6 +42,10 @@ FORWARDED_ENV = ("PYTHONPATH", "PATH", "LD_LIBRARY_PATH", "TF_CPP_MIN_LOG_LEVEL"
 SESSION_DIR_ENV = "PRTE_MCA_prte_tmpdir_base"
 #: The GPUs CUDA shows a process (read once, when CUDA starts in it).
 GPUS_ENV = "CUDA_VISIBLE_DEVICES"
+#: What the launcher tells every rank (:func:`parallax.launch.launcher.launch_env`): the ranks and the job; where
+#: ranks register for failure reports.
+LAUNCH_ENV = "PARALLAX_LAUNCH"
+JOB_DIR_ENV = "PARALLAX_JOB_DIR"
 
 
 @dataclass(frozen=True)
@@ -134,7 +139,7 @@ def rank_gpus(ranks: tuple[RankSpec, ...], inherited: str | None = None) -> tupl
     ``inherited``: the launching process's own ``CUDA_VISIBLE_DEVICES``, when set: the resource
     file's GPU ids count within it (as TensorFlow numbers the GPUs there), on every host.
 
-    >>> from parallax.resources import Device
+    >>> from parallax.cluster import Device
     >>> ranks = (RankSpec("a", (Device("gpu", 1),), 1), RankSpec("a", (Device("gpu", 0), Device("gpu", 2)), 2),
     ...          RankSpec("a", None, 0, "ps"))
     >>> rank_gpus(ranks)

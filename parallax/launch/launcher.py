@@ -7,6 +7,8 @@ by the ``parallax-run`` command.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import shutil
 import socket
@@ -16,16 +18,17 @@ from collections import Counter
 from collections.abc import Mapping
 
 from parallax import slurm
+from parallax.cluster import is_local_host, local_host_names
 from parallax.config import RUN_OPTIONS
 from parallax.errors import LaunchError
-from parallax.launch.bootstrap import launch_env
-from parallax.launch.command import GPUS_ENV, LaunchCommand, build_mpirun_command
-from parallax.launch.layout import RankSpec
+from parallax.launch.command import GPUS_ENV, JOB_DIR_ENV, LAUNCH_ENV, LaunchCommand, build_mpirun_command
+from parallax.launch.layout import RankSpec, layout_to_json
+from parallax.launch.monitor import MONITOR_ENV, STALL_ENV
 from parallax.launch.runner import JobResult, LostRank, run_job
+from parallax.logs import LEVEL_ENV
 from parallax.logs import log as logger
-from parallax.resources import is_local_host, local_host_names
 
-__all__ = ["find_mpirun", "current_program", "launch", "job_command", "local_host_names", "is_local_host",
+__all__ = ["launch_env", "find_mpirun", "current_program", "launch", "job_command", "local_host_names", "is_local_host",
            "RESOURCE_ENV", "RUN_OPTION_ENV", "run_option_override", "MPIRUN_OPTIONS_ENV", "DRY_RUN_ENV", "PLAN_ENV",
            "SKIP_CHECK_ENV", "resource_override", "check_job_hosts"]
 
@@ -44,6 +47,21 @@ PLAN_ENV = "PARALLAX_PLAN_ONLY"
 RUN_OPTION_ENV = "PARALLAX_RUN_OPTION"
 #: Set to 1 to skip the hosts' check before a job on several machines (:mod:`parallax.launch.preflight`).
 SKIP_CHECK_ENV = "PARALLAX_SKIP_HOST_CHECK"
+
+
+def launch_env(ranks: tuple[RankSpec, ...], job: dict, job_dir: str, monitor: str | None = None,
+               stall_timeout: float | None = None) -> dict[str, str]:
+    """The environment variables the launcher gives every rank (``job``: see
+    :attr:`RankContext.job`; ``monitor``: the stall monitor's ``host:port`` and
+    ``stall_timeout`` its stall time, see :mod:`parallax.launch.monitor`)."""
+    env = {LAUNCH_ENV: json.dumps({"job": job, "ranks": layout_to_json(ranks)}, sort_keys=True), JOB_DIR_ENV: job_dir,
+           # launched processes log at INFO unless told otherwise, as the original Parallax's did
+           LEVEL_ENV: os.environ.get(LEVEL_ENV) or str(logging.INFO)}
+    if monitor:
+        env[MONITOR_ENV] = monitor
+        if stall_timeout:
+            env[STALL_ENV] = repr(float(stall_timeout))
+    return env
 
 
 def resource_override(resource_info: str | os.PathLike | None, environ: Mapping[str, str] | None = None
@@ -113,7 +131,7 @@ def job_command(ranks: tuple[RankSpec, ...], job: dict, program: list[str], mpir
                 job_dir: str, monitor: str | None = None, stall_timeout: float | None = None
                 ) -> tuple[LaunchCommand, frozenset[str]]:
     """The mpirun command for a job on this machine's terms, and the hosts that are this machine
-    (``job``: what the ranks learn of the job, :attr:`~parallax.launch.bootstrap.RankContext.job`)."""
+    (``job``: what the ranks learn of the job, :attr:`~parallax.member.bootstrap.RankContext.job`)."""
     local = local_host_names() | {r.host for r in ranks if is_local_host(r.host)}
     command = build_mpirun_command(
         find_mpirun(), sys.executable, program, ranks, local_hosts=local, cpu_count=os.cpu_count() or 1,
@@ -158,7 +176,7 @@ def gpu_use(ranks: tuple[RankSpec, ...], own_list: bool = False) -> dict:
     """What the job asks of each host's GPUs (:class:`parallax.launch.preflight.GpuUse`); with ``own_list``
     (this process has a ``CUDA_VISIBLE_DEVICES``) the ids are not compared with the hosts' GPUs.
 
-    >>> from parallax.resources import Device
+    >>> from parallax.cluster import Device
     >>> gpu_use((RankSpec("a", (Device("gpu", 3),), 1), RankSpec("b", None, 2), RankSpec("b", None, 0, "ps")))
     {'a': GpuUse(needed=4, bare=False), 'b': GpuUse(needed=0, bare=True)}
     """
@@ -211,7 +229,7 @@ def launch(ranks: tuple[RankSpec, ...], program: list[str], job: dict | None = N
         ranks: the job's layout, in rank order.
         program: the script and its arguments (or ``-m module ...``).
         job: what every rank learns of the job
-            (:attr:`~parallax.launch.bootstrap.RankContext.job`).
+            (:attr:`~parallax.member.bootstrap.RankContext.job`).
         mpirun_options: extra mpirun options.
         redirect_path: the processes' output directory (``Config.redirect_path``),
             whose new lines this terminal shows, prefixed, while the job runs.

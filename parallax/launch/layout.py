@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from parallax.cluster import Cluster, Device
 from parallax.errors import ResourceFileError
-from parallax.resources import Cluster, Device
 
 __all__ = ["RankSpec", "ranks_per_device", "ps_ranks", "hybrid_ranks", "layout_to_json", "layout_from_json"]
 

@@ -30,13 +30,13 @@ import json
 import os
 import sys
 
+from parallax.cluster import Cluster
 from parallax.errors import ManifestError
 from parallax.job import JobPlan
 from parallax.manifests.batch import condor, sbatch
 from parallax.manifests.common import Files, ManifestRequest, PlanFor, check_views, role_spec_of
 from parallax.manifests.kubeflow import mpijob, tfjob
 from parallax.manifests.polyaxon import polyaxonfile
-from parallax.resources import Cluster
 
 __all__ = ["KINDS", "ManifestRequest", "Files", "make_manifest", "write_manifest", "write_requested"]
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import shlex
 
+from parallax.cluster import Cluster
 from parallax.job import JobPlan
 from parallax.launch.launcher import RESOURCE_ENV
 from parallax.manifests.common import Files, ManifestRequest, View, hosts_alike
-from parallax.resources import Cluster
 from parallax.slurm import SLURM, allocation_text
 
 __all__ = ["sbatch", "condor", "CONDOR_SUBMIT", "CONDOR_NODE", "CONDOR_ENVIRONMENT"]

@@ -4,7 +4,7 @@ TFJob (``kubeflow.org/v1``): one pod per process of the job plan, ``Chief`` for 
 ``Worker`` for the others, ``PS`` for the parameter servers. The training operator gives
 each pod a ``TF_CONFIG`` naming every pod's service (``<job>-worker-1.<namespace>.svc:2222``)
 and its own task, so each runs the command as it is and joins the job
-(:mod:`parallax.managers.joined`): PS over gRPC, MPI over TF collectives, one GPU per worker.
+(:mod:`parallax.member.joined`): PS over gRPC, MPI over TF collectives, one GPU per worker.
 
 MPIJob (``kubeflow.org/v2beta1``, the MPI Operator): one worker pod per host of the job
 plan with a slot per device, and a launcher pod that runs the command with
@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import json
 
+from parallax.cluster import Cluster
 from parallax.errors import ManifestError
 from parallax.job import JobPlan
 from parallax.launch.launcher import RESOURCE_ENV
 from parallax.managers.mpijob import MPIJOB, SLOT_DEVICE_ENV, hostfile_text
 from parallax.managers.tf_config import read_tf_config
 from parallax.manifests.common import Files, ManifestRequest, View, hosts_alike, resources_of, workers_alike
-from parallax.resources import Cluster
 from parallax.rolespec import Resources, RoleSpec
 
 __all__ = ["tfjob", "tfjob_replicas", "mpijob", "container", "k8s_resources", "tf_config_view"]

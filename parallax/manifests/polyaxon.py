@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from parallax.cluster import Cluster
 from parallax.job import JobPlan
 from parallax.manifests.common import Files, ManifestRequest
 from parallax.manifests.kubeflow import tfjob_replicas
-from parallax.resources import Cluster
 from parallax.rolespec import RoleSpec
 
 __all__ = ["polyaxonfile", "POLYAXONFILE"]

@@ -10,7 +10,6 @@ failure reports).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import sys
@@ -18,16 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from parallax.errors import LaunchError
-from parallax.launch.layout import RankSpec, layout_from_json, layout_to_json
+from parallax.launch.command import JOB_DIR_ENV, LAUNCH_ENV
+from parallax.launch.layout import RankSpec, layout_from_json
 from parallax.launch.monitor import MONITOR_ENV, STALL_ENV, Heartbeat
 from parallax.launch.runner import register_rank
-from parallax.logs import LEVEL_ENV
 
-__all__ = ["RankContext", "launched_context", "launch_env", "make_heartbeat", "tee_output", "finish_together",
-           "leave_together", "end_on_exception", "LAUNCH_ENV", "JOB_DIR_ENV"]
+__all__ = ["RankContext", "launched_context", "make_heartbeat", "tee_output", "finish_together",
+           "leave_together", "end_on_exception"]
 
-LAUNCH_ENV = "PARALLAX_LAUNCH"
-JOB_DIR_ENV = "PARALLAX_JOB_DIR"
 
 
 @dataclass(frozen=True)
@@ -53,21 +50,6 @@ class RankContext:
     @property
     def spec(self) -> RankSpec:
         return self.ranks[self.rank]
-
-
-def launch_env(ranks: tuple[RankSpec, ...], job: dict, job_dir: str, monitor: str | None = None,
-               stall_timeout: float | None = None) -> dict[str, str]:
-    """The environment variables the launcher gives every rank (``job``: see
-    :attr:`RankContext.job`; ``monitor``: the stall monitor's ``host:port`` and
-    ``stall_timeout`` its stall time, see :mod:`parallax.launch.monitor`)."""
-    env = {LAUNCH_ENV: json.dumps({"job": job, "ranks": layout_to_json(ranks)}, sort_keys=True), JOB_DIR_ENV: job_dir,
-           # launched processes log at INFO unless told otherwise, as the original Parallax's did
-           LEVEL_ENV: os.environ.get(LEVEL_ENV) or str(logging.INFO)}
-    if monitor:
-        env[MONITOR_ENV] = monitor
-        if stall_timeout:
-            env[STALL_ENV] = repr(float(stall_timeout))
-    return env
 
 
 def make_heartbeat(context: RankContext) -> Heartbeat | None:

@@ -3,7 +3,7 @@
 A manager (Kubernetes' TFJob, Polyaxon, SageMaker, Vertex) starts every task
 itself and says in ``TF_CONFIG`` which one each is
 (:mod:`parallax.managers.tf_config`). There is no launcher and no MPI among the
-tasks, so what :class:`~parallax.launch.rank.LaunchedProcess` does over MPI is
+tasks, so what :class:`~parallax.member.rank.LaunchedProcess` does over MPI is
 done here over the tasks' TensorFlow servers (gRPC) alone:
 
 * the server binds the address ``TF_CONFIG`` gives the task;
@@ -40,11 +40,12 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from parallax.errors import LaunchError
-from parallax.launch.bootstrap import end_on_exception
-from parallax.launch.rank import NoHeartbeat
 from parallax.logs import LEVEL_ENV
 from parallax.logs import log as logger
 from parallax.managers.tf_config import ManagedJob, Task, read_tf_config
+from parallax.member.bootstrap import end_on_exception
+from parallax.member.protocol import NoHeartbeat
+from parallax.member.servers import make_server, server_config
 
 if TYPE_CHECKING:
     from parallax.comm.broadcast import Broadcast
@@ -119,7 +120,6 @@ class JoinedProcess:
         """
         import tensorflow as tf
 
-        from parallax.startup import make_server, server_config
 
         spec: dict[str, list[str]] = {}
         for p in sorted(job.processes, key=lambda p: (p.role, p.index)):

@@ -19,31 +19,23 @@ from typing import TYPE_CHECKING, Any
 
 from parallax.comm.group import MPIWorkers
 from parallax.errors import LaunchError
-from parallax.launch.bootstrap import (
+from parallax.launch.layout import RankSpec
+from parallax.member.bootstrap import (
     RankContext,
     finish_together,
     launched_context,
     leave_together,
     make_heartbeat,
 )
-from parallax.launch.layout import RankSpec
+from parallax.member.protocol import NoHeartbeat
+from parallax.member.servers import start_server
 
 if TYPE_CHECKING:
     from parallax.comm.broadcast import Broadcast
     from parallax.job import JobPlan, ProcessSpec
     from parallax.settings import Settings
 
-__all__ = ["LaunchedProcess", "launched_process", "NoHeartbeat"]
-
-
-class NoHeartbeat:
-    """Stands in for a heartbeat where the launcher runs no stall monitor."""
-
-    def set(self, state: str, where: str = "", steps: int | None = None) -> None:
-        pass
-
-    def step_done(self) -> None:
-        pass
+__all__ = ["LaunchedProcess", "launched_process"]
 
 
 class LaunchedProcess:
@@ -75,9 +67,8 @@ class LaunchedProcess:
 
     def start_server(self, job: JobPlan, settings: Settings, process: ProcessSpec,
                      group_leader: str | None = None) -> Any:
-        """Start this rank's server: the ranks agree on free ports over MPI (:func:`parallax.startup.start_server`)."""
-        from parallax.startup import start_server
-
+        """Start this rank's server: the ranks agree on free ports over MPI
+        (:func:`parallax.member.servers.start_server`)."""
         jobs = [(p.role, p.index) for p in job.processes]
         return start_server(self.rank, jobs, settings, process, group_leader=group_leader)
 

@@ -3,7 +3,7 @@
 A role takes the job plan and this process's part in it and returns a
 :class:`ProcessSetup`: its server (if it runs one), its communicators, whether
 it initialises the variables or waits for the chief, and so on. One tail,
-:func:`parallax.startup.start_worker`, turns any setup into a session.
+:func:`parallax.member.startup.start_worker`, turns any setup into a session.
 
 ===================  ==============  =============================================
 role                 layouts         what it sets up
@@ -25,8 +25,8 @@ workers check they made the same plan, and before the new session the chief
 clears what the previous job left on the servers.
 
 A process is a member of its job either because mpirun started it
-(:class:`parallax.launch.rank.LaunchedProcess`: MPI among the processes) or
-because a cluster manager did (:class:`parallax.managers.joined.JoinedProcess`:
+(:class:`parallax.member.rank.LaunchedProcess`: MPI among the processes) or
+because a cluster manager did (:class:`parallax.member.joined.JoinedProcess`:
 the addresses of ``TF_CONFIG``, gRPC only). Both offer what the roles use
 (:class:`JobMember`), so the roles are written once.
 """
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import tensorflow as tf
 
@@ -44,47 +44,18 @@ from parallax.comm.broadcast import Broadcast
 from parallax.comm.group import Alone, WorkerGroup
 from parallax.errors import LaunchError
 from parallax.job import JobPlan, ProcessSpec
-from parallax.launch.bootstrap import tee_output
-from parallax.launch.rank import NoHeartbeat
 from parallax.logs import log as logger
+from parallax.member.bootstrap import tee_output
+from parallax.member.protocol import JobMember, NoHeartbeat
+from parallax.member.servers import GROUP_LEADER
 from parallax.settings import Settings
-from parallax.startup import GROUP_LEADER
 
-__all__ = ["ProcessSetup", "JobMember", "role_setup", "local_replicas", "check_local_devices"]
-
-
-class JobMember(Protocol):
-    """What a process of a multi-process job offers its role (see the module docstring)."""
-
-    def process_in(self, job: JobPlan) -> ProcessSpec:
-        """This process's part of ``job``."""
-
-    def server(self, start: Callable[[], Any], chief: bool = False) -> Any:
-        """This process's TensorFlow server, started once by ``start()``."""
-
-    def start_server(self, job: JobPlan, settings: Settings, process: ProcessSpec,
-                     group_leader: str | None = None) -> Any:
-        """Start this process's server in the cluster of ``job``."""
-
-    def split_comms(self) -> tuple[Any, Any]:
-        """The MPI communicators of the job's workers and of this host's workers (``(None, None)`` without MPI)."""
-
-    def heartbeat(self, state: str, where: str = "") -> Any:
-        """This process's heartbeat to a stall monitor, now in ``state``."""
-
-    def exit_together(self, how: str, finish_timeout: float) -> None:
-        """Register how this process leaves the job (``"finish"`` or ``"barrier"``)."""
-
-    def broadcast(self, job: JobPlan, process: ProcessSpec, settings: Settings) -> Broadcast:
-        """How this worker takes worker 0's values of the variables the workers hold."""
-
-    def workers_group(self) -> WorkerGroup | None:
-        """The job's workers as a group a program's loop can talk to (``None``: no means to)."""
+__all__ = ["ProcessSetup", "role_setup", "local_replicas", "check_local_devices"]
 
 
 @dataclass(frozen=True)
 class ProcessSetup:
-    """What one process brings to the start-up tail (:func:`parallax.startup.start_worker`).
+    """What one process brings to the start-up tail (:func:`parallax.member.startup.start_worker`).
 
     Attributes:
         process: its part of the job plan.

@@ -41,7 +41,7 @@ def suggest(space: dict[str, Any], history: list[dict[str, Any]], seed: int, min
 
 def _is_result_writer() -> bool:
     """Worker 0 of the job, or a process that trains alone."""
-    from parallax.launch.rank import launched_process
+    from parallax.member.rank import launched_process
 
     launched = launched_process()
     if launched is None:

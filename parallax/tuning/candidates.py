@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from parallax.analysis import GraphAnalysis
+from parallax.cluster import Cluster
 from parallax.config import Config
 from parallax.errors import ParallaxError
 from parallax.plan.predict import Link
 from parallax.plan.traffic import step_traffic
-from parallax.resources import Cluster
 from parallax.trials.choice import describe_choice, with_choice
 
 __all__ = ["Candidate", "layout_space", "plan_candidates", "predicted_seconds", "DEFAULT_LINKS", "SPACE_KEYS"]

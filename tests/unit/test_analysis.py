@@ -204,7 +204,7 @@ def test_a_trainable_variable_the_program_writes_from_the_batch_is_refused_namin
                                                                           var_list=[w])
         with tf.control_dependencies([train]):
             b.assign_add(tf.reduce_mean(x, axis=0)[:1], name="shift")
-    with pytest.raises(AnalysisError, match=r'^the trainable variable "b" is written by "shift" \(AssignAddVariableOp\) '
-                                            r"outside the optimizer's updates, with a value computed from the batch "
-                                            r'input ".+".*trainable=False'):
+    with pytest.raises(AnalysisError, match=r'^the trainable variable "b" is written by "shift" '
+                                            r"\(AssignAddVariableOp\) outside the optimizer's updates, with a value "
+                                            r'computed from the batch input ".+".*trainable=False'):
         analyse_graph(graph)

@@ -207,7 +207,7 @@ def test_auto_decides_the_layout_with_the_hosts_the_plan_has(embedding, text, la
 def test_the_workers_mpi_calls_wait_asleep_where_polling_takes_the_servers_cores(embedding, text, run_option,
                                                                                    environ, expected):
     from parallax.comm.arrival import DEFAULT_SPIN_SECONDS
-    from parallax.roles import arrival_spin
+    from parallax.member.roles import arrival_spin
 
     cluster = parse_resource_text(text, "res")
     settings = derive(Config(run_option=run_option), True, cluster, gpus=0, cpu_count=2, environ=environ)

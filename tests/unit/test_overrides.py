@@ -12,8 +12,8 @@ import tensorflow as tf
 
 import parallax
 from parallax.api import _speaks_for_the_job
-from parallax.managers.joined import JoinedProcess
 from parallax.managers.tf_config import read_tf_config
+from parallax.member.joined import JoinedProcess
 from parallax.overrides import environment_overrides, environment_warning
 from parallax.resources import parse_resource_file
 from parallax.tuning.cache import store_tuned, tune_key

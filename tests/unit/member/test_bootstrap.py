@@ -19,21 +19,20 @@ import types
 
 import pytest
 
-from parallax.launch.bootstrap import (
-    EXIT_POLL_SECONDS,
-    JOB_DIR_ENV,
-    LAUNCH_ENV,
-    RankContext,
-    finish_together,
-    launch_env,
-    launched_context,
-    leave_together,
-    make_heartbeat,
-)
+from parallax.launch.command import JOB_DIR_ENV, LAUNCH_ENV
+from parallax.launch.launcher import launch_env
 from parallax.launch.layout import RankSpec, layout_from_json
 from parallax.launch.monitor import MONITOR_ENV
 from parallax.launch.runner import read_registry
 from parallax.logs import LEVEL_ENV
+from parallax.member.bootstrap import (
+    EXIT_POLL_SECONDS,
+    RankContext,
+    finish_together,
+    launched_context,
+    leave_together,
+    make_heartbeat,
+)
 from parallax.resources import Device
 
 RANKS = (RankSpec("a", (Device("gpu", 0),), 1), RankSpec("a", (Device("gpu", 1),), 1),
@@ -100,7 +99,7 @@ def test_a_process_the_launcher_did_not_start_has_no_context(monkeypatch, value)
 
 CONTEXT_SCRIPT = """
     import json, sys
-    from parallax.launch.bootstrap import launched_context
+    from parallax.member.bootstrap import launched_context
     context = launched_context(sys.argv[1])
     print(json.dumps({"rank": context.rank, "size": context.size, "role": context.spec.role,
                       "job": context.job, "job_dir": context.job_dir,
@@ -128,7 +127,7 @@ def test_a_launched_rank_learns_its_context_registers_and_redirects_its_output(t
 def test_a_rank_of_a_job_of_another_size_than_mpis_world_fails():
     script = """
         from parallax.errors import LaunchError
-        from parallax.launch.bootstrap import launched_context
+        from parallax.member.bootstrap import launched_context
         try:
             launched_context()
         except LaunchError as e:
@@ -144,7 +143,7 @@ def test_a_rank_of_a_job_of_another_size_than_mpis_world_fails():
 def test_a_launched_rank_ending_with_an_exception_aborts_after_the_traceback_without_exit_handlers():
     script = """
         import atexit
-        from parallax.launch.bootstrap import launched_context
+        from parallax.member.bootstrap import launched_context
         launched_context()
         launched_context()  # the hook is installed once
         atexit.register(print, "an exit handler ran")
@@ -186,7 +185,7 @@ def test_the_heartbeat_reaches_the_monitors_address_and_says_done_at_exit(monkey
 # --------------------------------------------------------------------------- tee_output
 TEE_SCRIPT = """
     import os, subprocess, sys
-    from parallax.launch.bootstrap import tee_output
+    from parallax.member.bootstrap import tee_output
     restore = tee_output(sys.argv[1], "worker_0")
     print("print to stdout", flush=True)
     sys.stderr.write("write to stderr\\n")
@@ -229,7 +228,7 @@ def test_tee_output_lasts_until_the_process_exits_and_appends(tmp_path):
 # --------------------------------------------------------------------------- finish_together, leave_together
 def test_finish_together_and_leave_together_return_at_once_for_a_lone_rank():
     script = """
-        from parallax.launch.bootstrap import finish_together, leave_together
+        from parallax.member.bootstrap import finish_together, leave_together
         finish_together(0, 5.0)
         leave_together()
         print("left")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from parallax.managers.joined import PeerWatch
+from parallax.member.joined import PeerWatch
 
 
 def watch(up: dict[str, bool], finished=lambda: False, grace: float = 2.0) -> PeerWatch:
@@ -119,8 +119,8 @@ def test_the_peer_that_went_first_is_named_not_one_that_ended_because_of_it():
 
 
 def test_the_heartbeat_of_a_joined_process_polls_its_watch():
-    from parallax.managers.joined import JoinedProcess
     from parallax.managers.tf_config import read_tf_config
+    from parallax.member.joined import JoinedProcess
 
     config = '{"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker", "index": 1}}'
     process = JoinedProcess(read_tf_config({"TF_CONFIG": config}))
@@ -152,7 +152,7 @@ def test_the_exit_barrier_asks_worker_0_nothing_before_its_port_takes_connection
     """A parameter server arrives at the barrier at once; its TensorFlow runtime must not try worker 0's
     server before it listens (a gRPC channel that failed backs off, and worker 0's first steps, which make
     the server receive from it over the same channel, would fail: ExitBarrier.wait)."""
-    from parallax.managers import joined
+    from parallax.member import joined
 
     barrier = joined.ExitBarrier("grpc://localhost:1", identity=1, total=2, chief=False, timeout_ms=1000,
                                  chief_address=("localhost", 2))

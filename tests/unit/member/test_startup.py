@@ -11,10 +11,11 @@ from parallax.analysis import analyse_graph
 from parallax.errors import LaunchError
 from parallax.graph_input import load_graph
 from parallax.job import make_job_plan
+from parallax.member.roles import check_local_devices, local_replicas
+from parallax.member.servers import session_config
+from parallax.member.startup import start_worker
 from parallax.resources import parse_resource_text
-from parallax.roles import check_local_devices, local_replicas
 from parallax.settings import derive
-from parallax.startup import session_config, start_worker
 from tests.models import build_mlp
 
 
@@ -58,7 +59,7 @@ def test_a_gpu_this_machine_lacks_is_refused_naming_the_line():
 
 def test_a_launched_process_names_its_gpus_as_it_sees_them_in_its_sessions_and_server():
     """Its CUDA_VISIBLE_DEVICES is the host's GPU 3 (tests/unit/launch/test_command.py), which it sees as GPU 0."""
-    from parallax.startup import server_config
+    from parallax.member.servers import server_config
 
     _, _, settings, job = local_job("a: 2,3", parallax.Config(run_option="MPI"), gpus=4)
     process = job.process(1)
@@ -96,7 +97,7 @@ def test_a_session_created_again_outside_any_graph_is_created_in_its_own():
     (the wrapper does not enter it for each run when there are no hooks)."""
     import tensorflow as tf
 
-    from parallax.startup import _InGraph
+    from parallax.member.startup import _InGraph
 
     graph = tf.Graph()
     with graph.as_default():
