@@ -235,6 +235,7 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
     gradients = _find_raw_gradients(graph, gradients)
     gradients = _coupled_by_conditions(graph, gradients)
     _refuse_gradients_behind_decisions(graph, gradients)
+    _refuse_decisions_on_a_replicas_data(graph, gradients)
     _refuse_hidden_updates(graph, {v.name for v in variables if v.trainable})
     _refuse_trainables_written_from_data(ops, {v.name for v in variables if v.trainable}, scopes)
     if not gradients:
@@ -720,6 +721,50 @@ def _coupled_by_conditions(graph: tf.Graph, gradients: list[GradientInfo]) -> li
         coupled -= {g.variable}
         out.append(replace(g, coupled_with=tuple(sorted(set(g.coupled_with) | coupled))) if coupled else g)
     return out
+
+
+def _refuse_decisions_on_a_replicas_data(graph: tf.Graph, gradients: list[GradientInfo]) -> None:
+    """Refuse an update that runs under a conditional whose predicate is computed from the batch, but not through
+    the gradients (``tf.cond(loss < 1.0, apply, no-op)``): the gradients are aggregated, but each worker would
+    take the decision on its own part of the batch, apply or skip alone, and the workers' variables would drift
+    apart. (A ``LossScaleOptimizer``'s check that the gradients are finite reads the aggregated gradients: every
+    worker decides alike.)
+
+    Raises:
+        AnalysisError: naming the variable, the conditional, the batch input and what to change.
+    """
+    owner = {t for g in gradients for t in g.aggregation_tensors if t}
+    for g in gradients:
+        for name in g.update_ops:
+            op = graph.get_operation_by_name(name)
+            for source in [op] + [t.op for t in op.inputs]:
+                while source.type in _SWITCHES and len(source.inputs) > 1:
+                    found = _batch_input_before(source.inputs[1], owner)
+                    if found is not None:
+                        raise AnalysisError(
+                            f'the update of "{g.variable}" runs under the conditional "{source.name}", whose '
+                            f'predicate is computed from the batch input "{found.name}" without going through the '
+                            "gradients: each worker would decide on its own part of the batch and apply or skip "
+                            "the update alone. Decide on a value every worker shares (the step, a fed flag, the "
+                            "gradients themselves), or apply the gradients unconditionally")
+                    source = source.inputs[0].op
+
+
+def _batch_input_before(tensor, stops: set[str]):
+    """The first batch input (:func:`_is_batch_input`) ``tensor`` is computed from without passing through a
+    tensor of ``stops`` (the gradients Parallax aggregates) or a variable, or ``None``."""
+    seen, queue = {tensor.op.name}, deque([tensor])
+    while queue:
+        t = queue.popleft()
+        if t.name in stops:
+            continue
+        if _is_batch_input(t.op):
+            return t.op
+        for source in t.op.inputs:
+            if source.op.name not in seen and source.op.type not in VARIABLE_OP_TYPES:
+                seen.add(source.op.name)
+                queue.append(source)
+    return None
 
 
 def _refuse_gradients_behind_decisions(graph: tf.Graph, gradients: list[GradientInfo]) -> None:

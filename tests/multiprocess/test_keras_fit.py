@@ -39,7 +39,7 @@ GROUPS = {
     "PS-3": ("localhost: cpu:0\nlocalhost: cpu:1\nlocalhost: cpu:2\n", "PS", 3),
 }
 WITH_MORE = ("MPI-2", "local-2-replicas")
-EXTENDED = ("AUTO-2", "MPI-3", "PS-3")  # every case in the extended suite
+EXTENDED = ("AUTO-2", "MPI-3", "PS-3")  # the Keras 3 cases, in the extended suite
 
 
 def _jobs(factory, groups, cases):
@@ -68,7 +68,7 @@ def reference(case: str):
 
 def _cases():
     for group in GROUPS:
-        for case in KERAS_3 + MORE:
+        for case in KERAS_3 + ([] if group in EXTENDED else MORE):
             marks = [pytest.mark.xdist_group(f"fit-{group}")]
             if (case in MORE and group not in WITH_MORE) or group in EXTENDED:
                 marks.append(pytest.mark.extended)

@@ -14,15 +14,18 @@ import pytest
 
 from tests.multiprocess.harness import LAYOUTS, ROOT, ScriptJobs
 from tests.requirements import unavailable
-from tests.tf2.programs import PLAIN, eager
+from tests.tf2.programs import MORE_OPTIMIZERS, PLAIN, eager
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 SCRIPT = os.path.join(ROOT, "tests", "tf2", "step_script.py")
 STEPS = 4
 # group: (resource file, run option, processes that write results, replicas each)
-GROUPS = {g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "HYBRID-2", "AUTO-2", "MPI-3", "HYBRID-3", "local-2-replicas")}
-EXTENDED = {"AUTO-2", "MPI-3", "HYBRID-3"}  # CI's extended suite
+GROUPS = {g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "HYBRID-2", "AUTO-2", "MPI-3", "HYBRID-3", "PS-3", "AUTO-3",
+                                   "local-2-replicas")}
+EXTENDED = {"AUTO-2", "MPI-3", "HYBRID-3", "PS-3", "AUTO-3"}  # CI's extended suite
+# the other optimizers: in these layouts, in CI's extended suite
+OPTIMIZER_GROUPS = ("MPI-2", "HYBRID-2", "local-2-replicas")
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +35,13 @@ def jobs(tmp_path_factory):
                     "`make test` installs it (pip install --no-deps tf_keras)")
     return ScriptJobs(tmp_path_factory, SCRIPT, {group: (text, ["--run_option", option, "--steps", str(STEPS)])
                                                  for group, (text, option, _, _) in GROUPS.items()}, list(PLAIN))
+
+
+@pytest.fixture(scope="module")
+def optimizer_jobs(tmp_path_factory):
+    return ScriptJobs(tmp_path_factory, SCRIPT, {group: (GROUPS[group][0], ["--run_option", GROUPS[group][1], "--steps",
+                                                                            str(STEPS)]) for group in OPTIMIZER_GROUPS},
+                      list(MORE_OPTIMIZERS))
 
 
 @functools.cache
@@ -44,7 +54,19 @@ def reference(case: str):
                                                 + ([pytest.mark.extended] if g in EXTENDED else []))
                                    for g in GROUPS])
 def test_a_tf_function_step_trains_as_eager_training_on_one_device(jobs, group, case):
-    out = jobs.case(group, case)
+    check_against_eager(jobs.case(group, case), group, case)
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("case", list(MORE_OPTIMIZERS))
+@pytest.mark.parametrize("group", [pytest.param(g, marks=[pytest.mark.xdist_group(f"tf2-optimizers-{g}")])
+                                   for g in OPTIMIZER_GROUPS])
+def test_a_step_with_any_optimizer_trains_as_eager_training_on_one_device(optimizer_jobs, group, case):
+    check_against_eager(optimizer_jobs.case(group, case), group, case)
+
+
+def check_against_eager(out: str, group: str, case: str) -> None:
+    """Every trained variable on every process, and the mean of the replicas' losses each step."""
     losses, values = reference(case)
     _, _, processes, replicas = GROUPS[group]
     seen = []

@@ -28,6 +28,14 @@ CASES = {
     "tfkeras-lso-overflow": ("tfkeras", "lso-adam"),
     "tfkeras-fixed-lso-adam": ("tfkeras", "fixed-lso-adam"),
     "tfkeras-f16-lso-adam": ("tfkeras", "lso-1024-adam"),
+    # more optimizers (tests/multiprocess/test_tf2_steps.py, extended): each its own update and slots, the
+    # embedding's gradient sparse (on a server in HYBRID)
+    "keras3-rmsprop": ("keras3", "rmsprop"),
+    "keras3-adagrad": ("keras3", "adagrad"),
+    "keras3-adamw": ("keras3", "adamw"),
+    "keras3-nadam": ("keras3", "nadam"),
+    "tfkeras-legacy-adagrad": ("tfkeras", "legacy-adagrad"),
+    "tfkeras-rmsprop": ("tfkeras", "rmsprop"),
 }
 #: the cases built under a Keras mixed-precision policy (float32 variables, compute in the policy's type)
 POLICIES = {"keras3-f16-lso-adam": "mixed_float16", "keras3-f16-adam": "mixed_float16",
@@ -42,7 +50,10 @@ DYNAMIC_SCALE = frozenset({"keras3-lso-adam", "keras3-lso-overflow", "keras3-lso
                            "tfkeras-lso-adam", "tfkeras-lso-overflow", "tfkeras-f16-lso-adam"})
 #: the first (main) cases of tests/multiprocess/test_tf2_steps.py
 PLAIN = ("module-v1-adam", "keras3-adam", "keras3-sgd", "tfkeras-legacy-adam", "tfkeras-adam")
-MIXED = tuple(c for c in CASES if c not in PLAIN)
+#: the other optimizers' cases
+MORE_OPTIMIZERS = ("keras3-rmsprop", "keras3-adagrad", "keras3-adamw", "keras3-nadam", "tfkeras-legacy-adagrad",
+                   "tfkeras-rmsprop")
+MIXED = tuple(c for c in CASES if c not in PLAIN and c not in MORE_OPTIMIZERS)
 
 
 def batches(steps: int, case: str = "") -> list[tuple[np.ndarray, np.ndarray]]:
@@ -108,6 +119,10 @@ def _build(family: str, optimizer: str):
         model = _keras_model(keras, trainable=optimizer != "lso-clip-sgd")
         opt = {"adam": lambda: keras.optimizers.Adam(0.05),
                "sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+               "rmsprop": lambda: keras.optimizers.RMSprop(0.01, momentum=0.5),
+               "adagrad": lambda: keras.optimizers.Adagrad(0.1),
+               "adamw": lambda: keras.optimizers.AdamW(0.05, weight_decay=0.01),
+               "nadam": lambda: keras.optimizers.Nadam(0.05),
                "lso-adam": lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.05)),
                # clipping by the global norm inside the cond: the gradients' post-processing under it
                "lso-clip-sgd": lambda: keras.optimizers.LossScaleOptimizer(
@@ -123,6 +138,8 @@ def _build(family: str, optimizer: str):
         tf_keras.utils.set_random_seed(1)
         model = _keras_model(tf_keras, input_length=3)
         opt = {"legacy-adam": lambda: tf_keras.optimizers.legacy.Adam(0.05),
+               "legacy-adagrad": lambda: tf_keras.optimizers.legacy.Adagrad(0.1),
+               "rmsprop": lambda: tf_keras.optimizers.RMSprop(0.01),
                "adam": lambda: tf_keras.optimizers.Adam(0.05),
                "lso-adam": lambda: tf_keras.mixed_precision.LossScaleOptimizer(tf_keras.optimizers.Adam(0.05)),
                "fixed-lso-adam": lambda: tf_keras.mixed_precision.LossScaleOptimizer(

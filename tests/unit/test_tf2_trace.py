@@ -14,7 +14,7 @@ from parallax.analysis import analyse_graph
 from parallax.errors import AnalysisError
 from parallax.plan.policies import choose_sync
 from parallax.tf2.trace import STEP_OP, trace_step
-from tests.tf2.programs import MIXED, PLAIN, batches, build, eager
+from tests.tf2.programs import MIXED, MORE_OPTIMIZERS, PLAIN, batches, build, eager
 
 
 def run_traced(traced, steps: int) -> list[float]:
@@ -24,7 +24,7 @@ def run_traced(traced, steps: int) -> list[float]:
                 for batch in batches(steps)]
 
 
-@pytest.mark.parametrize("case", [c for c in PLAIN if not c.startswith("tfkeras")])
+@pytest.mark.parametrize("case", [c for c in (*PLAIN, *MORE_OPTIMIZERS) if not c.startswith("tfkeras")])
 def test_the_traced_graph_trains_as_the_eager_step(case):
     losses, _ = eager(case, 3)
     step, _ = build(case)
@@ -193,3 +193,29 @@ def test_a_steps_sparse_gradients_are_averaged_unless_the_config_says_sum(tmp_pa
     plan = parallax.preview_plan(step, str(resources), parallax_config=config)
     embedding = [v for v in plan.variables if v.sparse]
     assert embedding and {v.aggregation for v in embedding} == {aggregation}
+
+
+def test_an_update_that_each_worker_would_decide_on_its_own_data_is_refused_naming_it():
+    """``tf.cond(loss < 1, apply, no-op)``: the gradients are aggregated, but the loss is each replica's own, so
+    each worker would apply or skip alone (a LossScaleOptimizer's finite check, on the aggregated gradients, is
+    accepted: test_a_loss_scale_optimizers_updates_are_read_through_its_lowered_cond)."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.layers.Input((3,)), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.SGD(0.1)
+    optimizer.build(model.trainable_variables)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3]), tf.TensorSpec([None, 1])])
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        grads = tape.gradient(loss, model.trainable_variables)
+        tf.cond(loss < 1.0, lambda: optimizer.apply_gradients(zip(grads, model.trainable_variables)),
+                lambda: tf.constant(0, tf.int64))
+        return loss
+
+    with pytest.raises(AnalysisError, match=r'^the update of "sequential.*" runs under the conditional ".+", whose '
+                                            r'predicate is computed from the batch input "[xy]" without going through '
+                                            r"the gradients: each worker would decide on its own part"):
+        analyse_graph(trace_step(step).graph)
