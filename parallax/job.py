@@ -41,13 +41,14 @@ from parallax.comm.registry import backend_class
 from parallax.errors import PlanError
 from parallax.launch.layout import RankSpec, hybrid_ranks, ps_ranks, ranks_per_device
 from parallax.plan import Plan, build_plan
+from parallax.plan.model import Layout
 from parallax.plan.policies import choose_sync
 from parallax.plan.stages import fit_stages
 from parallax.settings import Settings
 
 __all__ = ["JobPlan", "ProcessSpec", "make_job_plan", "LAYOUTS"]
 
-LAYOUTS = ("local", "MPI", "PS", "HYBRID")
+LAYOUTS = tuple(Layout)
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ class JobPlan:
     """Every process of a job and the variable plan they share.
 
     Attributes:
-        layout: one of :data:`LAYOUTS`.
+        layout: a :class:`~parallax.plan.model.Layout`.
         processes: every process, in rank order.
         ranks: what the launcher needs of each process (host, devices as in
             the resource file, role, port), in rank order; ``()`` for ``local``.
@@ -109,7 +110,7 @@ class JobPlan:
         notes: what the launching process tells the user about the layout.
     """
 
-    layout: str
+    layout: Layout
     processes: tuple[ProcessSpec, ...]
     ranks: tuple[RankSpec, ...]
     plan: Plan
@@ -119,7 +120,7 @@ class JobPlan:
     @property
     def launched(self) -> bool:
         """Whether the job's processes are started through mpirun (every layout but ``local``)."""
-        return self.layout != "local"
+        return self.layout.launched
 
     @property
     def workers(self) -> tuple[ProcessSpec, ...]:
@@ -162,14 +163,14 @@ def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis)
     cluster = cluster.with_bare_hosts(settings.gpus)  # every GPU of the host, in every layout
     settings, by_memory = _fit_memory(cluster, settings, analysis)
     layout, ranks, notes = _layout(cluster, settings, analysis)
-    if layout == "local":
+    if layout is Layout.LOCAL:
         worker = cluster.workers[0]
         devices = worker.devices or _bare_host_devices(settings.gpus)
         processes = (ProcessSpec(0, "worker", 0, worker.host, worker.line, worker.port, devices, None, 1),)
         servers = False
         notes += _unused_alone(settings)
     else:
-        if layout == "PS" and settings.pipeline[:2] != (1, 1):
+        if layout is Layout.PS and settings.pipeline[:2] != (1, 1):
             raise PlanError(f"pipeline_stages={settings.pipeline[0]}, micro_batches={settings.pipeline[1]}: a "
                             "pipeline keeps each stage's variables on its own device, so it does not run with "
                             "parameter servers across processes (run_option PS); use 'MPI' or 'HYBRID' (whose "
@@ -177,13 +178,14 @@ def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis)
         _check_ports(cluster, ranks, layout)
         processes = _processes(ranks, layout)
         staged = any(p.role == "stage" for p in processes)
-        if staged and (layout != "MPI" or not backend_class(settings.allreduce_comm.backend).supports_stage_servers):
+        stage_servers = backend_class(settings.allreduce_comm.backend).supports_stage_servers
+        if staged and (layout is not Layout.MPI or not stage_servers):
             raise PlanError(f"pipeline_stages={settings.pipeline[0]} with each stage in a process of its own (the "
                             "resource lines' devices do not divide into stages) runs with run_option 'MPI' and the "
                             f"'mpi' all-reduce backend, not {layout} / {settings.allreduce_comm.backend!r}: list "
                             "each replica's stages on one line to keep them in one process, or use 'MPI'")
         # stage servers: the workers reach their stages through TensorFlow's gRPC runtime
-        servers = layout != "MPI" or staged or backend_class(settings.allreduce_comm.backend).needs_server
+        servers = layout is not Layout.MPI or staged or backend_class(settings.allreduce_comm.backend).needs_server
     plan = _variable_plan(layout, processes, servers, settings, analysis, by_memory, ranks)
     return JobPlan(layout, processes, ranks, plan, servers, notes)
 
@@ -200,7 +202,7 @@ def _fit_memory(cluster: Cluster, settings: Settings, analysis: GraphAnalysis) -
 
 
 def _layout(cluster: Cluster, settings: Settings, analysis: GraphAnalysis
-            ) -> tuple[str, tuple[RankSpec, ...], tuple[str, ...]]:
+            ) -> tuple[Layout, tuple[RankSpec, ...], tuple[str, ...]]:
     """The layout, the ranks to launch, and notes on a run option that runs as another layout."""
     first = cluster.workers[0]
     alone = len(cluster.workers) == 1 and first.host in settings.local_hosts and not cluster.servers
@@ -209,11 +211,11 @@ def _layout(cluster: Cluster, settings: Settings, analysis: GraphAnalysis
     option = settings.run_option
     if option == "MPI":
         local = len(cluster.workers) == 1 and first.host in settings.local_hosts and len(per_device) == 1
-        return ("local", (), ()) if local else ("MPI", per_device, ())
+        return (Layout.LOCAL, (), ()) if local else (Layout.MPI, per_device, ())
     if option == "PS":
-        return ("local", (), ()) if alone else ("PS", ps_ranks(cluster), ())
+        return (Layout.LOCAL, (), ()) if alone else (Layout.PS, ps_ranks(cluster), ())
     if alone and len(per_device) == 1:
-        return "local", (), ()
+        return Layout.LOCAL, (), ()
     choices, coupled = choose_sync(analysis, len(per_device), 1, option.lower(), settings.overrides,
                                    hosts=[r.host for r in per_device])
     on_servers = [name for name, c in choices.items() if c.sync == "ps"]
@@ -225,13 +227,13 @@ def _layout(cluster: Cluster, settings: Settings, analysis: GraphAnalysis
         else:
             why = "the cost model chose all-reduce or all-gather for every variable"
         unused = "; the ps lines of the cluster file are not used" if cluster.servers else ""
-        return "MPI", per_device, (f"run_option={option}: no variable goes to parameter servers ({why}), so "
+        return Layout.MPI, per_device, (f"run_option={option}: no variable goes to parameter servers ({why}), so "
                                    f"the job runs as MPI{unused}",)
     if len(on_servers) == len(choices):
         why = "no dense gradient" if option == "HYBRID" else "cost model"
-        return "PS", ps_ranks(cluster), (f"run_option={option}: every variable goes to parameter servers "
+        return Layout.PS, ps_ranks(cluster), (f"run_option={option}: every variable goes to parameter servers "
                                          f"({why}), so the job runs as PS",)
-    return "HYBRID", hybrid_ranks(cluster, stages), ()
+    return Layout.HYBRID, hybrid_ranks(cluster, stages), ()
 
 
 def _unused_alone(settings: Settings) -> tuple[str, ...]:
@@ -249,7 +251,7 @@ def _bare_host_devices(gpus: int) -> tuple[Device, ...]:
     return tuple(Device("gpu", i) for i in range(gpus)) if gpus else (Device("cpu", 0),)
 
 
-def _check_ports(cluster: Cluster, ranks: tuple[RankSpec, ...], layout: str) -> None:
+def _check_ports(cluster: Cluster, ranks: tuple[RankSpec, ...], layout: Layout) -> None:
     """A worker line's port serves one process: refuse a line with a port that became several.
 
     Raises:
@@ -264,7 +266,7 @@ def _check_ports(cluster: Cluster, ranks: tuple[RankSpec, ...], layout: str) -> 
                             f"with its own port (worker,{w.host},<port>,<gpu id>), or use run_option='PS'")
 
 
-def _processes(ranks: tuple[RankSpec, ...], layout: str) -> tuple[ProcessSpec, ...]:
+def _processes(ranks: tuple[RankSpec, ...], layout: Layout) -> tuple[ProcessSpec, ...]:
     """Each rank's part: its index among its role, and its devices as it sees them."""
     counters: Counter[str] = Counter()
     trainers = Counter(r.host for r in ranks if r.role == "worker")
@@ -282,7 +284,7 @@ def _processes(ranks: tuple[RankSpec, ...], layout: str) -> tuple[ProcessSpec, .
         visible = ",".join(str(i) for i in gpu_ids) or None
         # a process sees only its own GPUs, numbered from 0 (two processes on one host share none)
         seen = tuple(Device("gpu", gpu_ids.index(d.index)) if d.kind == "gpu" else d for d in devices)
-        sharing = trainers[r.host] if layout in ("MPI", "HYBRID") else 1
+        sharing = trainers[r.host] if layout.all_reduces else 1
         out.append(ProcessSpec(rank, r.role, index, r.host, r.line, r.port, seen, visible, sharing))
     return tuple(out)
 
@@ -299,7 +301,7 @@ def stage_tasks(processes: tuple[ProcessSpec, ...], ranks: tuple[RankSpec, ...])
     return {w: [p for _, p in sorted(stages, key=lambda x: x[0])] for w, stages in out.items()}
 
 
-def _variable_plan(layout: str, processes: tuple[ProcessSpec, ...], servers: bool, settings: Settings,
+def _variable_plan(layout: Layout, processes: tuple[ProcessSpec, ...], servers: bool, settings: Settings,
                    analysis: GraphAnalysis, by_memory: bool = False, ranks: tuple[RankSpec, ...] = ()) -> Plan:
     """The plan of every variable, with each worker's TensorFlow device names."""
     workers = []
@@ -312,26 +314,27 @@ def _variable_plan(layout: str, processes: tuple[ProcessSpec, ...], servers: boo
         # a replica spread over processes: its later stages' devices are on the stage servers
         replicas += tuple(f"/job:stage/replica:0/task:{s.index}{s.devices[0].tf_name}" for s in stages.get(p.index, ()))
         # one process per device (MPI): its shared state stays on that device, next to the all-reduce
-        shared = replicas[0] if layout == "MPI" else f"{prefix}/device:CPU:0"
+        shared = replicas[0] if layout is Layout.MPI else f"{prefix}/device:CPU:0"
         workers.append((p.host, replicas, shared))
     server_devices = tuple(f"/job:ps/replica:0/task:{p.index}/device:CPU:0" for p in processes if p.role == "ps")
     server_hosts = tuple(p.host for p in processes if p.role == "ps")
     option = settings.run_option
     auto = option == "AUTO"
-    cross_worker = {"local": "local", "MPI": "auto" if auto else "allreduce", "PS": "ps",
-                    "HYBRID": "auto" if auto else "hybrid"}[layout]
+    cross_worker = {Layout.LOCAL: "local", Layout.MPI: "auto" if auto else "allreduce", Layout.PS: "ps",
+                    Layout.HYBRID: "auto" if auto else "hybrid"}[layout]
     overrides = settings.overrides
-    if layout == "local":  # in one process every variable is local: only the densities matter
+    if layout is Layout.LOCAL:  # in one process every variable is local: only the densities matter
         overrides = {k: {key: v[key] for key in ("density", "stage") if key in v}
                      for k, v in overrides.items() if isinstance(v, dict) and {"density", "stage"} & set(v)}
-    notes = (f"run_option={option} runs as {layout}",) if layout not in ("local", option) else ()
-    if layout == "HYBRID":
+    notes = (f"run_option={option} runs as {layout}",) if layout is not Layout.LOCAL and layout != option else ()
+    if layout is Layout.HYBRID:
         notes += settings.notes
-    return build_plan(analysis, workers, run_option=option if layout == "local" else layout, sync=settings.sync,
+    run_option = option if layout is Layout.LOCAL else layout.value
+    return build_plan(analysis, workers, run_option=run_option, sync=settings.sync,
                       average_sparse=settings.average_sparse, cross_worker=cross_worker,
                       comm=settings.comm_for(layout), server_devices=server_devices, notes=notes,
                       overrides=overrides, ps=settings.ps, server_hosts=server_hosts,
-                      zero_stage=settings.zero_stage if layout in ("MPI", "HYBRID") else 0,
+                      zero_stage=settings.zero_stage if layout.all_reduces else 0,
                       pipeline_stages=settings.pipeline[0], micro_batches=settings.pipeline[1],
                       pipeline_cuts=settings.pipeline[2], device_memory=settings.device_memory,
                       pipeline_by_memory=by_memory, pipeline_schedule=settings.pipeline[3])

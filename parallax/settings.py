@@ -23,7 +23,7 @@ from parallax.comm.registry import backend_without_mpirun, choose_backend
 from parallax.config import CheckPointConfig, Config, MPIConfig, ProfileConfig, PSConfig
 from parallax.errors import LaunchError
 from parallax.launch.launcher import MPIRUN_OPTIONS_ENV
-from parallax.plan.model import CommSpec, PSSpec
+from parallax.plan.model import CommSpec, Layout, PSSpec
 
 __all__ = ["Settings", "Timeouts", "derive", "FINISH_TIMEOUT_ENV", "ARRIVAL_SPIN_ENV", "STOCK_PROTOCOLS"]
 
@@ -137,7 +137,7 @@ class Settings:
         """TensorFlow threads per pool for each of ``processes_on_host`` training processes
         sharing this host's cores (0: TensorFlow's default, for a process alone on its host).
 
-        >>> from parallax.plan.model import CommSpec, PSSpec
+        >>> from parallax.plan.model import CommSpec, Layout, PSSpec
         >>> s = Settings("MPI", True, False, {}, CommSpec(), CommSpec(), PSSpec(), gpus=0, cpu_count=8)
         >>> s.threads_per_process(1), s.threads_per_process(2), s.threads_per_process(16)
         (0, 4, 1)
@@ -146,9 +146,13 @@ class Settings:
             return 0
         return max(1, self.cpu_count // processes_on_host)
 
-    def comm_for(self, layout: str) -> CommSpec:
-        """The backends of a job laid out as ``layout`` (``MPI``, ``PS``, ``HYBRID``, ``local``)."""
-        return self.allreduce_comm if layout == "MPI" else self.server_comm
+    def comm_for(self, layout: Layout | str) -> CommSpec:
+        """The backends of a job laid out as ``layout``: all-reduce alone (``MPI``) or beside servers.
+
+        Raises:
+            ValueError: ``layout`` names no :class:`~parallax.plan.model.Layout`.
+        """
+        return self.allreduce_comm if Layout(layout) is Layout.MPI else self.server_comm
 
 
 def _managed_backend(run_option: str, asked: str, cluster: Cluster, manager: str, gpus: int) -> str:

@@ -24,6 +24,7 @@ from parallax.launch.launcher import RESOURCE_ENV
 from parallax.managers.mpijob import MPIJOB, SLOT_DEVICE_ENV, hostfile_text
 from parallax.managers.tf_config import read_tf_config
 from parallax.manifests.common import Files, ManifestRequest, View, hosts_alike, resources_of, workers_alike
+from parallax.plan.model import Layout
 from parallax.rolespec import Resources, RoleSpec
 
 __all__ = ["tfjob", "tfjob_replicas", "mpijob", "container", "k8s_resources", "tf_config_view"]
@@ -93,7 +94,7 @@ def tfjob_replicas(job: JobPlan, cluster: Cluster, spec: RoleSpec | None, reques
                    ) -> tuple[dict[str, dict], View]:
     """The TFJob's replica specs (``Chief``, ``Worker``, ``PS``) of every process of ``job``, and what their
     pods read (their TF_CONFIG cluster): shared by the TFJob and the polyaxonfile."""
-    if job.layout == "local":
+    if job.layout is Layout.LOCAL:
         raise ManifestError(f"{cluster.source}: one worker trains in one process, without TF_CONFIG; a TFJob "
                             "needs two tasks or more (run the command in a plain Kubernetes Job)")
     gpus = workers_alike(job, cluster.source, "a TFJob")

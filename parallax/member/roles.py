@@ -48,6 +48,7 @@ from parallax.logs import log as logger
 from parallax.member.bootstrap import tee_output
 from parallax.member.protocol import JobMember, NoHeartbeat
 from parallax.member.servers import GROUP_LEADER
+from parallax.plan.model import Layout
 from parallax.settings import Settings
 
 __all__ = ["ProcessSetup", "role_setup", "local_replicas", "check_local_devices"]
@@ -137,7 +138,7 @@ def local_replicas(job: JobPlan, settings: Settings) -> ProcessSetup:
 def role_setup(job: JobPlan, settings: Settings, member: JobMember) -> ProcessSetup:
     """The setup of a process of a multi-process job, by its role in ``job``."""
     process = member.process_in(job)
-    if job.layout == "MPI":
+    if job.layout is Layout.MPI:
         return _allreduce_worker(job, settings, member, process)
     # PS and HYBRID: every rank splits the workers' communicators first (an MPI collective)
     comms = member.split_comms()
@@ -150,7 +151,7 @@ def role_setup(job: JobPlan, settings: Settings, member: JobMember) -> ProcessSe
     chief = process.index == 0
     beat = member.heartbeat("start", "initialising the variables" if chief else
                             "waiting for the chief (worker 0) to initialise the variables")
-    hybrid = job.layout == "HYBRID"
+    hybrid = job.layout is Layout.HYBRID
     return ProcessSetup(process, len(job.workers), server=server, is_chief=chief, group=member.workers_group(),
                         device_filters=("/job:ps", f"/job:worker/task:{process.index}"),
                         broadcast=member.broadcast(job, process, settings) if hybrid else None,
@@ -175,7 +176,7 @@ def arrival_spin(job: JobPlan, settings: Settings) -> float | None:
 
     if settings.arrival_spin is not None:
         return None if settings.arrival_spin == "off" else float(settings.arrival_spin)
-    if job.layout == "HYBRID" and len({w.host for w in job.workers}) > 1:
+    if job.layout is Layout.HYBRID and len({w.host for w in job.workers}) > 1:
         return DEFAULT_SPIN_SECONDS
     return None
 

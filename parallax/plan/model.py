@@ -14,11 +14,41 @@ A :class:`Plan` is deterministic (sorted, no timestamps), round-trips through
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any
 
-__all__ = ["part_sizes", "GradientRef", "VariablePlacement", "WorkerPlan", "TaskSpec", "Plan", "CommSpec", "PSSpec",
-           "PipelineSpec",
+__all__ = ["Layout", "part_sizes", "GradientRef", "VariablePlacement", "WorkerPlan", "TaskSpec", "Plan", "CommSpec",
+           "PSSpec", "PipelineSpec",
            "AGGREGATIONS", "SYNC_METHODS", "BACKENDS"]
+
+
+class Layout(str, Enum):
+    """How a job's processes share the work: the run option in force once the resources are known.
+
+    ``LOCAL``: one worker process trains alone (its devices in-graph replicas); ``MPI``: a process per device,
+    every gradient all-reduced or all-gathered; ``PS``: workers and parameter servers; ``HYBRID``: a process per
+    device, sparse variables on parameter servers, dense ones all-reduced. A member compares equal to its name
+    (``Layout.MPI == "MPI"``, what the launcher sends its ranks), and code names the cases by member, so a
+    misspelt case is an ``AttributeError``, not a branch never taken.
+    """
+
+    LOCAL = "local"
+    MPI = "MPI"
+    PS = "PS"
+    HYBRID = "HYBRID"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def launched(self) -> bool:
+        """Whether the job's processes are started through mpirun (every layout but ``LOCAL``)."""
+        return self is not Layout.LOCAL
+
+    @property
+    def all_reduces(self) -> bool:
+        """Whether a process per device all-reduces (``MPI``, ``HYBRID``)."""
+        return self in (Layout.MPI, Layout.HYBRID)
 
 AGGREGATIONS = ("mean", "sum")
 SYNC_METHODS = ("local", "allreduce", "allgather", "ps")

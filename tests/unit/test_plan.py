@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from parallax.plan import Plan
 from tests.models import build_embedding
 from tests.unit.rewrite.helpers import plan_for
@@ -32,3 +34,15 @@ def test_describe_is_a_table():
         "  memory per worker: 344 bytes of variables, 0 bytes of optimizer slots",
         "  estimated bytes each worker sends per step: 0 (see parallax/plan/cost.py)",
     ])
+
+
+def test_a_layout_is_one_of_four_cases_and_a_misspelt_one_is_an_error():
+    from parallax.plan.model import Layout
+
+    assert [str(layout) for layout in Layout] == ["local", "MPI", "PS", "HYBRID"]
+    assert Layout("MPI") is Layout.MPI and Layout.MPI == "MPI"  # what the launcher sends its ranks
+    assert json.loads(json.dumps({"layout": Layout.HYBRID})) == {"layout": "HYBRID"}
+    assert [layout.launched for layout in Layout] == [False, True, True, True]
+    assert [layout.all_reduces for layout in Layout] == [False, True, False, True]
+    with pytest.raises(ValueError, match="'MPII' is not a valid Layout"):
+        Layout("MPII")
