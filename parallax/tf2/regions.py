@@ -21,6 +21,10 @@ the step writes outside a ``gradient_tape`` scope:
   the outermost name scope of the variable's writes (the program's own work on a
   gradient before the optimizer takes it, such as unscaling it by a loss scale).
 
+A conditional that decides on one region's own values alone (Keras 3's Adagrad and RMSprop divide a sparse
+gradient by a slot through a ``tf.cond`` on whether the slot holds a zero) is that region's, predicate and
+scope: on a parameter server only the chief runs a server variable's update, so nothing outside may read it.
+
 A ``LossScaleOptimizer`` applies the gradients inside a ``tf.cond``, which the trace
 lowers first (:mod:`parallax.tf2.conds`): the writes then reach their variables,
 and the gradients, through the conditional's ``Switch`` ops, whose predicate (all
@@ -104,7 +108,59 @@ def update_regions(graph_def: graph_pb2.GraphDef, variables: set[str], trainable
         ops = frozenset(op for op, users in passed_by.items()
                         if users == {var} and not GRADIENT_SCOPE.search(op) and _outer_scope(op) in scopes)
         regions.append(UpdateRegion(var, tuple(sorted(slots)), ops))
-    return regions
+    return _with_own_conditionals(regions, nodes, variables)
+
+
+def _with_own_conditionals(regions: list[UpdateRegion], nodes: dict, variables: set[str]) -> list[UpdateRegion]:
+    """Each region with the lowered conditionals that decide on its own values alone (Keras 3 divides a sparse
+    gradient by a slot through a ``tf.cond`` on whether the slot holds a zero): the predicate's ops and the
+    conditional's scope (``<scope>/cond/``: its ``pred``, pivots, branch constants, merges) are the region's.
+    A predicate computed from anything else (several variables' gradients: a ``LossScaleOptimizer``'s finite
+    check) stays shared, and so does its conditional."""
+    consumers: dict[str, list[str]] = {}
+    for node in nodes.values():
+        for text in node.input:
+            consumers.setdefault(parse_input(text)[0], []).append(node.name)
+    taken = set().union(*(r.ops for r in regions)) if regions else set()
+    out = []
+    for region in regions:
+        added: set[str] = set()
+        for name in sorted(region.ops):
+            node = nodes[name]
+            if node.op not in _SWITCHES or len(node.input) < 2:
+                continue
+            predicate = parse_input(node.input[1])[0]
+            if predicate in region.ops or predicate in added:
+                continue
+            own = _computed_from(predicate, region.ops, nodes, variables)
+            if own is None:
+                continue
+            prefixes = tuple(c[:-len("pred")] for c in consumers.get(predicate, ())
+                             if c.endswith("/pred") and nodes[c].op in _SWITCHES)
+            scoped = {n for n in nodes if prefixes and n.startswith(prefixes)}
+            if (own | scoped) & (taken - region.ops):
+                continue  # another region's ops too: not this region's alone
+            added |= own | scoped
+        out.append(UpdateRegion(region.variable, region.slots, region.ops | added) if added else region)
+    return out
+
+
+def _computed_from(start: str, region: frozenset[str], nodes: dict, variables: set[str]) -> set[str] | None:
+    """The ops from ``start`` back to ``region`` over data edges (constants apart), or ``None`` when the way
+    back reaches anything else: a variable, a gradient, a placeholder."""
+    found, queue = set(), deque([start])
+    while queue:
+        name = queue.popleft()
+        if name in found or name in region:
+            continue
+        node = nodes.get(name)
+        if node is None or name in variables or GRADIENT_SCOPE.search(name) or node.op == "Placeholder":
+            return None
+        if node.op == "Const":
+            continue
+        found.add(name)
+        queue.extend(parse_input(t)[0] for t in node.input if not t.startswith("^"))
+    return found
 
 
 def _outer_scope(name: str) -> str:

@@ -219,3 +219,17 @@ def test_an_update_that_each_worker_would_decide_on_its_own_data_is_refused_nami
                                             r'predicate is computed from the batch input "[xy]" without going through '
                                             r"the gradients: each worker would decide on its own part"):
         analyse_graph(trace_step(step).graph)
+
+
+@pytest.mark.parametrize("case", ["keras3-rmsprop", "keras3-adagrad"])
+def test_a_conditional_on_one_updates_own_slot_is_part_of_that_update(case):
+    """Keras 3 divides an embedding's sparse gradient by a slot through a tf.cond on whether the slot holds a zero:
+    with the table on a server (HYBRID), the non-chief worker, which runs no server update, must not read it."""
+    from tests.unit.rewrite.test_hybrid import hybrid, rewrite
+
+    step, _ = build(case)
+    model = type("Traced", (), {"graph": trace_step(step).graph})
+    plan = hybrid(model, hosts=("h", "h"))
+    assert [v.name for v in plan.variables if v.server is not None and v.sparse]  # the table is on the server
+    for worker in (0, 1):
+        assert rewrite(model, plan, worker).graph_def.node  # no RewriteError: nothing outside reads the update
