@@ -56,13 +56,17 @@ def test_in_place_sums_are_right_and_leave_shared_buffers_alone(tmp_path, monkey
             np.testing.assert_allclose(step["shared_seen"], own * 1.5)
         # the constant and the variable still hold this rank's value
         np.testing.assert_allclose(seen["inputs_after"], [[own] * 3, [own] * 3])
-        # two gradients back to back in one bucket: right sums, and the compiled op took them where
-        # they lay (no copy) at least once (the pure PyFunc ranks always copy: the same MPI calls)
+        # two small gradients in one bucket: right sums, each of the 3 calls summed them in one MPI call,
+        # where they lay or copied into one buffer (the pure PyFunc ranks always copy: the same MPI calls).
+        # Whether TensorFlow's allocator puts them back to back is its choice: on the machine of 2026-11-28
+        # it never did (0 of 3, on the landed 14dd351 too), where earlier machines did at least once;
+        # benchmarks/allreduce.py reports both counts.
         adjacent = seen["adjacent"]
         np.testing.assert_allclose(adjacent["sums"], [[total * 3.0] * 2] * 6)
         uses_op = rank == 0 if mixed else native
         if uses_op and fusion_bytes == _ONE_BUCKET:
-            assert adjacent["in_place"] >= 1 and adjacent["in_place"] + adjacent["copied"] == 3, adjacent
+            assert adjacent["in_place"] + adjacent["copied"] == 3, adjacent
+            print(f"rank {rank}: {adjacent['in_place']} of 3 calls summed the adjacent pair where it lay")
         print(f"rank {rank}: {seen['huge_page_kb_added']} kB more in huge pages")
         # the two 8 MiB buffers' whole 2 MiB pages (3 each) became huge pages when the op summed them
         # (measured: 30 MiB gained with the advice). Without it the figure depends on which memory the
