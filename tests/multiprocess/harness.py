@@ -33,7 +33,6 @@ LAYOUTS = {
     "MPI-3": ("localhost: cpu:0,cpu:1,cpu:2\n", "MPI", 3, 1),
     "HYBRID-3": ("localhost: cpu:0,cpu:1,cpu:2\n", "HYBRID", 3, 1),
     "PS-3": ("localhost: cpu:0\nlocalhost: cpu:1\nlocalhost: cpu:2\n", "PS", 3, 1),
-    "AUTO-3": ("localhost: cpu:0\nlocalhost: cpu:1\nlocalhost: cpu:2\n", "AUTO", 3, 1),
     "local-2-replicas": ("localhost: cpu:0,cpu:1\n", "PS", 1, 2),
 }
 #: Those of two replicas.
