@@ -34,11 +34,10 @@ GROUPS = {
     "PS-2": ("localhost: cpu:0\nlocalhost: cpu:1\n", "PS", 2),
     "HYBRID-2": ("localhost: cpu:0,cpu:1\n", "HYBRID", 2),
     "local-2-replicas": ("localhost: cpu:0,cpu:1\n", "PS", 1),
-    "AUTO-2": ("localhost: cpu:0\nlocalhost: cpu:1\n", "AUTO", 2),
     "MPI-3": ("localhost: cpu:0,cpu:1,cpu:2\n", "MPI", 3),
 }
 WITH_MORE = ("MPI-2", "local-2-replicas")
-EXTENDED = ("AUTO-2", "MPI-3")  # the Keras 3 cases, in the extended suite
+EXTENDED = ("MPI-3",)  # the Keras 3 cases, in the extended suite
 
 
 def _jobs(factory, groups, cases):
