@@ -300,23 +300,6 @@ def _refuse_trainables_written_from_data(ops: list, trainable: set[str], scopes:
         AnalysisError: naming the variable, the write, the batch input it reads and what to change.
     """
     in_updates = {op.name for scope in scopes.values() for op in scope}
-    memo: dict[str, object] = {}
-
-    def batch_input_behind(start) -> object:
-        """The first batch input that ``start`` (an op) is computed from, or ``None`` (a post-order walk; a
-        loop's back edge, still in progress, finds nothing through it)."""
-        stack = [(start, False)]
-        while stack:
-            op, inputs_done = stack.pop()
-            if inputs_done:
-                memo[op.name] = op if _is_batch_input(op) else next(
-                    (memo[t.op.name] for t in op.inputs if memo.get(t.op.name) is not None), None)
-            elif op.name not in memo:
-                memo[op.name] = None
-                stack.append((op, True))
-                stack.extend((t.op, False) for t in op.inputs if t.op.name not in memo and not _is_batch_input(op))
-        return memo[start.name]
-
     for op in ops:
         if not is_variable_write(op.type) or op.name in in_updates or not op.inputs:
             continue
@@ -326,7 +309,7 @@ def _refuse_trainables_written_from_data(ops: list, trainable: set[str], scopes:
         if target.name not in trainable:
             continue
         for value in op.inputs[1:]:
-            source = batch_input_behind(value.op)
+            source = _batch_input_before(value, set())
             if source is not None:
                 raise AnalysisError(
                     f'the trainable variable "{target.name}" is written by "{op.name}" ({op.type}) outside the '
