@@ -121,6 +121,7 @@ UNSYNCHRONISED = "parallax_unsynchronised"
 #: them takes the writes barrier (:func:`_add_writes_barrier`).
 PROGRAM_WRITES = "parallax_program_writes"
 
+_TAKEN = "taken"  # the chief's group of its takes, under the training op's sync scope
 _PACKED = "packed_"  # the scope of a packed accumulator, under the training op's sync scope
 _ALWAYS_FRESH = 2 ** 62  # local_step that is never stale: the token protocol keeps workers in step
 
@@ -288,6 +289,8 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
         original = inputs[position]
         heard = [t.op for t in inputs[position + 1:]]
         with tf.name_scope(step_scope):
+            if chief:  # every worker's gradients are in (see _writes_after_takes)
+                tf.group(*[t for v in variables for t in takes[v.name]], name=_TAKEN)
             queues = {w: tf.queue.FIFOQueue(-1, [tf.int64], shapes=[[]], shared_name=f"{step_scope}token_{w}",
                                             name=f"token_{w}") for w in range(1, num_workers)
                       if chief or w == task.worker_index}
@@ -323,6 +326,9 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
         var = enclosing_scope(scope, server_of)
         node.device = server_of[var] if var is not None else worker.shared_device
     _rename_train_op(out, train_op, original_name, nodes, parse_input(outputs[0])[0])
+    if chief:
+        _writes_after_takes(out.graph_def, plan, original_name, [n for n in names if not n.startswith("^")],
+                            f"{step_scope}{_TAKEN}")
     # The chief's update ops read the summed gradients the accumulators return.
     if chief:
         takes = outputs[1:]
@@ -342,6 +348,21 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
                 if not control and key in rewire:
                     node.input[i] = rewire[key]
     add_nodes(out.graph_def, nodes)
+
+
+def _writes_after_takes(graph_def, plan: Plan, step: str, gradients: list[str], taken: str) -> None:
+    """On the chief, the step's writes of server variables that no gradient waits for (a decoupled weight
+    decay, ``var.assign_sub(var * wd * lr)`` in Keras 3's AdamW before its update; a traced step's own
+    ``assign``) wait for ``taken``, every worker's gradients: until then another worker may still read the
+    variable for its forward pass, and would read it written (on one device every read of a step comes
+    before its writes). Writes that a gradient waits for (batch-norm statistics under
+    ``control_dependencies``) already come before the chief's gradient, and no other worker reads them."""
+    nodes = node_map(graph_def)
+    servers = {v.name for v in plan.variables if v.server is not None}
+    before = ancestors(nodes, [parse_input(g)[0] for g in gradients])
+    for name in sorted(ancestors(nodes, [step]) - before):
+        if written_variable(nodes[name], nodes) in servers:
+            nodes[name].input.append(f"^{taken}")
 
 
 def _take_rows(rows: tf.queue.FIFOQueue, required: int, shape: tf.TensorShape) -> list[tf.Tensor]:

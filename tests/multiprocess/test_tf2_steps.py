@@ -23,8 +23,8 @@ STEPS = 4
 # group: (resource file, run option, processes that write results, replicas each)
 GROUPS = {g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "HYBRID-2", "AUTO-2", "MPI-3", "HYBRID-3", "local-2-replicas")}
 EXTENDED = {"AUTO-2", "MPI-3", "HYBRID-3"}  # CI's extended suite
-# the other optimizers: their sparse updates on a server (HYBRID), in CI's extended suite
-OPTIMIZER_GROUPS = ("HYBRID-2",)
+# the other optimizers: their sparse updates on a server (HYBRID), every update there (PS), in CI's extended suite
+OPTIMIZER_GROUPS = ("HYBRID-2", "PS-2")
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from parallax.analysis import analyse_graph
 from parallax.plan import TaskSpec, build_plan
@@ -336,3 +337,38 @@ def test_a_gradient_of_256_kib_or_more_is_pushed_alone():
     for name in big:
         assert f"parallax_sync/{name}/accumulator" in nodes
     assert "parallax_sync/embedding/rows" in nodes  # sparse: never packed
+
+
+def _decoupled_weight_decay():
+    """A TF1 program's decoupled weight decay: every weight shrunk in the step, before the update and after
+    the gradients (as Keras 3's AdamW does), written by the program itself."""
+    from types import SimpleNamespace
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 3], name="x")
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 1]), use_resource=True)
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w)))
+        opt = tf.compat.v1.train.AdamOptimizer(0.1)
+        grads = opt.compute_gradients(loss)
+        with tf.control_dependencies([g for g, _ in grads]):
+            decay = w.assign_sub(w * 0.01, name="decay").op
+        with tf.control_dependencies([decay]):
+            train = opt.apply_gradients(grads, name="train")
+        graph.add_to_collection(tf.compat.v1.GraphKeys.TRAIN_OP, train)
+    return SimpleNamespace(graph=graph)
+
+
+def test_the_chiefs_writes_in_the_step_wait_for_every_workers_gradient():
+    """Another worker reads a server variable for its forward pass until its gradient is in: a write of the
+    step that no gradient waits for (a weight decay) waits on the chief for every worker's gradients, as the
+    update does; the other workers run none."""
+    model = _decoupled_weight_decay()
+    plan = ps_plan(model, num_workers=2, servers=SERVERS[:1])
+    chief = nodes_of(rewrite_for_task(export(model.graph), plan, TaskSpec(0)))
+    taken = f"{sync_scope('train')}taken"
+    assert f"^{taken}" in chief["decay"].input
+    assert {parse_input(i)[0] for i in chief[taken].input} == {"parallax_sync/w/take"}
+    assert "decay" not in ancestors(chief, [taken])  # no cycle: the gradients come before the decay
+    other = nodes_of(rewrite_for_task(export(model.graph), plan, TaskSpec(1)))
+    assert other["decay"].op == "NoOp" and taken not in other
