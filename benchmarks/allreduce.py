@@ -54,8 +54,9 @@ def comm_worker(out: str, reps: int) -> None:
     import tensorflow as tf
     from mpi4py import MPI
 
-    from parallax.comm.mpi import HUGE_PAGES_ENV, MPIBackend, import_bound
+    from parallax.comm.mpi import MPIBackend, import_bound
     from parallax.comm.native import native_ops
+    from parallax.invocation import HUGE_PAGES_ENV
     from parallax.plan.model import CommSpec
 
     comm = MPI.COMM_WORLD

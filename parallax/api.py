@@ -32,11 +32,9 @@ from parallax.cluster import Cluster
 from parallax.config import CheckPointConfig, Config
 from parallax.errors import ParallaxError
 from parallax.graph_input import load_graph
+from parallax.invocation import RUN_OPTION_ENV, USE_TUNED_ENV, PlanRequest, current
 from parallax.job import JobPlan, make_job_plan
 from parallax.launch.launcher import (
-    DRY_RUN_ENV,
-    PLAN_ENV,
-    RUN_OPTION_ENV,
     current_program,
     job_command,
     launch,
@@ -51,7 +49,6 @@ from parallax.member.rank import LaunchedProcess, launched_process
 from parallax.member.roles import check_local_devices, local_replicas, role_setup
 from parallax.member.startup import start_worker
 from parallax.overrides import PARTITION_COUNT, Replaced, environment_overrides, environment_warning, tuned_warning
-from parallax.partitioner import PARTITIONS_ENV
 from parallax.paths import check_paths
 from parallax.plan import Plan
 from parallax.resources import parse_resource_file, parse_resource_text
@@ -135,7 +132,7 @@ def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
     try:
         outcome = _run(traced.graph if traced is not None else single_gpu_graph, resource_info, sync, config)
     except ParallaxError as e:
-        if not os.environ.get(PLAN_ENV):
+        if current().plan is None:
             raise
         print(f"parallax: {e}", file=sys.stderr, flush=True)  # parallax plan / manifest: the reason, no traceback
         outcome = 2
@@ -186,15 +183,14 @@ def _tf2_conventions(config: Config) -> Config:
 def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync: bool, config: Config
          ) -> tuple | int:
     """Parse, plan and dispatch; an ``int`` is the exit code the process ends with."""
-    request = json.loads(os.environ[PLAN_ENV]) if os.environ.get(PLAN_ENV) else None
+    request = current().plan
     script_config, script_resources = config, resource_info  # as the script passed them, for the report
     resource_info = resource_override(resource_info)
     config = replace(config, run_option=run_option_override(config.run_option))
     if request is not None:  # parallax plan: its resource file, run option and overrides replace the script's
-        resource_info = request.get("resource_info") or resource_info
-        config = replace(config, run_option=request.get("run_option") or config.run_option,
-                         plan_overrides={**config.plan_overrides, **(request.get("overrides") or {})},
-                         **(request.get("fields") or {}))
+        resource_info = request.resource_info or resource_info
+        config = replace(config, run_option=request.run_option or config.run_option,
+                         plan_overrides={**config.plan_overrides, **request.overrides}, **request.fields)
     trial = trial_request() if request is None else None
     if trial is not None:  # a trial of parallax tune or the partition search: its choice replaces the script's
         config = with_choice(config, trial.choice)
@@ -213,16 +209,16 @@ def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync:
         config, code = _tuned(config, graph, cluster, sync, launched is not None or search.in_final_run())
         if code is not None:
             return code
-    settings = derive(config, sync, cluster, gpus=launched.context.job.get("gpus") if launched else None,
-                      manager=joined.managed.manager if joined else (request or {}).get("manager"))
+    settings = derive(config, sync, cluster, gpus=launched.context.job.gpus if launched else None,
+                      manager=joined.managed.manager if joined else request.manager if request else None)
     analysis = analyse_graph(graph)
-    if request is not None and request.get("tune") is not None:  # every layout, not the script's own
+    if request is not None and request.kind == "tune":  # every layout, not the script's own
         return _write_candidates(request, graph, cluster, config, sync, analysis)
     job = make_job_plan(cluster, settings, analysis)
-    if request is not None and request.get("manifest"):
-        return write_requested(job, cluster, request["manifest"], planner(config, sync, analysis))
+    if request is not None and request.kind == "manifest":
+        return write_requested(job, cluster, request.manifest, planner(config, sync, analysis))
     if request is not None:
-        return _print_plan(job, request.get("output"))
+        return _print_plan(job, request.output)
     if launched is not None:
         return _run_launched(launched, job, settings, cluster, graph, meta_graph)
     if joined is not None:
@@ -247,7 +243,7 @@ def _tuned(config: Config, graph: tf.Graph, cluster: Cluster, sync: bool, launch
     the layout replaces, each with the script's value and the tuned one (:func:`parallax.overrides.tuned_warning`).
     """
     from parallax.trials.choice import describe_choice, replaced_by_choice
-    from parallax.tuning.cache import USE_TUNED_ENV, tuned_choice
+    from parallax.tuning.cache import tuned_choice
 
     choice, source = tuned_choice(graph, cluster.text, sync, launched)
     if choice is None:
@@ -255,9 +251,9 @@ def _tuned(config: Config, graph: tf.Graph, cluster: Cluster, sync: bool, launch
     fields = {k: v for k, v in choice.items() if k != "partitions"}
     parts, smallest = choice.get("partitions"), search.min_partitions(graph)
     # a count the graph does not have yet (PARALLAX_NUM_PARTITIONS, when set, is the user's and stays)
-    rebuild = bool(parts) and smallest is not None and int(parts) > smallest and not os.environ.get(PARTITIONS_ENV)
+    rebuild = bool(parts) and smallest is not None and int(parts) > smallest and not current().partitions
     if not launched:
-        given = os.environ.get(RUN_OPTION_ENV, "").strip()  # then in config in place of the script's
+        given = (current().run_option or "").strip()  # then in config in place of the script's
         replaced = [replace(r, source=RUN_OPTION_ENV) if given and r.setting == "Config.run_option" else r
                     for r in replaced_by_choice(config, fields)]
         if rebuild:
@@ -270,16 +266,16 @@ def _tuned(config: Config, graph: tf.Graph, cluster: Cluster, sync: bool, launch
     return with_choice(config, fields), None
 
 
-def _write_candidates(request: dict, graph: tf.Graph, cluster: Cluster, config: Config, sync: bool,
+def _write_candidates(request: PlanRequest, graph: tf.Graph, cluster: Cluster, config: Config, sync: bool,
                       analysis) -> int:
     """``parallax tune``'s first step: every layout planned and ordered (:mod:`parallax.tuning.candidates`)."""
     from parallax.tuning.cache import tune_key
     from parallax.tuning.candidates import layout_space, plan_candidates
 
     counts = search.partition_counts(graph)
-    choices = layout_space(cluster, analysis, counts[:3] if counts else None, request["tune"].get("space"))
+    choices = layout_space(cluster, analysis, counts[:3] if counts else None, request.tune.get("space"))
     ranked = plan_candidates(cluster, analysis, config, sync, choices, derive, make_job_plan)
-    with open(request["output"], "w", encoding="utf-8") as f:
+    with open(request.output, "w", encoding="utf-8") as f:
         json.dump({"key": tune_key(graph, cluster.text, sync), "candidates": [c.to_dict() for c in ranked]}, f,
                   indent=1)
     return 0
@@ -295,7 +291,7 @@ def _cluster(resource_info: str | os.PathLike | None, launched: LaunchedProcess 
             logger.info("Parallax: %s describes the cluster; resource_info %s is not read", joined.managed.manager,
                         os.fspath(resource_info))
         return parse_resource_text(joined.managed.cluster_text, source=joined.managed.source)
-    sent = launched.context.job.get("allocation") if launched is not None else None
+    sent = launched.context.job.allocation if launched is not None else None
     if sent is not None:
         return parse_resource_text(sent["text"], source=sent["source"])
     return parse_resource_file(resource_info)
@@ -335,12 +331,13 @@ def _run_here(job: JobPlan, settings: Settings, cluster: Cluster, graph: tf.Grap
     launch_info = {"layout": job.layout, "digest": job.digest(), "gpus": settings.gpus}
     if cluster.from_environment:  # the launched processes' environment does not describe the job
         launch_info["allocation"] = {"text": cluster.text, "source": cluster.source}
-    if os.environ.get(DRY_RUN_ENV):  # parallax-run --dry_run
+    dry_run = current().dry_run
+    if dry_run:  # parallax-run --dry_run
         text = "# one worker on this machine: the script trains in its own process, nothing is launched"
         if job.launched:
             command, _ = job_command(job.ranks, launch_info, current_program(), settings.mpirun_options, "<job dir>")
             text = f"# run_option {job.layout}, {len(job.ranks)} processes\n" + " ".join(command.argv)
-        with open(os.environ[DRY_RUN_ENV], "w", encoding="utf-8") as f:
+        with open(dry_run, "w", encoding="utf-8") as f:
             f.write(text + "\n")
         return 0
     check_local_devices(job, settings, cluster.source)  # before anything starts

@@ -35,7 +35,7 @@ import tempfile
 
 from parallax.config import OVERRIDE_SYNC
 from parallax.errors import ParallaxError
-from parallax.launch.launcher import DRY_RUN_ENV, MPIRUN_OPTIONS_ENV, PLAN_ENV, RESOURCE_ENV
+from parallax.invocation import TF_CONFIG_ENV, PlanRequest, current, env_with
 from parallax.managers.mpijob import MPIJOB
 from parallax.resources import from_environment, parse_resource_file
 from parallax.slurm import SLURM
@@ -129,17 +129,18 @@ def main(argv: list[str] | None = None) -> int:
     except (ParallaxError, OSError) as e:
         print(f"parallax-run: {e}", file=sys.stderr)
         return 2
-    env = {**os.environ, RESOURCE_ENV: args.resource_info if args.resource_info in (SLURM, MPIJOB)
-           else os.path.abspath(args.resource_info)}
+    env = env_with(resource_info=args.resource_info if args.resource_info in (SLURM, MPIJOB)
+                   else os.path.abspath(args.resource_info))
     if args.mpirun_options:
-        env[MPIRUN_OPTIONS_ENV] = args.mpirun_options
+        env = env_with(env, mpirun_options=args.mpirun_options)
     if not args.dry_run:
         try:
             return subprocess.run([sys.executable, *program], env=env).returncode
         except KeyboardInterrupt:  # the job got the same Ctrl-C and ends itself
             return 130
     with tempfile.TemporaryDirectory() as tmp:
-        env[DRY_RUN_ENV] = output = os.path.join(tmp, "command")
+        output = os.path.join(tmp, "command")
+        env = env_with(env, dry_run=output)
         code = _run_to_parallel_run([sys.executable, *program], env, output, args.timeout, "parallax-run",
                                     "the program")
         if code == 0:
@@ -309,7 +310,6 @@ def _print_prediction(plan_json: str, step: float, shape, between, inside, measu
 
 def plan_main(argv: list[str] | None = None) -> int:
     """Entry point of ``parallax plan``; returns an exit code."""
-    import json
 
     mine, script_args, separated = _split_command(argv)
     args = _parse_own(_plan_parser(), mine, separated, "The script's arguments go")
@@ -342,9 +342,8 @@ def plan_main(argv: list[str] | None = None) -> int:
         output = args.json or os.path.join(tmp, "plan.json")
         if os.path.exists(output):
             os.remove(output)
-        request = {"resource_info": os.path.abspath(args.resource_info), "run_option": args.run_option,
-                   "overrides": overrides, "fields": fields, "output": os.path.abspath(output)}
-        env = {**os.environ, PLAN_ENV: json.dumps(request)}
+        env = env_with(plan=PlanRequest(os.path.abspath(args.resource_info), args.run_option, overrides, fields,
+                                        output=os.path.abspath(output)))
         code = _run_to_parallel_run([sys.executable, os.path.abspath(args.script), *script_args], env, output,
                                     args.timeout, "parallax plan", args.script)
         if code == 0 and prediction is not None:
@@ -366,7 +365,7 @@ def _probed(prediction: tuple, resource_info: str, timeout: float) -> tuple:
 
     hosts = parse_resource_file(resource_info).hosts
     pair = (hosts[0], hosts[1] if len(hosts) > 1 else hosts[0])
-    link = probe(pair, find_mpirun(), mpirun_options=os.environ.get(MPIRUN_OPTIONS_ENV, ""), timeout=timeout)
+    link = probe(pair, find_mpirun(), mpirun_options=current().mpirun_options or "", timeout=timeout)
     step, shape, between, inside, *rest = prediction
     measured = Link(link.bandwidth, link.latency)
     print(f"probed {_link_text(link)}", flush=True)
@@ -391,7 +390,7 @@ def probe_main(argv: list[str] | None = None) -> int:
     parser.add_argument("resource_info", help="a resource file (or slurm, mpijob)")
     parser.add_argument("--hosts", default=None, metavar="A,B",
                         help="the two hosts (default: the file's first two; one host: two processes on it)")
-    parser.add_argument("--mpirun_options", default=os.environ.get(MPIRUN_OPTIONS_ENV, ""),
+    parser.add_argument("--mpirun_options", default=current().mpirun_options or "",
                         help="extra mpirun options, as MPIConfig.mpirun_options")
     parser.add_argument("--timeout", type=_seconds_arg, default=120, help="seconds before giving up (default 120)")
     args = parser.parse_args(argv)
@@ -503,11 +502,9 @@ def manifest_main(argv: list[str] | None = None) -> int:
                     "workdir": args.workdir, "env": env, "run_option": args.run_option, "port": args.port,
                     "time": args.time, "python_env": args.setup, "directory": os.path.abspath(args.output),
                     "report": report}
-        request = {"resource_info": os.path.abspath(args.resource_info), "run_option": args.run_option,
-                   "overrides": {}, "manifest": manifest,
-                   # the pods of a TFJob or Polyaxon job decide as tasks started from TF_CONFIG do
-                   "manager": "TF_CONFIG" if args.kind in ("tfjob", "polyaxon") else None}
-        env_vars = {**os.environ, PLAN_ENV: json.dumps(request)}
+        # the pods of a TFJob or Polyaxon job decide as tasks started from TF_CONFIG do
+        env_vars = env_with(plan=PlanRequest(os.path.abspath(args.resource_info), args.run_option, manifest=manifest,
+                                             manager=TF_CONFIG_ENV if args.kind in ("tfjob", "polyaxon") else None))
         code = _run_to_parallel_run([sys.executable, *command[1:]], env_vars, report, args.timeout,
                                     "parallax manifest", command[1])
         if code != 0:

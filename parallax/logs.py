@@ -15,12 +15,12 @@ logger, so ``logging.basicConfig`` does not print them twice.
 from __future__ import annotations
 
 import logging
-import os
+
+from parallax.invocation import LEVEL_ENV, current
 
 __all__ = ["log", "LOGGER_NAME", "LEVEL_ENV"]
 
 LOGGER_NAME = "PARALLAX"
-LEVEL_ENV = "PARALLAX_LOG_LEVEL"
 
 
 def _make() -> logging.Logger:
@@ -31,7 +31,7 @@ def _make() -> logging.Logger:
         handler._parallax = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
         logger.propagate = False
-    level = os.environ.get(LEVEL_ENV, "").strip()
+    level = (current().log_level or "").strip()
     if level:
         try:
             logger.setLevel(int(level) if level.lstrip("-").isdigit() else level.upper())

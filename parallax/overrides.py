@@ -38,14 +38,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from parallax.config import Config
-from parallax.launch.launcher import (
-    MPIRUN_OPTIONS_ENV,
-    RESOURCE_ENV,
-    RUN_OPTION_ENV,
-    resource_override,
-    run_option_override,
-)
-from parallax.partitioner import PARTITIONS_ENV
+from parallax.invocation import MPIRUN_OPTIONS_ENV, PARTITIONS_ENV, RESOURCE_ENV, RUN_OPTION_ENV, Invocation
+from parallax.launch.launcher import resource_override, run_option_override
 
 __all__ = ["Replaced", "EnvironmentOverride", "environment_overrides", "environment_warning", "tuned_warning",
            "PARTITION_COUNT"]
@@ -106,6 +100,7 @@ def environment_overrides(config: Config, resource_info: str | os.PathLike | Non
         In the order of the table of the module docstring; empty when nothing is replaced.
     """
     environ = os.environ if environ is None else environ
+    invocation = Invocation.from_env(environ)
     found: list[EnvironmentOverride] = []
     given = resource_override(resource_info, environ)
     if resource_info is not None and given is not resource_info:
@@ -115,13 +110,13 @@ def environment_overrides(config: Config, resource_info: str | os.PathLike | Non
     if run_option != config.run_option:
         found.append(EnvironmentOverride(RUN_OPTION_ENV, Replaced("Config.run_option", config.run_option, run_option),
                                          "parallax manifest --run_option"))
-    extra = environ.get(MPIRUN_OPTIONS_ENV, "").strip()
+    extra = (invocation.mpirun_options or "").strip()
     if extra:
         mine = config.communication_config.mpi_config.mpirun_options
         found.append(EnvironmentOverride(MPIRUN_OPTIONS_ENV, Replaced(
             "MPIConfig.mpirun_options", mine, " ".join(p for p in (mine, extra) if p.strip())),
             "parallax-run --mpirun_options"))
-    count = environ.get(PARTITIONS_ENV, "").strip()
+    count = (invocation.partitions or "").strip()
     if min_partitions is not None and count.isdigit() and int(count) > min_partitions:
         found.append(EnvironmentOverride(PARTITIONS_ENV, Replaced(PARTITION_COUNT, min_partitions, int(count)),
                                          "a partition search, or by hand"))

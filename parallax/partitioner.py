@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import tensorflow as tf
 
+from parallax.invocation import PARTITIONS_ENV, current
+
 __all__ = ["get_partitioner", "PARTITIONS_ENV", "PARTITIONER_COLLECTION"]
 
-PARTITIONS_ENV = "PARALLAX_NUM_PARTITIONS"
 PARTITIONER_COLLECTION = "parallax_partitioned_variables"
 
 
@@ -39,7 +39,7 @@ def get_partitioner(min_num_partitions: int) -> Callable:
         shape = tf.TensorShape(shape)
         if shape.rank is None or shape.rank == 0:
             raise ValueError("parallax.get_partitioner needs a variable of known rank >= 1")
-        chosen = os.environ.get(PARTITIONS_ENV, "")
+        chosen = current().partitions or ""
         count = max(min_num_partitions, int(chosen)) if chosen.isdigit() else min_num_partitions
         rows = shape.dims[0] if shape.dims[0] is not None else count
         count = max(1, min(count, int(rows)))

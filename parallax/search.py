@@ -34,8 +34,11 @@ import tempfile
 import time
 from contextvars import ContextVar
 
+from parallax.invocation import CACHE_ENV, PARTITIONS_ENV, SCHEDULER_ENV, TRIAL_TIMEOUT_ENV, current, export
+from parallax.invocation import SEARCH_STEPS_ENV as TRIAL_STEPS_ENV
+from parallax.invocation import TRIAL_BACKEND_ENV as BACKEND_ENV
 from parallax.logs import log as logger
-from parallax.partitioner import PARTITIONER_COLLECTION, PARTITIONS_ENV
+from parallax.partitioner import PARTITIONER_COLLECTION
 
 __all__ = ["in_final_run", "search", "run_final", "cache_key", "cached_count", "store_count", "candidates_from",
            "min_partitions", "run_script_again", "CACHE_ENV", "TRIAL_STEPS_ENV", "MAX_TRIALS", "partition_search",
@@ -43,11 +46,6 @@ __all__ = ["in_final_run", "search", "run_final", "cache_key", "cached_count", "
            "TRIAL_TIMEOUT_ENV", "partitioned_shapes", "store_entry", "partition_counts"]
 
 
-CACHE_ENV = "PARALLAX_CACHE_DIR"
-TRIAL_STEPS_ENV = "PARALLAX_SEARCH_STEPS"  # "warmup,timed", default "2,5"
-BACKEND_ENV = "PARALLAX_TRIAL_BACKEND"  # local (default) or dask
-SCHEDULER_ENV = "PARALLAX_DASK_SCHEDULER"  # a running scheduler's address, for dask
-TRIAL_TIMEOUT_ENV = "PARALLAX_TRIAL_TIMEOUT"  # seconds a trial may run, default 600
 MAX_TRIALS = 6
 
 # Set while the search runs the script again for real (reset when that run returns), so its
@@ -61,7 +59,7 @@ def in_final_run() -> bool:
 
 
 def trial_steps() -> tuple[int, int]:
-    text = os.environ.get(TRIAL_STEPS_ENV, "2,5")
+    text = current().search_steps or "2,5"
     try:
         warmup, timed = (int(x) for x in text.split(","))
     except ValueError:
@@ -108,7 +106,7 @@ def cache_key(graph, resource_text: str, run_option: str, sync: bool) -> str:
 
 def cache_path(name: str = "partitions.json") -> str:
     """A file of the cache directory (``$PARALLAX_CACHE_DIR``, default ``~/.cache/parallax``)."""
-    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "parallax")
+    root = current().cache_root()
     return os.path.join(root, name)
 
 
@@ -158,12 +156,13 @@ def runner_from_environment(devices: int = 1):
     """The trial runner :data:`BACKEND_ENV` and :data:`SCHEDULER_ENV` name (local processes by default)."""
     from parallax.trials.runner import make_runner
 
-    return make_runner(os.environ.get(BACKEND_ENV, "local").strip().lower() or "local",
-                       os.environ.get(SCHEDULER_ENV) or None, devices=devices, max_parallel=1)
+    invocation = current()
+    return make_runner((invocation.trial_backend or "local").strip().lower() or "local",
+                       invocation.dask_scheduler or None, devices=devices, max_parallel=1)
 
 
 def _time_limit() -> float:
-    text = os.environ.get(TRIAL_TIMEOUT_ENV, "600")
+    text = current().trial_timeout or "600"
     try:
         return float(text)
     except ValueError:
@@ -211,7 +210,7 @@ def search(counts: list[int], trial, report: bool = True) -> tuple[int, dict[int
 
 def run_final(partitions: int) -> None:
     """Run the script for real with ``partitions`` (nested); the caller then exits."""
-    os.environ[PARTITIONS_ENV] = str(partitions)
+    export(partitions=str(partitions))
     token = _FINAL.set(True)
     try:
         run_script_again()
@@ -241,9 +240,9 @@ def partition_search(graph, resource_text: str, settings, devices: tuple[str, ..
         logger.warning("Parallax: search_partitions=True, but no variable is built with "
                        "parallax.get_partitioner(): nothing to search")
         return None
-    if os.environ.get(PARTITIONS_ENV):
-        logger.warning("Parallax: partition count %s given (%s): no search", os.environ[PARTITIONS_ENV],
-                       PARTITIONS_ENV)
+    given = current().partitions
+    if given:
+        logger.warning("Parallax: partition count %s given (%s): no search", given, PARTITIONS_ENV)
         return None
     key = cache_key(graph, resource_text, settings.run_option, settings.sync)
     cached = cached_count(key)

@@ -22,17 +22,11 @@ from parallax.cluster import Cluster, is_local_host
 from parallax.comm.registry import backend_without_mpirun, choose_backend
 from parallax.config import CheckPointConfig, Config, MPIConfig, ProfileConfig, PSConfig
 from parallax.errors import LaunchError
-from parallax.launch.launcher import MPIRUN_OPTIONS_ENV
+from parallax.invocation import ARRIVAL_SPIN_ENV, FINISH_TIMEOUT_ENV, Invocation
 from parallax.plan.model import CommSpec, Layout, PSSpec
 
 __all__ = ["Settings", "Timeouts", "derive", "FINISH_TIMEOUT_ENV", "ARRIVAL_SPIN_ENV", "STOCK_PROTOCOLS"]
 
-#: Seconds the ranks of an all-reduce job wait for each other when they end (default 60).
-FINISH_TIMEOUT_ENV = "PARALLAX_FINISH_TIMEOUT"
-#: How the ``mpi`` backend's calls wait for late members (:mod:`parallax.comm.arrival`): unset, as
-#: :func:`parallax.member.roles.arrival_spin` decides; ``off``: blocking collectives alone; a number:
-#: microseconds awake before sleeping between tests, in every job.
-ARRIVAL_SPIN_ENV = "PARALLAX_ARRIVAL_SPIN_US"
 #: The server protocols stock TensorFlow 2 registers (verbs, GDR and MPI were contrib modules, gone since
 #: TensorFlow 2; ``tf.distribute.Server`` with them raises "No server factory registered").
 STOCK_PROTOCOLS = ("grpc",)
@@ -217,7 +211,7 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         raise ValueError(f"PSConfig.protocol={ps_config.protocol!r}: TensorFlow's servers start only with "
                          f"{', '.join(map(repr, STOCK_PROTOCOLS))} (the verbs, GDR and MPI transports were contrib "
                          "modules, removed in TensorFlow 2); use protocol='grpc'")
-    environ = os.environ if environ is None else environ
+    invocation = Invocation.from_env(environ)
     if gpus is None:
         import tensorflow as tf
 
@@ -233,7 +227,7 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
     beside_servers, why = choose_backend(mpi.backend, on_gpus, beside_servers=True)
     common = dict(fusion_bytes=mpi.fusion_bytes, use_allgatherv=mpi.use_allgatherv, gpu=on_gpus)
     notes = (why,) if why and run_option in ("HYBRID", "AUTO") else ()
-    extra_options = environ.get(MPIRUN_OPTIONS_ENV, "")
+    extra_options = invocation.mpirun_options or ""
     return Settings(
         run_option=run_option, sync=sync, average_sparse=bool(config.average_sparse),
         overrides=dict(config.plan_overrides),
@@ -249,13 +243,13 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         local_hosts=frozenset(h for h in cluster.hosts if is_local_host(h)),
         mpirun_options=" ".join(p for p in (mpi.mpirun_options, extra_options) if p.strip()),
         timeouts=Timeouts(stall=config.stall_timeout,
-                          finish=float(environ.get(FINISH_TIMEOUT_ENV) or Timeouts.finish)),
+                          finish=float(invocation.finish_timeout or Timeouts.finish)),
         sess_config=copy.deepcopy(config.sess_config), hooks=tuple(config.hooks),
         ckpt=copy.deepcopy(config.ckpt_config), profile=copy.deepcopy(config.profile_config),
         redirect_path=config.redirect_path, export_graph_path=config.export_graph_path,
         search_partitions=config.search_partitions, notes=notes, zero_stage=config.zero_stage,
         pipeline=(config.stages, config.micro_batches, tuple(config.pipeline_cuts), config.pipeline_schedule),
-        device_memory=config.device_memory, arrival_spin=_arrival_spin(environ),
+        device_memory=config.device_memory, arrival_spin=_arrival_spin(invocation),
         cross_worker_settings=_cross_worker_settings(config, sync))
 
 
@@ -274,9 +268,9 @@ def _cross_worker_settings(config: Config, sync: bool) -> tuple[str, ...]:
     return tuple(found)
 
 
-def _arrival_spin(environ: Mapping[str, str]) -> float | str | None:
+def _arrival_spin(invocation: Invocation) -> float | str | None:
     """``PARALLAX_ARRIVAL_SPIN_US`` read: see :attr:`Settings.arrival_spin`."""
-    text = environ.get(ARRIVAL_SPIN_ENV, "").strip()
+    text = (invocation.arrival_spin or "").strip()
     if not text:
         return None
     if text.lower() == "off":

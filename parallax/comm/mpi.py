@@ -51,6 +51,7 @@ from tensorflow.core.framework import graph_pb2
 
 from parallax.comm.arrival import FIRST_NAP_SECONDS, LONGEST_NAP_SECONDS, arrive
 from parallax.comm.base import Backend, Prepared, ProcessComms
+from parallax.invocation import current
 from parallax.plan.model import part_sizes
 
 __all__ = ["MPIBackend", "bind_py_functions", "import_bound", "TOKEN_PREFIX"]
@@ -71,7 +72,6 @@ CHUNK_BYTES = 2 * 1024 * 1024
 #: The compiled op asks for 2 MiB pages for buffers of at least this size (numpy's threshold for the
 #: same advice); ``PARALLAX_HUGE_PAGES=0`` turns it off (parallax/comm/allreduce.cc says why).
 HUGE_PAGE_BYTES = 4 * 1024 * 1024
-HUGE_PAGES_ENV = "PARALLAX_HUGE_PAGES"
 #: Buffers of an all-reduce call under this size are summed together, in one MPI call over one
 #: buffer (:func:`fused_layout`): a call costs a fixed ~15-30 us on one host, about what copying
 #: 1 MiB costs (docs/benchmarks.md).
@@ -479,7 +479,7 @@ def _lower(node, comm_key: str) -> None:
     node.attr["T"].list.type.extend(types)
     node.attr["comm"].s = comm_key.encode()
     node.attr["chunk_bytes"].i = CHUNK_BYTES
-    node.attr["huge_page_bytes"].i = HUGE_PAGE_BYTES if os.environ.get(HUGE_PAGES_ENV, "1") != "0" else 0
+    node.attr["huge_page_bytes"].i = HUGE_PAGE_BYTES if (current().huge_pages or "1") != "0" else 0
     node.attr["fuse_below"].i = FUSE_BELOW_BYTES
 
 

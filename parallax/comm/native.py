@@ -30,13 +30,15 @@ import sysconfig
 from dataclasses import dataclass
 from functools import lru_cache
 
+from parallax.invocation import NATIVE_OPS_ENV, current
+
 __all__ = ["NativeOps", "native_ops", "build", "library_path", "OP_NAME", "DISABLE_ENV"]
 
 logger = logging.getLogger("parallax")
 
 OP_NAME = "ParallaxMpiAllreduce"
 #: ``0``: keep the Python all-reduce (the compiled op is neither built nor used).
-DISABLE_ENV = "PARALLAX_NATIVE_OPS"
+DISABLE_ENV = NATIVE_OPS_ENV
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "allreduce.cc")
 
 
@@ -99,7 +101,7 @@ def library_path() -> str:
         source = f.read()
     key = hashlib.sha256(b"\0".join([source, version.encode(), sys.prefix.encode(),
                                      sysconfig.get_config_var("SOABI").encode()])).hexdigest()[:16]
-    root = os.environ.get("PARALLAX_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "parallax")
+    root = current().cache_root()
     return os.path.join(root, "native", key, "parallax_ops.so")
 
 
@@ -138,7 +140,7 @@ def build(path: str | None = None) -> str:
 @lru_cache(maxsize=1)
 def native_ops() -> NativeOps | None:
     """The compiled ops, built if need be; ``None`` (after one warning) where they cannot be had."""
-    if os.environ.get(DISABLE_ENV, "1") == "0":
+    if (current().native_ops or "1") == "0":
         return None
     import tensorflow as tf
 

@@ -23,29 +23,20 @@ from collections import Counter
 from dataclasses import dataclass
 
 from parallax.errors import LaunchError
+from parallax.invocation import FORWARDED, JOB_DIR_ENV, LAUNCH_ENV
 from parallax.launch.layout import RankSpec
 
 __all__ = ["LaunchCommand", "build_mpirun_command", "rank_gpus", "FORWARDED_ENV", "SESSION_DIR_ENV", "GPUS_ENV",
            "LAUNCH_ENV", "JOB_DIR_ENV"]
 
-#: environment variables every rank gets from the launcher (when set there).
-FORWARDED_ENV = ("PYTHONPATH", "PATH", "LD_LIBRARY_PATH", "TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES",
-                 "PARALLAX_FINISH_TIMEOUT", "PARALLAX_NUM_PARTITIONS", "PARALLAX_SEARCH_STEPS",
-                 "PARALLAX_CACHE_DIR", "PARALLAX_RESOURCE_INFO", "PARALLAX_MPIRUN_OPTIONS", "PARALLAX_RUN_OPTION",
-                 "VIRTUAL_ENV", "OMPI_MCA_coll_tuned_allreduce_algorithm", "OMPI_MCA_coll_tuned_use_dynamic_rules",
-                 "GLIBC_TUNABLES", "PARALLAX_NATIVE_OPS", "PARALLAX_ARRIVAL_SPIN_US", "PARALLAX_HUGE_PAGES",
-                 "PARALLAX_TUNED", "PARALLAX_USE_TUNED",
-                 "PARALLAX_TRIAL", "PARALLAX_TRIAL_RESULT", "PARALLAX_SWEEP_PARAMS")
+#: environment variables every rank gets from the launcher (when set there): :data:`parallax.invocation.FORWARDED`.
+FORWARDED_ENV = FORWARDED
 
 
 #: Open MPI 5's variable for the base of its session directories (read by mpirun and its daemons).
 SESSION_DIR_ENV = "PRTE_MCA_prte_tmpdir_base"
 #: The GPUs CUDA shows a process (read once, when CUDA starts in it).
 GPUS_ENV = "CUDA_VISIBLE_DEVICES"
-#: What the launcher tells every rank (:func:`parallax.launch.launcher.launch_env`): the ranks and the job; where
-#: ranks register for failure reports.
-LAUNCH_ENV = "PARALLAX_LAUNCH"
-JOB_DIR_ENV = "PARALLAX_JOB_DIR"
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ by the ``parallax-run`` command.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -21,11 +20,20 @@ from parallax import slurm
 from parallax.cluster import is_local_host, local_host_names
 from parallax.config import RUN_OPTIONS
 from parallax.errors import LaunchError
-from parallax.launch.command import GPUS_ENV, JOB_DIR_ENV, LAUNCH_ENV, LaunchCommand, build_mpirun_command
+from parallax.invocation import (
+    DRY_RUN_ENV,
+    MPIRUN_OPTIONS_ENV,
+    PLAN_ENV,
+    RESOURCE_ENV,
+    RUN_OPTION_ENV,
+    SKIP_CHECK_ENV,
+    Invocation,
+    LaunchIdentity,
+    current,
+)
+from parallax.launch.command import GPUS_ENV, LaunchCommand, build_mpirun_command
 from parallax.launch.layout import RankSpec, layout_to_json
-from parallax.launch.monitor import MONITOR_ENV, STALL_ENV
 from parallax.launch.runner import JobResult, LostRank, run_job
-from parallax.logs import LEVEL_ENV
 from parallax.logs import log as logger
 
 __all__ = ["launch_env", "find_mpirun", "current_program", "launch", "job_command", "local_host_names", "is_local_host",
@@ -33,20 +41,6 @@ __all__ = ["launch_env", "find_mpirun", "current_program", "launch", "job_comman
            "SKIP_CHECK_ENV", "resource_override", "check_job_hosts"]
 
 
-#: Set by ``parallax-run``: the resource file every ``parallel_run`` of the script uses instead of its own.
-RESOURCE_ENV = "PARALLAX_RESOURCE_INFO"
-#: Set by ``parallax-run``: mpirun options added to ``MPIConfig.mpirun_options`` (read by :mod:`parallax.settings`).
-MPIRUN_OPTIONS_ENV = "PARALLAX_MPIRUN_OPTIONS"
-#: Set by ``parallax-run --dry_run``: a file; ``parallel_run`` writes the command it would run there and exits.
-DRY_RUN_ENV = "PARALLAX_DRY_RUN"
-#: Set by ``parallax plan``: ``parallel_run`` prints the job plan and exits (JSON: resource_info,
-#: run_option, overrides, output; each optional).
-PLAN_ENV = "PARALLAX_PLAN_ONLY"
-#: Set by ``parallax manifest --run_option`` in every process it describes (or by hand): the run option
-#: that replaces the script's ``Config.run_option``.
-RUN_OPTION_ENV = "PARALLAX_RUN_OPTION"
-#: Set to 1 to skip the hosts' check before a job on several machines (:mod:`parallax.launch.preflight`).
-SKIP_CHECK_ENV = "PARALLAX_SKIP_HOST_CHECK"
 
 
 def launch_env(ranks: tuple[RankSpec, ...], job: dict, job_dir: str, monitor: str | None = None,
@@ -54,21 +48,19 @@ def launch_env(ranks: tuple[RankSpec, ...], job: dict, job_dir: str, monitor: st
     """The environment variables the launcher gives every rank (``job``: see
     :attr:`RankContext.job`; ``monitor``: the stall monitor's ``host:port`` and
     ``stall_timeout`` its stall time, see :mod:`parallax.launch.monitor`)."""
-    env = {LAUNCH_ENV: json.dumps({"job": job, "ranks": layout_to_json(ranks)}, sort_keys=True), JOB_DIR_ENV: job_dir,
-           # launched processes log at INFO unless told otherwise, as the original Parallax's did
-           LEVEL_ENV: os.environ.get(LEVEL_ENV) or str(logging.INFO)}
-    if monitor:
-        env[MONITOR_ENV] = monitor
-        if stall_timeout:
-            env[STALL_ENV] = repr(float(stall_timeout))
-    return env
+    identity = LaunchIdentity(layout_to_json(ranks), job.get("layout"), job.get("digest"), job.get("gpus"),
+                              job.get("allocation"))
+    return Invocation(launch=identity, job_dir=job_dir, monitor=monitor or None,
+                      stall_timeout=repr(float(stall_timeout)) if monitor and stall_timeout else None,
+                      # launched processes log at INFO unless told otherwise, as the original Parallax's did
+                      log_level=current().log_level or str(logging.INFO)).to_env()
 
 
 def resource_override(resource_info: str | os.PathLike | None, environ: Mapping[str, str] | None = None
                       ) -> str | os.PathLike | None:
     """The resource file ``parallax-run`` gave (if any), else ``resource_info`` (itself, also when
     ``parallax-run`` gave the same file). :mod:`parallax.overrides` reports a replacement."""
-    given = (os.environ if environ is None else environ).get(RESOURCE_ENV)
+    given = Invocation.from_env(environ).resource_info
     if not given or (resource_info is not None and given in (os.fspath(resource_info),
                                                              os.path.abspath(resource_info))):
         return resource_info
@@ -82,7 +74,7 @@ def run_option_override(run_option: str | None, environ: Mapping[str, str] | Non
     Raises:
         ValueError: the variable is not a run option.
     """
-    given = (os.environ if environ is None else environ).get(RUN_OPTION_ENV, "").strip()
+    given = (Invocation.from_env(environ).run_option or "").strip()
     if not given:
         return run_option
     if given.upper() not in RUN_OPTIONS:
@@ -191,7 +183,7 @@ def gpu_use(ranks: tuple[RankSpec, ...], own_list: bool = False) -> dict:
 def _refuse_unready_hosts(ranks: tuple[RankSpec, ...], program: list[str], remote: set[str]) -> None:
     """Before a job on several machines (``remote``: its hosts that are not this machine): every
     host must pass the check, or nothing starts."""
-    if not remote or os.environ.get(SKIP_CHECK_ENV) == "1":
+    if not remote or current().skip_host_check == "1":
         return
     bad = [c for c in check_job_hosts(ranks, program) if not c.ok]
     if bad:

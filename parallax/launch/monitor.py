@@ -47,10 +47,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from parallax.invocation import MONITOR_ENV, STALL_ENV
+
 __all__ = ["MONITOR_ENV", "STALL_ENV", "Heartbeat", "StallMonitor", "RankState", "stall_report", "end_orphan"]
 
-MONITOR_ENV = "PARALLAX_MONITOR"
-STALL_ENV = "PARALLAX_STALL_TIMEOUT"
 _INTERVAL = 0.5
 
 _STATES = {

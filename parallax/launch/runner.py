@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from parallax.errors import TaskFailedError
+from parallax.invocation import JOB_DIR_ENV
 from parallax.launch.command import LaunchCommand
 
 __all__ = ["run_job", "JobResult", "LostRank", "parse_failure", "register_rank", "read_registry"]
@@ -153,7 +154,7 @@ def _is_our_rank(pid: int, job_dir: str) -> bool:
     """Whether ``pid`` is still a rank of this job (its environment names ``job_dir``)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            return f"PARALLAX_JOB_DIR={job_dir}".encode() in f.read().split(b"\0")
+            return f"{JOB_DIR_ENV}={job_dir}".encode() in f.read().split(b"\0")
     except OSError:
         return False
 

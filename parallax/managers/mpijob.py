@@ -23,6 +23,7 @@ import re
 from collections.abc import Mapping
 
 from parallax.errors import ResourceFileError
+from parallax.invocation import SLOT_DEVICE_ENV, Invocation
 
 __all__ = ["MPIJOB", "HOSTFILE_ENVS", "SLOT_DEVICE_ENV", "hostfile_of", "in_launcher", "hostfile_text",
            "resource_text", "source_name"]
@@ -32,7 +33,6 @@ MPIJOB = "mpijob"
 #: Where MPI implementations are told their default host file (the MPI Operator sets the one of its MPI).
 HOSTFILE_ENVS = ("OMPI_MCA_orte_default_hostfile", "PRTE_MCA_prte_default_hostfile", "I_MPI_HYDRA_HOST_FILE",
                  "HYDRA_HOST_FILE")
-SLOT_DEVICE_ENV = "PARALLAX_SLOT_DEVICE"
 _LINE = re.compile(r"^(?P<host>[^\s:]+)(?:\s*:\s*(?P<colon>\d+)|(?P<rest>(?:\s+\S+)*))$")
 
 
@@ -49,7 +49,7 @@ def in_launcher(environ: Mapping[str, str]) -> bool:
     """Whether this looks like an MPIJob's launcher: a default host file is set and exists
     (and this is not a process Parallax itself launched)."""
     found = hostfile_of(environ)
-    return found is not None and os.path.isfile(found[1]) and not environ.get("PARALLAX_LAUNCH")
+    return found is not None and os.path.isfile(found[1]) and Invocation.from_env(environ).launch is None
 
 
 def source_name(environ: Mapping[str, str]) -> str:
@@ -74,7 +74,7 @@ def resource_text(environ: Mapping[str, str]) -> str:
             text = f.read()
     except OSError as e:
         raise ResourceFileError(f"{source_name(environ)}: cannot read it: {e}") from e
-    device = environ.get(SLOT_DEVICE_ENV, "cpu").strip().lower() or "cpu"
+    device = (Invocation.from_env(environ).slot_device or "cpu").strip().lower() or "cpu"
     if device not in ("cpu", "gpu"):
         raise ResourceFileError(f"{SLOT_DEVICE_ENV}={device!r}; expected cpu or gpu")
     return hostfile_text(text, source_name(environ), gpus=device == "gpu")

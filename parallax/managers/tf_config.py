@@ -34,10 +34,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from parallax.errors import LaunchError, ResourceFileError
+from parallax.invocation import TF_CONFIG_ENV, Invocation
 
 __all__ = ["TF_CONFIG_ENV", "Task", "ManagedJob", "read_tf_config", "WORKER_TYPES", "IGNORED_TYPES"]
 
-TF_CONFIG_ENV = "TF_CONFIG"
 #: Task types that train, in the order their tasks become Parallax workers.
 WORKER_TYPES = ("chief", "master", "worker")
 #: Task types outside training (documented; their processes do not call ``parallel_run``).
@@ -101,7 +101,7 @@ def read_tf_config(environ: Mapping[str, str]) -> ManagedJob | None:
         ResourceFileError: ``TF_CONFIG`` is malformed; the message names the key and what was expected.
         LaunchError: this task is one that does not train (an evaluator).
     """
-    text = environ.get(TF_CONFIG_ENV, "").strip()
+    text = (Invocation.from_env(environ).tf_config or "").strip()
     if not text:
         return None
     try:

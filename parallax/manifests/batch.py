@@ -12,8 +12,8 @@ from __future__ import annotations
 import shlex
 
 from parallax.cluster import Cluster
+from parallax.invocation import RESOURCE_ENV
 from parallax.job import JobPlan
-from parallax.launch.launcher import RESOURCE_ENV
 from parallax.manifests.common import Files, ManifestRequest, View, hosts_alike
 from parallax.slurm import SLURM, allocation_text
 

@@ -19,8 +19,8 @@ from parallax.analysis import GraphAnalysis
 from parallax.cluster import Cluster
 from parallax.config import Config
 from parallax.errors import LaunchError, ManifestError, ResourceFileError
+from parallax.invocation import RUN_OPTION_ENV
 from parallax.job import JobPlan, ProcessSpec, make_job_plan
-from parallax.launch.launcher import RUN_OPTION_ENV
 from parallax.resources import parse_resource_text
 from parallax.rolespec import Resources, RoleSpec, looks_like_role_spec, parse_role_spec
 from parallax.settings import derive

@@ -19,9 +19,9 @@ import json
 
 from parallax.cluster import Cluster
 from parallax.errors import ManifestError
+from parallax.invocation import RESOURCE_ENV, SLOT_DEVICE_ENV, TF_CONFIG_ENV
 from parallax.job import JobPlan
-from parallax.launch.launcher import RESOURCE_ENV
-from parallax.managers.mpijob import MPIJOB, SLOT_DEVICE_ENV, hostfile_text
+from parallax.managers.mpijob import MPIJOB, hostfile_text
 from parallax.managers.tf_config import read_tf_config
 from parallax.manifests.common import Files, ManifestRequest, View, hosts_alike, resources_of, workers_alike
 from parallax.plan.model import Layout
@@ -86,8 +86,8 @@ def _role_resources(spec: RoleSpec | None, role: str, count: int, what: str) -> 
 def tf_config_view(what: str, cluster: dict[str, list[str]], gpus: int) -> View:
     """The resources the tasks of ``cluster`` (TF_CONFIG's) read: its explicit-role text."""
     first = next(iter(cluster))
-    managed = read_tf_config({"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": first, "index": 0}})})
-    return View(what, managed.cluster_text, gpus, "TF_CONFIG")
+    managed = read_tf_config({TF_CONFIG_ENV: json.dumps({"cluster": cluster, "task": {"type": first, "index": 0}})})
+    return View(what, managed.cluster_text, gpus, TF_CONFIG_ENV)
 
 
 def tfjob_replicas(job: JobPlan, cluster: Cluster, spec: RoleSpec | None, request: ManifestRequest

@@ -9,7 +9,6 @@ failure reports).
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -17,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from parallax.errors import LaunchError
-from parallax.launch.command import JOB_DIR_ENV, LAUNCH_ENV
+from parallax.invocation import LaunchIdentity, current
 from parallax.launch.layout import RankSpec, layout_from_json
-from parallax.launch.monitor import MONITOR_ENV, STALL_ENV, Heartbeat
+from parallax.launch.monitor import Heartbeat
 from parallax.launch.runner import register_rank
 
 __all__ = ["RankContext", "launched_context", "make_heartbeat", "tee_output", "finish_together",
@@ -35,8 +34,8 @@ class RankContext:
         rank: its MPI rank.
         size: the number of ranks.
         ranks: every rank of the job, as the launcher started them.
-        job: what the launcher said of the job (``layout``, ``digest`` of the
-            job plan, ``gpus`` a bare host line stands for); ``{}`` for a
+        job: what the launcher said of the job (its ``layout``, the ``digest`` of the
+            job plan, the ``gpus`` a bare host line stands for); ``None`` each for a
             program that launched plain ranks.
         job_dir: where ranks register for failure reports.
     """
@@ -44,7 +43,7 @@ class RankContext:
     rank: int
     size: int
     ranks: tuple[RankSpec, ...]
-    job: dict
+    job: LaunchIdentity
     job_dir: str
 
     @property
@@ -55,12 +54,13 @@ class RankContext:
 def make_heartbeat(context: RankContext) -> Heartbeat | None:
     """A :class:`~parallax.launch.monitor.Heartbeat` from this rank to the launcher's stall
     monitor (it says ``done`` when the process exits), or ``None`` when the launcher runs none."""
-    address = os.environ.get(MONITOR_ENV)
+    invocation = current()
+    address = invocation.monitor
     if not address:
         return None
     import atexit
 
-    stall = os.environ.get(STALL_ENV)
+    stall = invocation.stall_timeout
     beat = Heartbeat(address, context.rank, orphan_after=float(stall) if stall else None)
     atexit.register(beat.close)
     return beat
@@ -76,18 +76,18 @@ def launched_context(redirect_path: str | None = None) -> RankContext | None:
     Raises:
         LaunchError: MPI's world size disagrees with the layout the launcher sent.
     """
-    text = os.environ.get(LAUNCH_ENV)
-    if not text:
+    invocation = current()
+    identity = invocation.launch
+    if identity is None:
         return None
-    data = json.loads(text)
-    ranks = layout_from_json(data["ranks"])
+    ranks = layout_from_json(identity.ranks)
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     if comm.size != len(ranks):
         raise LaunchError(f"this process was launched with {comm.size} MPI ranks, but the job has "
                           f"{len(ranks)}; start jobs with parallel_run or parallax-run, not a bare mpirun")
-    job_dir = os.environ.get(JOB_DIR_ENV, "")
+    job_dir = invocation.job_dir or ""
     log_path = None
     if redirect_path:
         os.makedirs(redirect_path, exist_ok=True)
@@ -98,7 +98,7 @@ def launched_context(redirect_path: str | None = None) -> RankContext | None:
     if job_dir:
         register_rank(job_dir, comm.rank, socket.gethostname(), log_path)
     _note_failures()
-    return RankContext(comm.rank, comm.size, ranks, data.get("job") or {}, job_dir)
+    return RankContext(comm.rank, comm.size, ranks, identity, job_dir)
 
 
 def tee_output(redirect_path: str, name: str = "worker_0") -> Callable[[], None]:

@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from parallax.errors import LaunchError
-from parallax.logs import LEVEL_ENV
+from parallax.invocation import current
 from parallax.logs import log as logger
 from parallax.managers.tf_config import ManagedJob, Task, read_tf_config
 from parallax.member.bootstrap import end_on_exception
@@ -449,7 +449,7 @@ def joined_process(environ: Mapping[str, str] | None = None) -> JoinedProcess | 
         # an unhandled exception ends the task at once: its exit barrier would wait for peers that wait
         # for it, while its peers, seeing its server gone, end naming it
         end_on_exception(lambda: _end("Parallax: this task ended with an exception"))
-        if not os.environ.get(LEVEL_ENV):  # a task logs at INFO (its plan, its server), as a launched one
+        if not current().log_level:  # a task logs at INFO (its plan, its server), as a launched one
             logger.setLevel(logging.INFO)
         _THIS_PROCESS = JoinedProcess(managed)
     return _THIS_PROCESS

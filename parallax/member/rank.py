@@ -129,14 +129,14 @@ class LaunchedProcess:
             LaunchError: the resource file or the graph differs from the launcher's.
         """
         context, digest = self.context, job.digest()
-        if job.layout != context.job.get("layout") or job.ranks != context.ranks:
-            other = "" if job.layout == context.job.get("layout") else f"; with this graph and config: {job.layout}"
-            raise LaunchError(f"{source} does not describe the {context.job.get('layout')} job this process was "
+        if job.layout != context.job.layout or job.ranks != context.ranks:
+            other = "" if job.layout == context.job.layout else f"; with this graph and config: {job.layout}"
+            raise LaunchError(f"{source} does not describe the {context.job.layout} job this process was "
                               f"launched in ({len(job.ranks)} processes in the file, {len(context.ranks)} "
                               f"launched{other}); give parallel_run the resource file the job was started with")
         if self.begin_call(digest) > 0:
             return  # a later call: the workers agreed among themselves
-        if context.job.get("digest") not in (None, digest):
+        if context.job.digest not in (None, digest):
             raise LaunchError(f"rank {context.rank} (on host {context.spec.host}) made another job plan from its "
                               "graph than the launching process did: the training script must build the same graph "
                               "in every process (the same variables, shapes and optimizer, whatever the rank)")

@@ -13,13 +13,13 @@ Worker 0's return value is the trial's result.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any
 
+from parallax.invocation import PARAMS_ENV, current, export
+
 __all__ = ["PARAMS_ENV", "main", "suggest"]
 
-PARAMS_ENV = "PARALLAX_SWEEP_PARAMS"
 
 
 def suggest(space: dict[str, Any], history: list[dict[str, Any]], seed: int, minimize: bool) -> dict[str, Any]:
@@ -57,14 +57,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0], "rb") as f:
         payload = cloudpickle.load(f)
-    if os.environ.get(PARAMS_ENV):
-        params = json.loads(os.environ[PARAMS_ENV])
+    given = current().sweep_params
+    if given:
+        params = json.loads(given)
     elif payload.get("params") is not None:
         params = payload["params"]
     else:
         s = payload["suggest"]
         params = suggest(s["space"], s["history"], s["seed"], s["minimize"])
-    os.environ[PARAMS_ENV] = json.dumps(params)  # the job's processes take the same ones
+    export(sweep_params=json.dumps(params))  # the job's processes take the same ones
     value = payload["fn"](params, payload["resource_info"])
     if _is_result_writer():
         write_result({"params": params, "value": value if isinstance(value, dict) else {"value": value}})

@@ -25,10 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from parallax.invocation import RESULT_ENV, current, env_with
+
 __all__ = ["TrialSpec", "TrialResult", "run_trial", "RESULT_ENV", "STATUSES", "tail_of", "write_result"]
 
-#: The file a trial writes its result to (JSON), set in the trial's environment.
-RESULT_ENV = "PARALLAX_TRIAL_RESULT"
 #: What became of a trial.
 STATUSES = ("ok", "failed", "timeout", "lost")
 _TAIL_LINES = 30
@@ -109,7 +109,7 @@ def run_trial(spec: TrialSpec) -> TrialResult:
     os.makedirs(spec.directory, exist_ok=True)
     if os.path.exists(spec.result_path):
         os.remove(spec.result_path)
-    env = {**os.environ, **spec.env, RESULT_ENV: spec.result_path}
+    env = env_with({**os.environ, **spec.env}, trial_result=spec.result_path)
     began = time.monotonic()
     status, error, code = "ok", None, None
     with open(spec.log_path, "wb") as log:
@@ -144,7 +144,7 @@ def run_trial(spec: TrialSpec) -> TrialResult:
 
 def write_result(result: dict) -> None:
     """Inside a trial: write its result (JSON) to :data:`RESULT_ENV`'s file, whole or not at all."""
-    path = os.environ.get(RESULT_ENV)
+    path = current().trial_result
     if not path:
         return
     tmp = f"{path}.{os.getpid()}"

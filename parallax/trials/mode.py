@@ -16,17 +16,14 @@ script's own ``except Exception`` does not stop it, and nothing is printed).
 
 from __future__ import annotations
 
-import json
-import os
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
+from parallax.invocation import TRIAL_ENV, Invocation, TrialRequest, current
 from parallax.trials.execute import write_result
 
 __all__ = ["TRIAL_ENV", "TrialRequest", "TrialOver", "TrialSession", "trial_request", "in_trial", "trial_env"]
 
-TRIAL_ENV = "PARALLAX_TRIAL"
 
 
 class TrialOver(SystemExit):
@@ -36,18 +33,9 @@ class TrialOver(SystemExit):
         super().__init__(0)
 
 
-@dataclass
-class TrialRequest:
-    """What a trial measures: the choice it tries, the steps it discards and the ones it times."""
-
-    choice: dict[str, Any] = field(default_factory=dict)
-    warmup: int = 2
-    steps: int = 5
-
-
 def trial_env(choice: dict[str, Any], warmup: int, steps: int) -> dict[str, str]:
     """The environment that makes a script's ``parallel_run`` a trial of ``choice``."""
-    return {TRIAL_ENV: json.dumps({"choice": choice, "warmup": warmup, "steps": steps}, sort_keys=True)}
+    return Invocation(trial=TrialRequest(choice, warmup, steps)).to_env()
 
 
 def trial_request() -> TrialRequest | None:
@@ -56,17 +44,7 @@ def trial_request() -> TrialRequest | None:
     Raises:
         ValueError: the variable is not a trial request.
     """
-    text = os.environ.get(TRIAL_ENV)
-    if not text:
-        return None
-    try:
-        data = json.loads(text)
-        request = TrialRequest(dict(data.get("choice") or {}), max(0, int(data.get("warmup", 2))),
-                               max(1, int(data.get("steps", 5))))
-    except (ValueError, TypeError, AttributeError) as e:
-        raise ValueError(f"{TRIAL_ENV}={text!r}: expected JSON like "
-                         '{"choice": {...}, "warmup": 2, "steps": 5}') from e
-    return request
+    return current().trial
 
 
 class TrialSession:

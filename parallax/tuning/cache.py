@@ -11,15 +11,13 @@ through :data:`TUNED_ENV` (they may be on hosts without the cache).
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
+from parallax.invocation import TUNED_ENV, USE_TUNED_ENV, current, export
 from parallax.search import cache_key, cache_path, store_entry
 
 __all__ = ["TUNED_ENV", "USE_TUNED_ENV", "TUNED_FILE", "tune_key", "store_tuned", "tuned_entry", "tuned_choice"]
 
-TUNED_ENV = "PARALLAX_TUNED"
-USE_TUNED_ENV = "PARALLAX_USE_TUNED"
 TUNED_FILE = "tuned.json"
 
 
@@ -49,16 +47,17 @@ def tuned_choice(graph, resource_text: str, sync: bool, launched: bool) -> tuple
     its starter's (:data:`TUNED_ENV`); the process the user started looks in the cache for this
     graph, and sets :data:`TUNED_ENV` for the processes it launches.
     """
-    if os.environ.get(USE_TUNED_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    invocation = current()
+    if (invocation.use_tuned or "1").strip().lower() in ("0", "false", "no", "off"):
         return None, ""
     if launched:
-        sent = os.environ.get(TUNED_ENV)
+        sent = invocation.tuned
         return (json.loads(sent), TUNED_ENV) if sent else (None, "")
     # this call's graph decides (a program may train several), for the processes it launches too
     key = tune_key(graph, resource_text, sync)
     entry = tuned_entry(key)
     if not entry:
-        os.environ.pop(TUNED_ENV, None)
+        export(tuned=None)
         return None, ""
-    os.environ[TUNED_ENV] = json.dumps(entry["choice"], sort_keys=True)
+    export(tuned=json.dumps(entry["choice"], sort_keys=True))
     return dict(entry["choice"]), f"{cache_path(TUNED_FILE)} ({key[:12]})"

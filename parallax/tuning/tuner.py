@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parallax.errors import ParallaxError
-from parallax.launch.launcher import PLAN_ENV, RESOURCE_ENV
+from parallax.invocation import Invocation, PlanRequest
 from parallax.search import cache_path, store_entry
 from parallax.trials.execute import TrialResult, TrialSpec, run_trial, tail_of
 from parallax.trials.report import Progress, bar_plot, write_rows
 from parallax.trials.runner import make_runner
 from parallax.trials.script import TrialLauncher
-from parallax.tuning.cache import USE_TUNED_ENV, store_tuned
+from parallax.tuning.cache import store_tuned
 from parallax.tuning.candidates import Candidate
 
 __all__ = ["tune", "TuneReport", "TuneTrial", "TuneError", "HISTORY_FILE"]
@@ -140,10 +140,8 @@ def _candidates(script: str, script_args: list[str], resource_info: str, space: 
     log = os.path.join(directory, "plan.log")
     if os.path.exists(output):
         os.remove(output)
-    request = {"resource_info": resource_info, "run_option": None, "overrides": {},
-               "tune": {"space": space or {}}, "output": output}
-    spec = TrialSpec("plan", (sys.executable, script, *script_args), directory, {**env, PLAN_ENV: json.dumps(request)},
-                     timeout)
+    request = Invocation(plan=PlanRequest(resource_info, tune={"space": space or {}}, output=output))
+    spec = TrialSpec("plan", (sys.executable, script, *script_args), directory, {**env, **request.to_env()}, timeout)
     outcome = run_trial(spec)
     if outcome.status == "timeout" or outcome.returncode != 0 or not os.path.exists(output):
         why = (outcome.error if outcome.returncode != 0 or outcome.status == "timeout" else
@@ -207,7 +205,7 @@ def tune(script: str, resource_info: str, script_args: list[str] | tuple[str, ..
     directory = os.path.abspath(output or "parallax_tune")
     os.makedirs(directory, exist_ok=True)
     # every run of the script: this resource file, and no layout an earlier tune stored
-    env = {RESOURCE_ENV: resource_info, USE_TUNED_ENV: "0"}
+    env = Invocation(resource_info=resource_info, use_tuned="0").to_env()
     planned = _candidates(script, list(script_args), resource_info, space, plan_timeout, env, directory)
     candidates = [Candidate.from_dict(c) for c in planned["candidates"]]
     runnable = [c for c in candidates if c.runnable]

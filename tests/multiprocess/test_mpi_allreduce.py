@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from parallax.comm.mpi import HUGE_PAGES_ENV
 from parallax.comm.native import DISABLE_ENV, OP_NAME
+from parallax.invocation import HUGE_PAGES_ENV
 from tests.multiprocess.harness import ROOT, run_script
 
 SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "allreduce_script.py")

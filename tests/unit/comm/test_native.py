@@ -16,13 +16,13 @@ from parallax.comm.mpi import (
     CHUNK_BYTES,
     FUSE_BELOW_BYTES,
     HUGE_PAGE_BYTES,
-    HUGE_PAGES_ENV,
     MPIBackend,
     _lower,
     _native_for,
     _skip_owned,
     fused_layout,
 )
+from parallax.invocation import HUGE_PAGES_ENV
 from parallax.plan.model import CommSpec
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from parallax.errors import ResourceFileError
+from parallax.invocation import Invocation, LaunchIdentity
 from parallax.managers.mpijob import hostfile_text, in_launcher, resource_text
 from parallax.resources import Device, from_environment, parse_resource_file
 
@@ -31,7 +32,8 @@ def test_the_launcher_environment_is_read_when_no_resource_file_is_given(tmp_pat
     assert in_launcher(env) and from_environment(env) == "mpijob"
     assert resource_text(env) == "w0: 0,1\nw1: 0,1\n"
     assert not in_launcher({"OMPI_MCA_orte_default_hostfile": str(tmp_path / "missing")})
-    assert not in_launcher({**env, "PARALLAX_LAUNCH": "{}"})  # a process Parallax launched reads what it is sent
+    launched = Invocation(launch=LaunchIdentity("[]")).to_env()
+    assert not in_launcher({**env, **launched})  # a process Parallax launched reads what it is sent
     for key in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("OMPI_MCA_orte_default_hostfile", str(hostfile))

@@ -19,6 +19,7 @@ import types
 
 import pytest
 
+from parallax.invocation import LaunchIdentity
 from parallax.launch.command import JOB_DIR_ENV, LAUNCH_ENV
 from parallax.launch.launcher import launch_env
 from parallax.launch.layout import RankSpec, layout_from_json
@@ -102,7 +103,8 @@ CONTEXT_SCRIPT = """
     from parallax.member.bootstrap import launched_context
     context = launched_context(sys.argv[1])
     print(json.dumps({"rank": context.rank, "size": context.size, "role": context.spec.role,
-                      "job": context.job, "job_dir": context.job_dir,
+                      "job": {"layout": context.job.layout, "digest": context.job.digest, "gpus": context.job.gpus},
+                      "job_dir": context.job_dir,
                       "hook": getattr(sys.excepthook, "_parallax", False)}))
     sys.stderr.write("to the log\\n")
 """
@@ -159,7 +161,7 @@ def test_a_launched_rank_ending_with_an_exception_aborts_after_the_traceback_wit
 # --------------------------------------------------------------------------- make_heartbeat
 def test_there_is_no_heartbeat_without_a_monitor(monkeypatch):
     monkeypatch.delenv(MONITOR_ENV, raising=False)
-    assert make_heartbeat(RankContext(0, 1, RANKS[:1], {}, "")) is None
+    assert make_heartbeat(RankContext(0, 1, RANKS[:1], LaunchIdentity("[]"), "")) is None
 
 
 def test_the_heartbeat_reaches_the_monitors_address_and_says_done_at_exit(monkeypatch):
@@ -170,7 +172,7 @@ def test_the_heartbeat_reaches_the_monitors_address_and_says_done_at_exit(monkey
     monkeypatch.setattr(atexit, "register", exits.append)
     monkeypatch.setenv(MONITOR_ENV, f"127.0.0.1:{receiver.getsockname()[1]}")
     try:
-        beat = make_heartbeat(RankContext(3, 5, RANKS, JOB, ""))
+        beat = make_heartbeat(RankContext(3, 5, RANKS, LaunchIdentity("[]", **JOB), ""))
         first = json.loads(receiver.recv(4096))
         assert (first["rank"], first["state"]) == (3, "start")
         assert exits == [beat.close]
