@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import tensorflow as tf
@@ -32,8 +32,8 @@ from parallax.cluster import Cluster
 from parallax.config import CheckPointConfig, Config
 from parallax.errors import ParallaxError
 from parallax.graph_input import load_graph
-from parallax.invocation import RUN_OPTION_ENV, USE_TUNED_ENV, PlanRequest, current
-from parallax.job import JobPlan, make_job_plan
+from parallax.invocation import RUN_OPTION_ENV, USE_TUNED_ENV, Invocation, PlanRequest, current
+from parallax.job import JobPlan, plan_job
 from parallax.launch.launcher import (
     current_program,
     job_command,
@@ -53,13 +53,12 @@ from parallax.paths import check_paths
 from parallax.plan import Plan
 from parallax.resources import parse_resource_file, parse_resource_text
 from parallax.session import ParallaxSession
-from parallax.settings import Settings, derive
 from parallax.tf2.checkpoints import step_checkpoints
 from parallax.tf2.evaluate import use_job
 from parallax.tf2.step import DistributedStep
 from parallax.tf2.trace import is_step_function, trace_step
 from parallax.trials.choice import with_choice
-from parallax.trials.mode import in_trial, trial_request
+from parallax.trials.mode import in_trial
 
 __all__ = ["parallel_run", "preview_plan"]
 
@@ -158,7 +157,7 @@ def preview_plan(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
         config, single_gpu_graph = _tf2_conventions(config), trace_step(single_gpu_graph).graph
     graph, _ = load_graph(single_gpu_graph)
     cluster = parse_resource_file(resource_info)
-    return make_job_plan(cluster, derive(config, sync, cluster), analyse_graph(graph)).plan
+    return plan_job(config, sync, cluster, analyse_graph(graph))[1].plan
 
 
 def _checked_config(parallax_config: Config | None, sync: bool, resource_info: str | os.PathLike | None) -> Config:
@@ -180,59 +179,164 @@ def _tf2_conventions(config: Config) -> Config:
     return replace(config, average_sparse=True) if config.average_sparse is None else config
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One ``parallel_run`` call, ready for its handler: the invocation, the graph in both forms, and the
+    config with what replaces the script's settings (the environment's, a plan request's, a trial's)."""
+
+    invocation: Invocation
+    graph: tf.Graph
+    meta_graph: meta_graph_pb2.MetaGraphDef
+    resource_info: str | os.PathLike | None
+    sync: bool
+    config: Config
+    script_config: Config  # as the script passed it, and its resource_info: for the report of what replaced them
+    script_resources: str | os.PathLike | None
+
+    def report_overrides(self) -> None:
+        """Say at WARNING each of the script's settings the environment replaces (once per job: see the
+        handlers)."""
+        for override in environment_overrides(self.script_config, self.script_resources,
+                                               search.min_partitions(self.graph)):
+            logger.warning(environment_warning(override))
+
+
 def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync: bool, config: Config
          ) -> tuple | int:
-    """Parse, plan and dispatch; an ``int`` is the exit code the process ends with."""
-    request = current().plan
-    script_config, script_resources = config, resource_info  # as the script passed them, for the report
+    """Read the invocation and hand the call to the handler of its kind; an ``int`` is the exit code the
+    process ends with."""
+    invocation = current()
+    script_config, script_resources = config, resource_info
     resource_info = resource_override(resource_info)
     config = replace(config, run_option=run_option_override(config.run_option))
+    request = invocation.plan
     if request is not None:  # parallax plan: its resource file, run option and overrides replace the script's
         resource_info = request.resource_info or resource_info
         config = replace(config, run_option=request.run_option or config.run_option,
                          plan_overrides={**config.plan_overrides, **request.overrides}, **request.fields)
-    trial = trial_request() if request is None else None
-    if trial is not None:  # a trial of parallax tune or the partition search: its choice replaces the script's
-        config = with_choice(config, trial.choice)
+    elif invocation.trial is not None:  # a trial of parallax tune or the partition search: its choice, the script's
+        config = with_choice(config, invocation.trial.choice)
     graph, meta_graph = load_graph(single_gpu_graph)
     check_schedule(config.ckpt_config, graph)
     check_checkpoint(config.ckpt_config, graph)  # another model's checkpoint: refused before anything starts
-    launched = None if request is not None else launched_process(config.redirect_path)
-    joined = None if request is not None or launched is not None else joined_process()
-    if request is None and trial is None and _speaks_for_the_job(launched, joined):
-        for override in environment_overrides(script_config, script_resources, search.min_partitions(graph)):
-            logger.warning(environment_warning(override))
-    cluster = _cluster(resource_info, launched, joined)
-    if request is None and trial is None and joined is None:
-        # a launched process, or the script run again with a tuned or searched partition count, takes the
-        # choice its starter made
-        config, code = _tuned(config, graph, cluster, sync, launched is not None or search.in_final_run())
+    call = _Call(invocation, graph, meta_graph, resource_info, sync, config, script_config, script_resources)
+    return _HANDLERS[invocation.kind](call)
+
+
+def _answer_request(call: _Call) -> int:
+    """``parallax plan``, ``parallax manifest``, ``parallax tune``: plan the job as its processes would, answer,
+    start nothing."""
+    request = call.invocation.plan
+    cluster = parse_resource_file(call.resource_info)
+    analysis = analyse_graph(call.graph)
+    if request.kind == "tune":  # every layout, not the script's own
+        return _write_candidates(request, call.graph, cluster, call.config, call.sync, analysis)
+    _, job = plan_job(call.config, call.sync, cluster, analysis, manager=request.manager)
+    if request.kind == "manifest":
+        return write_requested(job, cluster, request.manifest, planner(call.config, call.sync, analysis))
+    return _print_plan(job, request.output)
+
+
+def _run_launched(call: _Call) -> tuple | int:
+    """A process the launcher started: plan as the launcher did (its allocation, its tuned choice), check it
+    plans the launcher's job, then take its part."""
+    launched = launched_process(call.config.redirect_path)
+    sent = launched.context.job.allocation  # a rank's own Slurm variables describe its step, not the job
+    cluster = parse_resource_text(sent["text"], source=sent["source"]) if sent is not None \
+        else parse_resource_file(call.resource_info)
+    config = call.config
+    if call.invocation.trial is None:
+        config, _ = _tuned(config, call.graph, cluster, call.sync, launched=True)
+    settings, job = plan_job(config, call.sync, cluster, analyse_graph(call.graph), gpus=launched.context.job.gpus)
+    launched.check_job(job, settings, cluster.source)
+    check_local_devices(job, settings, cluster.source, launched.process_in(job))
+    setup = role_setup(job, settings, launched)
+    if setup.serve_only:
+        return 0  # the exit barrier holds a server until every worker has finished
+    return in_trial(start_worker(setup, job, settings, call.graph, call.meta_graph), job, launched)
+
+
+def _run_managed(call: _Call) -> tuple | int:
+    """A process a cluster manager started (``TF_CONFIG``): take its task's part; nothing is launched. A
+    ``TF_CONFIG`` of one task is a plain call."""
+    joined = joined_process()
+    if joined is None:
+        return _run_plain(call)
+    if _speaks_for_the_job(None, joined):
+        call.report_overrides()
+    if call.resource_info is not None:
+        logger.info("Parallax: %s describes the cluster; resource_info %s is not read", joined.managed.manager,
+                    os.fspath(call.resource_info))
+    cluster = parse_resource_text(joined.managed.cluster_text, source=joined.managed.source)
+    settings, job = plan_job(call.config, call.sync, cluster, analyse_graph(call.graph),
+                             manager=joined.managed.manager)
+    joined.begin_call(settings)
+    check_local_devices(job, settings, cluster.source, joined.process_in(job) if job.launched else None)
+    if not job.launched:  # one worker and no ps task: it trains alone
+        for note in job.notes:
+            logger.warning("Parallax: %s", note)
+        return start_worker(local_replicas(job, settings), job, settings, call.graph, call.meta_graph)
+    setup = role_setup(job, settings, joined)
+    if setup.serve_only:
+        return 0  # the exit barrier holds the server until every worker has finished
+    return start_worker(setup, job, settings, call.graph, call.meta_graph)
+
+
+def _run_plain(call: _Call) -> tuple | int:
+    """The process the user started (or a trial's): train here (one local worker) or launch the job."""
+    cluster = parse_resource_file(call.resource_info)
+    config = call.config
+    if call.invocation.trial is None:
+        if _speaks_for_the_job(None, None):
+            call.report_overrides()
+        # the script run again by its starter takes the tuned choice its starter took
+        config, code = _tuned(config, call.graph, cluster, call.sync, launched=search.in_final_run())
         if code is not None:
             return code
-    settings = derive(config, sync, cluster, gpus=launched.context.job.gpus if launched else None,
-                      manager=joined.managed.manager if joined else request.manager if request else None)
-    analysis = analyse_graph(graph)
-    if request is not None and request.kind == "tune":  # every layout, not the script's own
-        return _write_candidates(request, graph, cluster, config, sync, analysis)
-    job = make_job_plan(cluster, settings, analysis)
-    if request is not None and request.kind == "manifest":
-        return write_requested(job, cluster, request.manifest, planner(config, sync, analysis))
-    if request is not None:
-        return _print_plan(job, request.output)
-    if launched is not None:
-        return _run_launched(launched, job, settings, cluster, graph, meta_graph)
-    if joined is not None:
-        return _run_joined(joined, job, settings, cluster, graph, meta_graph)
-    return _run_here(job, settings, cluster, graph, meta_graph)
+    settings, job = plan_job(config, call.sync, cluster, analyse_graph(call.graph))
+    for note in job.notes:
+        logger.warning("Parallax: %s", note)
+    launch_info = {"layout": job.layout, "digest": job.digest(), "gpus": settings.gpus}
+    if cluster.from_environment:  # the launched processes' environment does not describe the job
+        launch_info["allocation"] = {"text": cluster.text, "source": cluster.source}
+    dry_run = call.invocation.dry_run
+    if dry_run:  # parallax-run --dry_run
+        text = "# one worker on this machine: the script trains in its own process, nothing is launched"
+        if job.launched:
+            command, _ = job_command(job.ranks, launch_info, current_program(), settings.mpirun_options, "<job dir>")
+            text = f"# run_option {job.layout}, {len(job.ranks)} processes\n" + " ".join(command.argv)
+        with open(dry_run, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        return 0
+    check_local_devices(job, settings, cluster.source)  # before anything starts
+    here = [p for p in job.processes if p.role == "worker" and (not job.launched or p.host in settings.local_hosts)]
+    check_paths(settings.ckpt, settings.export_graph_path, saves=any(p.index == 0 for p in here), exports=bool(here))
+    if settings.search_partitions:
+        code = search.partition_search(call.graph, cluster.text, settings, cluster.device_keys())
+        if code is not None:
+            return code
+    if not job.launched:
+        return in_trial(start_worker(local_replicas(job, settings), job, settings, call.graph, call.meta_graph), job)
+    result = launch(job.ranks, current_program(), launch_info, settings.mpirun_options,
+                    redirect_path=settings.redirect_path, stall_timeout=settings.timeouts.stall)
+    if result.failure is not None:
+        sys.stderr.write(f"\n{result.failure}\n")
+        sys.stderr.flush()
+    return result.returncode
 
 
 def _speaks_for_the_job(launched: LaunchedProcess | None, joined: JoinedProcess | None) -> bool:
     """Whether this process reports what replaced the script's settings, once for the whole job: the
-    process the user started (not one it launched, nor the script run again after a partition search),
-    or, in a job a cluster manager started, its worker 0."""
+    process the user started (not one it launched, nor the script run again by it), or, in a job a cluster
+    manager started, its worker 0."""
     if launched is not None or search.in_final_run():
         return False
     return joined is None or joined.task == joined.managed.tasks[0]
+
+
+#: The handler of each kind of invocation (:attr:`parallax.invocation.Invocation.kind`).
+_HANDLERS = {"plan": _answer_request, "manifest": _answer_request, "tune": _answer_request,
+             "launched": _run_launched, "managed": _run_managed, "trial": _run_plain, "plain": _run_plain}
 
 
 def _tuned(config: Config, graph: tf.Graph, cluster: Cluster, sync: bool, launched: bool) -> tuple[Config, int | None]:
@@ -261,8 +365,7 @@ def _tuned(config: Config, graph: tf.Graph, cluster: Cluster, sync: bool, launch
         applied = {**fields, **({"partitions": parts} if rebuild else {})}
         logger.warning(tuned_warning(replaced, describe_choice(applied), source, USE_TUNED_ENV))
     if rebuild:
-        search.run_final(int(parts))  # the graph is built again with the tuned count
-        return config, 0
+        return config, search.run_final(int(parts))  # the script again: its graph built with the tuned count
     return with_choice(config, fields), None
 
 
@@ -274,87 +377,11 @@ def _write_candidates(request: PlanRequest, graph: tf.Graph, cluster: Cluster, c
 
     counts = search.partition_counts(graph)
     choices = layout_space(cluster, analysis, counts[:3] if counts else None, request.tune.get("space"))
-    ranked = plan_candidates(cluster, analysis, config, sync, choices, derive, make_job_plan)
+    ranked = plan_candidates(cluster, analysis, config, sync, choices, plan_job)
     with open(request.output, "w", encoding="utf-8") as f:
         json.dump({"key": tune_key(graph, cluster.text, sync), "candidates": [c.to_dict() for c in ranked]}, f,
                   indent=1)
     return 0
-
-
-def _cluster(resource_info: str | os.PathLike | None, launched: LaunchedProcess | None,
-             joined: JoinedProcess | None) -> Cluster:
-    """The job's resources: a launched process takes the allocation its launcher read (a rank's own
-    Slurm variables describe the step that started it, not the job); a process a cluster manager started
-    takes the cluster it describes (``TF_CONFIG``); else the file, or the allocation."""
-    if joined is not None:
-        if resource_info is not None:
-            logger.info("Parallax: %s describes the cluster; resource_info %s is not read", joined.managed.manager,
-                        os.fspath(resource_info))
-        return parse_resource_text(joined.managed.cluster_text, source=joined.managed.source)
-    sent = launched.context.job.allocation if launched is not None else None
-    if sent is not None:
-        return parse_resource_text(sent["text"], source=sent["source"])
-    return parse_resource_file(resource_info)
-
-
-def _run_launched(launched: LaunchedProcess, job: JobPlan, settings: Settings, cluster: Cluster, graph: tf.Graph,
-                  meta_graph: meta_graph_pb2.MetaGraphDef) -> tuple | int:
-    """A process the launcher started: check it plans the launcher's job, then take its part."""
-    launched.check_job(job, settings, cluster.source)
-    check_local_devices(job, settings, cluster.source, launched.process_in(job))
-    setup = role_setup(job, settings, launched)
-    if setup.serve_only:
-        return 0  # the exit barrier holds a server until every worker has finished
-    return in_trial(start_worker(setup, job, settings, graph, meta_graph), job, launched)
-
-
-def _run_joined(joined: JoinedProcess, job: JobPlan, settings: Settings, cluster: Cluster, graph: tf.Graph,
-                meta_graph: meta_graph_pb2.MetaGraphDef) -> tuple | int:
-    """A process a cluster manager started: take its task's part; nothing is launched."""
-    joined.begin_call(settings)
-    check_local_devices(job, settings, cluster.source, joined.process_in(job) if job.launched else None)
-    if not job.launched:  # one worker and no ps task: it trains alone
-        for note in job.notes:
-            logger.warning("Parallax: %s", note)
-        return start_worker(local_replicas(job, settings), job, settings, graph, meta_graph)
-    setup = role_setup(job, settings, joined)
-    if setup.serve_only:
-        return 0  # the exit barrier holds the server until every worker has finished
-    return start_worker(setup, job, settings, graph, meta_graph)
-
-
-def _run_here(job: JobPlan, settings: Settings, cluster: Cluster, graph: tf.Graph,
-              meta_graph: meta_graph_pb2.MetaGraphDef) -> tuple | int:
-    """The process the user started: train here (one local worker) or launch the job."""
-    for note in job.notes:
-        logger.warning("Parallax: %s", note)
-    launch_info = {"layout": job.layout, "digest": job.digest(), "gpus": settings.gpus}
-    if cluster.from_environment:  # the launched processes' environment does not describe the job
-        launch_info["allocation"] = {"text": cluster.text, "source": cluster.source}
-    dry_run = current().dry_run
-    if dry_run:  # parallax-run --dry_run
-        text = "# one worker on this machine: the script trains in its own process, nothing is launched"
-        if job.launched:
-            command, _ = job_command(job.ranks, launch_info, current_program(), settings.mpirun_options, "<job dir>")
-            text = f"# run_option {job.layout}, {len(job.ranks)} processes\n" + " ".join(command.argv)
-        with open(dry_run, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-        return 0
-    check_local_devices(job, settings, cluster.source)  # before anything starts
-    here = [p for p in job.processes if p.role == "worker" and (not job.launched or p.host in settings.local_hosts)]
-    check_paths(settings.ckpt, settings.export_graph_path, saves=any(p.index == 0 for p in here), exports=bool(here))
-    if settings.search_partitions:
-        code = search.partition_search(graph, cluster.text, settings, cluster.device_keys())
-        if code is not None:
-            return code
-    if not job.launched:
-        return in_trial(start_worker(local_replicas(job, settings), job, settings, graph, meta_graph), job)
-    result = launch(job.ranks, current_program(), launch_info, settings.mpirun_options,
-                    redirect_path=settings.redirect_path, stall_timeout=settings.timeouts.stall)
-    if result.failure is not None:
-        sys.stderr.write(f"\n{result.failure}\n")
-        sys.stderr.flush()
-    return result.returncode
 
 
 def _print_plan(job: JobPlan, output: str | None) -> int:

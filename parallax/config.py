@@ -270,7 +270,10 @@ def _mpirun_options(owner: str, field: str, value: Any) -> str:
                     f"(e.g. '-mca btl ^openib'), got {_describe(value)}")
 
 
-ALLREDUCE_BACKENDS = ("auto", "mpi", "collective", "horovod")
+#: The all-reduce backends, by name: the one list (:mod:`parallax.comm.registry` maps each to its class).
+BACKENDS = ("mpi", "collective", "horovod")
+#: What ``MPIConfig.backend`` takes: a backend, or ``auto`` (mpi on CPUs, collective on GPUs).
+ALLREDUCE_BACKENDS = ("auto", *BACKENDS)
 
 
 def _backend(owner: str, field: str, value: Any) -> str:

@@ -35,7 +35,7 @@ __all__ = ["Control", "CONTROLS", "FORWARDED", "Invocation", "PlanRequest", "Tri
            "TRIAL_ENV", "RESULT_ENV", "PARAMS_ENV", "TUNED_ENV", "USE_TUNED_ENV", "PARTITIONS_ENV",
            "SEARCH_STEPS_ENV", "CACHE_ENV", "TRIAL_BACKEND_ENV", "SCHEDULER_ENV", "TRIAL_TIMEOUT_ENV",
            "FINISH_TIMEOUT_ENV", "ARRIVAL_SPIN_ENV", "NATIVE_OPS_ENV", "HUGE_PAGES_ENV", "SLOT_DEVICE_ENV",
-           "TF_CONFIG_ENV"]
+           "TF_CONFIG_ENV", "RERUN_ENV"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,7 @@ NATIVE_OPS_ENV = "PARALLAX_NATIVE_OPS"
 HUGE_PAGES_ENV = "PARALLAX_HUGE_PAGES"
 SLOT_DEVICE_ENV = "PARALLAX_SLOT_DEVICE"
 TF_CONFIG_ENV = "TF_CONFIG"
+RERUN_ENV = "PARALLAX_RERUN"
 
 #: Every control variable, by name.
 CONTROLS: dict[str, Control] = {c.name: c for c in (
@@ -134,6 +135,8 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
             "0: the compiled all-reduce op's buffers without transparent huge pages"),
     Control(SLOT_DEVICE_ENV, "slot_device", False,
             "an MPIJob's launcher: the device each slot of its hostfile stands for"),
+    Control(RERUN_ENV, "rerun", False,
+            "1: the script run again by the process the user started, with a tuned or searched partition count"),
     Control(TF_CONFIG_ENV, "tf_config", False,
             "a cluster manager (a TFJob, Polyaxon, by hand): the cluster and this task (JSON)"),
 )}
@@ -288,6 +291,7 @@ class Invocation:
     native_ops: str | None = None
     huge_pages: str | None = None
     slot_device: str | None = None
+    rerun: str | None = None
     tf_config: str | None = None
 
     @classmethod

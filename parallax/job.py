@@ -38,15 +38,16 @@ from dataclasses import dataclass, replace
 from parallax.analysis import GraphAnalysis
 from parallax.cluster import Cluster, Device
 from parallax.comm.registry import backend_class
+from parallax.config import Config
 from parallax.errors import PlanError
 from parallax.launch.layout import RankSpec, hybrid_ranks, ps_ranks, ranks_per_device
 from parallax.plan import Plan, build_plan
 from parallax.plan.model import Layout
 from parallax.plan.policies import choose_sync
 from parallax.plan.stages import fit_stages
-from parallax.settings import Settings
+from parallax.settings import Settings, derive
 
-__all__ = ["JobPlan", "ProcessSpec", "make_job_plan", "LAYOUTS"]
+__all__ = ["JobPlan", "ProcessSpec", "plan_job", "make_job_plan", "LAYOUTS"]
 
 LAYOUTS = tuple(Layout)
 
@@ -154,6 +155,21 @@ def _rank_dict(r: RankSpec) -> dict:
             "devices": None if r.devices is None else [str(d) for d in r.devices]}
 
 
+def plan_job(config: Config, sync: bool, cluster: Cluster, analysis: GraphAnalysis, *, gpus: int | None = None,
+             manager: str | None = None) -> tuple[Settings, JobPlan]:
+    """The settings ``config`` makes for ``cluster`` (:func:`parallax.settings.derive`; ``gpus`` a bare host
+    line stands for when the launcher said, ``manager`` what started the processes) and the job plan under
+    them: how every planner plans, the process the user started, each launched rank or managed task,
+    ``parallax plan``, a manifest's processes and ``parallax tune``'s candidates.
+
+    Raises:
+        ValueError, LaunchError: the config does not fit the cluster.
+        PlanError: the variable plan cannot be made.
+    """
+    settings = derive(config, sync, cluster, gpus=gpus, manager=manager)
+    return settings, make_job_plan(cluster, settings, analysis)
+
+
 def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis) -> JobPlan:
     """The job plan of ``cluster`` under ``settings`` for the analysed graph (pure).
 
@@ -170,8 +186,9 @@ def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis)
         servers = False
         notes += _unused_alone(settings)
     else:
-        if layout is Layout.PS and settings.pipeline[:2] != (1, 1):
-            raise PlanError(f"pipeline_stages={settings.pipeline[0]}, micro_batches={settings.pipeline[1]}: a "
+        if layout is Layout.PS and (settings.pipeline.stages, settings.pipeline.micro_batches) != (1, 1):
+            raise PlanError(f"pipeline_stages={settings.pipeline.stages}, micro_batches="
+                            f"{settings.pipeline.micro_batches}: a "
                             "pipeline keeps each stage's variables on its own device, so it does not run with "
                             "parameter servers across processes (run_option PS); use 'MPI' or 'HYBRID' (whose "
                             "sparse variables may stay on servers), or one process (a single resource line)")
@@ -180,7 +197,7 @@ def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis)
         staged = any(p.role == "stage" for p in processes)
         stage_servers = backend_class(settings.allreduce_comm.backend).supports_stage_servers
         if staged and (layout is not Layout.MPI or not stage_servers):
-            raise PlanError(f"pipeline_stages={settings.pipeline[0]} with each stage in a process of its own (the "
+            raise PlanError(f"pipeline_stages={settings.pipeline.stages} with each stage in a process of its own (the "
                             "resource lines' devices do not divide into stages) runs with run_option 'MPI' and the "
                             f"'mpi' all-reduce backend, not {layout} / {settings.allreduce_comm.backend!r}: list "
                             "each replica's stages on one line to keep them in one process, or use 'MPI'")
@@ -193,12 +210,12 @@ def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis)
 def _fit_memory(cluster: Cluster, settings: Settings, analysis: GraphAnalysis) -> tuple[Settings, bool]:
     """With ``device_memory`` and no pipeline asked for: as many stages as the variables need
     (model parallelism), cut where their bytes are balanced."""
-    stages, micro, cuts, schedule = settings.pipeline
-    if settings.device_memory is None or stages > 1 or cuts:
+    pipeline = settings.pipeline
+    if settings.device_memory is None or pipeline.stages > 1 or pipeline.cuts:
         return settings, False
     counts = [len(w.devices or _bare_host_devices(settings.gpus)) for w in cluster.workers]
     fitted = fit_stages(analysis, settings.device_memory, counts)
-    return replace(settings, pipeline=(fitted, micro, cuts, schedule)), fitted > 1
+    return replace(settings, pipeline=pipeline._replace(stages=fitted)), fitted > 1
 
 
 def _layout(cluster: Cluster, settings: Settings, analysis: GraphAnalysis
@@ -206,7 +223,7 @@ def _layout(cluster: Cluster, settings: Settings, analysis: GraphAnalysis
     """The layout, the ranks to launch, and notes on a run option that runs as another layout."""
     first = cluster.workers[0]
     alone = len(cluster.workers) == 1 and first.host in settings.local_hosts and not cluster.servers
-    stages = settings.pipeline[0]
+    stages = settings.pipeline.stages
     per_device = ranks_per_device(cluster, stages)
     option = settings.run_option
     if option == "MPI":
@@ -335,6 +352,6 @@ def _variable_plan(layout: Layout, processes: tuple[ProcessSpec, ...], servers: 
                       comm=settings.comm_for(layout), server_devices=server_devices, notes=notes,
                       overrides=overrides, ps=settings.ps, server_hosts=server_hosts,
                       zero_stage=settings.zero_stage if layout.all_reduces else 0,
-                      pipeline_stages=settings.pipeline[0], micro_batches=settings.pipeline[1],
-                      pipeline_cuts=settings.pipeline[2], device_memory=settings.device_memory,
-                      pipeline_by_memory=by_memory, pipeline_schedule=settings.pipeline[3])
+                      pipeline_stages=settings.pipeline.stages, micro_batches=settings.pipeline.micro_batches,
+                      pipeline_cuts=settings.pipeline.cuts, device_memory=settings.device_memory,
+                      pipeline_by_memory=by_memory, pipeline_schedule=settings.pipeline.schedule)

@@ -12,8 +12,9 @@ started, before anything trains:
 2. counts double from the smallest one ``get_partitioner`` allows while the
    step time improves (at most :data:`MAX_TRIALS` trials); a trial that fails
    is reported with its log and skipped;
-3. the script runs once more in this process with the best count, for real
-   (nested): its ``parallel_run`` launches the job or trains here.
+3. the script runs once more with the best count, for real, in a process of its
+   own (``PARALLAX_RERUN=1``; this process waits for it and exits with its code):
+   its ``parallel_run`` launches the job or trains there.
 
 The trials run on local processes, or on Dask with ``PARALLAX_TRIAL_BACKEND=dask``
 (and ``PARALLAX_DASK_SCHEDULER=tcp://...`` for a running scheduler). The choice
@@ -27,35 +28,29 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import runpy
 import shutil
 import sys
 import tempfile
 import time
-from contextvars import ContextVar
 
-from parallax.invocation import CACHE_ENV, PARTITIONS_ENV, SCHEDULER_ENV, TRIAL_TIMEOUT_ENV, current, export
+from parallax.invocation import CACHE_ENV, PARTITIONS_ENV, SCHEDULER_ENV, TRIAL_TIMEOUT_ENV, current, env_with
 from parallax.invocation import SEARCH_STEPS_ENV as TRIAL_STEPS_ENV
 from parallax.invocation import TRIAL_BACKEND_ENV as BACKEND_ENV
 from parallax.logs import log as logger
 from parallax.partitioner import PARTITIONER_COLLECTION
 
 __all__ = ["in_final_run", "search", "run_final", "cache_key", "cached_count", "store_count", "candidates_from",
-           "min_partitions", "run_script_again", "CACHE_ENV", "TRIAL_STEPS_ENV", "MAX_TRIALS", "partition_search",
+           "min_partitions", "CACHE_ENV", "TRIAL_STEPS_ENV", "MAX_TRIALS", "partition_search",
            "cache_path", "trial_steps", "runner_from_environment", "BACKEND_ENV", "SCHEDULER_ENV",
            "TRIAL_TIMEOUT_ENV", "partitioned_shapes", "store_entry", "partition_counts"]
 
 
 MAX_TRIALS = 6
 
-# Set while the search runs the script again for real (reset when that run returns), so its
-# parallel_run does not search again.
-_FINAL: ContextVar[bool] = ContextVar("parallax_search_final", default=False)
-
-
 def in_final_run() -> bool:
-    """Whether the search is over and the script runs for real, nested."""
-    return _FINAL.get()
+    """Whether this process is the script run again, with the partition count its starter chose (a tuned
+    one, or a search's winner)."""
+    return current().rerun == "1"
 
 
 def trial_steps() -> tuple[int, int]:
@@ -143,15 +138,6 @@ def store_count(key: str, partitions: int, step_seconds: dict[int, float], searc
         "search_seconds": round(search_seconds, 3)})
 
 
-def run_script_again() -> None:
-    """Run this process's training script again, from the top, as ``__main__``."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if spec is not None and spec.name not in ("__main__", "mpi4py.__main__"):
-        runpy.run_module(spec.name, run_name="__main__", alter_sys=True)
-    else:
-        runpy.run_path(sys.argv[0], run_name="__main__")
-
-
 def runner_from_environment(devices: int = 1):
     """The trial runner :data:`BACKEND_ENV` and :data:`SCHEDULER_ENV` name (local processes by default)."""
     from parallax.trials.runner import make_runner
@@ -208,14 +194,19 @@ def search(counts: list[int], trial, report: bool = True) -> tuple[int, dict[int
     return best, results, time.monotonic() - began
 
 
-def run_final(partitions: int) -> None:
-    """Run the script for real with ``partitions`` (nested); the caller then exits."""
-    export(partitions=str(partitions))
-    token = _FINAL.set(True)
+def run_final(partitions: int) -> int:
+    """Train with ``partitions``: the script started again, in a process of its own (its graph is built
+    with that count, which the process the user started cannot do to its own), as it was started, with
+    this process's output; its exit code."""
+    import subprocess
+
+    from parallax.launch.launcher import current_program
+
+    env = env_with(partitions=str(partitions), rerun="1")
     try:
-        run_script_again()
-    finally:
-        _FINAL.reset(token)
+        return subprocess.run([sys.executable, *current_program()], env=env).returncode
+    except KeyboardInterrupt:  # the script got the same Ctrl-C and ends itself
+        return 130
 
 
 def partition_search(graph, resource_text: str, settings, devices: tuple[str, ...]) -> int | None:
@@ -249,8 +240,7 @@ def partition_search(graph, resource_text: str, settings, devices: tuple[str, ..
     if cached is not None:
         logger.warning("Parallax: partition search: using %d partitions found by an earlier search (cache %s)",
                        cached, key[:12])
-        run_final(cached)
-        return 0
+        return run_final(cached)
     warmup, timed = trial_steps()
     tmp = tempfile.mkdtemp(prefix="parallax-search-")  # kept when a trial fails: its log is named
     with runner_from_environment(len(devices)) as runner:
@@ -261,8 +251,7 @@ def partition_search(graph, resource_text: str, settings, devices: tuple[str, ..
     path = store_count(key, best, results, seconds)
     logger.warning("Parallax: partition search chose %d partitions (%s) in %.1f s; stored in %s", best,
                    ", ".join(f"{p}: {t * 1e3:.2f} ms/step" for p, t in results.items()), seconds, path)
-    run_final(best)
-    return 0
+    return run_final(best)
 
 
 def partitioned_shapes(graph) -> list[tuple]:

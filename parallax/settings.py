@@ -16,7 +16,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from parallax.cluster import Cluster, is_local_host
 from parallax.comm.registry import backend_without_mpirun, choose_backend
@@ -25,11 +25,22 @@ from parallax.errors import LaunchError
 from parallax.invocation import ARRIVAL_SPIN_ENV, FINISH_TIMEOUT_ENV, Invocation
 from parallax.plan.model import CommSpec, Layout, PSSpec
 
-__all__ = ["Settings", "Timeouts", "derive", "FINISH_TIMEOUT_ENV", "ARRIVAL_SPIN_ENV", "STOCK_PROTOCOLS"]
+__all__ = ["Settings", "PipelineSettings", "Timeouts", "derive", "FINISH_TIMEOUT_ENV", "ARRIVAL_SPIN_ENV",
+           "STOCK_PROTOCOLS"]
 
 #: The server protocols stock TensorFlow 2 registers (verbs, GDR and MPI were contrib modules, gone since
 #: TensorFlow 2; ``tf.distribute.Server`` with them raises "No server factory registered").
 STOCK_PROTOCOLS = ("grpc",)
+
+
+class PipelineSettings(NamedTuple):
+    """The pipeline asked for: stages per replica, micro-batches per step, the ops the stages are cut
+    after (``()``: cut where the variables' bytes balance), and the schedule (``gpipe`` or ``1f1b``)."""
+
+    stages: int = 1
+    micro_batches: int = 1
+    cuts: tuple[str, ...] = ()
+    schedule: str = "gpipe"
 
 
 @dataclass(frozen=True)
@@ -89,8 +100,8 @@ class Settings:
         export_graph_path: ``Config.export_graph_path``.
         search_partitions: ``Config.search_partitions``.
         zero_stage: ``Config.zero_stage``.
-        pipeline: ``(stages, micro_batches, cuts, schedule)`` from ``Config.pipeline_stages``,
-            ``micro_batches``, ``pipeline_cuts`` and ``pipeline_schedule``.
+        pipeline: a :class:`PipelineSettings`, from ``Config.pipeline_stages``, ``micro_batches``,
+            ``pipeline_cuts`` and ``pipeline_schedule``.
         device_memory: ``Config.device_memory`` in bytes.
         arrival_spin: ``PARALLAX_ARRIVAL_SPIN_US``: ``None`` (unset: decided per job), ``"off"``, or
             seconds awake before sleeping (:mod:`parallax.comm.arrival`).
@@ -121,7 +132,7 @@ class Settings:
     export_graph_path: str | None = None
     search_partitions: bool = False
     zero_stage: int = 0
-    pipeline: tuple[int, int, tuple[str, ...], str] = (1, 1, (), "gpipe")
+    pipeline: PipelineSettings = PipelineSettings()
     device_memory: int | None = None
     arrival_spin: float | str | None = None
     notes: tuple[str, ...] = ()
@@ -248,7 +259,8 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         ckpt=copy.deepcopy(config.ckpt_config), profile=copy.deepcopy(config.profile_config),
         redirect_path=config.redirect_path, export_graph_path=config.export_graph_path,
         search_partitions=config.search_partitions, notes=notes, zero_stage=config.zero_stage,
-        pipeline=(config.stages, config.micro_batches, tuple(config.pipeline_cuts), config.pipeline_schedule),
+        pipeline=PipelineSettings(config.stages, config.micro_batches, tuple(config.pipeline_cuts),
+                                  config.pipeline_schedule),
         device_memory=config.device_memory, arrival_spin=_arrival_spin(invocation),
         cross_worker_settings=_cross_worker_settings(config, sync))
 

@@ -11,17 +11,16 @@ import importlib
 import importlib.util
 
 from parallax.comm.base import Backend
+from parallax.config import BACKENDS
 from parallax.errors import PlanError
-from parallax.plan.model import BACKENDS, CommSpec, Plan
+from parallax.plan.model import CommSpec, Plan
 
 __all__ = ["backend_class", "backend_for", "backends_in_use", "choose_backend", "backend_without_mpirun",
            "horovod_available"]
 
-_CLASSES = {
-    "mpi": ("parallax.comm.mpi", "MPIBackend"),
-    "collective": ("parallax.comm.collective", "CollectiveBackend"),
-    "horovod": ("parallax.comm.horovod", "HorovodBackend"),
-}
+#: Each backend's module and class, in the order of :data:`parallax.config.BACKENDS`.
+_CLASSES = dict(zip(BACKENDS, (("parallax.comm.mpi", "MPIBackend"), ("parallax.comm.collective", "CollectiveBackend"),
+                               ("parallax.comm.horovod", "HorovodBackend")), strict=True))
 
 
 #: What ``MPIConfig.backend='auto'`` means, by where the replicas are: NCCL without leaving the GPU, MPI on CPUs.

@@ -20,10 +20,9 @@ from parallax.cluster import Cluster
 from parallax.config import Config
 from parallax.errors import LaunchError, ManifestError, ResourceFileError
 from parallax.invocation import RUN_OPTION_ENV
-from parallax.job import JobPlan, ProcessSpec, make_job_plan
+from parallax.job import JobPlan, ProcessSpec, plan_job
 from parallax.resources import parse_resource_text
 from parallax.rolespec import Resources, RoleSpec, looks_like_role_spec, parse_role_spec
-from parallax.settings import derive
 
 __all__ = ["ManifestRequest", "View", "Files", "PlanFor", "planner", "check_views", "role_spec_of", "workers_alike",
            "hosts_alike", "HostShape", "resources_of"]
@@ -106,7 +105,7 @@ def planner(config: Config, sync: bool, analysis: GraphAnalysis) -> PlanFor:
     """How a manifest's processes plan the job from what they read: the same config and graph as the job."""
     def plan_for(view: View) -> JobPlan:
         cluster = parse_resource_text(view.text, source=view.what)
-        return make_job_plan(cluster, derive(config, sync, cluster, gpus=view.gpus, manager=view.manager), analysis)
+        return plan_job(config, sync, cluster, analysis, gpus=view.gpus, manager=view.manager)[1]
     return plan_for
 
 

@@ -17,9 +17,10 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
-__all__ = ["Layout", "part_sizes", "GradientRef", "VariablePlacement", "WorkerPlan", "TaskSpec", "Plan", "CommSpec",
-           "PSSpec", "PipelineSpec",
-           "AGGREGATIONS", "SYNC_METHODS", "BACKENDS"]
+from parallax.config import BACKENDS
+
+__all__ = ["Layout", "Sync", "part_sizes", "GradientRef", "VariablePlacement", "WorkerPlan", "TaskSpec", "Plan",
+           "CommSpec", "PSSpec", "PipelineSpec", "AGGREGATIONS", "SYNC_METHODS", "BACKENDS"]
 
 
 class Layout(str, Enum):
@@ -50,9 +51,25 @@ class Layout(str, Enum):
         """Whether a process per device all-reduces (``MPI``, ``HYBRID``)."""
         return self in (Layout.MPI, Layout.HYBRID)
 
+
+class Sync(str, Enum):
+    """How a variable's gradient reaches the other workers (:attr:`VariablePlacement.sync`). ``LOCAL``: it does
+    not (only this worker's replicas aggregate; every variable without a gradient); ``ALLREDUCE``: summed
+    across every worker (a sparse one made dense first); ``ALLGATHER``: a sparse gradient's rows gathered from
+    every worker; ``PS``: sent to the parameter server that holds the variable. A member compares equal to its
+    value (``Sync.PS == "ps"``, as plans in JSON say it)."""
+
+    LOCAL = "local"
+    ALLREDUCE = "allreduce"
+    ALLGATHER = "allgather"
+    PS = "ps"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 AGGREGATIONS = ("mean", "sum")
-SYNC_METHODS = ("local", "allreduce", "allgather", "ps")
-BACKENDS = ("mpi", "collective", "horovod")
+SYNC_METHODS = tuple(m.value for m in Sync)
 
 
 @dataclass(frozen=True)
@@ -199,7 +216,7 @@ class VariablePlacement:
     trainable: bool
     gradient: GradientRef | None
     aggregation: str = "mean"
-    sync: str = "local"
+    sync: Sync = Sync.LOCAL
     server: int | None = None
     density: float | None = None
     density_source: str = ""
@@ -208,6 +225,12 @@ class VariablePlacement:
     slot_of: str | None = None
     sharded: bool = False
     stage: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sync", Sync(self.sync))  # a misspelt method is a ValueError here
+        if (self.sync is Sync.PS) != (self.server is not None) and self.sync is not Sync.LOCAL:
+            raise ValueError(f'variable "{self.name}": sync {self.sync} with server {self.server}; a variable '
+                             "synchronised through a server lives on one, an all-reduced or gathered one on none")
 
     @property
     def sparse(self) -> bool:

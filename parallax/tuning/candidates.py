@@ -185,19 +185,18 @@ def _memory_per_worker(job) -> int:
 
 
 def plan_candidates(cluster: Cluster, analysis: GraphAnalysis, config: Config, sync: bool,
-                    choices: list[dict[str, Any]], derive_settings, make_plan,
+                    choices: list[dict[str, Any]], plan_job,
                     links: tuple[Link, Link] = DEFAULT_LINKS) -> list[Candidate]:
     """Plan every choice and order them, cheapest predicted first; refused ones last, with their reason.
 
     Args:
-        derive_settings: ``f(config, sync, cluster) -> Settings`` (:func:`parallax.settings.derive`).
-        make_plan: ``f(cluster, settings, analysis) -> JobPlan`` (:func:`parallax.job.make_job_plan`).
+        plan_job: ``f(config, sync, cluster, analysis) -> (Settings, JobPlan)`` (:func:`parallax.job.plan_job`).
     """
     out = []
     for choice in choices:
         candidate = Candidate(dict(choice))
         try:
-            job = make_plan(cluster, derive_settings(with_choice(config, choice), sync, cluster), analysis)
+            _, job = plan_job(with_choice(config, choice), sync, cluster, analysis)
         except (ParallaxError, ValueError, TypeError) as e:
             candidate.error = str(e).splitlines()[0]
             out.append(candidate)

@@ -311,3 +311,31 @@ def test_two_jobs_one_after_the_other_in_one_process_each_train_as_their_own(res
     assert "job with 3 replicas trained" in second and "2 replicas" not in second
     assert "after the job" not in first + second  # each tee ended with its session
     assert capfd.readouterr().out.count("after the job") == 2
+
+
+def test_parallel_run_embeds_in_a_program_twice_in_a_try_block_and_ends_nothing(resource_file):
+    """A notebook's or a test's calls: a graph and a tf.function step, each trained alone in this process,
+    return their sessions and raise nothing, SystemExit included, from the call or the session."""
+    def step_of(w):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+        def step(a):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(w * a))
+            w.assign_sub(0.1 * tape.gradient(loss, w))
+            return loss
+        return step
+
+    ended = []
+    try:
+        for _ in range(2):
+            graph, t = small_graph()
+            sess, *_ = parallax.parallel_run(graph, cpu_resources(resource_file, 2), parallax_config=in_process())
+            with sess:
+                sess.run(t["train"], feed_dict={t["a"]: [1.0, 2.0]})
+            w = tf.Variable(1.0)
+            step, *_ = parallax.parallel_run(step_of(w), cpu_resources(resource_file, 1), parallax_config=in_process())
+            step([np.array([1.0, 2.0], np.float32)])
+            step.close()
+    except BaseException as e:  # noqa: BLE001 - what escapes is the finding
+        ended.append(e)
+    assert not ended, ended

@@ -125,3 +125,10 @@ def test_no_other_module_reads_a_control_variable():
                   if text.strip() in CONTROLS or any(text.startswith(f"{n}=") for n in CONTROLS)]
         found += [f"{where}:{line}: a lookup by {name}" for line, name in _lookups_by_imported_name(path)]
     assert not found, "\n".join(found)
+
+
+def test_the_docs_list_every_control_variable_as_the_table_says():
+    with open(os.path.join(os.path.dirname(PACKAGE), "docs", "environment.md"), encoding="utf-8") as f:
+        text = f.read()
+    for c in CONTROLS.values():
+        assert f"| `{c.name}` | {'yes' if c.forwarded else 'no'} | {c.doc} |" in text, c.name

@@ -46,3 +46,17 @@ def test_a_layout_is_one_of_four_cases_and_a_misspelt_one_is_an_error():
     assert [layout.all_reduces for layout in Layout] == [False, True, False, True]
     with pytest.raises(ValueError, match="'MPII' is not a valid Layout"):
         Layout("MPII")
+
+
+def test_a_variables_sync_is_one_of_four_and_cannot_contradict_where_it_lives():
+    from parallax.plan.model import Sync, VariablePlacement
+
+    placed = VariablePlacement("w", (2,), "float32", True, None, sync="ps", server=1)
+    assert placed.sync is Sync.PS and placed.sync == "ps" and str(placed.sync) == "ps"
+    assert VariablePlacement("s", (2,), "float32", False, None, server=0).sync is Sync.LOCAL  # a slot on a server
+    with pytest.raises(ValueError, match="allreduce with server 0"):
+        VariablePlacement("w", (2,), "float32", True, None, sync="allreduce", server=0)
+    with pytest.raises(ValueError, match="sync ps with server None"):
+        VariablePlacement("w", (2,), "float32", True, None, sync="ps")
+    with pytest.raises(ValueError):
+        VariablePlacement("w", (2,), "float32", True, None, sync="all-reduce")

@@ -7,9 +7,8 @@ import pytest
 from parallax.analysis import analyse_graph
 from parallax.cli import parse_space
 from parallax.config import Config
-from parallax.job import make_job_plan
+from parallax.job import plan_job
 from parallax.resources import parse_resource_text
-from parallax.settings import derive
 from parallax.tuning.candidates import Candidate, layout_space, plan_candidates
 from tests.models import build_deep_mlp, build_embedding
 
@@ -18,8 +17,8 @@ def planned(model, resources: str, restrict=None, partitions=None):
     cluster = parse_resource_text(resources)
     analysis = analyse_graph(model.graph)
     choices = layout_space(cluster, analysis, partitions, restrict)
-    derive_cpu = lambda config, sync, c: derive(config, sync, c, gpus=0)  # noqa: E731
-    return choices, plan_candidates(cluster, analysis, Config(), True, choices, derive_cpu, make_job_plan)
+    plan_cpu = lambda config, sync, c, a: plan_job(config, sync, c, a, gpus=0)  # noqa: E731
+    return choices, plan_candidates(cluster, analysis, Config(), True, choices, plan_cpu)
 
 
 def test_the_space_of_a_dense_model_on_four_devices():

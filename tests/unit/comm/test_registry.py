@@ -85,7 +85,7 @@ def test_horovod_asked_for_but_missing_says_what_to_use_instead():
 def _var(name, sync, sparse=False):
     gradient = GradientRef(f"{name}_grad:0", f"{name}_idx:0" if sparse else None, "float32",
                            "int64" if sparse else None)
-    return VariablePlacement(name, (4, 2), "float32", True, gradient, sync=sync)
+    return VariablePlacement(name, (4, 2), "float32", True, gradient, sync=sync, server=0 if sync == "ps" else None)
 
 
 @pytest.mark.parametrize("variables, ps, expected", [
