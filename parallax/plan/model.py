@@ -23,7 +23,14 @@ __all__ = ["Layout", "Sync", "part_sizes", "GradientRef", "VariablePlacement", "
            "CommSpec", "PSSpec", "PipelineSpec", "AGGREGATIONS", "SYNC_METHODS", "BACKENDS"]
 
 
-class Layout(str, Enum):
+class _Named(str, Enum):
+    """A case of one of the plan's vocabularies: it compares equal to its value and prints as it."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Layout(_Named):
     """How a job's processes share the work: the run option in force once the resources are known.
 
     ``LOCAL``: one worker process trains alone (its devices in-graph replicas); ``MPI``: a process per device,
@@ -38,9 +45,6 @@ class Layout(str, Enum):
     PS = "PS"
     HYBRID = "HYBRID"
 
-    def __str__(self) -> str:
-        return self.value
-
     @property
     def launched(self) -> bool:
         """Whether the job's processes are started through mpirun (every layout but ``LOCAL``)."""
@@ -52,7 +56,7 @@ class Layout(str, Enum):
         return self in (Layout.MPI, Layout.HYBRID)
 
 
-class Sync(str, Enum):
+class Sync(_Named):
     """How a variable's gradient reaches the other workers (:attr:`VariablePlacement.sync`). ``LOCAL``: it does
     not (only this worker's replicas aggregate; every variable without a gradient); ``ALLREDUCE``: summed
     across every worker (a sparse one made dense first); ``ALLGATHER``: a sparse gradient's rows gathered from
@@ -63,9 +67,6 @@ class Sync(str, Enum):
     ALLREDUCE = "allreduce"
     ALLGATHER = "allgather"
     PS = "ps"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 AGGREGATIONS = ("mean", "sum")
