@@ -246,7 +246,9 @@ def _run_launched(call: _Call) -> tuple | int:
         else parse_resource_file(call.resource_info)
     config = call.config
     if call.invocation.trial is None:
-        config, _ = _tuned(config, call.graph, cluster, call.sync, launched=True)
+        config, code = _tuned(config, call.graph, cluster, call.sync, launched=True)
+        if code is not None:
+            return code
     settings, job = plan_job(config, call.sync, cluster, analyse_graph(call.graph), gpus=launched.context.job.gpus)
     launched.check_job(job, settings, cluster.source)
     check_local_devices(job, settings, cluster.source, launched.process_in(job))
