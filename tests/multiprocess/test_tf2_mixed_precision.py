@@ -36,11 +36,12 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 SCRIPT = os.path.join(ROOT, "tests", "tf2", "step_script.py")
 STEPS = 4
 # group: (resource file, run option, processes that write results, replicas each); micro-batches: MPI-2's layout
-GROUPS = {**{g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "HYBRID-2", "AUTO-2", "MPI-3", "PS-3", "local-2-replicas")},
+# (AUTO-2 and PS-3 repeated HYBRID-2's and PS-2's mechanisms: out, for CI's time on a 2-core machine)
+GROUPS = {**{g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "HYBRID-2", "MPI-3", "local-2-replicas")},
           "MPI-2-micro-batches": LAYOUTS["MPI-2"]}
 CONFIG = {"MPI-2-micro-batches": '{"micro_batches": 3}'}  # more Config fields of a group (JSON)
 # the mechanism again, in another layout (HYBRID runs a dynamically scaled step as MPI)
-EXTENDED = {"HYBRID-2", "AUTO-2", "MPI-3", "PS-3", "MPI-2-micro-batches"}
+EXTENDED = {"HYBRID-2", "MPI-3", "MPI-2-micro-batches"}
 #: (rtol, atol) of the variables, rtol of the losses, by the type the case computes in (see the module docstring)
 TOLERANCE = {"mixed_float16": (2e-3, 1e-3, 2e-3), "mixed_bfloat16": (1e-2, 1e-2, 1e-2), None: (1e-5, 1e-6, 1e-5)}
 
