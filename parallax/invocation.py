@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -248,15 +248,18 @@ class LaunchIdentity:
         return json.dumps({"job": job, "ranks": self.ranks}, sort_keys=True)
 
 
+#: The fields that hold a request, and its parser; every other field holds its variable's text.
+_REQUESTS = {"plan": PlanRequest, "trial": TrialRequest, "launch": LaunchIdentity}
+
+
 def _parsed(attr: str, text: str) -> Any:
     """A variable's value, as its field holds it."""
-    if attr == "plan":
-        return PlanRequest.from_json(text)
-    if attr == "trial":
-        return TrialRequest.from_json(text)
-    if attr == "launch":
-        return LaunchIdentity.from_json(text)
-    return text
+    return _REQUESTS[attr].from_json(text) if attr in _REQUESTS else text
+
+
+def _text(value: Any) -> str:
+    """A field's value as its variable's text (:func:`_parsed` backwards)."""
+    return value if isinstance(value, str) else value.to_json()
 
 
 @dataclass(frozen=True)
@@ -306,12 +309,7 @@ class Invocation:
 
     def to_env(self) -> dict[str, str]:
         """The variables that say this invocation (the set ones), as :meth:`from_env` reads them."""
-        out = {}
-        for c in CONTROLS.values():
-            value = getattr(self, c.attr)
-            if value is not None:
-                out[c.name] = value if isinstance(value, str) else value.to_json()
-        return out
+        return {c.name: _text(getattr(self, c.attr)) for c in CONTROLS.values() if getattr(self, c.attr) is not None}
 
     @property
     def kind(self) -> str:
@@ -341,22 +339,21 @@ def env_with(base: Mapping[str, str] | None = None, **changes: Any) -> dict[str,
     """``base`` (default: this process's environment) with the control variables of ``changes`` (fields of
     :class:`Invocation`) set, or removed where ``None``: the environment of a child process."""
     env = dict(os.environ if base is None else base)
-    for attr, value in changes.items():
-        name = _NAME_OF[attr]
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value if isinstance(value, str) else value.to_json()
+    _apply(env, changes)
     return env
 
 
 def export(**changes: Any) -> None:
     """Set (or, with ``None``, unset) control variables of this process (fields of :class:`Invocation`), for
     what it runs later and the processes it starts."""
-    env = env_with(os.environ, **changes)
-    for name in {_NAME_OF[a] for a in changes}:
-        if name in env:
-            os.environ[name] = env[name]
+    _apply(os.environ, changes)
+
+
+def _apply(env: MutableMapping[str, str], changes: dict[str, Any]) -> None:
+    """Set in ``env`` the variables of ``changes`` (fields of :class:`Invocation`), removing the ``None`` ones."""
+    for attr, value in changes.items():
+        if value is None:
+            env.pop(_NAME_OF[attr], None)
         else:
-            os.environ.pop(name, None)
+            env[_NAME_OF[attr]] = _text(value)
 

@@ -33,16 +33,14 @@ import sys
 import tempfile
 import time
 
-from parallax.invocation import CACHE_ENV, PARTITIONS_ENV, SCHEDULER_ENV, TRIAL_TIMEOUT_ENV, current, env_with
-from parallax.invocation import SEARCH_STEPS_ENV as TRIAL_STEPS_ENV
-from parallax.invocation import TRIAL_BACKEND_ENV as BACKEND_ENV
+from parallax.invocation import PARTITIONS_ENV, SEARCH_STEPS_ENV, TRIAL_TIMEOUT_ENV, current, env_with
 from parallax.logs import log as logger
 from parallax.partitioner import PARTITIONER_COLLECTION
 
 __all__ = ["in_final_run", "search", "run_final", "cache_key", "cached_count", "store_count", "candidates_from",
-           "min_partitions", "CACHE_ENV", "TRIAL_STEPS_ENV", "MAX_TRIALS", "partition_search",
-           "cache_path", "trial_steps", "runner_from_environment", "BACKEND_ENV", "SCHEDULER_ENV",
-           "TRIAL_TIMEOUT_ENV", "partitioned_shapes", "store_entry", "partition_counts"]
+           "min_partitions", "MAX_TRIALS", "partition_search",
+           "cache_path", "trial_steps", "runner_from_environment",
+           "partitioned_shapes", "store_entry", "partition_counts"]
 
 
 MAX_TRIALS = 6
@@ -58,7 +56,7 @@ def trial_steps() -> tuple[int, int]:
     try:
         warmup, timed = (int(x) for x in text.split(","))
     except ValueError:
-        raise ValueError(f"{TRIAL_STEPS_ENV}={text!r}: expected 'warmup,timed', e.g. '2,5'") from None
+        raise ValueError(f"{SEARCH_STEPS_ENV}={text!r}: expected 'warmup,timed', e.g. '2,5'") from None
     return max(0, warmup), max(1, timed)
 
 
@@ -139,7 +137,8 @@ def store_count(key: str, partitions: int, step_seconds: dict[int, float], searc
 
 
 def runner_from_environment(devices: int = 1):
-    """The trial runner :data:`BACKEND_ENV` and :data:`SCHEDULER_ENV` name (local processes by default)."""
+    """The trial runner ``PARALLAX_TRIAL_BACKEND`` and ``PARALLAX_DASK_SCHEDULER`` name (local processes by
+    default)."""
     from parallax.trials.runner import make_runner
 
     invocation = current()
@@ -190,7 +189,7 @@ def search(counts: list[int], trial, report: bool = True) -> tuple[int, dict[int
     if best is None:
         tails = "\n".join(f"--- {f.name} ({f.log}):\n{f.tail}" for f in failures[-1:])
         raise RuntimeError(f"search_partitions: no trial measured a step ({len(failures)} failed; the script needs "
-                           f"at least warm-up + timed steps, {TRIAL_STEPS_ENV}).\n{tails}")
+                           f"at least warm-up + timed steps, {SEARCH_STEPS_ENV}).\n{tails}")
     return best, results, time.monotonic() - began
 
 

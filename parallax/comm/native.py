@@ -32,13 +32,12 @@ from functools import lru_cache
 
 from parallax.invocation import NATIVE_OPS_ENV, current
 
-__all__ = ["NativeOps", "native_ops", "build", "library_path", "OP_NAME", "DISABLE_ENV"]
+__all__ = ["NativeOps", "native_ops", "build", "library_path", "OP_NAME"]
 
 logger = logging.getLogger("parallax")
 
 OP_NAME = "ParallaxMpiAllreduce"
 #: ``0``: keep the Python all-reduce (the compiled op is neither built nor used).
-DISABLE_ENV = NATIVE_OPS_ENV
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "allreduce.cc")
 
 
@@ -154,7 +153,7 @@ def native_ops() -> NativeOps | None:
         return NativeOps(path, cdll)
     except (RuntimeError, OSError, subprocess.SubprocessError, tf.errors.OpError) as e:
         logger.warning("Parallax: the compiled all-reduce op is not available (%s); the mpi backend sums "
-                       "through Python instead (slower for small tensors). %s=0 silences this.", e, DISABLE_ENV)
+                       "through Python instead (slower for small tensors). %s=0 silences this.", e, NATIVE_OPS_ENV)
         return None
 
 

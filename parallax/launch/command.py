@@ -26,11 +26,9 @@ from parallax.errors import LaunchError
 from parallax.invocation import FORWARDED, JOB_DIR_ENV, LAUNCH_ENV
 from parallax.launch.layout import RankSpec
 
-__all__ = ["LaunchCommand", "build_mpirun_command", "rank_gpus", "FORWARDED_ENV", "SESSION_DIR_ENV", "GPUS_ENV",
+__all__ = ["LaunchCommand", "build_mpirun_command", "rank_gpus", "SESSION_DIR_ENV", "GPUS_ENV",
            "LAUNCH_ENV", "JOB_DIR_ENV"]
 
-#: environment variables every rank gets from the launcher (when set there): :data:`parallax.invocation.FORWARDED`.
-FORWARDED_ENV = FORWARDED
 
 
 #: Open MPI 5's variable for the base of its session directories (read by mpirun and its daemons).
@@ -66,7 +64,7 @@ def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tu
         is_root: running as root (Open MPI refuses without two variables).
         user_options: ``MPIConfig.mpirun_options``, appended as given.
         parallax_env: ``PARALLAX_*`` variables for the ranks.
-        environ: the launcher's environment (which of ``FORWARDED_ENV`` to pass; its
+        environ: the launcher's environment (which of :data:`parallax.invocation.FORWARDED` to pass; its
             ``CUDA_VISIBLE_DEVICES``, within which the ranks' GPUs count: :func:`rank_gpus`).
         allocated: inside a Slurm allocation, its tasks per node, which Open MPI takes
             as the nodes' slots: a node given more ranks (a server beside the workers,
@@ -102,7 +100,7 @@ def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tu
     env = dict(parallax_env or {})
     for name in sorted(env):
         argv += ["-x", name]
-    for name in FORWARDED_ENV:
+    for name in FORWARDED:
         if name in environ and name not in env and not (name == GPUS_ENV and gpus is not None):
             argv += ["-x", name]
     if user_options:

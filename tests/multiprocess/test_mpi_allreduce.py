@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from parallax.comm.native import DISABLE_ENV, OP_NAME
-from parallax.invocation import HUGE_PAGES_ENV
+from parallax.comm.native import OP_NAME
+from parallax.invocation import HUGE_PAGES_ENV, NATIVE_OPS_ENV
 from tests.multiprocess.harness import ROOT, run_script
 
 SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "allreduce_script.py")
@@ -34,7 +34,7 @@ _MIXED = "mixed"  # rank 0 with the compiled op, rank 1 through the PyFunc
 def test_in_place_sums_are_right_and_leave_shared_buffers_alone(tmp_path, monkeypatch, fusion_bytes, native,
                                                                huge_pages, spin):
     mixed = native == _MIXED
-    monkeypatch.setenv(DISABLE_ENV, "1" if native else "0")
+    monkeypatch.setenv(NATIVE_OPS_ENV, "1" if native else "0")
     monkeypatch.setenv(HUGE_PAGES_ENV, "1" if huge_pages else "0")
     run = run_script(tmp_path, "localhost: cpu:0,cpu:1\n", "--fusion_bytes", str(fusion_bytes),
                      *(["--mixed"] if mixed else []), *(["--spin", str(spin)] if spin is not None else []),

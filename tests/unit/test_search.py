@@ -7,6 +7,7 @@ import tensorflow as tf
 
 import parallax
 from parallax import search
+from parallax.invocation import CACHE_ENV, SEARCH_STEPS_ENV
 
 
 def test_candidates_double_from_the_minimum_within_the_rows():
@@ -27,7 +28,7 @@ def test_min_partitions_reads_get_partitioner_uses():
 
 
 def test_cache_round_trip_and_key(tmp_path, monkeypatch):
-    monkeypatch.setenv(search.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     graph = tf.Graph()
     with graph.as_default():
         tf.constant(1.0)
@@ -40,6 +41,6 @@ def test_cache_round_trip_and_key(tmp_path, monkeypatch):
 
 
 def test_bad_trial_steps(monkeypatch):
-    monkeypatch.setenv(search.TRIAL_STEPS_ENV, "five")
+    monkeypatch.setenv(SEARCH_STEPS_ENV, "five")
     with pytest.raises(ValueError, match="expected 'warmup,timed'"):
         search.trial_steps()

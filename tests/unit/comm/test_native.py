@@ -22,7 +22,7 @@ from parallax.comm.mpi import (
     _skip_owned,
     fused_layout,
 )
-from parallax.invocation import HUGE_PAGES_ENV
+from parallax.invocation import HUGE_PAGES_ENV, NATIVE_OPS_ENV
 from parallax.plan.model import CommSpec
 
 
@@ -127,7 +127,7 @@ def test_without_a_compiler_the_backend_warns_once_and_keeps_python(fresh_native
 
 
 def test_it_can_be_turned_off(fresh_native, monkeypatch, caplog):
-    monkeypatch.setenv(native.DISABLE_ENV, "0")
+    monkeypatch.setenv(NATIVE_OPS_ENV, "0")
     monkeypatch.setenv("CXX", "false")
     with caplog.at_level(logging.WARNING, logger="parallax"):
         assert native.native_ops() is None
