@@ -3,7 +3,9 @@
 Every module of the package logs through it, as the original did: a handler
 of its own on standard error, format ``LEVEL:thread:PARALLAX:message``, and
 the level from ``PARALLAX_LOG_LEVEL`` (a number or a name) when set, else
-Python's default (warnings and errors). The plan table and start-up facts go
+WARNING (warnings and errors), whatever the root logger's level: a library
+that lowers or raises the root logger (absl's verbosity does) neither hides
+Parallax's warnings nor floods its INFO lines. The plan table and start-up facts go
 out at INFO, problems at WARNING. Show the INFO lines with::
 
     parallax.log.setLevel(logging.INFO)      # or PARALLAX_LOG_LEVEL=INFO
@@ -32,6 +34,8 @@ def _make() -> logging.Logger:
         logger.addHandler(handler)
         logger.propagate = False
     level = (current().log_level or "").strip()
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
     if level:
         try:
             logger.setLevel(int(level) if level.lstrip("-").isdigit() else level.upper())

@@ -13,6 +13,7 @@ Set at import time, before any test or subprocess starts, so the processes tests
 
 import atexit
 import importlib.util
+import logging
 import os
 import shutil
 import tempfile
@@ -56,6 +57,21 @@ def tuned_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("PARALLAX_USE_TUNED", "1")
     monkeypatch.delenv("PARALLAX_TUNED", raising=False)
     return cache
+
+
+@pytest.fixture
+def parallax_warnings():
+    """The messages the PARALLAX logger (``parallax.log``) emits at WARNING and above while the test runs.
+
+    Taken by a handler on that logger: it does not pass its records on to the root logger (where pytest's
+    ``caplog`` listens), and its own handler writes to a stream pytest may have swapped."""
+    messages: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("PARALLAX")
+    logger.addHandler(handler)
+    yield messages
+    logger.removeHandler(handler)
 
 
 @pytest.fixture

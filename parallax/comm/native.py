@@ -20,7 +20,6 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import hashlib
-import logging
 import os
 import shlex
 import shutil
@@ -31,10 +30,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from parallax.invocation import NATIVE_OPS_ENV, current
+from parallax.logs import log
 
 __all__ = ["NativeOps", "native_ops", "build", "library_path", "OP_NAME"]
-
-logger = logging.getLogger("parallax")
 
 OP_NAME = "ParallaxMpiAllreduce"
 #: ``0``: keep the Python all-reduce (the compiled op is neither built nor used).
@@ -152,8 +150,8 @@ def native_ops() -> NativeOps | None:
         cdll.parallax_unregister_comm.argtypes = [ctypes.c_char_p]
         return NativeOps(path, cdll)
     except (RuntimeError, OSError, subprocess.SubprocessError, tf.errors.OpError) as e:
-        logger.warning("Parallax: the compiled all-reduce op is not available (%s); the mpi backend sums "
-                       "through Python instead (slower for small tensors). %s=0 silences this.", e, NATIVE_OPS_ENV)
+        log.warning("Parallax: the compiled all-reduce op is not available (%s); the mpi backend sums "
+                    "through Python instead (slower for small tensors). %s=0 silences this.", e, NATIVE_OPS_ENV)
         return None
 
 

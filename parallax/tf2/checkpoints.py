@@ -24,7 +24,6 @@ mode and worker count.
 
 from __future__ import annotations
 
-import logging
 import re
 import time
 from typing import Any
@@ -32,11 +31,10 @@ from typing import Any
 import tensorflow as tf
 
 from parallax.errors import CheckpointError
+from parallax.logs import log
 from parallax.paths import CKPT_DIR, check_directory
 
 __all__ = ["StepCheckpoints", "step_checkpoints"]
-
-log = logging.getLogger("parallax")
 
 #: Checkpoints a job keeps (as ``tf.compat.v1.train.Saver`` keeps by default).
 KEPT = 5

@@ -23,7 +23,6 @@ collective calls.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,12 +30,11 @@ import numpy as np
 import tensorflow as tf
 
 from parallax.comm.group import Alone, WorkerGroup
+from parallax.logs import log
 from parallax.tf2.keras_flavor import Flavor, flavor_of
 
 __all__ = ["evaluate", "predict", "worker_part", "in_order", "use_job", "job_group", "evaluate_on", "global_batches",
            "sum_metrics", "numbers", "CHIEF_ONLY", "chief_or_shared"]
-
-log = logging.getLogger("parallax")
 
 #: The workers of the job of this process's last ``parallax.fit`` (set by :func:`use_job`).
 _JOB: list[WorkerGroup] = []

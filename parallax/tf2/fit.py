@@ -41,7 +41,6 @@ launches the job and exits with its exit code; ``fit`` returns in the job's work
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,8 +52,6 @@ from parallax.tf2.evaluate import chief_or_shared, evaluate_on, global_batches, 
 from parallax.tf2.keras_flavor import Flavor, flavor_of
 
 __all__ = ["fit", "parts", "class_weights", "split_validation"]
-
-log = logging.getLogger("parallax")
 
 
 def parts(batch: Any, num_workers: int, worker_id: int, num_replicas: int) -> list:

@@ -4,7 +4,6 @@ accumulation), both, and both with in-graph replicas (dp+pp)."""
 
 from __future__ import annotations
 
-import logging
 import re
 
 import numpy as np
@@ -236,25 +235,7 @@ def test_micro_batches_without_a_batch_input_to_split_are_refused():
         rewrite_for_task(meta, plan, TaskSpec(0))
 
 
-class _Records(logging.Handler):
-    """The Parallax logger's messages (its own handler may write to a stream another test captured)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-    def __enter__(self) -> _Records:
-        logging.getLogger("PARALLAX").addHandler(self)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        logging.getLogger("PARALLAX").removeHandler(self)
-
-
-def test_batch_statistics_split_by_micro_batches_are_named_in_a_warning():
+def test_batch_statistics_split_by_micro_batches_are_named_in_a_warning(parallax_warnings):
     """Batch norm (hand-written tf.nn.moments, and the fused op in training) normalises each micro-batch by
     its own statistics: the rewrite says so, naming the ops, since training then differs from one device."""
     from parallax.analysis import analyse_graph
@@ -266,9 +247,8 @@ def test_batch_statistics_split_by_micro_batches_are_named_in_a_warning():
         meta = tf.compat.v1.train.export_meta_graph(graph=model.graph)
     plan = build_plan(analyse_graph(model.graph), [("h", ("/device:CPU:0",), "/device:CPU:0")], run_option="PS",
                       sync=True, average_sparse=False, micro_batches=2)
-    with _Records() as records:
-        rewrite_for_task(meta, plan, TaskSpec(0))
-    err = "\n".join(records.messages)
+    rewrite_for_task(meta, plan, TaskSpec(0))
+    err = "\n".join(parallax_warnings)
     assert re.search(r"micro_batches=2: the batch statistics of \S*moments/mean are computed per micro-batch: each "
                      r"micro-batch is normalised by its own", err), err
 
@@ -282,7 +262,7 @@ def test_batch_statistics_split_by_micro_batches_are_named_in_a_warning():
     del train
     plan = build_plan(analyse_graph(graph), [("h", ("/device:CPU:0",), "/device:CPU:0")], run_option="PS",
                       sync=True, average_sparse=False, micro_batches=2)
-    with _Records() as records:
-        rewrite_for_task(fused, plan, TaskSpec(0))
-    err = "\n".join(records.messages)
+    parallax_warnings.clear()
+    rewrite_for_task(fused, plan, TaskSpec(0))
+    err = "\n".join(parallax_warnings)
     assert re.search(r"the batch statistics of batch_normalization\S* are computed per micro-batch", err), err

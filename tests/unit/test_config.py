@@ -1,3 +1,6 @@
+import ast
+import os
+
 import pytest
 import tensorflow as tf
 
@@ -110,3 +113,28 @@ def test_parallax_log_is_the_original_s_logger_and_parallax_logs_through_it():
     from parallax.api import logger
 
     assert parallax.log is logging.getLogger("PARALLAX") and logger is parallax.log
+    root = os.path.dirname(parallax.__file__)
+    builds = []  # every module logs through parallax.log: only parallax/logs.py asks logging for a logger
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".py") and os.path.join(folder, name) != os.path.join(root, "logs.py"):
+                tree = ast.parse(open(os.path.join(folder, name)).read())
+                builds += [f"{name}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                           and n.attr == "getLogger"]
+    assert builds == []
+
+
+def test_parallax_warnings_show_whatever_level_the_root_logger_is_at(parallax_warnings):
+    import logging
+
+    import parallax
+
+    root = logging.getLogger()
+    before = root.level
+    root.setLevel(logging.ERROR)  # as absl.logging.set_verbosity("error") does
+    try:
+        parallax.log.warning("still said")
+        parallax.log.info("not said")
+    finally:
+        root.setLevel(before)
+    assert parallax_warnings == ["still said"]

@@ -113,7 +113,7 @@ def test_a_dataset_is_evaluated_as_it_yields_its_batches():
     assert [b[1].tolist() for b in cut] == [[0, 2], [4, 6], [8]] and cut[0][2] is None
 
 
-def test_evaluate_and_predict_with_no_job_run_alone_saying_so_at_warning(caplog):
+def test_evaluate_and_predict_with_no_job_run_alone_saying_so_at_warning(parallax_warnings):
     import keras
 
     keras.utils.set_random_seed(0)
@@ -124,8 +124,9 @@ def test_evaluate_and_predict_with_no_job_run_alone_saying_so_at_warning(caplog)
     np.testing.assert_allclose(got, model.evaluate(x, y, batch_size=3, verbose=0), rtol=1e-6)
     np.testing.assert_allclose(parallax.predict(model, x, batch_size=3, verbose=0),
                                model.predict(x, batch_size=3, verbose=0), rtol=1e-6)
-    assert "parallax.evaluate: no job has started in this process (parallax.fit, or parallel_run of a" in caplog.text
-    assert "parallax.predict: no job has started in this process" in caplog.text
+    said = "\n".join(parallax_warnings)
+    assert "parallax.evaluate: no job has started in this process (parallax.fit, or parallel_run of a" in said
+    assert "parallax.predict: no job has started in this process" in said
 
 
 def _tiny(keras_module=None):

@@ -4,7 +4,6 @@ replaced with both values, and so does each PARALLAX_* variable; once per job, b
 from __future__ import annotations
 
 import json
-import logging
 import re
 
 import pytest
@@ -29,22 +28,6 @@ def small_graph() -> tf.Graph:
         loss = tf.reduce_mean(tf.square(w * x), name="loss")
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
     return graph
-
-
-@pytest.fixture
-def parallax_warnings():
-    """The WARNING lines the PARALLAX logger emits while the test runs."""
-    lines: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            if record.levelno == logging.WARNING:
-                lines.append(record.getMessage())
-
-    handler = Keep()
-    logging.getLogger("PARALLAX").addHandler(handler)
-    yield lines
-    logging.getLogger("PARALLAX").removeHandler(handler)
 
 
 def run_locally(graph: tf.Graph, resources: str, config: parallax.Config) -> None:

@@ -3,8 +3,6 @@ where it cannot be built. Its sums are checked on real ranks (tests/multiprocess
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -115,20 +113,18 @@ def fresh_native(monkeypatch, tmp_path):
     native.native_ops.cache_clear()
 
 
-def test_without_a_compiler_the_backend_warns_once_and_keeps_python(fresh_native, monkeypatch, caplog):
+def test_without_a_compiler_the_backend_warns_once_and_keeps_python(fresh_native, monkeypatch, parallax_warnings):
     monkeypatch.setenv("CXX", "false")
-    with caplog.at_level(logging.WARNING, logger="parallax"):
-        assert native.native_ops() is None
-        assert native.native_ops() is None
-    warnings = [r.getMessage() for r in caplog.records if "compiled all-reduce op" in r.getMessage()]
+    assert native.native_ops() is None
+    assert native.native_ops() is None
+    warnings = [m for m in parallax_warnings if "compiled all-reduce op" in m]
     assert len(warnings) == 1 and "false failed (exit code 1)" in warnings[0], warnings
     with pytest.raises(RuntimeError, match="exit code 1"):
         native.build()
 
 
-def test_it_can_be_turned_off(fresh_native, monkeypatch, caplog):
+def test_it_can_be_turned_off(fresh_native, monkeypatch, parallax_warnings):
     monkeypatch.setenv(NATIVE_OPS_ENV, "0")
     monkeypatch.setenv("CXX", "false")
-    with caplog.at_level(logging.WARNING, logger="parallax"):
-        assert native.native_ops() is None
-    assert not caplog.records
+    assert native.native_ops() is None
+    assert not parallax_warnings
