@@ -87,7 +87,7 @@ def parallax_job(wl: Workload, args) -> Runner:
     import tensorflow as tf
 
     import parallax
-    from parallax.launch.command import LAUNCH_ENV
+    from parallax.invocation import LAUNCH_ENV
     from parallax.launch.layout import layout_from_json
 
     graph = tf.Graph()

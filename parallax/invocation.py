@@ -16,8 +16,9 @@ back into variables (the launcher gives every rank those :data:`FORWARDED` lists
 ====================  ===========================================================================
 
 Every other setting of the table :data:`CONTROLS` is a field of :class:`Invocation` too, read where it is
-used (``invocation.current().finish_timeout``). No other module reads these variables; the modules that give
-them to a child process build its environment with :meth:`Invocation.to_env` or :func:`env_with`.
+used (``invocation.current().finish_timeout``; :func:`setting` reads one without parsing the rest). No other
+module reads these variables; the modules that give them to a child process build its environment with
+:meth:`Invocation.to_env` or :func:`env_with`.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Control", "CONTROLS", "FORWARDED", "Invocation", "PlanRequest", "TrialRequest", "LaunchIdentity",
-           "current", "env_with", "export", "RESOURCE_ENV", "RUN_OPTION_ENV", "MPIRUN_OPTIONS_ENV", "DRY_RUN_ENV",
-           "PLAN_ENV", "SKIP_CHECK_ENV", "LAUNCH_ENV", "JOB_DIR_ENV", "MONITOR_ENV", "STALL_ENV", "LEVEL_ENV",
-           "TRIAL_ENV", "RESULT_ENV", "PARAMS_ENV", "TUNED_ENV", "USE_TUNED_ENV", "PARTITIONS_ENV",
+           "current", "setting", "env_with", "export", "RESOURCE_ENV", "RUN_OPTION_ENV", "MPIRUN_OPTIONS_ENV",
+           "DRY_RUN_ENV", "PLAN_ENV", "SKIP_CHECK_ENV", "LAUNCH_ENV", "JOB_DIR_ENV", "MONITOR_ENV", "STALL_ENV",
+           "LEVEL_ENV", "TRIAL_ENV", "RESULT_ENV", "PARAMS_ENV", "TUNED_ENV", "USE_TUNED_ENV", "PARTITIONS_ENV",
            "SEARCH_STEPS_ENV", "CACHE_ENV", "TRIAL_BACKEND_ENV", "SCHEDULER_ENV", "TRIAL_TIMEOUT_ENV",
            "FINISH_TIMEOUT_ENV", "ARRIVAL_SPIN_ENV", "NATIVE_OPS_ENV", "HUGE_PAGES_ENV", "SLOT_DEVICE_ENV",
            "TF_CONFIG_ENV", "RERUN_ENV"]
@@ -333,6 +334,20 @@ class Invocation:
 def current() -> Invocation:
     """This process's invocation, as its environment says now."""
     return Invocation.from_env(os.environ)
+
+
+def setting(attr: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The text of one control variable that holds text (a field of :class:`Invocation` other than a request),
+    read without parsing the others: what a module needs while it is imported (the log level), so that a
+    malformed request variable is reported by the call that reads it, not by ``import parallax``.
+
+    >>> setting("log_level", {"PARALLAX_LOG_LEVEL": "INFO", "PARALLAX_LAUNCH": "not json"})
+    'INFO'
+    """
+    if attr in _REQUESTS:
+        raise ValueError(f"{attr} is a request: read it with current().{attr}")
+    (control,) = [c for c in CONTROLS.values() if c.attr == attr]
+    return (os.environ if environ is None else environ).get(control.name) or None
 
 
 def env_with(base: Mapping[str, str] | None = None, **changes: Any) -> dict[str, str]:

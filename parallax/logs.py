@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import logging
 
-from parallax.invocation import LEVEL_ENV, current
+from parallax.invocation import LEVEL_ENV, setting
 
-__all__ = ["log", "LOGGER_NAME", "LEVEL_ENV"]
+__all__ = ["log", "LOGGER_NAME"]
 
 LOGGER_NAME = "PARALLAX"
 
@@ -33,7 +33,7 @@ def _make() -> logging.Logger:
         handler._parallax = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
         logger.propagate = False
-    level = (current().log_level or "").strip()
+    level = (setting("log_level") or "").strip()
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.WARNING)
     if level:

@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from parallax.invocation import PARTITIONS_ENV, current
+from parallax.invocation import current
 
-__all__ = ["get_partitioner", "PARTITIONS_ENV", "PARTITIONER_COLLECTION"]
+__all__ = ["get_partitioner", "PARTITIONER_COLLECTION"]
 
 PARTITIONER_COLLECTION = "parallax_partitioned_variables"
 

@@ -22,11 +22,10 @@ from parallax.cluster import Cluster, is_local_host
 from parallax.comm.registry import backend_without_mpirun, choose_backend
 from parallax.config import CheckPointConfig, Config, MPIConfig, ProfileConfig, PSConfig
 from parallax.errors import LaunchError
-from parallax.invocation import ARRIVAL_SPIN_ENV, FINISH_TIMEOUT_ENV, Invocation
+from parallax.invocation import ARRIVAL_SPIN_ENV, Invocation
 from parallax.plan.model import CommSpec, Layout, PSSpec
 
-__all__ = ["Settings", "PipelineSettings", "Timeouts", "derive", "FINISH_TIMEOUT_ENV", "ARRIVAL_SPIN_ENV",
-           "STOCK_PROTOCOLS"]
+__all__ = ["Settings", "PipelineSettings", "Timeouts", "derive", "STOCK_PROTOCOLS"]
 
 #: The server protocols stock TensorFlow 2 registers (verbs, GDR and MPI were contrib modules, gone since
 #: TensorFlow 2; ``tf.distribute.Server`` with them raises "No server factory registered").

@@ -23,11 +23,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 from parallax.errors import LaunchError
-from parallax.invocation import FORWARDED, JOB_DIR_ENV, LAUNCH_ENV
+from parallax.invocation import FORWARDED
 from parallax.launch.layout import RankSpec
 
-__all__ = ["LaunchCommand", "build_mpirun_command", "rank_gpus", "SESSION_DIR_ENV", "GPUS_ENV",
-           "LAUNCH_ENV", "JOB_DIR_ENV"]
+__all__ = ["LaunchCommand", "build_mpirun_command", "rank_gpus", "SESSION_DIR_ENV", "GPUS_ENV"]
 
 
 

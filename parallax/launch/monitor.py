@@ -47,9 +47,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from parallax.invocation import MONITOR_ENV, STALL_ENV
-
-__all__ = ["MONITOR_ENV", "STALL_ENV", "Heartbeat", "StallMonitor", "RankState", "stall_report", "end_orphan"]
+__all__ = ["Heartbeat", "StallMonitor", "RankState", "stall_report", "end_orphan"]
 
 _INTERVAL = 0.5
 

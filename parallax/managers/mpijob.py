@@ -25,8 +25,7 @@ from collections.abc import Mapping
 from parallax.errors import ResourceFileError
 from parallax.invocation import SLOT_DEVICE_ENV, Invocation
 
-__all__ = ["MPIJOB", "HOSTFILE_ENVS", "SLOT_DEVICE_ENV", "hostfile_of", "in_launcher", "hostfile_text",
-           "resource_text", "source_name"]
+__all__ = ["MPIJOB", "HOSTFILE_ENVS", "hostfile_of", "in_launcher", "hostfile_text", "resource_text", "source_name"]
 
 #: ``resource_info`` naming the MPIJob's host file.
 MPIJOB = "mpijob"

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from parallax.errors import LaunchError, ResourceFileError
 from parallax.invocation import TF_CONFIG_ENV, Invocation
 
-__all__ = ["TF_CONFIG_ENV", "Task", "ManagedJob", "read_tf_config", "WORKER_TYPES", "IGNORED_TYPES"]
+__all__ = ["Task", "ManagedJob", "read_tf_config", "WORKER_TYPES", "IGNORED_TYPES"]
 
 #: Task types that train, in the order their tasks become Parallax workers.
 WORKER_TYPES = ("chief", "master", "worker")

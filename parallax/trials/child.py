@@ -16,9 +16,9 @@ import json
 import sys
 from typing import Any
 
-from parallax.invocation import PARAMS_ENV, current, export
+from parallax.invocation import current, export
 
-__all__ = ["PARAMS_ENV", "main", "suggest"]
+__all__ = ["main", "suggest"]
 
 
 

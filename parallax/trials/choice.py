@@ -13,8 +13,8 @@ from dataclasses import replace
 from typing import Any
 
 from parallax.config import Config
+from parallax.invocation import PARTITIONS_ENV
 from parallax.overrides import Replaced
-from parallax.partitioner import PARTITIONS_ENV
 
 __all__ = ["CHOICE_FIELDS", "with_choice", "choice_env", "describe_choice", "check_choice", "replaced_by_choice",
            "setting_name"]

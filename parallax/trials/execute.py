@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from parallax.invocation import RESULT_ENV, current, env_with
+from parallax.invocation import current, env_with
 
-__all__ = ["TrialSpec", "TrialResult", "run_trial", "RESULT_ENV", "STATUSES", "tail_of", "write_result"]
+__all__ = ["TrialSpec", "TrialResult", "run_trial", "STATUSES", "tail_of", "write_result"]
 
 #: What became of a trial.
 STATUSES = ("ok", "failed", "timeout", "lost")

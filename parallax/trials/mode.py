@@ -9,7 +9,7 @@ Its ``parallel_run`` applies the choice to the script's Config
 (:func:`parallax.trials.choice.with_choice`) and returns a session that times
 each ``run`` call after ``warmup`` of them. After ``steps`` timed calls the
 workers agree on the step time (the slowest worker's median), worker 0 writes
-the result to :data:`~parallax.trials.execute.RESULT_ENV`'s file, and every
+the result to :data:`~parallax.invocation.RESULT_ENV`'s file, and every
 process ends with exit code 0 (:class:`TrialOver`, a ``SystemExit``: the
 script's own ``except Exception`` does not stop it, and nothing is printed).
 """
@@ -19,10 +19,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from parallax.invocation import TRIAL_ENV, Invocation, TrialRequest, current
+from parallax.invocation import Invocation, TrialRequest, current
 from parallax.trials.execute import write_result
 
-__all__ = ["TRIAL_ENV", "TrialRequest", "TrialOver", "TrialSession", "trial_request", "in_trial", "trial_env"]
+__all__ = ["TrialRequest", "TrialOver", "TrialSession", "trial_request", "in_trial", "trial_env"]
 
 
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from parallax.invocation import TUNED_ENV, USE_TUNED_ENV, current, export
+from parallax.invocation import TUNED_ENV, current, export
 from parallax.search import cache_key, cache_path, store_entry
 
-__all__ = ["TUNED_ENV", "USE_TUNED_ENV", "TUNED_FILE", "tune_key", "store_tuned", "tuned_entry", "tuned_choice"]
+__all__ = ["TUNED_FILE", "tune_key", "store_tuned", "tuned_entry", "tuned_choice"]
 
 TUNED_FILE = "tuned.json"
 

@@ -9,9 +9,10 @@ import pytest
 import tensorflow as tf
 
 import parallax
+from parallax.invocation import ARRIVAL_SPIN_ENV, FINISH_TIMEOUT_ENV
 from parallax.launch.launcher import MPIRUN_OPTIONS_ENV
 from parallax.resources import parse_resource_text
-from parallax.settings import ARRIVAL_SPIN_ENV, FINISH_TIMEOUT_ENV, Timeouts, derive
+from parallax.settings import Timeouts, derive
 
 CPU = parse_resource_text("localhost: cpu:0,cpu:1", "res")
 GPU = parse_resource_text("a: 0,1", "res")

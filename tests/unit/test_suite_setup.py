@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
+from parallax.invocation import USE_TUNED_ENV
 from parallax.search import cache_path
-from parallax.tuning.cache import USE_TUNED_ENV, tuned_choice
+from parallax.tuning.cache import tuned_choice
 from tests.requirements import unavailable
 
 TEST_CACHE_PREFIX = "parallax-tests-cache-"  # tests/conftest.py's

@@ -9,7 +9,8 @@ import os
 import pytest
 import tensorflow as tf
 
-from parallax.tuning.cache import TUNED_ENV, USE_TUNED_ENV, store_tuned, tune_key, tuned_choice
+from parallax.invocation import TUNED_ENV, USE_TUNED_ENV
+from parallax.tuning.cache import store_tuned, tune_key, tuned_choice
 
 
 def graph_of(width: int) -> tf.Graph:

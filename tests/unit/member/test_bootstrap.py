@@ -19,13 +19,10 @@ import types
 
 import pytest
 
-from parallax.invocation import LaunchIdentity
-from parallax.launch.command import JOB_DIR_ENV, LAUNCH_ENV
+from parallax.invocation import JOB_DIR_ENV, LAUNCH_ENV, LEVEL_ENV, MONITOR_ENV, LaunchIdentity
 from parallax.launch.launcher import launch_env
 from parallax.launch.layout import RankSpec, layout_from_json
-from parallax.launch.monitor import MONITOR_ENV
 from parallax.launch.runner import read_registry
-from parallax.logs import LEVEL_ENV
 from parallax.member.bootstrap import (
     EXIT_POLL_SECONDS,
     RankContext,

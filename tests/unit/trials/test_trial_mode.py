@@ -7,9 +7,9 @@ import json
 import pytest
 
 from parallax.config import Config
+from parallax.invocation import RESULT_ENV, TRIAL_ENV
 from parallax.trials.choice import choice_env, describe_choice, with_choice
-from parallax.trials.execute import RESULT_ENV
-from parallax.trials.mode import TRIAL_ENV, TrialOver, TrialRequest, TrialSession, trial_env, trial_request
+from parallax.trials.mode import TrialOver, TrialRequest, TrialSession, trial_env, trial_request
 
 
 class FakeSession:
