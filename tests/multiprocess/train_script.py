@@ -30,11 +30,16 @@ def is_slot(variable, graph) -> bool:
     return variable.op.name in {v.name for v in analyse_graph(graph).variables if v.slot_of}
 
 
-def kill(pid: int, out: str) -> None:
-    """SIGKILL ``pid``, first writing the time to ``<out>/killed_at`` for the test to measure from."""
+def note_time(out: str, what: str) -> None:
+    """Write the time to ``<out>/<what>`` (``killed_at``, ``raised_at``) for the test to measure from."""
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "killed_at"), "w") as f:
+    with open(os.path.join(out, what), "w") as f:
         f.write(repr(time.time()))
+
+
+def kill(pid: int, out: str) -> None:
+    """SIGKILL ``pid``, first writing the time to ``<out>/killed_at``."""
+    note_time(out, "killed_at")
     os.kill(pid, signal.SIGKILL)
 
 
@@ -183,6 +188,7 @@ def train(args: argparse.Namespace) -> None:
         if worker_id == args.sleep_rank and step == args.kill_step:
             time.sleep(args.sleep_seconds)
         if worker_id == args.raise_rank and step == args.kill_step:
+            note_time(args.out, "raised_at")
             raise RuntimeError(f"deliberate failure on rank {worker_id}")
         mine = {model.inputs[k]: np.split(v, parts)[worker_id * num_replicas:(worker_id + 1) * num_replicas]
                 for k, v in feed.items()}
