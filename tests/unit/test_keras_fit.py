@@ -113,8 +113,13 @@ def test_a_dataset_is_evaluated_as_it_yields_its_batches():
     assert [b[1].tolist() for b in cut] == [[0, 2], [4, 6], [8]] and cut[0][2] is None
 
 
-def test_evaluate_and_predict_with_no_job_run_alone_saying_so_at_warning(parallax_warnings):
+def test_evaluate_and_predict_with_no_job_run_alone_saying_so_at_warning(parallax_warnings, monkeypatch):
     import keras
+
+    from parallax.tf2 import evaluate
+
+    # a job an earlier test of this process ran (parallel_run of a tf.function step) would be this process's job
+    monkeypatch.setattr(evaluate, "_JOB", [])
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.layers.Input((2,)), keras.layers.Dense(1)])
