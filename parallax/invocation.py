@@ -346,8 +346,7 @@ def setting(attr: str, environ: Mapping[str, str] | None = None) -> str | None:
     """
     if attr in _REQUESTS:
         raise ValueError(f"{attr} is a request: read it with current().{attr}")
-    (control,) = [c for c in CONTROLS.values() if c.attr == attr]
-    return (os.environ if environ is None else environ).get(control.name) or None
+    return (os.environ if environ is None else environ).get(_NAME_OF[attr]) or None
 
 
 def env_with(base: Mapping[str, str] | None = None, **changes: Any) -> dict[str, str]:

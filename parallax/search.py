@@ -38,8 +38,7 @@ from parallax.logs import log as logger
 from parallax.partitioner import PARTITIONER_COLLECTION
 
 __all__ = ["in_final_run", "search", "run_final", "cache_key", "cached_count", "store_count", "candidates_from",
-           "min_partitions", "MAX_TRIALS", "partition_search",
-           "cache_path", "trial_steps", "runner_from_environment",
+           "min_partitions", "MAX_TRIALS", "partition_search", "cache_path", "trial_steps", "runner_from_environment",
            "partitioned_shapes", "store_entry", "partition_counts"]
 
 

@@ -29,7 +29,6 @@ from parallax.launch.layout import RankSpec
 __all__ = ["LaunchCommand", "build_mpirun_command", "rank_gpus", "SESSION_DIR_ENV", "GPUS_ENV"]
 
 
-
 #: Open MPI 5's variable for the base of its session directories (read by mpirun and its daemons).
 SESSION_DIR_ENV = "PRTE_MCA_prte_tmpdir_base"
 #: The GPUs CUDA shows a process (read once, when CUDA starts in it).

@@ -21,7 +21,6 @@ from parallax.invocation import current, export
 __all__ = ["main", "suggest"]
 
 
-
 def suggest(space: dict[str, Any], history: list[dict[str, Any]], seed: int, minimize: bool) -> dict[str, Any]:
     """The next parameters Optuna's TPE sampler suggests from the ``history`` of ``{"params", "value"}``."""
     import optuna

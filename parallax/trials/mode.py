@@ -25,7 +25,6 @@ from parallax.trials.execute import write_result
 __all__ = ["TrialRequest", "TrialOver", "TrialSession", "trial_request", "in_trial", "trial_env"]
 
 
-
 class TrialOver(SystemExit):
     """Ends a trial's process after its timed steps, with exit code 0."""
 
