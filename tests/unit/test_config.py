@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import parallax
+from tests.package import PACKAGE, package_modules
 
 
 def test_defaults_follow_the_seed_api():
@@ -113,14 +114,12 @@ def test_parallax_log_is_the_original_s_logger_and_parallax_logs_through_it():
     from parallax.api import logger
 
     assert parallax.log is logging.getLogger("PARALLAX") and logger is parallax.log
-    root = os.path.dirname(parallax.__file__)
     builds = []  # every module logs through parallax.log: only parallax/logs.py asks logging for a logger
-    for folder, _, files in os.walk(root):
-        for name in files:
-            if name.endswith(".py") and os.path.join(folder, name) != os.path.join(root, "logs.py"):
-                tree = ast.parse(open(os.path.join(folder, name)).read())
-                builds += [f"{name}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Attribute)
-                           and n.attr == "getLogger"]
+    for path in package_modules("logs.py"):
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        builds += [f"{os.path.relpath(path, PACKAGE)}:{n.lineno}" for n in ast.walk(tree)
+                   if isinstance(n, ast.Attribute) and n.attr == "getLogger"]
     assert builds == []
 
 

@@ -17,8 +17,7 @@ from parallax.invocation import (
     env_with,
     export,
 )
-
-PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "parallax")
+from tests.package import PACKAGE, package_modules
 
 
 def _every_field_set() -> Invocation:
@@ -107,19 +106,11 @@ def _lookups_by_imported_name(path: str) -> list[tuple[int, str]]:
     return found
 
 
-def _modules():
-    for root, _, files in os.walk(PACKAGE):
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            if name.endswith(".py") and path != os.path.join(PACKAGE, "invocation.py"):
-                yield path
-
-
 def test_no_other_module_reads_a_control_variable():
     """Every other module takes the names from parallax.invocation and the values from an Invocation: none
     spells a control variable, nor looks one up in a mapping by its name."""
     found = []
-    for path in _modules():
+    for path in package_modules("invocation.py"):
         where = os.path.relpath(path, PACKAGE)
         found += [f"{where}:{line}: {text!r}" for line, text in _literals(path)
                   if text.strip() in CONTROLS or any(text.startswith(f"{n}=") for n in CONTROLS)]
