@@ -48,6 +48,20 @@ def pytest_configure(config):
                                 "(`make test-horovod` builds a venv with it)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects: make test and make test-extended split by this marker
+def pytest_collection_modifyitems(items):
+    """A multi-process test is ``extended`` unless it is marked ``core``.
+
+    ``make test`` runs the core: in each mode and for each kind of program, one job that trains equal to one
+    device and the failures a job must end on (a killed or raising process), so that it stays under 15 minutes on
+    two cores; ``make test-extended`` (in CI) runs every other multi-process case. A new multi-process test is
+    extended until someone decides it belongs to the core. The virtual cluster's tests have suites of their own."""
+    for item in items:
+        if item.get_closest_marker("multiprocess") and not item.get_closest_marker("core") \
+                and not item.get_closest_marker("cluster"):
+            item.add_marker(pytest.mark.extended)
+
+
 @pytest.fixture
 def tuned_cache(tmp_path, monkeypatch):
     """A test that exercises the stored tunes: an empty cache directory of its own, stored tunes on."""

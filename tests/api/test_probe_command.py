@@ -9,7 +9,7 @@ import pytest
 from parallax.cli import parallax_main
 from tests.multiprocess.harness import SCRIPT
 
-pytestmark = [pytest.mark.multiprocess]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.core]
 
 LINK = re.compile(r"(inside|between) (\S+?)(?: and (\S+))?: ([0-9.e+]+) Gbit/s per direction, ([0-9.e+]+) us latency")
 

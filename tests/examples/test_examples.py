@@ -36,6 +36,7 @@ def example(path: str):
     return module
 
 
+@pytest.mark.core  # what `make demo` runs
 def test_simple_learns_the_line():
     output = run(sys.executable, "examples/simple/simple_train.py", "--resource_info", RESOURCES)
     assert "worker 1 of 2 ready" in output
@@ -86,7 +87,7 @@ def test_sparse_lm_in_hybrid_trains():
     assert last < first - 1.0, output[-3000:]
 
 
-@pytest.mark.parametrize("backend", ["dask", pytest.param("local", marks=pytest.mark.extended)])
+@pytest.mark.parametrize("backend", ["dask", "local"])
 def test_the_sweep_example_finds_the_best_learning_rate(tmp_path, backend):
     output = run(sys.executable, "examples/sweep/lr_sweep.py", "--resource_info", RESOURCES, "--backend", backend,
                  "--output", str(tmp_path / backend))

@@ -26,7 +26,7 @@ def restore_single_device(model_name: str, ckpt_dir: str) -> dict[str, np.ndarra
         return variable_values(sess, model.graph)
 
 
-@pytest.mark.parametrize("model", ["embedding", pytest.param("sequence", marks=pytest.mark.extended)])
+@pytest.mark.parametrize("model", ["embedding", "sequence"])
 def test_mpi_checkpoint_restores_into_plain_tensorflow_and_into_ps_mode(tmp_path, model):
     ckpt = str(tmp_path / "ckpt")
     run = run_script(tmp_path / "mpi", resources(2), "--model", model, "--average_sparse", "--steps", "4",
@@ -54,7 +54,7 @@ def test_mpi_checkpoint_restores_into_plain_tensorflow_and_into_ps_mode(tmp_path
     check_ranks_match(hybrid, trained, 3)
 
 
-@pytest.mark.parametrize("run_option", [pytest.param("MPI", marks=pytest.mark.extended), "HYBRID"])
+@pytest.mark.parametrize("run_option", ["MPI", pytest.param("HYBRID", marks=pytest.mark.core)])
 def test_a_killed_job_resumes_from_the_last_saved_step_and_ends_as_if_never_stopped(tmp_path, run_option):
     """Killed during step 8 of 9 (checkpoints every 3 steps), the job restarts from the checkpoint of step 6
     and trains the batches of steps 7 to 9: the checkpoint holds single-device training's values after 6
@@ -83,7 +83,7 @@ def test_a_killed_job_resumes_from_the_last_saved_step_and_ends_as_if_never_stop
 
 @pytest.mark.parametrize("run_option, resource_text, processes", [
     ("MPI", resources(2), 2), ("PS", "localhost: cpu:0\nlocalhost: cpu:1\n", 2),
-    pytest.param("HYBRID", resources(2), 2, marks=pytest.mark.extended)])
+    ("HYBRID", resources(2), 2)])
 def test_user_hooks_and_sess_config_in_every_worker(tmp_path, run_option, resource_text, processes):
     run = run_script(tmp_path, resource_text, "--run_option", run_option, "--model", "embedding", "--steps", "4",
                      "--count_hook", "--sess_threads", "3")
@@ -94,7 +94,7 @@ def test_user_hooks_and_sess_config_in_every_worker(tmp_path, run_option, resour
     assert all(threads == "3" for _, threads in reports)  # the session was made with the user's sess_config
 
 
-@pytest.mark.parametrize("run_option", ["MPI", pytest.param("HYBRID", marks=pytest.mark.extended)])
+@pytest.mark.parametrize("run_option", ["MPI", "HYBRID"])
 def test_every_worker_profiles_its_steps(tmp_path, run_option):
     prof = tmp_path / "prof"
     run = run_script(tmp_path, resources(2), "--run_option", run_option, "--model", "embedding", "--steps", "4",

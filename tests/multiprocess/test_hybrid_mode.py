@@ -15,8 +15,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 
 @pytest.mark.parametrize("optimizer, num_ranks", [
-    pytest.param("adam", 2, marks=pytest.mark.extended), ("adam", 3), ("momentum", 2),
-    pytest.param("momentum", 3, marks=pytest.mark.extended)])
+    ("adam", 2), pytest.param("adam", 3, marks=pytest.mark.core), ("momentum", 2), ("momentum", 3)])
 def test_hybrid_equals_single_device(tmp_path, optimizer, num_ranks):
     run = run_script(tmp_path, resources(num_ranks), "--run_option", "HYBRID", "--model", "embedding",
                      "--optimizer", optimizer, "--average_sparse", "--steps", str(STEPS), "--batch", str(BATCH))
@@ -24,7 +23,6 @@ def test_hybrid_equals_single_device(tmp_path, optimizer, num_ranks):
     assert f"starting {num_ranks + 1} processes" in run.output  # one per device + one server
 
 
-@pytest.mark.extended  # the same sum in MPI mode stays in make test
 def test_hybrid_sums_sparse_gradients_without_average_sparse(tmp_path):
     run = run_script(tmp_path, resources(2), "--run_option", "HYBRID", "--model", "embedding", "--optimizer", "gd")
     # embedding: the sum of 2 ranks' means = 2 x the union mean; proj/kernel: the mean
@@ -85,13 +83,13 @@ def test_auto_all_reduces_a_dense_enough_sparse_gradient(tmp_path):
     check_ranks_match(run, expected_values("embedding"), 2)
 
 
-@pytest.mark.extended  # a killed rank in MPI and PS jobs stays in make test
 def test_a_killed_worker_ends_a_hybrid_job(tmp_path):
     run = run_script(tmp_path, resources(3), "--run_option", "HYBRID", "--model", "embedding",
                      "--kill_rank", "1", "--kill_step", "2", "--steps", "50")
     assert_killed_rank_ended_the_job(run, tmp_path, rank="1")
 
 
+@pytest.mark.core
 def test_an_exception_in_a_worker_ends_a_hybrid_job_quickly(tmp_path):
     run = run_script(tmp_path, resources(2), "--run_option", "HYBRID", "--model", "embedding", "--raise_rank", "1",
                      "--kill_step", "1", "--steps", "50", timeout=90)

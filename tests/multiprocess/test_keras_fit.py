@@ -4,8 +4,8 @@ every epoch's logs (loss, metric, validation) and every trained weight, then the
 of held-out examples (batches that do not split evenly over the workers), on every worker; in MPI, PS and HYBRID
 on 2 processes and with 2 replicas in one process, for Keras 3 with arrays in order, shuffled with a seed, and a
 ``tf.data.Dataset``, for tf_keras with its legacy and new Adam, and for both with sample weights and
-``validation_split`` (the last two in PS and HYBRID in the extended suite); the ``ModelCheckpoint`` callback writes
-on worker 0."""
+``validation_split``; the ``ModelCheckpoint`` callback writes on worker 0. ``make test`` runs the Keras 3 cases
+in MPI on 2 processes (the core, tests/conftest.py), ``make test-extended`` the rest."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ SCRIPT = os.path.join(ROOT, "tests", "tf2", "fit_script.py")
 KERAS_3 = ["ordered", "shuffled", "dataset"]
 
 # tf_keras, sample weights with validation_split, batches that do not split evenly, a learning rate set by a
-# callback: in the jobs of MPI and of the local replicas; in PS and HYBRID, a job of their own (extended)
+# callback: in the local replicas' job, beside the Keras 3 cases; elsewhere, a job of their own
 MORE = ["tf_keras-legacy", "tf_keras-new", "weighted", "tf_keras-weighted", "ragged", "ragged-dataset",
         "tf_keras-ragged", "scheduled", "tf_keras-scheduled", "early-stopping", "tf_keras-early-stopping"]
 # group: (resource file, run option, workers, replicas each)
@@ -36,8 +36,9 @@ GROUPS = {
     "local-2-replicas": ("localhost: cpu:0,cpu:1\n", "PS", 1),
     "MPI-3": ("localhost: cpu:0,cpu:1,cpu:2\n", "MPI", 3),
 }
-WITH_MORE = ("MPI-2", "local-2-replicas")
-EXTENDED = ("MPI-3",)  # the Keras 3 cases, in the extended suite
+WITH_MORE = ("local-2-replicas",)
+KERAS_3_ONLY = ("MPI-3",)
+CORE = "MPI-2"  # its Keras 3 cases: make test's job
 
 
 def _jobs(factory, groups, cases):
@@ -66,10 +67,8 @@ def reference(case: str):
 
 def _cases():
     for group in GROUPS:
-        for case in KERAS_3 + ([] if group in EXTENDED else MORE):
-            marks = [pytest.mark.xdist_group(f"fit-{group}")]
-            if (case in MORE and group not in WITH_MORE) or group in EXTENDED:
-                marks.append(pytest.mark.extended)
+        for case in KERAS_3 + ([] if group in KERAS_3_ONLY else MORE):
+            marks = [pytest.mark.xdist_group(f"fit-{group}")] + [pytest.mark.core] * (group == CORE and case in KERAS_3)
             yield pytest.param(group, case, marks=marks, id=f"{case}-{group}")
 
 
@@ -108,8 +107,9 @@ def test_parallax_fit_evaluate_and_predict_equal_keras_on_one_device(jobs, group
     assert os.path.exists(os.path.join(out, "model.weights.h5"))  # the chief's ModelCheckpoint
 
 
-@pytest.mark.parametrize("group", [pytest.param(g, marks=pytest.mark.xdist_group(f"fit-{g}")) for g in GROUPS
-                                   if g not in EXTENDED])
+@pytest.mark.parametrize("group", [pytest.param(g, marks=[pytest.mark.xdist_group(f"fit-{g}")]
+                                                + [pytest.mark.core] * (g == CORE)) for g in GROUPS
+                                   if g not in KERAS_3_ONLY])
 def test_a_checkpoint_saved_within_an_epoch_holds_the_weights_trained_so_far(jobs, group, tmp_path):
     from tests.tf2.fit_programs import saved_within_epochs, single_device_within_epochs
 
@@ -129,9 +129,7 @@ def mixed_jobs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", MIXED)
-@pytest.mark.parametrize("group", [pytest.param(g, marks=[pytest.mark.xdist_group(f"fit-mixed-{g}")]
-                                                + ([pytest.mark.extended] if g != "MPI-2" else []))
-                                   for g in GROUPS])
+@pytest.mark.parametrize("group", [pytest.param(g, marks=pytest.mark.xdist_group(f"fit-mixed-{g}")) for g in GROUPS])
 def test_parallax_fit_with_mixed_precision_and_loss_scaling_equals_model_fit_on_one_device(mixed_jobs, group, case):
     """float16 compute: a few units of float16's roundoff (2**-11) apart, as the TF2 steps' (see
     tests/multiprocess/test_tf2_mixed_precision.py); measured 1.3e-4 on the weights, 1e-4 relative on the logs."""

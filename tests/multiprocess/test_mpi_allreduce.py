@@ -24,11 +24,11 @@ _MIXED = "mixed"  # rank 0 with the compiled op, rank 1 through the PyFunc
     # rank 1's PyFunc sums the large buffers in place too; only rank 1 asks to wait asleep (the
     # compiled op's Arrive and the PyFunc's arrive, agreed on when they bind, or the calls hang)
     (_MIXED, True, _ONE_BUCKET, 2e-4),
-    pytest.param(_MIXED, True, _ONE_BUCKET, None, marks=pytest.mark.extended),
-    pytest.param(False, True, 1, None, marks=pytest.mark.extended),
-    pytest.param(True, False, 1, None, marks=pytest.mark.extended),
-    pytest.param(True, True, _ONE_BUCKET, None, marks=pytest.mark.extended),  # MPI-mode training covers it too
-    pytest.param(False, True, _ONE_BUCKET, None, marks=pytest.mark.extended),
+    (_MIXED, True, _ONE_BUCKET, None),
+    (False, True, 1, None),
+    (True, False, 1, None),
+    (True, True, _ONE_BUCKET, None),
+    (False, True, _ONE_BUCKET, None),
 ], ids=["compiled-op", "mixed-one-bucket-arriving", "mixed-one-bucket", "pyfunc", "compiled-op-no-huge-pages",
         "compiled-op-one-bucket", "pyfunc-one-bucket"])
 def test_in_place_sums_are_right_and_leave_shared_buffers_alone(tmp_path, monkeypatch, fusion_bytes, native,

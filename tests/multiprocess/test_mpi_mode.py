@@ -63,9 +63,13 @@ def jobs(tmp_path_factory):
     return SharedJobs(tmp_path_factory, GROUPS)
 
 
+CORE = (DEFAULT_BACKEND, 2)  # make test's MPI job (tests/conftest.py); the other groups in make test-extended
+
+
 def grouped(backend: str, num_ranks: int):
     return pytest.param(backend, num_ranks, id=f"{backend}-{num_ranks}",
-                        marks=pytest.mark.xdist_group(f"mpi-{backend}-{num_ranks}"))
+                        marks=[pytest.mark.xdist_group(f"mpi-{backend}-{num_ranks}")]
+                        + [pytest.mark.core] * ((backend, num_ranks) == CORE))
 
 
 @pytest.mark.parametrize("backend, num_ranks", [grouped(b, n) for b in BACKENDS for n in (2, 3)])
@@ -74,8 +78,8 @@ def test_every_rank_ends_with_the_single_device_variables(jobs, model, backend, 
     check_ranks_match(jobs.case(f"{backend}-{num_ranks}", model), expected_values(model), num_ranks)
 
 
-@pytest.mark.parametrize("backend, run_option", [(TEST_BACKEND or "collective", "MPI"), ("mpi", "MPI"),
-                                                 ("mpi", "HYBRID")])
+@pytest.mark.parametrize("backend, run_option", [(TEST_BACKEND or "collective", "MPI")]
+                         + ([] if TEST_BACKEND else [("mpi", "MPI"), ("mpi", "HYBRID")]))  # make test-horovod: its own
 def test_use_allgatherv_sends_sparse_gradients_with_mpi_allgatherv(tmp_path, backend, run_option):
     export = tmp_path / "graphs"
     run = run_script(tmp_path, resources(2), "--model", "embedding", "--backend", backend, "--use_allgatherv",
@@ -88,6 +92,7 @@ def test_use_allgatherv_sends_sparse_gradients_with_mpi_allgatherv(tmp_path, bac
         assert '"parallax_comm:mpi_allgatherv' in graph and '"parallax_comm:mpi_allgather"' not in graph
 
 
+@pytest.mark.core
 @pytest.mark.xdist_group(f"mpi-{DEFAULT_BACKEND}-2")
 @pytest.mark.parametrize("model", ["mlp", "embedding"])
 def test_binding_clip_by_global_norm_matches_single_device(jobs, model):
@@ -95,12 +100,14 @@ def test_binding_clip_by_global_norm_matches_single_device(jobs, model):
     check_ranks_match(jobs.case(f"{DEFAULT_BACKEND}-2", f"clip_{model}"), expected, 2)
 
 
+@pytest.mark.core
 @pytest.mark.xdist_group(f"mpi-{DEFAULT_BACKEND}-2")
 def test_no_fusion_and_partitioned_sequence_model(jobs):
     check_ranks_match(jobs.case(f"{DEFAULT_BACKEND}-2", "no_fusion_sequence"), expected_values("sequence"), 2)
 
 
-@pytest.mark.parametrize("num_ranks", [pytest.param(n, marks=pytest.mark.xdist_group(f"mpi-{DEFAULT_BACKEND}-{n}"))
+@pytest.mark.parametrize("num_ranks", [pytest.param(n, marks=[pytest.mark.xdist_group(f"mpi-{DEFAULT_BACKEND}-{n}")]
+                                                   + [pytest.mark.core] * ((DEFAULT_BACKEND, n) == CORE))
                                        for n in (2, 3)])
 def test_sparse_gradients_are_summed_without_average_sparse(jobs, num_ranks):
     """Seed semantics: the sum of the ranks' gradients, i.e. num_ranks x the union-batch mean."""
@@ -109,11 +116,13 @@ def test_sparse_gradients_are_summed_without_average_sparse(jobs, num_ranks):
     check_ranks_match(jobs.case(f"{DEFAULT_BACKEND}-{num_ranks}", "summed"), expected, num_ranks)
 
 
+@pytest.mark.core
 def test_a_killed_rank_ends_the_job_quickly_naming_rank_and_host(tmp_path):
     run = run_script(tmp_path, resources(3), "--kill_rank", "1", "--kill_step", "2", "--steps", "50")
     assert_killed_rank_ended_the_job(run, tmp_path, rank="1")
 
 
+@pytest.mark.core
 def test_an_exception_in_a_rank_ends_the_job_naming_it(tmp_path):
     run = run_script(tmp_path, resources(2), "--raise_rank", "1", "--kill_step", "1", "--steps", "50")
     assert run.returncode != 0
@@ -124,6 +133,7 @@ def test_an_exception_in_a_rank_ends_the_job_naming_it(tmp_path):
     assert not leftover_processes(tmp_path)
 
 
+@pytest.mark.core
 def test_a_rank_running_fewer_steps_ends_the_job_instead_of_hanging(tmp_path, monkeypatch):
     monkeypatch.setenv("PARALLAX_FINISH_TIMEOUT", "5")
     run = run_script(tmp_path, resources(2), "--short_rank", "1", "--steps", "6", timeout=120)

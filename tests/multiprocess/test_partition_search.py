@@ -24,8 +24,8 @@ def search_run(tmp_path, monkeypatch, resource_text, run_option):
 
 
 @pytest.mark.parametrize("resource_text, run_option, workers", [
-    pytest.param(resources(2), "MPI", 2, marks=pytest.mark.extended),
-    pytest.param(resources(2), "HYBRID", 2, marks=pytest.mark.extended),
+    (resources(2), "MPI", 2),
+    (resources(2), "HYBRID", 2),
     ("localhost: cpu:0\n", "MPI", 1)],
     ids=["mpi", "hybrid", "one-process"])
 def test_search_picks_a_count_trains_with_it_and_caches_it(tmp_path, monkeypatch, resource_text, run_option,

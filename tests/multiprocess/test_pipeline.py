@@ -82,7 +82,6 @@ def test_pipelined_ranks_train_as_one_device(jobs, group, case):
         assert "stage server 1 serving on localhost" in run.output
 
 
-@pytest.mark.extended
 def test_a_killed_stage_server_ends_the_job_naming_it(tmp_path):
     """Ranks of FOUR_PROCESSES: 0 and 2 the workers, 1 and 3 their stage servers (rank 3: worker 1's stage 1)."""
     from tests.multiprocess.harness import assert_killed_rank_ended_the_job, run_script

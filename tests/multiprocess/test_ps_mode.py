@@ -49,7 +49,11 @@ def in_group(group: str):
     return pytest.mark.xdist_group(group)
 
 
-@pytest.mark.parametrize("group", [pytest.param(g, marks=in_group(g)) for g in GROUPS])
+CORE = "ps-2x1"  # make test's PS job (tests/conftest.py); ps-2x2 in make test-extended
+
+
+@pytest.mark.parametrize("group", [pytest.param(g, marks=[in_group(g)] + [pytest.mark.core] * (g == CORE))
+                                   for g in GROUPS])
 @pytest.mark.parametrize("model", ["mlp", "embedding"])
 def test_sync_ps_equals_single_device(jobs, model, group):
     check_ranks_match(jobs.case(group, model), expected_values(model), 2)
@@ -61,7 +65,8 @@ def test_boundaries_off_give_the_same_result(jobs):
     check_ranks_match(jobs.case("ps-2x2", "boundaries_off"), expected, 2)
 
 
-@in_group("ps-2x1")
+@pytest.mark.core
+@in_group(CORE)
 def test_partitioned_sequence_model(jobs):
     check_ranks_match(jobs.case("ps-2x1", "sequence"), expected_values("sequence"), 2)
 
@@ -91,14 +96,16 @@ def test_explicit_role_file_with_two_servers(tmp_path):
     check_ranks_match(run, expected_values("embedding"), 2)
 
 
-@in_group("ps-2x1")
+@pytest.mark.core
+@in_group(CORE)
 def test_binding_clip_on_dense_gradients(jobs):
     """Clipping runs once, on the chief, on the sum of the workers' raw gradients."""
     expected = train_single_device(BUILDERS["mlp"]("adam", clip=0.05), DATA["mlp"](STEPS, BATCH))
     check_ranks_match(jobs.case("ps-2x1", "clip"), expected, 2)
 
 
-@in_group("ps-2x1")
+@pytest.mark.core
+@in_group(CORE)
 def test_sparse_gradients_are_summed_without_average_sparse(jobs):
     expected = train_single_device(BUILDERS["embedding_only"]("gd", lr_scale=2.0),
                                    DATA["embedding_only"](STEPS, BATCH))
@@ -142,18 +149,21 @@ def test_async_workers_apply_every_update_and_the_loss_falls(tmp_path):
     check_async_training(run, "mlp", "adam", workers=2, steps=30)
 
 
+@pytest.mark.core
 def test_a_killed_worker_ends_the_job_naming_it(tmp_path):
     run = run_script(tmp_path, TWO_WORKERS, "--run_option", "PS", "--kill_rank", "1", "--steps", "50")
     # layout of TWO_WORKERS: rank 0 and 1 are the workers, rank 2 the parameter server
     assert_killed_rank_ended_the_job(run, tmp_path, rank="1")
 
 
+@pytest.mark.core
 def test_a_killed_server_ends_the_job_naming_it(tmp_path):
     # layout of TWO_WORKERS: rank 0 and 1 are the workers, rank 2 the parameter server
     run = run_script(tmp_path, TWO_WORKERS, "--run_option", "PS", "--kill_server_rank", "2", "--steps", "50")
     assert_killed_rank_ended_the_job(run, tmp_path, rank="2")
 
 
+@pytest.mark.core
 def test_an_unsupported_protocol_is_refused_before_any_process_starts(tmp_path):
     run = run_script(tmp_path, TWO_WORKERS, "--run_option", "PS", "--protocol", "grpc+verbs")
     assert run.returncode != 0
@@ -161,6 +171,7 @@ def test_an_unsupported_protocol_is_refused_before_any_process_starts(tmp_path):
     assert "with mpirun" not in run.output and "Parallax job failed" not in run.output  # nothing was launched
 
 
+@pytest.mark.core
 def test_an_exception_in_a_worker_ends_the_job_quickly(tmp_path):
     run = run_script(tmp_path, TWO_WORKERS, "--run_option", "PS", "--raise_rank", "1", "--kill_step", "1",
                      "--steps", "50", timeout=90)

@@ -69,9 +69,8 @@ def check_values(got: dict, expected: dict, where: str) -> None:
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("mode", [pytest.param(m, marks=[pytest.mark.xdist_group(f"programs-{m}")]
-                                                 + ([pytest.mark.extended] if m == "AUTO" else []))
-                                  for m in ("MPI", "PS", "HYBRID", "AUTO")])  # AUTO runs these as MPI or PS: CI's
-                                                                               # extended suite
+                                                 + [pytest.mark.core] * (m == "MPI"))  # make test: MPI's job
+                                  for m in ("MPI", "PS", "HYBRID", "AUTO")])
 def test_a_public_program_in_two_processes_equals_the_same_program_on_one_device(jobs, mode, case):
     out = jobs.case(mode, case)
     fetched, values = reference(case)

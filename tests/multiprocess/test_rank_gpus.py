@@ -10,7 +10,7 @@ import pytest
 
 from tests.multiprocess.harness import ROOT, run_script
 
-pytestmark = [pytest.mark.multiprocess]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.core]
 
 SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "barrier_script.py")
 

@@ -22,14 +22,12 @@ environment:
 """
 
 
-@pytest.mark.extended  # the spec's cluster is unit-tested; explicit roles with two servers stay in make test
 def test_master_worker_and_two_ps_from_a_role_spec(tmp_path):
     run = run_script(tmp_path, SPEC, "--run_option", "PS", "--model", "embedding", "--average_sparse")
     check_ranks_match(run, expected_values("embedding"), 2)
     assert "rank 1 of 2 done" in run.output
 
 
-@pytest.mark.extended
 def test_a_role_spec_without_ps_runs_as_mpi(tmp_path):
     run = run_script(tmp_path, "tensorflow:\n  n_workers: 2\n", "--run_option", "MPI", "--model", "mlp")
     check_ranks_match(run, expected_values("mlp"), 3)

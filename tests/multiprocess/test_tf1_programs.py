@@ -68,15 +68,15 @@ def test_each_idiom_in_two_processes_equals_single_device(jobs, idiom, mode):
     check_ranks_match(jobs.case(f"tf1-{mode}", idiom), expected(idiom), 2)
 
 
-@pytest.mark.parametrize("mode", [m if m != "AUTO" else pytest.param(m, marks=pytest.mark.extended) for m in MODES])
+@pytest.mark.parametrize("mode", [m if m == "AUTO" else pytest.param(m, marks=pytest.mark.core) for m in MODES])
 def test_every_idiom_at_once_in_three_processes_equals_single_device(tmp_path, mode):
     check_ranks_match(train(tmp_path, "everything", mode, THREE[mode]), expected("everything"), 3)
 
 
 @pytest.mark.parametrize("idiom, mode, resources, replicas", [
-    ("dataset", "PS", TWO["PS"], 2), ("dataset", "MPI", THREE["MPI"], 3),
-    pytest.param("dataset", "PS", "localhost: cpu:0,cpu:1\nlocalhost: cpu:2,cpu:3\n", 4, marks=pytest.mark.extended),
-    pytest.param("dataset_one_shot", "MPI", THREE["MPI"], 3, marks=pytest.mark.extended),
+    ("dataset", "PS", TWO["PS"], 2), pytest.param("dataset", "MPI", THREE["MPI"], 3, marks=pytest.mark.core),
+    ("dataset", "PS", "localhost: cpu:0,cpu:1\nlocalhost: cpu:2,cpu:3\n", 4),
+    ("dataset_one_shot", "MPI", THREE["MPI"], 3),
     ("dataset_one_shot", "PS", "localhost: cpu:0,cpu:1\nlocalhost: cpu:2,cpu:3\n", 4),
 ], ids=["ps-2", "mpi-3", "ps-2x2", "one-shot-mpi-3", "one-shot-ps-2x2"])
 def test_tf_data_input_sharded_over_the_replicas_equals_single_device_on_the_union(tmp_path, idiom, mode,
@@ -104,9 +104,8 @@ def test_each_process_exports_the_graph_it_runs(tmp_path):
 
 
 @pytest.mark.parametrize("mode, resources, sleeper, where", [
-    ("MPI", "localhost: cpu:0,cpu:1\n", 1, r"in the all-reduce of the gradients"),
-    pytest.param("PS", TWO["PS"], 1, r"in the PS protocol, where the chief takes every worker's gradients",
-                 marks=pytest.mark.extended),
+    pytest.param("MPI", "localhost: cpu:0,cpu:1\n", 1, r"in the all-reduce of the gradients", marks=pytest.mark.core),
+    ("PS", TWO["PS"], 1, r"in the PS protocol, where the chief takes every worker's gradients"),
     ("PS", TWO["PS"], 0, r"in the PS protocol, waiting for the chief's token \(parallax_sync/step/Adam/wait\)"),
 ], ids=["mpi", "ps-worker-sleeps", "ps-chief-sleeps"])
 def test_a_sleeping_rank_is_named_by_its_waiting_peer_and_the_job_still_ends_well(tmp_path, mode, resources,
@@ -124,7 +123,7 @@ def test_a_sleeping_rank_is_named_by_its_waiting_peer_and_the_job_still_ends_wel
 
 
 @pytest.mark.parametrize("mode, resources", [
-    ("MPI", "localhost: cpu:0,cpu:1\n"), pytest.param("HYBRID", "localhost: cpu:0,cpu:1\n", marks=pytest.mark.extended),
+    ("MPI", "localhost: cpu:0,cpu:1\n"), ("HYBRID", "localhost: cpu:0,cpu:1\n"),
     ("PS", "localhost: cpu:0,cpu:1\nlocalhost: cpu:2,cpu:3\n")])
 def test_a_forward_only_program_runs_every_replica_in_every_mode(tmp_path, mode, resources):
     from tests.multiprocess.forward_script import WEIGHTS, inputs
@@ -146,7 +145,6 @@ def test_a_forward_only_program_runs_every_replica_in_every_mode(tmp_path, mode,
     assert tuple(run_values) == {"PS": (2, 2)}.get(mode, (2, 1))
 
 
-@pytest.mark.extended  # asynchronous PS stays in make test (test_ps_mode, a TF_CONFIG job)
 @pytest.mark.parametrize("idiom", ["everything", "alternating"])
 def test_async_ps_applies_every_update_of_every_idiom_and_ends(tmp_path, idiom):
     """Asynchronous training cannot equal one device: every worker's every update lands on the servers

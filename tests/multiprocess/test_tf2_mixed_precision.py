@@ -40,8 +40,6 @@ STEPS = 4
 GROUPS = {**{g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "HYBRID-2", "MPI-3", "local-2-replicas")},
           "MPI-2-micro-batches": LAYOUTS["MPI-2"]}
 CONFIG = {"MPI-2-micro-batches": '{"micro_batches": 3}'}  # more Config fields of a group (JSON)
-# the mechanism again, in another layout (HYBRID runs a dynamically scaled step as MPI)
-EXTENDED = {"HYBRID-2", "MPI-3", "MPI-2-micro-batches"}
 #: (rtol, atol) of the variables, rtol of the losses, by the type the case computes in (see the module docstring)
 TOLERANCE = {"mixed_float16": (2e-3, 1e-3, 2e-3), "mixed_bfloat16": (1e-2, 1e-2, 1e-2), None: (1e-5, 1e-6, 1e-5)}
 
@@ -65,13 +63,10 @@ def reference(case: str):
 
 
 def _cases():
-    """Every case in every layout; beyond MPI-2, the cases without a dynamic loss scale (a policy alone, or a
-    fixed scale: no conditional) in the extended suite."""
+    """Every case in every layout (HYBRID runs a dynamically scaled step as MPI)."""
     for group in GROUPS:
         for case in MIXED:
-            extended = group in EXTENDED or (group != "MPI-2" and case not in DYNAMIC_SCALE)
-            yield pytest.param(group, case, id=f"{case}-{group}", marks=[pytest.mark.xdist_group(f"tf2-mixed-{group}")]
-                               + ([pytest.mark.extended] if extended else []))
+            yield pytest.param(group, case, id=f"{case}-{group}", marks=pytest.mark.xdist_group(f"tf2-mixed-{group}"))
 
 
 @pytest.mark.parametrize("group, case", list(_cases()))

@@ -45,7 +45,7 @@ def reference(name: str):
 
 @pytest.mark.parametrize("name", PROGRAMS)
 @pytest.mark.parametrize("group", [pytest.param(g, marks=[pytest.mark.xdist_group(f"tf2-public-{g}")]
-                                                + ([pytest.mark.extended] if g in ("PS-2", "HYBRID-2") else []))
+                                                + [pytest.mark.core] * (g == "MPI-2"))  # make test's job
                                    for g in GROUPS])
 def test_a_public_custom_training_loop_trains_as_on_one_device(jobs, group, name):
     out = jobs.case(group, name)

@@ -37,9 +37,7 @@ def reference():
     return data_parallel(2, STEPS)
 
 
-@pytest.mark.parametrize("group", [pytest.param(g, marks=[pytest.mark.xdist_group(f"tf2-state-{g}")]
-                                                + ([pytest.mark.extended] if g == "HYBRID-2" else []))
-                                   for g in GROUPS])
+@pytest.mark.parametrize("group", [pytest.param(g, marks=pytest.mark.xdist_group(f"tf2-state-{g}")) for g in GROUPS])
 def test_state_that_is_not_trained_is_kept_as_documented(group, tmp_path):
     text, option, processes, replicas, whose = GROUPS[group]
     (tmp_path / "resource_info").write_text(text)

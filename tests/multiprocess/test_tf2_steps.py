@@ -22,8 +22,8 @@ SCRIPT = os.path.join(ROOT, "tests", "tf2", "step_script.py")
 STEPS = 4
 # group: (resource file, run option, processes that write results, replicas each)
 GROUPS = {g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "HYBRID-2", "AUTO-2", "MPI-3", "HYBRID-3", "local-2-replicas")}
-EXTENDED = {"AUTO-2", "MPI-3", "HYBRID-3"}  # CI's extended suite
-# the other optimizers: their sparse updates on a server (HYBRID), every update there (PS), in CI's extended suite
+CORE = "MPI-2"  # make test's job (tests/conftest.py); the other layouts in make test-extended
+# the other optimizers: their sparse updates on a server (HYBRID), every update there (PS)
 OPTIMIZER_GROUPS = ("HYBRID-2", "PS-2")
 
 
@@ -50,13 +50,12 @@ def reference(case: str):
 
 @pytest.mark.parametrize("case", list(PLAIN))
 @pytest.mark.parametrize("group", [pytest.param(g, marks=[pytest.mark.xdist_group(f"tf2-{g}")]
-                                                + ([pytest.mark.extended] if g in EXTENDED else []))
+                                                + [pytest.mark.core] * (g == CORE))
                                    for g in GROUPS])
 def test_a_tf_function_step_trains_as_eager_training_on_one_device(jobs, group, case):
     check_against_eager(jobs.case(group, case), group, case)
 
 
-@pytest.mark.extended
 @pytest.mark.parametrize("case", list(MORE_OPTIMIZERS))
 @pytest.mark.parametrize("group", [pytest.param(g, marks=[pytest.mark.xdist_group(f"tf2-optimizers-{g}")])
                                    for g in OPTIMIZER_GROUPS])

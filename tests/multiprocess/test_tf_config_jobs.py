@@ -73,7 +73,7 @@ def check_ids(run: ManagedRun, workers: int, replicas: int = 1) -> None:
                                       "mpi": False}
 
 
-@pytest.mark.parametrize("model", [pytest.param("mlp", marks=pytest.mark.extended), "embedding"])
+@pytest.mark.parametrize("model", ["mlp", pytest.param("embedding", marks=pytest.mark.core)])
 def test_chief_workers_and_two_ps_equal_single_device(tmp_path, model):
     """Kubeflow TFJob's shape: a chief, workers and two ps; the run option left to its default (PS here)."""
     cluster = tf_cluster(chief=1, worker=2, ps=2)
@@ -103,7 +103,7 @@ def test_master_and_ps_with_async_workers(tmp_path):
 
 
 @pytest.mark.parametrize("shape,option", [({"chief": 1, "worker": 1, "ps": 1}, "PS"),
-                                          ({"chief": 1, "worker": 2}, "MPI")])
+                                          pytest.param({"chief": 1, "worker": 2}, "MPI", marks=pytest.mark.core)])
 def test_a_task_that_dies_ends_the_others_naming_it(tmp_path, shape, option):
     """Worker 1 dies at its second step, when the others have just started training: their watch threads may
     not have run yet (TensorFlow's start-up holds the GIL), so their first step's end probes them."""

@@ -98,13 +98,11 @@ def check_checkpoint(ckpt_dir: str, case: str, reference: dict[str, np.ndarray])
         np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=f"{case} checkpoint: {name}")
 
 
-def grouped(group: str, case: str, extended: bool = False):
-    marks = [pytest.mark.xdist_group(f"zero-{group}")] + ([pytest.mark.extended] if extended else [])
-    return pytest.param(group, case, id=f"{group}-{case}", marks=marks)
+def grouped(group: str, case: str):
+    return pytest.param(group, case, id=f"{group}-{case}", marks=pytest.mark.xdist_group(f"zero-{group}"))
 
 
-@pytest.mark.parametrize("group, case", [grouped(g, c, extended=g == "MPI-3") for g in GROUPS
-                                         for c in GROUPS[g][2]])
+@pytest.mark.parametrize("group, case", [grouped(g, c) for g in GROUPS for c in GROUPS[g][2]])
 def test_sharded_optimizer_states_train_and_save_as_one_device(jobs, group, case):
     run = jobs.case(group, case)
     check_ranks_match(run, expected(case), int(GROUPS[group][0].count("cpu:")))
@@ -112,7 +110,7 @@ def test_sharded_optimizer_states_train_and_save_as_one_device(jobs, group, case
 
 
 @pytest.mark.parametrize("case, first, then", [
-    ("adam-1", 2, 3), pytest.param("momentum-2-clipped", 3, 2, marks=pytest.mark.extended)],
+    ("adam-1", 2, 3), ("momentum-2-clipped", 3, 2)],
     ids=["adam-stage-1-from-2-to-3-workers", "momentum-stage-2-from-3-to-2-workers"])
 def test_a_zero_checkpoint_resumes_on_another_worker_count_as_one_device_would(tmp_path, case, first, then):
     """Saved by ``first`` workers after 3 steps, restored by ``then`` (each takes its part of every slot),

@@ -48,7 +48,6 @@ def test_a_grid_on_two_slots_with_a_crashing_trial_on_local_processes(tmp_path):
     assert not leftover_processes(tmp_path)
 
 
-@pytest.mark.extended  # make test runs the Dask back end in tests/unit/trials/test_runner.py and the sweep example
 def test_random_draws_on_a_real_dask_local_cluster(tmp_path):
     report = parallax.sweep(train, {"learning_rate": Uniform(0.01, 0.3, log=True)}, resources(tmp_path),
                             method="random", trials=2, devices_per_trial=2, backend="dask", metric="loss",
@@ -60,7 +59,6 @@ def test_random_draws_on_a_real_dask_local_cluster(tmp_path):
     check_against_single_device(report, 2)
 
 
-@pytest.mark.extended
 def test_trials_side_by_side_equal_the_same_trials_one_by_one(tmp_path):
     space = {"learning_rate": [0.05, 0.1, 0.2]}
     together = parallax.sweep(train, space, resources(tmp_path), devices_per_trial=2, metric="loss",
@@ -71,7 +69,6 @@ def test_trials_side_by_side_equal_the_same_trials_one_by_one(tmp_path):
     assert values(together) == values(alone) and len(values(alone)) == 3
 
 
-@pytest.mark.extended
 def test_bayesian_suggestions_are_made_on_the_workers(tmp_path):
     report = parallax.sweep(train, {"learning_rate": Uniform(0.01, 0.3)}, resources(tmp_path), method="bayes",
                             trials=3, devices_per_trial=2, metric="loss", output=str(tmp_path / "sweep"),

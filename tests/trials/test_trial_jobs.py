@@ -11,7 +11,7 @@ import pytest
 from parallax.trials.execute import TrialSpec, run_trial
 from tests.multiprocess.harness import ROOT, SCRIPT, leftover_processes
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.core]
 
 
 def test_a_job_past_its_time_limit_is_ended_with_all_its_ranks(tmp_path):

@@ -40,7 +40,7 @@ def tune(tmp_path, *options: str):
                                        "--", "res", "--steps", "12"], timeout=400, env=env)
 
 
-@pytest.mark.parametrize("backend", ["local", pytest.param("dask", marks=pytest.mark.extended)])
+@pytest.mark.parametrize("backend", ["local", "dask"])
 def test_tune_measures_layouts_keeps_the_fastest_and_the_next_run_uses_it(tmp_path, backend):
     env, run = tune(tmp_path, "--trials", "3", "--space", "run_option=MPI,PS", "--space", "fusion_bytes=0,67108864",
                     "--space", "zero_stage=0", "--space", "pipeline_stages=1", "--backend", backend)
@@ -75,6 +75,7 @@ def test_tune_measures_layouts_keeps_the_fastest_and_the_next_run_uses_it(tmp_pa
     assert not leftover_processes(tmp_path)
 
 
+@pytest.mark.core
 def test_a_script_that_cannot_plan_is_reported_with_its_output(tmp_path):
     (tmp_path / "res").write_text("localhost: cpu:0,cpu:1\n")
     run = run_command(tmp_path, [PARALLAX, "tune", SCRIPT, "res", "-o", "tuned", "--", "--steps", "3"])
@@ -83,7 +84,6 @@ def test_a_script_that_cannot_plan_is_reported_with_its_output(tmp_path):
     assert "the following arguments are required: resource_info" in run.output  # the script's own words
 
 
-@pytest.mark.extended
 def test_a_tuned_partition_count_rebuilds_the_graph_and_trains_equal_to_single_device(tmp_path):
     """The tune keeps a partition count; the next plain run builds its graph again with it (the script runs
     once more in its process) and trains equal to one device with that many partitions."""
