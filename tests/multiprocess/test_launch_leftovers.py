@@ -14,7 +14,11 @@ import os
 import shutil
 import socket
 
+import pytest
+
 from tests.multiprocess.harness import ROOT, run_script
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.core]
 
 SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "barrier_script.py")
 PLANTED = 400  # pids ahead of the last one given out: a local job's mpirun takes one of the first few

@@ -12,6 +12,8 @@ from parallax.comm.native import OP_NAME
 from parallax.invocation import HUGE_PAGES_ENV, NATIVE_OPS_ENV
 from tests.multiprocess.harness import ROOT, run_script
 
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]  # make test-extended: MPI mode's jobs sum in make test
+
 SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "allreduce_script.py")
 
 
