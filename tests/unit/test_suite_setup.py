@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -11,6 +13,7 @@ import pytest
 from parallax.invocation import USE_TUNED_ENV
 from parallax.search import cache_path
 from parallax.tuning.cache import tuned_choice
+from tests.multiprocess.harness import ROOT
 from tests.requirements import unavailable
 
 TEST_CACHE_PREFIX = "parallax-tests-cache-"  # tests/conftest.py's
@@ -117,3 +120,49 @@ def test_with_stored_tunes_off_a_stored_layout_is_not_looked_up(monkeypatch):
 def test_a_test_that_asks_for_stored_tunes_gets_an_empty_cache_of_its_own(tuned_cache):
     assert os.environ["PARALLAX_CACHE_DIR"] == str(tuned_cache) and os.environ[USE_TUNED_ENV] == "1"
     assert os.listdir(tuned_cache) == []
+
+
+# --- which suite runs which test: make test's core, make test-extended, make test-cluster -----------------------
+
+_COLLECT = """
+import json, sys
+import pytest
+
+class Selected:
+    def pytest_collection_finish(self, session):
+        self.ids = [item.nodeid for item in session.items]
+
+out = {}
+for name, expression in json.loads(sys.argv[1]).items():
+    plugin = Selected()
+    pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "-m", expression, "tests"], plugins=[plugin])
+    out[name] = plugin.ids
+print("SELECTED " + json.dumps(out))
+"""
+
+
+def _makefile_selection(target: str) -> str:
+    """The ``-m`` expression of the pytest command in a Makefile target's recipe."""
+    with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
+        recipe = f.read().split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
+    found = re.search(r'-m "([^"]+)"', recipe)
+    assert found, f"no -m expression in the recipe of {target}: {recipe}"
+    return found.group(1)
+
+
+def test_every_test_runs_in_exactly_one_suite_and_the_core_in_make_test():
+    """Nothing is left out of CI by the split, nothing runs twice, and a multi-process test marked ``core`` runs in
+    ``make test`` (tests/conftest.py marks the others ``extended``)."""
+    suites = {target: _makefile_selection(target) for target in ("test", "test-extended", "test-cluster")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    run = subprocess.run([sys.executable, "-c", _COLLECT, json.dumps({**suites, "all": "", "core": "core",
+                                                                      "multiprocess": "multiprocess"})],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    line = [x for x in run.stdout.splitlines() if x.startswith("SELECTED ")]
+    assert line, run.stdout[-3000:] + run.stderr[-3000:]
+    selected = {name: set(ids) for name, ids in json.loads(line[0][len("SELECTED "):]).items()}
+    assert len(selected["all"]) > 1000
+    assert set().union(*(selected[t] for t in suites)) == selected["all"]
+    assert sum(len(selected[t]) for t in suites) == len(selected["all"])
+    assert selected["core"] and selected["core"] <= selected["test"]
+    assert selected["test"] & selected["multiprocess"] == selected["core"]
