@@ -20,6 +20,9 @@ from tests.multiprocess.harness import ROOT
 pytestmark = [pytest.mark.cluster, pytest.mark.multiprocess, pytest.mark.slow]
 
 
+# Eight jobs on the virtual cluster: 231 s alone; more than the suite's 300 s when CI runs the extended suite
+# beside it (.ci/run). It counts bytes, which the load does not change, so it gets the time.
+@pytest.mark.timeout(1200)
 def test_bytes_between_hosts_match_the_model_and_hybrid_sends_the_fewest(tmp_path, cluster_possible):
     out = tmp_path / "results"
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")

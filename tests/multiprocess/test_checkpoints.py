@@ -81,24 +81,42 @@ def test_a_killed_job_resumes_from_the_last_saved_step_and_ends_as_if_never_stop
     check_ranks_match(resumed, uninterrupted, 2)
 
 
-@pytest.mark.parametrize("run_option, resource_text, processes", [
-    ("MPI", resources(2), 2), ("PS", "localhost: cpu:0\nlocalhost: cpu:1\n", 2),
-    ("HYBRID", resources(2), 2)])
-def test_user_hooks_and_sess_config_in_every_worker(tmp_path, run_option, resource_text, processes):
-    run = run_script(tmp_path, resource_text, "--run_option", run_option, "--model", "embedding", "--steps", "4",
-                     "--count_hook", "--sess_threads", "3")
+OBSERVED = {"MPI": resources(2), "PS": "localhost: cpu:0\nlocalhost: cpu:1\n", "HYBRID": resources(2)}
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory):
+    """One job per mode with the user's hook, ``sess_config`` and profiling at once, which the hook and the
+    profile tests both read: ``observed(run_option)`` is ``(the job's directory, its Run)``."""
+    runs = {}
+
+    def run(run_option: str):
+        if run_option not in runs:
+            tmp = tmp_path_factory.mktemp(f"observed-{run_option}")
+            runs[run_option] = tmp, run_script(
+                tmp, OBSERVED[run_option], "--run_option", run_option, "--model", "embedding", "--steps", "4",
+                "--count_hook", "--sess_threads", "3", "--profile_dir", str(tmp / "prof"), "--profile_steps", "2")
+        return runs[run_option]
+
+    return run
+
+
+@pytest.mark.parametrize("run_option", [pytest.param(m, marks=pytest.mark.xdist_group(f"observed-{m}"))
+                                        for m in OBSERVED])
+def test_user_hooks_and_sess_config_in_every_worker(observed, run_option):
+    tmp_path, run = observed(run_option)
     assert run.returncode == 0, run.output[-4000:]
     reports = [open(p).read().split() for p in glob.glob(str(tmp_path / "out" / "hook_*.txt"))]
-    assert len(reports) == processes
+    assert len(reports) == 2  # one per worker process
     assert all(int(runs) >= 4 for runs, _ in reports)  # the hook saw every step
     assert all(threads == "3" for _, threads in reports)  # the session was made with the user's sess_config
 
 
-@pytest.mark.parametrize("run_option", ["MPI", "HYBRID"])
-def test_every_worker_profiles_its_steps(tmp_path, run_option):
+@pytest.mark.parametrize("run_option", [pytest.param(m, marks=pytest.mark.xdist_group(f"observed-{m}"))
+                                        for m in ("MPI", "HYBRID")])
+def test_every_worker_profiles_its_steps(observed, run_option):
+    tmp_path, run = observed(run_option)
     prof = tmp_path / "prof"
-    run = run_script(tmp_path, resources(2), "--run_option", run_option, "--model", "embedding", "--steps", "4",
-                     "--profile_dir", str(prof), "--profile_steps", "2")
     assert run.returncode == 0, run.output[-4000:]
     for worker in (0, 1):
         trace = json.loads((prof / f"worker_{worker}" / "timeline_step_2.json").read_text())

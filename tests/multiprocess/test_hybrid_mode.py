@@ -8,31 +8,49 @@ import json
 import pytest
 
 from tests.models import BUILDERS, DATA, train_single_device
-from tests.multiprocess.harness import assert_killed_rank_ended_the_job, run_script, seconds_after
+from tests.multiprocess.harness import SharedJobs, assert_killed_rank_ended_the_job, run_script, seconds_after
 from tests.multiprocess.test_mpi_mode import BATCH, STEPS, check_ranks_match, expected_values, resources
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
+# The cases of 2 workers and a server that need nothing but their own options share one job (a parallel_run call
+# each, one after the other in the same processes); each is still checked on its own.
+TWO = "hybrid-2"
+GROUPS = {TWO: (resources(2), ["--run_option", "HYBRID", "--steps", str(STEPS), "--batch", str(BATCH)], {
+    "adam": ["--model", "embedding", "--optimizer", "adam", "--average_sparse"],
+    "momentum": ["--model", "embedding", "--optimizer", "momentum", "--average_sparse"],
+    "summed": ["--model", "embedding", "--optimizer", "gd"],
+    "sequence": ["--model", "sequence", "--average_sparse"]})}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    return SharedJobs(tmp_path_factory, GROUPS)
+
 
 @pytest.mark.parametrize("optimizer, num_ranks", [
-    ("adam", 2), pytest.param("adam", 3, marks=pytest.mark.core), ("momentum", 2), ("momentum", 3)])
-def test_hybrid_equals_single_device(tmp_path, optimizer, num_ranks):
-    run = run_script(tmp_path, resources(num_ranks), "--run_option", "HYBRID", "--model", "embedding",
-                     "--optimizer", optimizer, "--average_sparse", "--steps", str(STEPS), "--batch", str(BATCH))
+    pytest.param("adam", 2, marks=pytest.mark.xdist_group(TWO)), pytest.param("adam", 3, marks=pytest.mark.core),
+    pytest.param("momentum", 2, marks=pytest.mark.xdist_group(TWO)), ("momentum", 3)])
+def test_hybrid_equals_single_device(jobs, tmp_path, optimizer, num_ranks):
+    if num_ranks == 2:
+        run = jobs.case(TWO, optimizer)
+    else:
+        run = run_script(tmp_path, resources(num_ranks), "--run_option", "HYBRID", "--model", "embedding",
+                         "--optimizer", optimizer, "--average_sparse", "--steps", str(STEPS), "--batch", str(BATCH))
     check_ranks_match(run, expected_values("embedding", optimizer), num_ranks)
     assert f"starting {num_ranks + 1} processes" in run.output  # one per device + one server
 
 
-def test_hybrid_sums_sparse_gradients_without_average_sparse(tmp_path):
-    run = run_script(tmp_path, resources(2), "--run_option", "HYBRID", "--model", "embedding", "--optimizer", "gd")
+@pytest.mark.xdist_group(TWO)
+def test_hybrid_sums_sparse_gradients_without_average_sparse(jobs):
     # embedding: the sum of 2 ranks' means = 2 x the union mean; proj/kernel: the mean
     expected = train_single_device(BUILDERS["embedding"]("gd", sparse_lr_scale=2.0), DATA["embedding"](STEPS, BATCH))
-    check_ranks_match(run, expected, 2)
+    check_ranks_match(jobs.case(TWO, "summed"), expected, 2)
 
 
-def test_partitioned_sequence_model(tmp_path):
-    run = run_script(tmp_path, resources(2), "--run_option", "HYBRID", "--model", "sequence", "--average_sparse")
-    check_ranks_match(run, expected_values("sequence"), 2)
+@pytest.mark.xdist_group(TWO)
+def test_partitioned_sequence_model(jobs):
+    check_ranks_match(jobs.case(TWO, "sequence"), expected_values("sequence"), 2)
 
 
 def test_two_hosts_aggregate_per_host(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -54,7 +55,9 @@ GROUPS = {f"{backend}-{n}": (resources(n), ["--backend", backend, "--steps", str
                                   "clip_embedding": ["--model", "embedding", "--clip", "0.05", "--average_sparse"],
                                   "no_fusion_sequence": ["--model", "sequence", "--fusion_bytes", "0",
                                                          "--average_sparse"]}
-                                 if (backend, n) == (DEFAULT_BACKEND, 2) else {})})
+                                 if (backend, n) == (DEFAULT_BACKEND, 2) else {}),
+                              **({"allgatherv": ["--model", "embedding", "--use_allgatherv", "--average_sparse",
+                                                 "--export_graph_path", "graphs-allgatherv"]} if n == 2 else {})})
           for backend in BACKENDS for n in (2, 3)}
 
 
@@ -66,10 +69,13 @@ def jobs(tmp_path_factory):
 CORE = (DEFAULT_BACKEND, 2)  # make test's MPI job (tests/conftest.py); the other groups in make test-extended
 
 
+def in_job(backend: str, num_ranks: int) -> list:
+    """The marks of a case of the job of ``backend`` on ``num_ranks`` ranks."""
+    return [pytest.mark.xdist_group(f"mpi-{backend}-{num_ranks}")] + [pytest.mark.core] * ((backend, num_ranks) == CORE)
+
+
 def grouped(backend: str, num_ranks: int):
-    return pytest.param(backend, num_ranks, id=f"{backend}-{num_ranks}",
-                        marks=[pytest.mark.xdist_group(f"mpi-{backend}-{num_ranks}")]
-                        + [pytest.mark.core] * ((backend, num_ranks) == CORE))
+    return pytest.param(backend, num_ranks, id=f"{backend}-{num_ranks}", marks=in_job(backend, num_ranks))
 
 
 @pytest.mark.parametrize("backend, num_ranks", [grouped(b, n) for b in BACKENDS for n in (2, 3)])
@@ -78,12 +84,17 @@ def test_every_rank_ends_with_the_single_device_variables(jobs, model, backend, 
     check_ranks_match(jobs.case(f"{backend}-{num_ranks}", model), expected_values(model), num_ranks)
 
 
-@pytest.mark.parametrize("backend, run_option", [(TEST_BACKEND or "collective", "MPI")]
-                         + ([] if TEST_BACKEND else [("mpi", "MPI"), ("mpi", "HYBRID")]))  # make test-horovod: its own
-def test_use_allgatherv_sends_sparse_gradients_with_mpi_allgatherv(tmp_path, backend, run_option):
-    export = tmp_path / "graphs"
-    run = run_script(tmp_path, resources(2), "--model", "embedding", "--backend", backend, "--use_allgatherv",
-                     "--average_sparse", "--run_option", run_option, "--export_graph_path", str(export))
+@pytest.mark.parametrize("backend, run_option", [
+    pytest.param(backend, "MPI", marks=in_job(backend, 2)) for backend in [TEST_BACKEND or "collective"]
+    + ([] if TEST_BACKEND else ["mpi"])] + ([] if TEST_BACKEND else [("mpi", "HYBRID")]))  # make test-horovod: its own
+def test_use_allgatherv_sends_sparse_gradients_with_mpi_allgatherv(jobs, tmp_path, backend, run_option):
+    if run_option == "MPI":  # a case of the backend's job of 2 ranks, which exports to graphs-allgatherv
+        run = jobs.case(f"{backend}-2", "allgatherv")
+        export = Path(run.out_dir).parent.parent / "graphs-allgatherv"
+    else:
+        export = tmp_path / "graphs"
+        run = run_script(tmp_path, resources(2), "--model", "embedding", "--backend", backend, "--use_allgatherv",
+                         "--average_sparse", "--run_option", run_option, "--export_graph_path", str(export))
     check_ranks_match(run, expected_values("embedding"), 2)
     graph = (export / "worker-0_metagraph").read_text()
     if run_option == "HYBRID":  # one host: no host aggregation, so nothing is all-gathered
@@ -106,9 +117,7 @@ def test_no_fusion_and_partitioned_sequence_model(jobs):
     check_ranks_match(jobs.case(f"{DEFAULT_BACKEND}-2", "no_fusion_sequence"), expected_values("sequence"), 2)
 
 
-@pytest.mark.parametrize("num_ranks", [pytest.param(n, marks=[pytest.mark.xdist_group(f"mpi-{DEFAULT_BACKEND}-{n}")]
-                                                   + [pytest.mark.core] * ((DEFAULT_BACKEND, n) == CORE))
-                                       for n in (2, 3)])
+@pytest.mark.parametrize("num_ranks", [pytest.param(n, marks=in_job(DEFAULT_BACKEND, n)) for n in (2, 3)])
 def test_sparse_gradients_are_summed_without_average_sparse(jobs, num_ranks):
     """Seed semantics: the sum of the ranks' gradients, i.e. num_ranks x the union-batch mean."""
     expected = train_single_device(BUILDERS["embedding_only"]("gd", lr_scale=float(num_ranks)),

@@ -9,6 +9,7 @@ over the union batch is the reference.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -51,10 +52,20 @@ CASES = [(i, m) for i in IDIOMS if i not in ("everything", "dataset", "dataset_o
 
 
 # One job of two processes per mode trains every idiom of that mode in turn (a parallel_run call each,
-# as a program that trains several models would); each idiom is still checked on its own.
-GROUPS = {f"tf1-{mode}": (TWO[mode], ["--run_option", mode, "--average_sparse", "--steps", str(STEPS),
-                                      "--batch", str(BATCH)], {i: idiom_options(i) for i, m in CASES if m == mode})
-          for mode in MODES}
+# as a program that trains several models would); each idiom is still checked on its own. PS's job also trains
+# the cases below that need nothing but their own options, and so does a job of two workers with two replicas each.
+TWO_BY_TWO = "localhost: cpu:0,cpu:1\nlocalhost: cpu:2,cpu:3\n"
+COMMON = ["--average_sparse", "--steps", str(STEPS), "--batch", str(BATCH)]
+GROUPS = {f"tf1-{mode}": (TWO[mode], ["--run_option", mode, *COMMON],
+                          {i: idiom_options(i) for i, m in CASES if m == mode}) for mode in MODES}
+GROUPS["tf1-PS"][2].update(dataset=idiom_options("dataset"),
+                           exported=[*idiom_options("group"), "--export_graph_path", "graphs-exported"])
+GROUPS["tf1-PS-2x2"] = (TWO_BY_TWO, ["--run_option", "PS", *COMMON],
+                        {i: idiom_options(i) for i in ("everything", "dataset", "dataset_one_shot")})
+
+
+def in_job(group: str):
+    return pytest.mark.xdist_group(group)
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +73,7 @@ def jobs(tmp_path_factory):
     return SharedJobs(tmp_path_factory, GROUPS)
 
 
-@pytest.mark.parametrize("idiom, mode", [pytest.param(i, m, id=f"{i}-{m}", marks=pytest.mark.xdist_group(f"tf1-{m}"))
-                                         for i, m in CASES])
+@pytest.mark.parametrize("idiom, mode", [pytest.param(i, m, id=f"{i}-{m}", marks=in_job(f"tf1-{m}")) for i, m in CASES])
 def test_each_idiom_in_two_processes_equals_single_device(jobs, idiom, mode):
     check_ranks_match(jobs.case(f"tf1-{mode}", idiom), expected(idiom), 2)
 
@@ -73,31 +83,34 @@ def test_every_idiom_at_once_in_three_processes_equals_single_device(tmp_path, m
     check_ranks_match(train(tmp_path, "everything", mode, THREE[mode]), expected("everything"), 3)
 
 
-@pytest.mark.parametrize("idiom, mode, resources, replicas", [
-    ("dataset", "PS", TWO["PS"], 2), pytest.param("dataset", "MPI", THREE["MPI"], 3, marks=pytest.mark.core),
-    ("dataset", "PS", "localhost: cpu:0,cpu:1\nlocalhost: cpu:2,cpu:3\n", 4),
-    ("dataset_one_shot", "MPI", THREE["MPI"], 3),
-    ("dataset_one_shot", "PS", "localhost: cpu:0,cpu:1\nlocalhost: cpu:2,cpu:3\n", 4),
+@pytest.mark.parametrize("idiom, mode, group, replicas", [
+    pytest.param("dataset", "PS", "tf1-PS", 2, marks=in_job("tf1-PS")),
+    pytest.param("dataset", "MPI", None, 3, marks=pytest.mark.core),
+    pytest.param("dataset", "PS", "tf1-PS-2x2", 4, marks=in_job("tf1-PS-2x2")),
+    ("dataset_one_shot", "MPI", None, 3),
+    pytest.param("dataset_one_shot", "PS", "tf1-PS-2x2", 4, marks=in_job("tf1-PS-2x2")),
 ], ids=["ps-2", "mpi-3", "ps-2x2", "one-shot-mpi-3", "one-shot-ps-2x2"])
-def test_tf_data_input_sharded_over_the_replicas_equals_single_device_on_the_union(tmp_path, idiom, mode,
-                                                                                   resources, replicas):
+def test_tf_data_input_sharded_over_the_replicas_equals_single_device_on_the_union(jobs, tmp_path, idiom, mode,
+                                                                                   group, replicas):
+    """A case of a shared job (``group``), or a job of its own on three MPI ranks."""
     from tests.idioms import dataset_union_batches
 
     model = IDIOMS[idiom]()
     reference = train_single_device(model, dataset_union_batches(STEPS, replicas))  # feeds the iterator's output
-    run = train(tmp_path, idiom, mode, resources)
+    run = jobs.case(group, idiom) if group else train(tmp_path, idiom, mode, THREE[mode])
     check_ranks_match(run, reference, 2 if mode == "PS" else replicas)
 
 
-def test_every_idiom_at_once_with_two_replicas_per_ps_worker_equals_single_device(tmp_path):
-    run = train(tmp_path, "everything", "PS", "localhost: cpu:0,cpu:1\nlocalhost: cpu:2,cpu:3\n")
-    check_ranks_match(run, expected("everything"), 2)
+@in_job("tf1-PS-2x2")
+def test_every_idiom_at_once_with_two_replicas_per_ps_worker_equals_single_device(jobs):
+    check_ranks_match(jobs.case("tf1-PS-2x2", "everything"), expected("everything"), 2)
 
 
-def test_each_process_exports_the_graph_it_runs(tmp_path):
-    export = tmp_path / "graphs"
-    run = train(tmp_path, "group", "PS", TWO["PS"], "--export_graph_path", str(export))
+@in_job("tf1-PS")
+def test_each_process_exports_the_graph_it_runs(jobs):
+    run = jobs.case("tf1-PS", "exported")  # its processes ran in the job's directory, where the graphs are
     assert run.returncode == 0, run.output[-3000:]
+    export = Path(run.out_dir).parent.parent / "graphs-exported"
     assert sorted(os.listdir(export)) == ["worker-0_metagraph", "worker-1_metagraph"]
     chief = (export / "worker-0_metagraph").read_text()
     assert 'name: "parallax_sync/step/Adam/release_1"' in chief  # the PS protocol is in the exported graph
