@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "train_script.py")
@@ -138,10 +139,15 @@ def run_cases(tmp_path, resource_text: str, cases: dict[str, list[str]], *args: 
     return run_script(tmp_path, resource_text, "--cases", str(spec), *args, timeout=timeout)
 
 
+def in_group(group: str) -> pytest.MarkDecorator:
+    """The mark that keeps the tests of one shared job on one pytest-xdist worker (``--dist loadgroup``)."""
+    return pytest.mark.xdist_group(group)
+
+
 class SharedJobs:
     """The jobs a test module's cases share, by group: ``{group: (resource text, options of every case,
     {case: its own options})}``. Each group's job runs once, when a test first asks for it (mark the
-    tests of a group with ``pytest.mark.xdist_group`` so one test worker runs them all)."""
+    tests of a group with :func:`in_group` so one test worker runs them all)."""
 
     def __init__(self, tmp_path_factory, groups: dict[str, tuple[str, list[str], dict[str, list[str]]]]) -> None:
         self._factory = tmp_path_factory

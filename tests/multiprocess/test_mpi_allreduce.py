@@ -12,7 +12,7 @@ from parallax.comm.native import OP_NAME
 from parallax.invocation import HUGE_PAGES_ENV, NATIVE_OPS_ENV
 from tests.multiprocess.harness import ROOT, run_script
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]  # make test-extended: MPI mode's jobs sum in make test
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]  # extended: make test's MPI jobs sum with the same op
 
 SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "allreduce_script.py")
 

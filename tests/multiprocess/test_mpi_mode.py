@@ -84,9 +84,13 @@ def test_every_rank_ends_with_the_single_device_variables(jobs, model, backend, 
     check_ranks_match(jobs.case(f"{backend}-{num_ranks}", model), expected_values(model), num_ranks)
 
 
-@pytest.mark.parametrize("backend, run_option", [
-    pytest.param(backend, "MPI", marks=in_job(backend, 2)) for backend in [TEST_BACKEND or "collective"]
-    + ([] if TEST_BACKEND else ["mpi"])] + ([] if TEST_BACKEND else [("mpi", "HYBRID")]))  # make test-horovod: its own
+# make test-horovod: its own backend's case only
+ALLGATHERV_BACKENDS = [TEST_BACKEND] if TEST_BACKEND else ["collective", "mpi"]
+
+
+@pytest.mark.parametrize("backend, run_option", [pytest.param(b, "MPI", marks=in_job(b, 2))
+                                                 for b in ALLGATHERV_BACKENDS]
+                         + ([] if TEST_BACKEND else [("mpi", "HYBRID")]))
 def test_use_allgatherv_sends_sparse_gradients_with_mpi_allgatherv(jobs, tmp_path, backend, run_option):
     if run_option == "MPI":  # a case of the backend's job of 2 ranks, which exports to graphs-allgatherv
         run = jobs.case(f"{backend}-2", "allgatherv")

@@ -7,7 +7,13 @@ import socket
 import pytest
 
 from tests.models import BUILDERS, DATA, train_single_device
-from tests.multiprocess.harness import SharedJobs, assert_killed_rank_ended_the_job, run_script, seconds_after
+from tests.multiprocess.harness import (
+    SharedJobs,
+    assert_killed_rank_ended_the_job,
+    in_group,
+    run_script,
+    seconds_after,
+)
 from tests.multiprocess.test_mpi_mode import BATCH, STEPS, check_ranks_match, expected_values
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -43,10 +49,6 @@ GROUPS = {
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     return SharedJobs(tmp_path_factory, GROUPS)
-
-
-def in_group(group: str):
-    return pytest.mark.xdist_group(group)
 
 
 CORE = "ps-2x1"  # make test's PS job (tests/conftest.py); ps-2x2 in make test-extended

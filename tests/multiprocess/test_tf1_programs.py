@@ -16,7 +16,7 @@ import pytest
 
 from tests.idioms import IDIOM_DATA, IDIOMS
 from tests.models import train_single_device
-from tests.multiprocess.harness import ROOT, SharedJobs, run_script
+from tests.multiprocess.harness import ROOT, SharedJobs, in_group, run_script
 from tests.multiprocess.test_mpi_mode import BATCH, STEPS, check_ranks_match
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -64,16 +64,13 @@ GROUPS["tf1-PS-2x2"] = (TWO_BY_TWO, ["--run_option", "PS", *COMMON],
                         {i: idiom_options(i) for i in ("everything", "dataset", "dataset_one_shot")})
 
 
-def in_job(group: str):
-    return pytest.mark.xdist_group(group)
-
-
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     return SharedJobs(tmp_path_factory, GROUPS)
 
 
-@pytest.mark.parametrize("idiom, mode", [pytest.param(i, m, id=f"{i}-{m}", marks=in_job(f"tf1-{m}")) for i, m in CASES])
+@pytest.mark.parametrize("idiom, mode", [pytest.param(i, m, id=f"{i}-{m}", marks=in_group(f"tf1-{m}"))
+                                         for i, m in CASES])
 def test_each_idiom_in_two_processes_equals_single_device(jobs, idiom, mode):
     check_ranks_match(jobs.case(f"tf1-{mode}", idiom), expected(idiom), 2)
 
@@ -84,11 +81,11 @@ def test_every_idiom_at_once_in_three_processes_equals_single_device(tmp_path, m
 
 
 @pytest.mark.parametrize("idiom, mode, group, replicas", [
-    pytest.param("dataset", "PS", "tf1-PS", 2, marks=in_job("tf1-PS")),
+    pytest.param("dataset", "PS", "tf1-PS", 2, marks=in_group("tf1-PS")),
     pytest.param("dataset", "MPI", None, 3, marks=pytest.mark.core),
-    pytest.param("dataset", "PS", "tf1-PS-2x2", 4, marks=in_job("tf1-PS-2x2")),
+    pytest.param("dataset", "PS", "tf1-PS-2x2", 4, marks=in_group("tf1-PS-2x2")),
     ("dataset_one_shot", "MPI", None, 3),
-    pytest.param("dataset_one_shot", "PS", "tf1-PS-2x2", 4, marks=in_job("tf1-PS-2x2")),
+    pytest.param("dataset_one_shot", "PS", "tf1-PS-2x2", 4, marks=in_group("tf1-PS-2x2")),
 ], ids=["ps-2", "mpi-3", "ps-2x2", "one-shot-mpi-3", "one-shot-ps-2x2"])
 def test_tf_data_input_sharded_over_the_replicas_equals_single_device_on_the_union(jobs, tmp_path, idiom, mode,
                                                                                    group, replicas):
@@ -101,12 +98,12 @@ def test_tf_data_input_sharded_over_the_replicas_equals_single_device_on_the_uni
     check_ranks_match(run, reference, 2 if mode == "PS" else replicas)
 
 
-@in_job("tf1-PS-2x2")
+@in_group("tf1-PS-2x2")
 def test_every_idiom_at_once_with_two_replicas_per_ps_worker_equals_single_device(jobs):
     check_ranks_match(jobs.case("tf1-PS-2x2", "everything"), expected("everything"), 2)
 
 
-@in_job("tf1-PS")
+@in_group("tf1-PS")
 def test_each_process_exports_the_graph_it_runs(jobs):
     run = jobs.case("tf1-PS", "exported")  # its processes ran in the job's directory, where the graphs are
     assert run.returncode == 0, run.output[-3000:]
