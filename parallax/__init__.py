@@ -24,6 +24,7 @@ _EXPORTS = {
     "MPIConfig": "parallax.config",
     "CheckPointConfig": "parallax.config",
     "ProfileConfig": "parallax.config",
+    "ElasticConfig": "parallax.config",
     "get_partitioner": "parallax.partitioner",
     "Plan": "parallax.plan.model",
     "ParallaxError": "parallax.errors",

@@ -34,6 +34,14 @@ from parallax.errors import ParallaxError
 from parallax.graph_input import load_graph
 from parallax.invocation import RUN_OPTION_ENV, USE_TUNED_ENV, Invocation, PlanRequest, current
 from parallax.job import JobPlan, plan_job
+from parallax.launch.elastic import (
+    checkpoint_from_text,
+    checkpoint_to_text,
+    elastic_checkpoints,
+    elastic_from_text,
+    latest_checkpoint,
+    run_elastic,
+)
 from parallax.launch.launcher import (
     current_program,
     job_command,
@@ -41,6 +49,7 @@ from parallax.launch.launcher import (
     resource_override,
     run_option_override,
 )
+from parallax.launch.runner import JobResult
 from parallax.logs import log as logger
 from parallax.manifests import write_requested
 from parallax.manifests.common import planner
@@ -115,9 +124,11 @@ def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
         LaunchError: the resources cannot be used as asked.
     """
     config = _checked_config(parallax_config, sync, resource_info)
+    config = replace(config, elastic_config=elastic_from_text(config.elastic_config, current().elastic))
     traced, checkpoints = None, None
     if is_step_function(single_gpu_graph):
         checkpoints = step_checkpoints(config)
+        _check_elastic_step(config, checkpoints is not None)
         if checkpoints is not None:  # the program's own objects restored, before the trace reads their values
             checkpoints.restore()
             config = replace(config, ckpt_config=CheckPointConfig())
@@ -129,7 +140,8 @@ def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
         raise ValueError("CheckPointConfig.checkpoint (a tf.train.Checkpoint) is for a tf.function step; a "
                          "tf.compat.v1 graph's checkpoints are saved under its variables' names: leave it None")
     try:
-        outcome = _run(traced.graph if traced is not None else single_gpu_graph, resource_info, sync, config)
+        outcome = _run(traced.graph if traced is not None else single_gpu_graph, resource_info, sync, config,
+                       saves_itself=checkpoints is not None)
     except ParallaxError as e:
         if current().plan is None:
             raise
@@ -172,6 +184,19 @@ def _checked_config(parallax_config: Config | None, sync: bool, resource_info: s
     return config
 
 
+def _check_elastic_step(config: Config, has_checkpoint: bool) -> None:
+    """An elastic ``tf.function`` step resumes from its own ``tf.train.Checkpoint``, saved on a schedule.
+
+    Raises:
+        ValueError: elastic mode is on and the step has no such checkpoint.
+    """
+    ckpt = config.ckpt_config
+    if config.elastic_config.enabled and not (has_checkpoint and (ckpt.save_ckpt_steps or ckpt.save_ckpt_secs)):
+        raise ValueError("ElasticConfig: a restarted tf.function step resumes from the program's own "
+                         "tf.train.Checkpoint: give CheckPointConfig(ckpt_dir=..., checkpoint=tf.train.Checkpoint("
+                         "model=..., optimizer=...), save_ckpt_steps=...) (or save_ckpt_secs)")
+
+
 def _tf2_conventions(config: Config) -> Config:
     """A TensorFlow 2 step's defaults: sparse gradients averaged over the replicas unless the config says
     otherwise (``average_sparse=None``), as ``model.fit`` and TensorFlow's distribution strategies average
@@ -192,6 +217,7 @@ class _Call:
     config: Config
     script_config: Config  # as the script passed it, and its resource_info: for the report of what replaced them
     script_resources: str | os.PathLike | None
+    saves_itself: bool = False  # a tf.function step's own tf.train.Checkpoint: elastic mode adds no checkpoints
 
     def report_overrides(self) -> None:
         """Say at WARNING each of the script's settings the environment replaces (once per job: see the
@@ -201,8 +227,8 @@ class _Call:
             logger.warning(environment_warning(override))
 
 
-def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync: bool, config: Config
-         ) -> tuple | int:
+def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync: bool, config: Config,
+         saves_itself: bool = False) -> tuple | int:
     """Read the invocation and hand the call to the handler of its kind; an ``int`` is the exit code the
     process ends with."""
     invocation = current()
@@ -216,10 +242,13 @@ def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync:
                          plan_overrides={**config.plan_overrides, **request.overrides}, **request.fields)
     elif invocation.trial is not None:  # a trial of parallax tune or the partition search: its choice, the script's
         config = with_choice(config, invocation.trial.choice)
+    if invocation.elastic_ckpt:  # a rank of an elastic job: the checkpoints its launcher chose
+        config = replace(config, ckpt_config=checkpoint_from_text(invocation.elastic_ckpt))
     graph, meta_graph = load_graph(single_gpu_graph)
     check_schedule(config.ckpt_config, graph)
     check_checkpoint(config.ckpt_config, graph)  # another model's checkpoint: refused before anything starts
-    call = _Call(invocation, graph, meta_graph, resource_info, sync, config, script_config, script_resources)
+    call = _Call(invocation, graph, meta_graph, resource_info, sync, config, script_config, script_resources,
+                 saves_itself)
     return _HANDLERS[invocation.kind](call)
 
 
@@ -295,17 +324,21 @@ def _run_plain(call: _Call) -> tuple | int:
         config, code = _tuned(config, call.graph, cluster, call.sync, launched=search.in_final_run())
         if code is not None:
             return code
-    settings, job = plan_job(config, call.sync, cluster, analyse_graph(call.graph))
+    analysis = analyse_graph(call.graph)
+    settings, job = plan_job(config, call.sync, cluster, analysis)
+    elastic = config.elastic_config.enabled and job.launched and call.invocation.trial is None
+    checkpoints = _elastic_checkpoints(call, config) if elastic else None
+    if checkpoints is not None:
+        config = replace(config, ckpt_config=checkpoints)
+        settings, job = plan_job(config, call.sync, cluster, analysis)
     for note in job.notes:
         logger.warning("Parallax: %s", note)
-    launch_info = {"layout": job.layout, "digest": job.digest(), "gpus": settings.gpus}
-    if cluster.from_environment:  # the launched processes' environment does not describe the job
-        launch_info["allocation"] = {"text": cluster.text, "source": cluster.source}
     dry_run = call.invocation.dry_run
     if dry_run:  # parallax-run --dry_run
         text = "# one worker on this machine: the script trains in its own process, nothing is launched"
         if job.launched:
-            command, _ = job_command(job.ranks, launch_info, current_program(), settings.mpirun_options, "<job dir>")
+            command, _ = job_command(job.ranks, _launch_info(job, settings, cluster, checkpoints), current_program(),
+                                     settings.mpirun_options, "<job dir>")
             text = f"# run_option {job.layout}, {len(job.ranks)} processes\n" + " ".join(command.argv)
         with open(dry_run, "w", encoding="utf-8") as f:
             f.write(text + "\n")
@@ -319,12 +352,63 @@ def _run_plain(call: _Call) -> tuple | int:
             return code
     if not job.launched:
         return in_trial(start_worker(local_replicas(job, settings), job, settings, call.graph, call.meta_graph), job)
-    result = launch(job.ranks, current_program(), launch_info, settings.mpirun_options,
-                    redirect_path=settings.redirect_path, stall_timeout=settings.timeouts.stall)
+    program = current_program()
+    trial_free = call.invocation.trial is None and call.invocation.trial_result is None
+
+    def start(resources: Cluster) -> JobResult:
+        planned = (settings, job) if resources is cluster else plan_job(config, call.sync, resources, analysis)
+        return launch(planned[1].ranks, program, _launch_info(planned[1], planned[0], resources, checkpoints),
+                      settings.mpirun_options, redirect_path=settings.redirect_path,
+                      stall_timeout=settings.timeouts.stall,
+                      preemptible=trial_free)  # a trial keeps nothing: a SIGTERM ends it at once
+
+    if elastic:
+        print(f"Parallax elastic: up to {config.elastic_config.max_restarts} restart(s); checkpoints in "
+              f"{settings.ckpt.ckpt_dir}" + (" (chosen by elastic mode: the program names none)"
+                                             if checkpoints is not None and not call.config.ckpt_config.ckpt_dir
+                                             else ""), file=sys.stderr, flush=True)
+        result = run_elastic(cluster, config.elastic_config, settings.ckpt.ckpt_dir, start, program)
+    else:
+        result = start(cluster)
+    if result.preempted:
+        saved = latest_checkpoint(settings.ckpt.ckpt_dir)
+        print(f"Parallax: the job was preempted ({result.preempted}) and exits with code {result.returncode}; "
+              + (f"its last checkpoint is {os.path.join(settings.ckpt.ckpt_dir, saved)}: the same command resumes "
+                 "from it" if saved else "nothing was saved (no CheckPointConfig.ckpt_dir)"),
+              file=sys.stderr, flush=True)
     if result.failure is not None:
         sys.stderr.write(f"\n{result.failure}\n")
         sys.stderr.flush()
     return result.returncode
+
+
+def _launch_info(job: JobPlan, settings, cluster: Cluster, checkpoints: CheckPointConfig | None) -> dict:
+    """What every launched rank learns of the job (:attr:`~parallax.member.bootstrap.RankContext.job`)."""
+    info = {"layout": job.layout, "digest": job.digest(), "gpus": settings.gpus}
+    if cluster.from_environment:  # the launched processes' environment does not describe the job
+        info["allocation"] = {"text": cluster.text, "source": cluster.source}
+    if checkpoints is not None:
+        info["checkpoints"] = checkpoint_to_text(checkpoints)
+    return info
+
+
+def _elastic_checkpoints(call: _Call, config: Config) -> CheckPointConfig | None:
+    """The checkpoints elastic mode adds (:func:`parallax.launch.elastic.elastic_checkpoints`), checked against
+    the graph as the program's own are.
+
+    Raises:
+        ValueError: the graph has no global step to resume at.
+    """
+    if tf.compat.v1.train.get_global_step(call.graph) is None:
+        raise ValueError("ElasticConfig: a restarted job resumes at the global step of its last checkpoint, and "
+                         "this graph has none: create it with tf.compat.v1.train.get_or_create_global_step() and "
+                         "pass it to minimize(..., global_step=...)")
+    if call.saves_itself:
+        return None
+    checkpoints = elastic_checkpoints(config.ckpt_config, config.elastic_config, current_program())
+    if checkpoints is not None:
+        check_checkpoint(checkpoints, call.graph)
+    return checkpoints
 
 
 def _speaks_for_the_job(launched: LaunchedProcess | None, joined: JoinedProcess | None) -> bool:

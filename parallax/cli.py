@@ -27,8 +27,10 @@ run option given here replace the script's own.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -51,6 +53,17 @@ def _seconds_arg(text: str) -> float:
         value = float("nan")
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _whole_arg(text: str) -> int:
+    """An argparse type: a whole number >= 0 (``--max-restarts``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
     return value
 
 
@@ -93,10 +106,43 @@ def _parser() -> argparse.ArgumentParser:
                         help="run the script up to parallel_run, print the mpirun command and exit")
     parser.add_argument("--timeout", type=_seconds_arg, default=600, help="--dry_run: seconds before giving up on the "
                         "script")
+    elastic = parser.add_argument_group(
+        "elastic jobs", "restart a job that loses a process or host from its last checkpoint, on the hosts that "
+        "still answer (replace the script's ElasticConfig fields; docs/launching.md)")
+    elastic.add_argument("--max-restarts", dest="max_restarts", type=_whole_arg, default=None, metavar="N",
+                         help="restart the job at most N times (0: fail at the first failure)")
+    elastic.add_argument("--min-np", dest="min_workers", type=_count_arg, default=None, metavar="N",
+                         help="end the job rather than restart it on fewer than N worker processes")
+    elastic.add_argument("--max-np", dest="max_workers", type=_count_arg, default=None, metavar="N",
+                         help="at most N worker processes after a restart")
+    elastic.add_argument("--host-discovery-script", dest="host_discovery_script", default=None, metavar="COMMAND",
+                         help="run before each restart; prints the hosts to use, one 'host' or 'host:slots' a line")
     parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, default=None, metavar="MODULE ...",
                         help="run a module and its arguments (like python -m)")
     parser.add_argument("program", nargs=argparse.REMAINDER, help="the script and its arguments")
     return parser
+
+
+def _elastic_options(args: argparse.Namespace) -> str | None:
+    """The elastic options given, as :data:`~parallax.invocation.ELASTIC_ENV`'s JSON (``None``: none)."""
+    given = {name: getattr(args, name) for name in ("max_restarts", "min_workers", "max_workers",
+                                                    "host_discovery_script") if getattr(args, name) is not None}
+    return json.dumps(given, sort_keys=True) if given else None
+
+
+def _run_forwarding_sigterm(argv: list[str], env: dict) -> int:
+    """Run the program; a SIGTERM this process gets (a manager ending the job) goes to it, which ends its job
+    as a SIGTERM to the launcher does."""
+    proc = subprocess.Popen(argv, env=env)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
+    try:
+        while True:
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:  # the job got the same Ctrl-C and ends itself
+                pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,11 +179,11 @@ def main(argv: list[str] | None = None) -> int:
                    else os.path.abspath(args.resource_info))
     if args.mpirun_options:
         env = env_with(env, mpirun_options=args.mpirun_options)
+    elastic = _elastic_options(args)
+    if elastic:
+        env = env_with(env, elastic=elastic)
     if not args.dry_run:
-        try:
-            return subprocess.run([sys.executable, *program], env=env).returncode
-        except KeyboardInterrupt:  # the job got the same Ctrl-C and ends itself
-            return 130
+        return _run_forwarding_sigterm([sys.executable, *program], env)
     with tempfile.TemporaryDirectory() as tmp:
         output = os.path.join(tmp, "command")
         env = env_with(env, dry_run=output)

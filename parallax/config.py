@@ -31,6 +31,7 @@ __all__ = [
     "MPIConfig",
     "CheckPointConfig",
     "ProfileConfig",
+    "ElasticConfig",
     "RUN_OPTIONS",
 ]
 
@@ -366,6 +367,64 @@ class CheckPointConfig(_ConfigBase):
 
 
 # --------------------------------------------------------------------------- #
+# ElasticConfig
+# --------------------------------------------------------------------------- #
+
+def _non_negative_int(owner: str, field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{owner}.{field} must be an int >= 0, got {_describe(value)}")
+    return value
+
+
+@dataclass(eq=True, repr=True)
+class ElasticConfig(_ConfigBase):
+    """(Parallax only) Restart a launched job that loses a process or a host, from its last checkpoint, on
+    the hosts that still answer (docs/launching.md, "Elastic and preemptible jobs"). ``parallax-run``'s
+    ``--max-restarts``, ``--min-np``, ``--max-np`` and ``--host-discovery-script`` set these fields (the names
+    of torchrun's and horovodrun's options).
+
+    The program must train up to a global step (``tf.compat.v1.train.StopAtStepHook(last_step=...)``, or a
+    loop that reads the global step), not for a number of steps: a restarted job resumes at the step of its
+    last checkpoint.
+
+    Args:
+        max_restarts: restart the job at most this many times; ``0`` (the default) turns elastic mode off:
+            a failure ends the job, as without this config.
+        min_workers: fewer worker processes than this left: the job ends instead of restarting (default 1).
+        max_workers: at most this many worker processes after a restart (the resource file's first ones,
+            and then those of discovered hosts); default: every one there is.
+        host_discovery_script: a command run before each restart whose output lists the hosts to use,
+            one ``host`` or ``host:slots`` a line (horovodrun's convention); ``slots`` caps the worker
+            processes on that host. A host the resource file names keeps its lines; another gets the lines
+            of the file's first host. ``None``: the resource file's hosts that still answer.
+        save_ckpt_steps: when the program sets no ``CheckPointConfig.ckpt_dir``, elastic mode saves one itself
+            every this many global steps (into ``parallax_elastic/<script>`` under the directory the program
+            runs in, named in the log).
+        save_ckpt_secs: ... or every this many seconds (the default, 300, when neither is set).
+    """
+
+    max_restarts: int = _field(0, _non_negative_int)
+    min_workers: int = _field(1, _positive_int)
+    max_workers: int | None = _field(None, _positive_int_or_none)
+    host_discovery_script: str | None = _field(None, _optional_str)
+    save_ckpt_steps: int | None = _field(None, _positive_int_or_none)
+    save_ckpt_secs: float | None = _field(None, _positive_number_or_none)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a failure restarts the job."""
+        return self.max_restarts > 0
+
+    def validate(self) -> None:
+        if self.max_workers is not None and self.max_workers < self.min_workers:
+            raise ValueError(f"ElasticConfig: max_workers ({self.max_workers}) is below min_workers "
+                             f"({self.min_workers})")
+        if self.save_ckpt_steps is not None and self.save_ckpt_secs is not None:
+            raise ValueError("ElasticConfig: set save_ckpt_steps or save_ckpt_secs, not both "
+                             f"(got {self.save_ckpt_steps} steps and {self.save_ckpt_secs} secs)")
+
+
+# --------------------------------------------------------------------------- #
 # ProfileConfig
 # --------------------------------------------------------------------------- #
 
@@ -526,6 +585,8 @@ class Config(_ConfigBase):
         communication_config: a :class:`CommunicationConfig`.
         ckpt_config: a :class:`CheckPointConfig`.
         profile_config: a :class:`ProfileConfig`.
+        elastic_config: (Parallax only) an :class:`ElasticConfig`: restart a launched job that loses a
+            process or a host, from its last checkpoint.
         plan_overrides: (Parallax only) per-variable choices that win over
             the run option's: ``{"embedding": "ps", "softmax/*": {"sync":
             "allgather"}, "emb": {"density": 0.02}}``. Keys are variable names
@@ -595,6 +656,7 @@ class Config(_ConfigBase):
     pipeline_cuts: list | None = _field(tuple, _scope_list, factory=True)
     device_memory: int | str | None = _field(None, _bytes_or_none)
     pipeline_schedule: str = _field("gpipe", _schedule)
+    elastic_config: ElasticConfig = _field(ElasticConfig, _instance_of(lambda: ElasticConfig), factory=True)
 
     @property
     def stages(self) -> int:
@@ -613,6 +675,7 @@ class Config(_ConfigBase):
         """
         self.ckpt_config.validate()
         self.profile_config.validate()
+        self.elastic_config.validate()
         if not sync and self.run_option in ("MPI", "HYBRID", "AUTO"):
             raise ValueError(f"sync=False needs run_option='PS' (got run_option={self.run_option!r}): "
                              "all-reduce is synchronous by nature")

@@ -36,7 +36,7 @@ __all__ = ["Control", "CONTROLS", "FORWARDED", "Invocation", "PlanRequest", "Tri
            "LEVEL_ENV", "TRIAL_ENV", "RESULT_ENV", "PARAMS_ENV", "TUNED_ENV", "USE_TUNED_ENV", "PARTITIONS_ENV",
            "SEARCH_STEPS_ENV", "CACHE_ENV", "TRIAL_BACKEND_ENV", "SCHEDULER_ENV", "TRIAL_TIMEOUT_ENV",
            "FINISH_TIMEOUT_ENV", "ARRIVAL_SPIN_ENV", "NATIVE_OPS_ENV", "HUGE_PAGES_ENV", "SLOT_DEVICE_ENV",
-           "TF_CONFIG_ENV", "RERUN_ENV"]
+           "TF_CONFIG_ENV", "RERUN_ENV", "ELASTIC_ENV", "ELASTIC_CKPT_ENV"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,8 @@ HUGE_PAGES_ENV = "PARALLAX_HUGE_PAGES"
 SLOT_DEVICE_ENV = "PARALLAX_SLOT_DEVICE"
 TF_CONFIG_ENV = "TF_CONFIG"
 RERUN_ENV = "PARALLAX_RERUN"
+ELASTIC_ENV = "PARALLAX_ELASTIC"
+ELASTIC_CKPT_ENV = "PARALLAX_ELASTIC_CKPT"
 
 #: Every control variable, by name.
 CONTROLS: dict[str, Control] = {c.name: c for c in (
@@ -138,6 +140,11 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
             "an MPIJob's launcher: the device each slot of its hostfile stands for"),
     Control(RERUN_ENV, "rerun", False,
             "1: the script run again by the process the user started, with a tuned or searched partition count"),
+    Control(ELASTIC_ENV, "elastic", False,
+            "parallax-run --max-restarts, --min-np, --max-np, --host-discovery-script: JSON of the ElasticConfig "
+            "fields they replace"),
+    Control(ELASTIC_CKPT_ENV, "elastic_ckpt", False,
+            "the launcher of an elastic job, to every rank: JSON of the CheckPointConfig elastic mode saves with"),
     Control(TF_CONFIG_ENV, "tf_config", False,
             "a cluster manager (a TFJob, Polyaxon, by hand): the cluster and this task (JSON)"),
 )}
@@ -296,6 +303,8 @@ class Invocation:
     huge_pages: str | None = None
     slot_device: str | None = None
     rerun: str | None = None
+    elastic: str | None = None
+    elastic_ckpt: str | None = None
     tf_config: str | None = None
 
     @classmethod

@@ -33,7 +33,7 @@ from parallax.invocation import (
 )
 from parallax.launch.command import GPUS_ENV, LaunchCommand, build_mpirun_command
 from parallax.launch.layout import RankSpec, layout_to_json
-from parallax.launch.runner import JobResult, LostRank, run_job
+from parallax.launch.runner import JobResult, LostRank, Preemption, run_job
 from parallax.logs import log as logger
 
 __all__ = ["launch_env", "find_mpirun", "current_program", "launch", "job_command", "local_host_names", "is_local_host",
@@ -50,7 +50,7 @@ def launch_env(ranks: tuple[RankSpec, ...], job: dict, job_dir: str, monitor: st
     ``stall_timeout`` its stall time, see :mod:`parallax.launch.monitor`)."""
     identity = LaunchIdentity(layout_to_json(ranks), job.get("layout"), job.get("digest"), job.get("gpus"),
                               job.get("allocation"))
-    return Invocation(launch=identity, job_dir=job_dir, monitor=monitor or None,
+    return Invocation(launch=identity, job_dir=job_dir, monitor=monitor or None, elastic_ckpt=job.get("checkpoints"),
                       stall_timeout=repr(float(stall_timeout)) if monitor and stall_timeout else None,
                       # launched processes log at INFO unless told otherwise, as the original Parallax's did
                       log_level=current().log_level or str(logging.INFO)).to_env()
@@ -194,7 +194,8 @@ def _refuse_unready_hosts(ranks: tuple[RankSpec, ...], program: list[str], remot
                           "this check)")
 
 
-def _start_monitor(ranks: tuple[RankSpec, ...], stall_timeout: float | None, on_lost, remote: set[str]):
+def _start_monitor(ranks: tuple[RankSpec, ...], stall_timeout: float | None, lost: LostRank, remote: set[str],
+                   preemption: Preemption | None):
     """The stall monitor of a job, and the address its ranks send to (``None`` when off).
 
     Only a rank on another machine can be lost by silence (its host or the network to it gone): one on
@@ -206,15 +207,22 @@ def _start_monitor(ranks: tuple[RankSpec, ...], stall_timeout: float | None, on_
 
     def lost_if_remote(rank: int, silent: float) -> None:
         if ranks[rank].host in remote:
-            on_lost(rank, silent)
+            lost.set(rank, silent)
 
-    monitor = StallMonitor(rank_names(ranks), stall_timeout, bind_host="0.0.0.0" if remote else "127.0.0.1",
-                           on_lost=lost_if_remote)
+    names = rank_names(ranks)
+
+    def preempt(rank: int) -> None:
+        if preemption is not None and not lost.is_set():  # a lost host's job is ended with SIGTERMs
+            preemption.request(f"SIGTERM to {names.get(rank, rank)}")
+
+    monitor = StallMonitor(names, stall_timeout, bind_host="0.0.0.0" if remote else "127.0.0.1",
+                           on_lost=lost_if_remote, on_preempt=preempt)
     return monitor.start(), monitor.address(socket.gethostname() if remote else "127.0.0.1")
 
 
 def launch(ranks: tuple[RankSpec, ...], program: list[str], job: dict | None = None, mpirun_options: str = "",
-           redirect_path: str | None = None, stall_timeout: float | None = None) -> JobResult:
+           redirect_path: str | None = None, stall_timeout: float | None = None, preemptible: bool = True
+           ) -> JobResult:
     """Run ``program`` in one process per rank and wait for the job to end.
 
     Args:
@@ -227,6 +235,9 @@ def launch(ranks: tuple[RankSpec, ...], program: list[str], job: dict | None = N
             whose new lines this terminal shows, prefixed, while the job runs.
         stall_timeout: seconds after which a rank waiting for its peers is
             reported (:mod:`parallax.launch.monitor`); ``None``: no check.
+        preemptible: a SIGTERM (to this process or a rank) ends the job with a checkpoint
+            (:class:`~parallax.launch.runner.Preemption`); ``False`` (a trial, which keeps nothing): it stops
+            the job at once.
 
     Returns:
         How the job ended.
@@ -243,7 +254,8 @@ def launch(ranks: tuple[RankSpec, ...], program: list[str], job: dict | None = N
         native_ops()
     job_dir = tempfile.mkdtemp(prefix="parallax_job_")
     lost = LostRank({i: r.host for i, r in enumerate(ranks)})
-    monitor, address = _start_monitor(ranks, stall_timeout, lost.set, remote)
+    preemption = Preemption() if preemptible else None
+    monitor, address = _start_monitor(ranks, stall_timeout, lost, remote, preemption)
     command, local = job_command(ranks, job or {}, program, mpirun_options, job_dir, address, stall_timeout)
     hosts = ", ".join(f"{h} x{n}" for h, n in Counter(r.host for r in ranks).items())
     print(f"Parallax: starting {len(ranks)} processes ({hosts}) with mpirun", file=sys.stderr, flush=True)
@@ -256,7 +268,7 @@ def launch(ranks: tuple[RankSpec, ...], program: list[str], job: dict | None = N
         follower = Follower(redirect_path).start()
     try:
         return run_job(command, job_dir, local, lost=lost,
-                       culprit=monitor.culprit if monitor is not None else None)
+                       culprit=monitor.culprit if monitor is not None else None, preemption=preemption)
     finally:
         if follower is not None:
             follower.stop()

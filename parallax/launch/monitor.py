@@ -148,6 +148,7 @@ class Heartbeat:
         self._answered: float | None = None  # when the monitor last answered (monotonic)
         self._lock = threading.Lock()
         self._state, self._steps, self._where, self._since = "start", 0, "", time.monotonic()
+        self._preempt = False
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.socket(family, socket.SOCK_DGRAM)
         self._socket.setblocking(False)
@@ -175,6 +176,12 @@ class Heartbeat:
             self._steps += 1
         self.set("user")
 
+    def preempt(self) -> None:
+        """Ask the launcher to end the job with a checkpoint (this process got SIGTERM): every heartbeat from
+        now on says so, and one goes now."""
+        self._preempt = True
+        self._send()
+
     def close(self) -> None:
         """The process ends. A server keeps saying ``serve``: it serves until the workers are done.
         The thread goes on until the process is gone: a process cut off from the launcher while it
@@ -188,6 +195,8 @@ class Heartbeat:
         with self._lock:
             data = {"rank": self._rank, "state": self._state, "steps": self._steps, "where": self._where,
                     "seconds": round(time.monotonic() - self._since, 3)}
+            if self._preempt:
+                data["preempt"] = True
         try:
             self._socket.sendto(json.dumps(data).encode(), self._target)
         except OSError:
@@ -243,11 +252,18 @@ class StallMonitor:
         timeout: the stall time in seconds.
         bind_host: the address to listen on (loopback when every rank is on this machine).
         sink: where reports go (default ``sys.stderr``).
+        on_lost: told of a rank not heard from for the stall time (its rank, the seconds).
+        on_preempt: told of a rank that asks for the job to end with a checkpoint (it got SIGTERM), with
+            every heartbeat it sends from then on, while no rank has ended unfinished: ``mpirun`` sends SIGTERM
+            to the ranks left when one fails, which is no preemption.
     """
 
     def __init__(self, names: dict[int, str], timeout: float, bind_host: str = "127.0.0.1", sink=None,
-                 on_lost: Callable[[int, float], None] | None = None) -> None:
+                 on_lost: Callable[[int, float], None] | None = None,
+                 on_preempt: Callable[[int], None] | None = None) -> None:
         self._names = names
+        self._on_preempt = on_preempt
+        self._asking: set[int] = set()  # ranks whose heartbeats of this round ask to preempt
         self._timeout = timeout
         self._sink = sink or sys.stderr
         self._on_lost = on_lost
@@ -306,6 +322,11 @@ class StallMonitor:
                     self._handle(key)
                 except (ValueError, KeyError, OSError):
                     pass
+            # after the round: a lifeline closed in it says a rank died first (mpirun then SIGTERMs the rest)
+            asking, self._asking = self._asking, set()
+            if asking and self._on_preempt is not None and self.first_gone() is None:
+                for rank in sorted(asking):
+                    self._on_preempt(rank)
             now = time.monotonic()
             if now - last_check >= 1.0:
                 last_check = now
@@ -322,6 +343,8 @@ class StallMonitor:
                                                         float(beat["seconds"]), str(beat.get("where", "")),
                                                         time.monotonic())
             self._socket.sendto(b"ok", sender)
+            if beat.get("preempt"):
+                self._asking.add(int(beat["rank"]))
         elif key.data == "accept":
             conn, _ = self._listener.accept()
             conn.setblocking(False)

@@ -24,7 +24,8 @@ from parallax.errors import TaskFailedError
 from parallax.invocation import JOB_DIR_ENV
 from parallax.launch.command import LaunchCommand
 
-__all__ = ["run_job", "JobResult", "LostRank", "parse_failure", "register_rank", "read_registry"]
+__all__ = ["run_job", "JobResult", "LostRank", "Preemption", "PREEMPTED_EXIT_CODE", "PREEMPT_GRACE", "parse_failure",
+           "register_rank", "read_registry"]
 
 _SIGNAL_RE = re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) exited on\s+signal (\d+)")
 _ABORT_RE = re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) calling\s+\"abort\"")
@@ -33,10 +34,43 @@ _EXIT_RE = re.compile(r"Process name:\s*\[[^\]]*,(\d+)\]\s*Exit code:\s*(-?\d+)"
 
 @dataclass(frozen=True)
 class JobResult:
-    """How the job ended: ``returncode`` of mpirun and the first failure, if any."""
+    """How the job ended: ``returncode`` of mpirun and the first failure, if any; ``signal``: the signal
+    (SIGINT, SIGTERM) the launcher received, which stopped the job (``None``: none); ``preempted``: the job was
+    asked to end with a checkpoint (:class:`Preemption`), and ``returncode`` is :data:`PREEMPTED_EXIT_CODE`."""
 
     returncode: int
     failure: TaskFailedError | None
+    signal: int | None = None
+    preempted: str | None = None
+
+
+#: The exit code of a job (the launcher, the chief) preempted: ended by SIGTERM, with a checkpoint saved at a
+#: step boundary. 128 + SIGTERM, as a shell reports a process SIGTERM ended: a TFJob's ``restartPolicy:
+#: ExitCode`` restarts on it (128-255), and Slurm requeues a job the signal ended.
+PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
+#: Seconds the ranks have, once asked to end with a checkpoint, before the launcher ends them (Kubernetes
+#: gives a pod 30 s between its SIGTERM and its SIGKILL).
+PREEMPT_GRACE = 25.0
+
+
+class Preemption:
+    """A request to end the job with a checkpoint: SIGTERM to the launcher, or a rank that got one (its
+    heartbeat says so). The runner passes it to every rank as SIGUSR1 through mpirun (which forwards SIGUSR1,
+    where a SIGTERM to it kills the ranks at once); the chief saves at its next step boundary and exits with
+    :data:`PREEMPTED_EXIT_CODE` (:mod:`parallax.member.preemption`), which ends the job; ranks still running
+    :data:`PREEMPT_GRACE` seconds later are stopped."""
+
+    def __init__(self) -> None:
+        self.source: str | None = None
+        self._event = threading.Event()
+
+    def request(self, source: str) -> None:
+        if not self._event.is_set():
+            self.source = source
+            self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
 
 
 def register_rank(job_dir: str, rank: int, host: str, log_path: str | None) -> None:
@@ -176,7 +210,8 @@ def _kill_leftovers(registry: dict[int, dict], local_hosts: frozenset[str], job_
 def run_job(command: LaunchCommand, job_dir: str, local_hosts: frozenset[str],
             popen: Callable[..., subprocess.Popen] = subprocess.Popen,
             stderr_sink=None, lost: LostRank | None = None,
-            culprit: Callable[[], tuple[str, int, float] | None] | None = None) -> JobResult:
+            culprit: Callable[[], tuple[str, int, float] | None] | None = None,
+            preemption: Preemption | None = None) -> JobResult:
     """Run ``command`` to completion.
 
     Args:
@@ -189,6 +224,8 @@ def run_job(command: LaunchCommand, job_dir: str, local_hosts: frozenset[str],
             then stopped (SIGTERM, SIGKILL 3 s later) and the rank is named.
         culprit: the stall monitor's :meth:`~parallax.launch.monitor.StallMonitor.culprit`:
             the rank that ended first, or was lost, named instead of mpirun's pick.
+        preemption: set (by a rank's heartbeat, or here by a SIGTERM to this process) when the job is to end
+            with a checkpoint; a SIGTERM without it, or a second one, stops mpirun at once.
 
     Returns:
         A :class:`JobResult`.
@@ -197,7 +234,7 @@ def run_job(command: LaunchCommand, job_dir: str, local_hosts: frozenset[str],
     env = dict(os.environ)
     env.update(command.env)
     proc = popen(list(command.argv), env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                 text=True, errors="replace", start_new_session=True)
+                 text=True, errors="replace", start_new_session=True, preexec_fn=_end_with_launcher)
     tail: deque[str] = deque(maxlen=400)
 
     def pump() -> None:
@@ -209,8 +246,13 @@ def run_job(command: LaunchCommand, job_dir: str, local_hosts: frozenset[str],
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     previous = {}
+    received: list[int] = []
 
     def forward(signum, frame):
+        received.append(signum)
+        if signum == signal.SIGTERM and preemption is not None and not preemption.is_set():
+            preemption.request("SIGTERM to the launcher")  # a second SIGTERM stops mpirun at once
+            return
         try:
             proc.send_signal(signum)
         except ProcessLookupError:
@@ -220,7 +262,7 @@ def run_job(command: LaunchCommand, job_dir: str, local_hosts: frozenset[str],
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, forward)
     try:
-        returncode = _wait(proc, lost)
+        returncode = _wait(proc, lost, preemption)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -228,24 +270,42 @@ def run_job(command: LaunchCommand, job_dir: str, local_hosts: frozenset[str],
     registry = read_registry(job_dir)
     time.sleep(0.1)
     _kill_leftovers(registry, local_hosts, job_dir)
+    signalled = received[0] if received else None
     if lost is not None and lost.is_set():  # mpirun was stopped by us: its own exit code says nothing
-        return JobResult(1, lost.failure(registry))
+        return JobResult(1, lost.failure(registry), signalled)
+    if preemption is not None and preemption.is_set() and signal.SIGINT not in received:
+        return JobResult(PREEMPTED_EXIT_CODE, None, signal.SIGTERM, preemption.source)
     if returncode == 0:
-        return JobResult(0, None)
+        return JobResult(0, None, signalled)
     blamed = culprit() if culprit is not None else None
     if blamed is not None and blamed[0] == "lost" and lost is not None:
         lost.set(blamed[1], blamed[2])
-        return JobResult(1, lost.failure(registry))
+        return JobResult(1, lost.failure(registry), signalled)
     first = blamed[1] if blamed is not None else None
-    return JobResult(returncode, parse_failure("".join(tail), registry, returncode, first))
+    return JobResult(returncode, parse_failure("".join(tail), registry, returncode, first), signalled)
 
 
-def _wait(proc: subprocess.Popen, lost: LostRank | None) -> int:
+def _end_with_launcher() -> None:
+    """In mpirun, before it starts: a SIGTERM when the launcher's thread that started it ends, however it ends
+    (a SIGKILL too: a supervisor's SIGTERM then SIGKILL, sooner than the ranks' checkpoint), so that mpirun ends
+    the ranks rather than leaving them (Linux's ``PR_SET_PDEATHSIG``; nothing elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
+def _wait(proc: subprocess.Popen, lost: LostRank | None, preemption: Preemption | None = None) -> int:
     """mpirun's exit code; when ``lost`` is set first, stop mpirun's whole session (it cannot end the
-    job itself while it waits for a host that is gone)."""
-    if lost is None:
+    job itself while it waits for a host that is gone); when ``preemption`` is, pass it to the ranks (SIGUSR1)
+    and stop mpirun :data:`PREEMPT_GRACE` seconds later if the job has not ended."""
+    if lost is None and preemption is None:
         return proc.wait()
-    killed_at, started = None, set()
+    killed_at, started, asked_at = None, set(), None
     while True:
         try:
             code = proc.wait(timeout=0.2)
@@ -254,7 +314,18 @@ def _wait(proc: subprocess.Popen, lost: LostRank | None) -> int:
             return code
         except subprocess.TimeoutExpired:
             pass
-        if not lost.is_set():
+        if preemption is not None and preemption.is_set():
+            now = time.monotonic()
+            if asked_at is None:
+                asked_at = now
+                print(f"Parallax: {preemption.source}: the chief saves a checkpoint at its next step and the job "
+                      "ends", file=sys.stderr, flush=True)
+                _signal_all({proc.pid}, signal.SIGUSR1)
+            elif now - asked_at > PREEMPT_GRACE + 5:  # mpirun did not end: it and what it started, all ours
+                _signal_all({proc.pid} | _descendants(proc.pid), signal.SIGKILL)
+            elif now - asked_at > PREEMPT_GRACE:  # mpirun stops every rank at a SIGTERM
+                _signal_all({proc.pid}, signal.SIGTERM)
+        if lost is None or not lost.is_set():
             continue
         now = time.monotonic()
         started |= _descendants(proc.pid)

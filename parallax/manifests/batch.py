@@ -17,7 +17,7 @@ from parallax.job import JobPlan
 from parallax.manifests.common import Files, ManifestRequest, View, hosts_alike
 from parallax.slurm import SLURM, allocation_text
 
-__all__ = ["sbatch", "condor", "CONDOR_SUBMIT", "CONDOR_NODE", "CONDOR_ENVIRONMENT"]
+__all__ = ["sbatch", "preemptible", "SLURM_SIGNAL_LEAD", "condor", "CONDOR_SUBMIT", "CONDOR_NODE", "CONDOR_ENVIRONMENT"]
 
 CONDOR_SUBMIT = "parallax.sub"
 CONDOR_NODE = "parallax_condor.sh"
@@ -29,19 +29,42 @@ def _exports(request: ManifestRequest, resource_info: str | None) -> list[str]:
     return [f"export {k}={shlex.quote(v)}" for k, v in pairs]
 
 
+#: Seconds before its time limit Slurm sends the job SIGTERM (``--signal=B:TERM@...``): time for worker 0 to finish
+#: its step and save.
+SLURM_SIGNAL_LEAD = 120
+
+
+def preemptible(command: str) -> list[str]:
+    """The lines of a batch script that run ``command`` so that a SIGTERM to the script (Slurm's, before the time
+    limit or at a preemption) reaches it, which saves a checkpoint and exits with 143, and that requeue the job
+    then: the same command resumes from that checkpoint (docs/launching.md)."""
+    return ["# Slurm's SIGTERM (before the time limit, or at a preemption) goes to the job: worker 0 saves a "
+            "checkpoint at its",
+            "# next step and the job exits with 143; the job is then requeued, and resumes from that checkpoint.",
+            "set +e",
+            f"{command} &",
+            "job=$!",
+            "trap 'kill -TERM \"$job\" 2>/dev/null' TERM",
+            'wait "$job"; code=$?',
+            'while kill -0 "$job" 2>/dev/null; do wait "$job"; code=$?; done',
+            'if [ "$code" -eq 143 ]; then scontrol requeue "$SLURM_JOB_ID"; fi',
+            'exit "$code"']
+
+
 def sbatch(job: JobPlan, cluster: Cluster, request: ManifestRequest) -> Files:
     """An sbatch script for the hosts of ``job``: a node per host, a task per device (a GPU each on GPU hosts)."""
     shape = hosts_alike(job, cluster.source, "an sbatch job")
     hosts, gpus = shape.hosts, shape.slots if shape.gpu else 0
     head = [f"--job-name={request.name}", f"--nodes={len(hosts)}", f"--ntasks-per-node={shape.slots}",
             *([f"--gpus-per-node={gpus}"] if gpus else []), *([f"--time={request.time}"] if request.time else []),
-            f"--output={request.name}-%j.out"]
+            f"--output={request.name}-%j.out", f"--signal=B:TERM@{SLURM_SIGNAL_LEAD}", "--requeue",
+            "--open-mode=append"]
     lines = ["#!/bin/bash", f"# written by parallax manifest from {cluster.source}: {len(hosts)} node(s) x "
              f"{shape.slots} {'GPU' if gpus else 'CPU replica'}(s), run option {job.layout}.",
              "# Submit: sbatch " + f"{request.name}.sbatch",
              *(f"#SBATCH {h}" for h in head), "set -euo pipefail", *request.python_env,
              *([f"cd {shlex.quote(request.workdir)}"] if request.workdir else []), *_exports(request, SLURM),
-             'echo "Parallax job $SLURM_JOB_ID: nodes $SLURM_JOB_NODELIST"', f"exec {request.shell_command}"]
+             'echo "Parallax job $SLURM_JOB_ID: nodes $SLURM_JOB_NODELIST"', *preemptible(request.shell_command)]
     environ = {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": ",".join(f"node{i}" for i in range(len(hosts))),
                "SLURM_TASKS_PER_NODE": f"{shape.slots}(x{len(hosts)})"}
     if gpus:

@@ -69,6 +69,10 @@ def _image(request: ManifestRequest) -> str:
     return request.image
 
 
+#: The TFJob's restart policy of every replica (docs/launching.md, "Elastic and preemptible jobs").
+RESTART_POLICY = "ExitCode"
+
+
 def _replica(replicas: int, pod_container: dict, restart: str = "Never") -> dict:
     return {"replicas": replicas, "restartPolicy": restart, "template": {"spec": {"containers": [pod_container]}}}
 
@@ -102,15 +106,19 @@ def tfjob_replicas(job: JobPlan, cluster: Cluster, spec: RoleSpec | None, reques
     env = list(request.environment)
     port = [{"name": "tfjob-port", "containerPort": request.port}]
     command = list(request.command)
+    # ExitCode: the operator restarts a task that exits with 128-255 (killed: 137; ended because another task
+    # went, or preempted: 143), which resumes from the job's checkpoint; 1-127 (an exception) fails the job
     specs = {"Chief": _replica(1, container("tensorflow", request, command, env,
-                                            k8s_resources(resources_of(spec, "master", 0), gpus), port))}
+                                            k8s_resources(resources_of(spec, "master", 0), gpus), port),
+                               RESTART_POLICY)}
     if workers > 1:
         res = _role_resources(spec, "worker", workers - 1, "a TFJob")
         specs["Worker"] = _replica(workers - 1, container("tensorflow", request, command, env,
-                                                          k8s_resources(res, gpus), port))
+                                                          k8s_resources(res, gpus), port), RESTART_POLICY)
     if servers:
         res = _role_resources(spec, "ps", servers, "a TFJob")
-        specs["PS"] = _replica(servers, container("tensorflow", request, command, env, k8s_resources(res, 0), port))
+        specs["PS"] = _replica(servers, container("tensorflow", request, command, env, k8s_resources(res, 0), port),
+                               RESTART_POLICY)
     names = {kind.lower(): [f"{request.name}-{kind.lower()}-{i}.default.svc:{request.port}"
                             for i in range(specs[kind]["replicas"])] for kind in specs}
     return specs, tf_config_view("the TFJob's pods", names, gpus)

@@ -41,8 +41,10 @@ from typing import TYPE_CHECKING, Any
 
 from parallax.errors import LaunchError
 from parallax.invocation import current
+from parallax.launch.runner import PREEMPTED_EXIT_CODE
 from parallax.logs import log as logger
 from parallax.managers.tf_config import ManagedJob, Task, read_tf_config
+from parallax.member import preemption
 from parallax.member.bootstrap import end_on_exception
 from parallax.member.protocol import NoHeartbeat
 from parallax.member.servers import make_server, server_config
@@ -321,7 +323,7 @@ class PeerWatch(threading.Thread):
     Every half second it connects to each peer's server port. A peer that was up
     and has not answered for ``grace`` seconds has ended (or its host is gone),
     unless every task has finished (``finished()``): this process then prints
-    which task and exits with 1, so no task waits forever on a dead one.
+    which task and exits with 143 (:func:`_end_for_restart`), so no task waits forever on a dead one.
 
     A peer is watched once a probe has seen it up. The thread's probes can be held
     up for seconds while TensorFlow builds and starts the session (it holds the
@@ -335,7 +337,7 @@ class PeerWatch(threading.Thread):
         finished: whether the job has finished (asked when a peer goes away).
         grace: seconds a peer may be unreachable.
         probe: how a peer is checked (default: a TCP connection to its port).
-        end: what ends this process (default: print, then ``os._exit(1)``).
+        end: what ends this process (default: print, then ``os._exit(143)``: a manager's restart resumes it).
     """
 
     def __init__(self, peers: list[tuple[str, str, int]], own: str, finished: Callable[[], bool], grace: float,
@@ -344,7 +346,7 @@ class PeerWatch(threading.Thread):
         super().__init__(name="parallax-peer-watch", daemon=True)
         self.peers, self.own, self.finished, self.grace = peers, own, finished, grace
         self._probe = probe or _reachable
-        self._end = end or _end
+        self._end = end or _end_for_restart
         self._interval = interval
         self._halt = threading.Event()  # not _stop: threading.Thread has a _stop of its own
         self._failed = threading.Event()
@@ -421,13 +423,21 @@ def _reachable(host: str, port: int) -> bool:
         return False
 
 
-def _end(message: str) -> None:
+def _end(message: str, code: int = 1) -> None:
     try:
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
     except OSError:
         pass
-    os._exit(1)
+    os._exit(code)
+
+
+def _end_for_restart(message: str) -> None:
+    """End a task that another task's end left unable to go on: with
+    :data:`~parallax.launch.runner.PREEMPTED_EXIT_CODE`, which a TFJob's ``restartPolicy: ExitCode`` restarts
+    (the job then resumes from its checkpoint); an exception's 1 fails the job."""
+    _end(message + f" (exit code {PREEMPTED_EXIT_CODE}: restart the task to resume from the last checkpoint)",
+         PREEMPTED_EXIT_CODE)
 
 
 _THIS_PROCESS: JoinedProcess | None = None
@@ -451,5 +461,8 @@ def joined_process(environ: Mapping[str, str] | None = None) -> JoinedProcess | 
         end_on_exception(lambda: _end("Parallax: this task ended with an exception"))
         if not current().log_level:  # a task logs at INFO (its plan, its server), as a launched one
             logger.setLevel(logging.INFO)
+        # SIGTERM (the pod deleted, the node drained): worker 0 saves at its next step and ends with 143; the
+        # other tasks, left without it, end with 143 too (PeerWatch): a manager's restart resumes them all
+        preemption.install(lambda: None)
         _THIS_PROCESS = JoinedProcess(managed)
     return _THIS_PROCESS

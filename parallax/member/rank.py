@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from parallax.comm.group import MPIWorkers
 from parallax.errors import LaunchError
 from parallax.launch.layout import RankSpec
+from parallax.member import preemption
 from parallax.member.bootstrap import (
     RankContext,
     finish_together,
@@ -52,6 +53,12 @@ class LaunchedProcess:
         self._heartbeat: Any = None
         self._exit_check: str | None = None
         self.calls = 0  # parallel_run calls this process has begun
+        preemption.install(self._ask_to_preempt)
+
+    def _ask_to_preempt(self) -> None:
+        """This process got SIGTERM: ask the launcher to end the job with a checkpoint."""
+        if self._heartbeat is not None and hasattr(self._heartbeat, "preempt"):
+            self._heartbeat.preempt()
 
     @property
     def rank(self) -> int:

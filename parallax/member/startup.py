@@ -23,6 +23,7 @@ from parallax.comm.registry import backends_in_use
 from parallax.graph_input import export_graph
 from parallax.hooks import HookAdapter, SessionTranslation, begin_hooks, run_past_hooks
 from parallax.logs import log as logger
+from parallax.member import preemption
 from parallax.member.servers import session_config
 from parallax.paths import check_paths
 from parallax.plan import Plan, TaskSpec
@@ -138,6 +139,10 @@ def _start_session(meta: meta_graph_pb2.MetaGraphDef, config: config_pb2.ConfigP
         translated = translation(graph)
         ckpt = checkpointing(graph, settings.ckpt, plan, setup.process.index, setup.saves, setup.comms.workers)
         all_hooks: list = [HookAdapter(h, translated) for h in settings.hooks] + ckpt.hooks
+        if setup.saves and preemption.installed():  # a launched worker 0: SIGTERM saves and ends the job
+            all_hooks.append(preemption.PreemptionHook(
+                ckpt.saver if ckpt.sharded is None else None, settings.ckpt.ckpt_dir,
+                "the optimizer slots are sharded over the workers (zero_stage)" if ckpt.sharded is not None else ""))
         scaffold = tf.compat.v1.train.Scaffold(saver=ckpt.saver)
         if setup.is_chief:
             creator = tf.compat.v1.train.ChiefSessionCreator(scaffold=scaffold, master=master, config=config,

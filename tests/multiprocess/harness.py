@@ -69,23 +69,33 @@ class Run:
             return {k.replace("__", "/"): data[k] for k in data.files}
 
 
-def run_command(tmp_path, argv: list[str], timeout: float = 180, out_dir=None, env: dict | None = None) -> Run:
-    """Run ``argv`` (a user's command: a script, ``parallax tune``, ...) in the test's network namespace,
-    from ``tmp_path``, with the repository importable; its whole group is killed if it runs past ``timeout``."""
+def start_command(tmp_path, argv: list[str], env: dict | None = None) -> subprocess.Popen:
+    """Start ``argv`` as :func:`run_command` runs it, in a session of its own; its output is piped."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **(env or {})}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    start = time.monotonic()
-    proc = subprocess.Popen([*namespace_prefix(), *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", env=env, cwd=str(tmp_path), start_new_session=True)
+    return subprocess.Popen([*namespace_prefix(), *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", env=env, cwd=str(tmp_path), start_new_session=True)
+
+
+def finish_command(proc: subprocess.Popen, timeout: float, out_dir: str, started: float | None = None) -> Run:
+    """Wait for a command :func:`start_command` started; its whole group is killed if it runs past ``timeout``."""
+    start = time.monotonic() if started is None else started
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         output, _ = proc.communicate()
         raise AssertionError(f"job did not finish in {timeout}s:\n{output[-4000:]}") from None
-    return Run(proc.returncode, output, time.monotonic() - start, str(out_dir or tmp_path), time.time())
+    return Run(proc.returncode, output, time.monotonic() - start, str(out_dir), time.time())
+
+
+def run_command(tmp_path, argv: list[str], timeout: float = 180, out_dir=None, env: dict | None = None) -> Run:
+    """Run ``argv`` (a user's command: a script, ``parallax tune``, ...) in the test's network namespace,
+    from ``tmp_path``, with the repository importable; its whole group is killed if it runs past ``timeout``."""
+    start = time.monotonic()
+    return finish_command(start_command(tmp_path, argv, env), timeout, out_dir or tmp_path, start)
 
 
 def run_script(tmp_path, resource_text: str, *args: str, timeout: float = 180, script: str = SCRIPT) -> Run:

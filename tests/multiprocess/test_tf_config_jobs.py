@@ -42,20 +42,22 @@ def tf_cluster(**counts: int) -> dict[str, list[str]]:
 
 
 def run_managed(tmp_path, cluster: dict | None, *args: str, timeout: float = 150, prefix: dict | None = None,
-                namespace: bool = True, manifest: str | None = None) -> ManagedRun:
+                namespace: bool = True, manifest: str | None = None, script: str = SCRIPT,
+                restart_policy: str = "Never") -> ManagedRun:
     """Start each task of ``cluster`` as a manager does (all in one loopback-only namespace when allowed
-    and ``namespace``; ``prefix``: host -> the command that runs a task there), or the pods of ``manifest``
-    (a TFJob or polyaxonfile: their commands are theirs, ``args`` unused)."""
+    and ``namespace``; ``prefix``: host -> the command that runs a task there; ``restart_policy``: a TFJob's,
+    ``Never`` or ``ExitCode``), or the pods of ``manifest`` (a TFJob or polyaxonfile: their commands are theirs,
+    ``args`` unused)."""
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     tasks_from = ["--manifest", manifest] if manifest else ["--cluster", json.dumps(cluster)]
-    command = [] if manifest else [sys.executable, SCRIPT, "--resource_info", "unused", "--out", str(out),
+    command = [] if manifest else [sys.executable, script, "--resource_info", "unused", "--out", str(out),
                                    "--steps", str(STEPS), "--batch", str(BATCH), *args]
     argv = [*(namespace_prefix() if namespace else ()), sys.executable, MANAGER, *tasks_from,
             "--out", str(out / "tasks"), "--timeout", str(timeout), "--prefix", json.dumps(prefix or {}),
-            "--", *command]
+            "--restart_policy", restart_policy, "--", *command]
     start = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=timeout + 60)
     with open(out / "tasks" / "tasks.json") as f:

@@ -172,7 +172,8 @@ def test_an_sbatch_script_asks_for_the_hosts_and_reads_the_allocation(analyses):
     text = files.files["demo.sbatch"]
     for line in ("#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
                  "#SBATCH --time=2:00:00", "source /shared/venv/bin/activate", "export PARALLAX_RESOURCE_INFO=slurm",
-                 "exec python train.py --steps 100"):
+                 "#SBATCH --signal=B:TERM@120", "#SBATCH --requeue", "python train.py --steps 100 &",
+                 'if [ "$code" -eq 143 ]; then scontrol requeue "$SLURM_JOB_ID"; fi'):
         assert line in text.splitlines(), (line, text)
     valid("slurm", files.files)
 

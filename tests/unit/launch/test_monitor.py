@@ -161,3 +161,29 @@ def test_a_cut_off_rank_ends_itself_even_when_its_stderr_is_gone():
         assert proc.wait(timeout=10) == 1
     finally:
         proc.kill()
+
+
+# --------------------------------------------------------------------------- preemption
+def test_a_rank_that_got_sigterm_asks_to_preempt_unless_a_rank_died_first():
+    """A rank's SIGTERM asks the launcher to end the job with a checkpoint; but when a rank has ended unfinished
+    first, the SIGTERMs the others get are mpirun's teardown, which asks nothing."""
+    asked = []
+    monitor = StallMonitor({0: "rank 0", 1: "rank 1"}, 30.0, sink=io.StringIO(), on_preempt=asked.append).start()
+    try:
+        beat = Heartbeat(monitor.address("127.0.0.1"), 0)
+        beat.set("run")
+        _wait_for(lambda: 0 in monitor._states)
+        beat.preempt()
+        _wait_for(lambda: asked)
+        assert set(asked) == {0}
+        dying = _rank_process(monitor.address("127.0.0.1"), 1)
+        _wait_for(lambda: 1 in monitor._states)
+        dying.kill()
+        dying.wait()
+        _wait_for(lambda: monitor.first_gone() == 1)
+        asked.clear()
+        beat.preempt()
+        time.sleep(1.5)  # three rounds of heartbeats
+        assert asked == []
+    finally:
+        monitor.stop()

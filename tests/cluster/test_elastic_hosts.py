@@ -1,0 +1,57 @@
+"""Elastic jobs across the virtual cluster's hosts: a host cut off mid-run (its link down) ends the attempt, the
+launcher finds it no longer answers, and the job finishes on the two hosts left from the last checkpoint, equal to
+single-device training of the same global steps (each global step trains its own union batch, split over 3
+workers before the cut and 2 after); and nothing of the job is left on any host."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import pytest
+
+from tests.cluster.test_multihost import ONE_EACH, assert_nothing_left, finish, start
+from tests.models import BUILDERS, DATA, train_single_device
+from tests.multiprocess.test_elastic import BATCH, SCRIPT
+from tests.multiprocess.test_mpi_mode import check_ranks_match
+
+pytestmark = [pytest.mark.cluster, pytest.mark.multiprocess, pytest.mark.slow]
+
+STALL = 10.0
+STEPS = 24
+
+
+def progress(out: str, worker: int) -> int:
+    try:
+        with open(os.path.join(out, f"step_{worker}")) as f:
+            return int(f.read() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+@pytest.mark.parametrize("mode", ["MPI", "PS"])
+def test_a_host_cut_off_mid_run_restarts_the_job_on_the_hosts_left(cluster, tmp_path, mode):
+    proc, out = start(cluster, tmp_path, ONE_EACH, "--run_option", mode, "--steps", str(STEPS), "--batch",
+                      str(BATCH), "--max_restarts", "2", "--save_steps", "3", "--step_sleep", "0.4",
+                      "--stall_timeout", str(STALL), script=SCRIPT)
+    try:
+        deadline = time.monotonic() + 180
+        while progress(out, 0) < 7:
+            assert time.monotonic() < deadline and proc.poll() is None, "the job did not train"
+            time.sleep(0.2)
+        cluster.link("vhost3", False)
+        run = finish(proc, out, timeout=300, cluster=cluster)
+    finally:
+        cluster.link("vhost3", True)
+    assert run.returncode == 0, run.output[-6000:]
+    assert re.search(r"attempt 1 failed: Parallax job failed: rank \d+ on host vhost3 .*(lost|no heartbeat)",
+                     run.output), run.output[-6000:]
+    [line] = re.findall(r"Parallax elastic: restart \d+ of \d+: .*", run.output)
+    assert "hosts gone: vhost3; 2 worker(s) (vhost1 x1, vhost2 x1) instead of 3 worker(s)" in line, line
+    resumed = int(re.search(r"resuming from global step (\d+)", line).group(1))
+    assert resumed >= 6 and resumed % 3 == 0, line
+    assert f"worker 1 of 2 starts at global step {resumed}" in run.output
+    reference = train_single_device(BUILDERS["embedding"]("adam"), DATA["embedding"](STEPS, BATCH))
+    check_ranks_match(run, reference, 2)
+    assert_nothing_left(cluster, within=2 * STALL)
