@@ -45,7 +45,14 @@ test: $(STAMP) bytecode
 # ZeRO, pipelines, checkpoints, tune, sweeps); .ci/run runs them too.
 .PHONY: test-extended
 test-extended: $(STAMP) bytecode
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "extended and not cluster" tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "extended and not cluster and not elastic" tests \
+	    $(PYTEST_ARGS)
+
+# `make test-elastic`: the restart and preemption cases outside the core (tests/multiprocess/test_elastic.py), one
+# at a time: .ci/run runs them beside the extended suite, on the core that suite leaves idle.
+.PHONY: test-elastic
+test-elastic: $(STAMP) bytecode
+	$(BIN)/python -m pytest -m "elastic and not core" tests $(PYTEST_ARGS)
 
 # `make test-cluster`: the multi-host tests (tests/cluster) on a virtual cluster of three
 # hosts: network namespaces joined by a bridge in a namespace of its own (198.18.0.0/24,

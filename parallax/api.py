@@ -219,6 +219,12 @@ class _Call:
     script_resources: str | os.PathLike | None
     saves_itself: bool = False  # a tf.function step's own tf.train.Checkpoint: elastic mode adds no checkpoints
 
+    @property
+    def in_trial(self) -> bool:
+        """A trial's job (of ``parallax tune``, a search, a sweep, or any trial runner's): it keeps nothing, so it
+        is neither restarted nor preempted with a checkpoint."""
+        return self.invocation.trial is not None or self.invocation.trial_result is not None
+
     def report_overrides(self) -> None:
         """Say at WARNING each of the script's settings the environment replaces (once per job: see the
         handlers)."""
@@ -326,7 +332,7 @@ def _run_plain(call: _Call) -> tuple | int:
             return code
     analysis = analyse_graph(call.graph)
     settings, job = plan_job(config, call.sync, cluster, analysis)
-    elastic = config.elastic_config.enabled and job.launched and call.invocation.trial is None
+    elastic = config.elastic_config.enabled and job.launched and not call.in_trial
     checkpoints = _elastic_checkpoints(call, config) if elastic else None
     if checkpoints is not None:
         config = replace(config, ckpt_config=checkpoints)
@@ -352,21 +358,28 @@ def _run_plain(call: _Call) -> tuple | int:
             return code
     if not job.launched:
         return in_trial(start_worker(local_replicas(job, settings), job, settings, call.graph, call.meta_graph), job)
+    return _launch_job(call, config, cluster, analysis, (settings, job), checkpoints, elastic)
+
+
+def _launch_job(call: _Call, config: Config, cluster: Cluster, analysis, planned: tuple, checkpoints:
+                CheckPointConfig | None, elastic: bool) -> int:
+    """Launch the job ``planned`` (its settings and job plan for ``cluster``) and wait for it: again on the hosts
+    left after a failure when ``elastic`` (:mod:`parallax.launch.elastic`); say how it ended. Returns the exit
+    code."""
+    settings = planned[0]
     program = current_program()
-    trial_free = call.invocation.trial is None and call.invocation.trial_result is None
+    preemptible = not call.in_trial  # a trial keeps nothing: a SIGTERM ends it at once
 
     def start(resources: Cluster) -> JobResult:
-        planned = (settings, job) if resources is cluster else plan_job(config, call.sync, resources, analysis)
-        return launch(planned[1].ranks, program, _launch_info(planned[1], planned[0], resources, checkpoints),
-                      settings.mpirun_options, redirect_path=settings.redirect_path,
-                      stall_timeout=settings.timeouts.stall,
-                      preemptible=trial_free)  # a trial keeps nothing: a SIGTERM ends it at once
+        _, job = planned if resources is cluster else plan_job(config, call.sync, resources, analysis)
+        return launch(job.ranks, program, _launch_info(job, settings, resources, checkpoints), settings.mpirun_options,
+                      redirect_path=settings.redirect_path, stall_timeout=settings.timeouts.stall,
+                      preemptible=preemptible)
 
     if elastic:
+        chosen = " (chosen by elastic mode: the program names none)" if not call.config.ckpt_config.ckpt_dir else ""
         print(f"Parallax elastic: up to {config.elastic_config.max_restarts} restart(s); checkpoints in "
-              f"{settings.ckpt.ckpt_dir}" + (" (chosen by elastic mode: the program names none)"
-                                             if checkpoints is not None and not call.config.ckpt_config.ckpt_dir
-                                             else ""), file=sys.stderr, flush=True)
+              f"{settings.ckpt.ckpt_dir}{chosen}", file=sys.stderr, flush=True)
         result = run_elastic(cluster, config.elastic_config, settings.ckpt.ckpt_dir, start, program)
     else:
         result = start(cluster)

@@ -138,9 +138,11 @@ class Heartbeat:
         orphan_after: seconds without an answer from the monitor (after a first
             one) after which this process is cut off from its job and ends itself
             (:func:`end_orphan`); ``None``: never.
+        lifeline: hold the TCP connection that tells the monitor when this process ends (``False``: the
+            monitor's port is another server's over TCP: a task's in a job a cluster manager started).
     """
 
-    def __init__(self, address: str, rank: int, orphan_after: float | None = None) -> None:
+    def __init__(self, address: str, rank: int, orphan_after: float | None = None, lifeline: bool = True) -> None:
         host, _, port = address.rpartition(":")
         self._target = (host, int(port))
         self._rank = rank
@@ -154,9 +156,10 @@ class Heartbeat:
         self._socket.setblocking(False)
         self._lifeline = socket.socket(family, socket.SOCK_STREAM)  # closed by the kernel when we end
         try:
-            self._lifeline.settimeout(5)
-            self._lifeline.connect(self._target)
-            self._lifeline.sendall(f"{rank}\n".encode())
+            if lifeline:
+                self._lifeline.settimeout(5)
+                self._lifeline.connect(self._target)
+                self._lifeline.sendall(f"{rank}\n".encode())
         except OSError:
             pass  # an older or absent monitor: heartbeats still go
         self._thread = threading.Thread(target=self._loop, name="parallax-heartbeat", daemon=True)
@@ -256,11 +259,13 @@ class StallMonitor:
         on_preempt: told of a rank that asks for the job to end with a checkpoint (it got SIGTERM), with
             every heartbeat it sends from then on, while no rank has ended unfinished: ``mpirun`` sends SIGTERM
             to the ranks left when one fails, which is no preemption.
+        port: take heartbeats on this UDP port of ``bind_host``, without lifelines (raises ``OSError`` when
+            it is taken); ``None``: a free port, with lifelines on its TCP side.
     """
 
     def __init__(self, names: dict[int, str], timeout: float, bind_host: str = "127.0.0.1", sink=None,
                  on_lost: Callable[[int, float], None] | None = None,
-                 on_preempt: Callable[[int], None] | None = None) -> None:
+                 on_preempt: Callable[[int], None] | None = None, port: int | None = None) -> None:
         self._names = names
         self._on_preempt = on_preempt
         self._asking: set[int] = set()  # ranks whose heartbeats of this round ask to preempt
@@ -271,10 +276,15 @@ class StallMonitor:
         self._reported: dict[int, float] = {}
         self._lost: set[int] = set()
         self._closed: dict[int, float] = {}  # rank -> when its lifeline closed (monotonic)
-        self._socket, self._listener = _bind_pair(bind_host)
         self._selector = selectors.DefaultSelector()
+        if port is None:
+            self._socket, listener = _bind_pair(bind_host)
+            self._selector.register(listener, selectors.EVENT_READ, "accept")
+        else:  # heartbeats only, on a given UDP port (its TCP side is another server's): no lifelines
+            self._socket = socket.socket(socket.AF_INET6 if ":" in bind_host else socket.AF_INET, socket.SOCK_DGRAM)
+            self._socket.bind((bind_host, port))
+            self._socket.setblocking(False)
         self._selector.register(self._socket, selectors.EVENT_READ, "beat")
-        self._selector.register(self._listener, selectors.EVENT_READ, "accept")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="parallax-stall-monitor", daemon=True)
 
@@ -346,7 +356,7 @@ class StallMonitor:
             if beat.get("preempt"):
                 self._asking.add(int(beat["rank"]))
         elif key.data == "accept":
-            conn, _ = self._listener.accept()
+            conn, _ = key.fileobj.accept()
             conn.setblocking(False)
             self._selector.register(conn, selectors.EVENT_READ, [b"", None])
         else:  # a lifeline: its rank number, then nothing until it closes

@@ -104,7 +104,9 @@ def tfjob_replicas(job: JobPlan, cluster: Cluster, spec: RoleSpec | None, reques
     gpus = workers_alike(job, cluster.source, "a TFJob")
     workers, servers = len(job.workers), len(job.processes) - len(job.workers)
     env = list(request.environment)
-    port = [{"name": "tfjob-port", "containerPort": request.port}]
+    # the same number over UDP: each task's heartbeats to worker 0's stall check (parallax/member/joined.py)
+    port = [{"name": "tfjob-port", "containerPort": request.port},
+            {"name": "parallax-stall", "containerPort": request.port, "protocol": "UDP"}]
     command = list(request.command)
     # ExitCode: the operator restarts a task that exits with 128-255 (killed: 137; ended because another task
     # went, or preempted: 143), which resumes from the job's checkpoint; 1-127 (an exception) fails the job

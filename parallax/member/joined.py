@@ -76,6 +76,8 @@ class JoinedProcess:
         self._watch: PeerWatch | None = None
         self._how: str | None = None
         self._finish_timeout = 0.0
+        self._beat: Any = None  # its heartbeat to worker 0's stall monitor
+        self._monitor: Any = None  # worker 0's
 
     @property
     def task(self) -> Task:
@@ -142,6 +144,7 @@ class JoinedProcess:
         self._watch = PeerWatch(peers, self.task.name, finished=self._exit.complete,
                                 grace=min(settings.timeouts.stall or 3.0, 3.0))
         self._watch.start()
+        self._beat, self._monitor = _stall_check(job, process, identity, settings, self._identity, self.managed)
         atexit.register(self._leave)
         logger.info("Parallax: %s serving as %s %d on port %d", self.managed.source, process.role, process.index,
                     process.port)
@@ -157,9 +160,12 @@ class JoinedProcess:
         return None, None  # no MPI among the tasks
 
     def heartbeat(self, state: str, where: str = "") -> Any:
-        """No stall monitor; but every finished ``run`` lets the peer watch probe from the main thread
-        (:meth:`PeerWatch.poll`), whose own thread can be held up for seconds while TensorFlow starts."""
-        return _WatchBeat(lambda: self._watch)
+        """This task's heartbeat to worker 0's stall monitor (:func:`_stall_check`), now in ``state``; and every
+        finished ``run`` lets the peer watch probe from the main thread (:meth:`PeerWatch.poll`), whose own
+        thread can be held up for seconds while TensorFlow starts."""
+        beat = _WatchBeat(lambda: self._watch, lambda: self._beat)
+        beat.set(state, where)
+        return beat
 
     def exit_together(self, how: str, finish_timeout: float) -> None:
         """``"finish"`` (all-reduce workers): wait at most ``finish_timeout`` s for the others at the end;
@@ -181,25 +187,65 @@ class JoinedProcess:
     def _leave(self) -> None:
         if self._exit is None:
             return
+        if self._beat is not None:
+            self._beat.close()  # done: a peer still in a step does not wait for this task
         bound = self._finish_timeout if self._how == "finish" else None
         outcome = self._exit.wait(bound, failed=self._watch.failed if self._watch else None)
         if outcome is not None:
             _end(f"Parallax: {self.managed.source} finished, but {outcome}")
         if self._watch is not None:
             self._watch.stop()
+        if self._monitor is not None:
+            self._monitor.stop()
 
 
 class _WatchBeat(NoHeartbeat):
-    """The heartbeat of a manager-started process: a step's end is a chance to probe the peers."""
+    """The heartbeat of a manager-started process: its states go to worker 0's stall monitor (``beat``: the
+    task's heartbeat once its server has started, ``None`` before or without one), and a step's end is a chance
+    to probe the peers."""
 
-    def __init__(self, watch: Callable[[], PeerWatch | None]) -> None:
+    def __init__(self, watch: Callable[[], PeerWatch | None], beat: Callable[[], Any]) -> None:
         self._watch = watch
+        self._beat = beat
+
+    def set(self, state: str, where: str = "", steps: int | None = None) -> None:
+        beat = self._beat()
+        if beat is not None:
+            beat.set(state, where, steps)
 
     def step_done(self) -> None:
+        beat = self._beat()
+        if beat is not None:
+            beat.step_done()
         watch = self._watch()
         if watch is not None:
             watch.poll(time.monotonic())
 
+
+def _stall_check(job: JobPlan, process: ProcessSpec, identity: int, settings: Settings,
+                 identity_of: Callable[[JobPlan, ProcessSpec], int], managed: ManagedJob) -> tuple[Any, Any]:
+    """The stall check of a job a cluster manager started, as a launched job's
+    (:mod:`parallax.launch.monitor`): every task sends its state to worker 0, on the UDP port of the number
+    its server listens on over TCP (no other port needs to be open between the tasks), and worker 0 prints who
+    waits for whom once a task has waited the stall time. Returns this task's heartbeat and, in worker 0, the
+    monitor (``None``, ``None`` when ``stall_timeout`` is off)."""
+    from parallax.launch.monitor import Heartbeat, StallMonitor
+
+    stall = settings.timeouts.stall
+    if stall is None:
+        return None, None
+    chief = job.workers[0]
+    monitor = None
+    if identity == 0:
+        names = {identity_of(job, p): f"task {managed.name_of(p.host, p.port)} ({p.host}:{p.port})"
+                 for p in job.processes}
+        try:
+            monitor = StallMonitor(names, stall, bind_host="0.0.0.0", port=process.port).start()
+        except OSError as e:
+            logger.warning("Parallax: no stall check in %s: UDP port %d is taken (%s)", managed.source,
+                           process.port, e)
+            return None, None
+    return Heartbeat(f"{chief.host.strip('[]')}:{chief.port}", identity, lifeline=False), monitor
 
 class ExitBarrier:
     """Every task leaves when all have finished; worker 0, which holds the barrier's queues, last.

@@ -12,6 +12,7 @@ host afterwards.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 
@@ -92,3 +93,50 @@ def test_check_inside_an_allocation_probes_every_node_through_srun(slurm, tmp_pa
     for host in ("vhost1", "vhost2", "vhost3"):
         assert f"{host}: ok: hostname {host} -> 198.18.0." in output, output
     assert "3 of 3 hosts ready" in output, output
+
+
+def test_the_recipe_saves_at_slurms_sigterm_requeues_and_resumes(slurm, tmp_path):
+    """Slurm's SIGTERM to the batch script (what ``--signal=B:TERM@120`` sends before the time limit, sent here with
+    ``scancel --batch --signal=TERM``): the recipe passes it to the job, worker 0 saves at its next step, the job
+    exits with 143 and the recipe requeues it; the requeued job resumes from that step and ends equal to
+    single-device training."""
+    from tests.cluster.test_elastic_hosts import progress
+    from tests.models import BUILDERS, DATA, train_single_device
+    from tests.multiprocess.test_elastic import BATCH
+    from tests.multiprocess.test_elastic import SCRIPT as ELASTIC
+
+    steps = 24
+    out = tmp_path / "out"
+    env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ['PATH']}", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    output = tmp_path / "slurm.out"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    submitted = slurm.run(["sbatch", "--parsable", f"--output={output}", f"--chdir={tmp_path}", "--nodes=2",
+                           "--ntasks-per-node=1", RECIPE, ELASTIC, "--resource_info", "slurm", "--out", str(out),
+                           "--run_option", "MPI", "--steps", str(steps), "--batch", str(BATCH), "--ckpt_dir",
+                           str(tmp_path / "ckpt"), "--save_steps", "1000", "--step_sleep", "0.3"], env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 180
+        while progress(str(out), 0) < 4:
+            assert time.monotonic() < deadline, output.read_text(errors="replace") if output.exists() else "no output"
+            time.sleep(0.3)
+        signalled = slurm.run(["scancel", "--batch", "--signal=TERM", job])
+        assert signalled.returncode == 0, signalled.stderr
+        deadline = time.monotonic() + 400
+        while not (out / "rank_0.npz").exists():
+            assert time.monotonic() < deadline, output.read_text(errors="replace") + slurm.logs()
+            time.sleep(1)
+        while slurm.run(["squeue", "--noheader", "--jobs", job]).stdout.strip():
+            assert time.monotonic() < deadline, "the requeued job did not end"
+            time.sleep(1)
+    finally:
+        slurm.run(["scancel", "--user=root"])
+    text = output.read_text(errors="replace")
+    saved = re.search(r"the chief saved global step (\d+)", text)
+    assert saved, text[-6000:]
+    assert "Parallax: the job was preempted (SIGTERM to the launcher)" in text
+    assert f"worker 0 of 2 starts at global step {saved.group(1)}" in text, text[-6000:]
+    reference = train_single_device(BUILDERS["embedding"]("adam"), DATA["embedding"](steps, BATCH))
+    check_ranks_match(Run(0, text, 0.0, str(out), time.time()), reference, 2)
+    assert_nothing_left(slurm.cluster)

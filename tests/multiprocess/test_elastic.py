@@ -29,7 +29,7 @@ from tests.multiprocess.harness import (
 )
 from tests.multiprocess.test_mpi_mode import check_ranks_match
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.elastic]  # make test-elastic, but the core
 
 SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "elastic_script.py")
 PARALLAX_RUN = os.path.join(os.path.dirname(sys.executable), "parallax-run")

@@ -136,3 +136,19 @@ def test_run_options_that_cannot_run_are_refused_in_every_task(tmp_path, option,
     for name, task in run.tasks.items():
         assert task["rc"] == 1, (name, run.output[-3000:])
         assert message in run.log(name)
+
+
+@pytest.mark.parametrize("shape,option", [({"chief": 1, "worker": 1, "ps": 1}, "PS"),
+                                          ({"chief": 1, "worker": 1}, "MPI")])
+def test_a_live_but_stuck_task_is_named_by_worker_0_within_the_stall_time(tmp_path, shape, option):
+    """Worker 1 (the TF_CONFIG task ``worker 0``) sleeps 9 s in its own code; worker 0 waits in its step and,
+    after the stall time (3 s), prints who waits for whom, as a launched job's launcher does; the job then ends
+    equal to single-device training."""
+    run = run_managed(tmp_path, tf_cluster(**shape), "--run_option", option, "--model", "mlp", "--sleep_rank", "1",
+                      "--sleep_seconds", "9", "--stall_timeout", "3")
+    assert all(task["rc"] == 0 for task in run.tasks.values()), (run.tasks, run.output[-4000:])
+    check_ranks_match(run, expected_values("mlp", "adam"), 2)
+    pattern = (r"Parallax stall: task chief 0 \(localhost:\d+\) has waited \d+ s in sess.run call #\d+, .*for task "
+               r"worker 0 \(localhost:\d+\), which has finished \d+ sess.run calls and is in the program's own code "
+               r"\(between sess.run calls\) for \d+ s")
+    assert re.search(pattern, run.log("chief_0")), run.log("chief_0")[-3000:]

@@ -77,8 +77,11 @@ def test_a_tfjob_has_a_pod_per_process_with_its_gpu(analyses):
     chief = specs["Chief"]["template"]["spec"]["containers"][0]
     assert chief["command"] == list(COMMAND) and chief["resources"] == {"limits": {"nvidia.com/gpu": 1}}
     assert {"name": "PARALLAX_RUN_OPTION", "value": "PS"} in chief["env"]
-    assert chief["ports"] == [{"name": "tfjob-port", "containerPort": 2222}]
+    assert chief["ports"] == [{"name": "tfjob-port", "containerPort": 2222},
+                              {"name": "parallax-stall", "containerPort": 2222, "protocol": "UDP"}]
     assert "resources" not in specs["PS"]["template"]["spec"]["containers"][0]
+    # a task killed (137) or left without a peer (143) is restarted and resumes; an exception (1) fails the job
+    assert {v["restartPolicy"] for v in specs.values()} == {"ExitCode"}
 
 
 def test_a_role_spec_gives_each_role_its_requests_and_limits(analyses):

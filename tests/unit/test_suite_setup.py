@@ -122,7 +122,7 @@ def test_a_test_that_asks_for_stored_tunes_gets_an_empty_cache_of_its_own(tuned_
     assert os.listdir(tuned_cache) == []
 
 
-# --- which suite runs which test: make test's core, make test-extended, make test-cluster -----------------------
+# --- which suite runs which test: make test's core, make test-extended, make test-elastic, make test-cluster -----
 
 _COLLECT = """
 import json, sys
@@ -153,7 +153,8 @@ def _makefile_selection(target: str) -> str:
 def test_every_test_runs_in_exactly_one_suite_and_the_core_in_make_test():
     """Nothing is left out of CI by the split, nothing runs twice, and a multi-process test marked ``core`` runs in
     ``make test`` (tests/conftest.py marks the others ``extended``)."""
-    suites = {target: _makefile_selection(target) for target in ("test", "test-extended", "test-cluster")}
+    suites = {target: _makefile_selection(target) for target in ("test", "test-extended", "test-elastic",
+                                                                 "test-cluster")}
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     run = subprocess.run([sys.executable, "-c", _COLLECT, json.dumps({**suites, "all": "", "core": "core",
                                                                       "multiprocess": "multiprocess"})],

@@ -187,3 +187,30 @@ def test_a_rank_that_got_sigterm_asks_to_preempt_unless_a_rank_died_first():
         assert asked == []
     finally:
         monitor.stop()
+
+
+def test_a_monitor_on_a_given_udp_port_takes_heartbeats_without_lifelines():
+    """Worker 0 of a job a cluster manager started listens on the UDP side of its server's port number; the
+    tasks' heartbeats hold no TCP lifeline there (that port is the TensorFlow server's)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:  # the task's TF server, over TCP
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        server.settimeout(0.5)
+        port = server.getsockname()[1]
+        sink = io.StringIO()
+        monitor = StallMonitor({0: "task chief 0", 1: "task worker 0"}, 1.0, sink=sink, port=port).start()
+        try:
+            beats = [Heartbeat(f"127.0.0.1:{port}", r, lifeline=False) for r in (0, 1)]
+            beats[0].set("run", "in the PS protocol")
+            beats[1].set("user")
+            _wait_for(lambda: "Parallax stall: task chief 0 has waited" in sink.getvalue())
+            try:
+                server.accept()
+                raise AssertionError("a heartbeat connected to the server's TCP port")
+            except TimeoutError:
+                pass
+        finally:
+            monitor.stop()
+    assert "for task worker 0, which has finished 0 sess.run calls" in sink.getvalue()
