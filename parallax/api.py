@@ -141,7 +141,7 @@ def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
                          "tf.compat.v1 graph's checkpoints are saved under its variables' names: leave it None")
     try:
         outcome = _run(traced.graph if traced is not None else single_gpu_graph, resource_info, sync, config,
-                       saves_itself=checkpoints is not None)
+                       step_ckpt_dir=checkpoints.directory if checkpoints is not None else None)
     except ParallaxError as e:
         if current().plan is None:
             raise
@@ -217,7 +217,7 @@ class _Call:
     config: Config
     script_config: Config  # as the script passed it, and its resource_info: for the report of what replaced them
     script_resources: str | os.PathLike | None
-    saves_itself: bool = False  # a tf.function step's own tf.train.Checkpoint: elastic mode adds no checkpoints
+    step_ckpt_dir: str | None = None  # a tf.function step's own checkpoints' (elastic mode adds none)
 
     @property
     def in_trial(self) -> bool:
@@ -234,7 +234,7 @@ class _Call:
 
 
 def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync: bool, config: Config,
-         saves_itself: bool = False) -> tuple | int:
+         step_ckpt_dir: str | None = None) -> tuple | int:
     """Read the invocation and hand the call to the handler of its kind; an ``int`` is the exit code the
     process ends with."""
     invocation = current()
@@ -254,7 +254,7 @@ def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync:
     check_schedule(config.ckpt_config, graph)
     check_checkpoint(config.ckpt_config, graph)  # another model's checkpoint: refused before anything starts
     call = _Call(invocation, graph, meta_graph, resource_info, sync, config, script_config, script_resources,
-                 saves_itself)
+                 step_ckpt_dir)
     return _HANDLERS[invocation.kind](call)
 
 
@@ -367,6 +367,7 @@ def _launch_job(call: _Call, config: Config, cluster: Cluster, analysis, planned
     left after a failure when ``elastic`` (:mod:`parallax.launch.elastic`); say how it ended. Returns the exit
     code."""
     settings = planned[0]
+    ckpt_dir = settings.ckpt.ckpt_dir or call.step_ckpt_dir
     program = current_program()
     preemptible = not call.in_trial  # a trial keeps nothing: a SIGTERM ends it at once
 
@@ -377,16 +378,17 @@ def _launch_job(call: _Call, config: Config, cluster: Cluster, analysis, planned
                       preemptible=preemptible)
 
     if elastic:
-        chosen = " (chosen by elastic mode: the program names none)" if not call.config.ckpt_config.ckpt_dir else ""
+        chosen = " (chosen by elastic mode: the program names none)" \
+            if not (call.config.ckpt_config.ckpt_dir or call.step_ckpt_dir) else ""
         print(f"Parallax elastic: up to {config.elastic_config.max_restarts} restart(s); checkpoints in "
-              f"{settings.ckpt.ckpt_dir}{chosen}", file=sys.stderr, flush=True)
-        result = run_elastic(cluster, config.elastic_config, settings.ckpt.ckpt_dir, start, program)
+              f"{ckpt_dir}{chosen}", file=sys.stderr, flush=True)
+        result = run_elastic(cluster, config.elastic_config, ckpt_dir, start, program)
     else:
         result = start(cluster)
     if result.preempted:
-        saved = latest_checkpoint(settings.ckpt.ckpt_dir)
+        saved = latest_checkpoint(ckpt_dir)
         print(f"Parallax: the job was preempted ({result.preempted}) and exits with code {result.returncode}; "
-              + (f"its last checkpoint is {os.path.join(settings.ckpt.ckpt_dir, saved)}: the same command resumes "
+              + (f"its last checkpoint is {os.path.join(ckpt_dir, saved)}: the same command resumes "
                  "from it" if saved else "nothing was saved (no CheckPointConfig.ckpt_dir)"),
               file=sys.stderr, flush=True)
     if result.failure is not None:
@@ -412,12 +414,12 @@ def _elastic_checkpoints(call: _Call, config: Config) -> CheckPointConfig | None
     Raises:
         ValueError: the graph has no global step to resume at.
     """
+    if call.step_ckpt_dir:  # a tf.function step: its own checkpoints count its steps
+        return None
     if tf.compat.v1.train.get_global_step(call.graph) is None:
         raise ValueError("ElasticConfig: a restarted job resumes at the global step of its last checkpoint, and "
                          "this graph has none: create it with tf.compat.v1.train.get_or_create_global_step() and "
                          "pass it to minimize(..., global_step=...)")
-    if call.saves_itself:
-        return None
     checkpoints = elastic_checkpoints(config.ckpt_config, config.elastic_config, current_program())
     if checkpoints is not None:
         check_checkpoint(checkpoints, call.graph)

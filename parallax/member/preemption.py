@@ -26,10 +26,11 @@ import tensorflow as tf
 from parallax.launch.runner import PREEMPT_GRACE, PREEMPTED_EXIT_CODE
 from parallax.logs import log as logger
 
-__all__ = ["install", "installed", "requested", "PreemptionHook"]
+__all__ = ["install", "installed", "requested", "saved_by_the_step", "end", "PreemptionHook"]
 
 _requested = threading.Event()
 _installed: list[bool] = []
+_step_saves: list[bool] = []  # a tf.function step's job saves its own checkpoints (parallax/tf2/step.py)
 
 
 def install(notify: Callable[[], None]) -> None:
@@ -71,6 +72,23 @@ def requested() -> bool:
     return _requested.is_set()
 
 
+def saved_by_the_step() -> None:
+    """Worker 0 of a ``tf.function`` step's job saves the step's own checkpoint (``CheckPointConfig.checkpoint``)
+    and ends itself (:func:`end`) after the step under way: :class:`PreemptionHook` leaves it to the step."""
+    _step_saves.append(True)
+
+
+def end(said: str) -> None:
+    """Worker 0 has done what it could (``said``): say so and end with the preempted exit code."""
+    logger.warning("Parallax: preempted: the chief %s; exiting with code %d", said, PREEMPTED_EXIT_CODE)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(PREEMPTED_EXIT_CODE)  # not SystemExit: the exit barriers would wait for ranks still in a step
+
+
 class PreemptionHook(tf.compat.v1.train.SessionRunHook):
     """The chief's: once preemption is requested, save a checkpoint after the ``run`` under way and exit.
 
@@ -90,7 +108,7 @@ class PreemptionHook(tf.compat.v1.train.SessionRunHook):
         self._step = tf.compat.v1.train.get_global_step()
 
     def after_run(self, run_context, run_values) -> None:
-        if not requested():
+        if not requested() or _step_saves:
             return
         # read after the run: one fetched with it may be read before its own increment
         step = int(run_context.session.run(self._step)) if self._step is not None else None
@@ -100,10 +118,4 @@ class PreemptionHook(tf.compat.v1.train.SessionRunHook):
             said = f"saved global step {step} to {path}"
         else:
             said = f"saved nothing ({self._why_not or 'no CheckPointConfig.ckpt_dir'})"
-        logger.warning("Parallax: preempted: the chief %s; exiting with code %d", said, PREEMPTED_EXIT_CODE)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(PREEMPTED_EXIT_CODE)  # not SystemExit: the exit barriers would wait for ranks still in a step
+        end(said)

@@ -81,6 +81,11 @@ class StepCheckpoints:
         self._last_save = time.monotonic()
 
     @property
+    def directory(self) -> str:
+        """``CheckPointConfig.ckpt_dir``."""
+        return self._directory
+
+    @property
     def restored(self) -> str | None:
         """The checkpoint restored at start, or ``None``."""
         return self._restored

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from parallax.member import preemption
 from parallax.tf2.checkpoints import StepCheckpoints
 from parallax.tf2.trace import TracedStep
 
@@ -41,8 +42,11 @@ class DistributedStep:
         self._session = session
         self._traced = traced
         self._checkpoints = checkpoints
+        self._saves_when_preempted = checkpoints is not None and worker_id == 0 and preemption.installed()
         if checkpoints is not None:
             checkpoints.start(chief=worker_id == 0)
+        if self._saves_when_preempted:
+            preemption.saved_by_the_step()
         self._fetches = (traced.outputs, traced.train_op)
         self._ranks = [t.shape.rank for t in traced.inputs]
 
@@ -76,6 +80,10 @@ class DistributedStep:
         outputs, _ = self._session.run(self._fetches, feed_dict=feeds)
         if self._checkpoints is not None:
             self._checkpoints.after_step(self)
+            if self._saves_when_preempted and preemption.requested():  # SIGTERM: save at this step, end the job
+                self._checkpoints.save(self)
+                preemption.end(f"saved the step's checkpoint at step {self._checkpoints.step} in "
+                               f"{self._checkpoints.directory}")
         return outputs
 
     def _per_replica(self, value: Any, rank: int | None) -> Any:

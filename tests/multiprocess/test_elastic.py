@@ -10,6 +10,7 @@ of the union batches (the restart's worker count changes nothing in it)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -223,3 +224,54 @@ def test_sigterm_to_a_task_saves_at_the_next_step_and_the_restarted_tasks_resume
     assert f"worker 0 of 2 starts at global step {saved.group(1)}" in run.log("chief_0")
     check_ranks_match(run, single_device(PREEMPT_STEPS), 2)
     assert not leftover_processes(tmp_path)
+
+
+# --------------------------------------------------------------------------- a tf.function step
+TF2_SCRIPT = os.path.join(ROOT, "tests", "tf2", "checkpoint_script.py")
+TF2_CASE = "keras3-adam"
+
+
+def tf2_command(tmp_path, *args: str) -> list[str]:
+    (tmp_path / "resource_info").write_text(LAYOUTS["MPI"])
+    return [sys.executable, TF2_SCRIPT, "--resource_info", str(tmp_path / "resource_info"), "--run_option", "MPI",
+            "--out", str(tmp_path / "out"), "--ckpt_dir", str(tmp_path / "ckpt"), "--until", "8", *args, TF2_CASE]
+
+
+def check_tf2_end(tmp_path) -> None:
+    """The job's last checkpoint (step 8) holds what eager training on one device holds after 8 steps."""
+    import numpy as np
+
+    from tests.multiprocess.test_tf2_checkpoints import _eager_state
+    from tests.tf2.checkpoint_programs import state
+
+    want, got = _eager_state(TF2_CASE, 8, tmp_path / "eager"), state(str(tmp_path / "ckpt" / TF2_CASE / "ckpt-8"))
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():
+        np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def test_a_tf_function_step_killed_mid_run_restarts_from_its_own_checkpoint(tmp_path):
+    run = run_command(tmp_path, tf2_command(tmp_path, "--max_restarts", "1", "--kill", "5"), timeout=400)
+    assert run.returncode == 0, run.output[-6000:]
+    [line] = restarts(run.output)
+    assert f"resuming from global step 4 ({tmp_path / 'ckpt' / TF2_CASE / 'ckpt-4'})" in line, line
+    check_tf2_end(tmp_path)
+
+
+def test_sigterm_saves_a_tf_function_steps_own_checkpoint_and_the_same_command_resumes(tmp_path):
+    argv = tf2_command(tmp_path)
+    proc = start_command(tmp_path, [*argv, "--step_sleep", "0.5"])
+    out = tmp_path / "out" / TF2_CASE
+    deadline = time.monotonic() + 240
+    while progress(tmp_path / "out") < 3:
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0][-4000:]
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGTERM)
+    first = finish_command(proc, 120, str(out))
+    assert first.returncode == 143, first.output[-6000:]
+    saved = re.search(r"the chief saved the step's checkpoint at step (\d+) in", first.output)
+    assert saved and 3 <= int(saved.group(1)) < 8, first.output[-6000:]
+    again = run_command(tmp_path, argv, timeout=300)
+    assert again.returncode == 0, again.output[-6000:]
+    assert json.loads((out / "rank_0.json").read_text()) == {"start": int(saved.group(1)), "iterations": 8}
+    check_tf2_end(tmp_path)
