@@ -27,6 +27,7 @@ run option given here replace the script's own.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -139,8 +140,9 @@ def _run_forwarding_sigterm(argv: list[str], env: dict) -> int:
         while True:
             try:
                 return proc.wait()
-            except KeyboardInterrupt:  # the job got the same Ctrl-C and ends itself
-                pass
+            except KeyboardInterrupt:  # the program ends its job (it may have had the terminal's Ctrl-C too)
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGINT)
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -273,7 +273,8 @@ def run_job(command: LaunchCommand, job_dir: str, local_hosts: frozenset[str],
     signalled = received[0] if received else None
     if lost is not None and lost.is_set():  # mpirun was stopped by us: its own exit code says nothing
         return JobResult(1, lost.failure(registry), signalled)
-    if preemption is not None and preemption.is_set() and signal.SIGINT not in received:
+    if preemption is not None and preemption.is_set() and signal.SIGINT not in received and returncode != 0:
+        # (a job that finished before the chief's next step ends well: nothing is left to resume)
         return JobResult(PREEMPTED_EXIT_CODE, None, signal.SIGTERM, preemption.source)
     if returncode == 0:
         return JobResult(0, None, signalled)
