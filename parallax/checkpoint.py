@@ -29,8 +29,11 @@ import tensorflow as tf
 from parallax.errors import CheckpointError
 
 __all__ = ["single_device_saver", "saver_hook", "check_schedule", "check_checkpoint", "saved_keys", "checkpointing",
-           "Checkpointing"]
+           "Checkpointing", "CHECKPOINT_BASENAME"]
 
+#: The file name the chief's checkpoints start with (``model.ckpt-<global step>``), as TensorFlow's
+#: ``CheckpointSaverHook`` names them.
+CHECKPOINT_BASENAME = "model.ckpt"
 #: How many mismatches a refusal lists (then "and N more").
 _LISTED = 8
 
@@ -176,4 +179,4 @@ def saver_hook(ckpt_dir: str, save_steps: int | None, save_secs: float | None,
     if save_steps is None and save_secs is None:
         return None
     return tf.compat.v1.train.CheckpointSaverHook(ckpt_dir, save_steps=save_steps, save_secs=save_secs,
-                                                  saver=saver)
+                                                  saver=saver, checkpoint_basename=CHECKPOINT_BASENAME)

@@ -284,10 +284,14 @@ def _backend(owner: str, field: str, value: Any) -> str:
     return value.lower()
 
 
-def _fusion_bytes(owner: str, field: str, value: Any) -> int:
+def _non_negative_int(owner: str, field: str, value: Any, unit: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{owner}.{field} must be an int >= 0 (bytes; 0 = no fusion), got {value!r}")
+        raise ValueError(f"{owner}.{field} must be an int >= 0{unit}, got {_describe(value)}")
     return value
+
+
+def _fusion_bytes(owner: str, field: str, value: Any) -> int:
+    return _non_negative_int(owner, field, value, " (bytes; 0 = no fusion)")
 
 
 @dataclass(eq=True, repr=True)
@@ -369,12 +373,6 @@ class CheckPointConfig(_ConfigBase):
 # --------------------------------------------------------------------------- #
 # ElasticConfig
 # --------------------------------------------------------------------------- #
-
-def _non_negative_int(owner: str, field: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{owner}.{field} must be an int >= 0, got {_describe(value)}")
-    return value
-
 
 @dataclass(eq=True, repr=True)
 class ElasticConfig(_ConfigBase):

@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object
 
+from parallax.checkpoint import CHECKPOINT_BASENAME
 from parallax.plan.model import part_sizes
 
 __all__ = ["ShardedSlots", "ShardedSlotsSaverHook"]
@@ -169,7 +170,7 @@ class ShardedSlotsSaverHook(tf.compat.v1.train.SessionRunHook):
                  save_secs: float | None, saver: tf.compat.v1.train.Saver | None) -> None:
         self._slots = slots
         self._step = step
-        self._path = os.path.join(ckpt_dir, "model.ckpt")
+        self._path = os.path.join(ckpt_dir, CHECKPOINT_BASENAME)
         self._by_clock = save_secs is not None
         self._timer = tf.compat.v1.train.SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps)
         self._saver = saver

@@ -23,20 +23,21 @@ from typing import Any
 
 import tensorflow as tf
 
+from parallax.checkpoint import CHECKPOINT_BASENAME
 from parallax.launch.runner import PREEMPT_GRACE, PREEMPTED_EXIT_CODE
 from parallax.logs import log as logger
 
 __all__ = ["install", "installed", "requested", "saved_by_the_step", "end", "PreemptionHook"]
 
 _requested = threading.Event()
-_installed: list[bool] = []
-_step_saves: list[bool] = []  # a tf.function step's job saves its own checkpoints (parallax/tf2/step.py)
+_installed = threading.Event()
+_step_saves = threading.Event()  # a tf.function step's job saves its own checkpoints (parallax/tf2/step.py)
 
 
 def install(notify: Callable[[], None]) -> None:
     """Take SIGTERM (``notify`` tells the launcher) and SIGUSR1 (the launcher's request) in this process: both
     ask for the job to end with a checkpoint. Only from the main thread, once."""
-    if _installed or threading.current_thread() is not threading.main_thread():
+    if _installed.is_set() or threading.current_thread() is not threading.main_thread():
         return
 
     def on_term(signum, frame) -> None:
@@ -53,7 +54,7 @@ def install(notify: Callable[[], None]) -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGUSR1, on_usr1)
-    _installed.append(True)
+    _installed.set()
 
 
 def _give_up() -> None:
@@ -64,7 +65,7 @@ def _give_up() -> None:
 
 def installed() -> bool:
     """Whether this process takes SIGTERM as a request to end the job with a checkpoint."""
-    return bool(_installed)
+    return _installed.is_set()
 
 
 def requested() -> bool:
@@ -75,7 +76,7 @@ def requested() -> bool:
 def saved_by_the_step() -> None:
     """Worker 0 of a ``tf.function`` step's job saves the step's own checkpoint (``CheckPointConfig.checkpoint``)
     and ends itself (:func:`end`) after the step under way: :class:`PreemptionHook` leaves it to the step."""
-    _step_saves.append(True)
+    _step_saves.set()
 
 
 def end(said: str) -> None:
@@ -108,12 +109,12 @@ class PreemptionHook(tf.compat.v1.train.SessionRunHook):
         self._step = tf.compat.v1.train.get_global_step()
 
     def after_run(self, run_context, run_values) -> None:
-        if not requested() or _step_saves:
+        if not requested() or _step_saves.is_set():
             return
         # read after the run: one fetched with it may be read before its own increment
         step = int(run_context.session.run(self._step)) if self._step is not None else None
         if self._saver is not None and self._ckpt_dir:
-            path = self._saver.save(run_context.session, os.path.join(self._ckpt_dir, "model.ckpt"),
+            path = self._saver.save(run_context.session, os.path.join(self._ckpt_dir, CHECKPOINT_BASENAME),
                                     global_step=step, write_meta_graph=False)
             said = f"saved global step {step} to {path}"
         else:

@@ -57,3 +57,6 @@ class NoHeartbeat:
 
     def step_done(self) -> None:
         pass
+
+    def preempt(self) -> None:
+        pass

@@ -57,7 +57,7 @@ class LaunchedProcess:
 
     def _ask_to_preempt(self) -> None:
         """This process got SIGTERM: ask the launcher to end the job with a checkpoint."""
-        if self._heartbeat is not None and hasattr(self._heartbeat, "preempt"):
+        if self._heartbeat is not None:
             self._heartbeat.preempt()
 
     @property

@@ -15,21 +15,13 @@ import pytest
 
 from tests.cluster.test_multihost import ONE_EACH, assert_nothing_left, finish, start
 from tests.models import BUILDERS, DATA, train_single_device
-from tests.multiprocess.test_elastic import BATCH, SCRIPT
+from tests.multiprocess.test_elastic import BATCH, SCRIPT, progress
 from tests.multiprocess.test_mpi_mode import check_ranks_match
 
 pytestmark = [pytest.mark.cluster, pytest.mark.multiprocess, pytest.mark.slow]
 
 STALL = 10.0
 STEPS = 24
-
-
-def progress(out: str, worker: int) -> int:
-    try:
-        with open(os.path.join(out, f"step_{worker}")) as f:
-            return int(f.read() or 0)
-    except (OSError, ValueError):
-        return 0
 
 
 @pytest.mark.parametrize("mode", ["MPI", "PS"])

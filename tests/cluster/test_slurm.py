@@ -100,9 +100,8 @@ def test_the_recipe_saves_at_slurms_sigterm_requeues_and_resumes(slurm, tmp_path
     ``scancel --batch --signal=TERM``): the recipe passes it to the job, worker 0 saves at its next step, the job
     exits with 143 and the recipe requeues it; the requeued job resumes from that step and ends equal to
     single-device training."""
-    from tests.cluster.test_elastic_hosts import progress
     from tests.models import BUILDERS, DATA, train_single_device
-    from tests.multiprocess.test_elastic import BATCH
+    from tests.multiprocess.test_elastic import BATCH, progress
     from tests.multiprocess.test_elastic import SCRIPT as ELASTIC
 
     steps = 24
@@ -118,7 +117,7 @@ def test_the_recipe_saves_at_slurms_sigterm_requeues_and_resumes(slurm, tmp_path
     job = submitted.stdout.strip().split(";")[0]
     try:
         deadline = time.monotonic() + 180
-        while progress(str(out), 0) < 4:
+        while progress(out) < 4:
             assert time.monotonic() < deadline, output.read_text(errors="replace") if output.exists() else "no output"
             time.sleep(0.3)
         signalled = slurm.run(["scancel", "--batch", "--signal=TERM", job])

@@ -122,9 +122,12 @@ def test_fewer_workers_than_the_minimum_end_the_job(tmp_path):
 PREEMPT_STEPS = 16
 
 
-def progress(out, worker: int = 0) -> int:
+def progress(out: str | os.PathLike, worker: int = 0) -> int:
+    """The global step worker ``worker`` of an elastic_script.py job (or checkpoint_script.py) has reached, from
+    the ``step_<worker>`` file it writes into its output directory ``out`` (0 before it writes one)."""
     try:
-        return int((out / f"step_{worker}").read_text() or 0)
+        with open(os.path.join(out, f"step_{worker}")) as f:
+            return int(f.read() or 0)
     except (OSError, ValueError):
         return 0
 

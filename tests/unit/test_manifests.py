@@ -181,6 +181,20 @@ def test_an_sbatch_script_asks_for_the_hosts_and_reads_the_allocation(analyses):
     valid("slurm", files.files)
 
 
+def test_the_example_sbatch_recipe_runs_its_command_as_the_manifest_does():
+    """examples/slurm/parallax.sbatch passes Slurm's SIGTERM on and requeues with the very lines
+    ``parallax manifest --kind slurm`` writes (parallax/manifests/batch.py: preemptible)."""
+    import pathlib
+
+    from parallax.manifests.batch import SLURM_SIGNAL_LEAD, preemptible
+
+    recipe = (pathlib.Path(__file__).parents[2] / "examples" / "slurm" / "parallax.sbatch").read_text().splitlines()
+    run = [line for line in preemptible('parallax-run "$@"') if not line.startswith("#")]
+    start = recipe.index(run[0])
+    assert recipe[start:start + len(run)] == run
+    assert f"#SBATCH --signal=B:TERM@{SLURM_SIGNAL_LEAD}" in recipe and "#SBATCH --requeue" in recipe
+
+
 def test_an_htcondor_job_asks_for_the_machines_and_writes_their_resource_file(analyses):
     files = manifest(analyses, "condor", "a: 0,1\nb: 0,1", gpus=2, run_option="PS", env=(("LOG", "x y"),))
     assert set(files.files) == {"parallax.sub", "parallax_condor.sh", "create_environment.sh"}
