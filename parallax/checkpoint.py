@@ -27,13 +27,11 @@ from typing import Any
 import tensorflow as tf
 
 from parallax.errors import CheckpointError
+from parallax.paths import CHECKPOINT_BASENAME
 
 __all__ = ["single_device_saver", "saver_hook", "check_schedule", "check_checkpoint", "saved_keys", "checkpointing",
-           "Checkpointing", "CHECKPOINT_BASENAME"]
+           "Checkpointing"]
 
-#: The file name the chief's checkpoints start with (``model.ckpt-<global step>``), as TensorFlow's
-#: ``CheckpointSaverHook`` names them.
-CHECKPOINT_BASENAME = "model.ckpt"
 #: How many mismatches a refusal lists (then "and N more").
 _LISTED = 8
 

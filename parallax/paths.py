@@ -21,9 +21,12 @@ import os
 
 from parallax.errors import LaunchError
 
-__all__ = ["check_directory", "check_paths", "CKPT_DIR", "EXPORT_GRAPH_PATH"]
+__all__ = ["check_directory", "check_paths", "CKPT_DIR", "CHECKPOINT_BASENAME", "EXPORT_GRAPH_PATH"]
 
 CKPT_DIR = "CheckPointConfig.ckpt_dir"
+#: The file name the chief's checkpoints in it start with (``model.ckpt-<global step>``), as TensorFlow's
+#: ``CheckpointSaverHook`` names them.
+CHECKPOINT_BASENAME = "model.ckpt"
 EXPORT_GRAPH_PATH = "Config.export_graph_path"
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object
 
-from parallax.checkpoint import CHECKPOINT_BASENAME
+from parallax.paths import CHECKPOINT_BASENAME
 from parallax.plan.model import part_sizes
 
 __all__ = ["ShardedSlots", "ShardedSlotsSaverHook"]

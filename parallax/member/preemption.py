@@ -23,9 +23,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from parallax.checkpoint import CHECKPOINT_BASENAME
 from parallax.launch.runner import PREEMPT_GRACE, PREEMPTED_EXIT_CODE
 from parallax.logs import log as logger
+from parallax.paths import CHECKPOINT_BASENAME
 
 __all__ = ["install", "installed", "requested", "saved_by_the_step", "end", "PreemptionHook"]
 
