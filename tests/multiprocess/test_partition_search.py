@@ -11,7 +11,7 @@ from tests.models import DATA, build_sequence, train_single_device
 from tests.multiprocess.harness import run_script
 from tests.multiprocess.test_mpi_mode import BATCH, check_ranks_match, resources
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
 STEPS = 6  # 1 warm-up + 2 timed steps per trial, then the real run
 
@@ -19,8 +19,10 @@ STEPS = 6  # 1 warm-up + 2 timed steps per trial, then the real run
 def search_run(tmp_path, monkeypatch, resource_text, run_option):
     monkeypatch.setenv("PARALLAX_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("PARALLAX_SEARCH_STEPS", "1,2")
+    # up to 4 trial jobs and the real run, one after the other: 180 s was too little beside CI's other lane
     return run_script(tmp_path, resource_text, "--run_option", run_option, "--model", "sequence",
-                      "--average_sparse", "--steps", str(STEPS), "--batch", str(BATCH), "--search_partitions")
+                      "--average_sparse", "--steps", str(STEPS), "--batch", str(BATCH), "--search_partitions",
+                      timeout=420)
 
 
 @pytest.mark.parametrize("resource_text, run_option, workers", [
