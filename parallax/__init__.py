@@ -25,6 +25,7 @@ _EXPORTS = {
     "CheckPointConfig": "parallax.config",
     "ProfileConfig": "parallax.config",
     "ElasticConfig": "parallax.config",
+    "Compression": "parallax.config",
     "get_partitioner": "parallax.partitioner",
     "Plan": "parallax.plan.model",
     "ParallaxError": "parallax.errors",

@@ -477,7 +477,8 @@ def _write_candidates(request: PlanRequest, graph: tf.Graph, cluster: Cluster, c
     from parallax.tuning.candidates import layout_space, plan_candidates
 
     counts = search.partition_counts(graph)
-    choices = layout_space(cluster, analysis, counts[:3] if counts else None, request.tune.get("space"))
+    choices = layout_space(cluster, analysis, counts[:3] if counts else None, request.tune.get("space"),
+                           config.communication_config.compression)
     ranked = plan_candidates(cluster, analysis, config, sync, choices, plan_job)
     with open(request.output, "w", encoding="utf-8") as f:
         json.dump({"key": tune_key(graph, cluster.text, sync), "candidates": [c.to_dict() for c in ranked]}, f,

@@ -32,10 +32,19 @@ __all__ = [
     "CheckPointConfig",
     "ProfileConfig",
     "ElasticConfig",
+    "Compression",
     "RUN_OPTIONS",
+    "COMPRESSIONS",
 ]
 
 RUN_OPTIONS = ("PS", "MPI", "HYBRID", "AUTO")
+NO_COMPRESSION, FP16, BF16, COMPRESSION_AUTO = "none", "fp16", "bf16", "auto"
+#: The 16-bit formats gradients may travel in (parallax/comm/compression.py).
+COMPRESSED_FORMATS = (FP16, BF16)
+#: ``CommunicationConfig.compression``'s values.
+COMPRESSIONS = (NO_COMPRESSION, *COMPRESSED_FORMATS, COMPRESSION_AUTO)
+#: Horovod's compressor classes (``hvd.Compression.none``, ``hvd.Compression.fp16``), taken for their names.
+_HOROVOD_COMPRESSORS = {"NoneCompressor": NO_COMPRESSION, "FP16Compressor": FP16}
 PS_PROTOCOLS = ("grpc", "grpc+verbs", "grpc+gdr", "grpc+mpi")
 
 
@@ -318,6 +327,31 @@ class MPIConfig(_ConfigBase):
     fusion_bytes: int = _field(64 * 1024 * 1024, _fusion_bytes)
 
 
+class Compression:
+    """The values of ``CommunicationConfig.compression``, by Horovod's names (``hvd.Compression.fp16``).
+
+    ``none``: gradients travel in their own dtype; ``fp16``: in IEEE half precision, scaled (see
+    docs/performance.md); ``bf16``: in bfloat16; ``auto``: 16 bits when the job spans several hosts,
+    and ``parallax tune`` tries each.
+    """
+
+    none = NO_COMPRESSION
+    fp16 = FP16
+    bf16 = BF16
+    auto = COMPRESSION_AUTO
+
+
+def _compression(owner: str, field: str, value: Any) -> str:
+    if value is None:
+        return NO_COMPRESSION
+    if isinstance(value, type) and value.__name__ in _HOROVOD_COMPRESSORS:
+        return _HOROVOD_COMPRESSORS[value.__name__]
+    if not isinstance(value, str) or value.lower() not in COMPRESSIONS:
+        raise ValueError(f"{owner}.{field} is {_describe(value)}; allowed: {', '.join(map(repr, COMPRESSIONS))}, "
+                         "None, or parallax.Compression.<name>")
+    return value.lower()
+
+
 @dataclass(eq=True, repr=True)
 class CommunicationConfig(_ConfigBase):
     """The PS and MPI communication settings together.
@@ -325,10 +359,17 @@ class CommunicationConfig(_ConfigBase):
     Args:
         ps_config: a :class:`PSConfig` (a fresh default one when omitted).
         mpi_config: an :class:`MPIConfig` (a fresh default one when omitted).
+        compression: (Parallax only) the format gradients cross processes in: ``"none"`` (default, or
+            ``None``: their own dtype), ``"fp16"`` (half precision, scaled), ``"bf16"`` (bfloat16), or
+            ``"auto"`` (16 bits across hosts; ``parallax tune`` tries each). It applies to all-reduces,
+            all-gathers and pushes to parameter servers; :class:`Compression` names the values,
+            Horovod's ``hvd.Compression.none`` and ``.fp16`` are taken too. Results then differ
+            from one device's by the format's rounding (docs/performance.md).
     """
 
     ps_config: PSConfig = _field(PSConfig, _instance_of(lambda: PSConfig), factory=True)
     mpi_config: MPIConfig = _field(MPIConfig, _instance_of(lambda: MPIConfig), factory=True)
+    compression: str = _field(NO_COMPRESSION, _compression)
 
 
 # --------------------------------------------------------------------------- #

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from parallax.cluster import Cluster, is_local_host
-from parallax.comm.registry import backend_without_mpirun, choose_backend
+from parallax.comm.registry import backend_without_mpirun, choose_backend, wire_formats
 from parallax.config import CheckPointConfig, Config, MPIConfig, ProfileConfig, PSConfig
 from parallax.errors import LaunchError
 from parallax.invocation import ARRIVAL_SPIN_ENV, Invocation
@@ -235,14 +235,16 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         run_option = config.run_option or ("PS" if cluster.servers or not sync else "MPI")
         dense = _managed_backend(run_option, mpi.backend, cluster, manager, gpus)
     beside_servers, why = choose_backend(mpi.backend, on_gpus, beside_servers=True)
-    common = dict(fusion_bytes=mpi.fusion_bytes, use_allgatherv=mpi.use_allgatherv, gpu=on_gpus)
+    common = dict(fusion_bytes=mpi.fusion_bytes, use_allgatherv=mpi.use_allgatherv, gpu=on_gpus,
+                  compression=config.communication_config.compression)
     notes = (why,) if why and run_option in ("HYBRID", "AUTO") else ()
     extra_options = invocation.mpirun_options or ""
     return Settings(
         run_option=run_option, sync=sync, average_sparse=bool(config.average_sparse),
         overrides=dict(config.plan_overrides),
-        allreduce_comm=CommSpec(backend=dense, **common),
-        server_comm=CommSpec(backend=beside_servers, **common),
+        allreduce_comm=CommSpec(backend=dense, wire_formats=wire_formats(dense, mpi.use_allgatherv), **common),
+        server_comm=CommSpec(backend=beside_servers, wire_formats=wire_formats(beside_servers, mpi.use_allgatherv),
+                             **common),
         ps=PSSpec(local_aggregation=ps_config.local_aggregation, protocol=ps_config.protocol,
                   replicate_variables=ps_config.replicate_variables,
                   boundary_among_servers=ps_config.boundary_among_servers,

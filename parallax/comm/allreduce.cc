@@ -21,6 +21,10 @@
 // When TensorFlow's allocator has already put them back to back at exactly those offsets, and
 // they are ours to overwrite, the op sums them where they lie: the same call, without the copy.
 //
+// float16 and bfloat16 inputs (CommunicationConfig.compression) travel as 16-bit words and are summed
+// with an MPI operation of our own: each pair of values added in float32, the sum rounded to the
+// format (to nearest, ties to even: what numpy and ml_dtypes do in the PyFunc's operation).
+//
 // A communicator registered with a spin of 0 or more is first waited for asleep: an MPI_Ibarrier,
 // tested for `spin_ns`, then between naps doubling from `first_nap_ns` to `longest_nap_ns`
 // (parallax/comm/arrival.py says why; its arrive() is the same calls for the PyFunc).
@@ -42,6 +46,7 @@
 #include <thread>
 
 #include "tensorflow/core/framework/allocator.h"  // kAllocatorAlignment
+#include "tensorflow/core/framework/numeric_types.h"  // Eigen::half, Eigen::bfloat16
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -92,8 +97,38 @@ MPI_Datatype mpi_type(tensorflow::DataType dtype) {
     case tensorflow::DT_DOUBLE: return MPI_DOUBLE;
     case tensorflow::DT_INT32: return MPI_INT32_T;
     case tensorflow::DT_INT64: return MPI_INT64_T;
+    case tensorflow::DT_HALF:
+    case tensorflow::DT_BFLOAT16: return MPI_UINT16_T;
     default: return MPI_DATATYPE_NULL;
   }
+}
+
+// inout[i] = in[i] + inout[i] for 16-bit floats of type T, added in float32 (an MPI_User_function).
+template <typename T>
+void SumSixteenBits(void* in, void* inout, int* len, MPI_Datatype*) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = T(static_cast<float>(a[i]) + static_cast<float>(b[i]));
+}
+
+template <typename T>
+MPI_Op CreateSum() {
+  MPI_Op op;
+  MPI_Op_create(&SumSixteenBits<T>, /*commute=*/1, &op);
+  return op;
+}
+
+// The operation that sums `dtype` (made once, after MPI_Init: the op runs only once mpi4py has it).
+MPI_Op sum_op(tensorflow::DataType dtype) {
+  if (dtype == tensorflow::DT_HALF) {
+    static const MPI_Op half = CreateSum<Eigen::half>();
+    return half;
+  }
+  if (dtype == tensorflow::DT_BFLOAT16) {
+    static const MPI_Op bfloat16 = CreateSum<Eigen::bfloat16>();
+    return bfloat16;
+  }
+  return MPI_SUM;
 }
 
 #ifndef MADV_COLLAPSE
@@ -148,7 +183,7 @@ void parallax_fused_counts(std::int64_t* in_place, std::int64_t* copied) {
 REGISTER_OP("ParallaxMpiAllreduce")
     .Input("tensors: T")
     .Output("summed: T")
-    .Attr("T: list({float, double, int32, int64})")
+    .Attr("T: list({float, double, int32, int64, half, bfloat16})")
     .Attr("comm: string")
     .Attr("chunk_bytes: int = 2097152")
     .Attr("huge_page_bytes: int = 4194304")
@@ -219,12 +254,13 @@ class ParallaxMpiAllreduceOp : public tensorflow::OpKernel {
     if (type == MPI_DATATYPE_NULL) {
       return tensorflow::errors::InvalidArgument("Parallax: cannot all-reduce ", DataTypeString(dtype));
     }
+    const MPI_Op op = sum_op(dtype);
     const tensorflow::int64 itemsize = tensorflow::DataTypeSize(dtype);
     const tensorflow::int64 step = std::max<tensorflow::int64>(1, chunk_bytes_ / itemsize);
     char* bytes = static_cast<char*>(data);
     for (tensorflow::int64 at = 0; at < count; at += step) {
       const tensorflow::int64 n = std::min(step, count - at);
-      const int rc = MPI_Allreduce(MPI_IN_PLACE, bytes + at * itemsize, static_cast<int>(n), type, MPI_SUM, comm);
+      const int rc = MPI_Allreduce(MPI_IN_PLACE, bytes + at * itemsize, static_cast<int>(n), type, op, comm);
       if (rc != MPI_SUCCESS) return tensorflow::errors::Internal("Parallax: MPI_Allreduce failed with code ", rc);
     }
     return tensorflow::OkStatus();

@@ -85,6 +85,8 @@ class Backend(ABC):
     #: Whether it sums among the workers alone while other ranks serve a pipeline's stages (it takes the
     #: workers' communicator, ``ProcessComms.workers``, and no cluster-wide TensorFlow group).
     supports_stage_servers: ClassVar[bool] = False
+    #: The 16-bit formats its all-reduce and all-gather can carry (``CommunicationConfig.compression``).
+    wire_formats: ClassVar[tuple[str, ...]] = ("fp16", "bf16")
 
     def __init__(self, spec: CommSpec, num_workers: int, group: str = "") -> None:
         self.spec = spec

@@ -35,6 +35,7 @@ class CollectiveBackend(Backend):
 
     name = "collective"
     needs_server = True
+    wire_formats = ("fp16",)  # CollectiveGatherV2 takes no bfloat16
 
     def __init__(self, spec, num_workers, group: str = ""):
         super().__init__(spec, num_workers, group)

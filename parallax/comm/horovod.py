@@ -21,6 +21,7 @@ class HorovodBackend(Backend):
     """Horovod's TensorFlow ops (see the module docstring)."""
 
     name = "horovod"
+    wire_formats = ("fp16",)  # what hvd.Compression offers
 
     def allreduce_sum(self, tensors):
         # The op itself, not ``hvd.allreduce``: that one asks the initialised Horovod for

@@ -16,7 +16,7 @@ from parallax.errors import PlanError
 from parallax.plan.model import CommSpec, Plan
 
 __all__ = ["backend_class", "backend_for", "backends_in_use", "choose_backend", "backend_without_mpirun",
-           "horovod_available"]
+           "horovod_available", "wire_formats"]
 
 #: Each backend's module and class, in the order of :data:`parallax.config.BACKENDS`.
 _CLASSES = dict(zip(BACKENDS, (("parallax.comm.mpi", "MPIBackend"), ("parallax.comm.collective", "CollectiveBackend"),
@@ -80,6 +80,23 @@ def backend_class(name: str) -> type[Backend]:
                         "MPIConfig(backend='mpi') or 'collective'")
     module, cls = _CLASSES[name]
     return getattr(importlib.import_module(module), cls)
+
+
+def wire_formats(name: str, use_allgatherv: bool = False) -> tuple[str, ...]:
+    """The 16-bit formats (``CommunicationConfig.compression``) backend ``name`` carries, and with
+    ``use_allgatherv`` the ``mpi`` backend that then all-gathers too (read without importing horovod).
+
+    >>> wire_formats("mpi"), wire_formats("collective"), wire_formats("collective", use_allgatherv=True)
+    (('fp16', 'bf16'), ('fp16',), ('fp16',))
+    """
+    def formats(backend: str) -> tuple[str, ...]:
+        if backend not in _CLASSES:
+            return ()
+        module, cls = _CLASSES[backend]
+        return getattr(importlib.import_module(module), cls).wire_formats
+
+    mine = formats(name)
+    return tuple(f for f in mine if f in formats("mpi")) if use_allgatherv else mine
 
 
 def backend_for(spec: CommSpec, num_workers: int, name: str | None = None, group: str = "") -> Backend:

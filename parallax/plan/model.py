@@ -94,6 +94,12 @@ class CommSpec:
         job_key: a number that tells this job's collectives from those of
             another job of the same processes (0 until the plan sets it from
             its contents, see :func:`parallax.plan.policies.build_plan`).
+        compression: the format floating gradients cross processes in:
+            ``"none"`` (their own dtype), ``"fp16"`` or ``"bf16"``
+            (:mod:`parallax.comm.compression`), in all-reduces, all-gathers and
+            pushes to parameter servers; ``"auto"`` until the plan decides.
+        wire_formats: the 16-bit formats ``backend`` and ``gather_backend`` both
+            carry (their ``Backend.wire_formats``, which the settings read).
     """
 
     backend: str = "mpi"
@@ -103,8 +109,11 @@ class CommSpec:
     use_allgatherv: bool = False
     gpu: bool = False
     job_key: int = 0
+    compression: str = "none"
+    wire_formats: tuple[str, ...] = ("fp16", "bf16")
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "wire_formats", tuple(self.wire_formats))
         if not self.gather_backend:
             object.__setattr__(self, "gather_backend", "mpi" if self.use_allgatherv else self.backend)
 
@@ -433,7 +442,10 @@ class Plan:
             gather = "" if self.comm.gather_backend == self.comm.backend else \
                 f", all-gather backend {self.comm.gather_backend}"
             lines.append(f"  all-reduce backend {self.comm.backend}{gather}, fusion buffers up to "
-                         f"{self.comm.fusion_bytes} bytes, use_allgatherv={self.comm.use_allgatherv}")
+                         f"{self.comm.fusion_bytes} bytes, use_allgatherv={self.comm.use_allgatherv}"
+                         f"{self._describe_compression()}")
+        elif self.comm.compression != "none" and any(v.sync == "ps" for v in self.variables):
+            lines.append(f"  gradients pushed to the servers{self._describe_compression()}")
         for i, w in enumerate(self.workers):
             lines.append(f"  worker {i} on {w.host}: replicas on {', '.join(w.replica_devices)}; "
                          f"shared state on {w.shared_device}")
@@ -477,6 +489,10 @@ class Plan:
                      + ("; an unknown density counts as 1% of the rows" if unknown else "") + ")")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
+
+    def _describe_compression(self) -> str:
+        """``, gradients sent in fp16`` (or bf16), or nothing without compression."""
+        return "" if self.comm.compression == "none" else f", gradients sent in {self.comm.compression}"
 
     def _describe_pipeline(self) -> list[str]:
         p = self.pipeline

@@ -14,7 +14,7 @@ from typing import Any
 import tensorflow as tf
 
 from parallax.analysis import GraphAnalysis
-from parallax.config import OVERRIDE_SYNC
+from parallax.config import COMPRESSED_FORMATS, OVERRIDE_SYNC
 from parallax.errors import PlanError
 from parallax.plan.cost import cheapest, estimate_density, options
 from parallax.plan.model import CommSpec, GradientRef, Plan, PSSpec, VariablePlacement, WorkerPlan
@@ -278,8 +278,11 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
     elif zero_stage:
         zero_notes = (f"zero_stage={zero_stage} shards optimizer states over the workers that all-reduce; this job "
                       "has one worker, so nothing is sharded",)
+    comm, compression_notes = resolve_compression(comm or CommSpec(), worker_plans, server_hosts, collectives=any(
+        c.sync in ("allreduce", "allgather") for c in choices.values()))
     plan = Plan(run_option=run_option, sync=sync, workers=worker_plans, variables=tuple(variables),
-                train_ops=analysis.train_ops, notes=tuple(notes) + more_notes + zero_notes, comm=comm or CommSpec(),
+                train_ops=analysis.train_ops, notes=tuple(notes) + more_notes + zero_notes + compression_notes,
+                comm=comm,
                 server_devices=tuple(server_devices), ps=ps, server_hosts=tuple(server_hosts),
                 zero_stage=zero_stage if len(worker_plans) > 1 else 0, pipeline=pipeline)
     costs = step_traffic(plan).variables
@@ -289,6 +292,42 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
     # every process of the job computes the same key from the same plan; another job's plan, another key
     key = zlib.crc32(json.dumps(plan.to_dict(), sort_keys=True).encode()) % (1 << 30)
     return replace(plan, comm=replace(plan.comm, job_key=key))
+
+
+def resolve_compression(comm: CommSpec, workers: Sequence[WorkerPlan], server_hosts: Sequence[str] = (),
+                        collectives: bool = True) -> tuple[CommSpec, tuple[str, ...]]:
+    """``CommSpec.compression`` checked against what its backends carry (``CommSpec.wire_formats``), and
+    ``"auto"`` decided: a 16-bit format when the job spans several hosts (its gradients cross a network
+    link, where half the bytes is worth two casts), bf16 where the backends take it, else fp16; none on
+    one host (loopback and shared memory move bytes faster than the casts cost); with a note saying
+    which. ``collectives``: some gradient is all-reduced or all-gathered (otherwise only pushes to
+    servers, which take either format, are compressed).
+
+    >>> w = [WorkerPlan("a", ("cpu:0",), "cpu:0"), WorkerPlan("b", ("cpu:0",), "cpu:0")]
+    >>> resolve_compression(CommSpec(compression="auto"), w)[0].compression
+    'bf16'
+    >>> resolve_compression(CommSpec(compression="auto", wire_formats=("fp16",)), w)[0].compression
+    'fp16'
+    >>> resolve_compression(CommSpec(compression="auto"), w[:1], ("a",))[0].compression
+    'none'
+    >>> resolve_compression(CommSpec(compression="bf16", backend="collective", wire_formats=("fp16",)), w)
+    Traceback (most recent call last):
+    ...
+    parallax.errors.PlanError: CommunicationConfig.compression='bf16': the collective backend carries only 'fp16'; \
+use compression='fp16' or another MPIConfig.backend
+    """
+    allowed = [f for f in COMPRESSED_FORMATS if f in comm.wire_formats or not collectives]
+    if comm.compression in COMPRESSED_FORMATS and comm.compression not in allowed:
+        raise PlanError(f"CommunicationConfig.compression={comm.compression!r}: the {comm.backend} backend carries "
+                        f"only {', '.join(map(repr, comm.wire_formats))}; use compression={allowed[0]!r} or "
+                        "another MPIConfig.backend")
+    if comm.compression != "auto":
+        return comm, ()
+    hosts = {w.host for w in workers} | set(server_hosts)
+    chosen = allowed[-1] if len(hosts) > 1 else "none"
+    why = f"{len(hosts)} hosts: gradients cross network links" if len(hosts) > 1 else \
+        "one host: no network link to save bytes on"
+    return replace(comm, compression=chosen), (f"compression='auto': {chosen} ({why})",)
 
 
 def shardable(v: VariablePlacement, slots: list[VariablePlacement]) -> str:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -147,6 +147,8 @@ class Payload:
         k: rows one worker's gradient has per step, repeats counted (the static shapes' figure).
         distinct: :data:`RowsFn`, the distinct rows ``j`` workers' batches touch together.
         itemsize: bytes of one element.
+        wire_ratio: the gradient's bytes on the wire over its bytes in memory (0.5: float32 sent in
+            16 bits, ``CommSpec.compression``); the variable's own reads are not compressed.
     """
 
     num_bytes: int
@@ -157,6 +159,7 @@ class Payload:
     k: float = 0.0
     distinct: RowsFn | None = None
     itemsize: int = 4
+    wire_ratio: float = 1.0
 
     def u(self, workers: int) -> float:
         return self.distinct(workers) if self.distinct else min(self.rows, workers * self.k)
@@ -186,28 +189,32 @@ def variable_traffic(p: Payload, sync: str, hosts: Sequence[str], server_host: s
     if sync == "local" or n < 1:
         return Traffic()
     if sync == "allreduce":  # a sparse gradient is made dense, with a count per row
-        return allreduce(p.num_bytes + (p.rows * p.itemsize if p.sparse else 0), hosts)
+        return allreduce((p.num_bytes + (p.rows * p.itemsize if p.sparse else 0)) * p.wire_ratio, hosts)
+    sent = p.row_bytes * p.wire_ratio + p.index_bytes  # one row of the gradient and its index
     if sync == "allgather":
-        return allgather((p.u(1) if merged else p.k) * (p.row_bytes + p.index_bytes), hosts)
+        return allgather((p.u(1) if merged else p.k) * sent, hosts)
     if sync != "ps":
         raise ValueError(f"unknown sync method {sync!r}")
     if not p.sparse:  # push the gradient, read the new value
-        return servers([(h, 2.0 * p.num_bytes) for h in hosts], server_host, hosts)
+        return servers([(h, (1.0 + p.wire_ratio) * p.num_bytes) for h in hosts], server_host, hosts)
     each = p.row_bytes + p.index_bytes
     reads = [(h, p.u(1) * each if rows_on_server else p.num_bytes) for h in hosts]
     if not host_aggregation:
-        return servers(reads + [(h, (p.u(1) if merged else p.k) * each) for h in hosts], server_host, hosts)
+        return servers(reads + [(h, (p.u(1) if merged else p.k) * sent) for h in hosts], server_host, hosts)
     counts = Counter(hosts)
     gather = sum((count - 1) * p.u(1) * each for count in counts.values())
-    pushes = [(h, p.u(count) * each) for h, count in counts.items()]
+    pushes = [(h, p.u(count) * sent) for h, count in counts.items()]  # the gather inside a host: not compressed
     return Traffic(inside=gather) + servers(reads + pushes, server_host, hosts)
 
 
-def payload_of(v: VariablePlacement, distinct: RowsFn | None = None) -> Payload:
-    """The :class:`Payload` of a planned variable."""
+def payload_of(v: VariablePlacement, distinct: RowsFn | None = None, compression: str = "none") -> Payload:
+    """The :class:`Payload` of a planned variable whose gradient travels as ``compression`` says."""
     itemsize = np.dtype(v.dtype).itemsize if v.dtype != "bfloat16" else 2
     index = np.dtype(v.gradient.indices_dtype).itemsize if v.gradient and v.gradient.indices_dtype else 8
-    return payload(v.shape, itemsize, v.sparse, v.density, index, distinct)
+    p = payload(v.shape, itemsize, v.sparse, v.density, index, distinct)
+    if compression != "none" and v.dtype in ("float32", "float64"):
+        p = replace(p, wire_ratio=2 / itemsize)
+    return p
 
 
 def step_traffic(plan: Plan, rows: Mapping[str, RowsFn] | None = None) -> StepTraffic:
@@ -222,7 +229,7 @@ def step_traffic(plan: Plan, rows: Mapping[str, RowsFn] | None = None) -> StepTr
         server = plan.server_hosts[v.server] if v.server is not None and v.server < len(plan.server_hosts) else None
         merged = v.gradient.repeats_merged and (v.sync == "allgather" or plan.sync and plan.ps.local_aggregation)
         out[v.name] = variable_traffic(
-            payload_of(v, rows.get(v.name)), v.sync, hosts, server, merged=merged,
+            payload_of(v, rows.get(v.name), plan.comm.compression), v.sync, hosts, server, merged=merged,
             host_aggregation=plan.ps.host_aggregation,
             rows_on_server=plan.ps.boundary_between_workers_and_servers)
     total = Traffic()

@@ -24,6 +24,10 @@ Ops added, on the worker's shared device, for every variable with a gradient
    host's workers to its first worker, which sends them to the servers
    (``parallax_aggregate/host/``), and there merged (``<v>/merge/``: one row
    per index; the other workers' results have no rows, and they send none);
+   With ``CommSpec.compression`` (fp16, bf16) the all-reduced and all-gathered
+   floating tensors are cast to 16 bits before the backend's ops and back after
+   (:mod:`parallax.comm.compression`; fp16 first all-reduces each tensor's largest
+   magnitude to agree on its scale);
 3. ``parallax_aggregate/<v>/grad`` (dense) or ``.../values`` and
    ``.../indices`` (sparse): the result, divided by the total number of
    replicas when the plan says ``mean`` (by this worker's replicas in
@@ -39,6 +43,7 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
+from parallax.comm.compression import compressed_allgather, compressed_allreduce
 from parallax.comm.registry import backend_for
 from parallax.errors import RewriteError
 from parallax.plan.model import Plan, TaskSpec, VariablePlacement
@@ -116,6 +121,7 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
                 else:
                     local[var.name] = (tf.math.add_n(ins) if num_local > 1 else tf.identity(ins[0]),)
         crossed = dict(local)
+        compression = plan.comm.compression
         made: dict[tuple[str, str], object] = {}
         last = None  # the backend that communicated last: the next one follows it (one order of calls)
 
@@ -135,8 +141,9 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
         dense = [v for v in layout.variables if v.sync == "allreduce" and v not in scattered]
         if dense:
             with tf.name_scope(aggregate_step_scope("allreduce")):
-                summed = backend(plan.comm.backend).allreduce_sum(
-                    [t for v in dense for t in _densified(v, local[v.name])])
+                summing = backend(plan.comm.backend)
+                tensors = [t for v in dense for t in _densified(v, local[v.name])]
+                summed = compressed_allreduce(tensors, compression, summing.allreduce_sum)
             position = 0
             for v in dense:
                 if v.sparse:  # the summed rows, and the count of replicas that touched each row
@@ -157,7 +164,9 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
                 local[v.name] = _merged(v, *local[v.name], "dedup/")
         if sparse:
             with tf.name_scope(aggregate_step_scope("allgather")):
-                gathered = backend(plan.comm.gather_backend).allgather([local[v.name] for v in sparse])
+                gathering = backend(plan.comm.gather_backend)
+                pairs = [local[v.name] for v in sparse]
+                gathered = compressed_allgather(pairs, compression, gathering.allgather, gathering.allreduce_sum)
             for v, pair in zip(sparse, gathered):
                 crossed[v.name] = pair
         pushed = [v for v in layout.variables

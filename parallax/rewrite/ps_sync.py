@@ -21,6 +21,10 @@ names that every worker computes alike:
   the worker, one accumulator ``parallax_sync/step/<t>/packed_<k>/`` takes
   them, and the chief's ``unpack`` there splits the sum again. One transfer
   per server instead of one per variable;
+* with ``CommSpec.compression`` (fp16, bf16), each push is cast to 16 bits on the
+  worker (``parallax_sync/step/<t>/compress_<k>/``, with fp16's scale) and back on
+  the server, in the scope of the accumulator or queue it goes to: the 16-bit
+  tensor is what crosses (:mod:`parallax.comm.compression`);
 * for every training op ``<t>`` (the op an optimizer's ``apply_gradients``
   returns) that updates server variables, under ``parallax_sync/step/<t>/``:
   ``token_<w>``, one FIFO queue per other worker ``w`` on server 0. On the
@@ -81,10 +85,13 @@ to the variables on the servers, without waiting for the others.
 
 from __future__ import annotations
 
+import itertools
+
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from parallax.analysis import VARIABLE_OP_TYPES, update_scope_owner
+from parallax.comm.compression import decompress, for_push
 from parallax.comm.packing import elements, pack, packed_groups, static_nbytes, unpack
 from parallax.errors import RewriteError
 from parallax.plan.model import Plan, TaskSpec, VariablePlacement
@@ -123,6 +130,7 @@ PROGRAM_WRITES = "parallax_program_writes"
 
 _TAKEN = "taken"  # the chief's group of its takes, under the training op's sync scope
 _PACKED = "packed_"  # the scope of a packed accumulator, under the training op's sync scope
+_COMPRESS = "compress_"  # the scope of a push's compression, on the worker, under the training op's sync scope
 _ALWAYS_FRESH = 2 ** 62  # local_step that is never stale: the token protocol keeps workers in step
 
 
@@ -231,6 +239,15 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
     packed, _ = _push_groups(variables, server_of)
     packed_of = {v.name: k for k, group in enumerate(packed) for v in group}
 
+    pushes = itertools.count()
+
+    def sent(tensor: tf.Tensor) -> tf.Tensor:
+        """``tensor`` compressed on the worker (``CommSpec.compression``) and decompressed in the caller's
+        scope, on the server: what crosses between them is the compressed tensor."""
+        with tf.name_scope(f"{step_scope}{_COMPRESS}{next(pushes)}/"):
+            wire, scale = for_push(tensor, plan.comm.compression)
+        return decompress(wire, tensor.dtype, scale)
+
     def builder(inputs):
         applies, takes = [], {}
         position = 0
@@ -249,7 +266,7 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
                     rows = tf.queue.FIFOQueue(-1, [dtype, tf.dtypes.as_dtype(v.gradient.indices_dtype)],
                                               shared_name=f"{scope}rows", name="rows")
                     for _ in senders:
-                        values, indices = inputs[position], inputs[position + 1]
+                        values, indices = sent(inputs[position]), inputs[position + 1]
                         position += 2
                         mine.append(rows.enqueue([values, indices], name="apply"))
                     applies.extend(mine)
@@ -262,7 +279,7 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
                         reduction_type="SUM")
                     mine = []
                     for _ in senders:
-                        grad = inputs[position]
+                        grad = sent(inputs[position])
                         position += 1
                         mine.append(acc.apply_grad(grad, local_step=_ALWAYS_FRESH, name="apply"))
                     applies.extend(mine)
@@ -279,7 +296,7 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
                 acc = tf.compat.v1.ConditionalAccumulator(
                     dtype, shape=[sum(elements(s) for s in shapes)], shared_name=f"{scope}accumulator",
                     name="accumulator", reduction_type="SUM")
-                mine = [acc.apply_grad(b, local_step=_ALWAYS_FRESH, name="apply") for b in buffers]
+                mine = [acc.apply_grad(sent(b), local_step=_ALWAYS_FRESH, name="apply") for b in buffers]
                 applies.extend(mine)
                 if chief:
                     with tf.control_dependencies(mine):

@@ -3,8 +3,8 @@
 A choice is a flat dict: ``run_option``, ``partitions`` (the count
 ``parallax.get_partitioner`` splits into: ``PARALLAX_NUM_PARTITIONS``),
 ``fusion_bytes`` and ``backend`` (MPIConfig), ``local_aggregation`` and
-``replicate_variables`` (PSConfig), ``zero_stage``, ``pipeline_stages``,
-``micro_batches`` and ``pipeline_schedule`` (Config).
+``replicate_variables`` (PSConfig), ``compression`` (CommunicationConfig),
+``zero_stage``, ``pipeline_stages``, ``micro_batches`` and ``pipeline_schedule`` (Config).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ CHOICE_FIELDS: dict[str, tuple[str, ...] | None] = {
     "backend": ("communication_config", "mpi_config", "backend"),
     "local_aggregation": ("communication_config", "ps_config", "local_aggregation"),
     "replicate_variables": ("communication_config", "ps_config", "replicate_variables"),
+    "compression": ("communication_config", "compression"),
     "zero_stage": ("zero_stage",),
     "pipeline_stages": ("pipeline_stages",),
     "micro_batches": ("micro_batches",),

@@ -4,7 +4,9 @@ The space (:func:`layout_space`) is every run option the resources allow,
 crossed with the choices that matter to it: for MPI and HYBRID the all-reduce
 backend and fusion size; for PS and HYBRID local aggregation (and for PS
 replicated variables); partition counts when the graph uses
-``parallax.get_partitioner``; ZeRO stages 1 and 2 and pipelines of 2 stages
+``parallax.get_partitioner``; with ``CommunicationConfig(compression="auto")``, gradients
+in their own dtype, fp16 and bf16 (never otherwise: a 16-bit format changes the
+results, so only a user who allowed it gets it); ZeRO stages 1 and 2 and pipelines of 2 stages
 when there are devices to share. Each choice is planned as ``parallel_run``
 would plan it (:func:`parallax.job.make_job_plan`); a choice the planner
 refuses is kept with its reason and not tried.
@@ -45,7 +47,7 @@ __all__ = ["Candidate", "layout_space", "plan_candidates", "predicted_seconds", 
 DEFAULT_LINKS = (Link(100e9 / 8, 5e-6), Link(10e9 / 8, 20e-6))
 #: What a user may restrict the space to (``space={"run_option": ["MPI", "PS"]}``).
 SPACE_KEYS = ("run_option", "partitions", "fusion_bytes", "backend", "local_aggregation", "replicate_variables",
-              "zero_stage", "pipeline_stages")
+              "compression", "zero_stage", "pipeline_stages")
 
 
 @dataclass
@@ -101,7 +103,7 @@ def _run_options(cluster: Cluster) -> list[str]:
 
 
 def layout_space(cluster: Cluster, analysis: GraphAnalysis, partitions: list[int] | None = None,
-                 restrict: dict[str, list] | None = None) -> list[dict[str, Any]]:
+                 restrict: dict[str, list] | None = None, compression: str = "none") -> list[dict[str, Any]]:
     """Every choice worth a trial for this graph on these resources (see the module docstring).
 
     Args:
@@ -109,6 +111,8 @@ def layout_space(cluster: Cluster, analysis: GraphAnalysis, partitions: list[int
         analysis: the graph's analysis.
         partitions: the partition counts to try (``None``: the graph has no partitioned variable).
         restrict: values a key may take (keys of :data:`SPACE_KEYS`), replacing the default ones.
+        compression: the program's ``CommunicationConfig.compression``: only ``"auto"`` lets the space
+            hold 16-bit formats.
 
     Raises:
         ValueError: ``restrict`` names a key that is not in :data:`SPACE_KEYS`.
@@ -128,6 +132,7 @@ def layout_space(cluster: Cluster, analysis: GraphAnalysis, partitions: list[int
         "replicate_variables": [True, False],
         "zero_stage": [0, 1, 2] if devices > 1 else [0],
         "pipeline_stages": [1, 2] if devices >= 4 and devices % 2 == 0 else [1],
+        "compression": ["none", "fp16", "bf16"] if compression == "auto" else [None],
     }
     values = {k: list(restrict.get(k, default[k])) for k in SPACE_KEYS}
     out: list[dict[str, Any]] = []
@@ -145,6 +150,8 @@ def layout_space(cluster: Cluster, analysis: GraphAnalysis, partitions: list[int
             replicate = values["replicate_variables"] if option == "PS" else [True]
             combos = [{**c, "local_aggregation": agg, "replicate_variables": rep}
                       for c in combos for agg, rep in itertools.product(values["local_aggregation"], replicate)]
+        combos = [{**c, **({"compression": f} if f is not None else {})}
+                  for c in combos for f in values["compression"]]
         for c in combos:
             out.append({**base, **c})
         if option == "MPI":  # beyond data parallelism: the mpi backend, its default fusion

@@ -45,7 +45,7 @@ def rank_main(out: str, fusion_bytes: int, mixed: bool, spin: float | None) -> N
         fresh_big = tf.fill([big], rank) * 2.0
         fresh_small = [tf.fill([k + 1, 3], rank) * 3.0 for k in range(4)]
         ints = tf.fill([5], tf.cast(rank, tf.int64)) * 4
-        halves = tf.fill([16], tf.cast(rank, tf.float16))  # travels as float32
+        halves = tf.fill([16], tf.cast(rank, tf.float16))  # travels as float16 (summed by our MPI operation)
         # equal to const: Grappler merges equal constants and folds a constant fill, and
         # a merged buffer summed twice in place would come out 4x
         twins = [tf.constant(np.full(big, rank, np.float32)), tf.fill([big], rank)]

@@ -9,7 +9,14 @@ import pytest
 
 from tests.models import BUILDERS, DATA, train_single_device
 from tests.multiprocess.harness import SharedJobs, assert_killed_rank_ended_the_job, run_script, seconds_after
-from tests.multiprocess.test_mpi_mode import BATCH, STEPS, check_ranks_match, expected_values, resources
+from tests.multiprocess.test_mpi_mode import (
+    BATCH,
+    STEPS,
+    check_compressed,
+    check_ranks_match,
+    expected_values,
+    resources,
+)
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -20,7 +27,8 @@ GROUPS = {TWO: (resources(2), ["--run_option", "HYBRID", "--steps", str(STEPS), 
     "adam": ["--model", "embedding", "--optimizer", "adam", "--average_sparse"],
     "momentum": ["--model", "embedding", "--optimizer", "momentum", "--average_sparse"],
     "summed": ["--model", "embedding", "--optimizer", "gd"],
-    "sequence": ["--model", "sequence", "--average_sparse"]})}
+    "sequence": ["--model", "sequence", "--average_sparse"],
+    "bf16": ["--model", "embedding", "--optimizer", "adam", "--average_sparse", "--compression", "bf16"]})}
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +54,12 @@ def test_hybrid_sums_sparse_gradients_without_average_sparse(jobs):
     # embedding: the sum of 2 ranks' means = 2 x the union mean; proj/kernel: the mean
     expected = train_single_device(BUILDERS["embedding"]("gd", sparse_lr_scale=2.0), DATA["embedding"](STEPS, BATCH))
     check_ranks_match(jobs.case(TWO, "summed"), expected, 2)
+
+
+@pytest.mark.xdist_group(TWO)
+def test_sixteen_bit_gradients_end_within_the_formats_bound_of_one_device(jobs):
+    """The dense gradient all-reduced and the sparse one pushed to the server, both in bfloat16."""
+    check_compressed(jobs.case(TWO, "bf16"), "embedding", "adam", "bf16", 2)
 
 
 @pytest.mark.xdist_group(TWO)

@@ -14,7 +14,7 @@ from tests.multiprocess.harness import (
     run_script,
     seconds_after,
 )
-from tests.multiprocess.test_mpi_mode import BATCH, STEPS, check_ranks_match, expected_values
+from tests.multiprocess.test_mpi_mode import BATCH, STEPS, check_compressed, check_ranks_match, expected_values
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -35,14 +35,16 @@ GROUPS = {
     "ps-2x1": (TWO_WORKERS, ["--run_option", "PS"], {
         "mlp": ["--model", "mlp", *AVERAGED], "embedding": ["--model", "embedding", *AVERAGED],
         "sequence": ["--model", "sequence", *AVERAGED], "clip": ["--model", "mlp", "--clip", "0.05"],
-        "summed": ["--model", "embedding_only", "--optimizer", "gd"]}),
+        "summed": ["--model", "embedding_only", "--optimizer", "gd"],
+        "fp16_embedding": ["--model", "embedding", *AVERAGED, "--compression", "fp16"]}),
     "ps-2x2": (TWO_WORKERS_TWO_REPLICAS, ["--run_option", "PS"], {
         "mlp": ["--model", "mlp", *AVERAGED], "embedding": ["--model", "embedding", *AVERAGED],
         "boundaries_off": ["--model", "embedding", *AVERAGED, "--no_boundary_between", "--no_boundary_among",
                            "--clip", "100"],
         "no_replicated_variables": ["--model", "mlp", "--no_replicate_variables"],
         "no_local_aggregation_mlp": ["--model", "mlp", *AVERAGED, "--no_local_aggregation"],
-        "no_local_aggregation_embedding": ["--model", "embedding", *AVERAGED, "--no_local_aggregation"]}),
+        "no_local_aggregation_embedding": ["--model", "embedding", *AVERAGED, "--no_local_aggregation"],
+        "bf16_mlp": ["--model", "mlp", "--compression", "bf16"]}),
 }
 
 
@@ -59,6 +61,14 @@ CORE = "ps-2x1"  # make test's PS job (tests/conftest.py); ps-2x2 in make test-e
 @pytest.mark.parametrize("model", ["mlp", "embedding"])
 def test_sync_ps_equals_single_device(jobs, model, group):
     check_ranks_match(jobs.case(group, model), expected_values(model), 2)
+
+
+@pytest.mark.parametrize("group, case, model, fmt", [
+    pytest.param("ps-2x1", "fp16_embedding", "embedding", "fp16", marks=[in_group("ps-2x1"), pytest.mark.core]),
+    pytest.param("ps-2x2", "bf16_mlp", "mlp", "bf16", marks=in_group("ps-2x2"))])
+def test_sixteen_bit_pushes_end_within_the_formats_bound_of_one_device(jobs, group, case, model, fmt):
+    """Sparse rows (embedding) and packed dense gradients (mlp) pushed to the server in 16 bits."""
+    check_compressed(jobs.case(group, case), model, "adam", fmt, 2)
 
 
 @in_group("ps-2x2")

@@ -75,6 +75,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--average_sparse", action="store_true")
     p.add_argument("--use_allgatherv", action="store_true")
     p.add_argument("--fusion_bytes", type=int, default=64 * 1024 * 1024)
+    p.add_argument("--compression", default=None, help="CommunicationConfig.compression")
     p.add_argument("--redirect_path", default=None)
     p.add_argument("--kill_rank", type=int, default=-1)
     p.add_argument("--kill_step", type=int, default=2)
@@ -157,7 +158,8 @@ def train(args: argparse.Namespace) -> None:
                              zero_stage=args.zero_stage, pipeline_stages=args.pipeline_stages,
                              micro_batches=args.micro_batches, pipeline_schedule=args.pipeline_schedule,
                              pipeline_cuts=args.pipeline_cuts.split(",") if args.pipeline_cuts else None,
-                             communication_config=parallax.CommunicationConfig(ps_config=ps, mpi_config=mpi))
+                             communication_config=parallax.CommunicationConfig(ps_config=ps, mpi_config=mpi,
+                                                                               compression=args.compression))
     sess, num_workers, worker_id, num_replicas = parallax.parallel_run(model.graph, args.resource_info,
                                                                        sync=args.sync, parallax_config=config)
     PAUSE["seconds"] = 0.5 if worker_id == 0 else 0.0  # slow_ema: a chief slower after its update

@@ -73,13 +73,30 @@ def test_seed_example_assignments_work():
     (lambda: parallax.ProfileConfig("/p", profile_steps=[1, -2]), ValueError, r"non-negative ints"),
     (lambda: parallax.ProfileConfig(profile_steps=[1]), ValueError, r"need profile_dir"),
     (lambda: parallax.ProfileConfig(profile_worker=-1), ValueError, r"profile_worker must be a worker id"),
+    (lambda: parallax.CommunicationConfig(compression="int8"), ValueError,
+     r"CommunicationConfig.compression is str 'int8'; allowed: 'none', 'fp16', 'bf16', 'auto'"),
 ], ids=["unknown-run-option", "tuple-run-option", "int-run-option", "non-bool", "sess-config-type",
         "ckpt-config-type", "ps-config-type", "protocol", "mpirun-options", "ckpt-steps-zero",
         "ckpt-both", "ckpt-no-dir", "profile-both", "profile-range-order", "profile-negative-step",
-        "profile-no-dir", "profile-worker"])
+        "profile-no-dir", "profile-worker", "compression"])
 def test_invalid_values_raise_naming_the_field(build, error, pattern):
     with pytest.raises(error, match=pattern):
         build()
+
+
+def test_compression_takes_its_names_parallax_compression_and_horovods_compressors():
+    class FP16Compressor:  # the class hvd.Compression.fp16 is
+        pass
+
+    class NoneCompressor:
+        pass
+
+    assert parallax.CommunicationConfig().compression == "none"
+    assert parallax.CommunicationConfig(compression=None).compression == "none"
+    assert parallax.CommunicationConfig(compression="BF16").compression == "bf16"
+    assert parallax.CommunicationConfig(compression=parallax.Compression.fp16).compression == "fp16"
+    assert parallax.CommunicationConfig(compression=FP16Compressor).compression == "fp16"
+    assert parallax.CommunicationConfig(compression=NoneCompressor).compression == "none"
 
 
 def test_assignment_is_checked_at_once():

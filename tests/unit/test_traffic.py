@@ -80,3 +80,15 @@ def test_counted_rows_replace_the_static_estimate():
     fewer = step_traffic(plan, {"embedding": lambda j: 0.1}).variables["embedding"]  # static: 1 % of 20 rows
     assert fewer.total < step_traffic(plan).variables["embedding"].total
     assert fewer.crossing == 0  # one host
+
+
+def test_sixteen_bit_gradients_halve_what_carries_gradients_and_nothing_else():
+    dense = Payload(num_bytes=4000, itemsize=4)
+    half = Payload(num_bytes=4000, itemsize=4, wire_ratio=0.5)
+    hosts = ["a", "b"]
+    assert variable_traffic(half, "allreduce", hosts).total == variable_traffic(dense, "allreduce", hosts).total / 2
+    # a dense variable on a server: the push is halved, the read of the new value is not
+    assert variable_traffic(half, "ps", hosts, "a").total == variable_traffic(dense, "ps", hosts, "a").total * 0.75
+    rows = dict(num_bytes=1000 * 16, sparse=True, rows=1000, row_bytes=16, index_bytes=8, k=10, itemsize=4)
+    gathered = variable_traffic(Payload(**rows, wire_ratio=0.5), "allgather", hosts).total
+    assert gathered == variable_traffic(Payload(**rows), "allgather", hosts).total * (8 + 8) / (16 + 8)  # indices kept

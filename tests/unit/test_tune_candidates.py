@@ -107,3 +107,17 @@ def test_the_tune_command_names_a_missing_file_and_a_bad_space(tmp_path, capsys)
         parallax_main(["tune", "train.py", "res", "--space", "colour=red"])
     assert bad.value.code == 2 and "--space 'colour=red': expected KEY=V1,V2" in capsys.readouterr().err
     assert parallax_main([]) == 2 and "tune      find the fastest layout" in capsys.readouterr().err
+
+
+def test_sixteen_bit_formats_are_tried_only_where_the_program_allowed_them():
+    cluster = parse_resource_text("localhost: cpu:0,cpu:1\n")
+    analysis = analyse_graph(build_deep_mlp().graph)
+    restrict = {"run_option": ["MPI"], "backend": ["mpi"], "fusion_bytes": [64 << 20], "zero_stage": [0],
+                "pipeline_stages": [1]}
+    assert [c.get("compression") for c in layout_space(cluster, analysis, None, restrict)] == [None]
+    allowed = layout_space(cluster, analysis, None, restrict, compression="auto")
+    assert [c["compression"] for c in allowed] == ["none", "fp16", "bf16"]
+    plan_cpu = lambda config, sync, c, a: plan_job(config, sync, c, a, gpus=0)  # noqa: E731
+    ranked = {c.choice["compression"]: c for c in plan_candidates(cluster, analysis, Config(), True, allowed, plan_cpu)}
+    assert ranked["fp16"].bytes_per_step == ranked["bf16"].bytes_per_step == ranked["none"].bytes_per_step / 2
+    assert ranked["bf16"].predicted_seconds < ranked["none"].predicted_seconds

@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -112,7 +114,6 @@ def test_the_release_waits_for_the_whole_step_when_something_writes_after_the_up
 
 
 def test_with_the_users_hooks_the_session_releases_after_them():
-    from dataclasses import replace
 
     from parallax.plan.model import PSSpec
 
@@ -211,7 +212,6 @@ def test_a_variable_updated_by_two_optimizer_calls_is_refused_with_its_name():
 @pytest.mark.parametrize("local_aggregation, applies, required", [(True, 1, 2), (False, 3, 6)])
 def test_local_aggregation_sends_one_gradient_per_worker_instead_of_per_replica(local_aggregation, applies,
                                                                                  required):
-    from dataclasses import replace
 
     from parallax.plan.model import PSSpec
 
@@ -229,7 +229,6 @@ def test_local_aggregation_sends_one_gradient_per_worker_instead_of_per_replica(
 
 @pytest.mark.parametrize("replicate", [True, False])
 def test_replicate_variables_gives_each_replica_a_local_copy_of_dense_variables(replicate):
-    from dataclasses import replace
 
     from parallax.plan.model import PSSpec
 
@@ -255,7 +254,6 @@ def test_replicate_variables_gives_each_replica_a_local_copy_of_dense_variables(
 
 @pytest.mark.parametrize("boundary", [True, False])
 def test_boundary_among_servers_moves_clipping_to_the_servers(boundary):
-    from dataclasses import replace
 
     from parallax.plan.model import PSSpec
     from tests.models import build_mlp
@@ -274,7 +272,6 @@ def test_boundary_among_servers_moves_clipping_to_the_servers(boundary):
 
 @pytest.mark.parametrize("boundary", [True, False])
 def test_boundary_between_workers_and_servers_decides_where_rows_are_gathered(boundary):
-    from dataclasses import replace
 
     from parallax.plan.model import PSSpec
 
@@ -372,3 +369,21 @@ def test_the_chiefs_writes_in_the_step_wait_for_every_workers_gradient():
     assert "decay" not in ancestors(chief, [taken])  # no cycle: the gradients come before the decay
     other = nodes_of(rewrite_for_task(export(model.graph), plan, TaskSpec(1)))
     assert other["decay"].op == "NoOp" and taken not in other
+
+
+@pytest.mark.parametrize("fmt, wire", [("fp16", tf.float16), ("bf16", tf.bfloat16)])
+@pytest.mark.parametrize("model_name", ["mlp", "embedding"])
+def test_compressed_pushes_cast_on_the_worker_and_back_on_the_server(fmt, wire, model_name):
+    """What crosses from the worker to the server is the 16-bit tensor: the cast to it runs on the worker,
+    the cast back (and fp16's division by its scale) on the server, before the accumulator or queue."""
+    model = {"mlp": build_mlp, "embedding": build_embedding}[model_name]("adam")
+    plan = ps_plan(model)
+    plan = replace(plan, comm=replace(plan.comm, compression=fmt))
+    nodes = nodes_of(rewrite_for_task(export(model.graph), plan, TaskSpec(1)))
+    worker = "/job:worker/replica:0/task:1/device:CPU:0"
+    down = [n for n in nodes.values() if n.op == "Cast" and n.attr["DstT"].type == wire.as_datatype_enum]
+    assert down and all(n.device == worker and "/compress_" in n.name for n in down)
+    up = [n for n in nodes.values() if n.op == "Cast" and nodes[parse_input(n.input[0])[0]] in down]
+    assert len(up) == len(down) and all(n.device in SERVERS for n in up)
+    scales = [n for n in nodes.values() if "/compress_" in n.name and n.op == "Pow"]
+    assert bool(scales) == (fmt == "fp16")
