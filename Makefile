@@ -164,5 +164,13 @@ bench-scale: $(STAMP) cluster-packages
 bench-cluster: $(STAMP) cluster-packages
 	$(BIN)/python benchmarks/multihost.py $(BENCH_ARGS)
 
+# `make bench-shaped`: Parallax PS, MPI, HYBRID, AUTO (and with bf16 gradients) beside TF's own PS and Horovod on
+# a virtual cluster whose links are shaped (tc tbf) so that this machine's communication-to-computation ratio is
+# a real cluster's (the Parallax paper's 100 Gbit/s InfiniBand; BENCH_ARGS="--link 10gbit" for Ethernet):
+# benchmarks/results/shaped.{json,md,png} (docs/benchmarks.md says how the rates are derived). Needs root.
+.PHONY: bench-shaped
+bench-shaped: $(STAMP) $(HVD_STAMP) cluster-packages
+	$(BIN)/python benchmarks/shaped.py $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -82,27 +82,38 @@ HOROVOD_PYTHON = os.path.join(ROOT, ".venv-horovod", "bin", "python")
 # Jobs
 # --------------------------------------------------------------------------- #
 
-def _mpirun(python: str, processes: int, program: list[str], session_dir: str) -> tuple[list[str], dict]:
-    """An mpirun command (the one beside ``python``) for ``processes`` local ranks, as Parallax builds its own
-    (Open MPI's session files in ``session_dir``)."""
+def _mpirun(python: str, hosts: list[str], program: list[str], session_dir: str) -> tuple[list[str], dict]:
+    """An mpirun command (the one beside ``python``) for one rank on each of ``hosts`` (in rank order; the
+    first is where it starts), as Parallax builds its own (Open MPI's session files in ``session_dir``)."""
     from parallax.launch.command import build_mpirun_command
     from parallax.launch.layout import RankSpec
 
     command = build_mpirun_command(
         os.path.join(os.path.dirname(python), "mpirun"), python, program,
-        tuple(RankSpec("localhost", None, 0) for _ in range(processes)), local_hosts=frozenset({"localhost"}),
+        tuple(RankSpec(host, None, 0) for host in hosts), local_hosts=frozenset({hosts[0]}),
         cpu_count=os.cpu_count() or 1, is_root=os.geteuid() == 0, user_options=MPI_TCP, environ=dict(os.environ),
         session_dir=session_dir)
     return list(command.argv), dict(command.env)
 
 
-def job_command(system: str, workload: str, ranks: int, args, work: str) -> tuple[list[str], dict, str]:
-    """``(argv, extra environment, output file)`` of one job."""
+def compression_of(system: str) -> str:
+    """The 16-bit format a Parallax system's name ends with (``parallax-hybrid-bf16``), or ``"none"``."""
+    last = system.rsplit("-", 1)[-1]
+    return last if system.startswith("parallax") and last in ("fp16", "bf16") else "none"
+
+
+def job_command(system: str, workload: str, ranks: int, args, work: str,
+                hosts: list[str] | None = None) -> tuple[list[str], dict, str]:
+    """``(argv, extra environment, output file)`` of one job; ``hosts``: where the peers' ranks go, one worker
+    on each (TF PS: its server beside the first; default all on localhost). Parallax jobs get theirs from the
+    resource file (benchmarks/multihost.py writes it)."""
     name = f"{workload}_{system}_{ranks}"
     out = os.path.join(work, f"{name}.json")
     program = [os.path.abspath(__file__), "job", "--system", system.split("-")[0] if system.startswith("parallax")
                else system, "--workload", workload, "--out", out, "--warmup", str(args.warmup),
-               "--steps", str(args.steps[workload]), "--vocab", str(args.vocab)]
+               "--steps", str(args.steps[workload]), "--vocab", str(args.vocab),
+               "--compression", compression_of(system)]
+    hosts = hosts or ["localhost"] * ranks
     if system.startswith("parallax"):
         run_option = system.split("-")[1].upper()
         resource = os.path.join(work, f"{name}.resources")
@@ -117,27 +128,33 @@ def job_command(system: str, workload: str, ranks: int, args, work: str) -> tupl
     if system == "tf":
         return [sys.executable, *program], {}, out
     if system == "tf-ps":
-        argv, env = _mpirun(sys.executable, ranks + 1, program, os.path.join(work, f"{name}.mpi"))
+        argv, env = _mpirun(sys.executable, hosts[:1] + hosts, program, os.path.join(work, f"{name}.mpi"))
         return argv, env, out
-    argv, env = _mpirun(HOROVOD_PYTHON, ranks, program, os.path.join(work, f"{name}.mpi"))
+    argv, env = _mpirun(HOROVOD_PYTHON, hosts, program, os.path.join(work, f"{name}.mpi"))
     return argv, env, out
 
 
+def label(system: str) -> str:
+    """A system's name in tables: ``Parallax HYBRID``, ``Parallax HYBRID bf16`` (gradients sent in 16 bits)."""
+    fmt = compression_of(system)
+    return LABELS[system] if fmt == "none" else f"{LABELS[system[:-len(fmt) - 1]]} {fmt}"
+
+
 def run_job(system: str, workload: str, ranks: int, args, work: str, popen=None, resources=None,
-            measured: bool | None = None, cleanup=None) -> dict:
+            measured: bool | None = None, cleanup=None, hosts: list[str] | None = None) -> dict:
     """Run one job in its own network namespace; its row (``error`` set when it failed or was skipped).
 
     benchmarks/multihost.py runs the same job elsewhere: ``popen(argv, **kwargs)`` starts it (default:
     here, in a private network namespace), ``resources(path)`` rewrites a Parallax job's resource file,
-    ``measured`` says whether its bytes are all counted (default: when in a namespace), and
-    ``cleanup()`` ends what a timed-out job left.
+    ``measured`` says whether its bytes are all counted (default: when in a namespace),
+    ``cleanup()`` ends what a timed-out job left, and ``hosts`` places the peers' ranks (:func:`job_command`).
     """
-    row = {"system": system, "label": LABELS[system], "workload": workload, "ranks": ranks,
+    row = {"system": system, "label": label(system), "workload": workload, "ranks": ranks,
            "steps": args.steps[workload], "warmup": args.warmup}
     if system in IN_HOROVOD_VENV and not os.access(HOROVOD_PYTHON, os.X_OK):
         row["error"] = "skipped: no .venv-horovod (make horovod-venv)"
         return row
-    argv, extra_env, out = job_command(system, workload, ranks, args, work)
+    argv, extra_env, out = job_command(system, workload, ranks, args, work, hosts)
     if resources is not None and system.startswith("parallax"):
         resources(argv[argv.index("--resource_info") + 1])
     env = {**os.environ, **extra_env, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -290,6 +307,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--run_option", help=argparse.SUPPRESS)
     parser.add_argument("--resource_info", help=argparse.SUPPRESS)
     parser.add_argument("--mpirun_options", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--compression", default="none", help=argparse.SUPPRESS)
     parser.add_argument("--workloads", default="dense,sparse", help="comma-separated: dense, sparse")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
     parser.add_argument("--ranks", default="1,2,3", help="comma-separated worker counts (default 1,2,3)")

@@ -52,15 +52,18 @@ SHARED_CORES = "-x TF_NUM_INTRAOP_THREADS=1 -x TF_NUM_INTEROP_THREADS=1 --mca mp
 def cluster_job(cluster, system: str, workload: str, args, work: str, hosts: tuple[str, ...] = HOSTS,
                 per_host: int = 1) -> dict:
     """One job with ``per_host`` workers on each of ``hosts`` (virtual hosts of ``cluster``), started
-    on the first; its row. PS jobs get a resource line per worker, the others one line per host."""
+    on the first; its row. Parallax's PS jobs get a resource line per worker, its others one line per host;
+    the peers (TF PS, Horovod) an mpirun with a rank per worker on its host."""
     def start(argv, **kwargs):
         argv = [f"{a} {SHARED_CORES}" if a.startswith("--mpirun_options=") else a for a in argv]
+        if os.path.basename(argv[0]) == "mpirun":  # a peer's own mpirun: the same threads and waiting
+            argv = [argv[0], *SHARED_CORES.split(), "-x", NETNS_PIDS_ENV, *argv[1:]]
         kwargs["env"] = {**kwargs["env"], NETNS_PIDS_ENV: ",".join(str(h.pid) for h in cluster.hosts.values())}
         return cluster.popen(hosts[0], argv, **kwargs)
 
     def resources(path: str) -> None:
         devices = [f"cpu:{i}" for i in range(per_host)]
-        lines = [f"{h}: {d}" for h in hosts for d in devices] if system == "parallax-ps" else \
+        lines = [f"{h}: {d}" for h in hosts for d in devices] if system.startswith("parallax-ps") else \
             [f"{h}: {','.join(devices)}" for h in hosts]
         with open(path, "w") as f:
             f.write("".join(line + "\n" for line in lines))
@@ -74,7 +77,7 @@ def cluster_job(cluster, system: str, workload: str, args, work: str, hosts: tup
                     pass
 
     return compare.run_job(system, workload, len(hosts) * per_host, args, work, popen=start, resources=resources,
-                           measured=True, cleanup=cleanup)
+                           measured=True, cleanup=cleanup, hosts=[h for h in hosts for _ in range(per_host)])
 
 
 def markdown(data: dict) -> str:

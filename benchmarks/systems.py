@@ -95,6 +95,7 @@ def parallax_job(wl: Workload, args) -> Runner:
         t = wl.build(lambda opt: opt)
     config = parallax.Config(run_option=args.run_option)
     config.communication_config.mpi_config.mpirun_options = args.mpirun_options
+    config.communication_config.compression = getattr(args, "compression", "none")
     sess, num_workers, worker_id, replicas = parallax.parallel_run(graph, args.resource_info, parallax_config=config)
     if replicas != 1:
         raise SystemExit(f"expected one replica per worker process, got {replicas}")
@@ -118,19 +119,20 @@ def tf_ps(wl: Workload, args) -> Runner:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    ports = None
-    if comm.rank == 0:  # all at once, each socket held until all are picked: no two ranks get one port
-        sockets = [socket.socket() for _ in range(comm.size)]
-        for s in sockets:
-            s.bind(("localhost", 0))
-        ports = [s.getsockname()[1] for s in sockets]
-        for s in sockets:
-            s.close()
-    addresses = [f"localhost:{port}" for port in comm.bcast(ports)]
+    names = comm.allgather(socket.gethostname())
+    local = len(set(names)) == 1  # all on this host: localhost (a private namespace may not resolve the name)
+    # each rank picks a free port on its own host, held until every rank has one (no two get one port)
+    held = socket.socket()
+    held.bind(("" if not local else "localhost", 0))
+    ports = comm.allgather(held.getsockname()[1])
+    comm.Barrier()
+    held.close()
+    addresses = [f"{'localhost' if local else name}:{port}" for name, port in zip(names, ports)]
     cluster = tf.train.ClusterSpec({"ps": addresses[:1], "worker": addresses[1:]})
     workers = comm.size - 1
     if comm.rank == 0:
         tf.distribute.Server(cluster, job_name="ps", task_index=0, start=True)
+        comm.Barrier()  # the workers' sessions are up (below)
         return Runner(lambda feed: None, -1, workers, comm.Barrier, {})
     task = comm.rank - 1
     config = _session_config(workers, device_filters=["/job:ps", f"/job:worker/task:{task}"],
@@ -145,6 +147,10 @@ def tf_ps(wl: Workload, args) -> Runner:
         hook = t.optimizer.make_session_run_hook(is_chief=task == 0)
         sess = tf.compat.v1.train.MonitoredTrainingSession(master=server.target, is_chief=task == 0, hooks=[hook],
                                                            config=config)
+    # Every worker in before anyone trains: a non-chief session that finds the chief's variables not yet
+    # initialised checks again only after 30 s (SessionManager's recovery_wait_secs), and meanwhile the chief,
+    # taking every token itself (SyncReplicasOptimizer counts gradients, not workers), would train alone.
+    comm.Barrier()
 
     def step(feed: dict) -> tuple[float, int] | None:
         # SyncReplicasOptimizer counts gradients, not workers: its users loop on the global step.

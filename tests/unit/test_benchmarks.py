@@ -154,3 +154,43 @@ def test_the_accumulator_benchmark_sums_alike_both_ways(tmp_path):
     assert (tmp_path / "accumulator.png").stat().st_size > 0
     with pytest.raises(SystemExit):
         accumulator.main(["--senders", "two"])
+
+
+def test_the_shaped_rate_gives_this_machine_the_papers_ratio_of_communication_to_computation(tmp_path):
+    from benchmarks import shaped
+
+    model, step, num_bytes = shaped.paper_step("sparse")
+    assert model == "LM1B" and step == pytest.approx(128 * 20 / (87.9e3 / 6))  # HYBRID's 6-GPU words/s, per GPU
+    assert 40e6 < num_bytes < 80e6  # LSTM and projection whole, the touched rows of embedding and softmax
+    rate = shaped.shaped_rate(100e9, num_bytes / 50, num_bytes, step / 10, step)
+    assert rate == pytest.approx(100e9 / 50 * 10)
+    # the same seconds of communication per second of computation on both sides
+    assert (num_bytes / 50 * 8 / rate) / (step / 10) == pytest.approx(num_bytes * 8 / 100e9 / step)
+    assert shaped.tbf(800e6)[:3] == ["tbf", "rate", "800000000bit"] and int(shaped.tbf(800e6)[4]) == 1_000_000
+    assert int(shaped.tbf(1e6)[4]) == shaped.MIN_BURST
+    assert shaped.layout_of({"system": "parallax-hybrid-bf16"}) == "HYBRID bf16"
+    assert shaped.layout_of({"system": "parallax-auto", "ran_as": "HYBRID (2 workers)"}) == "HYBRID"
+    assert shaped.layout_of({"system": "horovod"}) == "MPI"
+    ratios = shaped.paper_ratios("LM1B", 3)
+    assert ratios["machines"] == 2 and ratios["vs_tf_ps"]["TF PS"] == 1.0
+    assert ratios["vs_horovod"]["HYBRID"] == pytest.approx(149.5 / 46.5)
+
+
+def test_the_shaped_report_sets_measured_predicted_and_published_ratios_side_by_side(tmp_path):
+    from benchmarks import shaped
+
+    info = {"description": "d", "paper_model": "LM1B", "paper_step_s": 0.17, "paper_bytes": 6e7, "step_s": 0.02,
+            "bytes": 2e6, "rate_bits": 5e8, "probed_bits": 4.8e8, "probed_latency_s": 6e-5,
+            "paper_ratios": shaped.paper_ratios("LM1B", 2), "workload": "sparse", "link": "100gbit"}
+    rows = [{"system": "parallax-hybrid", "label": "Parallax HYBRID", "case": "sparse@100gbit", "ran_as": "HYBRID",
+             "steps_per_sec": 4.0, "predicted_steps_per_sec": 5.0, "layout": "HYBRID", "vs_tf_ps": 2.0,
+             "vs_horovod": 3.0, "network_bytes_per_step": 1.5e6},
+            {"system": "tf-ps", "label": "TF PS", "case": "sparse@100gbit", "error": "exit code 1"}]
+    data = {"environment": {"date": "2026-11-28", "cores": 2, "platform": "p", "tensorflow": "2", "warmup": 1,
+                            "steps": {"sparse": 5}, "hosts": 2, "command": "c"}, "cases": {"sparse@100gbit": info},
+            "rows": rows}
+    text = shaped.markdown(data)
+    assert "| Parallax HYBRID | HYBRID | 4.00 | 5.00 | 2.00x | 1.17x | 3.00x | 3.22x | 1.50 |" in text
+    assert "| TF PS | exit code 1 |" in text and "500 Mbit/s" in text
+    shaped.plot(data, str(tmp_path / "s.png"))
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
