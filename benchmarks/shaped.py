@@ -172,6 +172,10 @@ def paper_ratios(model: str, hosts: int) -> dict:
             "vs_horovod": {k: figures[i] / figures[1] for k, i in PAPER_COLUMN.items()}}
 
 
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
 def markdown(data: dict) -> str:
     env = data["environment"]
     lines = [f"# Shaped links: {env['hosts']} virtual hosts, one worker each ({env['date']})", "",
@@ -195,10 +199,8 @@ def markdown(data: dict) -> str:
             base = r["layout"].replace(" bf16", "")
             lines.append(f"| {r['label']} | {r.get('ran_as', '')} | {r['steps_per_sec']:.2f} | "
                          f"{compare._fmt(r.get('predicted_steps_per_sec'), '.2f')} | "
-                         f"{compare._fmt(r.get('vs_tf_ps'), '.2f')}x | "
-                         f"{compare._fmt(paper['vs_tf_ps'].get(base), '.2f')}x | "
-                         f"{compare._fmt(r.get('vs_horovod'), '.2f')}x | "
-                         f"{compare._fmt(paper['vs_horovod'].get(base), '.2f')}x | "
+                         f"{_ratio(r.get('vs_tf_ps'))} | {_ratio(paper['vs_tf_ps'].get(base))} | "
+                         f"{_ratio(r.get('vs_horovod'))} | {_ratio(paper['vs_horovod'].get(base))} | "
                          f"{compare._fmt((r.get('network_bytes_per_step') or 0) / 1e6, '.2f')} |")
         lines += ["", f"Paper: {paper['gpus']} GPUs on {paper['machines']} machines (the nearest machine count).", ""]
     return "\n".join(lines)
