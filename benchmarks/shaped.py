@@ -148,18 +148,18 @@ def predicted(variables, step: float, hosts: int, link: tuple[float, float]) -> 
 
     cluster = ClusterShape(hosts, 1, Link(*link), Link(100e9 / 8, 5e-6))
     out = {p.layout: 1 / p.step_s for p in predict(variables, step, cluster)}
-    out.update({f"{p.layout} bf16": 1 / p.step_s for p in predict(halved(variables), step, cluster)})
+    out.update({f"{p.layout} {fmt}": 1 / p.step_s for p in predict(halved(variables), step, cluster)
+                for fmt in ("fp16", "bf16")})
     return out
 
 
 def layout_of(row: dict) -> str:
+    """A row's layout as the predictor names it (AUTO: the one it ran as), with its 16-bit format if any."""
     system = row["system"]
-    if system in ("tf-ps", "horovod"):
-        return LAYOUT[system]
-    layout = LAYOUT.get(system.split("-")[1], str(row.get("ran_as", "")).split(" ")[0])
-    if system.split("-")[1] == "auto":
-        layout = str(row.get("ran_as", "")).split(" ")[0] or "HYBRID"
-    return layout + (" bf16" if compare.compression_of(system) != "none" else "")
+    option = system if system in ("tf-ps", "horovod") else system.split("-")[1]
+    layout = LAYOUT.get(option) or str(row.get("ran_as", "")).split(" ")[0] or "HYBRID"
+    fmt = compare.compression_of(system)
+    return layout if fmt == "none" else f"{layout} {fmt}"
 
 
 def paper_ratios(model: str, hosts: int) -> dict:
@@ -196,7 +196,7 @@ def markdown(data: dict) -> str:
             if "error" in r:
                 lines.append(f"| {r['label']} | {r['error']} | | | | | | | |")
                 continue
-            base = r["layout"].replace(" bf16", "")
+            base = r["layout"].removesuffix(f" {compare.compression_of(r['system'])}")  # the layout without its format
             lines.append(f"| {r['label']} | {r.get('ran_as', '')} | {r['steps_per_sec']:.2f} | "
                          f"{compare._fmt(r.get('predicted_steps_per_sec'), '.2f')} | "
                          f"{_ratio(r.get('vs_tf_ps'))} | {_ratio(paper['vs_tf_ps'].get(base))} | "
