@@ -168,9 +168,15 @@ bench-cluster: $(STAMP) cluster-packages
 # a virtual cluster whose links are shaped (tc tbf) so that this machine's communication-to-computation ratio is
 # a real cluster's (the Parallax paper's 100 Gbit/s InfiniBand; BENCH_ARGS="--link 10gbit" for Ethernet):
 # benchmarks/results/shaped.{json,md,png} (docs/benchmarks.md says how the rates are derived). Needs root.
-.PHONY: bench-shaped
+# Then communication overlapped with the backward pass (benchmarks/overlap.py, alone: `make bench-overlap`):
+# a deep MLP on 2 hosts whose links make all-reducing as long as computing, overlap off and on beside Horovod.
+.PHONY: bench-shaped bench-overlap
 bench-shaped: $(STAMP) $(HVD_STAMP) cluster-packages
 	$(BIN)/python benchmarks/shaped.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/overlap.py
+
+bench-overlap: $(STAMP) $(HVD_STAMP) cluster-packages
+	$(BIN)/python benchmarks/overlap.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

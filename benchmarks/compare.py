@@ -96,10 +96,19 @@ def _mpirun(python: str, hosts: list[str], program: list[str], session_dir: str)
     return list(command.argv), dict(command.env)
 
 
+#: What a suffix of a Parallax system's name changes in its config, as tables write it: gradients sent in
+#: 16 bits (``parallax-hybrid-bf16``), all-reduced after the whole backward pass (``parallax-mpi-nooverlap``).
+VARIANTS = {"fp16": "fp16", "bf16": "bf16", "nooverlap": "no overlap"}
+
+
+def variants_of(system: str) -> list[str]:
+    """The :data:`VARIANTS` suffixes of a Parallax system's name (``["bf16"]`` for ``parallax-hybrid-bf16``)."""
+    return [part for part in system.split("-")[2:] if part in VARIANTS] if system.startswith("parallax") else []
+
+
 def compression_of(system: str) -> str:
-    """The 16-bit format a Parallax system's name ends with (``parallax-hybrid-bf16``), or ``"none"``."""
-    last = system.rsplit("-", 1)[-1]
-    return last if system.startswith("parallax") and last in ("fp16", "bf16") else "none"
+    """The 16-bit format a Parallax system's name asks for (``parallax-hybrid-bf16``), or ``"none"``."""
+    return next((v for v in variants_of(system) if v in ("fp16", "bf16")), "none")
 
 
 def job_command(system: str, workload: str, ranks: int, args, work: str,
@@ -113,6 +122,8 @@ def job_command(system: str, workload: str, ranks: int, args, work: str,
                else system, "--workload", workload, "--out", out, "--warmup", str(args.warmup),
                "--steps", str(args.steps[workload]), "--vocab", str(args.vocab),
                "--compression", compression_of(system)]
+    if "nooverlap" in variants_of(system):
+        program.append("--no_overlap")
     hosts = hosts or ["localhost"] * ranks
     if system.startswith("parallax"):
         run_option = system.split("-")[1].upper()
@@ -136,8 +147,9 @@ def job_command(system: str, workload: str, ranks: int, args, work: str,
 
 def label(system: str) -> str:
     """A system's name in tables: ``Parallax HYBRID``, ``Parallax HYBRID bf16`` (gradients sent in 16 bits)."""
-    fmt = compression_of(system)
-    return LABELS[system] if fmt == "none" else f"{LABELS[system[:-len(fmt) - 1]]} {fmt}"
+    variants = variants_of(system)
+    base = "-".join(part for part in system.split("-") if part not in variants)
+    return " ".join([LABELS[base], *(VARIANTS[v] for v in variants)])
 
 
 def run_job(system: str, workload: str, ranks: int, args, work: str, popen=None, resources=None,
@@ -308,6 +320,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--resource_info", help=argparse.SUPPRESS)
     parser.add_argument("--mpirun_options", default="", help=argparse.SUPPRESS)
     parser.add_argument("--compression", default="none", help=argparse.SUPPRESS)
+    parser.add_argument("--no_overlap", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workloads", default="dense,sparse", help="comma-separated: dense, sparse")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
     parser.add_argument("--ranks", default="1,2,3", help="comma-separated worker counts (default 1,2,3)")

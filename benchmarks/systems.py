@@ -97,6 +97,7 @@ def parallax_job(wl: Workload, args) -> Runner:
     config = parallax.Config(run_option=args.run_option)
     config.communication_config.mpi_config.mpirun_options = args.mpirun_options
     config.communication_config.compression = getattr(args, "compression", "none")
+    config.communication_config.mpi_config.overlap = not getattr(args, "no_overlap", False)
     sess, num_workers, worker_id, replicas = parallax.parallel_run(graph, args.resource_info, parallax_config=config)
     if replicas != 1:
         raise SystemExit(f"expected one replica per worker process, got {replicas}")

@@ -3,6 +3,8 @@
 * ``dense``: the CNN of ``examples/image_classifier`` (momentum; every gradient dense), images/s.
 * ``sparse``: the language model of ``examples/sparse_lm`` (100k-word embedding, LSTM, sampled
   softmax, Adagrad; the embedding and softmax get sparse gradients), words/s.
+* ``deep`` (and ``deepcomm``, its gradients without their compute): a 12-layer MLP for
+  ``benchmarks/overlap.py``, examples/s.
 
 ``build(wrap)`` makes the training graph in the current default graph with the model's
 optimizer passed through ``wrap`` (the identity for single-device TF and Parallax,
@@ -92,9 +94,43 @@ def sparse(vocab: int = 100_000, batch: int = 32, seq_len: int = 10) -> Workload
                     build, batches)
 
 
+def deep(layers: int = 12, width: int = 512, batch: int = 128, compute: bool = True) -> Workload:
+    """An MLP deep enough for the backward pass to take a while after the last layer's gradient is ready
+    (benchmarks/overlap.py). ``compute=False``: the same variables with a loss whose gradients cost nothing
+    to compute (a constant times each variable's sum): what is left of its step is their all-reduce."""
+    def build(wrap) -> SimpleNamespace:
+        import tensorflow as tf
+
+        tf.compat.v1.set_random_seed(SEED)
+        x = tf.compat.v1.placeholder(tf.float32, [None, width], name="x")
+        y = tf.compat.v1.placeholder(tf.float32, [None, width], name="y")
+        h, sums = x, []
+        for i in range(layers):
+            w = tf.compat.v1.get_variable(f"layer_{i:02d}/kernel", [width, width],
+                                          initializer=tf.compat.v1.glorot_uniform_initializer())
+            h = tf.tanh(tf.matmul(h, w)) if compute else h
+            sums.append(tf.reduce_sum(w))
+        loss = tf.reduce_mean(tf.square(h - y)) if compute else tf.reduce_mean(x) * 1e-6 * tf.add_n(sums)
+        return _train(loss, tf.compat.v1.train.GradientDescentOptimizer(0.01), wrap)
+
+    def batches(shard: int, num_shards: int) -> Iterator[dict]:
+        import numpy as np
+
+        rng = np.random.RandomState(SEED + shard)
+        while True:
+            yield {"x": rng.randn(batch, width).astype(np.float32), "y": rng.randn(batch, width).astype(np.float32)}
+
+    what = "" if compute else ", its gradients without their compute"
+    return Workload("deep" if compute else "deepcomm", "examples", batch,
+                    f"MLP of {layers} tanh layers {width} wide ({layers * width * width * 4 / 2**20:.0f} MiB of "
+                    f"gradients), gradient descent, batch {batch} per replica{what}", build, batches)
+
+
 def workload(name: str, vocab: int = 100_000) -> Workload:
     if name == "dense":
         return dense()
     if name == "sparse":
         return sparse(vocab)
-    raise ValueError(f"unknown workload {name!r}: dense or sparse")
+    if name in ("deep", "deepcomm"):
+        return deep(compute=name == "deep")
+    raise ValueError(f"unknown workload {name!r}: dense, sparse, deep or deepcomm")

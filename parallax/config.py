@@ -319,12 +319,18 @@ class MPIConfig(_ConfigBase):
         fusion_bytes: the mpi backend fuses dense gradients into buffers of at
             most this many bytes (default 64 MiB; 0 sends each on its own).
             Not in the seed API.
+        overlap: all-reduce the dense gradients in the order the backward pass
+            makes them ready, in buckets, each as soon as its gradients are
+            there, while the backward pass computes the rest (default True;
+            Horovod's tensor fusion, PyTorch DDP's buckets). False: every
+            all-reduce waits for the whole backward pass. Not in the seed API.
     """
 
     use_allgatherv: bool = _field(False, _bool)
     mpirun_options: str | list[str] = _field("", _mpirun_options)
     backend: str = _field("auto", _backend)
     fusion_bytes: int = _field(64 * 1024 * 1024, _fusion_bytes)
+    overlap: bool = _field(True, _bool)
 
 
 class Compression:

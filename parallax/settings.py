@@ -235,7 +235,7 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         run_option = config.run_option or ("PS" if cluster.servers or not sync else "MPI")
         dense = _managed_backend(run_option, mpi.backend, cluster, manager, gpus)
     beside_servers, why = choose_backend(mpi.backend, on_gpus, beside_servers=True)
-    common = dict(fusion_bytes=mpi.fusion_bytes, use_allgatherv=mpi.use_allgatherv, gpu=on_gpus,
+    common = dict(fusion_bytes=mpi.fusion_bytes, use_allgatherv=mpi.use_allgatherv, gpu=on_gpus, overlap=mpi.overlap,
                   compression=config.communication_config.compression)
     notes = (why,) if why and run_option in ("HYBRID", "AUTO") else ()
     extra_options = invocation.mpirun_options or ""

@@ -4,9 +4,10 @@ A backend is used twice:
 
 1. at rewrite time, inside a scratch graph, an instance builds the ops that
    sum dense gradients (:meth:`Backend.allreduce_sum`) and gather sparse ones
-   (:meth:`Backend.allgather`) across worker processes. It gets every gradient
-   at once, sorted by variable name, so it can fuse them and must issue its
-   communication in that order on every worker;
+   (:meth:`Backend.allgather`) across worker processes. Each call gets a list of
+   gradients (the dense ones bucket by bucket, in the order the backward pass makes
+   them ready: :mod:`parallax.rewrite.readiness`), which it may fuse; it must issue
+   its communication in the order of the calls and lists, the same on every worker;
 2. at run time, in each worker process, the class says what the process needs
    before its session starts: whether it needs a TensorFlow server
    (:attr:`Backend.needs_server`), what the session config must say

@@ -4,8 +4,8 @@ Ops added (under the caller's name scope), all in one group of
 ``num_workers`` members whose key comes from the plan (:attr:`CommSpec.job_key`,
 so that a later job of the same processes, whose collectives differ, never
 meets the instances a TensorFlow server remembers from an earlier one), with
-instance keys numbered in the order the gradients come (sorted by variable
-name), identical on every worker:
+instance keys numbered in the order the gradients come (the dense ones in the
+order the backward pass makes them ready), identical on every worker:
 
 * ``CollectiveReduceV2`` (merge ``Add``) per dense gradient;
 * per sparse gradient: ``CollectiveGatherV2`` of each worker's row count,

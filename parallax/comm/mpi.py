@@ -2,8 +2,8 @@
 
 Ops added (under the caller's name scope):
 
-* ``allreduce_<k>``: one ``PyFunc`` per fusion buffer: the dense gradients,
-  sorted by variable name, in buckets of at most ``fusion_bytes`` (per dtype),
+* ``allreduce_<k>``: one ``PyFunc`` per fusion buffer: the dense gradients of
+  the call, in its order, in buckets of at most ``fusion_bytes`` (per dtype),
   each gradient a buffer of its own. Each buffer passes :func:`_owned` (a
   ``Snapshot``, which hands over the buffer when nothing else holds it, the
   usual case, and copies it otherwise: a constant, a variable's value, a

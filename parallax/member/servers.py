@@ -6,6 +6,7 @@ MPI); :func:`make_server` the server at an address a cluster manager gave (:mod:
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from typing import TYPE_CHECKING
@@ -25,28 +26,37 @@ GROUP_LEADER = "/job:worker/replica:0/task:0"
 
 
 def session_config(user: config_pb2.ConfigProto | None, cpu_devices: int = 0, visible_gpus: str | None = None,
-                   threads: int = 0) -> config_pb2.ConfigProto:
+                   threads: int = 0, waiting_threads: int = 0) -> config_pb2.ConfigProto:
     """A copy of the user's ``sess_config`` with what Parallax needs added.
 
     ``visible_gpus``: ``gpu_options.visible_device_list``, the process's GPUs as it sees them
     (:attr:`parallax.job.ProcessSpec.visible_device_list`: ``"0"`` in a rank whose
     ``CUDA_VISIBLE_DEVICES`` is the host's GPU 3). ``threads``: when several processes share a
     host, each gets its share of the cores for TensorFlow's thread pools (unless the user set them).
+    ``waiting_threads``: threads an op holds while it waits, not computes (an all-reduce overlapping
+    the backward pass, :attr:`parallax.plan.model.CommSpec.overlap`, which would otherwise stop the
+    pass while it waits for the other workers): the inter-op pool gets that many more than it would
+    have (``threads``, else ``TF_NUM_INTEROP_THREADS``, else a thread per core), unless the user set it.
     """
     proto = config_pb2.ConfigProto()
     if user is not None:
         proto.CopyFrom(user)
-    if threads > 0:
-        if not proto.intra_op_parallelism_threads:
-            proto.intra_op_parallelism_threads = threads
-        if not proto.inter_op_parallelism_threads:
-            proto.inter_op_parallelism_threads = threads
+    if threads > 0 and not proto.intra_op_parallelism_threads:
+        proto.intra_op_parallelism_threads = threads
+    if not proto.inter_op_parallelism_threads and (threads > 0 or waiting_threads > 0):
+        usual = threads or _positive_int(os.environ.get("TF_NUM_INTEROP_THREADS")) or os.cpu_count() or 1
+        proto.inter_op_parallelism_threads = usual + waiting_threads
     proto.allow_soft_placement = True
     if cpu_devices > proto.device_count.get("CPU", 1):
         proto.device_count["CPU"] = cpu_devices
     if visible_gpus is not None:
         proto.gpu_options.visible_device_list = visible_gpus
     return proto
+
+
+def _positive_int(text: str | None) -> int:
+    """``text`` as an int when it is a positive one, else 0."""
+    return int(text) if text and text.strip().isdigit() else 0
 
 
 def server_config(settings: Settings, process: ProcessSpec, group_leader: str | None = None

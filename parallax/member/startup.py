@@ -67,7 +67,8 @@ def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: t
             f.write(str(rewritten))
         logger.info("Parallax: wrote the graph of worker %d to %s", task.worker_index, path)
     config = session_config(settings.sess_config, process.cpu_devices, process.visible_device_list,
-                            settings.threads_per_process(process.sharing_host))
+                            settings.threads_per_process(process.sharing_host),
+                            waiting_threads=int(plan.overlaps_backward))
     releases = list(setup.on_close)
     graph_def = rewritten.graph_def
     for backend in backends_in_use(plan):

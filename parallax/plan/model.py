@@ -100,6 +100,9 @@ class CommSpec:
             pushes to parameter servers; ``"auto"`` until the plan decides.
         wire_formats: the 16-bit formats ``backend`` and ``gather_backend`` both
             carry (their ``Backend.wire_formats``, which the settings read).
+        overlap: all-reduce dense gradients in the order the backward pass makes
+            them ready, bucket by bucket (:mod:`parallax.rewrite.readiness`);
+            ``False``: after the whole backward pass, in one call.
     """
 
     backend: str = "mpi"
@@ -111,6 +114,7 @@ class CommSpec:
     job_key: int = 0
     compression: str = "none"
     wire_formats: tuple[str, ...] = ("fp16", "bf16")
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "wire_formats", tuple(self.wire_formats))
@@ -434,6 +438,11 @@ class Plan:
             return self.pipeline.devices[worker_index]
         return tuple((d,) for d in self.workers[worker_index].replica_devices)
 
+    @property
+    def overlaps_backward(self) -> bool:
+        """Whether dense gradients are all-reduced while the backward pass runs (:attr:`CommSpec.overlap`)."""
+        return self.comm.overlap and any(v.sync == "allreduce" for v in self.variables)
+
     def describe(self) -> str:
         """A table of the plan, for logs and ``parallax plan``."""
         lines = [f"run_option={self.run_option} sync={self.sync} workers={self.num_workers} "
@@ -443,7 +452,7 @@ class Plan:
                 f", all-gather backend {self.comm.gather_backend}"
             lines.append(f"  all-reduce backend {self.comm.backend}{gather}, fusion buffers up to "
                          f"{self.comm.fusion_bytes} bytes, use_allgatherv={self.comm.use_allgatherv}"
-                         f"{self._describe_compression()}")
+                         f"{self._describe_compression()}{'' if self.comm.overlap else ', after the backward pass'}")
         elif self.comm.compression != "none" and any(v.sync == "ps" for v in self.variables):
             lines.append(f"  gradients pushed to the servers{self._describe_compression()}")
         for i, w in enumerate(self.workers):

@@ -15,8 +15,13 @@ Ops added, on the worker's shared device, for every variable with a gradient
    the touched rows are taken back out after, ``<v>/resparsify/``) and
    ``parallax_aggregate/allgather/`` (sparse values and indices; first the
    rows with equal indices summed, ``<v>/dedup/``, when the update sums them
-   itself before anything else, :attr:`GradientRef.repeats_merged`), all built in
-   one call so the backend can fuse and order them; for sparse variables on
+   itself before anything else, :attr:`GradientRef.repeats_merged`). The dense
+   ones go in the order the backward pass makes them ready, in buckets, one
+   backend call each (``allreduce/bucket_<k>/``), so that the first buckets cross
+   while the backward pass goes on (:mod:`parallax.rewrite.readiness`; with
+   ``CommSpec.overlap`` off, one call after every gradient is there,
+   ``allreduce/after_backward/``); the backend fuses and orders each call's
+   tensors, and issues the calls in order; for sparse variables on
    parameter servers (synchronous, with local aggregation), the rows with equal indices
    summed when the update sums them first anyway (``<v>/dedup/``: each row is
    sent once; a batch of Zipf-distributed words repeats a third of its ids),
@@ -40,13 +45,15 @@ logged gradient norm) keep their own replica's value.
 
 from __future__ import annotations
 
+import contextlib
+
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from parallax.comm.compression import compressed_allgather, compressed_allreduce
 from parallax.comm.registry import backend_for
 from parallax.errors import RewriteError
-from parallax.plan.model import Plan, TaskSpec, VariablePlacement
+from parallax.plan.model import CommSpec, Plan, TaskSpec, VariablePlacement
 from parallax.rewrite.classify import classify
 from parallax.rewrite.graph_ops import add_nodes, format_input, node_map, parse_input
 from parallax.rewrite.names import (
@@ -55,6 +62,7 @@ from parallax.rewrite.names import (
     aggregate_step_scope,
     replica_tensor_name,
 )
+from parallax.rewrite.readiness import overlap_buckets, readiness_order
 
 __all__ = ["aggregate_gradients", "build_subgraph"]
 
@@ -106,8 +114,9 @@ class _Layout:
             self.slices[var.name] = (start, len(self.names))
 
 
-def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
-    """The scratch-graph builder: local reduce, cross-worker reduce, scale, name."""
+def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list, order: list[str]):
+    """The scratch-graph builder: local reduce, cross-worker reduce, scale, name. ``order``: the variables
+    in the order the backward pass makes their gradients ready (:func:`readiness_order`)."""
 
     def builder(inputs: list[tf.Tensor]) -> list[tf.Tensor]:
         local: dict[str, tuple] = {}
@@ -122,6 +131,7 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
                     local[var.name] = (tf.math.add_n(ins) if num_local > 1 else tf.identity(ins[0]),)
         crossed = dict(local)
         compression = plan.comm.compression
+        readiness = {name: k for k, name in enumerate(order)}
         made: dict[tuple[str, str], object] = {}
         last = None  # the backend that communicated last: the next one follows it (one order of calls)
 
@@ -141,17 +151,12 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
         dense = [v for v in layout.variables if v.sync == "allreduce" and v not in scattered]
         if dense:
             with tf.name_scope(aggregate_step_scope("allreduce")):
-                summing = backend(plan.comm.backend)
-                tensors = [t for v in dense for t in _densified(v, local[v.name])]
-                summed = compressed_allreduce(tensors, compression, summing.allreduce_sum)
-            position = 0
+                summed = _allreduced(dense, local, readiness, plan.comm, backend(plan.comm.backend))
             for v in dense:
                 if v.sparse:  # the summed rows, and the count of replicas that touched each row
-                    crossed[v.name] = _resparsified(v, summed[position], summed[position + 1])
-                    position += 2
+                    crossed[v.name] = _resparsified(v, *summed[v.name])
                 else:
-                    crossed[v.name] = (summed[position],)
-                    position += 1
+                    crossed[v.name] = (summed[v.name][0],)
         if scattered:  # ZeRO stage 2: each worker gets its part of the sum (parallax.rewrite.zero)
             with tf.name_scope(aggregate_step_scope("reducescatter")):
                 parts = backend(plan.comm.backend).reduce_scatter_sum(
@@ -201,6 +206,36 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list):
         return outputs
 
     return builder
+
+
+def _allreduced(dense: list[VariablePlacement], local: dict[str, tuple], readiness: dict[str, int], comm: CommSpec,
+                summing) -> dict[str, list[tf.Tensor]]:
+    """Each variable's all-reduced tensors (:func:`_densified`), by variable name.
+
+    With ``comm.overlap``: the variables in the order their gradients become ready (``readiness``),
+    in consecutive buckets (:func:`overlap_buckets`), one call of the backend per bucket under
+    ``bucket_<k>/``: each call waits for its own gradients only, so the first buckets cross while the
+    backward pass computes the rest (the backend issues its calls in this order). Without it, one
+    call of every gradient in plan order, after every gradient is there (``after_backward/``).
+    """
+    tensors = {v.name: _densified(v, local[v.name]) for v in dense}
+    if not comm.overlap:
+        everything = [t for v in dense for t in tensors[v.name]]
+        with tf.name_scope("after_backward"), tf.control_dependencies(everything):
+            waited = iter([tf.identity(t) for t in everything])
+        tensors = {v.name: [next(waited) for _ in tensors[v.name]] for v in dense}
+        buckets = [dense]
+    else:
+        ordered = sorted(dense, key=lambda v: readiness[v.name])
+        sizes = [v.num_bytes for v in ordered]  # the scratch graph's inputs have no static shapes
+        buckets = [[ordered[i] for i in bucket] for bucket in overlap_buckets(sizes, comm.fusion_bytes)]
+    summed: dict[str, list[tf.Tensor]] = {}
+    for k, bucket in enumerate(buckets):
+        members = [t for v in bucket for t in tensors[v.name]]
+        with tf.name_scope(f"bucket_{k}") if comm.overlap else contextlib.nullcontext():
+            results = iter(compressed_allreduce(members, comm.compression, summing.allreduce_sum))
+        summed.update({v.name: [next(results) for _ in tensors[v.name]] for v in bucket})
+    return summed
 
 
 def _merged(var: VariablePlacement, values: tf.Tensor, indices: tf.Tensor, scope: str) -> tuple[tf.Tensor, tf.Tensor]:
@@ -276,7 +311,11 @@ def aggregate_gradients(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, tas
     if not layout.variables:
         return out
     backends: list = []
-    nodes, outputs = build_subgraph(_build(plan, layout, num_local, backends), layout.dtypes, layout.names,
+    order = [v.name for v in layout.variables]
+    if plan.overlaps_backward:
+        order = readiness_order(out.graph_def, {v.name: layout.names[slice(*layout.slices[v.name])]
+                                                for v in layout.variables})
+    nodes, outputs = build_subgraph(_build(plan, layout, num_local, backends, order), layout.dtypes, layout.names,
                                     AGGREGATE_PREFIX + "/")
     for backend in backends:
         backend.finalize_nodes(nodes)

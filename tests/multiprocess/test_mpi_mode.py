@@ -98,7 +98,8 @@ GROUPS = {f"{backend}-{n}": (resources(n), ["--backend", backend, "--steps", str
                               **({"clip_mlp": ["--model", "mlp", "--clip", "0.05", "--average_sparse"],
                                   "clip_embedding": ["--model", "embedding", "--clip", "0.05", "--average_sparse"],
                                   "no_fusion_sequence": ["--model", "sequence", "--fusion_bytes", "0",
-                                                         "--average_sparse"]}
+                                                         "--average_sparse"],
+                                  "no_overlap_deep_mlp": ["--model", "deep_mlp", "--no_overlap"]}
                                  if (backend, n) == (DEFAULT_BACKEND, 2) else {}),
                               **({"allgatherv": ["--model", "embedding", "--use_allgatherv", "--average_sparse",
                                                  "--export_graph_path", "graphs-allgatherv"]} if n == 2 else {}),
@@ -172,6 +173,13 @@ def test_sixteen_bit_gradients_end_within_the_formats_bound_of_one_device(jobs, 
 @pytest.mark.xdist_group(f"mpi-{DEFAULT_BACKEND}-2")
 def test_no_fusion_and_partitioned_sequence_model(jobs):
     check_ranks_match(jobs.case(f"{DEFAULT_BACKEND}-2", "no_fusion_sequence"), expected_values("sequence"), 2)
+
+
+@pytest.mark.core
+@pytest.mark.xdist_group(f"mpi-{DEFAULT_BACKEND}-2")
+def test_all_reduced_after_the_whole_backward_pass_the_result_is_the_same(jobs):
+    """MPIConfig(overlap=False); the other cases overlap (no_fusion_sequence: a bucket per variable)."""
+    check_ranks_match(jobs.case(f"{DEFAULT_BACKEND}-2", "no_overlap_deep_mlp"), expected_values("deep_mlp"), 2)
 
 
 @pytest.mark.parametrize("num_ranks", [pytest.param(n, marks=in_job(DEFAULT_BACKEND, n)) for n in (2, 3)])

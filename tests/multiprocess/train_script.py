@@ -75,6 +75,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--average_sparse", action="store_true")
     p.add_argument("--use_allgatherv", action="store_true")
     p.add_argument("--fusion_bytes", type=int, default=64 * 1024 * 1024)
+    p.add_argument("--no_overlap", action="store_true", help="MPIConfig(overlap=False)")
     p.add_argument("--compression", default=None, help="CommunicationConfig.compression")
     p.add_argument("--redirect_path", default=None)
     p.add_argument("--kill_rank", type=int, default=-1)
@@ -137,7 +138,7 @@ def train(args: argparse.Namespace) -> None:
     if args.count_gradients:
         model = count_applied_gradients(model)
     mpi = parallax.MPIConfig(backend=args.backend, use_allgatherv=args.use_allgatherv,
-                             fusion_bytes=args.fusion_bytes)
+                             fusion_bytes=args.fusion_bytes, overlap=not args.no_overlap)
     ps = parallax.PSConfig(protocol=args.protocol, local_aggregation=args.local_aggregation,
                            replicate_variables=args.replicate_variables, boundary_among_servers=args.boundary_among,
                            boundary_between_workers_and_servers=args.boundary_between)

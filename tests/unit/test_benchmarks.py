@@ -194,3 +194,41 @@ def test_the_shaped_report_sets_measured_predicted_and_published_ratios_side_by_
     assert "| TF PS | exit code 1 |" in text and "500 Mbit/s" in text
     shaped.plot(data, str(tmp_path / "s.png"))
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_system_s_suffixes_set_its_config_and_its_label(tmp_path):
+    from benchmarks import compare
+
+    assert compare.compression_of("parallax-hybrid-bf16") == "bf16" and compare.compression_of("horovod") == "none"
+    assert compare.variants_of("parallax-mpi-nooverlap") == ["nooverlap"]
+    assert compare.label("parallax-mpi-nooverlap") == "Parallax MPI no overlap"
+    assert compare.label("parallax-hybrid-bf16") == "Parallax HYBRID bf16"
+    argv, _, _ = compare.job_command("parallax-mpi-nooverlap", "deep", 2, _args(deep=3), str(tmp_path))
+    assert "--no_overlap" in argv and argv[argv.index("--compression") + 1] == "none"
+
+
+def _args(**steps):
+    from benchmarks import compare
+
+    args = compare.parse_args(["--quick"])
+    args.steps.update(steps)
+    return args
+
+
+def test_the_overlap_report_sets_each_step_beside_the_sum_and_the_bound(tmp_path):
+    from benchmarks import overlap
+
+    assert overlap.hidden(1.0, 1.0, 1.5) == pytest.approx(0.5)
+    case = {"description": "d", "rate_bits": 4e8, "probed_bits": 3.9e8, "probed_latency_s": 3e-5, "compute_s": 0.2,
+            "comm_s": 0.3}
+    rows = [{"label": "Parallax MPI no overlap", "step_s": 0.5, "vs_sum": 1.0, "vs_max": 0.5 / 0.3, "hidden": 0.0,
+             "network_bytes_per_step": 2.5e7},
+            {"label": "Parallax MPI", "step_s": 0.35, "vs_sum": 0.7, "vs_max": 0.35 / 0.3, "hidden": 0.75},
+            {"label": "Horovod", "error": "skipped: no .venv-horovod (make horovod-venv)"}]
+    data = {"environment": {"date": "2026-11-29", "cores": 2, "tensorflow": "2", "warmup": 1, "steps": 5, "hosts": 2,
+                            "command": "c"}, "case": case, "rows": rows}
+    text = overlap.markdown(data)
+    assert "| Parallax MPI | 350 | 0.70 | 1.17 | 75 % | 0.0 |" in text
+    assert "| Horovod | skipped" in text and "sum 500 ms, perfect overlap 300 ms" in text
+    overlap.plot(data, str(tmp_path / "o.png"))
+    assert (tmp_path / "o.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
