@@ -29,8 +29,11 @@ from dataclasses import dataclass
 from benchmarks.common import timed_steps, write_json
 from benchmarks.workloads import Workload, workload
 
-OPERATION_TIMEOUT_MS = 30000  # tf-ps: a worker still waiting for a token after the chief stopped gives up (a step
-# on shaped links beside other jobs took more than 5 s)
+#: tf-ps: a worker still waiting for a token after the chief stopped gives up. More than 30 s: the chief's sync
+#: queue runner starts with its session and waits in its first take_grad for the other workers, whose sessions
+#: look again for the chief's variables only after SessionManager's 30 s recovery wait; a 30 s timeout ended that
+#: wait, closed the token queue and failed every worker's first step (make bench-shaped, 2026-11-29).
+OPERATION_TIMEOUT_MS = 120_000
 
 
 @dataclass
