@@ -46,7 +46,8 @@ WHERE = {"local": "localhost, 3 ranks", "hosts": "3 hosts x 1 rank"}
 #: The virtual hosts share this machine's cores, which a rank alone on its host cannot know: each gets
 #: the one TensorFlow thread per pool and the yielding MPI wait that Parallax gives 3 ranks on 2 cores
 #: on localhost, so that the comparison is of where the processes are, not of oversubscribed cores.
-SHARED_CORES = "-x TF_NUM_INTRAOP_THREADS=1 -x TF_NUM_INTEROP_THREADS=1 --mca mpi_yield_when_idle 1"
+SHARED_THREADS = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
+SHARED_CORES = " ".join(f"-x {name}={value}" for name, value in SHARED_THREADS.items()) + " --mca mpi_yield_when_idle 1"
 
 
 def cluster_job(cluster, system: str, workload: str, args, work: str, hosts: tuple[str, ...] = HOSTS,

@@ -40,14 +40,13 @@ from benchmarks import compare, multihost, shaped  # noqa: E402
 from benchmarks.common import RESULTS, read_json, write_json  # noqa: E402
 
 SYSTEMS = ("parallax-mpi-nooverlap", "parallax-mpi", "horovod")
-#: The threads a worker gets on a host of the virtual cluster (benchmarks/multihost.py's SHARED_CORES).
-SHARED_THREADS = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
 
 
 def compute_alone(cluster, hosts: tuple[str, ...], args, work: str) -> float:
     """Seconds per step of one device, on every host at once (the mean over the hosts)."""
     argv, _, _ = compare.job_command("tf", "deep", 1, args, work)
-    env = {**os.environ, **SHARED_THREADS, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, **multihost.SHARED_THREADS,  # the threads a worker gets there
+           "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     outs, procs = [], []
     for host in hosts:
         out = os.path.join(work, f"compute_{host}.json")
