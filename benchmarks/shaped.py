@@ -24,7 +24,8 @@ has no ``netem`` to add more, and a veth's tens of microseconds are Ethernet's a
 
 On those links, each workload with every system, side by side in one run: Parallax PS, MPI, HYBRID
 and AUTO, each also with bf16 gradients (``CommunicationConfig(compression="bf16")``), TensorFlow's
-own PS (``SyncReplicasOptimizer``) and Horovod (in ``.venv-horovod``). Per job: steps/s, bytes
+own PS (``SyncReplicasOptimizer``) and Horovod (in ``.venv-horovod``, on its TensorFlow 2.15), and Parallax MPI
+on that same TensorFlow (``parallax-mpi-hvdtf``: the like-for-like row beside Horovod). Per job: steps/s, bytes
 across hosts per step (every host's interface counters), ``parallax plan --predict``'s steps/s for
 the same shaped cluster (the plan's bytes over the measured link, plus the measured step), and the
 ratios to TF PS and to Horovod beside the paper's published ratios at the nearest machine count.
@@ -55,7 +56,7 @@ LINKS = {"100gbit": ("100 Gbit/s InfiniBand (the paper's)", 100e9), "25gbit": ("
 #: Horovod's for ResNet-50, as benchmarks/predict_paper.py calibrates them).
 PAPER = {"sparse": ("LM1B", predict_paper.lm1b, 4), "dense": ("ResNet-50", predict_paper.resnet50, 1)}
 SYSTEMS = ("parallax-ps", "parallax-mpi", "parallax-hybrid", "parallax-auto", "parallax-mpi-bf16",
-           "parallax-hybrid-bf16", "tf-ps", "horovod")
+           "parallax-hybrid-bf16", "tf-ps", "parallax-mpi-hvdtf", "horovod")
 #: Each Parallax system's layout in the predictor and in the paper's figures (AUTO: the one it ran as).
 LAYOUT = {"ps": "PS", "mpi": "MPI", "hybrid": "HYBRID", "tf-ps": "TF PS", "horovod": "MPI"}
 PAPER_COLUMN = {"TF PS": 0, "Horovod": 1, "PS": 2, "MPI": 3, "HYBRID": 4}

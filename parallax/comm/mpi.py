@@ -14,16 +14,19 @@ Ops added (under the caller's name scope):
   of at most ``CHUNK_BYTES``, and returns them, which TensorFlow takes back
   without a copy. No large gradient is copied: concatenating 64 MB cost more
   than summing them (docs/benchmarks.md);
-* per sparse gradient, with ``MPIConfig.use_allgatherv``, ``allgatherv_<k>``:
-  one ``PyFunc`` that sends the values and indices with ``Allgatherv`` (each
-  rank its own row count); without it (the default, as NCCL's all-gather
-  would), ``allgather_<k>``: ``Allgather`` of the values and indices padded
-  to the largest row count, the padding then dropped;
-* per sparse gradient gathered to the group's first member (:meth:`MPIBackend.gather`,
-  the host aggregation of HYBRID), ``gatherv_<k>``: ``Gatherv`` of the values
-  and indices to that member, whose output has every member's rows; the
-  others' outputs have none. Each member sends its rows once, where an
-  all-gather would send them to every member.
+* the sparse gradients of a call, all in one ``PyFunc`` (:func:`packed_layout`: each
+  rank's values and indices put in one buffer, 8-byte aligned, moved as bytes, so a
+  16-bit format needs no MPI type): first an ``Allgather`` of every rank's row counts,
+  then one collective of the buffers. With ``MPIConfig.use_allgatherv``,
+  ``allgatherv``: ``Allgatherv`` (each rank sends its own rows); without it (the
+  default, as NCCL's all-gather would), ``allgather``: ``Allgather`` of the buffers
+  padded to the longest, the padding then dropped. Two rounds of messages per call
+  whatever the number of sparse gradients, where a call per gradient took three each
+  (docs/benchmarks.md: 3 ranks on 2 cores spend more on each round than on its bytes);
+* the sparse gradients gathered to the group's first member (:meth:`MPIBackend.gather`,
+  the host aggregation of HYBRID), ``gatherv``: the same, with ``Gather`` and ``Gatherv``
+  to that member, whose output has every member's rows; the others' outputs have none.
+  Each member sends its rows once, where an all-gather would send them to every member.
 
 Every ``PyFunc`` has a control dependency on the one before it, so each
 worker issues the same MPI calls in the same order (unordered calls on one
@@ -206,15 +209,19 @@ class MPIBackend(Backend):
         return self._sparse_calls(pairs, _GATHERV, "gatherv")
 
     def _sparse_calls(self, pairs, token: str, name: str):
-        """One chained call of ``token`` per ``(values, indices)`` pair: ``(values, indices)`` back."""
+        """One chained call of ``token`` for every ``(values, indices)`` pair: ``(values, indices)`` back."""
+        if not pairs:
+            return []
+        sent = [t for values, indices in pairs for t in (tf.cast(values, _transport(values.dtype)), indices)]
+        gathered = self._chained(lambda: _py_func(sent, [t.dtype for t in sent], token, name, self._tokens))
         results = []
-        for k, (values, indices) in enumerate(pairs):
-            v = tf.cast(values, _transport(values.dtype))
-            gathered = self._chained(lambda v=v, ind=indices, k=k: _py_func(
-                [v, ind], [v.dtype, ind.dtype], token, f"{name}_{k}", self._tokens))
-            all_values = tf.cast(tf.reshape(gathered[0], tf.concat([[-1], tf.shape(values)[1:]], 0)),
-                                 values.dtype)
-            results.append((all_values, tf.reshape(gathered[1], [-1])))
+        for (values, _), all_values, all_indices in zip(pairs, gathered[0::2], gathered[1::2]):
+            if values.shape.rank is None:
+                all_values = tf.reshape(all_values, tf.concat([[-1], tf.shape(values)[1:]], 0))
+            else:
+                all_values.set_shape([None, *values.shape[1:]])
+            all_indices.set_shape([None])
+            results.append((tf.cast(all_values, values.dtype), all_indices))
         return results
 
 
@@ -295,50 +302,54 @@ def _functions(comm, spin: float | None = None):
                 sum_in_place(_writable(buffer))  # now summed: TensorFlow takes it back without a copy
         return summed
 
-    def allgatherv(values, indices):
+    def packed(arrays, to: str):
+        """Every member's ``(values, indices)`` pairs (``arrays``: values, indices, values, ...), each pair's
+        rows concatenated in member order, in two rounds (:func:`packed_layout`): ``to`` ``"all"``
+        (``Allgatherv``), ``"padded"`` (``Allgather`` of buffers padded to the longest) or ``"first"``
+        (``Gatherv`` to the first member; the others get no rows back)."""
         arrive(comm, spin)
-        values = np.require(values, requirements="C")
-        indices = np.require(indices, requirements="C")
-        row = int(np.prod(values.shape[1:], dtype=np.int64))
-        counts = np.array(comm.allgather(int(values.shape[0])), dtype=np.int64)
-        all_indices = np.empty(int(counts.sum()), dtype=indices.dtype)
-        comm.Allgatherv(indices, [all_indices, counts])
-        all_values = np.empty((int(counts.sum()),) + values.shape[1:], dtype=values.dtype)
-        comm.Allgatherv(_words(values.reshape(-1)), [_words(all_values.reshape(-1)), counts * row])
-        return all_values, all_indices
-
-    def gatherv(values, indices):
-        """Every member's rows at the first member; the others get none back."""
-        arrive(comm, spin)
-        values = np.require(values, requirements="C")
-        indices = np.require(indices, requirements="C")
-        row = int(np.prod(values.shape[1:], dtype=np.int64))
-        counts = comm.gather(int(values.shape[0]), root=0)
-        if comm.rank != 0:
-            comm.Gatherv(indices, None, root=0)
-            comm.Gatherv(_words(values.reshape(-1)), None, root=0)
-            return values[:0], indices[:0]
-        counts = np.array(counts, dtype=np.int64)
-        all_indices = np.empty(int(counts.sum()), dtype=indices.dtype)
-        comm.Gatherv(indices, [all_indices, counts], root=0)
-        all_values = np.empty((int(counts.sum()),) + values.shape[1:], dtype=values.dtype)
-        comm.Gatherv(_words(values.reshape(-1)), [_words(all_values.reshape(-1)), counts * row], root=0)
-        return all_values, all_indices
-
-    def allgather(values, indices):
-        arrive(comm, spin)
-        counts = comm.allgather(int(values.shape[0]))
-        most = max(counts)
-        padded_values = np.zeros((most,) + values.shape[1:], dtype=values.dtype)
-        padded_values[:values.shape[0]] = values
-        padded_indices = np.zeros(most, dtype=indices.dtype)
-        padded_indices[:indices.shape[0]] = indices
-        all_values = np.empty((comm.size,) + padded_values.shape, dtype=values.dtype)
-        all_indices = np.empty((comm.size, most), dtype=indices.dtype)
-        comm.Allgather(_words(padded_values), _words(all_values))
-        comm.Allgather(padded_indices, all_indices)
-        return (np.concatenate([all_values[r, :n] for r, n in enumerate(counts)]),
-                np.concatenate([all_indices[r, :n] for r, n in enumerate(counts)]))
+        pairs = [(np.require(v, requirements="C"), np.require(i, requirements="C"))
+                 for v, i in zip(arrays[0::2], arrays[1::2])]
+        rows = np.array([v.shape[0] for v, _ in pairs], np.int64)
+        widths = [(v.itemsize * int(np.prod(v.shape[1:], dtype=np.int64)), i.itemsize) for v, i in pairs]
+        counts = np.empty((comm.size, len(pairs)), np.int64)
+        first = to == "first"
+        if first:
+            comm.Gather(rows, counts, root=0)
+        else:
+            comm.Allgather(rows, counts)
+        offsets, words = packed_layout(counts if not first or comm.rank == 0 else rows[None], widths)
+        mine = 0 if first and comm.rank else comm.rank
+        send = np.zeros(max(words) if to == "padded" else words[mine], np.uint64)
+        view = send.view(np.uint8)
+        for (v, i), (at_v, at_i) in zip(pairs, offsets[mine]):
+            view[at_v:at_v + v.nbytes] = v.reshape(-1).view(np.uint8)
+            view[at_i:at_i + i.nbytes] = i.reshape(-1).view(np.uint8)
+        if first and comm.rank:
+            comm.Gatherv(send, None, root=0)
+            return [a for v, i in pairs for a in (v[:0], i[:0])]
+        if to == "padded":
+            received = np.empty(comm.size * len(send), np.uint64)
+            comm.Allgather(send, received)
+            starts = [r * len(send) for r in range(comm.size)]
+        else:
+            received = np.empty(sum(words), np.uint64)
+            if first:
+                comm.Gatherv(send, [received, words], root=0)
+            else:
+                comm.Allgatherv(send, [received, words])
+            starts = np.concatenate([[0], np.cumsum(words)[:-1]]).astype(int).tolist()
+        data = received.view(np.uint8)
+        out = []
+        for k, (v, i) in enumerate(pairs):
+            parts_v, parts_i = [], []
+            for r, start in enumerate(starts):
+                n = int(counts[r, k])
+                at_v, at_i = (start * 8 + at for at in offsets[r][k])
+                parts_v.append(data[at_v:at_v + n * widths[k][0]].view(v.dtype).reshape((n, *v.shape[1:])))
+                parts_i.append(data[at_i:at_i + n * widths[k][1]].view(i.dtype))
+            out += [np.concatenate(parts_v), np.concatenate(parts_i)]
+        return out
 
     def reduce_scatter(buffer):
         """This worker's part of the sum of ``buffer``, padded with zeros to ``ceil(len / size)``."""
@@ -356,8 +367,36 @@ def _functions(comm, spin: float | None = None):
         comm.Allgatherv(send, [whole, counts])
         return whole
 
-    return {_ALLREDUCE: allreduce, _ALLGATHERV: allgatherv, _ALLGATHER: allgather, _GATHERV: gatherv,
+    return {_ALLREDUCE: allreduce, _ALLGATHERV: lambda *a: packed(a, "all"),
+            _ALLGATHER: lambda *a: packed(a, "padded"), _GATHERV: lambda *a: packed(a, "first"),
             _REDUCE_SCATTER: reduce_scatter, _ALLGATHER_SHARDS: allgather_shards}
+
+
+def packed_layout(counts: np.ndarray, widths: list[tuple[int, int]]) -> tuple[list[list[tuple[int, int]]], list[int]]:
+    """Where each member's sparse rows lie in its buffer of :meth:`MPIBackend.allgather`'s one call.
+
+    Args:
+        counts: ``[members, pairs]`` row counts.
+        widths: each pair's bytes per row of values and per index.
+
+    Returns:
+        ``(offsets, words)``: per member, each pair's ``(values, indices)`` byte offsets, every piece
+        starting at a multiple of 8 bytes; and each member's buffer length in 8-byte words.
+
+    >>> packed_layout(np.array([[2, 0], [1, 3]]), [(12, 8), (4, 4)])
+    ([[(0, 24), (40, 40)], [(0, 16), (24, 40)]], [5, 7])
+    """
+    offsets, words = [], []
+    for member in counts:
+        at, mine = 0, []
+        for n, (row, index) in zip(member.tolist(), widths):
+            values_at = at
+            at += -(-n * row // 8) * 8
+            mine.append((values_at, at))
+            at += -(-n * index // 8) * 8
+        offsets.append(mine)
+        words.append(at // 8)
+    return offsets, words
 
 
 def fused_layout(buffers: list[tuple[int, object]]) -> tuple[list[int], list[int], int]:

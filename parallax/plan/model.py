@@ -18,6 +18,7 @@ from enum import Enum
 from typing import Any
 
 from parallax.config import BACKENDS
+from parallax.plan.buckets import overlap_buckets
 
 __all__ = ["Layout", "Sync", "part_sizes", "GradientRef", "VariablePlacement", "WorkerPlan", "TaskSpec", "Plan",
            "CommSpec", "PSSpec", "PipelineSpec", "AGGREGATIONS", "SYNC_METHODS", "BACKENDS"]
@@ -440,8 +441,17 @@ class Plan:
 
     @property
     def overlaps_backward(self) -> bool:
-        """Whether dense gradients are all-reduced while the backward pass runs (:attr:`CommSpec.overlap`)."""
-        return self.comm.overlap and any(v.sync == "allreduce" for v in self.variables)
+        """Whether dense gradients are all-reduced while the backward pass runs: :attr:`CommSpec.overlap`,
+        and they make more than one bucket (:func:`parallax.plan.buckets.overlap_buckets`).
+
+        One bucket waits for the last dense gradient, which is what waiting for the backward pass
+        does, so it is not overlapped, and its worker gets no thread to wait in: that thread cost the
+        sparse language model of ``benchmarks/`` a fifth of its steps (3 workers on 2 cores: 56-60
+        steps/s against 63-76 without it; docs/benchmarks.md).
+        """
+        dense = [v.num_bytes for v in self.variables
+                 if v.sync == "allreduce" and v.gradient is not None and not (v.sharded and self.zero_stage == 2)]
+        return self.comm.overlap and len(overlap_buckets(dense, self.comm.fusion_bytes)) > 1
 
     def describe(self) -> str:
         """A table of the plan, for logs and ``parallax plan``."""
@@ -452,7 +462,8 @@ class Plan:
                 f", all-gather backend {self.comm.gather_backend}"
             lines.append(f"  all-reduce backend {self.comm.backend}{gather}, fusion buffers up to "
                          f"{self.comm.fusion_bytes} bytes, use_allgatherv={self.comm.use_allgatherv}"
-                         f"{self._describe_compression()}{'' if self.comm.overlap else ', after the backward pass'}")
+                         f"{self._describe_compression()}"
+                         f"{'' if self.overlaps_backward else ', after the backward pass'}")
         elif self.comm.compression != "none" and any(v.sync == "ps" for v in self.variables):
             lines.append(f"  gradients pushed to the servers{self._describe_compression()}")
         for i, w in enumerate(self.workers):

@@ -19,7 +19,7 @@ Ops added, on the worker's shared device, for every variable with a gradient
    ones go in the order the backward pass makes them ready, in buckets, one
    backend call each (``allreduce/bucket_<k>/``), so that the first buckets cross
    while the backward pass goes on (:mod:`parallax.rewrite.readiness`; with
-   ``CommSpec.overlap`` off, one call after every gradient is there,
+   ``CommSpec.overlap`` off, or gradients that make one bucket only, one call after every gradient is there,
    ``allreduce/after_backward/``); the backend fuses and orders each call's
    tensors, and issues the calls in order; for sparse variables on
    parameter servers (synchronous, with local aggregation), the rows with equal indices
@@ -53,6 +53,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from parallax.comm.compression import compressed_allgather, compressed_allreduce
 from parallax.comm.registry import backend_for
 from parallax.errors import RewriteError
+from parallax.plan.buckets import overlap_buckets
 from parallax.plan.model import CommSpec, Plan, TaskSpec, VariablePlacement
 from parallax.rewrite.classify import classify
 from parallax.rewrite.graph_ops import add_nodes, format_input, node_map, parse_input
@@ -62,7 +63,7 @@ from parallax.rewrite.names import (
     aggregate_step_scope,
     replica_tensor_name,
 )
-from parallax.rewrite.readiness import overlap_buckets, readiness_order
+from parallax.rewrite.readiness import readiness_order
 
 __all__ = ["aggregate_gradients", "build_subgraph"]
 
@@ -151,7 +152,8 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list, ord
         dense = [v for v in layout.variables if v.sync == "allreduce" and v not in scattered]
         if dense:
             with tf.name_scope(aggregate_step_scope("allreduce")):
-                summed = _allreduced(dense, local, readiness, plan.comm, backend(plan.comm.backend))
+                summed = _allreduced(dense, local, readiness, plan.comm, plan.overlaps_backward,
+                                     backend(plan.comm.backend))
             for v in dense:
                 if v.sparse:  # the summed rows, and the count of replicas that touched each row
                     crossed[v.name] = _resparsified(v, *summed[v.name])
@@ -209,17 +211,17 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list, ord
 
 
 def _allreduced(dense: list[VariablePlacement], local: dict[str, tuple], readiness: dict[str, int], comm: CommSpec,
-                summing) -> dict[str, list[tf.Tensor]]:
+                overlap: bool, summing) -> dict[str, list[tf.Tensor]]:
     """Each variable's all-reduced tensors (:func:`_densified`), by variable name.
 
-    With ``comm.overlap``: the variables in the order their gradients become ready (``readiness``),
-    in consecutive buckets (:func:`overlap_buckets`), one call of the backend per bucket under
+    With ``overlap`` (:attr:`Plan.overlaps_backward`): the variables in the order their gradients become
+    ready (``readiness``), in consecutive buckets (:func:`overlap_buckets`), one call of the backend per bucket under
     ``bucket_<k>/``: each call waits for its own gradients only, so the first buckets cross while the
     backward pass computes the rest (the backend issues its calls in this order). Without it, one
     call of every gradient in plan order, after every gradient is there (``after_backward/``).
     """
     tensors = {v.name: _densified(v, local[v.name]) for v in dense}
-    if not comm.overlap:
+    if not overlap:
         everything = [t for v in dense for t in tensors[v.name]]
         with tf.name_scope("after_backward"), tf.control_dependencies(everything):
             waited = iter([tf.identity(t) for t in everything])
@@ -232,7 +234,7 @@ def _allreduced(dense: list[VariablePlacement], local: dict[str, tuple], readine
     summed: dict[str, list[tf.Tensor]] = {}
     for k, bucket in enumerate(buckets):
         members = [t for v in bucket for t in tensors[v.name]]
-        with tf.name_scope(f"bucket_{k}") if comm.overlap else contextlib.nullcontext():
+        with tf.name_scope(f"bucket_{k}") if overlap else contextlib.nullcontext():
             results = iter(compressed_allreduce(members, comm.compression, summing.allreduce_sum))
         summed.update({v.name: [next(results) for _ in tensors[v.name]] for v in bucket})
     return summed

@@ -1,4 +1,4 @@
-"""In which order the backward pass makes gradients ready, and the buckets they are all-reduced in.
+"""In which order the backward pass makes gradients ready.
 
 With ``MPIConfig.overlap`` (the default) the dense gradients are all-reduced in the order they
 become ready, in buckets, each bucket as soon as its gradients are there, while the backward pass
@@ -11,10 +11,8 @@ gradient deeper in the graph is ready no earlier than the ops on its path: the l
 gradient is shallow, the first layer's deep. Every worker rewrites the same graph and gets the
 same order, which matters: the ``mpi`` backend's calls must come in one order on every worker.
 
-:func:`overlap_buckets` then cuts the ordered gradients into consecutive buckets of about
-``1 / OVERLAP_BUCKETS`` of their bytes (at least :data:`MIN_BUCKET_BYTES`, at most
-``fusion_bytes``): the first bucket's all-reduce starts while the backward pass still computes
-the rest, and the last one, which nothing overlaps, is short. Pure functions over ``GraphDef``s.
+:func:`parallax.plan.buckets.overlap_buckets` then cuts the ordered gradients into buckets.
+Pure functions over ``GraphDef``s.
 """
 
 from __future__ import annotations
@@ -26,12 +24,8 @@ from tensorflow.core.framework import graph_pb2
 
 from parallax.rewrite.graph_ops import op_of, parse_input
 
-__all__ = ["op_depths", "readiness_order", "overlap_buckets", "OVERLAP_BUCKETS", "MIN_BUCKET_BYTES"]
+__all__ = ["op_depths", "readiness_order"]
 
-#: How many buckets the dense gradients are cut into (fewer when they are small: MIN_BUCKET_BYTES).
-OVERLAP_BUCKETS = 8
-#: No bucket is cut smaller than this (bytes), unless it is the last: a call costs a latency or two.
-MIN_BUCKET_BYTES = 1024 * 1024
 #: Ops whose inputs close a loop of a TF1 ``while_loop`` (the edge back is not a dependency of the first turn).
 _BACK_EDGE_OPS = frozenset({"NextIteration", "RefNextIteration"})
 
@@ -91,34 +85,3 @@ def readiness_order(graph_def: graph_pb2.GraphDef, tensors: Mapping[str, Sequenc
     deepest = max(depth.values(), default=0) + 1
     key = {name: max((depth.get(op_of(t), deepest) for t in ts), default=deepest) for name, ts in tensors.items()}
     return sorted(tensors, key=lambda name: (key[name], name))
-
-
-def overlap_buckets(sizes: Sequence[int], fusion_bytes: int) -> list[list[int]]:
-    """Consecutive positions of ``sizes`` (bytes, in readiness order) cut into buckets.
-
-    Each bucket is filled until it holds about ``total / OVERLAP_BUCKETS`` bytes, at least
-    :data:`MIN_BUCKET_BYTES` and at most ``fusion_bytes`` (0: every tensor alone); a tensor larger
-    than that is a bucket of its own.
-
-    >>> MiB = 1024 * 1024
-    >>> overlap_buckets([4 * MiB] * 8, 64 * MiB)
-    [[0], [1], [2], [3], [4], [5], [6], [7]]
-    >>> overlap_buckets([MiB // 4] * 6, 64 * MiB)   # 1.5 MiB in all: buckets of at least 1 MiB
-    [[0, 1, 2, 3], [4, 5]]
-    >>> overlap_buckets([100, 100, 100], 0)
-    [[0], [1], [2]]
-    """
-    if not sizes:
-        return []
-    if fusion_bytes <= 0:
-        return [[i] for i in range(len(sizes))]
-    target = min(fusion_bytes, max(MIN_BUCKET_BYTES, -(-sum(sizes) // OVERLAP_BUCKETS)))
-    buckets: list[list[int]] = [[]]
-    held = 0
-    for i, size in enumerate(sizes):
-        if buckets[-1] and held + size > target:
-            buckets.append([])
-            held = 0
-        buckets[-1].append(i)
-        held += size
-    return buckets

@@ -99,7 +99,10 @@ GROUPS = {f"{backend}-{n}": (resources(n), ["--backend", backend, "--steps", str
                                   "clip_embedding": ["--model", "embedding", "--clip", "0.05", "--average_sparse"],
                                   "no_fusion_sequence": ["--model", "sequence", "--fusion_bytes", "0",
                                                          "--average_sparse"],
-                                  "no_overlap_deep_mlp": ["--model", "deep_mlp", "--no_overlap"]}
+                                  # fusion_bytes 0: a bucket per variable (these gradients would make one bucket,
+                                  # which is not overlapped), overlapped or after the backward pass
+                                  "overlap_deep_mlp": ["--model", "deep_mlp", "--fusion_bytes", "0"],
+                                  "no_overlap_deep_mlp": ["--model", "deep_mlp", "--no_overlap", "--fusion_bytes", "0"]}
                                  if (backend, n) == (DEFAULT_BACKEND, 2) else {}),
                               **({"allgatherv": ["--model", "embedding", "--use_allgatherv", "--average_sparse",
                                                  "--export_graph_path", "graphs-allgatherv"]} if n == 2 else {}),
@@ -177,9 +180,11 @@ def test_no_fusion_and_partitioned_sequence_model(jobs):
 
 @pytest.mark.core
 @pytest.mark.xdist_group(f"mpi-{DEFAULT_BACKEND}-2")
-def test_all_reduced_after_the_whole_backward_pass_the_result_is_the_same(jobs):
-    """MPIConfig(overlap=False); the other cases overlap (no_fusion_sequence: a bucket per variable)."""
-    check_ranks_match(jobs.case(f"{DEFAULT_BACKEND}-2", "no_overlap_deep_mlp"), expected_values("deep_mlp"), 2)
+@pytest.mark.parametrize("case", ["overlap_deep_mlp", "no_overlap_deep_mlp"])
+def test_all_reduced_in_buckets_during_or_after_the_backward_pass_the_result_is_the_same(jobs, case):
+    """A bucket per variable, all-reduced as the backward pass makes them ready, or with MPIConfig(overlap=False)
+    after it (no_fusion_sequence overlaps too; the other cases' gradients make one bucket)."""
+    check_ranks_match(jobs.case(f"{DEFAULT_BACKEND}-2", case), expected_values("deep_mlp"), 2)
 
 
 @pytest.mark.parametrize("num_ranks", [pytest.param(n, marks=in_job(DEFAULT_BACKEND, n)) for n in (2, 3)])

@@ -99,8 +99,8 @@ def test_use_allgatherv_chooses_the_mpi_call_that_gathers_sparse_gradients():
     model = build_embedding("adam")
     with_v = rewrite_for_task(export(model.graph), _mpi_plan(model, True), TaskSpec(0))
     without = rewrite_for_task(export(model.graph), _mpi_plan(model, False), TaskSpec(0))
-    assert _gathers(with_v) == [("allgatherv_0", "parallax_comm:mpi_allgatherv")]
-    assert _gathers(without) == [("allgather_0", "parallax_comm:mpi_allgather")]  # padded, NCCL-style
+    assert _gathers(with_v) == [("allgatherv", "parallax_comm:mpi_allgatherv")]
+    assert _gathers(without) == [("allgather", "parallax_comm:mpi_allgather")]  # padded, NCCL-style
 
 
 def test_use_allgatherv_moves_the_collective_backend_s_sparse_gradients_to_mpi():
@@ -108,6 +108,6 @@ def test_use_allgatherv_moves_the_collective_backend_s_sparse_gradients_to_mpi()
 
     model = build_embedding("adam")
     meta = rewrite_for_task(export(model.graph), _mpi_plan(model, True, backend="collective"), TaskSpec(0))
-    assert _gathers(meta) == [("allgatherv_0", "parallax_comm:mpi_allgatherv")]
+    assert _gathers(meta) == [("allgatherv", "parallax_comm:mpi_allgatherv")]
     plain = rewrite_for_task(export(model.graph), _mpi_plan(model, False, backend="collective"), TaskSpec(0))
     assert _gathers(plain) == [] and any(n.op == "CollectiveGatherV2" for n in plain.graph_def.node)

@@ -4,10 +4,11 @@ import tensorflow as tf
 
 from parallax.analysis import analyse_graph
 from parallax.plan import TaskSpec, build_plan
+from parallax.plan.buckets import MIN_BUCKET_BYTES, overlap_buckets
 from parallax.plan.model import CommSpec
 from parallax.rewrite.graph_ops import ancestors, node_map, op_of
 from parallax.rewrite.pipeline import rewrite_for_task
-from parallax.rewrite.readiness import MIN_BUCKET_BYTES, op_depths, overlap_buckets, readiness_order
+from parallax.rewrite.readiness import op_depths, readiness_order
 from tests.models import build_deep_mlp, build_sequence
 from tests.unit.rewrite.helpers import export
 
@@ -97,7 +98,19 @@ def test_the_inter_op_pool_gets_a_thread_for_the_waiting_all_reduce():
     assert session_config(None, threads=1, waiting_threads=1).intra_op_parallelism_threads == 1
     own = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=3)
     assert session_config(own, threads=1, waiting_threads=1).inter_op_parallelism_threads == 3
-    assert _mpi_plan(build_deep_mlp("adam", layers=2)).overlaps_backward
+    assert _mpi_plan(build_deep_mlp("adam", layers=2), fusion_bytes=4).overlaps_backward
+
+
+def test_gradients_that_make_one_bucket_are_all_reduced_after_the_backward_pass_without_a_waiting_thread():
+    model = build_deep_mlp("adam", layers=4)  # a few kB: one bucket of at least MIN_BUCKET_BYTES
+    plan = _mpi_plan(model)
+    assert plan.comm.overlap and not plan.overlaps_backward and "after the backward pass" in plan.describe()
+    meta = rewrite_for_task(export(model.graph), plan, TaskSpec(0))
+    nodes = node_map(meta.graph_def)
+    calls = _allreduce_calls(meta)
+    assert calls and not any("/bucket_" in c.name for c in calls)
+    every = {op_of(v.gradient.tensor) for v in plan.variables if v.gradient}
+    assert all(every <= ancestors(nodes, [c.name]) for c in calls)
 
 
 def test_a_process_alone_on_its_host_gets_one_inter_op_thread_more_than_its_environment_says(monkeypatch):
