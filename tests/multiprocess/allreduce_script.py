@@ -131,16 +131,11 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     if args.rank:
         return rank_main(args.out, args.fusion_bytes, args.mixed, args.spin)
-    from parallax.launch.launcher import launch
-    from parallax.launch.layout import ranks_per_device
-    from parallax.resources import parse_resource_text
+    from tests.multiprocess.harness import launch_ranks
 
-    with open(args.resource_info) as f:
-        ranks = ranks_per_device(parse_resource_text(f.read()))
-    result = launch(ranks, [os.path.abspath(__file__), "--rank", "--out", args.out,
-                            "--fusion_bytes", str(args.fusion_bytes)] + (["--mixed"] if args.mixed else [])
-                    + (["--spin", str(args.spin)] if args.spin is not None else []))
-    sys.exit(result.returncode)
+    sys.exit(launch_ranks(__file__, args.resource_info, ["--rank", "--out", args.out, "--fusion_bytes",
+                                                          str(args.fusion_bytes)] + (["--mixed"] if args.mixed else [])
+                          + (["--spin", str(args.spin)] if args.spin is not None else [])))
 
 
 if __name__ == "__main__":

@@ -102,15 +102,9 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     if args.rank:
         return rank_main(args.out)
-    from parallax.launch.launcher import launch
-    from parallax.launch.layout import ranks_per_device
-    from parallax.resources import parse_resource_text
+    from tests.multiprocess.harness import launch_ranks
 
-    with open(args.resource_info) as f:
-        ranks = ranks_per_device(parse_resource_text(f.read()))
-    result = launch(ranks, [os.path.abspath(__file__), "--rank", "--out", args.out],
-                    mpirun_options="--mca btl self,tcp")
-    sys.exit(result.returncode)
+    sys.exit(launch_ranks(__file__, args.resource_info, ["--rank", "--out", args.out], "--mca btl self,tcp"))
 
 
 if __name__ == "__main__":

@@ -77,13 +77,9 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     if args.rank:
         return rank_main(args.out)
-    from parallax.launch.launcher import launch
-    from parallax.launch.layout import ranks_per_device
-    from parallax.resources import parse_resource_text
+    from tests.multiprocess.harness import launch_ranks
 
-    with open(args.resource_info) as f:
-        ranks = ranks_per_device(parse_resource_text(f.read()))
-    sys.exit(launch(ranks, [os.path.abspath(__file__), "--rank", "--out", args.out]).returncode)
+    sys.exit(launch_ranks(__file__, args.resource_info, ["--rank", "--out", args.out]))
 
 
 if __name__ == "__main__":

@@ -139,6 +139,32 @@ def assert_killed_rank_ended_the_job(run: Run, tmp_path, rank: str) -> None:
     assert not leftover_processes(tmp_path)
 
 
+def launch_ranks(script: str, resource_info: str, rank_args: list[str], mpirun_options: str = "") -> int:
+    """The launching side of a script of ranks (``allreduce_script.py`` ...): one rank per device of
+    ``resource_info``, each running ``script`` with ``rank_args``, as Parallax's launcher starts them; the
+    job's exit code."""
+    from parallax.launch.launcher import launch
+    from parallax.launch.layout import ranks_per_device
+    from parallax.resources import parse_resource_text
+
+    with open(resource_info) as f:
+        ranks = ranks_per_device(parse_resource_text(f.read()))
+    return launch(ranks, [os.path.abspath(script), *rank_args], mpirun_options=mpirun_options).returncode
+
+
+def rank_results(tmp_path, script: str, ranks: int, timeout: float = 300) -> list[dict]:
+    """Run a script of ranks (:func:`launch_ranks`) on ``ranks`` CPU devices of localhost and read each rank's
+    ``rank_<r>.json``; the run must succeed."""
+    run = run_script(tmp_path, "localhost: " + ",".join(f"cpu:{i}" for i in range(ranks)) + "\n", script=script,
+                     timeout=timeout)
+    assert run.returncode == 0, run.output[-4000:]
+    out = []
+    for rank in range(ranks):
+        with open(os.path.join(run.out_dir, f"rank_{rank}.json")) as f:
+            out.append(json.load(f))
+    return out
+
+
 def run_cases(tmp_path, resource_text: str, cases: dict[str, list[str]], *args: str, timeout: float = 300) -> Run:
     """One job (one launch) that trains every case in turn, each a ``parallel_run`` call of its own with
     ``args`` and its own options, into ``<out>/<case>``: tests of the same layout share the cost of

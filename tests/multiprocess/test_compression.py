@@ -7,7 +7,6 @@ in the modes' own jobs: test_mpi_mode.py, test_ps_mode.py, test_hybrid_mode.py
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -15,7 +14,7 @@ import pytest
 
 from parallax.comm.compression import UNIT_ROUNDOFF
 from parallax.comm.native import OP_NAME
-from tests.multiprocess.harness import ROOT, run_script
+from tests.multiprocess.harness import ROOT, rank_results
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.core]
 
@@ -25,15 +24,7 @@ RANKS = 3  # sums of 3 are rounded twice: the bound must hold beyond one roundin
 
 @pytest.fixture(scope="module")
 def seen(tmp_path_factory) -> list[dict]:
-    tmp = tmp_path_factory.mktemp("compression")
-    run = run_script(tmp, "localhost: " + ",".join(f"cpu:{i}" for i in range(RANKS)) + "\n", script=SCRIPT,
-                     timeout=300)
-    assert run.returncode == 0, run.output[-4000:]
-    out = []
-    for rank in range(RANKS):
-        with open(os.path.join(run.out_dir, f"rank_{rank}.json")) as f:
-            out.append(json.load(f))
-    return out
+    return rank_results(tmp_path_factory.mktemp("compression"), SCRIPT, RANKS)
 
 
 def test_both_all_reduce_paths_took_part(seen):

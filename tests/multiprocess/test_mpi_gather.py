@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 import pytest
 
 from tests.multiprocess.gather_script import WAYS, pairs
-from tests.multiprocess.harness import ROOT, run_script
+from tests.multiprocess.harness import ROOT, rank_results
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.core]
 
@@ -19,15 +18,7 @@ RANKS = 3
 
 @pytest.fixture(scope="module")
 def seen(tmp_path_factory) -> list[dict]:
-    tmp = tmp_path_factory.mktemp("gather")
-    run = run_script(tmp, "localhost: " + ",".join(f"cpu:{i}" for i in range(RANKS)) + "\n", script=SCRIPT,
-                     timeout=300)
-    assert run.returncode == 0, run.output[-4000:]
-    out = []
-    for rank in range(RANKS):
-        with open(os.path.join(run.out_dir, f"rank_{rank}.json")) as f:
-            out.append(json.load(f))
-    return out
+    return rank_results(tmp_path_factory.mktemp("gather"), SCRIPT, RANKS)
 
 
 def test_every_pair_of_a_call_goes_in_one_op(seen):
