@@ -13,7 +13,6 @@ inputs, what came back, and the bytes the all-reduce of one 4 MiB float32 tensor
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -94,17 +93,9 @@ def rank_main(out: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--resource_info")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--rank", action="store_true")
-    args = parser.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    if args.rank:
-        return rank_main(args.out)
-    from tests.multiprocess.harness import launch_ranks
+    from tests.multiprocess.harness import rank_script
 
-    sys.exit(launch_ranks(__file__, args.resource_info, ["--rank", "--out", args.out], "--mca btl self,tcp"))
+    rank_script(__file__, rank_main, "--mca btl self,tcp")
 
 
 if __name__ == "__main__":

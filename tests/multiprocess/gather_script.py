@@ -12,7 +12,6 @@ rows of another. Each rank writes what came back (``rank_<r>.json``) and the nam
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -69,17 +68,9 @@ def rank_main(out: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--resource_info")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--rank", action="store_true")
-    args = parser.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    if args.rank:
-        return rank_main(args.out)
-    from tests.multiprocess.harness import launch_ranks
+    from tests.multiprocess.harness import rank_script
 
-    sys.exit(launch_ranks(__file__, args.resource_info, ["--rank", "--out", args.out]))
+    rank_script(__file__, rank_main)
 
 
 if __name__ == "__main__":

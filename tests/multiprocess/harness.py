@@ -152,6 +152,23 @@ def launch_ranks(script: str, resource_info: str, rank_args: list[str], mpirun_o
     return launch(ranks, [os.path.abspath(script), *rank_args], mpirun_options=mpirun_options).returncode
 
 
+def rank_script(script: str, rank_main, mpirun_options: str = "") -> None:
+    """The command line of a script of ranks without options of its own: ``--resource_info FILE --out DIR``
+    starts the ranks (:func:`launch_ranks`), ``--rank --out DIR`` is one of them (``rank_main(out)``)."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--resource_info")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--rank", action="store_true")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    if args.rank:
+        rank_main(args.out)
+        return
+    sys.exit(launch_ranks(script, args.resource_info, ["--rank", "--out", args.out], mpirun_options))
+
+
 def rank_results(tmp_path, script: str, ranks: int, timeout: float = 300) -> list[dict]:
     """Run a script of ranks (:func:`launch_ranks`) on ``ranks`` CPU devices of localhost and read each rank's
     ``rank_<r>.json``; the run must succeed."""
