@@ -449,9 +449,15 @@ class Plan:
         sparse language model of ``benchmarks/`` a fifth of its steps (3 workers on 2 cores: 56-60
         steps/s against 63-76 without it; docs/benchmarks.md).
         """
-        dense = [v.num_bytes for v in self.variables
-                 if v.sync == "allreduce" and v.gradient is not None and not (v.sharded and self.zero_stage == 2)]
-        return self.comm.overlap and len(overlap_buckets(dense, self.comm.fusion_bytes)) > 1
+        sizes = [v.num_bytes for v in self.all_reduced_whole]
+        return self.comm.overlap and len(overlap_buckets(sizes, self.comm.fusion_bytes)) > 1
+
+    @property
+    def all_reduced_whole(self) -> list[VariablePlacement]:
+        """The variables whose gradients are all-reduced whole, in plan order: every ``allreduce`` one but
+        ZeRO stage 2's sharded ones, whose gradients are reduce-scattered (:mod:`parallax.rewrite.zero`)."""
+        return [v for v in self.variables if v.sync == "allreduce" and v.gradient is not None
+                and not (v.sharded and self.zero_stage == 2)]
 
     def describe(self) -> str:
         """A table of the plan, for logs and ``parallax plan``."""

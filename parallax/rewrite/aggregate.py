@@ -148,8 +148,8 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list, ord
             last = chosen
             return chosen
 
-        scattered = [v for v in layout.variables if v.sync == "allreduce" and v.sharded and plan.zero_stage == 2]
-        dense = [v for v in layout.variables if v.sync == "allreduce" and v not in scattered]
+        dense = plan.all_reduced_whole  # what Plan.overlaps_backward buckets
+        scattered = [v for v in layout.variables if v.sync == "allreduce" and v not in dense]
         if dense:
             with tf.name_scope(aggregate_step_scope("allreduce")):
                 summed = _allreduced(dense, local, readiness, plan.comm, plan.overlaps_backward,
