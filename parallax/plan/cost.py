@@ -22,6 +22,14 @@ traffic stays inside a host (see :mod:`parallax.plan.traffic`).
 :func:`choose` takes, per variable, the way that sends the fewest bytes
 between hosts, then the fewest in all; ties go to all-gather, then
 all-reduce (no servers needed). A dense gradient is always all-reduced.
+
+Bytes are not all a step spends. A synchronous step with parameter servers
+waits for a chain a collective does not have: every worker pushes, the chief
+takes every push and applies it on the servers, then releases the others,
+who read the new values at their next step (:mod:`parallax.rewrite.ps_sync`).
+:func:`servers_save` weighs what the servers' choices save over the
+:data:`LINKS` against :data:`SERVER_CHAIN_SECONDS`; AUTO keeps servers only
+when they save more than their chain costs.
 ``density`` (``k / rows``) comes from the static shape of the gradient's
 indices (an upper bound: repeated indices are counted, and the servers get
 each row once), from a user override, or is unknown; an unknown density is
@@ -33,9 +41,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from parallax.plan.predict import Link
 from parallax.plan.traffic import UNKNOWN_DENSITY, Traffic, payload, variable_traffic
 
-__all__ = ["bytes_per_worker", "choose", "options", "cheapest", "estimate_density", "traffic", "UNKNOWN_DENSITY"]
+__all__ = ["bytes_per_worker", "choose", "options", "cheapest", "estimate_density", "traffic", "UNKNOWN_DENSITY",
+           "LINKS", "SERVER_CHAIN_SECONDS", "link_seconds", "servers_save"]
+
+#: The links AUTO and ``parallax tune``'s order assume (``parallax plan --predict``'s defaults): inside a host
+#: (100 Gbit/s, 5 us), between hosts (10 Gbit/s Ethernet, 20 us).
+LINKS = (Link(100e9 / 8, 5e-6), Link(10e9 / 8, 20e-6))
+#: What a synchronous step with parameter servers waits for that one without them does not, in seconds: the
+#: chain of the push, the chief's take and apply, its release of the others and their read at the next step,
+#: five gRPC calls one after another. An estimate for hosts with cores of their own (a few hundred
+#: microseconds a call); on this project's 2-core machine, where servers and workers share the cores, a step
+#: with servers measures 6-8 ms more than one without (docs/benchmarks.md).
+SERVER_CHAIN_SECONDS = 2e-3
 
 
 def estimate_density(shape: tuple[int | None, ...], indices_per_replica: int | None,
@@ -97,3 +117,31 @@ def choose(shape: tuple[int | None, ...], itemsize: int, sparse: bool, density: 
     """The cheapest way to synchronise a variable among workers on ``hosts`` (a count: all on one
     host): the fewest bytes between hosts, then the fewest in all."""
     return cheapest(options(shape, itemsize, sparse, density, hosts), sparse)
+
+
+def link_seconds(t: Traffic, hosts: Sequence[str], links: tuple[Link, Link] = LINKS) -> float:
+    """Seconds ``t`` takes over ``links`` (inside a host, between hosts): each host's link carries its
+    share of what crosses, each worker's link inside its host its share of what stays inside."""
+    inside, between = links
+    return t.crossing / max(1, len(set(hosts))) / between.bandwidth + t.inside / max(1, len(hosts)) / inside.bandwidth
+
+
+def servers_save(costs: dict[str, dict[str, Traffic]], hosts: Sequence[str],
+                 links: tuple[Link, Link] = LINKS) -> float:
+    """Seconds per step the servers save over ``links``, for variables ``costs`` (each one's
+    :func:`options`) that would go to the servers, against each one's cheapest other way.
+
+    >>> one_host = ["h"] * 8
+    >>> small = {"emb": options((10_000, 64), 4, True, 0.01, one_host)}
+    >>> servers_save(small, one_host) < SERVER_CHAIN_SECONDS   # 0.1 MB of rows: not worth the chain
+    True
+    >>> large = {"emb": options((800_000, 512), 4, True, 0.01, one_host)}
+    >>> servers_save(large, one_host) > SERVER_CHAIN_SECONDS   # 16 MB of rows per worker: worth it
+    True
+    """
+    saved = 0.0
+    for ways in costs.values():
+        others = {s: t for s, t in ways.items() if s != "ps"}
+        other = others[cheapest(others, True)]
+        saved += link_seconds(other, hosts, links) - link_seconds(ways["ps"], hosts, links)
+    return saved

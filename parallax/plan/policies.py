@@ -16,10 +16,10 @@ import tensorflow as tf
 from parallax.analysis import GraphAnalysis
 from parallax.config import COMPRESSED_FORMATS, OVERRIDE_SYNC
 from parallax.errors import PlanError
-from parallax.plan.cost import cheapest, estimate_density, options
+from parallax.plan.cost import LINKS, SERVER_CHAIN_SECONDS, cheapest, estimate_density, options, servers_save
 from parallax.plan.model import CommSpec, GradientRef, Plan, PSSpec, VariablePlacement, WorkerPlan
 from parallax.plan.stages import group_devices, pipeline_spec
-from parallax.plan.traffic import step_traffic
+from parallax.plan.traffic import Traffic, step_traffic
 
 __all__ = ["build_plan", "place_by_bytes", "choose_sync", "partition_of", "Choice", "CROSS_WORKER"]
 
@@ -125,6 +125,8 @@ def choose_sync(analysis: GraphAnalysis, num_workers: int, replicas_per_worker: 
     overrides = overrides or {}
     choices: dict[str, Choice] = {}
     forced: set[str] = set()
+    weighed: dict[str, dict[str, Traffic]] = {}  # AUTO's options of each variable it chose by bytes
+    where = list(hosts) if hosts is not None else ["h"] * num_workers
     for g in analysis.gradients:
         var = analysis.variable(g.variable)
         extra = _override_for(g.variable, overrides)
@@ -142,7 +144,7 @@ def choose_sync(analysis: GraphAnalysis, num_workers: int, replicas_per_worker: 
         elif cross_worker == "hybrid":
             sync, reason = ("ps" if g.sparse else "allreduce"), "HYBRID"
         else:
-            costs = options(var.shape, itemsize, g.sparse, density, list(hosts) if hosts is not None else num_workers)
+            costs = weighed[g.variable] = options(var.shape, itemsize, g.sparse, density, where)
             sync = cheapest(costs, g.sparse)
             reason = "AUTO, bytes per step between hosts / in all: " + ", ".join(
                 f"{s} {t.crossing:,.0f} / {t.total:,.0f}" for s, t in costs.items())
@@ -157,8 +159,9 @@ def choose_sync(analysis: GraphAnalysis, num_workers: int, replicas_per_worker: 
             if num_workers == 1 and sync != "ps":
                 sync = "local"
             forced.add(g.variable)
+            weighed.pop(g.variable, None)
         choices[g.variable] = Choice(sync, density, source, reason)
-    notes: list[str] = []
+    notes: list[str] = list(_weigh_servers(choices, weighed, where, forced))
     changed = True
     while changed:  # servers + all-reduce: a server variable coupled to a worker-side update cannot stay
         changed = False
@@ -292,6 +295,29 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
     # every process of the job computes the same key from the same plan; another job's plan, another key
     key = zlib.crc32(json.dumps(plan.to_dict(), sort_keys=True).encode()) % (1 << 30)
     return replace(plan, comm=replace(plan.comm, job_key=key))
+
+
+def _weigh_servers(choices: dict[str, Choice], weighed: dict[str, dict[str, Traffic]], hosts: list[str],
+                   forced: set[str]) -> tuple[str, ...]:
+    """AUTO's servers, kept only when they save more time over the links than their chain costs a step
+    (:func:`parallax.plan.cost.servers_save`); else each of its variables goes its cheapest other way, in
+    ``choices``. An override that puts a variable on the servers pays the chain already."""
+    on_servers = {n: weighed[n] for n, c in choices.items() if n in weighed and c.sync == "ps"}
+    if not on_servers or any(choices[n].sync == "ps" for n in forced):
+        return ()
+    saved = servers_save(on_servers, hosts)
+    if saved >= SERVER_CHAIN_SECONDS:
+        return ()
+    inside, between = LINKS
+    why = (f"AUTO: the servers would save {saved * 1e3:.3f} ms per step over the assumed links "
+           f"({between.bandwidth * 8e-9:g} Gbit/s between hosts, {inside.bandwidth * 8e-9:g} Gbit/s inside), less "
+           f"than the {SERVER_CHAIN_SECONDS * 1e3:g} ms their synchronous chain costs a step")
+    for name, ways in on_servers.items():
+        others = {s: t for s, t in ways.items() if s != "ps"}
+        c = choices[name]
+        choices[name] = Choice(cheapest(others, True), c.density, c.density_source, why)
+    return (f"{', '.join(sorted(on_servers))}: not on the servers. {why}; "
+            "parallax tune measures the layouts instead",)
 
 
 def resolve_compression(comm: CommSpec, workers: Sequence[WorkerPlan], server_hosts: Sequence[str] = (),

@@ -34,7 +34,9 @@ names that every worker computes alike:
   - as soon as the update is done, inside the chief's step
     (``release_in_step``), when nothing but the update writes a server
     variable (:func:`written_after`). This saves the chief a second ``run``
-    per step;
+    per step. The tokens follow the step's writes on the servers
+    (:func:`_server_writes`), not the training op on the chief, which would
+    add a round trip between the chief and the servers to every step;
   - otherwise (an EMA or moving statistics run after the update), or with
     the user's hooks (``PSSpec.release_in_step`` off), by the session
     (:class:`parallax.session.ParallaxSession`), which runs ``release`` after
@@ -132,6 +134,11 @@ _TAKEN = "taken"  # the chief's group of its takes, under the training op's sync
 _PACKED = "packed_"  # the scope of a packed accumulator, under the training op's sync scope
 _COMPRESS = "compress_"  # the scope of a push's compression, on the worker, under the training op's sync scope
 _ALWAYS_FRESH = 2 ** 62  # local_step that is never stale: the token protocol keeps workers in step
+#: Ops of a conditional or a loop (graph-mode control flow, and the functional forms)
+_CONTROL_FLOW = frozenset({"Switch", "RefSwitch", "Merge", "RefMerge", "Enter", "RefEnter", "Exit", "RefExit",
+                           "NextIteration", "RefNextIteration", "If", "StatelessIf", "While", "StatelessWhile",
+                           "Case", "StatelessCase"})
+_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 
 
 def variables_by_train_op(graph_def, plan: Plan) -> list[tuple[str, list[VariablePlacement]]]:
@@ -231,11 +238,16 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
                 dtypes.append(tf.dtypes.as_dtype(v.gradient.indices_dtype))
     names.append(f"^{original_name}")  # a control input on the original training op
     dtypes.append(tf.float32)
+    in_step = chief and plan.ps.release_in_step and not written_after(out, plan, train_op)
+    # (the training op itself, when it writes one, by the name it is about to take)
+    writes = [original_name if w == train_op else w
+              for w in (_server_writes(out.graph_def, plan, train_op) if in_step else [])]
+    names.extend(f"^{w}" for w in writes)
+    dtypes.extend([tf.float32] * len(writes))
     names.extend(listen)
     dtypes.extend([tf.float32] * len(listen))
     step_scope = sync_scope(train_op)
     server_of = {v.name: plan.server_devices[v.server] for v in variables}
-    in_step = chief and plan.ps.release_in_step and not written_after(out, plan, train_op)
     packed, _ = _push_groups(variables, server_of)
     packed_of = {v.name: k for k, group in enumerate(packed) for v in group}
 
@@ -304,7 +316,8 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
                     for v, piece in zip(group, unpack(summed, shapes, name="unpack")):
                         takes[v.name] = [piece]
         original = inputs[position]
-        heard = [t.op for t in inputs[position + 1:]]
+        written = [t.op for t in inputs[position + 1:position + 1 + len(writes)]]
+        heard = [t.op for t in inputs[position + 1 + len(writes):]]
         with tf.name_scope(step_scope):
             if chief:  # every worker's gradients are in (see _writes_after_takes)
                 tf.group(*[t for v in variables for t in takes[v.name]], name=_TAKEN)
@@ -312,8 +325,10 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
                                             name=f"token_{w}") for w in range(1, num_workers)
                       if chief or w == task.worker_index}
             if chief and in_step:
-                # Released as soon as the update is done: nothing writes a server variable after it.
-                released = tf.group(*_releases(queues, after=original.op), name="release_in_step")
+                # Released as soon as the update is done: nothing writes a server variable after it. After
+                # the step's writes of server variables, on the servers, where they can (_server_writes):
+                # not after the training op on this worker, a round trip later.
+                released = tf.group(*_releases(queues, after=written or [original.op]), name="release_in_step")
                 done = tf.group(original.op, released, name="synchronised")
             elif chief:
                 # Released by the session after the whole step (see release_op), not here: an op run
@@ -322,11 +337,11 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
                 done = tf.group(original.op, name="synchronised")
             else:
                 # Mixed plans: this worker also runs the training op, for its own copies of
-                # the all-reduced variables (the server variables' updates are taken out).
-                before = applies + heard + ([original.op] if mixed else [])
-                with tf.control_dependencies(before):
+                # the all-reduced variables (the server variables' updates are taken out), beside the
+                # wait for its token (on the server: after the training op, it would be a round trip later).
+                with tf.control_dependencies(applies + heard):
                     token = queues[task.worker_index].dequeue(name="wait")
-                done = tf.group(token, name="synchronised")
+                done = tf.group(token, *([original.op] if mixed else []), name="synchronised")
         return [done] + [t for v in variables if chief for t in takes[v.name]]
 
     nodes, outputs = build_subgraph(builder, dtypes, names, "")
@@ -373,11 +388,18 @@ def _writes_after_takes(graph_def, plan: Plan, step: str, gradients: list[str], 
     ``assign``) wait for ``taken``, every worker's gradients: until then another worker may still read the
     variable for its forward pass, and would read it written (on one device every read of a step comes
     before its writes). Writes that a gradient waits for (batch-norm statistics under
-    ``control_dependencies``) already come before the chief's gradient, and no other worker reads them."""
+    ``control_dependencies``) already come before the chief's gradient, and no other worker reads them.
+    Writes that read a gradient (the updates) will read the sums the takes return, which come after every
+    worker's gradient and so after its forward pass, and writes of optimizer slots, which only the chief's
+    update reads: no wait for ``taken`` (on the worker, a round trip from the servers and back on the
+    chain of every step)."""
     nodes = node_map(graph_def)
-    servers = {v.name for v in plan.variables if v.server is not None}
-    before = ancestors(nodes, [parse_input(g)[0] for g in gradients])
-    for name in sorted(ancestors(nodes, [step]) - before):
+    # an optimizer's slots only the chief's update reads (Adam's sparse update scales its moments first)
+    servers = {v.name for v in plan.variables if v.server is not None and v.slot_of is None}
+    sources = [parse_input(g)[0] for g in gradients]
+    before = ancestors(nodes, sources)
+    updates = descendants(consumers(graph_def), sources)  # they will read the takes (the chief's rewiring)
+    for name in sorted(ancestors(nodes, [step]) - before - updates):
         if written_variable(nodes[name], nodes) in servers:
             nodes[name].input.append(f"^{taken}")
 
@@ -393,10 +415,24 @@ def _take_rows(rows: tf.queue.FIFOQueue, required: int, shape: tf.TensorShape) -
     return [tf.concat(values, 0, name="take_values"), tf.concat([t[1] for t in taken], 0, name="take")]
 
 
-def _releases(queues: dict, after: tf.Operation | None = None) -> list[tf.Operation]:
+def _server_writes(graph_def, plan: Plan, train_op: str) -> list[str]:
+    """The ops of ``train_op``'s step that write server variables (the updates on the servers, a global step
+    there), which the chief's release may follow instead of the training op; none (release after the
+    training op) when the step has control flow, where an op not run would never release anyone, or calls a
+    function, whose writes are not ops of the graph."""
+    nodes = node_map(graph_def)
+    step = ancestors(nodes, [train_op])
+    calls = _CALLS | {f.signature.name for f in graph_def.library.function}
+    if any(nodes[n].op in _CONTROL_FLOW or nodes[n].op in calls for n in step):
+        return []
+    servers = {v.name for v in plan.variables if v.server is not None}
+    return sorted(n for n in step if written_variable(nodes[n], nodes) in servers)
+
+
+def _releases(queues: dict, after: list[tf.Operation] = ()) -> list[tf.Operation]:
     """The chief's token for each other worker (``release_<w>``), each put after ``after``."""
     token = tf.constant(0, tf.int64)
-    with tf.control_dependencies([after] if after is not None else []):
+    with tf.control_dependencies(list(after)):
         return [q.enqueue(token, name=f"release_{w}") for w, q in queues.items()]
 
 

@@ -19,7 +19,9 @@ prediction: the plan's bytes per step
 (:func:`parallax.plan.traffic.step_traffic`, within a few percent of measured)
 over the links (inside a host and between hosts), plus a latency per round of
 every collective and push/pull the plan makes (a fused all-reduce buffer costs
-``2 (N-1)`` rounds, so smaller fusion costs more). The compute is the same for
+``2 (N-1)`` rounds, so smaller fusion costs more; the sparse gradients' one all-gather
+``N-1``), plus the servers' synchronous chain when any variable is on them
+(:data:`parallax.plan.cost.SERVER_CHAIN_SECONDS`, as AUTO weighs it). The compute is the same for
 every data-parallel layout and is left out; ZeRO's extra gather and a
 pipeline's bubble cannot be weighed without it, so those choices (which save
 memory rather than time) come after the data-parallel ones of equal cost.
@@ -37,14 +39,15 @@ from parallax.analysis import GraphAnalysis
 from parallax.cluster import Cluster
 from parallax.config import Config
 from parallax.errors import ParallaxError
+from parallax.plan.cost import LINKS, SERVER_CHAIN_SECONDS, link_seconds
 from parallax.plan.predict import Link
 from parallax.plan.traffic import step_traffic
 from parallax.trials.choice import describe_choice, with_choice
 
 __all__ = ["Candidate", "layout_space", "plan_candidates", "predicted_seconds", "DEFAULT_LINKS", "SPACE_KEYS"]
 
-#: Inside a host, between hosts (as ``parallax plan --predict``'s defaults).
-DEFAULT_LINKS = (Link(100e9 / 8, 5e-6), Link(10e9 / 8, 20e-6))
+#: Inside a host, between hosts (as ``parallax plan --predict``'s defaults, and what AUTO assumes).
+DEFAULT_LINKS = LINKS
 #: What a user may restrict the space to (``space={"run_option": ["MPI", "PS"]}``).
 SPACE_KEYS = ("run_option", "partitions", "fusion_bytes", "backend", "local_aggregation", "replicate_variables",
               "compression", "zero_stage", "pipeline_stages")
@@ -170,19 +173,19 @@ def predicted_seconds(job, links: tuple[Link, Link] = DEFAULT_LINKS) -> float:
     n = max(1, len(plan.workers))
     if n < 2:
         return 0.0
-    hosts = max(1, len({w.host for w in plan.workers}))
-    inside, between = links
-    traffic = step_traffic(plan).total
-    seconds = traffic.crossing / hosts / between.bandwidth + traffic.inside / n / inside.bandwidth
-    dense = [v for v in plan.variables if v.gradient is not None and v.sync == "allreduce"]
+    hosts = [w.host for w in plan.workers]
+    seconds = link_seconds(step_traffic(plan).total, hosts, links)
+    synced = [v for v in plan.variables if v.gradient is not None]
+    dense = [v for v in synced if v.sync == "allreduce"]
     dense_bytes = sum(v.num_bytes for v in dense)
     fusion = plan.comm.fusion_bytes
     groups = (math.ceil(dense_bytes / fusion) if fusion else len(dense)) if dense else 0
     rounds = groups * 2 * (n - 1)
-    rounds += sum(n - 1 for v in plan.variables if v.gradient is not None and v.sync == "allgather")
-    rounds += sum(2 for v in plan.variables if v.gradient is not None and v.sync == "ps")
-    latency = (between if hosts > 1 else inside).latency
-    return seconds + rounds * latency
+    rounds += n - 1 if any(v.sync == "allgather" for v in synced) else 0  # one call gathers them all
+    servers = sum(v.sync == "ps" for v in synced)
+    rounds += 2 * servers
+    latency = links[1 if len(set(hosts)) > 1 else 0].latency
+    return seconds + rounds * latency + (SERVER_CHAIN_SECONDS if servers else 0.0)
 
 
 def _memory_per_worker(job) -> int:

@@ -96,7 +96,9 @@ def idiom_args(mode: str, idiom: str = "everything") -> list[str]:
 
 
 # --------------------------------------------------------------------------- equal to one device
-@pytest.mark.parametrize("mode", ["PS", "MPI", "HYBRID", "AUTO"])
+# (AUTO is left out: for this small model the servers would save less than their chain costs a step, so it
+# runs as MPI, the case above it; tests/unit/test_job.py checks AUTO's choice on three hosts)
+@pytest.mark.parametrize("mode", ["PS", "MPI", "HYBRID"])
 def test_a_job_on_three_hosts_equals_single_device(cluster, tmp_path, mode):
     run = train(cluster, tmp_path, ONE_EACH, *idiom_args(mode))
     check_ranks_match(run, expected("everything"), 3)

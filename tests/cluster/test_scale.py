@@ -3,7 +3,7 @@
 At 4 workers (half on each host; make bench-scale adds 2) in PS, MPI, HYBRID and AUTO, the bytes each host sends
 inside and between hosts are counted and set beside the plan's traffic model: every target
 (HYBRID no worse between hosts than the better of PS and MPI, the model within 10 %, AUTO
-within 10 % of the cheapest) must be met. Bytes do not depend on the speed of the shared cores.
+within 10 % of the cheapest it weighs) must be met. Bytes do not depend on the speed of the shared cores.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ def test_bytes_between_hosts_match_the_model_and_hybrid_sends_the_fewest(tmp_pat
         {(4, s) for s in ("parallax-ps", "parallax-mpi", "parallax-hybrid", "parallax-auto")}
     assert data["verdicts"] and all(ok for _, ok in data["verdicts"])
     at4 = {r["system"]: r for r in data["rows"] if r["ranks"] == 4}
-    assert at4["parallax-hybrid"]["ran_as"] == at4["parallax-auto"]["ran_as"] == "HYBRID"
+    assert at4["parallax-hybrid"]["ran_as"] == "HYBRID"
+    # the servers save this model less time than their chain costs a step (parallax.plan.cost): AUTO runs as MPI
+    assert at4["parallax-auto"]["ran_as"] == "MPI"
     assert at4["parallax-hybrid"]["crossing"] < at4["parallax-ps"]["crossing"]
     assert (out / "scale.png").stat().st_size > 0

@@ -16,13 +16,13 @@ SERVER = ("/job:ps/replica:0/task:0/device:CPU:0",)
 VOCAB, DIM, IDS = 1000, 16, 8
 
 
-def static_embedding(clip: float | None = None):
-    """ids[8] (static) -> embedding(1000, 16) -> dense 16 -> 1, Adam."""
+def static_embedding(clip: float | None = None, vocab: int = VOCAB, dim: int = DIM, ids: int = IDS):
+    """ids[ids] (static) -> embedding(vocab, dim) -> dense dim -> 1, Adam (by default 8 ids of 1000 x 16)."""
     graph = tf.Graph()
     with graph.as_default():
-        ids = tf.compat.v1.placeholder(tf.int64, [IDS], name="ids")
-        emb = tf.compat.v1.get_variable("emb", [VOCAB, DIM])
-        w = tf.compat.v1.get_variable("w", [DIM, 1])
+        ids = tf.compat.v1.placeholder(tf.int64, [ids], name="ids")
+        emb = tf.compat.v1.get_variable("emb", [vocab, dim])
+        w = tf.compat.v1.get_variable("w", [dim, 1])
         loss = tf.reduce_mean(tf.matmul(tf.nn.embedding_lookup(emb, ids), w))
         opt = tf.compat.v1.train.AdamOptimizer()
         gv = opt.compute_gradients(loss)
@@ -103,10 +103,42 @@ def test_density_comes_from_the_static_shape_of_the_indices():
     assert choices["w"].density is None
 
 
-@pytest.mark.parametrize("n, expected", [(2, "allgather"), (3, "allgather"), (4, "ps"), (8, "ps")])
-def test_auto_flips_from_all_gather_to_servers_with_the_number_of_workers(n, expected):
-    chosen, _ = syncs(static_embedding(), n, "auto")
+def lm1b_like():
+    """An embedding of LM1B's size (793,470 x 512) and 128 x 20 words per worker: 5 MB of rows per step."""
+    return static_embedding(vocab=793_470, dim=512, ids=128 * 20)
+
+
+@pytest.mark.parametrize("n, expected", [(2, "allgather"), (3, "allgather"), (4, "allgather"), (8, "ps"),
+                                         (16, "ps")])
+def test_auto_flips_from_all_gather_to_servers_when_they_save_more_than_their_chain(n, expected):
+    """From 4 workers the servers send fewer bytes, but only from about 6 (on one host's 100 Gbit/s) do
+    those bytes take longer than the servers' synchronous chain costs a step."""
+    chosen, notes = syncs(lm1b_like(), n, "auto")
     assert chosen == {"emb": expected, "w": "allreduce"}
+    assert bool(notes) == (n == 4)  # where bytes alone chose the servers, a note says why not
+
+
+@pytest.mark.parametrize("hosts, expected", [(2, "allgather"), (4, "ps")])
+def test_on_several_hosts_the_servers_save_over_the_slower_link(hosts, expected):
+    """4 workers: on one host the servers' saving (0.7 ms) is below their chain; spread over 4 hosts of a
+    10 Gbit/s network, the same bytes take 10 ms."""
+    choices, _ = choose_sync(lm1b_like(), 4, 1, "auto", hosts=[f"h{w % hosts}" for w in range(4)])
+    assert choices["emb"].sync == expected
+
+
+@pytest.mark.parametrize("n", [4, 8, 64])
+def test_auto_keeps_a_small_embedding_off_the_servers(n):
+    chosen, notes = syncs(static_embedding(), n, "auto")
+    assert chosen == {"emb": "allgather", "w": "allreduce"}
+    assert len(notes) == 1 and "emb: not on the servers" in notes[0] and "synchronous chain" in notes[0]
+    c = choose_sync(static_embedding(), n, 1, "auto")[0]["emb"]
+    assert c.reason.startswith("AUTO: the servers would save") and "10 Gbit/s between hosts" in c.reason
+
+
+def test_servers_an_override_asks_for_take_auto_s_choices_too():
+    """Once an override puts a variable on the servers, their chain is paid: AUTO's byte choice stands."""
+    chosen, notes = syncs(static_embedding(), 8, "auto", {"w": "ps"})
+    assert chosen == {"emb": "ps", "w": "ps"} and not notes
 
 
 @pytest.mark.parametrize("density, expected", [(0.5, "allgather"), (0.99, "allreduce")])

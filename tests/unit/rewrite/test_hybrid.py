@@ -50,8 +50,11 @@ def test_other_workers_leave_server_updates_to_the_chief_but_run_their_own():
     assert any(chief[n].op != "NoOp" for n in sparse_update)
     assert any(n.op == "ResourceApplyAdam" for n in other.values())  # its own dense update
     wait = other[sync_scope(plan.train_ops[0]) + "wait"]
-    # runs the (renamed) training op, then waits
-    assert any(i.lstrip("^") == unsynchronised_train_op(plan.train_ops[0]) for i in wait.input)
+    # runs the (renamed) training op beside its wait (the wait, on the server, does not wait for it: that
+    # would add a round trip to every step's chain); the step is done when both are
+    done = other[plan.train_ops[0]]
+    assert not any(i.lstrip("^") == unsynchronised_train_op(plan.train_ops[0]) for i in wait.input)
+    assert [i.lstrip("^") for i in done.input] == [unsynchronised_train_op(plan.train_ops[0]), wait.name]
 
 
 def test_host_aggregation_one_sender_per_host():
@@ -65,8 +68,28 @@ def test_host_aggregation_one_sender_per_host():
         "parallax_sync/embedding/take_0", "parallax_sync/embedding/take_1"]
     meta = rewrite(model, plan, 1)
     train_op = nodes_of(meta)[plan.train_ops[0]]  # the training op's name now runs the protocol
-    assert train_op.op == "NoOp" and train_op.input == [f"^{sync_scope(plan.train_ops[0])}wait"]
+    assert train_op.op == "NoOp" and train_op.input == [f"^{unsynchronised_train_op(plan.train_ops[0])}",
+                                                        f"^{sync_scope(plan.train_ops[0])}wait"]
     host_ops = {n: node for n, node in nodes_of(meta).items() if n.startswith("parallax_aggregate/host/")}
     # the rows go to the host's first worker only (Gatherv), after each worker merged its duplicates
     assert [n.attr["token"].s for n in host_ops.values() if n.op == "PyFunc"] == [b"parallax_comm:mpi_gatherv@host"]
     assert any(n.startswith("parallax_aggregate/embedding/dedup/") for n in nodes_of(meta))
+
+
+def test_the_chiefs_chain_stays_on_the_server():
+    """The chief's takes, the updates of the server variables and the tokens for the others follow each other
+    on the server: no control edge goes back to the chief's worker in between (each one a round trip on every
+    step's chain)."""
+    model = build_embedding("adam")
+    plan = hybrid(model)
+    chief = nodes_of(rewrite(model, plan, 0))
+    step = sync_scope(plan.train_ops[0])
+    updates = [n for n, node in chief.items() if "update_embedding/" in n and node.op != "NoOp"
+               and node.device == SERVER and node.op.startswith(("Resource", "Assign"))]
+    assert updates
+    assert not any(i.lstrip("^") == f"{step}taken" for n in updates for i in chief[n].input)
+    release = chief[f"{step}release_1"]
+    assert release.device == SERVER
+    after = {i.lstrip("^") for i in release.input if i.startswith("^")}
+    assert set(updates) <= after and unsynchronised_train_op(plan.train_ops[0]) not in after
+    assert all(chief[n].device == SERVER for n in after)

@@ -8,7 +8,7 @@ from parallax.analysis import analyse_graph
 from parallax.plan import TaskSpec, build_plan
 from parallax.plan.policies import place_by_bytes
 from parallax.rewrite.graph_ops import ancestors, parse_input
-from parallax.rewrite.names import release_op, sync_scope
+from parallax.rewrite.names import release_op, sync_scope, unsynchronised_train_op
 from parallax.rewrite.pipeline import rewrite_for_task
 from tests.models import build_embedding, build_mlp, build_sequence
 from tests.unit.rewrite.helpers import export, nodes_of
@@ -387,3 +387,34 @@ def test_compressed_pushes_cast_on_the_worker_and_back_on_the_server(fmt, wire, 
     assert len(up) == len(down) and all(n.device in SERVERS for n in up)
     scales = [n for n in nodes.values() if "/compress_" in n.name and n.op == "Pow"]
     assert bool(scales) == (fmt == "fp16")
+
+
+def test_the_release_follows_the_writes_on_the_servers_unless_the_step_has_control_flow():
+    """The tokens follow the step's writes of server variables, on the servers; a step with a conditional
+    (here a learning rate; a traced step's update that may not run, as a loss scale's skipped step) releases
+    after the training op instead: a token after an op that never runs would never be put."""
+    from types import SimpleNamespace
+
+    from parallax.rewrite.ps_sync import _server_writes
+
+    def program(conditional: bool):
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [None, 3], name="x")
+            w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 1]), use_resource=True)
+            loss = tf.reduce_mean(tf.square(tf.matmul(x, w)))
+            rate = tf.cond(loss > 1.0, lambda: 0.1, lambda: 0.01) if conditional else 0.1  # an If op
+            opt = tf.compat.v1.train.GradientDescentOptimizer(rate)
+            train = opt.apply_gradients(opt.compute_gradients(loss), name="train")
+            graph.add_to_collection(tf.compat.v1.GraphKeys.TRAIN_OP, train)
+        return SimpleNamespace(graph=graph)
+
+    for conditional in (False, True):
+        model = program(conditional)
+        plan = ps_plan(model, num_workers=2, servers=SERVERS[:1])
+        writes = _server_writes(export(model.graph).graph_def, plan, plan.train_ops[0])
+        assert bool(writes) != conditional
+        chief = nodes_of(rewrite_for_task(export(model.graph), plan, TaskSpec(0)))
+        after = {parse_input(i)[0] for i in chief[f"{sync_scope(plan.train_ops[0])}release_1"].input
+                 if i.startswith("^")}
+        assert after == ({unsynchronised_train_op(plan.train_ops[0])} if conditional else set(writes))
