@@ -150,8 +150,10 @@ def tf_ps(wl: Workload, args) -> Runner:
             t = wl.build(lambda opt: tf.compat.v1.train.SyncReplicasOptimizer(
                 opt, replicas_to_aggregate=workers, total_num_replicas=workers))
         hook = t.optimizer.make_session_run_hook(is_chief=task == 0)
+        # At the end the chief's session joins its queue runner, which waits for gradients no worker sends any
+        # more: without a short grace period that wait is the coordinator's 120 s, every job.
         sess = tf.compat.v1.train.MonitoredTrainingSession(master=server.target, is_chief=task == 0, hooks=[hook],
-                                                           config=config)
+                                                           config=config, stop_grace_period_secs=2)
     # Every worker in before anyone trains: a non-chief session that finds the chief's variables not yet
     # initialised checks again only after 30 s (SessionManager's recovery_wait_secs), and meanwhile the chief,
     # taking every token itself (SyncReplicasOptimizer counts gradients, not workers), would train alone.
