@@ -111,7 +111,7 @@ def lm1b_like():
 @pytest.mark.parametrize("n, expected", [(2, "allgather"), (3, "allgather"), (4, "allgather"), (8, "ps"),
                                          (16, "ps")])
 def test_auto_flips_from_all_gather_to_servers_when_they_save_more_than_their_chain(n, expected):
-    """From 4 workers the servers send fewer bytes, but only from about 6 (on one host's 100 Gbit/s) do
+    """From 4 workers the servers send fewer bytes, but only from about 8 (on one host's 100 Gbit/s) do
     those bytes take longer than the servers' synchronous chain costs a step."""
     chosen, notes = syncs(lm1b_like(), n, "auto")
     assert chosen == {"emb": expected, "w": "allreduce"}
