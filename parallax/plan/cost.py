@@ -45,7 +45,7 @@ from parallax.plan.predict import Link
 from parallax.plan.traffic import UNKNOWN_DENSITY, Traffic, payload, variable_traffic
 
 __all__ = ["bytes_per_worker", "choose", "options", "cheapest", "estimate_density", "traffic", "UNKNOWN_DENSITY",
-           "LINKS", "SERVER_CHAIN_SECONDS", "link_seconds", "servers_save"]
+           "LINKS", "SERVER_CHAIN_SECONDS", "link_seconds", "servers_save", "cheapest_without_servers"]
 
 #: The links AUTO and ``parallax tune``'s order assume (``parallax plan --predict``'s defaults): inside a host
 #: (100 Gbit/s, 5 us), between hosts (10 Gbit/s Ethernet, 20 us).
@@ -141,7 +141,11 @@ def servers_save(costs: dict[str, dict[str, Traffic]], hosts: Sequence[str],
     """
     saved = 0.0
     for ways in costs.values():
-        others = {s: t for s, t in ways.items() if s != "ps"}
-        other = others[cheapest(others, True)]
+        other = ways[cheapest_without_servers(ways)]
         saved += link_seconds(other, hosts, links) - link_seconds(ways["ps"], hosts, links)
     return saved
+
+
+def cheapest_without_servers(costs: dict[str, Traffic]) -> str:
+    """The cheapest of a sparse gradient's :func:`options` but the servers (all-gather or all-reduce)."""
+    return cheapest({s: t for s, t in costs.items() if s != "ps"}, True)

@@ -16,7 +16,15 @@ import tensorflow as tf
 from parallax.analysis import GraphAnalysis
 from parallax.config import COMPRESSED_FORMATS, OVERRIDE_SYNC
 from parallax.errors import PlanError
-from parallax.plan.cost import LINKS, SERVER_CHAIN_SECONDS, cheapest, estimate_density, options, servers_save
+from parallax.plan.cost import (
+    LINKS,
+    SERVER_CHAIN_SECONDS,
+    cheapest,
+    cheapest_without_servers,
+    estimate_density,
+    options,
+    servers_save,
+)
 from parallax.plan.model import CommSpec, GradientRef, Plan, PSSpec, VariablePlacement, WorkerPlan
 from parallax.plan.stages import group_devices, pipeline_spec
 from parallax.plan.traffic import Traffic, step_traffic
@@ -313,9 +321,8 @@ def _weigh_servers(choices: dict[str, Choice], weighed: dict[str, dict[str, Traf
            f"({between.bandwidth * 8e-9:g} Gbit/s between hosts, {inside.bandwidth * 8e-9:g} Gbit/s inside), less "
            f"than the {SERVER_CHAIN_SECONDS * 1e3:g} ms their synchronous chain costs a step")
     for name, ways in on_servers.items():
-        others = {s: t for s, t in ways.items() if s != "ps"}
         c = choices[name]
-        choices[name] = Choice(cheapest(others, True), c.density, c.density_source, why)
+        choices[name] = Choice(cheapest_without_servers(ways), c.density, c.density_source, why)
     return (f"{', '.join(sorted(on_servers))}: not on the servers. {why}; "
             "parallax tune measures the layouts instead",)
 

@@ -395,7 +395,7 @@ def _writes_after_takes(graph_def, plan: Plan, step: str, gradients: list[str], 
     chain of every step)."""
     nodes = node_map(graph_def)
     # an optimizer's slots only the chief's update reads (Adam's sparse update scales its moments first)
-    servers = {v.name for v in plan.variables if v.server is not None and v.slot_of is None}
+    servers = _server_variables(plan, slots=False)
     sources = [parse_input(g)[0] for g in gradients]
     before = ancestors(nodes, sources)
     updates = descendants(consumers(graph_def), sources)  # they will read the takes (the chief's rewiring)
@@ -415,6 +415,11 @@ def _take_rows(rows: tf.queue.FIFOQueue, required: int, shape: tf.TensorShape) -
     return [tf.concat(values, 0, name="take_values"), tf.concat([t[1] for t in taken], 0, name="take")]
 
 
+def _server_variables(plan: Plan, slots: bool = True) -> set[str]:
+    """The names of the variables on the servers (with ``slots=False``, not the optimizers' slots)."""
+    return {v.name for v in plan.variables if v.server is not None and (slots or v.slot_of is None)}
+
+
 def _server_writes(graph_def, plan: Plan, train_op: str) -> list[str]:
     """The ops of ``train_op``'s step that write server variables (the updates on the servers, a global step
     there), which the chief's release may follow instead of the training op; none (release after the
@@ -425,7 +430,7 @@ def _server_writes(graph_def, plan: Plan, train_op: str) -> list[str]:
     calls = _CALLS | {f.signature.name for f in graph_def.library.function}
     if any(nodes[n].op in _CONTROL_FLOW or nodes[n].op in calls for n in step):
         return []
-    servers = {v.name for v in plan.variables if v.server is not None}
+    servers = _server_variables(plan)
     return sorted(n for n in step if written_variable(nodes[n], nodes) in servers)
 
 
@@ -445,7 +450,7 @@ def written_after(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, train_op:
     """
     nodes = node_map(meta_graph.graph_def)
     step = ancestors(nodes, [train_op])
-    on_servers = {v.name for v in plan.variables if v.server is not None}
+    on_servers = _server_variables(plan)
     initializers, saver_scope = _initializers_and_saver(meta_graph)
     restores = _restore_writes(meta_graph.graph_def, nodes)
     return sorted({written_variable(n, nodes) for n in meta_graph.graph_def.node
@@ -505,7 +510,7 @@ def _drop_server_updates(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, wa
 def program_writes(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan) -> tuple[set[str], set[str]]:
     """The program's own writes of server variables (outside the optimizer's updates, initializers and the
     exported saver): those ordered after a training op (under its ``control_dependencies``), and the others."""
-    servers = {v.name for v in plan.variables if v.server is not None}
+    servers = _server_variables(plan)
     graph_def = meta_graph.graph_def
     nodes = node_map(graph_def)
     initializers, saver_scope = _initializers_and_saver(meta_graph)
