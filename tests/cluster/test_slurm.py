@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 import time
 
@@ -23,7 +24,8 @@ from tests.multiprocess.harness import ROOT, SCRIPT, Run
 from tests.multiprocess.test_mpi_mode import check_ranks_match
 from tests.multiprocess.test_tf1_programs import expected
 
-pytestmark = [pytest.mark.cluster, pytest.mark.multiprocess, pytest.mark.slow]
+# pytest's own timeout is above every wait of these tests (the job's, which ends with its output and the daemons' logs)
+pytestmark = [pytest.mark.cluster, pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(600)]
 
 RECIPE = os.path.join(ROOT, "examples", "slurm", "parallax.sbatch")
 VENV_BIN = os.path.dirname(sys.executable)
@@ -42,8 +44,12 @@ def submit(slurm, tmp_path, options: list[str], command: list[str], timeout: flo
     try:
         done = slurm.run(["sbatch", "--wait", f"--output={output}", f"--chdir={tmp_path}", *options, *command],
                          env=env, timeout=timeout)
-    except BaseException:
+    except subprocess.TimeoutExpired:
         slurm.run(["scancel", "--user=root"])  # every job of this private cluster is the test's
+        pytest.fail(f"the job did not end within {timeout:.0f} s\n"
+                    f"{output.read_text(errors='replace') if output.exists() else '(no output file)'}\n{slurm.logs()}")
+    except BaseException:
+        slurm.run(["scancel", "--user=root"])
         raise
     text = output.read_text(errors="replace") if output.exists() else "(no output file)"
     assert not used.exists(), f"ssh was used inside the allocation: {used.read_text()}"
@@ -115,23 +121,38 @@ def test_the_recipe_saves_at_slurms_sigterm_requeues_and_resumes(slurm, tmp_path
                            str(tmp_path / "ckpt"), "--save_steps", "1000", "--step_sleep", "0.3"], env=env)
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
+    began, seen = time.monotonic(), []  # (seconds, squeue's state and reason) at each change, for a failure
+
+    def state() -> str:
+        try:
+            asked = slurm.run(["squeue", "--noheader", "--jobs", job, "--format=%T %r"], timeout=20)
+            now = asked.stdout.strip() if asked.returncode == 0 else f"(squeue failed: {asked.stderr.strip()})"
+        except subprocess.TimeoutExpired:
+            now = "(squeue did not answer within 20 s)"
+        if not seen or seen[-1][1] != now:
+            seen.append((round(time.monotonic() - began), now))
+        return now
+
+    def failed(what: str) -> str:
+        return (f"{what}; the job's states (seconds, state, reason): {seen}\n"
+                f"{output.read_text(errors='replace') if output.exists() else '(no output file)'}\n{slurm.logs()}")
+
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 200
         while progress(out) < 4:
-            assert time.monotonic() < deadline, output.read_text(errors="replace") if output.exists() else "no output"
-            time.sleep(0.3)
+            assert state() and time.monotonic() < deadline, failed("worker 0 did not reach step 4")
+            time.sleep(0.5)
         signalled = slurm.run(["scancel", "--batch", "--signal=TERM", job])
         assert signalled.returncode == 0, signalled.stderr
-        deadline = time.monotonic() + 400
-        hastened = False
+        deadline = time.monotonic() + 300
         while not (out / "rank_0.npz").exists():
-            assert time.monotonic() < deadline, output.read_text(errors="replace") + slurm.logs()
-            if not hastened and slurm.run(["squeue", "--noheader", "--jobs", job, "--format=%T"]).stdout.strip() \
-                    == "PENDING":  # requeued: Slurm holds it about two minutes (BeginTime); an admin's "start now"
-                hastened = slurm.run(["scontrol", "update", f"JobId={job}", "StartTime=now"]).returncode == 0
+            now = state()  # empty once the job has left the queue
+            assert now and time.monotonic() < deadline, failed("the requeued job did not finish")
+            if now == "PENDING BeginTime":  # requeued: Slurm holds it about two minutes; an admin's "start now"
+                slurm.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
             time.sleep(1)
-        while slurm.run(["squeue", "--noheader", "--jobs", job]).stdout.strip():
-            assert time.monotonic() < deadline, "the requeued job did not end"
+        while state():
+            assert time.monotonic() < deadline, failed("the requeued job did not end")
             time.sleep(1)
     finally:
         slurm.run(["scancel", "--user=root"])
