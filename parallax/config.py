@@ -258,6 +258,12 @@ class PSConfig(_ConfigBase):
             the update on the variable's server.
         boundary_between_workers_and_servers: move slicing/gathering to the side
             that sends fewer bytes.
+        num_servers: (not in the seed) how many of the job's parameter servers
+            hold variables. ``None`` (default): Parallax weighs it, since every
+            server that holds a variable is called by every worker's step: a
+            server on each host spreads the bytes over more links, one server
+            makes fewer calls (``parallax plan`` says what it chose and why).
+            An int: that many (all of them when the job has fewer).
     """
 
     protocol: str = _field("grpc", _protocol)
@@ -265,6 +271,7 @@ class PSConfig(_ConfigBase):
     local_aggregation: bool = _field(True, _bool)
     boundary_among_servers: bool = _field(True, _bool)
     boundary_between_workers_and_servers: bool = _field(True, _bool)
+    num_servers: int | None = _field(None, _positive_int_or_none)
 
 
 # --------------------------------------------------------------------------- #

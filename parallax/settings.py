@@ -249,6 +249,7 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
                   replicate_variables=ps_config.replicate_variables,
                   boundary_among_servers=ps_config.boundary_among_servers,
                   boundary_between_workers_and_servers=ps_config.boundary_between_workers_and_servers,
+                  num_servers=ps_config.num_servers or 0,
                   # with hooks, their writes are done before the others go on
                   release_in_step=not config.hooks),
         gpus=gpus, cpu_count=cpu_count or os.cpu_count() or 1,

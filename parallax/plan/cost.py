@@ -29,7 +29,11 @@ takes every push and applies it on the servers, then releases the others,
 who read the new values at their next step (:mod:`parallax.rewrite.ps_sync`).
 :func:`servers_save` weighs what the servers' choices save over the
 :data:`LINKS` against :data:`SERVER_CHAIN_SECONDS`; AUTO keeps servers only
-when they save more than their chain costs.
+when they save more than their chain costs. Each server that holds a
+variable is called by every worker's push and read, so a step with more
+servers waits for more calls: :func:`servers_to_call` keeps as many of the
+job's servers as save more link time than their calls cost
+(:data:`SERVER_CALL_SECONDS`).
 ``density`` (``k / rows``) comes from the static shape of the gradient's
 indices (an upper bound: repeated indices are counted, and the servers get
 each row once), from a user override, or is unknown; an unknown density is
@@ -45,7 +49,8 @@ from parallax.plan.predict import Link
 from parallax.plan.traffic import UNKNOWN_DENSITY, Traffic, payload, variable_traffic
 
 __all__ = ["bytes_per_worker", "choose", "options", "cheapest", "estimate_density", "traffic", "UNKNOWN_DENSITY",
-           "LINKS", "SERVER_CHAIN_SECONDS", "link_seconds", "servers_save", "cheapest_without_servers"]
+           "LINKS", "SERVER_CHAIN_SECONDS", "SERVER_CALL_SECONDS", "link_seconds", "servers_save",
+           "cheapest_without_servers", "servers_to_call"]
 
 #: The links AUTO and ``parallax tune``'s order assume (``parallax plan --predict``'s defaults): inside a host
 #: (100 Gbit/s, 5 us), between hosts (10 Gbit/s Ethernet, 20 us).
@@ -56,6 +61,11 @@ LINKS = (Link(100e9 / 8, 5e-6), Link(10e9 / 8, 20e-6))
 #: microseconds a call); on this project's 2-core machine, where servers and workers share the cores, a step
 #: with servers measures 6-8 ms more than one without (docs/benchmarks.md).
 SERVER_CHAIN_SECONDS = 2e-3
+#: What each further server that holds variables adds to a step, in seconds: another call in every worker's push
+#: and read, and another partition of its step for TensorFlow to run there, beside the first server's. An estimate,
+#: a quarter of the chain; on the 2-core machine, 3 workers ran HYBRID 4.3 ms a step slower per further server on
+#: one host (docs/benchmarks.md), more than half its chain.
+SERVER_CALL_SECONDS = 0.5e-3
 
 
 def estimate_density(shape: tuple[int | None, ...], indices_per_replica: int | None,
@@ -149,3 +159,42 @@ def servers_save(costs: dict[str, dict[str, Traffic]], hosts: Sequence[str],
 def cheapest_without_servers(costs: dict[str, Traffic]) -> str:
     """The cheapest of a sparse gradient's :func:`options` but the servers (all-gather or all-reduce)."""
     return cheapest({s: t for s, t in costs.items() if s != "ps"}, True)
+
+
+def servers_to_call(t: Traffic, worker_hosts: Sequence[str], server_hosts: Sequence[str], wanted: int = 0,
+                    links: tuple[Link, Link] = LINKS) -> tuple[tuple[int, ...], float, float]:
+    """Which of the job's servers (on ``server_hosts``) should hold the variables whose traffic per step is
+    ``t`` (:func:`traffic` of each with ``"ps"``, summed), for workers on ``worker_hosts``.
+
+    Servers are taken in this order: one on each host, the hosts with the most workers first (their
+    traffic stays inside), then the rest, each time by index. The first ``k`` cost a step what crosses
+    between hosts over the links of the hosts they are on, plus ``k - 1`` further calls
+    (:data:`SERVER_CALL_SECONDS`); the cheapest ``k`` wins, ties to the fewer (``wanted``: that many,
+    at most all). Returns the chosen
+    servers' indices (ascending), the seconds per step they cost, and the seconds all of them would.
+
+    >>> hosts = ["h1", "h2", "h3"]
+    >>> small = traffic("ps", (100_000, 64), 4, True, 0.003, hosts)     # 0.3 MB of rows: one server
+    >>> servers_to_call(small, hosts, hosts)[0]
+    (0,)
+    >>> large = traffic("ps", (793_470, 512), 4, True, 0.003, hosts)    # LM1B's table: a server on each host
+    >>> servers_to_call(large, hosts, hosts)[0]
+    (0, 1, 2)
+    """
+    inside, between = links
+    if not server_hosts:
+        return (), 0.0, 0.0
+    workers = {h: list(worker_hosts).count(h) for h in set(server_hosts)}
+    first: dict[str, int] = {}
+    for i, h in enumerate(server_hosts):
+        first.setdefault(h, i)
+    order = sorted(first.values(), key=lambda i: (-workers[server_hosts[i]], i))
+    order += [i for i in range(len(server_hosts)) if i not in order]
+    inside_seconds = t.inside / max(1, len(worker_hosts)) / inside.bandwidth
+
+    def seconds(k: int) -> float:
+        spread = len({server_hosts[i] for i in order[:k]})
+        return t.crossing / spread / between.bandwidth + inside_seconds + (k - 1) * SERVER_CALL_SECONDS
+
+    k = min(wanted, len(order)) if wanted else min(range(1, len(order) + 1), key=lambda n: (seconds(n), n))
+    return tuple(sorted(order[:k])), seconds(k), seconds(len(order))

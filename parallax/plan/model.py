@@ -181,6 +181,10 @@ class PSSpec:
             step, as soon as the update is done, when nothing else writes a
             server variable (:mod:`parallax.rewrite.ps_sync`); off when the
             user gave hooks, which must run before anyone goes on.
+        num_servers: how many of the job's servers hold variables: ``0``
+            weighs it (:func:`parallax.plan.cost.servers_to_call`); ``n``,
+            the first ``n`` in :func:`~parallax.plan.cost.servers_to_call`'s
+            order (all of them when the job has fewer).
     """
 
     local_aggregation: bool = True
@@ -190,6 +194,7 @@ class PSSpec:
     boundary_between_workers_and_servers: bool = True
     host_aggregation: bool = False
     release_in_step: bool = True
+    num_servers: int = 0
 
 
 @dataclass(frozen=True)
@@ -482,7 +487,7 @@ class Plan:
                          f"boundary_among_servers={self.ps.boundary_among_servers} "
                          f"boundary_between_workers_and_servers={self.ps.boundary_between_workers_and_servers} "
                          f"protocol={self.ps.protocol} host_aggregation={self.ps.host_aggregation} "
-                         f"release_in_step={self.ps.release_in_step}")
+                         f"release_in_step={self.ps.release_in_step} num_servers={self.ps.num_servers or 'weighed'}")
         for i, device in enumerate(self.server_devices):
             load = sum(v.num_bytes for v in self.variables if v.server == i)
             lines.append(f"  server {i}: {device}, {load} bytes of variables")

@@ -24,6 +24,8 @@ from parallax.plan.cost import (
     estimate_density,
     options,
     servers_save,
+    servers_to_call,
+    traffic,
 )
 from parallax.plan.model import CommSpec, GradientRef, Plan, PSSpec, VariablePlacement, WorkerPlan
 from parallax.plan.stages import group_devices, pipeline_spec
@@ -261,6 +263,13 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
     if on_servers and not server_devices:
         raise PlanError(f"the plan puts {', '.join(sorted(on_servers))} on parameter servers, but the job has "
                         "none; use run_option='PS', 'HYBRID' or 'AUTO' with several workers")
+    ps = ps or PSSpec()
+    if on_servers and len(server_devices) > 1 and len(server_hosts) == len(server_devices):
+        chosen, why = _servers_to_call(analysis, choices, on_servers, [w.host for w in worker_plans],
+                                       server_hosts, ps.num_servers)
+        server_devices = tuple(server_devices[i] for i in chosen)
+        server_hosts = tuple(server_hosts[i] for i in chosen)
+        notes = (*notes, why)
     mixed = bool(on_servers) and any(c.sync != "ps" for c in choices.values())
     if mixed:
         names = [v.name for v in analysis.variables if _server_group(analysis, v.name) in on_servers]
@@ -270,7 +279,6 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
     # chief initializes them once and every worker reads the same values.
     forward_only_ps = cross_worker == "ps" and not choices and bool(server_devices)
     placement = place_by_bytes(analysis, len(server_devices), names) if on_servers or forward_only_ps else {}
-    ps = ps or PSSpec()
     if mixed and ps.local_aggregation and replicas == 1 and _aggregation_saves(worker_plans):
         ps = replace(ps, host_aggregation=True)
     variables = []
@@ -303,6 +311,27 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
     # every process of the job computes the same key from the same plan; another job's plan, another key
     key = zlib.crc32(json.dumps(plan.to_dict(), sort_keys=True).encode()) % (1 << 30)
     return replace(plan, comm=replace(plan.comm, job_key=key))
+
+
+def _servers_to_call(analysis: GraphAnalysis, choices: dict[str, Choice], on_servers: set[str],
+                     worker_hosts: list[str], server_hosts: Sequence[str], wanted: int) -> tuple[tuple[int, ...], str]:
+    """The job's servers that hold variables (:func:`parallax.plan.cost.servers_to_call`, or the first
+    ``wanted`` of its order), and the plan's note on them."""
+    total = Traffic()
+    for name in sorted(on_servers):
+        var, g = analysis.variable(name), analysis.gradient(name)
+        total = total + traffic("ps", var.shape, tf.dtypes.as_dtype(var.dtype).size, g.sparse, choices[name].density,
+                                worker_hosts)
+    chosen, seconds, every = servers_to_call(total, worker_hosts, server_hosts, wanted)
+    if wanted:
+        why = f"PSConfig.num_servers={wanted}"
+    else:
+        why = (f"{len(chosen)} cost{'s' if len(chosen) == 1 else ''} {seconds * 1e3:.2f} ms per step over the "
+               f"assumed links and calls, all {len(server_hosts)} {every * 1e3:.2f} ms "
+               f"(parallax/plan/cost.py; PSConfig.num_servers to choose)")
+    held = ", ".join(f"{i} on {server_hosts[i]}" for i in chosen)
+    return chosen, (f"servers: {len(chosen)} of {len(server_hosts)} hold variables ({held}): every worker's step "
+                    f"calls each server that holds one; {why}")
 
 
 def _weigh_servers(choices: dict[str, Choice], weighed: dict[str, dict[str, Traffic]], hosts: list[str],

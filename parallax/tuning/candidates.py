@@ -21,7 +21,8 @@ over the links (inside a host and between hosts), plus a latency per round of
 every collective and push/pull the plan makes (a fused all-reduce buffer costs
 ``2 (N-1)`` rounds, so smaller fusion costs more; the sparse gradients' one all-gather
 ``N-1``), plus the servers' synchronous chain when any variable is on them
-(:data:`parallax.plan.cost.SERVER_CHAIN_SECONDS`, as AUTO weighs it). The compute is the same for
+(:data:`parallax.plan.cost.SERVER_CHAIN_SECONDS`, as AUTO weighs it) and a call for each
+further server that holds variables (:data:`~parallax.plan.cost.SERVER_CALL_SECONDS`). The compute is the same for
 every data-parallel layout and is left out; ZeRO's extra gather and a
 pipeline's bubble cannot be weighed without it, so those choices (which save
 memory rather than time) come after the data-parallel ones of equal cost.
@@ -39,7 +40,7 @@ from parallax.analysis import GraphAnalysis
 from parallax.cluster import Cluster
 from parallax.config import Config
 from parallax.errors import ParallaxError
-from parallax.plan.cost import LINKS, SERVER_CHAIN_SECONDS, link_seconds
+from parallax.plan.cost import LINKS, SERVER_CALL_SECONDS, SERVER_CHAIN_SECONDS, link_seconds
 from parallax.plan.predict import Link
 from parallax.plan.traffic import step_traffic
 from parallax.trials.choice import describe_choice, with_choice
@@ -185,7 +186,8 @@ def predicted_seconds(job, links: tuple[Link, Link] = DEFAULT_LINKS) -> float:
     servers = sum(v.sync == "ps" for v in synced)
     rounds += 2 * servers
     latency = links[1 if len(set(hosts)) > 1 else 0].latency
-    return seconds + rounds * latency + (SERVER_CHAIN_SECONDS if servers else 0.0)
+    calls = SERVER_CHAIN_SECONDS + (len(plan.server_devices) - 1) * SERVER_CALL_SECONDS if servers else 0.0
+    return seconds + rounds * latency + calls
 
 
 def _memory_per_worker(job) -> int:

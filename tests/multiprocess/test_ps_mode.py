@@ -95,6 +95,8 @@ def test_without_local_aggregation_each_replica_sends_and_the_result_is_the_same
 
 
 def test_explicit_role_file_with_two_servers(tmp_path):
+    """Both servers hold variables when PSConfig.num_servers says so (on one host Parallax would keep one:
+    a second spreads no bytes over another link)."""
     # The file fixes the ports, so another test's process may take one between free_port() and the
     # servers' start (the job then says so and stops); such a run is tried again on new ports.
     for attempt in range(3):
@@ -102,9 +104,10 @@ def test_explicit_role_file_with_two_servers(tmp_path):
         text = (f"ps,localhost,{ports[0]},\nps,localhost,{ports[1]},\n"
                 f"worker,localhost,{ports[2]},cpu:0\nworker,localhost,{ports[3]},cpu:0\n")
         run = run_script(tmp_path / f"attempt_{attempt}", text, "--run_option", "PS", "--model", "embedding",
-                         "--average_sparse")
+                         "--average_sparse", "--num_servers", "2")
         if "is a port of the resource file in use?" not in run.output:
             break
+    assert "servers: 2 of 2 hold variables" in run.output, run.output[-3000:]
     check_ranks_match(run, expected_values("embedding"), 2)
 
 

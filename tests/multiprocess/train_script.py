@@ -94,6 +94,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no_replicate_variables", dest="replicate_variables", action="store_false")
     p.add_argument("--no_boundary_among", dest="boundary_among", action="store_false")
     p.add_argument("--no_boundary_between", dest="boundary_between", action="store_false")
+    p.add_argument("--num_servers", type=int, default=None, help="PSConfig.num_servers")
     p.add_argument("--overrides", default=None, help="Config.plan_overrides as JSON")
     p.add_argument("--search_partitions", action="store_true")
     p.add_argument("--ckpt_dir", default=None, help="CheckPointConfig.ckpt_dir; 'out': <out>/ckpt")
@@ -141,7 +142,7 @@ def train(args: argparse.Namespace) -> None:
                              fusion_bytes=args.fusion_bytes, overlap=not args.no_overlap)
     ps = parallax.PSConfig(protocol=args.protocol, local_aggregation=args.local_aggregation,
                            replicate_variables=args.replicate_variables, boundary_among_servers=args.boundary_among,
-                           boundary_between_workers_and_servers=args.boundary_between)
+                           boundary_between_workers_and_servers=args.boundary_between, num_servers=args.num_servers)
     hooks = [StepCounter(args.out)] if args.count_hook else None
     ckpt_dir = os.path.join(args.out, "ckpt") if args.ckpt_dir == "out" else args.ckpt_dir  # "out": the case's own
     ckpt = parallax.CheckPointConfig(ckpt_dir=ckpt_dir, save_ckpt_steps=args.save_steps)

@@ -62,6 +62,8 @@ def test_seed_example_assignments_work():
     (lambda: parallax.CommunicationConfig(ps_config=parallax.MPIConfig()), TypeError,
      r"CommunicationConfig.ps_config must be a parallax.PSConfig"),
     (lambda: parallax.PSConfig(protocol="http"), ValueError, r"PSConfig.protocol is 'http'"),
+    (lambda: parallax.PSConfig(num_servers=0), ValueError, r"PSConfig.num_servers must be a positive int or None"),
+    (lambda: parallax.PSConfig(num_servers="2"), TypeError, r"PSConfig.num_servers must be a positive int or None"),
     (lambda: parallax.MPIConfig(mpirun_options=5), TypeError, r"MPIConfig.mpirun_options must be a string or a list"),
     (lambda: parallax.CheckPointConfig(save_ckpt_steps=0), ValueError, r"save_ckpt_steps must be a positive int"),
     (lambda: parallax.CheckPointConfig("/d", save_ckpt_steps=10, save_ckpt_secs=5), ValueError,
@@ -76,7 +78,8 @@ def test_seed_example_assignments_work():
     (lambda: parallax.CommunicationConfig(compression="int8"), ValueError,
      r"CommunicationConfig.compression is str 'int8'; allowed: 'none', 'fp16', 'bf16', 'auto'"),
 ], ids=["unknown-run-option", "tuple-run-option", "int-run-option", "non-bool", "sess-config-type",
-        "ckpt-config-type", "ps-config-type", "protocol", "mpirun-options", "ckpt-steps-zero",
+        "ckpt-config-type", "ps-config-type", "protocol", "num-servers-zero", "num-servers-str", "mpirun-options",
+        "ckpt-steps-zero",
         "ckpt-both", "ckpt-no-dir", "profile-both", "profile-range-order", "profile-negative-step",
         "profile-no-dir", "profile-worker", "compression"])
 def test_invalid_values_raise_naming_the_field(build, error, pattern):

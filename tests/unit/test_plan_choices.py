@@ -9,6 +9,7 @@ from parallax.analysis import analyse_graph
 from parallax.errors import PlanError
 from parallax.plan import build_plan
 from parallax.plan.cost import bytes_per_worker, choose, traffic
+from parallax.plan.model import PSSpec
 from parallax.plan.policies import choose_sync, partition_of
 from tests.models import build_embedding, build_mlp, build_sequence
 
@@ -216,3 +217,55 @@ def test_servers_asked_for_but_none_given():
     with pytest.raises(PlanError, match="puts emb on parameter servers, but the job has none"):
         build_plan(static_embedding(), workers(2), run_option="MPI", sync=True, average_sparse=True,
                    cross_worker="allreduce", overrides={"emb": "ps"})
+
+
+# ----------------------------------------------------------------------------- how many servers a step calls
+
+
+def servers(count: int, hosts: list[str]):
+    return tuple(f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(count)), tuple(hosts)
+
+
+def hybrid_plan(analysis, hosts: int, worker_hosts: list[str] | None = None, server_hosts: list[str] | None = None,
+                ps: PSSpec | None = None):
+    where = worker_hosts or [f"h{i}" for i in range(hosts)]
+    devices, on = servers(len(server_hosts or where), server_hosts or sorted(set(where)))
+    jobs = [(h, (f"/job:worker/replica:0/task:{w}/device:CPU:0",), f"/job:worker/replica:0/task:{w}/device:CPU:0")
+            for w, h in enumerate(where)]
+    return build_plan(analysis, jobs, run_option="HYBRID", sync=True, average_sparse=True, cross_worker="hybrid",
+                      server_devices=devices, server_hosts=on, ps=ps)
+
+
+def test_a_small_embedding_stays_on_one_server_of_three_hosts():
+    """0.3 MB of rows a step: spreading them over three hosts' links saves less than two more calls cost."""
+    plan = hybrid_plan(static_embedding(vocab=100_000, dim=64, ids=320), 3)
+    assert plan.server_devices == ("/job:ps/replica:0/task:0/device:CPU:0",) and plan.server_hosts == ("h0",)
+    assert {v.server for v in plan.variables if v.sync == "ps" or v.slot_of == "emb"} == {0}
+    note = next(n for n in plan.notes if n.startswith("servers:"))
+    assert "1 of 3 hold variables (0 on h0)" in note and "PSConfig.num_servers" in note
+
+
+def test_lm1b_s_table_is_spread_over_a_server_on_each_host():
+    plan = hybrid_plan(lm1b_like(), 3)
+    assert plan.server_hosts == ("h0", "h1", "h2")
+    assert "servers: 3 of 3 hold variables" in " ".join(plan.notes)
+
+
+def test_the_one_server_is_on_the_host_with_the_most_workers():
+    """Its workers' pushes and reads stay inside their host."""
+    plan = hybrid_plan(static_embedding(), 0, worker_hosts=["a", "b", "b", "b"], server_hosts=["a", "b"])
+    assert plan.server_devices == ("/job:ps/replica:0/task:1/device:CPU:0",) and plan.server_hosts == ("b",)
+    assert all(v.server in (None, 0) for v in plan.variables)
+
+
+def test_servers_on_one_host_spread_nothing_so_one_holds_the_variables():
+    plan = hybrid_plan(lm1b_like(), 0, worker_hosts=["a", "a"], server_hosts=["a", "a", "a"])
+    assert len(plan.server_devices) == 1
+
+
+@pytest.mark.parametrize("wanted, expected", [(2, ("h0", "h1")), (3, ("h0", "h1", "h2")), (9, ("h0", "h1", "h2"))])
+def test_ps_config_num_servers_chooses_how_many(wanted, expected):
+    plan = hybrid_plan(static_embedding(), 3, ps=PSSpec(num_servers=wanted))
+    assert plan.server_hosts == expected
+    assert f"PSConfig.num_servers={wanted}" in " ".join(plan.notes)
+    assert {v.server for v in plan.variables if v.server is not None} <= set(range(len(expected)))
