@@ -329,7 +329,7 @@ def _servers_to_call(analysis: GraphAnalysis, choices: dict[str, Choice], on_ser
         why = (f"{len(chosen)} cost{'s' if len(chosen) == 1 else ''} {seconds * 1e3:.2f} ms per step over the "
                f"assumed links and calls, all {len(server_hosts)} {every * 1e3:.2f} ms "
                f"(parallax/plan/cost.py; PSConfig.num_servers to choose)")
-    held = ", ".join(f"{i} on {server_hosts[i]}" for i in chosen)
+    held = ", ".join(f"ps {i} on {server_hosts[i]}" for i in chosen)
     return chosen, (f"servers: {len(chosen)} of {len(server_hosts)} hold variables ({held}): every worker's step "
                     f"calls each server that holds one; {why}")
 

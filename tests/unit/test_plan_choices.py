@@ -242,7 +242,7 @@ def test_a_small_embedding_stays_on_one_server_of_three_hosts():
     assert plan.server_devices == ("/job:ps/replica:0/task:0/device:CPU:0",) and plan.server_hosts == ("h0",)
     assert {v.server for v in plan.variables if v.sync == "ps" or v.slot_of == "emb"} == {0}
     note = next(n for n in plan.notes if n.startswith("servers:"))
-    assert "1 of 3 hold variables (0 on h0)" in note and "PSConfig.num_servers" in note
+    assert "1 of 3 hold variables (ps 0 on h0)" in note and "PSConfig.num_servers" in note
 
 
 def test_lm1b_s_table_is_spread_over_a_server_on_each_host():
