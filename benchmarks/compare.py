@@ -97,8 +97,9 @@ def _mpirun(python: str, hosts: list[str], program: list[str], session_dir: str)
 
 
 #: What a suffix of a Parallax system's name changes in its config, as tables write it: gradients sent in
-#: 16 bits (``parallax-hybrid-bf16``), all-reduced after the whole backward pass (``parallax-mpi-nooverlap``).
-VARIANTS = {"fp16": "fp16", "bf16": "bf16", "nooverlap": "no overlap"}
+#: 16 bits (``parallax-hybrid-bf16``), all-reduced after the whole backward pass (``parallax-mpi-nooverlap``),
+#: variables on every server of the job, not on as many as Parallax weighs (``parallax-ps-everyserver``).
+VARIANTS = {"fp16": "fp16", "bf16": "bf16", "nooverlap": "no overlap", "everyserver": "on every server"}
 
 
 def variants_of(system: str) -> list[str]:
@@ -124,6 +125,8 @@ def job_command(system: str, workload: str, ranks: int, args, work: str,
                "--compression", compression_of(system)]
     if "nooverlap" in variants_of(system):
         program.append("--no_overlap")
+    if "everyserver" in variants_of(system):
+        program.append("--every_server")
     hosts = hosts or ["localhost"] * ranks
     if system.startswith("parallax"):
         run_option = system.split("-")[1].upper()
@@ -321,6 +324,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--mpirun_options", default="", help=argparse.SUPPRESS)
     parser.add_argument("--compression", default="none", help=argparse.SUPPRESS)
     parser.add_argument("--no_overlap", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--every_server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workloads", default="dense,sparse", help="comma-separated: dense, sparse")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
     parser.add_argument("--ranks", default="1,2,3", help="comma-separated worker counts (default 1,2,3)")

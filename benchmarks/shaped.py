@@ -23,7 +23,9 @@ the virtual link has (measured with ``parallax probe`` after shaping, and report
 has no ``netem`` to add more, and a veth's tens of microseconds are Ethernet's already.
 
 On those links, each workload with every system, side by side in one run: Parallax PS, MPI, HYBRID
-and AUTO, each also with bf16 gradients (``CommunicationConfig(compression="bf16")``), TensorFlow's
+and AUTO, MPI and HYBRID also with bf16 gradients (``CommunicationConfig(compression="bf16")``), PS and
+HYBRID also with their variables on every host's server (``PSConfig(num_servers=...)``; by default
+Parallax weighs how many servers hold variables, ``parallax.plan.cost.servers_to_call``), TensorFlow's
 own PS (``SyncReplicasOptimizer``) and Horovod (in ``.venv-horovod``, on its TensorFlow 2.15), and Parallax MPI
 on that same TensorFlow (``parallax-mpi-hvdtf``: the like-for-like row beside Horovod). Per job: steps/s, bytes
 across hosts per step (every host's interface counters), ``parallax plan --predict``'s steps/s for
@@ -55,8 +57,8 @@ LINKS = {"100gbit": ("100 Gbit/s InfiniBand (the paper's)", 100e9), "25gbit": ("
 #: published one-machine (6 GPUs) throughput the GPU's step is taken from (HYBRID's for LM1B,
 #: Horovod's for ResNet-50, as benchmarks/predict_paper.py calibrates them).
 PAPER = {"sparse": ("LM1B", predict_paper.lm1b, 4), "dense": ("ResNet-50", predict_paper.resnet50, 1)}
-SYSTEMS = ("parallax-ps", "parallax-mpi", "parallax-hybrid", "parallax-auto", "parallax-mpi-bf16",
-           "parallax-hybrid-bf16", "tf-ps", "parallax-mpi-hvdtf", "horovod")
+SYSTEMS = ("parallax-ps", "parallax-ps-everyserver", "parallax-mpi", "parallax-hybrid", "parallax-hybrid-everyserver",
+           "parallax-auto", "parallax-mpi-bf16", "parallax-hybrid-bf16", "tf-ps", "parallax-mpi-hvdtf", "horovod")
 #: Each Parallax system's layout in the predictor and in the paper's figures (AUTO: the one it ran as).
 LAYOUT = {"ps": "PS", "mpi": "MPI", "hybrid": "HYBRID", "tf-ps": "TF PS", "horovod": "MPI"}
 PAPER_COLUMN = {"TF PS": 0, "Horovod": 1, "PS": 2, "MPI": 3, "HYBRID": 4}

@@ -101,6 +101,8 @@ def parallax_job(wl: Workload, args) -> Runner:
     config.communication_config.mpi_config.mpirun_options = args.mpirun_options
     config.communication_config.compression = getattr(args, "compression", "none")
     config.communication_config.mpi_config.overlap = not getattr(args, "no_overlap", False)
+    if getattr(args, "every_server", False):  # more than the job has: every one of its servers
+        config.communication_config.ps_config.num_servers = 1 << 16
     sess, num_workers, worker_id, replicas = parallax.parallel_run(graph, args.resource_info, parallax_config=config)
     if replicas != 1:
         raise SystemExit(f"expected one replica per worker process, got {replicas}")
