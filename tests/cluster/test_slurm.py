@@ -31,6 +31,11 @@ RECIPE = os.path.join(ROOT, "examples", "slurm", "parallax.sbatch")
 VENV_BIN = os.path.dirname(sys.executable)
 
 
+def job_output(output) -> str:
+    """A job's output file, or a word that there is none."""
+    return output.read_text(errors="replace") if output.exists() else "(no output file)"
+
+
 def submit(slurm, tmp_path, options: list[str], command: list[str], timeout: float = 300) -> Run:
     """``sbatch --wait`` on vhost1 with this environment; the job's output file becomes ``Run.output``."""
     fake = tmp_path / "bin"
@@ -46,12 +51,11 @@ def submit(slurm, tmp_path, options: list[str], command: list[str], timeout: flo
                          env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
         slurm.run(["scancel", "--user=root"])  # every job of this private cluster is the test's
-        pytest.fail(f"the job did not end within {timeout:.0f} s\n"
-                    f"{output.read_text(errors='replace') if output.exists() else '(no output file)'}\n{slurm.logs()}")
+        pytest.fail(f"the job did not end within {timeout:.0f} s\n{job_output(output)}\n{slurm.logs()}")
     except BaseException:
         slurm.run(["scancel", "--user=root"])
         raise
-    text = output.read_text(errors="replace") if output.exists() else "(no output file)"
+    text = job_output(output)
     assert not used.exists(), f"ssh was used inside the allocation: {used.read_text()}"
     return Run(done.returncode, f"{done.stdout}{done.stderr}\n{text}", time.monotonic() - began,
                str(tmp_path / "out"), time.time())
@@ -134,8 +138,7 @@ def test_the_recipe_saves_at_slurms_sigterm_requeues_and_resumes(slurm, tmp_path
         return now
 
     def failed(what: str) -> str:
-        return (f"{what}; the job's states (seconds, state, reason): {seen}\n"
-                f"{output.read_text(errors='replace') if output.exists() else '(no output file)'}\n{slurm.logs()}")
+        return f"{what}; the job's states (seconds, state, reason): {seen}\n{job_output(output)}\n{slurm.logs()}"
 
     try:
         deadline = time.monotonic() + 200
