@@ -42,11 +42,13 @@ test: $(STAMP) bytecode
 	    -m "not cluster and not slurm and not extended" parallax tests $(PYTEST_ARGS)
 
 # `make test-extended`: every multi-process case outside the core (the other layouts, programs, optimizers,
-# ZeRO, pipelines, checkpoints, tune, sweeps); .ci/run runs them too.
+# ZeRO, pipelines, checkpoints, tune, sweeps); .ci/run runs them too, in two parts: EXTENDED_TESTS names the
+# files or folders to run (default: all of tests/).
+EXTENDED_TESTS ?= tests
 .PHONY: test-extended
 test-extended: $(STAMP) bytecode
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "extended and not cluster and not elastic" tests \
-	    $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "extended and not cluster and not elastic" \
+	    $(EXTENDED_TESTS) $(PYTEST_ARGS)
 
 # `make test-elastic`: the restart and preemption cases outside the core (tests/multiprocess/test_elastic.py), one
 # at a time: .ci/run runs them beside the extended suite, on the core that suite leaves idle.
