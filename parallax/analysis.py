@@ -107,6 +107,11 @@ class GradientInfo:
             whose only use of them is to sum the rows of repeated indices
             (``UnsortedSegmentSum``: what TensorFlow's optimizers do first), so
             summing those rows before sending them changes nothing.
+        shape: the dense gradient's static shape where it is not the variable's:
+            the values of a gather's gradient whose indices every replica computes
+            alike (positions looked up with a range, a constant row list), which
+            Parallax aggregates as a dense tensor, elementwise, so that its rows are
+            those one device computes over the union batch (:func:`_shared_rows`).
     """
 
     variable: str
@@ -121,6 +126,7 @@ class GradientInfo:
     indices_count: int | None = None
     coupled_with: tuple[str, ...] = ()
     repeats_merged: bool = False
+    shape: tuple[int, ...] | None = None
 
     @property
     def aggregation_tensors(self) -> tuple[str, str | None]:
@@ -277,13 +283,16 @@ _DATA_SOURCES = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGe
                            "ReaderReadUpToV2"})
 
 
+_PLACEHOLDERS = ("Placeholder", "PlaceholderV2", "PlaceholderWithDefault")
+
+
 def _is_batch_input(op) -> bool:
     """Whether ``op`` gives each replica data of its own: an input pipeline's or queue's output, or a placeholder
     whose first dimension is the batch (unknown); a placeholder of fixed shape (a learning rate, a pretrained
     table) is taken to be fed the same on every replica."""
     if op.type in _DATA_SOURCES:
         return True
-    if op.type not in ("Placeholder", "PlaceholderV2", "PlaceholderWithDefault"):
+    if op.type not in _PLACEHOLDERS:
         return False
     shape = op.outputs[0].shape
     return shape.rank is not None and shape.rank > 0 and shape[0] is None
@@ -561,15 +570,73 @@ def _gradient_of(var_name: str, scope_ops: list, graph: tf.Graph) -> GradientInf
     update_ops = tuple(sorted(inside))
     if len(floats) == 1 and not ints:
         return GradientInfo(var_name, False, floats[0].name, None, floats[0].dtype.name, update_ops)
+    if len(floats) == 1 and len(ints) == 1 and _shared_rows(floats[0], ints[0]):
+        return GradientInfo(var_name, False, floats[0].name, None, floats[0].dtype.name, update_ops,
+                            shape=tuple(floats[0].shape.as_list()))
     if len(floats) == 1 and len(ints) == 1:
         count = ints[0].shape.num_elements() if ints[0].shape.is_fully_defined() else None
+        merged = _sums_rows_first(floats[0], scope_ops)
+        if not merged:
+            _refuse_partly_shared_rows(var_name, ints[0])
         return GradientInfo(var_name, True, floats[0].name, ints[0].name, floats[0].dtype.name, update_ops,
-                            ints[0].dtype.name, indices_count=count,
-                            repeats_merged=_sums_rows_first(floats[0], scope_ops))
+                            ints[0].dtype.name, indices_count=count, repeats_merged=merged)
     raise AnalysisError(
         f'cannot tell the gradient of variable "{var_name}" from the other inputs of its update ops '
         f"(candidates: {', '.join(t.name for t in grads) or 'none'}). Expected one floating tensor "
         "(dense) or values + indices (sparse) coming from tf.gradients / optimizer.compute_gradients")
+
+
+#: Ops whose output depends on their input's shape only: a replica's part of the batch has the shape of every
+#: other replica's (the parts of a global batch are equal), so they give every replica the same value.
+_SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "VariableShape"})
+
+
+def _refuse_partly_shared_rows(var_name: str, indices) -> None:
+    """Refuse a sparse gradient made of several lookups (``ConcatV2`` of their rows), some by the batch and some
+    by indices every replica shares (a table looked up by ids and by ``range``), whose update does not only sum
+    its rows (Keras 3's Adam squares each row first): gathered, the shared rows would come once per replica where
+    one device has each once, summed over the batch, and the update would differ without a word.
+
+    Raises:
+        AnalysisError: naming the variable and what to change.
+    """
+    op = indices.op
+    while op.type in ("Identity", "Reshape", "Cast") and op.inputs:
+        op = op.inputs[0].op
+    if op.type != "ConcatV2":
+        return
+    shared = [_shared_rows(t, t) for t in op.inputs[:-1]]  # the last input is the axis
+    if any(shared) and not all(shared):
+        raise AnalysisError(
+            f'the gradient of "{var_name}" gathers rows of several lookups, some by the batch and some by indices '
+            "every replica computes alike (a range of positions, constant rows), and its optimizer's update does not "
+            "only sum the rows (it squares each, as Keras 3's Adam does): Parallax cannot yet give that update the "
+            "rows one device computes. Look the shared rows up in a table of their own (a position Embedding "
+            "beside the token one), or use an optimizer that sums the rows first (SGD)")
+
+
+def _shared_rows(values, indices) -> bool:
+    """Whether a sparse gradient's ``indices`` are the same on every replica: computed from no batch input
+    (through its shape at most) nor variable, as a gather of ``range(maxlen)`` positions (every Keras
+    Transformer's position embedding) or of constant rows. One device then computes each row once, its value
+    summed over the whole batch; the replicas' rows are the same rows, each with its part's sum, so their
+    elementwise mean is exactly one device's gradient, where gathering the replicas' rows would repeat each
+    one (which an optimizer that squares the rows before summing them, Keras 3's Adam, does not forgive). The
+    values need a static shape to be all-reduced."""
+    if not values.shape.is_fully_defined():
+        return False
+    seen, queue = {indices.op.name}, deque([indices.op])
+    while queue:
+        op = queue.popleft()
+        if op.type in VARIABLE_OP_TYPES or op.type in _DATA_SOURCES or op.type in _PLACEHOLDERS:
+            return False
+        if op.type in _SHAPE_OPS:
+            continue
+        for t in op.inputs:
+            if t.op.name not in seen:
+                seen.add(t.op.name)
+                queue.append(t.op)
+    return True
 
 
 #: Ops that sum a sparse gradient's rows of equal index (``tf.compat.v1.train`` optimizers deduplicate

@@ -144,7 +144,9 @@ class GradientRef:
     ``indices`` are then given too. ``dtype``/``indices_dtype`` are their dtype names.
     ``repeats_merged``: the update itself first sums the rows of a sparse gradient
     whose indices repeat (see :attr:`parallax.analysis.GradientInfo.repeats_merged`),
-    so they may be summed before they are sent.
+    so they may be summed before they are sent. ``shape``: a dense gradient's static shape where it
+    is not the variable's (the values of a gather whose indices every replica shares, see
+    :attr:`parallax.analysis.GradientInfo.shape`).
     """
 
     tensor: str
@@ -152,6 +154,11 @@ class GradientRef:
     dtype: str = "float32"
     indices_dtype: str | None = None
     repeats_merged: bool = False
+    shape: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.shape is not None:  # a tuple, also when read back from JSON's list
+            object.__setattr__(self, "shape", tuple(self.shape))
 
     @property
     def sparse(self) -> bool:
@@ -259,6 +266,12 @@ class VariablePlacement:
     @property
     def num_bytes(self) -> int:
         return self.itemsize * self.num_elements
+
+    @property
+    def gradient_shape(self) -> tuple[int | None, ...]:
+        """The shape of the dense gradient that crosses: the variable's, or the shared rows' values'
+        (:attr:`GradientRef.shape`)."""
+        return self.gradient.shape if self.gradient is not None and self.gradient.shape is not None else self.shape
 
     @property
     def itemsize(self) -> int:

@@ -284,7 +284,8 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
     variables = []
     for v in analysis.variables:
         g = analysis.gradient(v.name)
-        ref = None if g is None else GradientRef(*g.aggregation_tensors, g.dtype, g.indices_dtype, g.repeats_merged)
+        ref = None if g is None else GradientRef(*g.aggregation_tensors, g.dtype, g.indices_dtype, g.repeats_merged,
+                                           g.shape)
         aggregation = "sum" if (g is not None and g.sparse and not average_sparse) else "mean"
         c = choices.get(v.name, Choice("local", None, "", ""))
         variables.append(VariablePlacement(v.name, v.shape, v.dtype, v.trainable, ref, aggregation, c.sync,
@@ -403,6 +404,8 @@ def shardable(v: VariablePlacement, slots: list[VariablePlacement]) -> str:
         return "no optimizer slots"
     if any(d is None for d in v.shape):
         return "shape not fully known"
+    if v.gradient_shape != v.shape:
+        return "its gradient is rows of it"
     return ""
 
 

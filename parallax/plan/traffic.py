@@ -211,7 +211,7 @@ def payload_of(v: VariablePlacement, distinct: RowsFn | None = None, compression
     """The :class:`Payload` of a planned variable whose gradient travels as ``compression`` says."""
     itemsize = np.dtype(v.dtype).itemsize if v.dtype != "bfloat16" else 2
     index = np.dtype(v.gradient.indices_dtype).itemsize if v.gradient and v.gradient.indices_dtype else 8
-    p = payload(v.shape, itemsize, v.sparse, v.density, index, distinct)
+    p = payload(v.gradient_shape, itemsize, v.sparse, v.density, index, distinct)
     if compression != "none" and v.dtype in ("float32", "float64"):
         p = replace(p, wire_ratio=2 / itemsize)
     return p

@@ -272,7 +272,7 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
                 continue
             with tf.name_scope(scope):
                 dtype = tf.dtypes.as_dtype(v.gradient.dtype)
-                shape = tf.TensorShape([d for d in v.shape])
+                shape = tf.TensorShape([d for d in v.gradient_shape])
                 if v.sparse:
                     mine = []
                     rows = tf.queue.FIFOQueue(-1, [dtype, tf.dtypes.as_dtype(v.gradient.indices_dtype)],
@@ -300,7 +300,7 @@ def _add_protocol(out: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec, 
                             takes[v.name] = [acc.take_grad(required, name="take")]
         for k, group in enumerate(packed):
             dtype = tf.dtypes.as_dtype(group[0].gradient.dtype)
-            shapes = [[int(d) for d in v.shape] for v in group]
+            shapes = [[int(d) for d in v.gradient_shape] for v in group]
             buffers = [pack([pushed[v.name][i] for v in group], name=f"{step_scope}pack_{k}_{i}")
                        for i in range(len(senders))]
             scope = f"{step_scope}{_PACKED}{k}/"
@@ -465,7 +465,7 @@ def _push_groups(variables: list[VariablePlacement], server_of: dict[str, str]
     dense = [v for v in variables if not v.sparse]
     packed, alone = packed_groups(
         dense, key=lambda v: (server_of[v.name], v.gradient.dtype),
-        nbytes=lambda v: static_nbytes(v.shape, v.gradient.dtype))
+        nbytes=lambda v: static_nbytes(v.gradient_shape, v.gradient.dtype))
     return packed, alone + [v for v in variables if v.sparse]
 
 

@@ -8,14 +8,13 @@ and returns a Keras ``History`` on every worker. Under it:
   ``train_step`` writes them (:mod:`parallax.tf2.keras_flavor`), in a ``tf.function`` that Parallax traces
   and trains data-parallel (:mod:`parallax.tf2.trace`); it returns the loss and the predictions of each
   replica's part;
-* **the examples**: each epoch the arrays are cut into batches of ``batch_size`` (the global batch), in
-  order, or shuffled with ``np.random.RandomState(seed + epoch)``, the same on every worker; replica
-  ``k`` of worker ``w`` takes part ``w * replicas + k`` of ``np.array_split``-free equal parts of each
-  batch (:func:`parts`). So one step's union is one batch of the same ``model.fit`` on one device with
-  ``shuffle=False`` (or the same permutation). A batch that does not split into equal parts is padded
-  with examples of weight 0 and its examples' weights scaled so that the replicas' mean loss is the
-  batch's (:func:`even_parts`). A ``Dataset`` yields global batches; every worker reads all of them (give
-  it a seed) and takes its part;
+* **the examples**: the global batches are those ``model.fit`` draws, in its order, from that Keras's own
+  data handling made with the same arguments (arrays and their shuffle, ``class_weight``, a dataset, a
+  generator, a ``PyDataset``: :mod:`parallax.tf2.batches`); every worker draws them all alike, and
+  replica ``k`` of worker ``w`` takes part ``w * replicas + k`` of equal parts of each batch
+  (:func:`parts`). So one step's union is the batch ``model.fit`` trains at that step. A batch that does
+  not split into equal parts is padded with examples of weight 0 and its examples' weights scaled so that
+  the replicas' mean loss is the batch's (:func:`even_parts`);
 * **the metrics**: the compiled metrics are updated on each worker, outside the graph, from its
   replicas' predictions (and the loss metric from their losses; tf_keras's compiled loss, which keeps its
   own loss metrics, runs again on the host for them); the progress bar (worker 0's) shows worker 0's
@@ -41,17 +40,17 @@ launches the job and exits with its exit code; ``fit`` returns in the job's work
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from parallax.comm.group import Alone
+from parallax.tf2.batches import FitBatches, check_same
 from parallax.tf2.evaluate import chief_or_shared, evaluate_on, global_batches, numbers, sum_metrics, use_job
 from parallax.tf2.keras_flavor import Flavor, flavor_of
 
-__all__ = ["fit", "parts", "class_weights", "split_validation"]
+__all__ = ["fit", "parts", "split_validation"]
 
 
 def parts(batch: Any, num_workers: int, worker_id: int, num_replicas: int) -> list:
@@ -87,8 +86,9 @@ def even_parts(batch: tuple, replicas: int) -> tuple[tuple, int, int]:
     size = -(-examples // replicas)
     if size * replicas == examples:
         return (x, y, w), size, examples
-    order = np.concatenate([np.arange(examples), np.zeros(size * replicas - examples, np.int64)])
-    scaled = np.concatenate([w * (size * replicas / examples), np.zeros(size * replicas - examples, np.float32)])
+    padding = size * replicas - examples
+    order = np.concatenate([np.arange(examples), np.zeros(padding, np.int64)])
+    scaled = np.concatenate([w * (size * replicas / examples), np.zeros((padding, *w.shape[1:]), np.float32)])
     pad = functools.partial(tf.nest.map_structure, lambda a: np.asarray(a)[order])
     return (pad(x), pad(y), scaled.astype(np.float32)), size, examples
 
@@ -118,7 +118,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
             ``model.fit`` takes them (``validation_freq`` an int; ``BackupAndRestore`` is refused: restore
             before ``fit`` and pass ``initial_epoch``).
         resource_info, sync, parallax_config: as :func:`parallax.parallel_run` takes them.
-        seed: the shuffle of epoch ``e`` is ``np.random.RandomState(seed + e)``'s.
+        seed: the global seed the shuffle of arrays is drawn with where the program set none
+            (``keras.utils.set_random_seed``), so that every worker draws the same batches.
 
     Returns:
         The ``History`` of the training, on every worker; it also says ``num_workers``, ``worker_id`` and
@@ -134,10 +135,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     flavor = flavor_of(model, "parallax.fit")
     _refuse_own_train_step(model, flavor)
     _refuse_restoring(callbacks)
-    if class_weight is not None:
-        if sample_weight is not None or isinstance(x, tf.data.Dataset):
-            raise ValueError("parallax.fit: class_weight goes with arrays x, y and no sample_weight (as in model.fit)")
-        sample_weight = class_weights(y, class_weight)
+    if class_weight is not None and sample_weight is not None:
+        raise ValueError("parallax.fit: class_weight goes with arrays x, y and no sample_weight (as in model.fit)")
     if validation_split:
         if isinstance(x, tf.data.Dataset) or validation_data is not None:
             raise ValueError("parallax.fit: validation_split cuts arrays x, y, and is ignored by model.fit when "
@@ -146,7 +145,10 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     if sample_weight is not None and isinstance(x, tf.data.Dataset):
         raise ValueError("parallax.fit: sample_weight goes with arrays; a dataset yields its own "
                          "(inputs, targets, sample_weights)")
-    batches = _Batches(x, y, batch_size, shuffle, seed, steps_per_epoch, sample_weight)
+    if x is None:
+        raise TypeError("parallax.fit: x is missing (arrays, or a tf.data.Dataset of (inputs, targets) batches)")
+    batches = FitBatches(flavor.module.__name__.split(".")[0], model, x, y, sample_weight, batch_size,
+                         steps_per_epoch, shuffle, class_weight, initial_epoch, epochs, seed)
     if len(tf.nest.flatten(batches.signature[1])) > 1:
         raise ValueError("parallax.fit: the model has several targets (a loss each, logged as metrics of their "
                          "own): not yet supported; train it with a tf.function step and parallel_run")
@@ -164,7 +166,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     use_job(group)  # parallax.evaluate and parallax.predict shard over this job's workers from now on
     chief = worker_id == 0
     kept = chief_or_shared(callbacks, flavor, chief)
-    steps = batches.steps(num_workers * num_replicas)
+    steps = batches.steps
     callback_list = flavor.callbacks.CallbackList(
         kept, add_history=True, add_progbar=chief and verbose != 0, model=model,
         verbose=1 if verbose == "auto" else verbose, epochs=epochs, steps=steps)
@@ -172,10 +174,12 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     callback_list.on_train_begin()
     saves_in_epochs = chief and _saves_within_epochs(kept)
     logs: dict = {}
-    for epoch in range(initial_epoch, epochs):
+    for epoch, epoch_batches in batches.epochs(initial_epoch, epochs):
         model.reset_metrics()
         callback_list.on_epoch_begin(epoch)
-        for index, batch in enumerate(batches.epoch(epoch, num_workers * num_replicas)):
+        for index, batch in enumerate(epoch_batches):
+            if index == 0 and num_workers > 1:
+                check_same(group, batch, epoch)
             callback_list.on_train_batch_begin(index)
             fed, size, examples = even_parts(batch, num_workers * num_replicas)
             mine = [parts(a, num_workers, worker_id, num_replicas) for a in fed]  # x, y, w: a part per replica
@@ -216,7 +220,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     return history
 
 
-def _train_step(model: Any, flavor: Flavor, batches: _Batches, outputs: dict) -> Any:
+def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) -> Any:
     """The model's ``train_step`` for one replica, its metrics left to the host: the loss, the predictions
     (flattened; their structure goes into ``outputs["structure"]``) and what the flavor needs to record the
     loss (:meth:`~parallax.tf2.keras_flavor.Flavor.record_loss`). It takes ``(x, y, sample_weight)``
@@ -294,67 +298,6 @@ def _triple(data: Any) -> tuple:
     return (data, None, None)
 
 
-class _Batches:
-    """The global batches of each epoch, from arrays or a ``tf.data.Dataset`` (see the module docstring): tuples
-    ``(x, y, sample_weight)``, the weights ``None`` when there are none. The step always takes weights
-    (:func:`even_parts` feeds ones where there are none): a batch that does not split evenly into the
-    replicas' parts is padded with examples of weight 0."""
-
-    def __init__(self, x: Any, y: Any, batch_size: int | None, shuffle: bool, seed: int,
-                 steps_per_epoch: int | None, sample_weight: Any = None) -> None:
-        if x is None:
-            raise TypeError("parallax.fit: x is missing (arrays, or a tf.data.Dataset of (inputs, targets) batches)")
-        self._dataset = x if isinstance(x, tf.data.Dataset) else None
-        self._arrays = (x, y, sample_weight)
-        self._batch = batch_size or 32
-        self._shuffle, self._seed, self._steps = shuffle, seed, steps_per_epoch
-        if self._dataset is None:
-            self._n = len(tf.nest.flatten(x)[0])
-            first = tuple(tf.nest.map_structure(lambda a: np.asarray(a)[:1], a) for a in (x, y))
-        else:
-            first = next(iter(self._dataset))
-            if not isinstance(first, tuple) or len(first) not in (2, 3):
-                raise ValueError("parallax.fit: the dataset must yield (inputs, targets) or (inputs, targets, "
-                                 "sample_weights) batches")
-        self.signature = [_spec(a) for a in first[:2]] + [tf.TensorSpec([None], tf.float32)]
-
-    def steps(self, parts: int) -> int | None:
-        if self._steps is not None or self._dataset is not None:
-            return self._steps
-        return -(-self._n // self._batch)
-
-    def epoch(self, epoch: int, parts: int) -> Iterator[tuple]:
-        if self._dataset is not None:
-            for i, batch in enumerate(self._dataset):
-                if self._steps is not None and i >= self._steps:
-                    return
-                x, y, *w = (tf.nest.map_structure(np.asarray, a) for a in batch)
-                yield x, y, (w[0] if w else None)
-            return
-        order = np.random.RandomState(self._seed + epoch).permutation(self._n) if self._shuffle \
-            else np.arange(self._n)
-        for count, start in enumerate(range(0, self._n, self._batch)):
-            if self._steps is not None and count >= self._steps:
-                return
-            chosen = order[start:start + self._batch]
-            yield tuple(None if a is None else tf.nest.map_structure(lambda v, c=chosen: np.asarray(v)[c], a)
-                        for a in self._arrays)
-
-
-def class_weights(y: Any, class_weight: dict) -> np.ndarray:
-    """The weight of each example of ``y`` by its class, as ``model.fit`` turns ``class_weight`` into sample
-    weights: ``y`` holds class indices (shape ``(n,)`` or ``(n, 1)``, rounded) or one-hot rows (the class is
-    the largest); a class without a weight weighs 1.
-
-    >>> class_weights(np.array([[0], [2], [1]]), {0: 2.0, 2: 3.0})
-    array([2., 3., 1.], dtype=float32)
-    """
-    labels = np.asarray(y)
-    if labels.ndim > 1:
-        labels = np.argmax(labels, axis=-1) if labels.shape[-1] != 1 else labels[..., 0]
-    return np.array([class_weight.get(int(c), 1.0) for c in np.round(labels).astype(np.int64)], dtype=np.float32)
-
-
 def split_validation(arrays: tuple, fraction: float) -> tuple[tuple, tuple]:
     """The arrays cut as Keras cuts them for ``validation_split``: the last ``fraction`` of the examples (before
     any shuffle) for validation, the rest for training (``None`` stays ``None``).
@@ -373,9 +316,3 @@ def split_validation(arrays: tuple, fraction: float) -> tuple[tuple, tuple]:
                  for a in arrays)
            for sl in (slice(0, at), slice(at, n))]
     return cut[0], cut[1]
-
-
-def _spec(value: Any) -> Any:
-    """A ``tf.TensorSpec`` of ``value``'s dtype and shape, any batch size."""
-    return tf.nest.map_structure(
-        lambda a: tf.TensorSpec([None, *np.asarray(a).shape[1:]], tf.as_dtype(np.asarray(a).dtype)), value)

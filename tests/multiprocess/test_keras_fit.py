@@ -22,7 +22,7 @@ from tests.tf2.fit_programs import MIXED
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 SCRIPT = os.path.join(ROOT, "tests", "tf2", "fit_script.py")
-KERAS_3 = ["ordered", "shuffled", "dataset"]
+KERAS_3 = ["ordered", "shuffled", "dataset", "positions"]
 
 # tf_keras, sample weights with validation_split, batches that do not split evenly, a learning rate set by a
 # callback: in the local replicas' job, beside the Keras 3 cases; elsewhere, a job of their own

@@ -16,7 +16,9 @@ CASES = {"ordered": "keras", "shuffled": "keras", "dataset": "keras", "tf_keras-
          "tf_keras-new": "tf_keras-new", "weighted": "keras", "tf_keras-weighted": "tf_keras-new",
          "ragged": "keras", "ragged-dataset": "keras", "tf_keras-ragged": "tf_keras-new",
          "scheduled": "keras", "tf_keras-scheduled": "tf_keras-legacy", "mixed-float16": "keras-mixed",
-         "early-stopping": "keras", "tf_keras-early-stopping": "tf_keras-new"}
+         "early-stopping": "keras", "tf_keras-early-stopping": "tf_keras-new", "positions": "keras-positions"}
+# cases that fit as a user calls model.fit, shuffled by Keras (build() seeds it)
+SHUFFLED = ("shuffled", "positions")
 # the "ragged" cases' batch: batches of 9 and a last of 3, none of which splits evenly over 2 replicas
 RAGGED = 9
 
@@ -62,8 +64,24 @@ def held_out():
 MIXED = ("mixed-float16",)
 
 
+def _token_and_position(k):
+    """keras-io's ``TokenAndPositionEmbedding``: the positions looked up with ``ops.arange(0, maxlen)``."""
+
+    class TokenAndPositionEmbedding(k.layers.Layer):
+        def __init__(self, maxlen: int = 3, vocab: int = 10, width: int = 4) -> None:
+            super().__init__()
+            self.token_emb = k.layers.Embedding(vocab, width)
+            self.pos_emb = k.layers.Embedding(maxlen, width)
+
+        def call(self, x):
+            positions = self.pos_emb(k.ops.arange(start=0, stop=k.ops.shape(x)[-1], step=1))
+            return self.token_emb(x) + positions
+
+    return TokenAndPositionEmbedding
+
+
 def build(flavor: str = "keras"):
-    if flavor in ("keras", "keras-mixed"):
+    if flavor in ("keras", "keras-mixed", "keras-positions"):
         import keras as k
 
         optimizer = k.optimizers.Adam(0.05)
@@ -75,6 +93,12 @@ def build(flavor: str = "keras"):
 
         optimizer = (k.optimizers.legacy if flavor == "tf_keras-legacy" else k.optimizers).Adam(0.05)
     k.utils.set_random_seed(1)
+    if flavor == "keras-positions":  # a Transformer's input: tokens and their positions, each a table
+        model = k.Sequential([k.layers.Input((3,), dtype="int32"), _token_and_position(k)(),
+                              k.layers.GlobalAveragePooling1D(), k.layers.Dense(4, activation="relu"),
+                              k.layers.Dense(1)])
+        model.compile(optimizer=optimizer, loss="mse", metrics=["mae"])
+        return model
     try:
         model = k.Sequential([k.layers.Input((3,), dtype="int32"), k.layers.Embedding(10, 4),
                               k.layers.Flatten(), k.layers.Dense(4, activation="relu"), k.layers.Dense(1)])
@@ -92,19 +116,13 @@ def dataset(case: str = "dataset"):
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size(case), drop_remainder="ragged" not in case)
 
 
-def single_device(case: str, seed: int = 0) -> tuple[dict, list, dict, np.ndarray]:
-    """``model.fit`` on one device with the batches ``parallax.fit`` makes for ``case``: its History and
+def single_device(case: str) -> tuple[dict, list, dict, np.ndarray]:
+    """``model.fit`` on one device, called as a user calls it for ``case``: its History and
     weights, then ``model.evaluate`` (a dict) and ``model.predict`` of the held-out examples."""
     model = build(CASES[case])
     x, y, validation = data()
-    if case == "shuffled":  # parallax.fit's epochs: a permutation from RandomState(seed + epoch) each
-        history: dict = {}
-        for epoch in range(EPOCHS):
-            order = np.random.RandomState(seed + epoch).permutation(len(x))
-            h = model.fit(x[order], y[order], batch_size=BATCH, epochs=1, shuffle=False, validation_data=validation,
-                          verbose=0)
-            for k, v in h.history.items():
-                history.setdefault(k, []).extend(v)
+    if case in SHUFFLED:  # as a user calls it: shuffled by Keras, seeded by build()'s set_random_seed
+        history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, validation_data=validation, verbose=0).history
     elif case.endswith("dataset"):
         history = model.fit(dataset(case), epochs=EPOCHS, validation_data=validation, verbose=0).history
     elif case.endswith("weighted"):

@@ -19,6 +19,7 @@ from tests.tf2.fit_programs import (  # noqa: E402
     CASES,
     EPOCHS,
     EVAL_BATCH,
+    SHUFFLED,
     SPLIT,
     batch_size,
     build,
@@ -50,7 +51,7 @@ def main() -> None:
         callbacks += scheduled(case)
         config = parallax.Config(run_option=args.run_option, average_sparse=True, stall_timeout=60)
         source = dict(x=dataset(case)) if case.endswith("dataset") else \
-            dict(x=x, y=y, batch_size=batch_size(case), shuffle=case == "shuffled", seed=0)
+            dict(x=x, y=y, batch_size=batch_size(case), shuffle=case in SHUFFLED)
         if case.endswith("weighted"):
             source.update(sample_weight=weights(), validation_split=SPLIT)
         else:

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import parallax
+from parallax.tf2.batches import FitBatches
 from parallax.tf2.evaluate import global_batches, in_order, worker_part
-from parallax.tf2.fit import _Batches, class_weights, parts, split_validation
+from parallax.tf2.fit import parts, split_validation
 
 
 def test_a_model_that_is_not_compiled_is_refused_saying_what_to_do():
@@ -34,14 +35,61 @@ def test_each_replica_takes_its_equal_part_of_each_global_batch():
     np.testing.assert_array_equal(two[1], [6, 7])
 
 
-def test_the_epochs_are_batches_in_order_or_one_seeded_permutation_each_the_last_as_short_as_it_is():
-    x, y = np.arange(10)[:, None], np.arange(10)[:, None]
-    ordered = _Batches(x, y, 4, shuffle=False, seed=0, steps_per_epoch=None)
-    assert [b[0][:, 0].tolist() for b in ordered.epoch(0, 4)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    assert ordered.steps(4) == 3
-    shuffled = _Batches(x, y, 5, shuffle=True, seed=3, steps_per_epoch=None)
-    order = np.random.RandomState(3 + 1).permutation(10)
-    assert [b[0][:, 0].tolist() for b in shuffled.epoch(1, 1)] == [order[:5].tolist(), order[5:].tolist()]
+def _keras_batches(x, y, batch_size, shuffle, epochs=2, **more):
+    """What Keras 3's own ``model.fit`` would train on: the batches its trainer draws (recorded by a model whose
+    step only records them), after ``keras.utils.set_random_seed(5)``."""
+    import keras
+    import tensorflow as tf
+
+    seen = []
+
+    class Recorder(keras.Model):
+        def train_step(self, data):
+            seen.append(data[0])
+            return {"n": 0.0}
+
+    keras.utils.set_random_seed(5)
+    model = Recorder()
+    model.compile(optimizer="sgd", run_eagerly=True)
+    model.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=shuffle, verbose=0, **more)
+    return [tf.nest.map_structure(np.asarray, b) for b in seen]
+
+
+def _parallax_batches(x, y, batch_size, shuffle, epochs=2, steps_per_epoch=None):
+    import keras
+
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    batches = FitBatches("keras", model, x, y, None, batch_size, steps_per_epoch, shuffle, None, 0, epochs, 0)
+    return [b[0] for _, epoch in batches.epochs(0, epochs) for b in epoch], batches
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["in-order", "shuffled"])
+def test_the_epochs_are_the_batches_keras_fit_draws_in_its_order(shuffle):
+    x, y = np.arange(10.0)[:, None], np.arange(10.0)[:, None]
+    mine, batches = _parallax_batches(x, y, 4, shuffle)
+    assert batches.steps == 3
+    expected = _keras_batches(x, y, 4, shuffle)
+    assert [b[:, 0].tolist() for b in mine] == [b[:, 0].tolist() for b in expected]
+    if not shuffle:
+        assert [b[:, 0].tolist() for b in mine[:3]] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_a_reshuffling_dataset_is_not_iterated_outside_the_epochs():
+    import keras
+    import tensorflow as tf
+
+    def dataset():  # made under the same global seed both times (Dataset.shuffle's seed combines with it)
+        keras.utils.set_random_seed(5)
+        pairs = tf.data.Dataset.from_tensor_slices((np.arange(8.0)[:, None], np.arange(8.0)[:, None]))
+        return pairs.shuffle(8, seed=1).batch(4)
+
+    mine, batches = _parallax_batches(dataset(), None, None, False)
+    expected = _keras_batches(dataset(), None, None, False)
+    assert [b[:, 0].tolist() for b in mine] == [b[:, 0].tolist() for b in expected]
+    assert len({tuple(b[:, 0]) for b in mine}) == 4  # reshuffled: the second epoch is another order
+    assert batches.signature[0].shape.as_list() == [None, 1]
 
 
 def test_a_batch_that_does_not_split_evenly_is_padded_with_examples_of_weight_zero():
@@ -164,15 +212,14 @@ def test_weights_and_splits_that_model_fit_does_not_take_are_refused(arguments, 
 
 
 def test_class_weights_are_the_sample_weights_model_fit_makes_of_them():
-    x = np.random.RandomState(0).randn(12, 2).astype(np.float32)
-    y = np.array([0, 1, 2, 1, 0, 2, 2, 1, 0, 0, 1, 2])
-    weights = {0: 0.5, 2: 3.0}  # class 1 weighs 1, as in model.fit
-    by_class, by_sample = _tiny(), _tiny()
-    by_class.fit(x, y, batch_size=4, shuffle=False, class_weight=weights, verbose=0)
-    by_sample.fit(x, y, batch_size=4, shuffle=False, sample_weight=class_weights(y, weights), verbose=0)
-    for a, b in zip(by_class.trainable_variables, by_sample.trainable_variables):
-        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
-    np.testing.assert_array_equal(class_weights(np.eye(3)[y], weights), class_weights(y[:, None], weights))
+    import keras
+
+    y = np.array([0, 1, 2, 1, 0, 2, 2, 1])
+    model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(3)])
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    batches = FitBatches("keras", model, np.zeros((8, 1)), y, None, 4, None, False, {0: 0.5, 2: 3.0}, 0, 1, 0)
+    weights = [b[2].tolist() for _, epoch in batches.epochs(0, 1) for b in epoch]
+    assert weights == [[0.5, 1, 3, 1], [0.5, 3, 3, 1]]  # class 1 weighs 1, as in model.fit
 
 
 def test_validation_split_holds_out_the_last_examples_and_their_weights():

@@ -1,0 +1,163 @@
+"""The global batches ``model.fit`` trains on, taken from that Keras's own data handling.
+
+``parallax.fit(model, x, y, ...)`` must train the batches ``model.fit(x, y, ...)`` trains, in the same
+order, or its result is another training. So the batches are not cut by Parallax: they come from the
+object ``model.fit`` itself iterates, made with the same arguments (:class:`FitBatches`):
+
+* Keras 3: ``TFEpochIterator`` over the data adapter (arrays, with their shuffle: a permutation drawn by
+  ``tf.random.shuffle`` inside the adapter's ``tf.data`` pipeline, seeded by ``keras.utils.set_random_seed``;
+  ``class_weight``; a ``tf.data.Dataset``; a generator; a ``keras.utils.PyDataset``), iterated as Keras's
+  trainer iterates it: one iterator an epoch, or one kept across epochs with ``steps_per_epoch``;
+* ``tf_keras``: its ``DataHandler`` (``data_adapter.get_data_handler``), epochs from ``enumerate_epochs``.
+
+Every worker iterates the same batches and takes its replicas' parts of each. Where the program set no
+seed (``tf.random.set_seed`` / ``keras.utils.set_random_seed``), the shuffle of arrays is drawn with
+``seed`` (every worker alike); a dataset or generator that yields other batches on other workers (an
+unseeded ``Dataset.shuffle``) is found at the first batch of each epoch and refused (:func:`check_same`).
+
+The shapes of the step's arguments come from the pipeline's ``element_spec``: nothing is drawn from the
+user's dataset outside the epochs (an iteration drawn for a peek would shift every later epoch's shuffle).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from parallax.comm.group import WorkerGroup
+
+__all__ = ["FitBatches", "check_same"]
+
+
+class FitBatches:
+    """The global batches of each epoch as ``model.fit`` makes them: tuples ``(x, y, sample_weight)``
+    of NumPy values (``sample_weight`` ``None`` when there is none).
+
+    Args:
+        flavor_name: ``"keras"`` (Keras 3) or ``"tf_keras"``.
+        model: the compiled model (``tf_keras``'s data handler reads its ``steps_per_execution``).
+        x, y, sample_weight, batch_size, steps_per_epoch, shuffle, class_weight, initial_epoch, epochs:
+            as ``model.fit`` takes them.
+        seed: the seed of the shuffle where the program set no global seed.
+    """
+
+    def __init__(self, flavor_name: str, model: Any, x: Any, y: Any, sample_weight: Any, batch_size: int | None,
+                 steps_per_epoch: int | None, shuffle: Any, class_weight: dict | None, initial_epoch: int,
+                 epochs: int, seed: int) -> None:
+        self._legacy = flavor_name == "tf_keras"
+        with _seeded(seed):
+            if self._legacy:
+                from tf_keras.src.engine import data_adapter
+
+                self._handler = data_adapter.get_data_handler(
+                    x=x, y=y, sample_weight=sample_weight, batch_size=batch_size, steps_per_epoch=steps_per_epoch,
+                    initial_epoch=initial_epoch, epochs=epochs, shuffle=shuffle, class_weight=class_weight,
+                    model=model, steps_per_execution=model._steps_per_execution)
+                spec = self._handler._dataset.element_spec
+                self.steps = self._handler.inferred_steps
+            else:
+                from keras.src.backend.tensorflow.trainer import TFEpochIterator
+
+                self._iterator = TFEpochIterator(
+                    x=x, y=y, sample_weight=sample_weight, batch_size=batch_size, steps_per_epoch=steps_per_epoch,
+                    shuffle=shuffle, class_weight=class_weight, distribute_strategy=tf.distribute.get_strategy(),
+                    steps_per_execution=1)
+                self._iterator.reset()
+                spec = self._iterator._distributed_dataset.element_spec
+                self.steps = self._iterator.num_batches
+        x_spec, y_spec, w_spec = _unpack(spec)
+        if y_spec is None:
+            raise ValueError("parallax.fit: the data yields inputs without targets; give y, or a dataset of "
+                             "(inputs, targets) or (inputs, targets, sample_weights)")
+        #: the step's arguments: the inputs' and targets' specs (any batch size), and the weights'
+        weights = [None] if w_spec is None else [None, *w_spec.shape[1:]]  # per example, or per time step
+        self.signature = [_any_batch(x_spec), _any_batch(y_spec), tf.TensorSpec(weights, tf.float32)]
+
+    def epochs(self, initial_epoch: int, epochs: int) -> Iterator[tuple[int, Iterator[tuple]]]:
+        """``(epoch, its batches)`` for each epoch, as ``model.fit``'s loop draws them."""
+        if self._legacy:
+            for epoch, iterator in self._handler.enumerate_epochs():
+                yield epoch, self._legacy_epoch(iterator)
+            return
+        for epoch in range(initial_epoch, epochs):
+            yield epoch, self._epoch()
+
+    @property
+    def inferred_steps(self) -> int | None:
+        """The batches of an epoch, once known (a dataset of unknown length: after the first epoch)."""
+        return self._handler.inferred_steps if self._legacy else self._iterator.num_batches
+
+    def _epoch(self) -> Iterator[tuple]:
+        with self._iterator.catch_stop_iteration():
+            for _, _, iterator in self._iterator:
+                yield _numpy(next(iterator))
+
+    def _legacy_epoch(self, iterator: Any) -> Iterator[tuple]:
+        with self._handler.catch_stop_iteration():
+            for _ in self._handler.steps():
+                yield _numpy(next(iterator))
+
+
+def check_same(group: WorkerGroup, batch: tuple, epoch: int) -> None:
+    """Refuse batches that differ between the workers (each worker iterates the same pipeline and takes its
+    part: an unseeded shuffle would give each worker other examples, and the union would be no batch of
+    ``model.fit``'s). Checked on an epoch's first batch: one small all-gather.
+
+    Raises:
+        ValueError: naming the epoch and what to change.
+    """
+    digest = 0
+    for leaf in tf.nest.flatten(batch):
+        if leaf is not None:
+            digest = zlib.crc32(np.ascontiguousarray(leaf).tobytes(), digest)
+    every = group.gather(digest)
+    if len(set(every)) > 1:
+        raise ValueError(
+            f"parallax.fit: the workers' data gave different global batches at the start of epoch {epoch} (each "
+            "worker reads the whole pipeline and trains its part of each batch, so every worker must read the same "
+            "batches): a Dataset.shuffle, a generator or a PyDataset drawing without a seed? Give the shuffle a seed "
+            "(Dataset.shuffle(n, seed=...)) or call keras.utils.set_random_seed(...) at the program's start")
+
+
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    """The global seed ``seed`` while the pipeline is made, if the program set none: the shuffle that Keras's
+    adapter builds into it then draws the same permutations on every worker."""
+    from tensorflow.python.framework import random_seed
+
+    if random_seed.get_seed(None)[0] is not None:
+        yield
+        return
+    tf.random.set_seed(seed)
+    try:
+        yield
+    finally:
+        tf.random.set_seed(None)
+
+
+def _unpack(data: Any) -> tuple:
+    """``(x, y, sample_weight)`` of an element as Keras unpacks it (a tuple of 1 to 3; else ``x`` alone)."""
+    if isinstance(data, tuple) and 1 <= len(data) <= 3:
+        return (*data, *([None] * (3 - len(data))))
+    if isinstance(data, list) and 1 <= len(data) <= 3:  # Keras takes a list of 2 or 3 as (x, y[, w]) too
+        return (*data, *([None] * (3 - len(data))))
+    return data, None, None
+
+
+def _numpy(data: Any) -> tuple:
+    """A batch as NumPy values: ``(x, y, sample_weight or None)``."""
+    return tuple(None if a is None else tf.nest.map_structure(_to_numpy, a) for a in _unpack(data))
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+
+
+def _any_batch(spec: Any) -> Any:
+    """``spec`` with each tensor's first dimension open."""
+    return tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape[1:]], s.dtype), spec)
