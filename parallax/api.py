@@ -53,6 +53,7 @@ from parallax.launch.runner import JobResult
 from parallax.logs import log as logger
 from parallax.manifests import write_requested
 from parallax.manifests.common import planner
+from parallax.member.identity import numbers
 from parallax.member.joined import JoinedProcess, joined_process
 from parallax.member.rank import LaunchedProcess, launched_process
 from parallax.member.roles import check_local_devices, local_replicas, role_setup
@@ -62,10 +63,9 @@ from parallax.paths import check_paths
 from parallax.plan import Plan
 from parallax.resources import parse_resource_file, parse_resource_text
 from parallax.session import ParallaxSession
-from parallax.tf2.checkpoints import step_checkpoints
-from parallax.tf2.evaluate import use_job
+from parallax.tf2.deferred import DeferredStep
+from parallax.tf2.front import conventions, graph_of, is_step_function, needs_first_call, prepare
 from parallax.tf2.step import DistributedStep
-from parallax.tf2.trace import is_step_function, trace_step
 from parallax.trials.choice import with_choice
 from parallax.trials.mode import in_trial
 
@@ -123,25 +123,27 @@ def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
         AnalysisError: the graph has no training op.
         LaunchError: the resources cannot be used as asked.
     """
+    return _parallel_run(single_gpu_graph, resource_info, sync, parallax_config)
+
+
+def _parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync: bool,
+                  parallax_config: Config | None, signature: Any = None) -> tuple:
+    """:func:`parallel_run`, with the signature a ``tf.function`` step without one was first called with."""
     config = _checked_config(parallax_config, sync, resource_info)
+    if signature is None and needs_first_call(single_gpu_graph):  # traced at its first call
+        known = numbers(current(), resource_info, config.redirect_path, len(tf.config.list_physical_devices("GPU")))
+        return (DeferredStep(single_gpu_graph, lambda first: _parallel_run(
+            single_gpu_graph, resource_info, sync, parallax_config, first), known), *known)
     config = replace(config, elastic_config=elastic_from_text(config.elastic_config, current().elastic))
-    traced, checkpoints = None, None
+    step = None
     if is_step_function(single_gpu_graph):
-        checkpoints = step_checkpoints(config)
-        _check_elastic_step(config, checkpoints is not None)
-        if checkpoints is not None:  # the program's own objects restored, before the trace reads their values
-            checkpoints.restore()
-            config = replace(config, ckpt_config=CheckPointConfig())
-        traced = trace_step(single_gpu_graph)
-        if checkpoints is not None:
-            checkpoints.check_restored()
-        config = _tf2_conventions(config)
+        step, config = prepare(single_gpu_graph, config, signature)
     elif config.ckpt_config.checkpoint is not None:
         raise ValueError("CheckPointConfig.checkpoint (a tf.train.Checkpoint) is for a tf.function step; a "
                          "tf.compat.v1 graph's checkpoints are saved under its variables' names: leave it None")
     try:
-        outcome = _run(traced.graph if traced is not None else single_gpu_graph, resource_info, sync, config,
-                       step_ckpt_dir=checkpoints.directory if checkpoints is not None else None)
+        outcome = _run(step.traced.graph if step is not None else single_gpu_graph, resource_info, sync, config,
+                       step_ckpt_dir=step.ckpt_dir if step is not None else None)
     except ParallaxError as e:
         if current().plan is None:
             raise
@@ -149,12 +151,7 @@ def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
         outcome = 2
     if isinstance(outcome, int):
         raise SystemExit(outcome)  # the one place a parallel_run call ends its process
-    if traced is not None:
-        session, *rest = outcome
-        if session.group is not None:
-            use_job(session.group)  # parallax.evaluate and parallax.predict shard over this job's workers
-        return (DistributedStep(session, traced, checkpoints, worker_id=rest[1]), *rest)
-    return outcome
+    return step.wrap(outcome) if step is not None else outcome
 
 
 def preview_plan(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync: bool = True,
@@ -166,7 +163,7 @@ def preview_plan(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
     """
     config = _checked_config(parallax_config, sync, resource_info)
     if is_step_function(single_gpu_graph):
-        config, single_gpu_graph = _tf2_conventions(config), trace_step(single_gpu_graph).graph
+        config, single_gpu_graph = conventions(config), graph_of(single_gpu_graph)
     graph, _ = load_graph(single_gpu_graph)
     cluster = parse_resource_file(resource_info)
     return plan_job(config, sync, cluster, analyse_graph(graph))[1].plan
@@ -182,26 +179,6 @@ def _checked_config(parallax_config: Config | None, sync: bool, resource_info: s
         raise TypeError(f"parallel_run: resource_info must be the path of a resource file (or 'slurm'), got "
                         f"{type(resource_info).__name__}")
     return config
-
-
-def _check_elastic_step(config: Config, has_checkpoint: bool) -> None:
-    """An elastic ``tf.function`` step resumes from its own ``tf.train.Checkpoint``, saved on a schedule.
-
-    Raises:
-        ValueError: elastic mode is on and the step has no such checkpoint.
-    """
-    ckpt = config.ckpt_config
-    if config.elastic_config.enabled and not (has_checkpoint and (ckpt.save_ckpt_steps or ckpt.save_ckpt_secs)):
-        raise ValueError("ElasticConfig: a restarted tf.function step resumes from the program's own "
-                         "tf.train.Checkpoint: give CheckPointConfig(ckpt_dir=..., checkpoint=tf.train.Checkpoint("
-                         "model=..., optimizer=...), save_ckpt_steps=...) (or save_ckpt_secs)")
-
-
-def _tf2_conventions(config: Config) -> Config:
-    """A TensorFlow 2 step's defaults: sparse gradients averaged over the replicas unless the config says
-    otherwise (``average_sparse=None``), as ``model.fit`` and TensorFlow's distribution strategies average
-    every gradient; a ``tf.compat.v1`` graph keeps the seed's sum."""
-    return replace(config, average_sparse=True) if config.average_sparse is None else config
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@
 (:mod:`parallax.tf2.trace`) through the session: each argument takes one batch per
 local replica, as ``sess.run``'s feeds do (a list, or an ndarray whose first axis is
 the replicas; with one replica per process a plain batch is that replica's), and the
-step's return value comes back with each tensor a list of one value per replica
+step's return value comes back in its structure (nothing, a tensor, a tuple, a dict; values
+that are no tensors as they are), each tensor a list of one value per replica
 (:class:`parallax.translate.ReplicaValues`: ``float()`` takes it when the replicas
 agree, or there is one).
 
@@ -47,7 +48,8 @@ class DistributedStep:
             checkpoints.start(chief=worker_id == 0)
         if self._saves_when_preempted:
             preemption.saved_by_the_step()
-        self._fetches = (traced.outputs, traced.train_op)
+        self._leaves = tf.nest.flatten(traced.outputs)  # a step that returns nothing: [None]
+        self._fetches = ([t for t in self._leaves if isinstance(t, tf.Tensor)], traced.train_op)
         self._ranks = [t.shape.rank for t in traced.inputs]
 
     @property
@@ -77,7 +79,12 @@ class DistributedStep:
                              f"each tensor one batch per replica; got {len(args)} argument(s) shaped otherwise")
         feeds = {placeholder: self._per_replica(value, rank)
                  for placeholder, value, rank in zip(self._traced.inputs, flat, self._ranks)}
-        outputs, _ = self._session.run(self._fetches, feed_dict=feeds)
+        for position, (placeholder, value) in enumerate(feeds.items()):
+            _check_fits(placeholder, value, position)
+        fetched, _ = self._session.run(self._fetches, feed_dict=feeds)
+        values = iter(fetched)
+        outputs = tf.nest.pack_sequence_as(
+            self._traced.outputs, [next(values) if isinstance(t, tf.Tensor) else t for t in self._leaves])
         if self._checkpoints is not None:
             self._checkpoints.after_step(self)
             if self._saves_when_preempted and preemption.requested():  # SIGTERM: save at this step, end the job
@@ -122,6 +129,22 @@ class DistributedStep:
     def __exit__(self, exc_type, exc, tb) -> bool:
         self.close()
         return exc_type is tf.errors.OutOfRangeError
+
+
+def _check_fits(placeholder: tf.Tensor, per_replica: Any, position: int) -> None:
+    """Refuse a replica's batch whose shape the step's signature does not take (a later call of a step traced
+    at its first call, with other shapes), naming the argument, before TensorFlow's feed error.
+
+    Raises:
+        ValueError: naming the argument tensor, its shape and the signature's.
+    """
+    for value in per_replica if isinstance(per_replica, (list, tuple)) else [per_replica]:
+        shape = tuple(value.shape) if hasattr(value, "shape") else np.shape(value)
+        if not placeholder.shape.is_compatible_with(shape):
+            raise ValueError(f"the step's argument tensor {position} has shape {list(shape)} on a replica, and its "
+                             f"signature takes {placeholder.shape} (traced from its first call, or its "
+                             "input_signature): a tf.function Parallax trains keeps one signature; pad or cut the "
+                             "batches to it")
 
 
 def _flatten_up_to(structure: Any, value: Any) -> list | None:

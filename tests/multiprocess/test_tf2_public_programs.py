@@ -55,11 +55,14 @@ def test_a_public_custom_training_loop_trains_as_on_one_device(jobs, group, name
         where = f"{group} {name} rank {rank}"
         with np.load(os.path.join(out, f"rank_{rank}.npz")) as got:
             parts = slice(rank * replicas, (rank + 1) * replicas)
-            np.testing.assert_allclose(got["losses"], losses[:, parts], rtol=1e-5, err_msg=where)
+            if losses is not None:
+                np.testing.assert_allclose(got["losses"], losses[:, parts], rtol=1e-5, err_msg=where)
             for i, value in enumerate(weights):
                 np.testing.assert_allclose(got[f"v{i}"], value, rtol=1e-5, atol=1e-6, err_msg=f"{where}: {i}")
             # parallax.predict in a parallel_run job: sharded over its workers, gathered in order
             np.testing.assert_allclose(got["predict"], got["predict_alone"], rtol=1e-6, atol=1e-7, err_msg=where)
+            if losses is None:
+                continue
             if name == "tf-walkthrough":
                 assert list(got["correct"]) == list(right[parts]), where
             else:  # the step's metric: the writes of a worker's first replica (of worker 0's in PS)

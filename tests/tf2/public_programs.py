@@ -1,12 +1,20 @@
 """Custom training loops as public TensorFlow 2 material writes them, rewritten small (random data in place
-of the downloads), each a ``tf.function`` step ``parallel_run`` takes unchanged:
+of the downloads), each a ``tf.function`` step ``parallel_run`` takes unchanged (as they write it, without an
+``input_signature``: traced at its first call):
 
 * ``keras-guide-loop``: Keras's guide "Writing a training loop from scratch" (TensorFlow backend): an MLP,
   ``SparseCategoricalCrossentropy(from_logits=True)``, Keras 3 SGD through ``optimizer.apply(grads,
   weights)``, and a ``SparseCategoricalAccuracy`` the step updates itself;
 * ``tf-walkthrough``: TensorFlow's tutorial "Custom training: walkthrough" (penguins: 4 features, 3 classes):
   its ``grad`` function with a ``GradientTape``, SGD(0.01) through ``apply_gradients``, and the epoch's loss
-  average and accuracy kept by the loop from what the step returns.
+  average and accuracy kept by the loop from what the step returns;
+* ``tf-quickstart``: TensorFlow's "advanced quickstart": a subclassed model (Conv2D, Flatten, two Dense) built
+  inside the step's first trace, ``@tf.function def train_step(images, labels)`` that returns nothing and
+  updates its ``train_loss`` / ``train_accuracy`` metrics, Adam;
+* ``gan``: TensorFlow's DCGAN tutorial's step, small: a generator and a discriminator, two tapes, two Adam
+  optimizers, a dict of the two losses returned (the noise is the step's argument, drawn by the loop: noise
+  drawn inside the step at the batch's size would differ per replica, which no data-parallel training can
+  make equal to one device).
 
 ``build(name)`` makes a program (seeded); ``eager(name, steps)`` is one device on the union batches: each
 step's loss of every part (the replicas' losses), the trained weights and the accuracy counts per part."""
@@ -16,14 +24,23 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-PROGRAMS = ["keras-guide-loop", "tf-walkthrough"]
+PROGRAMS = ["keras-guide-loop", "tf-walkthrough", "tf-quickstart", "gan"]
+#: the programs whose step returns no loss per replica (nothing, or a dict): compared by their weights
+WITHOUT_LOSS = ("tf-quickstart", "gan")
 BATCH = 12  # the union batch: 2 workers or 2 replicas take 6 examples each
-SHAPES = {"keras-guide-loop": (16, 10), "tf-walkthrough": (4, 3)}  # features, classes
+SHAPES = {"keras-guide-loop": (16, 10), "tf-walkthrough": (4, 3), "tf-quickstart": ((6, 6, 1), 10),
+          "gan": (8, 4)}  # features, classes (the GAN: image width, noise width)
 
 
 def batches(name: str, steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
     features, classes = SHAPES[name]
     rng = np.random.RandomState(11)
+    if name == "tf-quickstart":
+        return [(rng.rand(BATCH, *features).astype(np.float32), rng.randint(0, classes, BATCH).astype(np.int64))
+                for _ in range(steps)]
+    if name == "gan":  # (images, noise)
+        return [(rng.randn(BATCH, features).astype(np.float32), rng.randn(BATCH, classes).astype(np.float32))
+                for _ in range(steps)]
     return [(rng.randn(BATCH, features).astype(np.float32), rng.randint(0, classes, BATCH).astype(np.int64))
             for _ in range(steps)]
 
@@ -44,7 +61,7 @@ def build(name: str):
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         accuracy = keras.metrics.SparseCategoricalAccuracy()
 
-        @tf.function(input_signature=[tf.TensorSpec([None, features]), tf.TensorSpec([None], tf.int64)])
+        @tf.function  # as the guide writes it: no input_signature, traced at the first call
         def train_step(x, y):
             with tf.GradientTape() as tape:
                 logits = model(x, training=True)
@@ -56,6 +73,10 @@ def build(name: str):
 
         return train_step, model, accuracy
 
+    if name == "tf-quickstart":
+        return _quickstart(keras, classes)
+    if name == "gan":
+        return _gan(keras, features, classes)
     model = keras.Sequential([keras.Input(shape=(features,)), keras.layers.Dense(10, activation=tf.nn.relu),
                               keras.layers.Dense(10, activation=tf.nn.relu), keras.layers.Dense(classes)])
     loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -69,13 +90,71 @@ def build(name: str):
             loss_value = loss(model, inputs, targets, training=True)
         return loss_value, tape.gradient(loss_value, model.trainable_variables)
 
-    @tf.function(input_signature=[tf.TensorSpec([None, features]), tf.TensorSpec([None], tf.int64)])
+    @tf.function
     def train_step(x, y):
         loss_value, grads = grad(model, x, y)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss_value, model(x, training=True)  # the tutorial's accuracy reads the model's logits
 
     return train_step, model, None
+
+
+def _quickstart(keras, classes: int):
+    class MyModel(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = keras.layers.Conv2D(4, 3, activation="relu")
+            self.flatten = keras.layers.Flatten()
+            self.d1 = keras.layers.Dense(16, activation="relu")
+            self.d2 = keras.layers.Dense(classes)
+
+        def call(self, x):
+            return self.d2(self.d1(self.flatten(self.conv1(x))))
+
+    model = MyModel()  # built inside the step's first trace
+    loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer = keras.optimizers.Adam()
+    train_loss = keras.metrics.Mean(name="train_loss")
+    train_accuracy = keras.metrics.SparseCategoricalAccuracy(name="train_accuracy")
+
+    @tf.function
+    def train_step(images, labels):
+        with tf.GradientTape() as tape:
+            predictions = model(images, training=True)
+            loss = loss_object(labels, predictions)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        train_loss(loss)
+        train_accuracy(labels, predictions)
+
+    return train_step, model, None
+
+
+def _gan(keras, width: int, noise_width: int):
+    generator = keras.Sequential([keras.Input((noise_width,)), keras.layers.Dense(8, activation="relu"),
+                                  keras.layers.Dense(width, activation="tanh")])
+    discriminator = keras.Sequential([keras.Input((width,)), keras.layers.Dense(8, activation="relu"),
+                                      keras.layers.Dense(1)])
+    cross_entropy = keras.losses.BinaryCrossentropy(from_logits=True)
+    generator_optimizer, discriminator_optimizer = keras.optimizers.Adam(1e-3), keras.optimizers.Adam(1e-3)
+
+    @tf.function
+    def train_step(images, noise):
+        with tf.GradientTape() as gen_tape, tf.GradientTape() as disc_tape:
+            generated_images = generator(noise, training=True)
+            real_output = discriminator(images, training=True)
+            fake_output = discriminator(generated_images, training=True)
+            gen_loss = cross_entropy(tf.ones_like(fake_output), fake_output)
+            disc_loss = cross_entropy(tf.ones_like(real_output), real_output) + \
+                cross_entropy(tf.zeros_like(fake_output), fake_output)
+        gradients_of_generator = gen_tape.gradient(gen_loss, generator.trainable_variables)
+        gradients_of_discriminator = disc_tape.gradient(disc_loss, discriminator.trainable_variables)
+        generator_optimizer.apply_gradients(zip(gradients_of_generator, generator.trainable_variables))
+        discriminator_optimizer.apply_gradients(zip(gradients_of_discriminator, discriminator.trainable_variables))
+        return {"gen_loss": gen_loss, "disc_loss": disc_loss}
+
+    both = keras.Sequential([generator, discriminator])  # one object whose weights are both models'
+    return train_step, both, None
 
 
 def correct(logits: np.ndarray, y: np.ndarray) -> int:
@@ -88,6 +167,10 @@ def eager(name: str, steps: int, parts: int = 2) -> tuple[np.ndarray, list[np.nd
     ends with (the walkthrough's logits, read after the update)."""
     train_step, model, _ = build(name)
     losses, right = [], np.zeros(parts, np.int64)
+    if name in WITHOUT_LOSS:
+        for x, y in batches(name, steps):
+            train_step(x, y)
+        return None, [v.numpy() for v in model.trainable_variables], right
     for x, y in batches(name, steps):
         cut = list(zip(np.split(x, parts), np.split(y, parts)))
         if name == "keras-guide-loop":

@@ -1,0 +1,99 @@
+"""A ``tf.function`` step without an ``input_signature``, traced at its first call, as ``tf.function`` traces.
+
+TensorFlow's own tutorials write the step ``@tf.function def train_step(images, labels)``: no signature,
+traced when it is first called. ``parallel_run(train_step, ...)`` then returns a :class:`DeferredStep` at once
+(with the job's numbers as far as they are known before the graph is: :func:`parallax.member.identity.numbers`);
+its first call takes the signature from the arguments it is given (each tensor's dtype and shape, the batch
+dimension left open, of one replica's part), traces the step into the graph and starts what ``parallel_run``
+starts for a step with a signature (in the process the user ran, that launches the job and exits with its exit
+code). A later call whose arguments do not fit that signature is refused, naming the argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["DeferredStep", "signature_of"]
+
+
+def signature_of(args: tuple, num_replicas: int) -> list:
+    """The ``tf.TensorSpec`` structure of one replica's arguments, the batch dimension open: each argument one
+    batch per replica (a list or tuple of ``num_replicas`` of them), or, with one replica, the batch itself.
+
+    >>> signature_of(([np.zeros((4, 3), np.float32)], np.arange(4)), 1)
+    [TensorSpec(shape=(None, 3), dtype=tf.float32, name=None), TensorSpec(shape=(None,), dtype=tf.int64, name=None)]
+    """
+    specs = []
+    for arg in args:
+        one = arg[0] if isinstance(arg, (list, tuple)) and len(arg) == num_replicas else arg
+        specs.append(tf.nest.map_structure(_spec, one))
+    return specs
+
+
+def _spec(value: Any) -> tf.TensorSpec:
+    if isinstance(value, tf.Tensor):
+        shape, dtype = value.shape.as_list(), value.dtype
+    else:
+        array = np.asarray(value)
+        shape, dtype = list(array.shape), tf.as_dtype(array.dtype)
+    if not shape:
+        return tf.TensorSpec([], dtype)
+    return tf.TensorSpec([None, *shape[1:]], dtype)
+
+
+class DeferredStep:
+    """A step traced at its first call (see the module docstring).
+
+    Args:
+        fn: the ``tf.function`` without an input signature.
+        start: called once, with the signature, at the first call: what ``parallel_run`` returns for the step
+            traced with it, ``(step, num_workers, worker_id, num_replicas)`` (or it ends the process, in the
+            one that launches the job).
+        numbers: ``(num_workers, worker_id, num_replicas)`` as ``parallel_run`` returned them.
+    """
+
+    def __init__(self, fn: Any, start: Callable[[list], tuple], numbers: tuple[int, int, int]) -> None:
+        self._fn = fn
+        self._start = start
+        self._numbers = numbers
+        self._step: Any = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self._step is None:
+            signature = signature_of(args, self._numbers[2])
+            step, *numbers = self._start(signature)
+            if tuple(numbers) != tuple(self._numbers):
+                step.close()
+                raise RuntimeError(f"parallel_run returned num_workers, worker_id, num_replicas = {self._numbers} "
+                                   f"before the step {self._name!r} was traced, and its job has {tuple(numbers)}: give "
+                                   "the tf.function an input_signature so that they are known at once")
+            self._step = step
+        return self._step(*args)
+
+    @property
+    def _name(self) -> str:
+        return getattr(self._fn, "python_function", self._fn).__name__
+
+    def __getattr__(self, name: str) -> Any:  # session, graph, num_replicas, sync_variables, should_stop
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self.__dict__.get("_step") is None:
+            raise RuntimeError(f"the step {self._name!r} has no input_signature, so it is traced at its first call; "
+                               f"call it before asking for its {name}")
+        return getattr(self._step, name)
+
+    def close(self) -> None:
+        """Close the step's session (a step never called has none)."""
+        if self._step is not None:
+            self._step.close()
+
+    def __enter__(self) -> DeferredStep:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.close()
+        return exc_type is tf.errors.OutOfRangeError

@@ -1,0 +1,90 @@
+"""The TensorFlow 2 front end of ``parallel_run``: a ``tf.function`` step in, the single-device graph out, and
+how to wrap the session ``parallel_run`` makes over it.
+
+:func:`prepare` restores the program's own checkpoint (``CheckPointConfig.checkpoint``) before the trace reads the
+variables' values, traces the step (:mod:`parallax.tf2.trace`) and applies TensorFlow 2's conventions to the
+config; :meth:`PreparedStep.wrap` turns ``parallel_run``'s session into the step the program calls
+(:class:`parallax.tf2.step.DistributedStep`). Nothing downstream learns where the graph came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from parallax.config import CheckPointConfig, Config
+from parallax.tf2.checkpoints import StepCheckpoints, step_checkpoints
+from parallax.tf2.evaluate import use_job
+from parallax.tf2.step import DistributedStep
+from parallax.tf2.trace import TracedStep, is_step_function, trace_step
+
+__all__ = ["PreparedStep", "prepare", "graph_of", "is_step_function", "needs_first_call", "conventions"]
+
+
+@dataclass(frozen=True)
+class PreparedStep:
+    """A traced step and its checkpoints, ready for ``parallel_run``'s session."""
+
+    traced: TracedStep
+    checkpoints: StepCheckpoints | None
+
+    @property
+    def ckpt_dir(self) -> str | None:
+        """Where the step's own checkpoints go (elastic mode adds none)."""
+        return self.checkpoints.directory if self.checkpoints is not None else None
+
+    def wrap(self, outcome: tuple) -> tuple:
+        """``parallel_run``'s ``(session, num_workers, worker_id, num_replicas)`` with the step in place of the
+        session."""
+        session, *rest = outcome
+        if session.group is not None:
+            use_job(session.group)  # parallax.evaluate and parallax.predict shard over this job's workers
+        return (DistributedStep(session, self.traced, self.checkpoints, worker_id=rest[1]), *rest)
+
+
+def needs_first_call(fn: Any) -> bool:
+    """A ``tf.function`` without an input signature: traced at its first call (:mod:`parallax.tf2.deferred`)."""
+    return is_step_function(fn) and getattr(fn, "input_signature", None) is None
+
+
+def prepare(fn: Any, config: Config, signature: Any = None) -> tuple[PreparedStep, Config]:
+    """Trace ``fn`` (with ``signature`` when it has none of its own) after restoring its checkpoint; the config
+    with TensorFlow 2's conventions, and without the checkpoint the step keeps itself.
+
+    Raises:
+        ValueError: elastic mode without the step's own checkpoint saved on a schedule.
+    """
+    checkpoints = step_checkpoints(config)
+    _check_elastic_step(config, checkpoints is not None)
+    if checkpoints is not None:  # the program's own objects restored, before the trace reads their values
+        checkpoints.restore()
+        config = replace(config, ckpt_config=CheckPointConfig())
+    traced = trace_step(fn, signature)
+    if checkpoints is not None:
+        checkpoints.check_restored()
+    return PreparedStep(traced, checkpoints), conventions(config)
+
+
+def graph_of(fn: Any) -> Any:
+    """The single-device graph of ``fn`` (a ``tf.function`` with an input signature), for a plan's preview."""
+    return trace_step(fn).graph
+
+
+def _check_elastic_step(config: Config, has_checkpoint: bool) -> None:
+    """An elastic ``tf.function`` step resumes from its own ``tf.train.Checkpoint``, saved on a schedule.
+
+    Raises:
+        ValueError: elastic mode is on and the step has no such checkpoint.
+    """
+    ckpt = config.ckpt_config
+    if config.elastic_config.enabled and not (has_checkpoint and (ckpt.save_ckpt_steps or ckpt.save_ckpt_secs)):
+        raise ValueError("ElasticConfig: a restarted tf.function step resumes from the program's own "
+                         "tf.train.Checkpoint: give CheckPointConfig(ckpt_dir=..., checkpoint=tf.train.Checkpoint("
+                         "model=..., optimizer=...), save_ckpt_steps=...) (or save_ckpt_secs)")
+
+
+def conventions(config: Config) -> Config:
+    """A TensorFlow 2 step's defaults: sparse gradients averaged over the replicas unless the config says
+    otherwise (``average_sparse=None``), as ``model.fit`` and TensorFlow's distribution strategies average
+    every gradient; a ``tf.compat.v1`` graph keeps the seed's sum."""
+    return replace(config, average_sparse=True) if config.average_sparse is None else config

@@ -1,0 +1,57 @@
+"""A ``tf.function`` step as TensorFlow's tutorials write it, without an ``input_signature``
+(parallax/tf2/deferred.py): traced at its first call from its arguments, the batch dimension open; a later call
+that does not fit is refused naming the argument. One worker in this process: nothing is launched."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import parallax
+from parallax.tf2.deferred import signature_of
+
+
+def test_the_signature_is_one_replicas_part_with_the_batch_dimension_open():
+    specs = signature_of(([np.zeros((3, 4), np.float32), np.zeros((3, 4), np.float32)], {"ids": np.zeros(3, np.int32)}),
+                         num_replicas=2)
+    assert specs[0] == tf.TensorSpec([None, 4], tf.float32)
+    # a structure of one replica, given as it is
+    assert specs[1] == {"ids": tf.TensorSpec([None], tf.int32)}
+
+
+def _program():
+    import keras
+
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function  # no input_signature, returns nothing
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x, training=True) - y) ** 2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+    return train_step, model
+
+
+def test_a_step_without_a_signature_is_traced_at_its_first_call_and_trains_as_on_one_device(tmp_path):
+    rng = np.random.RandomState(0)
+    data = [(rng.randn(6, 4).astype(np.float32), rng.randn(6, 2).astype(np.float32)) for _ in range(3)]
+    step_fn, reference = _program()
+    for x, y in data:
+        step_fn(x, y)
+    train_step, model = _program()
+    resources = tmp_path / "resource_info"
+    resources.write_text("localhost: cpu:0\n")
+    step, num_workers, worker_id, num_replicas = parallax.parallel_run(train_step, str(resources))
+    assert (num_workers, worker_id, num_replicas) == (1, 0, 1)
+    for x, y in data:
+        assert step(x, y) is None
+    with pytest.raises(ValueError, match=r"^the step's argument tensor 0 has shape \[6, 5\] on a replica, and its "
+                                         r"signature takes \(None, 4\)"):
+        step(np.zeros((6, 5), np.float32), data[0][1])
+    step.close()
+    for got, want in zip(model.trainable_variables, reference.trainable_variables):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
