@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 
 import tensorflow as tf
 
+from parallax.batch_statistics import batch_statistics
 from parallax.errors import AnalysisError
 from parallax.rewrite.graph_ops import colocated_with, is_variable_write
 
@@ -169,12 +170,15 @@ class GraphAnalysis:
             by variable name.
         train_ops: names of the training ops (none in a forward-only graph).
         forward: the forward pass's ops in the order they were made (the layers' order).
+        batch_statistics: the layers that normalise by their batch's statistics
+            (:mod:`parallax.batch_statistics`).
     """
 
     variables: tuple[VariableInfo, ...]
     gradients: tuple[GradientInfo, ...]
     train_ops: tuple[str, ...]
     forward: tuple[ForwardOp, ...] = ()
+    batch_statistics: tuple[str, ...] = ()
 
     @property
     def forward_only(self) -> bool:
@@ -248,7 +252,8 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
         _refuse_unapplied_gradients(ops, {v.name for v in variables})
     train_ops = _train_ops(graph, scopes) if gradients else ()
     forward = _forward_ops(graph, gradients, {v.name: v for v in variables})
-    return GraphAnalysis(tuple(variables), tuple(gradients), train_ops, forward)
+    statistics = batch_statistics(graph) if gradients else ()
+    return GraphAnalysis(tuple(variables), tuple(gradients), train_ops, forward, statistics)
 
 
 def _refuse_unapplied_gradients(ops: list, variables: set[str]) -> None:

@@ -135,6 +135,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     flavor = flavor_of(model, "parallax.fit")
     _refuse_own_train_step(model, flavor)
     _refuse_restoring(callbacks)
+    _refuse_synchronized_statistics(model)
     if class_weight is not None and sample_weight is not None:
         raise ValueError("parallax.fit: class_weight goes with arrays x, y and no sample_weight (as in model.fit)")
     if validation_split:
@@ -264,6 +265,17 @@ def _refuse_own_train_step(model: Any, flavor: Flavor) -> None:
                          "Keras's own step (the forward pass, the compiled loss, the optimizer's update), so it would "
                          "not train as model.fit does; pass your step as a tf.function with an input_signature to "
                          "parallax.parallel_run (docs/tf2_programs.md)")
+
+
+def _refuse_synchronized_statistics(model: Any) -> None:
+    """A ``BatchNormalization(synchronized=True)`` asks for the statistics of the whole batch across replicas,
+    which Parallax does not compute (:mod:`parallax.batch_statistics`): refused rather than trained otherwise."""
+    asking = [layer.name for layer in model._flatten_layers() if getattr(layer, "synchronized", False)]
+    if asking:
+        raise ValueError(f"parallax.fit: {', '.join(asking)} asks for batch statistics synchronised across replicas "
+                         "(BatchNormalization(synchronized=True)), which Parallax does not compute: each replica would "
+                         "normalise its own part. Pass synchronized=False to train so (Parallax says at WARNING that "
+                         "it differs from one device), or use LayerNormalization / GroupNormalization")
 
 
 def _refuse_restoring(callbacks: list | None) -> None:

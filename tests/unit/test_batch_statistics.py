@@ -1,0 +1,72 @@
+"""Layers that normalise by their batch's statistics (parallax/batch_statistics.py): found in the graph of every
+front end, said at WARNING in the job's notes when several replicas each normalise their own part, and a Keras
+layer that asks for synchronised statistics refused by parallax.fit (Parallax does not compute them)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import parallax
+from parallax.analysis import analyse_graph
+from parallax.config import Config
+from parallax.job import make_job_plan
+from parallax.resources import parse_resource_text
+from parallax.settings import derive
+from parallax.tf2.trace import trace_step
+
+NOTE = "batch statistics (batch normalisation)"
+
+
+def _keras_step(**norm):
+    import keras
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
+                              keras.layers.BatchNormalization(name="norm", **norm), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None, 1])])
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x, training=True) - y) ** 2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    return step, model
+
+
+def _notes(graph, resources: str) -> tuple[str, ...]:
+    cluster = parse_resource_text(resources)
+    analysis = analyse_graph(graph)
+    return make_job_plan(cluster, derive(Config(run_option="MPI"), True, cluster, gpus=0), analysis).notes
+
+
+def test_a_keras_batch_norm_is_named_in_a_warning_when_several_replicas_each_normalise_their_part():
+    graph = trace_step(_keras_step()[0]).graph
+    (layer,) = analyse_graph(graph).batch_statistics  # the layer's scope in the traced step: sequential_1/norm_1
+    assert layer.split("/")[-1].startswith("norm")
+    notes = [n for n in _notes(graph, "localhost: cpu:0,cpu:1\n") if n.startswith(NOTE)]
+    assert len(notes) == 1 and f"{layer} normalises each example" in notes[0]
+    assert "each of the 2 replicas normalises its own part" in notes[0] and "LayerNormalization" in notes[0]
+    assert not [n for n in _notes(graph, "localhost: cpu:0\n") if n.startswith(NOTE)]  # one replica
+
+
+def test_a_tf1_fused_batch_norm_is_found_too():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 2, 2, 3])
+        scale, offset = tf.Variable(tf.ones([3])), tf.Variable(tf.zeros([3]))
+        with tf.name_scope("block1/bn"):
+            y, _, _ = tf.compat.v1.nn.fused_batch_norm(x, scale, offset, is_training=True)
+        loss = tf.reduce_mean(y)
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    assert analyse_graph(graph).batch_statistics == ("block1/bn",)
+
+
+def test_parallax_fit_refuses_a_batch_norm_that_asks_for_synchronised_statistics():
+    _, model = _keras_step(synchronized=True)
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ValueError, match=r"^parallax.fit: norm asks for batch statistics synchronised across "
+                                         r"replicas \(BatchNormalization\(synchronized=True\)\)"):
+        parallax.fit(model, np.zeros((4, 4)), np.zeros((4, 1)), resource_info="unused")
