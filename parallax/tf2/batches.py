@@ -75,6 +75,8 @@ class FitBatches:
             raise ValueError("parallax.fit: the data yields inputs without targets; give y, or a dataset of "
                              "(inputs, targets) or (inputs, targets, sample_weights)")
         #: the step's arguments: the inputs' and targets' specs (any batch size), and the weights'
+        #: whether the data has weights of its own (sample_weight, class_weight, a dataset's third element)
+        self.weighted = w_spec is not None
         weights = [None] if w_spec is None else [None, *w_spec.shape[1:]]  # per example, or per time step
         self.signature = [_any_batch(x_spec), _any_batch(y_spec), tf.TensorSpec(weights, tf.float32)]
 

@@ -234,6 +234,8 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
             rate.assign(tf.cast(rate_now, rate.dtype))
         with tf.GradientTape() as tape:
             prediction = model(x, training=True)
+            if not batches.weighted:  # Parallax's own weights (ones, 0 for padding): over every loss of an example
+                sample_weight = per_example(sample_weight, prediction)
             loss = flavor.loss(model, x, y, prediction, sample_weight)
             scaled = flavor.scaled(model, loss)  # as that Keras's step: a loss scale (mixed precision) applied
         flavor.apply(model, tape, scaled)
@@ -241,6 +243,16 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
         return loss, tf.nest.flatten(prediction), flavor.regularization(model)
 
     return tf.function(step, input_signature=[*batches.signature, tf.TensorSpec([], tf.float32)])
+
+
+def per_example(weights: tf.Tensor, prediction: Any) -> tf.Tensor:
+    """Weights of one value per example shaped to weigh every loss value of its example: ``(batch, 1, ...)`` to
+    the rank of the loss (the prediction's less its last axis), so that a loss per time step, ``(batch, time)``,
+    takes them as Keras takes weights of its own rank (``model.fit`` without weights weighs nothing)."""
+    rank = tf.nest.flatten(prediction)[0].shape.rank
+    if rank is None or rank <= 2:
+        return weights
+    return tf.reshape(weights, [-1] + [1] * (rank - 2))
 
 
 def _saves_within_epochs(callbacks: list) -> bool:

@@ -1,0 +1,53 @@
+"""Public Keras 3 programs of other shapes (tests/tf2/keras_programs.py: a Transformer with position embeddings,
+an LSTM sequence-to-sequence model with a loss per time step, a recommender of several tables on a dict input,
+a masked LSTM) moved onto Parallax with the one-line change, against the same program's ``model.fit`` as
+written (shuffled by Keras): every epoch's logs and every trained weight, on every worker, in MPI, PS, HYBRID
+and AUTO on 2 processes and with 2 replicas in one process. ``make test`` runs MPI and PS."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests.multiprocess.harness import LAYOUTS, ROOT, ScriptJobs
+from tests.tf2.keras_programs import PROGRAMS
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+SCRIPT = os.path.join(ROOT, "tests", "tf2", "keras_script.py")
+GROUPS = {g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "HYBRID-2", "AUTO-2", "local-2-replicas")}
+CORE = ("MPI-2", "PS-2")
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    return ScriptJobs(tmp_path_factory, SCRIPT, {g: (text, ["--run_option", option])
+                                                 for g, (text, option, *_) in GROUPS.items()}, list(PROGRAMS))
+
+
+@functools.cache
+def reference(name: str):
+    from tests.tf2.keras_programs import single_device
+
+    return single_device(name)
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+@pytest.mark.parametrize("group", [pytest.param(g, marks=[pytest.mark.xdist_group(f"tf2-keras-{g}")]
+                                                + [pytest.mark.core] * (g in CORE)) for g in GROUPS])
+def test_a_public_keras_program_trains_as_its_own_model_fit(jobs, group, name):
+    out = jobs.case(group, name)
+    history, weights = reference(name)
+    for rank in range(GROUPS[group][2]):
+        where = f"{group} {name} rank {rank}"
+        with np.load(os.path.join(out, f"rank_{rank}.npz")) as got:
+            logged = json.loads(str(got["history"]))
+            assert sorted(logged) == sorted(history), where
+            for key, values in history.items():
+                np.testing.assert_allclose(logged[key], values, rtol=1e-5, err_msg=f"{where}: {key}")
+            for i, value in enumerate(weights):
+                np.testing.assert_allclose(got[f"v{i}"], value, rtol=1e-5, atol=1e-6, err_msg=f"{where}: weight {i}")

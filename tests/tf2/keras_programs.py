@@ -1,0 +1,125 @@
+"""Public Keras 3 programs of other shapes, rewritten small (random data of the real layout in place of the
+downloads; Apache-2.0, keras-io), each trained by ``model.fit`` exactly as it is written (shuffle on, seeded
+by ``keras.utils.set_random_seed``): the reference ``parallax.fit(model, <the same arguments>)`` must equal.
+
+* ``transformer``: keras-io "Text classification with Transformer": ``TokenAndPositionEmbedding`` (positions
+  looked up with ``ops.arange``), a ``TransformerBlock`` (``MultiHeadAttention``, ``LayerNormalization``, a
+  feed-forward pair), ``GlobalAveragePooling1D``, Adam, ``sparse_categorical_crossentropy``, accuracy;
+* ``seq2seq``: keras-io "Character-level recurrent sequence-to-sequence model": an LSTM encoder whose states
+  start an LSTM decoder, one-hot targets per time step (``categorical_crossentropy`` of each step), RMSprop;
+* ``recommender``: keras-io "Collaborative Filtering for Movie Recommendations": a user table and a movie table
+  (each with a bias table), their dot product per example, Adam, a dict input (upstream's
+  ``ops.tensordot(user, movie, 2)`` sums over the whole batch, which no data-parallel training makes equal to
+  one device: here ``ops.sum(user * movie, axis=-1)``, what the example means);
+* ``masked``: an ``Embedding(mask_zero=True)`` feeding an LSTM (padded sequences, the mask carried by Keras),
+  Adam, binary cross-entropy.
+
+``build(name)`` makes the compiled model (seeded); ``data(name)`` its ``(x, y)``; ``FIT`` the fit arguments.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+PROGRAMS = ("transformer", "seq2seq", "recommender", "masked")
+FIT = {"batch_size": 8, "epochs": 2}
+EXAMPLES = 32
+MAXLEN, VOCAB = 6, 20
+
+
+def data(name: str):
+    rng = np.random.RandomState(7)
+    if name == "transformer":
+        return rng.randint(0, VOCAB, (EXAMPLES, MAXLEN)).astype(np.int32), rng.randint(0, 2, EXAMPLES)
+    if name == "seq2seq":
+        one_hot = np.eye(5, dtype=np.float32)
+        encoder, decoder = one_hot[rng.randint(0, 5, (EXAMPLES, 4))], one_hot[rng.randint(0, 5, (EXAMPLES, 3))]
+        return [encoder, decoder], one_hot[rng.randint(0, 5, (EXAMPLES, 3))]
+    if name == "recommender":
+        return ({"user": rng.randint(0, 9, EXAMPLES).astype(np.int32),
+                 "movie": rng.randint(0, 11, EXAMPLES).astype(np.int32)},
+                rng.uniform(0, 1, EXAMPLES).astype(np.float32))
+    lengths = rng.randint(1, MAXLEN + 1, EXAMPLES)
+    ids = rng.randint(1, VOCAB, (EXAMPLES, MAXLEN)) * (np.arange(MAXLEN)[None, :] < lengths[:, None])
+    return ids.astype(np.int32), rng.randint(0, 2, (EXAMPLES, 1)).astype(np.float32)
+
+
+def build(name: str):
+    import keras
+    from keras import layers, ops
+
+    keras.utils.set_random_seed(1)
+    if name == "transformer":
+        class TransformerBlock(layers.Layer):
+            def __init__(self, embed_dim, num_heads, ff_dim):
+                super().__init__()
+                self.att = layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
+                self.ffn = keras.Sequential([layers.Dense(ff_dim, activation="relu"), layers.Dense(embed_dim)])
+                self.layernorm1 = layers.LayerNormalization(epsilon=1e-6)
+                self.layernorm2 = layers.LayerNormalization(epsilon=1e-6)
+
+            def call(self, inputs):
+                out1 = self.layernorm1(inputs + self.att(inputs, inputs))
+                return self.layernorm2(out1 + self.ffn(out1))
+
+        class TokenAndPositionEmbedding(layers.Layer):
+            def __init__(self, maxlen, vocab_size, embed_dim):
+                super().__init__()
+                self.token_emb = layers.Embedding(input_dim=vocab_size, output_dim=embed_dim)
+                self.pos_emb = layers.Embedding(input_dim=maxlen, output_dim=embed_dim)
+
+            def call(self, x):
+                maxlen = ops.shape(x)[-1]
+                positions = self.pos_emb(ops.arange(start=0, stop=maxlen, step=1))
+                return self.token_emb(x) + positions
+
+        inputs = layers.Input(shape=(MAXLEN,))
+        x = TokenAndPositionEmbedding(MAXLEN, VOCAB, 8)(inputs)
+        x = TransformerBlock(8, 2, 8)(x)
+        x = layers.GlobalAveragePooling1D()(x)
+        x = layers.Dense(8, activation="relu")(x)
+        model = keras.Model(inputs=inputs, outputs=layers.Dense(2, activation="softmax")(x))
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        return model
+    if name == "seq2seq":
+        encoder_inputs = keras.Input(shape=(None, 5))
+        _, state_h, state_c = layers.LSTM(8, return_state=True)(encoder_inputs)
+        decoder_inputs = keras.Input(shape=(None, 5))
+        decoder_outputs = layers.LSTM(8, return_sequences=True)(decoder_inputs, initial_state=[state_h, state_c])
+        model = keras.Model([encoder_inputs, decoder_inputs], layers.Dense(5, activation="softmax")(decoder_outputs))
+        model.compile(optimizer="rmsprop", loss="categorical_crossentropy", metrics=["accuracy"])
+        return model
+    if name == "recommender":
+        class RecommenderNet(keras.Model):
+            def __init__(self, num_users, num_movies, embedding_size):
+                super().__init__()
+                self.user_embedding = layers.Embedding(num_users, embedding_size, embeddings_initializer="he_normal",
+                                                       embeddings_regularizer=keras.regularizers.l2(1e-6))
+                self.user_bias = layers.Embedding(num_users, 1)
+                self.movie_embedding = layers.Embedding(num_movies, embedding_size,
+                                                        embeddings_initializer="he_normal",
+                                                        embeddings_regularizer=keras.regularizers.l2(1e-6))
+                self.movie_bias = layers.Embedding(num_movies, 1)
+
+            def call(self, inputs):
+                user_vector = self.user_embedding(inputs["user"])
+                movie_vector = self.movie_embedding(inputs["movie"])
+                dot_user_movie = ops.sum(user_vector * movie_vector, axis=-1, keepdims=True)  # per example
+                x = dot_user_movie + self.user_bias(inputs["user"]) + self.movie_bias(inputs["movie"])
+                return ops.sigmoid(ops.squeeze(x, -1))
+
+        model = RecommenderNet(9, 11, 4)
+        model.compile(loss=keras.losses.BinaryCrossentropy(), optimizer=keras.optimizers.Adam(learning_rate=1e-3))
+        return model
+    model = keras.Sequential([layers.Input((MAXLEN,), dtype="int32"), layers.Embedding(VOCAB, 8, mask_zero=True),
+                              layers.LSTM(8), layers.Dense(1, activation="sigmoid")])
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def single_device(name: str) -> tuple[dict, list]:
+    """``model.fit`` as the program calls it: its History and trained weights."""
+    model = build(name)
+    x, y = data(name)
+    history = model.fit(x, y, verbose=0, **FIT).history
+    return history, [v.numpy() for v in model.trainable_variables]

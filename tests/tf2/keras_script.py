@@ -1,0 +1,37 @@
+"""The programs of tests/tf2/keras_programs.py moved onto Parallax at their one training call:
+``python keras_script.py --resource_info R --run_option M --out D PROGRAM...``; each rank writes its History
+and trained weights to ``D/<program>/rank_<id>.npz``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import numpy as np  # noqa: E402
+
+import parallax  # noqa: E402
+from tests.tf2.keras_programs import FIT, build, data  # noqa: E402
+from tests.tf2.scripts import parser  # noqa: E402
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("programs", nargs="+")
+    args = p.parse_args()
+    for name in args.programs:
+        model = build(name)
+        x, y = data(name)
+        config = parallax.Config(run_option=args.run_option, stall_timeout=60)
+        history = parallax.fit(model, x, y, verbose=0, **FIT, resource_info=args.resource_info,
+                               parallax_config=config)
+        out = os.path.join(args.out, name)
+        os.makedirs(out, exist_ok=True)
+        np.savez(os.path.join(out, f"rank_{history.worker_id}.npz"), history=json.dumps(history.history),
+                 **{f"v{i}": v.numpy() for i, v in enumerate(model.trainable_variables)})
+
+
+if __name__ == "__main__":
+    main()
