@@ -37,6 +37,7 @@ import tensorflow as tf
 from parallax.batch_statistics import batch_statistics
 from parallax.errors import AnalysisError
 from parallax.rewrite.graph_ops import colocated_with, is_variable_write
+from parallax.update_order import refuse_gradients_after_updates
 
 __all__ = ["VariableInfo", "GradientInfo", "ForwardOp", "GraphAnalysis", "analyse_graph", "VARIABLE_OP_TYPES",
            "update_scope_owner"]
@@ -247,6 +248,7 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
     _refuse_gradients_behind_decisions(graph, gradients)
     _refuse_decisions_on_a_replicas_data(graph, gradients)
     _refuse_hidden_updates(graph, {v.name for v in variables if v.trainable})
+    refuse_gradients_after_updates(graph, gradients)
     _refuse_trainables_written_from_data(ops, {v.name for v in variables if v.trainable}, scopes)
     if not gradients:
         _refuse_unapplied_gradients(ops, {v.name for v in variables})

@@ -44,11 +44,12 @@ class FitBatches:
         x, y, sample_weight, batch_size, steps_per_epoch, shuffle, class_weight, initial_epoch, epochs:
             as ``model.fit`` takes them.
         seed: the seed of the shuffle where the program set no global seed.
+        targets: whether the data must have targets (a model's own ``train_step`` may take inputs alone).
     """
 
     def __init__(self, flavor_name: str, model: Any, x: Any, y: Any, sample_weight: Any, batch_size: int | None,
                  steps_per_epoch: int | None, shuffle: Any, class_weight: dict | None, initial_epoch: int,
-                 epochs: int, seed: int) -> None:
+                 epochs: int, seed: int, targets: bool = True) -> None:
         self._legacy = flavor_name == "tf_keras"
         with _seeded(seed):
             if self._legacy:
@@ -71,14 +72,17 @@ class FitBatches:
                 spec = self._iterator._distributed_dataset.element_spec
                 self.steps = self._iterator.num_batches
         x_spec, y_spec, w_spec = _unpack(spec)
-        if y_spec is None:
+        #: whether the data has targets
+        self.has_targets = y_spec is not None
+        if y_spec is None and targets:
             raise ValueError("parallax.fit: the data yields inputs without targets; give y, or a dataset of "
                              "(inputs, targets) or (inputs, targets, sample_weights)")
         #: the step's arguments: the inputs' and targets' specs (any batch size), and the weights'
         #: whether the data has weights of its own (sample_weight, class_weight, a dataset's third element)
         self.weighted = w_spec is not None
         weights = [None] if w_spec is None else [None, *w_spec.shape[1:]]  # per example, or per time step
-        self.signature = [_any_batch(x_spec), _any_batch(y_spec), tf.TensorSpec(weights, tf.float32)]
+        self.signature = [_any_batch(x_spec), None if y_spec is None else _any_batch(y_spec),
+                          tf.TensorSpec(weights, tf.float32)]
 
     def epochs(self, initial_epoch: int, epochs: int) -> Iterator[tuple[int, Iterator[tuple]]]:
         """``(epoch, its batches)`` for each epoch, as ``model.fit``'s loop draws them."""

@@ -49,6 +49,7 @@ from parallax.comm.group import Alone
 from parallax.tf2.batches import FitBatches, check_same
 from parallax.tf2.evaluate import chief_or_shared, evaluate_on, global_batches, numbers, sum_metrics, use_job
 from parallax.tf2.keras_flavor import Flavor, flavor_of
+from parallax.tf2.own_step import GraphMetrics, check_even, overrides_train_step, own_train_step
 
 __all__ = ["fit", "parts", "split_validation"]
 
@@ -133,7 +134,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     from parallax.api import parallel_run
 
     flavor = flavor_of(model, "parallax.fit")
-    _refuse_own_train_step(model, flavor)
+    own = overrides_train_step(model, flavor.module)
     _refuse_restoring(callbacks)
     _refuse_synchronized_statistics(model)
     if class_weight is not None and sample_weight is not None:
@@ -149,12 +150,14 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     if x is None:
         raise TypeError("parallax.fit: x is missing (arrays, or a tf.data.Dataset of (inputs, targets) batches)")
     batches = FitBatches(flavor.module.__name__.split(".")[0], model, x, y, sample_weight, batch_size,
-                         steps_per_epoch, shuffle, class_weight, initial_epoch, epochs, seed)
-    if len(tf.nest.flatten(batches.signature[1])) > 1:
+                         steps_per_epoch, shuffle, class_weight, initial_epoch, epochs, seed, targets=not own)
+    if not own and len(tf.nest.flatten(batches.signature[1])) > 1:
         raise ValueError("parallax.fit: the model has several targets (a loss each, logged as metrics of their "
                          "own): not yet supported; train it with a tf.function step and parallel_run")
     outputs: dict = {}  # the structure of the model's predictions, seen when the step is traced
-    step_fn = _train_step(model, flavor, batches, outputs)
+    step_fn = own_train_step(model, batches.signature, batches.has_targets, batches.weighted) if own \
+        else _train_step(model, flavor, batches, outputs)
+    graph_metrics = GraphMetrics(model) if own else None
     step, num_workers, worker_id, num_replicas = parallel_run(step_fn, resource_info, sync=sync,
                                                               parallax_config=parallax_config)
     group = step.session.group
@@ -182,6 +185,10 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
             if index == 0 and num_workers > 1:
                 check_same(group, batch, epoch)
             callback_list.on_train_batch_begin(index)
+            if own:
+                batch_logs = _own_step(step, batch, num_workers, worker_id, num_replicas)
+                callback_list.on_train_batch_end(index, batch_logs)
+                continue
             fed, size, examples = even_parts(batch, num_workers * num_replicas)
             mine = [parts(a, num_workers, worker_id, num_replicas) for a in fed]  # x, y, w: a part per replica
             losses, predicted, regularization = step(*[_per_leaf(m, a) for m, a in zip(mine, fed)],
@@ -201,9 +208,13 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
             if saves_in_epochs:  # a ModelCheckpoint(save_freq=<batches>) saves the weights trained so far
                 _sync(step, model)
             callback_list.on_train_batch_end(index, numbers(model.get_metrics_result()))
-        sum_metrics(model, group)
+        if own:
+            graph_metrics.into_model(step, group)
+        else:
+            sum_metrics(model, group)
         logs = numbers(model.get_metrics_result())
-        _sync(step, model)  # the callbacks and the validation see the trained weights
+        if not own:
+            _sync(step, model)  # the callbacks and the validation see the trained weights
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
             _, val_batches = global_batches(*_triple(validation_data), validation_batch_size or batch_size,
                                             validation_steps, "parallax.fit: validation_data")
@@ -214,7 +225,10 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
             model.stop_training = True
         if model.stop_training:
             break
-    _sync(step, model, close=True)
+    if own:
+        step.close()
+    else:
+        _sync(step, model, close=True)
     callback_list.on_train_end(logs)
     history = model.history
     history.num_workers, history.worker_id, history.num_replicas = num_workers, worker_id, num_replicas
@@ -269,14 +283,14 @@ def learning_rate(model: Any, flavor: Flavor) -> np.float32:
     return np.float32(0.0 if rate is None else np.asarray(rate.numpy() if hasattr(rate, "numpy") else rate))
 
 
-def _refuse_own_train_step(model: Any, flavor: Flavor) -> None:
-    """``parallax.fit`` trains with Keras's own step; a model that overrides ``train_step`` (a GAN, a custom
-    loss or update) would be trained otherwise than ``model.fit`` trains it."""
-    if type(model).train_step is not flavor.module.Model.train_step:
-        raise ValueError(f"parallax.fit: {type(model).__name__} overrides train_step, and parallax.fit trains with "
-                         "Keras's own step (the forward pass, the compiled loss, the optimizer's update), so it would "
-                         "not train as model.fit does; pass your step as a tf.function with an input_signature to "
-                         "parallax.parallel_run (docs/tf2_programs.md)")
+def _own_step(step: Any, batch: tuple, num_workers: int, worker_id: int, num_replicas: int) -> dict:
+    """One step of the model's own ``train_step`` on this worker's parts of ``batch``; the logs of its first
+    replica (:mod:`parallax.tf2.own_step`)."""
+    check_even(len(tf.nest.flatten(batch[0])[0]), num_workers * num_replicas)
+    given = [a for a in batch if a is not None]
+    mine = [parts(a, num_workers, worker_id, num_replicas) for a in given]
+    logs = step(*[_per_leaf(m, a) for m, a in zip(mine, given)])
+    return {k: float(np.asarray(v[0]).mean()) for k, v in logs.items()}
 
 
 def _refuse_synchronized_statistics(model: Any) -> None:

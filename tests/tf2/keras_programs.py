@@ -12,7 +12,15 @@ by ``keras.utils.set_random_seed``): the reference ``parallax.fit(model, <the sa
   ``ops.tensordot(user, movie, 2)`` sums over the whole batch, which no data-parallel training makes equal to
   one device: here ``ops.sum(user * movie, axis=-1)``, what the example means);
 * ``masked``: an ``Embedding(mask_zero=True)`` feeding an LSTM (padded sequences, the mask carried by Keras),
-  Adam, binary cross-entropy.
+  Adam, binary cross-entropy;
+* ``custom-step``: Keras's guide "Customizing what happens in fit()": a model whose ``train_step`` computes the
+  loss, applies the optimizer and updates its metrics itself;
+* ``gan``: the same guide's GAN: a ``train_step`` that trains a discriminator and a generator with two
+  optimizers, compiled with neither loss nor metrics, its two loss trackers its metrics. Adapted: the latent
+  vectors come with the data (the guide draws them, and the noise it adds to the labels, inside the step, which
+  no data-parallel training makes equal to one device), and both gradients are computed before either update,
+  as TensorFlow's DCGAN tutorial does (the guide's generator differentiates through the discriminator it has just
+  updated, which Parallax refuses: tests/unit/test_update_order.py).
 
 ``build(name)`` makes the compiled model (seeded); ``data(name)`` its ``(x, y)``; ``FIT`` the fit arguments.
 """
@@ -21,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-PROGRAMS = ("transformer", "seq2seq", "recommender", "masked")
+PROGRAMS = ("transformer", "seq2seq", "recommender", "masked", "custom-step", "gan")
 FIT = {"batch_size": 8, "epochs": 2}
 EXAMPLES = 32
 MAXLEN, VOCAB = 6, 20
@@ -39,6 +47,10 @@ def data(name: str):
         return ({"user": rng.randint(0, 9, EXAMPLES).astype(np.int32),
                  "movie": rng.randint(0, 11, EXAMPLES).astype(np.int32)},
                 rng.uniform(0, 1, EXAMPLES).astype(np.float32))
+    if name == "custom-step":
+        return rng.randn(EXAMPLES, 4).astype(np.float32), rng.randn(EXAMPLES, 1).astype(np.float32)
+    if name == "gan":  # real images and latent vectors, as fit's x and y (the step takes both as its data)
+        return rng.uniform(-1, 1, (EXAMPLES, 6)).astype(np.float32), rng.randn(EXAMPLES, 3).astype(np.float32)
     lengths = rng.randint(1, MAXLEN + 1, EXAMPLES)
     ids = rng.randint(1, VOCAB, (EXAMPLES, MAXLEN)) * (np.arange(MAXLEN)[None, :] < lengths[:, None])
     return ids.astype(np.int32), rng.randint(0, 2, (EXAMPLES, 1)).astype(np.float32)
@@ -111,10 +123,88 @@ def build(name: str):
         model = RecommenderNet(9, 11, 4)
         model.compile(loss=keras.losses.BinaryCrossentropy(), optimizer=keras.optimizers.Adam(learning_rate=1e-3))
         return model
+    if name == "custom-step":
+        return _custom_step(keras)
+    if name == "gan":
+        return _gan(keras)
     model = keras.Sequential([layers.Input((MAXLEN,), dtype="int32"), layers.Embedding(VOCAB, 8, mask_zero=True),
                               layers.LSTM(8), layers.Dense(1, activation="sigmoid")])
     model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
     return model
+
+
+def _custom_step(keras):
+    import tensorflow as tf
+
+    class CustomModel(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(y=y, y_pred=y_pred)
+            trainable_vars = self.trainable_variables
+            gradients = tape.gradient(loss, trainable_vars)
+            self.optimizer.apply(gradients, trainable_vars)
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+                else:
+                    metric.update_state(y, y_pred)
+            return {m.name: m.result() for m in self.metrics}
+
+    inputs = keras.Input(shape=(4,))
+    model = CustomModel(inputs, keras.layers.Dense(1)(keras.layers.Dense(8, activation="relu")(inputs)))
+    model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    return model
+
+
+def _gan(keras):
+    import tensorflow as tf
+    from keras import layers, ops
+
+    class GAN(keras.Model):
+        def __init__(self, discriminator, generator):
+            super().__init__()
+            self.discriminator = discriminator
+            self.generator = generator
+            self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
+            self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
+
+        def compile(self, d_optimizer, g_optimizer, loss_fn):
+            super().compile()
+            self.d_optimizer, self.g_optimizer, self.loss_fn = d_optimizer, g_optimizer, loss_fn
+
+        @property
+        def metrics(self):
+            return [self.d_loss_tracker, self.g_loss_tracker]
+
+        def train_step(self, data):
+            real_images, random_latent_vectors = data
+            batch_size = ops.shape(real_images)[0]
+            generated_images = self.generator(random_latent_vectors)
+            combined_images = ops.concatenate([generated_images, real_images], axis=0)
+            labels = ops.concatenate([ops.ones((batch_size, 1)), ops.zeros((batch_size, 1))], axis=0)
+            with tf.GradientTape() as tape:
+                d_loss = self.loss_fn(labels, self.discriminator(combined_images))
+            d_grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+            misleading_labels = ops.zeros((batch_size, 1))
+            with tf.GradientTape() as tape:
+                g_loss = self.loss_fn(misleading_labels, self.discriminator(self.generator(random_latent_vectors)))
+            g_grads = tape.gradient(g_loss, self.generator.trainable_weights)
+            self.d_optimizer.apply_gradients(zip(d_grads, self.discriminator.trainable_weights))
+            self.g_optimizer.apply_gradients(zip(g_grads, self.generator.trainable_weights))
+            self.d_loss_tracker.update_state(d_loss)
+            self.g_loss_tracker.update_state(g_loss)
+            return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
+
+    discriminator = keras.Sequential([keras.Input((6,)), layers.Dense(8), layers.LeakyReLU(negative_slope=0.2),
+                                      layers.Dense(1)])
+    generator = keras.Sequential([keras.Input((3,)), layers.Dense(8), layers.LeakyReLU(negative_slope=0.2),
+                                  layers.Dense(6, activation="tanh")])
+    gan = GAN(discriminator, generator)
+    gan.compile(d_optimizer=keras.optimizers.Adam(3e-4), g_optimizer=keras.optimizers.Adam(3e-4),
+                loss_fn=keras.losses.BinaryCrossentropy(from_logits=True))
+    return gan
 
 
 def single_device(name: str) -> tuple[dict, list]:

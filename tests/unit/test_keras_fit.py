@@ -239,13 +239,10 @@ def test_tf_keras_models_evaluate_and_predict_as_tf_keras_does_alone():
                                model.predict(x, batch_size=3, verbose=0), rtol=1e-6)
 
 
-@pytest.mark.parametrize("flavor", ["keras", "tf_keras"])
-def test_a_model_with_its_own_train_step_is_refused_saying_to_pass_the_step(flavor):
-    import importlib
+def _custom_model(k):
+    import tensorflow as tf
 
-    k = importlib.import_module(flavor)
-
-    class Custom(k.Model):  # as in Keras's guide "Customizing what happens in fit()"
+    class Custom(k.Model):  # Keras's guide "Customizing what happens in fit()", its first example
         def __init__(self):
             super().__init__()
             self.dense = k.layers.Dense(1)
@@ -254,12 +251,43 @@ def test_a_model_with_its_own_train_step_is_refused_saying_to_pass_the_step(flav
             return self.dense(x)
 
         def train_step(self, data):
-            return super().train_step(data)
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compiled_loss(y, y_pred) if hasattr(self, "compiled_loss") and not hasattr(
+                    self, "compute_loss") else self.compute_loss(y=y, y_pred=y_pred)
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+                else:
+                    metric.update_state(y, y_pred)
+            return {m.name: m.result() for m in self.metrics}
 
+    k.utils.set_random_seed(2)
     model = Custom()
-    model.compile(optimizer="sgd", loss="mse")
-    with pytest.raises(ValueError, match=r"Custom overrides train_step.*parallax.parallel_run"):
-        parallax.fit(model, np.zeros((4, 2), np.float32), np.zeros((4, 1), np.float32), resource_info="unused")
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    return model
+
+
+@pytest.mark.parametrize("flavor", ["keras", "tf_keras"])
+def test_a_model_with_its_own_train_step_trains_with_it_as_model_fit_does(flavor, tmp_path):
+    import importlib
+
+    k = importlib.import_module(flavor)
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(16, 2).astype(np.float32), rng.randn(16, 1).astype(np.float32)
+    reference = _custom_model(k)
+    expected = reference.fit(x, y, batch_size=4, epochs=2, verbose=0).history
+    model = _custom_model(k)
+    (tmp_path / "resource_info").write_text("localhost: cpu:0\n")
+    got = parallax.fit(model, x, y, batch_size=4, epochs=2, verbose=0, resource_info=str(tmp_path / "resource_info"))
+    assert sorted(got.history) == sorted(expected)
+    for key, values in expected.items():
+        np.testing.assert_allclose(got.history[key], values, rtol=1e-5, err_msg=key)
+    for a, b in zip(model.trainable_variables, reference.trainable_variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5)
 
 
 def test_callbacks_that_write_files_run_on_worker_0_alone_subclasses_too(tmp_path):
