@@ -687,6 +687,10 @@ class Config(_ConfigBase):
             its peers (in ``sess.run`` or while its session starts) before the
             launcher prints who waits for whom and where; again every that many
             seconds while it lasts. ``None`` turns the check off. Default 30.
+        check_first_step: (Parallax only) before a ``tf.function`` step's (or ``parallax.fit``'s) first step,
+            worker 0 checks that the gradient of its part is the mean of its halves' and says at WARNING
+            where it is not (batch statistics, an op over the batch, random draws: the result then differs
+            from one device): :mod:`parallax.tf2.first_step`. Default ``True``.
     """
 
     run_option: str | None = _field(None, _run_option)
@@ -709,6 +713,7 @@ class Config(_ConfigBase):
     device_memory: int | str | None = _field(None, _bytes_or_none)
     pipeline_schedule: str = _field("gpipe", _schedule)
     elastic_config: ElasticConfig = _field(ElasticConfig, _instance_of(lambda: ElasticConfig), factory=True)
+    check_first_step: bool = _field(True, _bool)
 
     @property
     def stages(self) -> int:

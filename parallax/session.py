@@ -171,12 +171,14 @@ class ParallaxSession(SingleDeviceSession):
                 self._heartbeat.step_done()
         return values
 
-    def read(self, fetches: Any) -> Any:
-        """Read ``fetches`` (of the single-device graph, as :meth:`run` takes them) past the program's
-        hooks, one value each (the first local replica's), as one device gives them: a read that is no
-        step of the program's (a ``MonitoredSession`` refuses ``run`` once its hooks asked to stop)."""
+    def read(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None) -> Any:
+        """Read ``fetches`` (of the single-device graph, as :meth:`run` takes them, fed as it takes them) past
+        the program's hooks, one value each (the first local replica's), as one device gives them: a read
+        that is no step of the program's (a ``MonitoredSession`` refuses ``run`` once its hooks asked to stop)."""
         structure, targets, _, elements = self._translator.fetch_plan(fetches)
-        return self._translator.rebuild(structure, run_past_hooks(self._session, elements), targets, first_only=True)
+        feeds = self._translator.map_feeds(feed_dict) if feed_dict else None
+        return self._translator.rebuild(structure, run_past_hooks(self._session, elements, feeds), targets,
+                                        first_only=True)
 
     def make_callable(self, fetches: Any, feed_list: list | tuple | None = None, accept_options: bool = False):
         """A function that runs ``fetches``, like ``tf.compat.v1.Session.make_callable``.

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from parallax.analysis import analyse_graph
 from parallax.config import CheckPointConfig, Config
 from parallax.tf2.checkpoints import StepCheckpoints, step_checkpoints
 from parallax.tf2.evaluate import use_job
@@ -27,6 +28,7 @@ class PreparedStep:
 
     traced: TracedStep
     checkpoints: StepCheckpoints | None
+    check_first_step: bool = True
 
     @property
     def ckpt_dir(self) -> str | None:
@@ -39,7 +41,10 @@ class PreparedStep:
         session, *rest = outcome
         if session.group is not None:
             use_job(session.group)  # parallax.evaluate and parallax.predict shard over this job's workers
-        return (DistributedStep(session, self.traced, self.checkpoints, worker_id=rest[1]), *rest)
+        several = rest[0] * rest[2] > 1  # one replica in all trains as one device, whatever the step
+        checked = analyse_graph(self.traced.graph).gradients if self.check_first_step and several and rest[1] == 0 \
+            else None
+        return (DistributedStep(session, self.traced, self.checkpoints, worker_id=rest[1], check=checked), *rest)
 
 
 def needs_first_call(fn: Any) -> bool:
@@ -62,7 +67,7 @@ def prepare(fn: Any, config: Config, signature: Any = None) -> tuple[PreparedSte
     traced = trace_step(fn, signature)
     if checkpoints is not None:
         checkpoints.check_restored()
-    return PreparedStep(traced, checkpoints), conventions(config)
+    return PreparedStep(traced, checkpoints, config.check_first_step), conventions(config)
 
 
 def graph_of(fn: Any) -> Any:

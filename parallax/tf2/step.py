@@ -21,8 +21,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from parallax.logs import log as logger
 from parallax.member import preemption
 from parallax.tf2.checkpoints import StepCheckpoints
+from parallax.tf2.first_step import check_first_step
 from parallax.tf2.trace import TracedStep
 
 __all__ = ["DistributedStep"]
@@ -36,10 +38,13 @@ class DistributedStep:
         traced: the traced step.
         checkpoints: the job's checkpoints in the program's form (``CheckPointConfig.checkpoint``), if any.
         worker_id: this worker's index (worker 0 saves the checkpoints).
+        check: the graph's gradients, for the first step's check (:mod:`parallax.tf2.first_step`); ``None``:
+            no check.
     """
 
     def __init__(self, session: Any, traced: TracedStep, checkpoints: StepCheckpoints | None = None,
-                 worker_id: int = 0) -> None:
+                 worker_id: int = 0, check: list | None = None) -> None:
+        self._check = check
         self._session = session
         self._traced = traced
         self._checkpoints = checkpoints
@@ -81,6 +86,12 @@ class DistributedStep:
                  for placeholder, value, rank in zip(self._traced.inputs, flat, self._ranks)}
         for position, (placeholder, value) in enumerate(feeds.items()):
             _check_fits(placeholder, value, position)
+        if self._check is not None:
+            gradients, self._check = self._check, None
+            try:
+                check_first_step(self._session, gradients, list(self._traced.inputs), feeds, self.num_replicas)
+            except Exception as e:  # noqa: BLE001 - a check that cannot run says so and trains on
+                logger.info("Parallax: the first step's check did not run (%s: %s)", type(e).__name__, e)
         fetched, _ = self._session.run(self._fetches, feed_dict=feeds)
         values = iter(fetched)
         outputs = tf.nest.pack_sequence_as(

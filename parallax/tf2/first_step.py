@@ -1,0 +1,128 @@
+"""The first step checks itself: is the step's gradient a mean over its examples?
+
+Data-parallel training equals one device only when the step's gradient on a batch is the mean of the
+gradients of its parts (weighted by their sizes): then the replicas' mean gradient is the union batch's. A
+step that normalises by its batch's statistics (batch normalisation), sums over the batch
+(``ops.tensordot(a, b, 2)`` added to every example) or draws random numbers (dropout, noise drawn at a fixed
+batch size) breaks that, and no data-parallel system says so.
+
+So before its first step, worker 0 computes, in its own replica's copy of the single-device graph and with the
+variables as they start, the gradients of its first replica's part and of the part's two halves, and compares
+the part's with the halves' mean weighted by their sizes (:func:`compare`): three forward and backward passes,
+no update, nothing kept. Where they differ beyond float rounding, a WARNING names the variables that differ
+most and the likely causes. ``Config(check_first_step=False)`` turns it off.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from parallax.logs import log as logger
+
+__all__ = ["check_first_step", "compare", "TOLERANCE"]
+
+#: The relative difference (largest element over the largest magnitude) above which a gradient is no mean over
+#: its examples: float32 sums of a few hundred terms stay far below it; float16 gradients get 100 times more.
+TOLERANCE = 1e-3
+
+
+def compare(part: dict[str, Any], halves: tuple[dict[str, Any], dict[str, Any]], sizes: tuple[int, int],
+            rows: int | None = None) -> dict[str, float]:
+    """Each gradient's relative difference between ``part`` and the mean of ``halves`` weighted by ``sizes``
+    (dense arrays, or ``(values, indices)`` of a sparse one, summed by row first).
+
+    >>> compare({"w": np.array([2.0, 4.0])}, ({"w": np.array([1.0, 4.0])}, {"w": np.array([3.0, 4.0])}), (1, 1))
+    {'w': 0.0}
+    """
+    total = sum(sizes)
+    out = {}
+    for name, whole in part.items():
+        mean = sum(_dense(h[name]) * (n / total) for h, n in zip(halves, sizes))
+        mine = _dense(whole)
+        if isinstance(mean, dict) or isinstance(mine, dict):
+            mine, mean = _aligned(mine, mean)
+        scale = float(np.max(np.abs(mine))) if np.size(mine) else 0.0
+        out[name] = float(np.max(np.abs(mine - mean))) / scale if scale > 0 else 0.0
+    return out
+
+
+def _dense(gradient: Any) -> Any:
+    """A dense gradient as it is; a sparse one as ``{row: summed values}``."""
+    if isinstance(gradient, tuple):
+        values, indices = gradient
+        rows: dict[int, np.ndarray] = {}
+        for value, index in zip(np.asarray(values, np.float64), np.asarray(indices).reshape(-1)):
+            rows[int(index)] = rows.get(int(index), 0.0) + value
+        return _Rows(rows)
+    return np.asarray(gradient, np.float64)
+
+
+class _Rows(dict):
+    """A sparse gradient's rows, summed by index; scaled and added as a gradient is."""
+
+    def __mul__(self, factor: float) -> _Rows:
+        return _Rows({k: v * factor for k, v in self.items()})
+
+    __rmul__ = __mul__
+
+    def __add__(self, other: Any) -> _Rows:
+        if not isinstance(other, _Rows):
+            return self
+        merged = _Rows(self)
+        for k, v in other.items():
+            merged[k] = merged.get(k, 0.0) + v
+        return merged
+
+    __radd__ = __add__
+
+
+def _aligned(a: _Rows, b: _Rows) -> tuple[np.ndarray, np.ndarray]:
+    keys = sorted(set(a) | set(b))
+    if not keys:
+        return np.zeros(0), np.zeros(0)
+    width = np.shape(next(iter(a.values())) if a else next(iter(b.values())))
+    zero = np.zeros(width)
+    return np.stack([a.get(k, zero) for k in keys]), np.stack([b.get(k, zero) for k in keys])
+
+
+def check_first_step(session: Any, gradients: list, inputs: list, feeds: dict, num_replicas: int) -> None:
+    """Compare, on this worker's first replica, the gradient of its part with its halves' (see the module
+    docstring); say at WARNING where they differ.
+
+    Args:
+        session: the step's :class:`parallax.session.ParallaxSession`.
+        gradients: the single-device graph's gradients (:class:`parallax.analysis.GradientInfo`).
+        inputs: the step's argument placeholders.
+        feeds: the step's feeds (placeholder -> one value per replica), as for the first step.
+        num_replicas: the local replicas.
+    """
+    first = {p: np.asarray(v[0]) for p, v in feeds.items()}
+    batch = [len(v) for p, v in first.items() if np.ndim(v) >= 1]
+    if not batch or min(batch) < 2 or len(set(batch)) > 1:
+        return
+    n = batch[0]
+    cut = n // 2
+
+    def grads(part: slice) -> dict[str, Any]:
+        fed = {p: [v[part] if np.ndim(v) >= 1 else v] * num_replicas for p, v in first.items()}
+        fetched = session.read([[t for t in g.aggregation_tensors if t] for g in gradients], fed)
+        return {g.variable: (tuple(values) if len(values) == 2 else values[0]) for g, values in zip(gradients, fetched)}
+
+    began = time.monotonic()
+    whole, halves = grads(slice(None)), (grads(slice(0, cut)), grads(slice(cut, None)))
+    differences = compare(whole, halves, (cut, n - cut))
+    logger.info("Parallax: the first step's check took %.3f s", time.monotonic() - began)
+    tolerance = {g.variable: TOLERANCE * (100 if g.dtype in ("float16", "bfloat16") else 1) for g in gradients}
+    off = sorted(((d, v) for v, d in differences.items() if d > tolerance[v]), reverse=True)
+    if off:
+        named = ", ".join(f"{v} ({d:.1%})" for d, v in off[:5]) + (f" and {len(off) - 5} more" if len(off) > 5 else "")
+        logger.warning(
+            "Parallax: the first step's check: on worker 0 the gradient of its part (%d examples) is not the mean "
+            "of its two halves' for %s: the step's result depends on how its batch is cut, so training on several "
+            "replicas differs from one device. Likely causes: batch normalisation (the statistics of each part), "
+            "an op that sums or averages over the batch (ops.tensordot(a, b, 2), a loss normalised by the batch's "
+            "own statistics), random draws in the step (dropout, noise drawn at a fixed batch size). "
+            "Config(check_first_step=False) turns this check off", n, named)

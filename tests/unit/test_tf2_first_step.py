@@ -1,0 +1,76 @@
+"""The first step checks itself (parallax/tf2/first_step.py): before the first step of a job of several replicas,
+worker 0 compares the gradient of its part with the mean of its halves' and says at WARNING where they differ
+(an op that sums over the batch, batch statistics, random draws), naming the variables; a step whose gradient is
+a mean over its examples trains without a word; Config(check_first_step=False) turns it off. Two replicas in
+this process (a job of one worker): nothing is launched."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import numpy as np
+import pytest
+
+import parallax
+from parallax.logs import LOGGER_NAME
+from parallax.tf2.first_step import compare
+
+
+def _fit(kind: str, tmp_path, **config) -> None:
+    import keras
+    from keras import ops
+
+    class AddsTheBatchsDot(keras.layers.Layer):  # a recommender's ops.tensordot(user, movie, 2): over the batch
+        def call(self, a):
+            return a + ops.tensordot(a, a, 2)
+
+    keras.utils.set_random_seed(0)
+    layers = [keras.Input((4,)), keras.layers.Dense(3)]
+    layers += {"plain": [], "dot": [AddsTheBatchsDot()], "batch-norm": [keras.layers.BatchNormalization()]}[kind]
+    model = keras.Sequential(layers + [keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    rng = np.random.RandomState(0)
+    (tmp_path / "resource_info").write_text("localhost: cpu:0,cpu:1\n")
+    parallax.fit(model, rng.randn(16, 4).astype("float32"), rng.randn(16, 1).astype("float32"), batch_size=8,
+                 verbose=0, resource_info=str(tmp_path / "resource_info"),
+                 parallax_config=parallax.Config(run_option="PS", **config))
+
+
+@pytest.fixture
+def warnings(monkeypatch):
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                records.append(record.getMessage())
+
+    handler = Keep()
+    logging.getLogger(LOGGER_NAME).addHandler(handler)
+    yield records
+    logging.getLogger(LOGGER_NAME).removeHandler(handler)
+
+
+@pytest.mark.parametrize("kind", ["dot", "batch-norm"])
+def test_a_step_whose_gradient_is_no_mean_over_its_examples_is_named_at_warning(kind, tmp_path, warnings):
+    _fit(kind, tmp_path)
+    said = [w for w in warnings if "the first step's check" in w]
+    assert len(said) == 1 and re.search(r"is not the mean of its two halves' for sequential\w*/\w+/\w+ \(\d", said[0])
+    assert "ops.tensordot(a, b, 2)" in said[0] and "Config(check_first_step=False)" in said[0]
+
+
+def test_a_step_whose_gradient_is_a_mean_over_its_examples_trains_without_a_word(tmp_path, warnings):
+    _fit("plain", tmp_path)
+    assert not [w for w in warnings if "the first step's check" in w]
+
+
+def test_the_check_can_be_turned_off(tmp_path, warnings):
+    _fit("dot", tmp_path, check_first_step=False)
+    assert not [w for w in warnings if "the first step's check" in w]
+
+
+def test_sparse_gradients_are_compared_row_by_row():
+    part = {"emb": (np.array([[2.0], [4.0], [6.0]]), np.array([0, 3, 0]))}  # row 0: 8, row 3: 4
+    halves = ({"emb": (np.array([[4.0]]), np.array([0]))}, {"emb": (np.array([[4.0], [6.0]]), np.array([3, 0]))})
+    assert compare(part, halves, (1, 2)) == {"emb": pytest.approx(abs(8 - (4 / 3 + 12 / 3)) / 8)}
