@@ -14,7 +14,7 @@
   ``ExponentialMovingAverage`` applied under its control dependency) are
   shared and run once.
 
-Ops that are neither (a saver, ``init``) stay shared. So do a TF1 input pipeline's
+Ops that are neither (a saver, ``init``) stay shared. So do lookup tables, a TF1 input pipeline's
 queues (each replica's dequeue takes the next batch from the one queue that the
 program's queue runners fill) and a placeholder that only sets variables (a
 learning rate assigned from a feed: the write runs once).
@@ -42,6 +42,11 @@ def is_input_op(op_type: str) -> bool:
         or op_type.startswith("QueueDequeue")
 
 
+#: Lookup tables (a ``StringLookup``'s, carried into a traced step by :mod:`parallax.tf2.tables`): shared like
+#: variables, one per worker, filled once by the tables' initializer; every replica looks up in it.
+_TABLE_OP_TYPES = frozenset({"HashTable", "HashTableV2", "MutableHashTable", "MutableHashTableV2",
+                             "MutableHashTableOfTensors", "MutableHashTableOfTensorsV2", "MutableDenseHashTable",
+                             "MutableDenseHashTableV2"})
 _QUEUE_OP_TYPES = frozenset({"FIFOQueue", "FIFOQueueV2", "PaddingFIFOQueue", "PaddingFIFOQueueV2",
                              "RandomShuffleQueue", "RandomShuffleQueueV2", "PriorityQueue", "PriorityQueueV2"})
 
@@ -100,7 +105,8 @@ def classify(graph_def: graph_pb2.GraphDef, plan: Plan, extra_inputs: frozenset[
             grad_ops.add(op_of(tensor))
     # a queue (a TF1 input pipeline's batch queue) is shared like a variable: every replica's copy of the
     # dequeue takes the next batch from it, and the program's queue runners fill it
-    variables = {n.name for n in graph_def.node if n.op in VARIABLE_OP_TYPES or n.op in _QUEUE_OP_TYPES}
+    variables = {n.name for n in graph_def.node
+                 if n.op in VARIABLE_OP_TYPES or n.op in _QUEUE_OP_TYPES or n.op in _TABLE_OP_TYPES}
     cons = consumers(graph_def)
     forward = ancestors(nodes, grad_ops, stop=variables)
     train_closure = ancestors(nodes, plan.train_ops)

@@ -119,8 +119,15 @@ def check_same(group: WorkerGroup, batch: tuple, epoch: int) -> None:
     """
     digest = 0
     for leaf in tf.nest.flatten(batch):
-        if leaf is not None:
-            digest = zlib.crc32(np.ascontiguousarray(leaf).tobytes(), digest)
+        if leaf is None:
+            continue
+        leaf = np.asarray(leaf)
+        if leaf.dtype.kind in "OSU":  # strings: their text (an object array's bytes are its pointers)
+            data = "\x00".join(v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+                                for v in leaf.reshape(-1)).encode()
+        else:
+            data = np.ascontiguousarray(leaf).tobytes()
+        digest = zlib.crc32(data, digest)
     every = group.gather(digest)
     if len(set(every)) > 1:
         raise ValueError(

@@ -44,6 +44,7 @@ from parallax.rewrite.graph_ops import colocated_with, colocation_group, format_
 from parallax.rewrite.names import INITIAL_VALUE_PREFIX
 from parallax.tf2.conds import lower_conds
 from parallax.tf2.regions import update_regions
+from parallax.tf2.tables import build_table, captured_table
 
 __all__ = ["TracedStep", "trace_step", "is_step_function", "STEP_OP"]
 
@@ -113,14 +114,21 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
             if found is not None:
                 known[id(value)] = found
     captures = list(zip([p.op.name for p in func_graph.internal_captures], concrete.captured_inputs))
-    for name, value in captures:
+    tables = {}  # lookup tables the step reads, carried in by their contents (parallax.tf2.tables)
+    for placeholder, value in zip(func_graph.internal_captures, concrete.captured_inputs):
         if value.dtype == tf.resource and id(value) not in known:
+            table = captured_table(value, placeholder)
+            if table is not None:
+                tables[placeholder.op.name] = table
+                continue
             raise AnalysisError(
-                f"the step {fn.python_function.__name__!r} captures {name!r}, a resource that is no variable (a "
-                "lookup table, a dataset iterator, a random generator); Parallax takes a step whose state is "
-                "variables: pass the batches as the step's arguments")
+                f"the step {fn.python_function.__name__!r} captures {placeholder.op.name!r}, a resource that is no "
+                "variable nor a lookup table it only reads (a table it writes, a dataset iterator, a random "
+                "generator); Parallax takes a step whose state is variables and tables: pass the batches as the "
+                "step's arguments")
     step_def, cond_outputs = lower_conds(func_graph.as_graph_def())  # a LossScaleOptimizer's updates, out of its cond
     primary = _slot_owners(step_def, {c for c, _ in captures})
+    captures = [(name, value) for name, value in captures if name not in tables]
     held = {name for name, value in captures if value.dtype == tf.resource}
     regions = update_regions(step_def, held, {name for name, value in captures
                                               if value.dtype == tf.resource and known[id(value)].trainable})
@@ -130,6 +138,8 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
     bindings: dict[str, str] = {}  # capture placeholder -> op that stands for it
     variables: dict[str, Any] = {}
     with scratch.as_default():
+        for name, table in sorted(tables.items()):
+            bindings[name] = build_table(table, f"parallax_table/{name.replace('/', '_')}")
         taken: set[str] = set()
         # variables first, then their slots beside them (a slot's placeholder is colocated with its variable's)
         for name, value in sorted(captures, key=lambda c: primary[c[0]] is not None):

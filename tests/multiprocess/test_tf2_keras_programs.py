@@ -27,7 +27,7 @@ OWN_METRICS = ("custom-step", "gan")  # metrics updated in the model's own train
 # HYBRID and AUTO choose the job's processes from each program's graph: a job per program (of those with tables;
 # the others run as MPI there)
 ALONE = ("HYBRID-2", "AUTO-2")
-WITH_TABLES = ("transformer", "recommender", "masked")
+WITH_TABLES = ("transformer", "recommender", "masked", "structured")
 
 
 def _groups(names) -> dict:

@@ -13,6 +13,9 @@ by ``keras.utils.set_random_seed``): the reference ``parallax.fit(model, <the sa
   one device: here ``ops.sum(user * movie, axis=-1)``, what the example means);
 * ``masked``: an ``Embedding(mask_zero=True)`` feeding an LSTM (padded sequences, the mask carried by Keras),
   Adam, binary cross-entropy;
+* ``structured``: keras-io "Structured data classification with FeatureSpace", without FeatureSpace: a dict of
+  a string feature (``StringLookup``), an integer one (``IntegerLookup``) and a number, each lookup inside the
+  model and followed by an ``Embedding``, Adam, binary cross-entropy;
 * ``custom-step``: Keras's guide "Customizing what happens in fit()": a model whose ``train_step`` computes the
   loss, applies the optimizer and updates its metrics itself;
 * ``gan``: the same guide's GAN: a ``train_step`` that trains a discriminator and a generator with two
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-PROGRAMS = ("transformer", "seq2seq", "recommender", "masked", "custom-step", "gan")
+PROGRAMS = ("transformer", "seq2seq", "recommender", "masked", "structured", "custom-step", "gan")
 FIT = {"batch_size": 8, "epochs": 2}
 EXAMPLES = 32
 MAXLEN, VOCAB = 6, 20
@@ -47,6 +50,11 @@ def data(name: str):
         return ({"user": rng.randint(0, 9, EXAMPLES).astype(np.int32),
                  "movie": rng.randint(0, 11, EXAMPLES).astype(np.int32)},
                 rng.uniform(0, 1, EXAMPLES).astype(np.float32))
+    if name == "structured":
+        return ({"thal": rng.choice(["fixed", "normal", "reversible", "unknown"], EXAMPLES).astype(object),
+                 "cp": rng.choice([0, 1, 2, 3, 9], EXAMPLES).astype(np.int64),
+                 "age": rng.uniform(30, 70, (EXAMPLES, 1)).astype(np.float32)},
+                rng.randint(0, 2, (EXAMPLES, 1)).astype(np.float32))
     if name == "custom-step":
         return rng.randn(EXAMPLES, 4).astype(np.float32), rng.randn(EXAMPLES, 1).astype(np.float32)
     if name == "gan":  # real images and latent vectors, as fit's x and y (the step takes both as its data)
@@ -122,6 +130,18 @@ def build(name: str):
 
         model = RecommenderNet(9, 11, 4)
         model.compile(loss=keras.losses.BinaryCrossentropy(), optimizer=keras.optimizers.Adam(learning_rate=1e-3))
+        return model
+    if name == "structured":
+        thal = keras.Input((), dtype="string", name="thal")
+        cp = keras.Input((), dtype="int64", name="cp")
+        age = keras.Input((1,), name="age")
+        thal_ids = layers.StringLookup(vocabulary=["fixed", "normal", "reversible"])(thal)
+        cp_ids = layers.IntegerLookup(vocabulary=[0, 1, 2, 3])(cp)
+        features = ops.concatenate([layers.Embedding(4, 3)(thal_ids), layers.Embedding(5, 3)(cp_ids),
+                                    layers.Normalization(mean=50.0, variance=100.0)(age)], axis=-1)
+        x = layers.Dense(8, activation="relu")(features)
+        model = keras.Model({"thal": thal, "cp": cp, "age": age}, layers.Dense(1, activation="sigmoid")(x))
+        model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
         return model
     if name == "custom-step":
         return _custom_step(keras)

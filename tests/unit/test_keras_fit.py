@@ -305,3 +305,31 @@ def test_callbacks_that_write_files_run_on_worker_0_alone_subclasses_too(tmp_pat
     flavor = flavor_of(_tiny(), "parallax.fit")
     assert chief_or_shared([*writers, stopping], flavor, chief=True) == [*writers, stopping]
     assert chief_or_shared([*writers, stopping], flavor, chief=False) == [stopping]
+
+
+def test_the_workers_batches_are_compared_by_their_values_strings_too():
+    from parallax.tf2.batches import check_same
+
+    class Two:  # a group of two workers whose second holds other batches when ``differ``
+        def __init__(self, differ):
+            self.differ = differ
+
+        def gather(self, value):
+            return [value, value + 1 if self.differ else value]
+
+    batch = ({"city": np.array(["a", "b"], dtype=object), "n": np.arange(2)}, np.zeros(2), None)
+    copy = ({"city": np.array(["a", "b"], dtype=object), "n": np.arange(2)}, np.zeros(2), None)
+    digests = []
+
+    class Record:
+        def gather(self, value):
+            digests.append(value)
+            return [value]
+
+    check_same(Record(), batch, 0)
+    check_same(Record(), copy, 0)
+    assert digests[0] == digests[1]  # the same strings in another object array: the same batch
+    check_same(Two(False), batch, 0)
+    with pytest.raises(ValueError, match=r"^parallax.fit: the workers' data gave different global batches at the "
+                                         r"start of epoch 3"):
+        check_same(Two(True), batch, 3)

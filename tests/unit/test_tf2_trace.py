@@ -90,14 +90,29 @@ def test_a_captured_constant_becomes_a_constant_of_the_graph():
         assert sess.run([traced.outputs, traced.train_op], {traced.inputs[0]: 2.0})[0] == 11.0
 
 
-def test_a_lookup_table_the_step_captures_is_refused_naming_it():
+def test_a_lookup_table_the_step_reads_is_carried_into_the_graph_by_its_contents():
     table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer([1, 2], [10, 20]), -1)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int32)])
     def step(keys):
         return table.lookup(keys)
 
-    with pytest.raises(AnalysisError, match=r"^the step 'step' captures '.*', a resource that is no variable"):
+    traced = trace_step(step)
+    with tf.compat.v1.Session(graph=traced.graph) as sess:
+        sess.run(traced.graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS))
+        assert sess.run(traced.outputs, {traced.inputs[0]: [2, 3, 1]}).tolist() == [20, -1, 10]
+
+
+def test_a_table_the_step_writes_is_refused_naming_it():
+    table = tf.lookup.experimental.MutableHashTable(tf.int32, tf.int32, -1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int32)])
+    def step(keys):
+        table.insert(keys, keys)
+        return table.lookup(keys)
+
+    with pytest.raises(AnalysisError, match=r"^the step 'step' captures '.*', a resource that is no variable nor a "
+                                            r"lookup table it only reads"):
         trace_step(step)
 
 
