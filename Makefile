@@ -28,8 +28,11 @@ $(STAMP): setup.py
 bytecode: $(STAMP)
 	@$(BIN)/python -m compileall -q parallax tests >/dev/null
 
+# TensorFlow's start-up notices are left out of what the demo shows (parallax/launch/output.py; a
+# TF_CPP_MIN_LOG_LEVEL of your own shows them); the demo's exit code is the job's.
 demo: $(STAMP)
-	$(BIN)/python examples/simple/simple_train.py --resource_info resource_info.example
+	@bash -o pipefail -c "$(BIN)/python examples/simple/simple_train.py --resource_info resource_info.example 2>&1 \
+	    | $(BIN)/python -m parallax.launch.output"
 
 # The suite runs on every core (pytest-xdist): the multi-process tests spend much of their time
 # starting processes; tests that share one job are kept on one worker (xdist_group).

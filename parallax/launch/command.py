@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from parallax.errors import LaunchError
 from parallax.invocation import FORWARDED
 from parallax.launch.layout import RankSpec
+from parallax.launch.output import LEVEL_ENV, QUIET_LEVEL
 
 __all__ = ["LaunchCommand", "build_mpirun_command", "rank_gpus", "SESSION_DIR_ENV", "GPUS_ENV"]
 
@@ -101,6 +102,8 @@ def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tu
     for name in FORWARDED:
         if name in environ and name not in env and not (name == GPUS_ENV and gpus is not None):
             argv += ["-x", name]
+    if LEVEL_ENV not in environ:  # TensorFlow's INFO lines off in the ranks; the user's level is forwarded above
+        argv += ["-x", f"{LEVEL_ENV}={QUIET_LEVEL}"]
     if user_options:
         argv += shlex.split(user_options)
     if gpus is None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from parallax.errors import TaskFailedError
 from parallax.invocation import JOB_DIR_ENV
 from parallax.launch.command import LaunchCommand
+from parallax.launch.output import LEVEL_ENV, cleaned
 
 __all__ = ["run_job", "JobResult", "LostRank", "Preemption", "PREEMPTED_EXIT_CODE", "PREEMPT_GRACE", "parse_failure",
            "register_rank", "read_registry"]
@@ -237,8 +238,13 @@ def run_job(command: LaunchCommand, job_dir: str, local_hosts: frozenset[str],
                  text=True, errors="replace", start_new_session=True, preexec_fn=_end_with_launcher)
     tail: deque[str] = deque(maxlen=400)
 
+    quiet = LEVEL_ENV not in os.environ  # the user's TF_CPP_MIN_LOG_LEVEL wins (parallax.launch.output)
+
     def pump() -> None:
-        for line in proc.stderr:
+        for raw in proc.stderr:
+            line = cleaned(raw, quiet)
+            if line is None:
+                continue
             tail.append(line)
             sink.write(line)
             sink.flush()

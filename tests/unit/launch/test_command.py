@@ -27,7 +27,7 @@ def test_local_job_argv():
     assert list(cmd.argv) == [
         "/v/bin/mpirun", "-np", "3", "--host", "localhost:3", "--map-by", "slot", "--bind-to", "none",
         "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_tcp_if_include", "lo",
-        "-x", "PARALLAX_LAUNCH", "-x", "PYTHONPATH",
+        "-x", "PARALLAX_LAUNCH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL=1",
         "/v/bin/python", "-m", "mpi4py", "/x/train.py", "--steps", "3"]
     assert cmd.env == {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                        "PARALLAX_LAUNCH": "{}"}
@@ -39,12 +39,22 @@ def test_remote_hosts_user_options_and_module_programs():
                                user_options="--mca btl ^openib -x NCCL_DEBUG")
     program = ["python", "-m", "mpi4py", "-m", "pkg.train"]
     assert list(cmd.argv) == [
-        "mpirun", "--host", "h1:2,h2:1", "--map-by", "slot", "--bind-to", "none",
+        "mpirun", "--host", "h1:2,h2:1", "--map-by", "slot", "--bind-to", "none", "-x", "TF_CPP_MIN_LOG_LEVEL=1",
         "--mca", "btl", "^openib", "-x", "NCCL_DEBUG",
         "-np", "1", "env", "CUDA_VISIBLE_DEVICES=0", *program, ":",
         "-np", "1", "env", "CUDA_VISIBLE_DEVICES=1", *program, ":",
         "-np", "1", "env", "CUDA_VISIBLE_DEVICES=0", *program]
     assert cmd.env == {}
+
+
+def test_the_ranks_run_with_tensorflows_info_lines_off_unless_the_user_chose_a_level():
+    def level(environ):
+        argv = list(build_mpirun_command("mpirun", "python", ["t.py"], ranks("localhost: cpu:0,cpu:1\n"),
+                                         local_hosts=LOCAL, cpu_count=2, is_root=False, environ=environ).argv)
+        return [a for a in argv if a.startswith("TF_CPP_MIN_LOG_LEVEL")]
+
+    assert level({}) == ["TF_CPP_MIN_LOG_LEVEL=1"]
+    assert level({"TF_CPP_MIN_LOG_LEVEL": "0"}) == ["TF_CPP_MIN_LOG_LEVEL"]  # theirs, forwarded
 
 
 def job_ranks(text, gpus, run_option):
