@@ -2,7 +2,8 @@
 an LSTM sequence-to-sequence model with a loss per time step, a recommender of several tables on a dict input,
 a masked LSTM) moved onto Parallax with the one-line change, against the same program's ``model.fit`` as
 written (shuffled by Keras): every epoch's logs and every trained weight, on every worker, in MPI, PS, HYBRID
-and AUTO on 2 processes and with 2 replicas in one process. ``make test`` runs MPI and PS."""
+and AUTO on 2 processes and with 2 replicas in one process. ``make test`` runs MPI, and the Transformer in
+HYBRID."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 SCRIPT = os.path.join(ROOT, "tests", "tf2", "keras_script.py")
 GROUPS = {g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "HYBRID-2", "AUTO-2", "local-2-replicas")}
-CORE = ("MPI-2", "PS-2")
+CORE = ("MPI-2", "HYBRID-2-transformer")  # make test's jobs (its TF2 PS job: test_keras_fit_text.py)
 OWN_METRICS = ("custom-step", "gan")  # metrics updated in the model's own train_step
 
 
@@ -47,7 +48,8 @@ def _cases():
             if group in ALONE and name not in WITH_TABLES:
                 continue
             marks = [pytest.mark.xdist_group(f"tf2-keras-{group}" + (f"-{name}" if group in ALONE else ""))]
-            yield pytest.param(group, name, marks=marks + [pytest.mark.core] * (group in CORE), id=f"{group}-{name}")
+            core = group in CORE or f"{group}-{name}" in CORE
+            yield pytest.param(group, name, marks=marks + [pytest.mark.core] * core, id=f"{group}-{name}")
 
 
 @functools.cache
