@@ -261,9 +261,12 @@ class _Attempts:
         self.failures.append(str(result.failure) if result.failure is not None
                              else f"the job exited with code {result.returncode}")
 
-    def report(self, why: str, code: int) -> JobResult:
+    def report(self, why: str) -> JobResult:
+        """The end of a job that gave up restarting: exit code 1 whatever the last attempt's (a rank killed by
+        SIGKILL exits 137, which a TFJob's ``restartPolicy: ExitCode`` takes for a retryable failure; this job
+        has used its restarts, and 1, a permanent failure there, says so to Kubernetes and to Slurm alike)."""
         listed = "\n".join(f"  attempt {i + 1}: {f}" for i, f in enumerate(self.failures))
-        return JobResult(code or 1, TaskFailedError(f"Parallax elastic job failed: {why}. Every failure:\n{listed}"))
+        return JobResult(1, TaskFailedError(f"Parallax elastic job failed: {why}. Every failure:\n{listed}"))
 
 
 def run_elastic(cluster: Cluster, elastic: ElasticConfig, ckpt_dir: str | None,
@@ -295,13 +298,13 @@ def run_elastic(cluster: Cluster, elastic: ElasticConfig, ckpt_dir: str | None,
             result = start(current)
         except ParallaxError as e:  # the job cannot be planned on what is left
             attempts.failures.append(f"could not start on {_layout(current)}: {e}")
-            return attempts.report("the job cannot run on the hosts that are left", 1)
+            return attempts.report("the job cannot run on the hosts that are left")
         if result.returncode == 0 or result.signal is not None:
             return result
         attempts.add(result)
         if restart == elastic.max_restarts:
             return attempts.report(f"it failed {restart + 1} times and ElasticConfig.max_restarts is "
-                                   f"{elastic.max_restarts}", result.returncode)
+                                   f"{elastic.max_restarts}")
         say(f"Parallax elastic: attempt {restart + 1} failed: {attempts.failures[-1]}")
         try:
             if elastic.host_discovery_script:
@@ -314,12 +317,12 @@ def run_elastic(cluster: Cluster, elastic: ElasticConfig, ckpt_dir: str | None,
                 following = surviving_cluster(cluster, alive, None, elastic.max_workers)
         except ParallaxError as e:
             attempts.failures.append(f"no restart: {e}")
-            return attempts.report("no host to restart on", result.returncode)
+            return attempts.report("no host to restart on")
         gone = [h for h in current.hosts if h not in alive]
         if worker_count(following) < elastic.min_workers:
             return attempts.report(f"{worker_count(following)} worker(s) left "
                                    f"({', '.join(gone) or 'no host'} gone), fewer than ElasticConfig.min_workers="
-                                   f"{elastic.min_workers}", result.returncode)
+                                   f"{elastic.min_workers}")
         say(f"Parallax elastic: restart {restart + 1} of {elastic.max_restarts}: "
             f"{'hosts gone: ' + ', '.join(gone) + '; ' if gone else ''}"
             f"{_layout(following)} instead of {_layout(current)}; resuming {_resumes(ckpt_dir)}")

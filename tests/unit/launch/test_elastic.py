@@ -27,7 +27,7 @@ THREE = parse_resource_text("a: cpu:0\nb: cpu:0\nc: cpu:0\n", source="resource_i
 
 
 def failed(rank: int, host: str) -> JobResult:
-    return JobResult(1, TaskFailedError(f"Parallax job failed: rank {rank} on host {host} was killed by signal 9",
+    return JobResult(137, TaskFailedError(f"Parallax job failed: rank {rank} on host {host} was killed by signal 9",
                                         rank=rank, host=host))
 
 
@@ -71,7 +71,7 @@ def test_a_host_that_no_longer_answers_is_left_out_of_the_restart_and_the_restar
 def test_more_failures_than_allowed_end_the_job_naming_every_failure():
     attempts = Attempts(failed(1, "b"), failed(0, "a"), failed(2, "c"))
     result, _ = elastic_run(attempts)
-    assert result.returncode == 1
+    assert result.returncode == 1  # not the last attempt's 137: a permanent failure, as docs/launching.md says
     text = str(result.failure)
     assert "it failed 3 times and ElasticConfig.max_restarts is 2" in text
     for i, (rank, host) in enumerate([(1, "b"), (0, "a"), (2, "c")], 1):
