@@ -52,5 +52,7 @@ def load_graph(single_gpu_graph: tf.Graph | meta_graph_pb2.MetaGraphDef | str | 
         with graph.as_default():
             tf.compat.v1.train.import_meta_graph(single_gpu_graph)
         return graph, single_gpu_graph
-    raise TypeError(f"parallel_run: single_gpu_graph must be a tf.Graph or a MetaGraphDef, got "
-                    f"{type(single_gpu_graph).__name__}")
+    hint = " (a plain Python function: decorate your training step with @tf.function)" \
+        if callable(single_gpu_graph) else ""
+    raise TypeError(f"parallel_run: single_gpu_graph must be a tf.Graph, a MetaGraphDef (or the path of a .meta "
+                    f"file) or a tf.function training step, got {type(single_gpu_graph).__name__}{hint}")

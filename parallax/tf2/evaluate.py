@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from parallax.comm.group import Alone, WorkerGroup
 from parallax.logs import log
+from parallax.tf2.arguments import check_evaluate, check_predict
 from parallax.tf2.keras_flavor import Flavor, flavor_of
 
 __all__ = ["evaluate", "predict", "worker_part", "in_order", "use_job", "job_group", "evaluate_on", "global_batches",
@@ -106,6 +107,7 @@ def evaluate(model: Any, x: Any = None, y: Any = None, batch_size: int | None = 
         ValueError: the model is not compiled; the workers were given different data.
     """
     flavor = flavor_of(model, "parallax.evaluate")
+    check_evaluate(x, y, batch_size, verbose, sample_weight, steps)
     group = job_group("parallax.evaluate")
     count, batches = global_batches(x, y, sample_weight, batch_size, steps, "parallax.evaluate")
     logs = evaluate_on(model, flavor, group, batches, _callbacks(flavor, callbacks, group, verbose, count, model))
@@ -156,6 +158,7 @@ def predict(model: Any, x: Any, batch_size: int | None = None, verbose: Any = "a
         ValueError: the workers were given different data.
     """
     flavor = flavor_of(model, "parallax.predict", compiled=False)
+    check_predict(x, batch_size, verbose, steps)
     group = job_group("parallax.predict")
     count, batches = global_batches(x, None, None, batch_size, steps, "parallax.predict")
     callback_list = _callbacks(flavor, callbacks, group, verbose, count, model)

@@ -46,6 +46,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallax.comm.group import Alone
+from parallax.tf2.arguments import check_fit
 from parallax.tf2.batches import FitBatches, check_same
 from parallax.tf2.evaluate import chief_or_shared, evaluate_on, global_batches, numbers, sum_metrics, use_job
 from parallax.tf2.keras_flavor import Flavor, flavor_of
@@ -134,6 +135,10 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     from parallax.api import parallel_run
 
     flavor = flavor_of(model, "parallax.fit")
+    check_fit(x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data, shuffle, class_weight,
+              sample_weight, initial_epoch, steps_per_epoch, validation_steps, validation_batch_size, validation_freq,
+              seed)
+    _refuse_sharded_slots(model, parallax_config)
     own = overrides_train_step(model, flavor.module)
     _refuse_restoring(callbacks)
     _refuse_synchronized_statistics(model)
@@ -291,6 +296,20 @@ def _own_step(step: Any, batch: tuple, num_workers: int, worker_id: int, num_rep
     mine = [parts(a, num_workers, worker_id, num_replicas) for a in given]
     logs = step(*[_per_leaf(m, a) for m, a in zip(mine, given)])
     return {k: float(np.asarray(v[0]).mean()) for k, v in logs.items()}
+
+
+def _refuse_sharded_slots(model: Any, config: Any) -> None:
+    """``zero_stage`` shards the slots of optimizers that update through ``Apply*`` ops (tf_keras's legacy
+    ones); a Keras 3 or tf_keras new optimizer writes with plain assign ops, which the job's workers would refuse
+    after launch: refused here, before anything starts."""
+    stage = getattr(config, "zero_stage", 0)
+    optimizer = getattr(model, "optimizer", None)
+    legacy = "legacy" in type(optimizer).__module__ or "optimizer_v2" in type(optimizer).__module__
+    if stage and not legacy:
+        raise ValueError(f"parallax.fit: zero_stage={stage} shards the slots of optimizers that update through "
+                         f"Apply* ops (tf_keras.optimizers.legacy.*); {type(optimizer).__name__} "
+                         f"({type(optimizer).__module__}) writes its slots with plain assign ops: use a tf_keras "
+                         "legacy optimizer, or zero_stage=0")
 
 
 def _refuse_synchronized_statistics(model: Any) -> None:

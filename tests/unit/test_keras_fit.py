@@ -204,7 +204,7 @@ def test_a_backup_and_restore_callback_is_refused_saying_how_to_restore(tmp_path
 @pytest.mark.parametrize("arguments, message", [
     (dict(class_weight={0: 1.0}, sample_weight=np.ones(4)), "class_weight goes with arrays x, y and no sample_weight"),
     (dict(validation_split=0.5, validation_data=(np.zeros((2, 2)), np.zeros(2))), "validation_split cuts arrays"),
-    (dict(validation_split=1.5), r"validation_split must be between 0 and 1, got 1.5"),
+    (dict(validation_split=1.5), r"validation_split must be a number in \[0, 1\), got 1.5"),
 ], ids=["class-and-sample-weights", "split-and-validation-data", "split-out-of-range"])
 def test_weights_and_splits_that_model_fit_does_not_take_are_refused(arguments, message):
     with pytest.raises(ValueError, match=rf"^parallax.fit: {message}"):
