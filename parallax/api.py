@@ -352,6 +352,7 @@ def _launch_job(call: _Call, config: Config, cluster: Cluster, analysis, planned
         _, job = planned if resources is cluster else plan_job(config, call.sync, resources, analysis)
         return launch(job.ranks, program, _launch_info(job, settings, resources, checkpoints), settings.mpirun_options,
                       redirect_path=settings.redirect_path, stall_timeout=settings.timeouts.stall,
+                      stall_shutdown=settings.timeouts.shutdown,
                       preemptible=preemptible)
 
     if elastic:

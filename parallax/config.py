@@ -687,6 +687,12 @@ class Config(_ConfigBase):
             its peers (in ``sess.run`` or while its session starts) before the
             launcher prints who waits for whom and where; again every that many
             seconds while it lasts. ``None`` turns the check off. Default 30.
+        stall_shutdown: (Parallax only) seconds a launched process may wait for its peers (in ``sess.run``
+            or while its session starts) before the launcher ends the job, with the stall report as the reason
+            and exit code 1 (an elastic job restarts: the stall counts as a failure). Default 900: longer than
+            a slow first step (XLA compiling a large model, a cold input pipeline filling its buffers) takes, so
+            that only a job that truly hangs is ended. ``None``: never. Needs ``stall_timeout`` (the check
+            that sees the wait).
         check_first_step: (Parallax only) before a ``tf.function`` step's (or ``parallax.fit``'s) first step,
             worker 0 checks that the gradient of its part is the mean of its halves' and says at WARNING
             where it is not (batch statistics, an op over the batch, random draws: the result then differs
@@ -714,6 +720,7 @@ class Config(_ConfigBase):
     pipeline_schedule: str = _field("gpipe", _schedule)
     elastic_config: ElasticConfig = _field(ElasticConfig, _instance_of(lambda: ElasticConfig), factory=True)
     check_first_step: bool = _field(True, _bool)
+    stall_shutdown: float | None = _field(900.0, _positive_number_or_none)
 
     @property
     def stages(self) -> int:

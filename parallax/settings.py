@@ -57,6 +57,8 @@ class Timeouts:
             exit before aborting (``PARALLAX_FINISH_TIMEOUT``).
         stall: ``Config.stall_timeout``: seconds before a waiting process is
             reported (``None``: no stall check).
+        shutdown: ``Config.stall_shutdown``: seconds a process may wait before the job is ended
+            (``None``: never).
         server_start_attempts: tries to start the TensorFlow servers (a port
             picked free may be taken before it is bound).
     """
@@ -67,6 +69,7 @@ class Timeouts:
     finish: float = 60.0
     stall: float | None = 30.0
     server_start_attempts: int = 3
+    shutdown: float | None = 900.0
 
 
 @dataclass(frozen=True)
@@ -255,7 +258,7 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         gpus=gpus, cpu_count=cpu_count or os.cpu_count() or 1,
         local_hosts=frozenset(h for h in cluster.hosts if is_local_host(h)),
         mpirun_options=" ".join(p for p in (mpi.mpirun_options, extra_options) if p.strip()),
-        timeouts=Timeouts(stall=config.stall_timeout,
+        timeouts=Timeouts(stall=config.stall_timeout, shutdown=config.stall_shutdown,
                           finish=float(invocation.finish_timeout or Timeouts.finish)),
         sess_config=copy.deepcopy(config.sess_config), hooks=tuple(config.hooks),
         ckpt=copy.deepcopy(config.ckpt_config), profile=copy.deepcopy(config.profile_config),

@@ -195,7 +195,7 @@ def _refuse_unready_hosts(ranks: tuple[RankSpec, ...], program: list[str], remot
 
 
 def _start_monitor(ranks: tuple[RankSpec, ...], stall_timeout: float | None, lost: LostRank, remote: set[str],
-                   preemption: Preemption | None):
+                   preemption: Preemption | None, stall_shutdown: float | None = None):
     """The stall monitor of a job, and the address its ranks send to (``None`` when off).
 
     Only a rank on another machine can be lost by silence (its host or the network to it gone): one on
@@ -216,13 +216,13 @@ def _start_monitor(ranks: tuple[RankSpec, ...], stall_timeout: float | None, los
             preemption.request(f"SIGTERM to {names.get(rank, rank)}")
 
     monitor = StallMonitor(names, stall_timeout, bind_host="0.0.0.0" if remote else "127.0.0.1",
-                           on_lost=lost_if_remote, on_preempt=preempt)
+                           on_lost=lost_if_remote, on_preempt=preempt, shutdown=stall_shutdown, on_stalled=lost.stall)
     return monitor.start(), monitor.address(socket.gethostname() if remote else "127.0.0.1")
 
 
 def launch(ranks: tuple[RankSpec, ...], program: list[str], job: dict | None = None, mpirun_options: str = "",
-           redirect_path: str | None = None, stall_timeout: float | None = None, preemptible: bool = True
-           ) -> JobResult:
+           redirect_path: str | None = None, stall_timeout: float | None = None, preemptible: bool = True,
+           stall_shutdown: float | None = None) -> JobResult:
     """Run ``program`` in one process per rank and wait for the job to end.
 
     Args:
@@ -235,6 +235,8 @@ def launch(ranks: tuple[RankSpec, ...], program: list[str], job: dict | None = N
             whose new lines this terminal shows, prefixed, while the job runs.
         stall_timeout: seconds after which a rank waiting for its peers is
             reported (:mod:`parallax.launch.monitor`); ``None``: no check.
+        stall_shutdown: seconds after which a rank waiting for its peers ends the job (exit code 1, the
+            stall report its reason); ``None``: never.
         preemptible: a SIGTERM (to this process or a rank) ends the job with a checkpoint
             (:class:`~parallax.launch.runner.Preemption`); ``False`` (a trial, which keeps nothing): it stops
             the job at once.
@@ -255,7 +257,7 @@ def launch(ranks: tuple[RankSpec, ...], program: list[str], job: dict | None = N
     job_dir = tempfile.mkdtemp(prefix="parallax_job_")
     lost = LostRank({i: r.host for i, r in enumerate(ranks)})
     preemption = Preemption() if preemptible else None
-    monitor, address = _start_monitor(ranks, stall_timeout, lost, remote, preemption)
+    monitor, address = _start_monitor(ranks, stall_timeout, lost, remote, preemption, stall_shutdown)
     command, local = job_command(ranks, job or {}, program, mpirun_options, job_dir, address, stall_timeout)
     hosts = ", ".join(f"{h} x{n}" for h, n in Counter(r.host for r in ranks).items())
     print(f"Parallax: starting {len(ranks)} processes ({hosts}) with mpirun", file=sys.stderr, flush=True)

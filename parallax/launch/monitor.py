@@ -261,12 +261,19 @@ class StallMonitor:
             to the ranks left when one fails, which is no preemption.
         port: take heartbeats on this UDP port of ``bind_host``, without lifelines (raises ``OSError`` when
             it is taken); ``None``: a free port, with lifelines on its TCP side.
+        shutdown: seconds a rank may wait (in ``start`` or ``run``) before ``on_stalled`` is told, once, with
+            the rank and its stall report (``Config.stall_shutdown``); ``None``: never.
+        on_stalled: told of the first rank that has waited ``shutdown`` seconds.
     """
 
     def __init__(self, names: dict[int, str], timeout: float, bind_host: str = "127.0.0.1", sink=None,
                  on_lost: Callable[[int, float], None] | None = None,
-                 on_preempt: Callable[[int], None] | None = None, port: int | None = None) -> None:
+                 on_preempt: Callable[[int], None] | None = None, port: int | None = None,
+                 shutdown: float | None = None, on_stalled: Callable[[int, str], None] | None = None) -> None:
         self._names = names
+        self._shutdown = shutdown
+        self._on_stalled = on_stalled
+        self._ended = False
         self._on_preempt = on_preempt
         self._asking: set[int] = set()  # ranks whose heartbeats of this round ask to preempt
         self._timeout = timeout
@@ -343,6 +350,7 @@ class StallMonitor:
                 for line in stall_report(self._states, self._names, now, self._timeout, self._reported):
                     self._sink.write(line + "\n")
                     self._sink.flush()
+                self._check_stalled(now)
                 self._check_lost(now)
 
     def _handle(self, key: selectors.SelectorKey) -> None:
@@ -376,6 +384,19 @@ class StallMonitor:
             conn.close()
             if state[1] is not None:
                 self._closed.setdefault(state[1], time.monotonic())
+
+    def _check_stalled(self, now: float) -> None:
+        """A rank that has waited ``shutdown`` seconds ends the job: tell ``on_stalled`` once, with its report."""
+        if self._shutdown is None or self._on_stalled is None or self._ended:
+            return
+        for rank, st in sorted(self._states.items()):
+            if st.state in ("start", "run") and st.age(now) >= self._shutdown:
+                report = stall_report(self._states, self._names, now, self._shutdown, {})
+                mine = next((line for line in report if f"{self._names.get(rank, f'rank {rank}')} has waited" in line),
+                            f"Parallax stall: rank {rank} has waited {st.age(now):.0f} s")
+                self._ended = True
+                self._on_stalled(rank, mine)
+                return
 
     def _check_lost(self, now: float) -> None:
         """A rank not heard from for the stall time (and not finished) is lost: tell ``on_lost`` once."""

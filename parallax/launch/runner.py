@@ -106,6 +106,7 @@ class LostRank:
         self.hosts = hosts or {}
         self.rank: int | None = None
         self.silent = 0.0
+        self.stalled: str | None = None  # the stall report of a job ended for waiting too long
         self._event = threading.Event()
 
     def set(self, rank: int, silent: float) -> None:
@@ -113,11 +114,22 @@ class LostRank:
             self.rank, self.silent = rank, silent
             self._event.set()
 
+    def stall(self, rank: int, report: str) -> None:
+        """End the job: ``rank`` has waited longer than ``Config.stall_shutdown``, as ``report`` says."""
+        if not self._event.is_set():
+            self.rank, self.stalled = rank, report
+            self._event.set()
+
     def is_set(self) -> bool:
         return self._event.is_set()
 
     def failure(self, registry: dict[int, dict]) -> TaskFailedError:
         host = registry.get(self.rank, {}).get("host") or self.hosts.get(self.rank, "?")
+        if self.stalled is not None:
+            return TaskFailedError(
+                f"Parallax job ended: it stalled ({self.stalled.removeprefix('Parallax stall: ')}), longer than "
+                "Config.stall_shutdown allows; every rank was stopped", rank=self.rank, host=host, exit_code=None,
+                log_path=None)
         return TaskFailedError(
             f"Parallax job failed: rank {self.rank} on host {host} was lost: no heartbeat for {self.silent:.0f} s "
             "(its host or the network to it is gone); every other rank was stopped", rank=self.rank, host=host,

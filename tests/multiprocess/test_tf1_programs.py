@@ -16,7 +16,7 @@ import pytest
 
 from tests.idioms import IDIOM_DATA, IDIOMS
 from tests.models import train_single_device
-from tests.multiprocess.harness import ROOT, SharedJobs, in_group, run_script
+from tests.multiprocess.harness import ROOT, SharedJobs, in_group, leftover_processes, run_script
 from tests.multiprocess.test_mpi_mode import BATCH, STEPS, check_ranks_match
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -130,6 +130,26 @@ def test_a_sleeping_rank_is_named_by_its_waiting_peer_and_the_job_still_ends_wel
                rf"call #\d+, {where}.*, for rank {sleeper} \(worker {sleeper} on host localhost\), which has "
                r"finished \d+ sess.run calls and is in the program's own code \(between sess.run calls\) for \d+ s")
     assert re.search(pattern, run.output), run.output[-3000:]
+
+
+@pytest.mark.parametrize("mode, resources, sleeper", [
+    pytest.param("MPI", "localhost: cpu:0,cpu:1\n", 1, marks=pytest.mark.core),
+    ("PS", TWO["PS"], 1), ("PS", TWO["PS"], 0), ("HYBRID", "localhost: cpu:0,cpu:1\n", 1),
+], ids=["mpi", "ps-worker-hangs", "ps-chief-hangs", "hybrid"])
+def test_a_hung_job_ends_after_stall_shutdown_with_the_stall_report_and_nothing_left(tmp_path, mode, resources,
+                                                                                     sleeper):
+    import time
+
+    began = time.monotonic()
+    run = run_script(tmp_path, resources, "--model", "group", "--run_option", mode, "--sleep_rank", str(sleeper),
+                     "--sleep_seconds", "600", "--stall_timeout", "2", "--stall_shutdown", "6", "--steps",
+                     str(STEPS), "--batch", str(BATCH), timeout=120)
+    took = time.monotonic() - began
+    assert run.returncode == 1, run.output[-3000:]
+    assert "Parallax job ended: it stalled (rank " in run.output and "has waited" in run.output, run.output[-3000:]
+    assert "longer than Config.stall_shutdown allows; every rank was stopped" in run.output, run.output[-3000:]
+    assert took < 90, f"the hung job took {took:.0f} s to end"
+    assert leftover_processes(tmp_path) == []
 
 
 @pytest.mark.parametrize("mode, resources", [

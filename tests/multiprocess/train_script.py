@@ -84,6 +84,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sleep_rank", type=int, default=-1, help="this worker sleeps --sleep_seconds at --kill_step")
     p.add_argument("--sleep_seconds", type=float, default=0.0)
     p.add_argument("--stall_timeout", type=float, default=30.0)
+    p.add_argument("--stall_shutdown", type=float, default=900.0)
     p.add_argument("--export_graph_path", default=None, help="Config.export_graph_path; 'out': the --out directory")
     p.add_argument("--short_rank", type=int, default=-1, help="this rank runs one step fewer")
     p.add_argument("--kill_server_rank", type=int, default=-1, help="worker 0 kills this (server) rank")
@@ -153,6 +154,7 @@ def train(args: argparse.Namespace) -> None:
     run_option = None if args.run_option == "default" else args.run_option
     config = parallax.Config(run_option=run_option, hooks=hooks, ckpt_config=ckpt, profile_config=profile,
                              sess_config=sess_config, stall_timeout=args.stall_timeout,
+                             stall_shutdown=args.stall_shutdown,
                              export_graph_path=args.out if args.export_graph_path == "out" else args.export_graph_path,
                              average_sparse=args.average_sparse,
                              redirect_path=args.redirect_path, search_partitions=args.search_partitions,
