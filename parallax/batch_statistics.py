@@ -45,9 +45,24 @@ def batch_statistics(graph: tf.Graph) -> tuple[str, ...]:
             layers.add(op.name.rsplit("/", 1)[0])
             continue
         found = _MOMENTS.match(op.name) if op.type == "Mean" else None
-        if found is not None:
+        if found is not None and _over_the_batch(op):
             layers.add(found.group("layer"))
     return tuple(sorted(layers))
+
+
+def _over_the_batch(mean: tf.Operation) -> bool:
+    """Whether a ``Mean`` reduces the first (batch) axis: batch normalisation's moments do, layer
+    normalisation's (the last axis) do not. Axes that are not a constant count as the batch's."""
+    from tensorflow.python.framework import tensor_util
+
+    try:
+        axes = tensor_util.constant_value(mean.inputs[1])
+    except (TypeError, ValueError):
+        axes = None
+    if axes is None:
+        return True
+    rank = mean.inputs[0].shape.rank
+    return any(int(a) == 0 or (rank is not None and int(a) + rank == 0) for a in axes.reshape(-1))
 
 
 def statistics_note(layers: tuple[str, ...], replicas: int) -> tuple[str, ...]:

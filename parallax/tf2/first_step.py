@@ -22,29 +22,37 @@ import numpy as np
 
 from parallax.logs import log as logger
 
-__all__ = ["check_first_step", "compare", "TOLERANCE"]
+__all__ = ["check_first_step", "compare", "TOLERANCE", "FLOOR"]
 
 #: The relative difference (largest element over the largest magnitude) above which a gradient is no mean over
 #: its examples: float32 sums of a few hundred terms stay far below it; float16 gradients get 100 times more.
 TOLERANCE = 1e-3
+#: The smallest scale a gradient is measured against, as a fraction of the largest gradient element of the step.
+FLOOR = 1e-4
 
 
-def compare(part: dict[str, Any], halves: tuple[dict[str, Any], dict[str, Any]], sizes: tuple[int, int],
-            rows: int | None = None) -> dict[str, float]:
+def compare(part: dict[str, Any], halves: tuple[dict[str, Any], dict[str, Any]], sizes: tuple[int, int]
+            ) -> dict[str, float]:
     """Each gradient's relative difference between ``part`` and the mean of ``halves`` weighted by ``sizes``
-    (dense arrays, or ``(values, indices)`` of a sparse one, summed by row first).
+    (dense arrays, or ``(values, indices)`` of a sparse one, summed by row first). A gradient much smaller than
+    the largest (one that is zero in exact arithmetic, as an attention layer's key bias) is measured against
+    :data:`FLOOR` times the largest, not against its own rounding noise.
 
     >>> compare({"w": np.array([2.0, 4.0])}, ({"w": np.array([1.0, 4.0])}, {"w": np.array([3.0, 4.0])}), (1, 1))
     {'w': 0.0}
     """
     total = sum(sizes)
-    out = {}
+    pairs = {}
     for name, whole in part.items():
         mean = sum(_dense(h[name]) * (n / total) for h, n in zip(halves, sizes))
         mine = _dense(whole)
         if isinstance(mean, dict) or isinstance(mine, dict):
             mine, mean = _aligned(mine, mean)
-        scale = float(np.max(np.abs(mine))) if np.size(mine) else 0.0
+        pairs[name] = (mine, mean)
+    largest = max((float(np.max(np.abs(m))) for m, _ in pairs.values() if np.size(m)), default=0.0)
+    out = {}
+    for name, (mine, mean) in pairs.items():
+        scale = max(float(np.max(np.abs(mine))) if np.size(mine) else 0.0, FLOOR * largest)
         out[name] = float(np.max(np.abs(mine - mean))) / scale if scale > 0 else 0.0
     return out
 

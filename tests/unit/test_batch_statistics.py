@@ -70,3 +70,20 @@ def test_parallax_fit_refuses_a_batch_norm_that_asks_for_synchronised_statistics
     with pytest.raises(ValueError, match=r"^parallax.fit: norm asks for batch statistics synchronised across "
                                          r"replicas \(BatchNormalization\(synchronized=True\)\)"):
         parallax.fit(model, np.zeros((4, 4)), np.zeros((4, 1)), resource_info="unused")
+
+
+def test_layer_normalisation_normalises_each_example_by_its_own_statistics_and_is_not_named():
+    import keras
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.LayerNormalization(),
+                              keras.layers.Dense(1)])
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None, 1])])
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x, training=True) - y) ** 2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    assert analyse_graph(trace_step(step).graph).batch_statistics == ()

@@ -74,3 +74,12 @@ def test_sparse_gradients_are_compared_row_by_row():
     part = {"emb": (np.array([[2.0], [4.0], [6.0]]), np.array([0, 3, 0]))}  # row 0: 8, row 3: 4
     halves = ({"emb": (np.array([[4.0]]), np.array([0]))}, {"emb": (np.array([[4.0], [6.0]]), np.array([3, 0]))})
     assert compare(part, halves, (1, 2)) == {"emb": pytest.approx(abs(8 - (4 / 3 + 12 / 3)) / 8)}
+
+
+def test_a_gradient_that_is_zero_but_for_rounding_is_measured_against_the_largest():
+    # an attention layer's key bias: zero in exact arithmetic, its rounding noise no sign of anything
+    part = {"kernel": np.array([1.0, -2.0]), "key_bias": np.array([1e-9])}
+    halves = ({"kernel": np.array([1.0, -2.0]), "key_bias": np.array([3e-9])},
+              {"kernel": np.array([1.0, -2.0]), "key_bias": np.array([-2e-9])})
+    differences = compare(part, halves, (1, 1))
+    assert differences["key_bias"] < 1e-3 and differences["kernel"] == 0.0
