@@ -249,7 +249,7 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
     _refuse_decisions_on_a_replicas_data(graph, gradients)
     _refuse_hidden_updates(graph, {v.name for v in variables if v.trainable})
     refuse_gradients_after_updates(graph, gradients)
-    _refuse_trainables_written_from_data(ops, {v.name for v in variables if v.trainable}, scopes)
+    _refuse_trainables_written_from_data(ops, {v.name for v in variables if v.trainable}, scopes, gradients)
     if not gradients:
         _refuse_unapplied_gradients(ops, {v.name for v in variables})
     train_ops = _train_ops(graph, scopes) if gradients else ()
@@ -305,16 +305,21 @@ def _is_batch_input(op) -> bool:
     return shape.rank is not None and shape.rank > 0 and shape[0] is None
 
 
-def _refuse_trainables_written_from_data(ops: list, trainable: set[str], scopes: dict[str, list]) -> None:
+def _refuse_trainables_written_from_data(ops: list, trainable: set[str], scopes: dict[str, list],
+                                         gradients: list[GradientInfo] = ()) -> None:
     """Refuse a trainable variable that the program writes itself, outside the optimizer's updates, with a value
     computed from the batch (``w.assign_add(tf.reduce_mean(x))``, an update written by hand from a gradient):
     on one device it takes the whole batch's value, but each worker would write its own part's, and the
     workers' copies of a trained variable would drift apart without a word. (Writes of variables that are not
     trained, such as batch normalisation's moving statistics, follow documented rules: docs/tf1_programs.md.)
+    A write under a conditional that the aggregated ``gradients`` decide is taken alike by every worker: that
+    decision is no batch value (Keras 3's Nadam advances its ``u_product``, a trainable variable, from the step
+    counter, inside a ``LossScaleOptimizer``'s finite check).
 
     Raises:
         AnalysisError: naming the variable, the write, the batch input it reads and what to change.
     """
+    aggregated = {t for g in gradients for t in g.aggregation_tensors if t}
     in_updates = {op.name for scope in scopes.values() for op in scope}
     for op in ops:
         if not is_variable_write(op.type) or op.name in in_updates or not op.inputs:
@@ -325,7 +330,7 @@ def _refuse_trainables_written_from_data(ops: list, trainable: set[str], scopes:
         if target.name not in trainable:
             continue
         for value in op.inputs[1:]:
-            source = _batch_input_before(value, set())
+            source = _batch_input_before(value, set(), decided=aggregated)
             if source is not None:
                 raise AnalysisError(
                     f'the trainable variable "{target.name}" is written by "{op.name}" ({op.type}) outside the '
@@ -807,20 +812,22 @@ def _refuse_decisions_on_a_replicas_data(graph: tf.Graph, gradients: list[Gradie
                     source = source.inputs[0].op
 
 
-def _batch_input_before(tensor, stops: set[str]):
+def _batch_input_before(tensor, stops: set[str], decided: set[str] = frozenset()):
     """The first batch input (:func:`_is_batch_input`) ``tensor`` is computed from without passing through a
-    tensor of ``stops`` (the gradients Parallax aggregates) or a variable, or ``None``."""
-    seen, queue = {tensor.op.name}, deque([tensor])
+    tensor of ``stops`` (the gradients Parallax aggregates) or a variable, or ``None``; a lowered conditional's
+    predicate is followed up to a tensor of ``decided`` too (on those every worker decides alike)."""
+    seen, queue = {(tensor.op.name, False)}, deque([(tensor, False)])
     while queue:
-        t = queue.popleft()
-        if t.name in stops:
+        t, predicate = queue.popleft()
+        if t.name in stops or (predicate and t.name in decided):
             continue
         if _is_batch_input(t.op):
             return t.op
-        for source in t.op.inputs:
-            if source.op.name not in seen and source.op.type not in VARIABLE_OP_TYPES:
-                seen.add(source.op.name)
-                queue.append(source)
+        for i, source in enumerate(t.op.inputs):
+            key = (source.op.name, predicate or (i == 1 and t.op.type in _SWITCHES))
+            if key not in seen and source.op.type not in VARIABLE_OP_TYPES:
+                seen.add(key)
+                queue.append((source, key[1]))
     return None
 
 
@@ -833,19 +840,33 @@ def _refuse_gradients_behind_decisions(graph: tf.Graph, gradients: list[Gradient
         AnalysisError: naming the variable, the conditional and what to change.
     """
     cache: dict = {}
+    inside = []
     for g in gradients:
         for name in g.aggregation_tensors:
             if name is None:
                 continue
             switch = _switch_behind(graph.get_tensor_by_name(name))
             if switch is not None and _from_gradient_computation(switch.inputs[1], cache):
-                raise AnalysisError(
-                    f'the gradient of "{g.variable}" ({name}) is computed inside a conditional that the gradients '
-                    f'decide ("{switch.name}": a LossScaleOptimizer\'s check that they are all finite), from ops '
-                    "Parallax cannot run on the aggregated gradients before that check (e.g. an optimizer's "
-                    "global_clipnorm or clipnorm turning a sparse gradient, an embedding's, into a dense one): "
-                    "every worker would decide on its own gradients. Clip the gradients in the step, outside the "
-                    "optimizer, or leave the sparse variable out of the clipping")
+                inside.append((g, name, switch))
+                break
+    if not inside:
+        return
+    # the raw gradients are found for all or none (_find_raw_gradients): name the one that cannot be traced back
+    # to the tape (a sparse gradient made dense), which leaves the others inside the conditional with it
+    g, name, switch = next((c for c in inside if not _traceable(graph.get_tensor_by_name(c[1]))), inside[0])
+    raise AnalysisError(
+        f'the gradient of "{g.variable}" ({name}) is computed inside a conditional that the gradients '
+        f'decide ("{switch.name}": a LossScaleOptimizer\'s check that they are all finite), from ops '
+        "Parallax cannot run on the aggregated gradients before that check (e.g. an optimizer's "
+        "global_clipnorm turning a sparse gradient, an embedding's, into a dense one): "
+        "every worker would decide on its own gradients. Clip the gradients in the step, outside the "
+        "optimizer, or leave the sparse variable out of the clipping")
+
+
+def _traceable(tensor) -> bool:
+    """Whether a dense gradient is computed from a gradient of its own shape made by the tape (not from a sparse
+    gradient's values and indices, or from nothing the tape made)."""
+    return any(_same_shape(tensor.graph.get_tensor_by_name(t), tensor) for t in _frontier_distances(tensor, set()))
 
 
 def _switch_behind(tensor):
@@ -887,22 +908,42 @@ def _frontier_distances(start, frontier: set[str]) -> dict[str, int]:
         frontier.add(start.name)
         return {start.name: 0}
     found: dict[str, int] = {}
-    seen = {start.op.name}
-    queue = deque([(start.op, 1)])
+    seen = {_walk_key(start)}
+    queue = deque([(start, 1)])
     while queue:
-        op, depth = queue.popleft()
-        # a lowered conditional's predicate (all gradients finite) tells which branch runs, no part of a value
-        for t in list(op.inputs)[:1] if op.type in _SWITCHES else op.inputs:
+        tensor, depth = queue.popleft()
+        for t in _value_sources(tensor):
             p = t.op
             if p.type in VARIABLE_OP_TYPES or p.type == "Const" or t.dtype == tf.resource:
                 continue
             if _in_gradient_scope(p):
                 found.setdefault(t.name, depth)
                 frontier.add(t.name)
-            elif p.name not in seen:
-                seen.add(p.name)
-                queue.append((p, depth + 1))
+            elif _walk_key(t) not in seen:
+                seen.add(_walk_key(t))
+                queue.append((t, depth + 1))
     return found
+
+
+#: Ops whose output ``k`` is their input ``k``, passed on: an ``IdentityN`` (every Keras 3 optimizer passes the
+#: gradients through one, the default replica context's ``all_reduce``, a ``custom_gradient``).
+_PER_OUTPUT = frozenset({"IdentityN"})
+
+
+def _value_sources(tensor) -> list:
+    """The inputs ``tensor``'s value is computed from: all its op's, but a lowered conditional's predicate (all
+    gradients finite: it tells which branch runs, no part of a value) and an ``IdentityN``'s other inputs."""
+    op = tensor.op
+    if op.type in _SWITCHES:
+        return list(op.inputs)[:1]
+    if op.type in _PER_OUTPUT and tensor.value_index < len(op.inputs):
+        return [op.inputs[tensor.value_index]]
+    return list(op.inputs)
+
+
+def _walk_key(tensor) -> str:
+    """What a walk over values marks as seen: the tensor of an op in :data:`_PER_OUTPUT`, else its op."""
+    return tensor.name if tensor.op.type in _PER_OUTPUT else tensor.op.name
 
 
 def _same_shape(a, b) -> bool:

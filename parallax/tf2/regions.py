@@ -100,6 +100,12 @@ def update_regions(graph_def: graph_pb2.GraphDef, variables: set[str], trainable
         for w in own:
             for op in walks[w][2] | {w}:
                 passed_by.setdefault(op, set()).add(var)
+    readers: dict[str, set[str]] = {}  # op -> the ops that read it (a variable's handle through a lowered cond)
+    for node in graph_def.node:
+        for text in node.input:
+            source = parse_input(text)[0]
+            if source in nodes and nodes[source].op in _SWITCHES:
+                readers.setdefault(source, set()).add(node.name)
     regions = []
     for var, (slots, _) in sorted(owned.items()):
         # the optimizer's own ops: in the scope of the variable's writes (what the program does to a gradient
@@ -107,8 +113,19 @@ def update_regions(graph_def: graph_pb2.GraphDef, variables: set[str], trainable
         scopes = {_outer_scope(w) for w in writes[var]}
         ops = frozenset(op for op, users in passed_by.items()
                         if users == {var} and not GRADIENT_SCOPE.search(op) and _outer_scope(op) in scopes)
-        regions.append(UpdateRegion(var, tuple(sorted(slots)), ops))
+        regions.append(UpdateRegion(var, tuple(sorted(slots)), _without_shared_handles(ops, nodes, variables,
+                                                                                       readers)))
     return _with_own_conditionals(regions, nodes, variables)
+
+
+def _without_shared_handles(ops: frozenset[str], nodes: dict, variables: set[str],
+                            readers: dict[str, set[str]]) -> frozenset[str]:
+    """``ops`` but a lowered conditional's ``Switch`` of a variable's handle that an op outside them reads too
+    (Keras 3's moving averages of the weights, ``use_ema``, read the variables the updates wrote in the same
+    conditional): the handle is the variable's, which anything may read, no part of its update's (on a parameter
+    server, only the chief runs an update)."""
+    return frozenset(op for op in ops if not (nodes[op].op in _SWITCHES and variable_behind(op, nodes) in variables
+                                              and readers.get(op, set()) - ops))
 
 
 def _with_own_conditionals(regions: list[UpdateRegion], nodes: dict, variables: set[str]) -> list[UpdateRegion]:
