@@ -110,7 +110,10 @@ def classify(graph_def: graph_pb2.GraphDef, plan: Plan, extra_inputs: frozenset[
     cons = consumers(graph_def)
     forward = ancestors(nodes, grad_ops, stop=variables)
     train_closure = ancestors(nodes, plan.train_ops)
-    update_path = (descendants(cons, grad_ops) - grad_ops) & train_closure
+    # the ops after a gradient on the way to the update, not those of the backward pass that read it too (batch
+    # normalisation's beta gradient is also the upstream gradient of its mean): a replica's own backward pass keeps
+    # reading its own gradient, and only the update reads the aggregated one
+    update_path = (descendants(cons, grad_ops) - grad_ops - forward) & train_closure
     inputs = {n.name for n in graph_def.node if is_input_op(n.op)} - _assigned_only(nodes, cons, forward, variables)
     inputs |= set(extra_inputs)
     # What the training op needs from a replica's forward pass but not through the gradients (a loss or an
