@@ -133,8 +133,11 @@ def check_same(group: WorkerGroup, batch: tuple, epoch: int) -> None:
         raise ValueError(
             f"parallax.fit: the workers' data gave different global batches at the start of epoch {epoch} (each "
             "worker reads the whole pipeline and trains its part of each batch, so every worker must read the same "
-            "batches): a Dataset.shuffle, a generator or a PyDataset drawing without a seed? Give the shuffle a seed "
-            "(Dataset.shuffle(n, seed=...)) or call keras.utils.set_random_seed(...) at the program's start")
+            "batches): a Dataset.shuffle, a generator or a PyDataset drawing without a seed (give the shuffle a seed, "
+            "Dataset.shuffle(n, seed=...), or call keras.utils.set_random_seed(...) at the program's start), or files "
+            "that one worker writes while another reads them (every worker runs the program's data preparation: "
+            "keras.utils.get_file(extract=True) into one shared directory rewrites it; prepare the data once, "
+            "before the job)")
 
 
 @contextlib.contextmanager
