@@ -139,11 +139,7 @@ def check_evaluate(x: Any, y: Any, batch_size: Any, verbose: Any, sample_weight:
     Raises:
         TypeError, ValueError: naming the argument, the value and what is expected.
     """
-    caller = "parallax.evaluate"
-    _count(caller, "batch_size", batch_size)
-    _count(caller, "steps", steps)
-    _verbose(caller, verbose)
-    _arrays(caller, x, y, sample_weight, batch_size)
+    _check_sharded("parallax.evaluate", x, y, sample_weight, batch_size, verbose, steps)
 
 
 def check_predict(x: Any, batch_size: Any, verbose: Any, steps: Any) -> None:
@@ -152,8 +148,12 @@ def check_predict(x: Any, batch_size: Any, verbose: Any, steps: Any) -> None:
     Raises:
         TypeError, ValueError: naming the argument, the value and what is expected.
     """
-    caller = "parallax.predict"
+    _check_sharded("parallax.predict", x, None, None, batch_size, verbose, steps)
+
+
+def _check_sharded(caller: str, x: Any, y: Any, sample_weight: Any, batch_size: Any, verbose: Any, steps: Any
+                   ) -> None:
     _count(caller, "batch_size", batch_size)
     _count(caller, "steps", steps)
     _verbose(caller, verbose)
-    _arrays(caller, x, None, None, batch_size)
+    _arrays(caller, x, y, sample_weight, batch_size)

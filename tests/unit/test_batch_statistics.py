@@ -22,8 +22,14 @@ NOTE = "batch statistics (batch normalisation)"
 def _keras_step(**norm):
     import keras
 
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
-                              keras.layers.BatchNormalization(name="norm", **norm), keras.layers.Dense(1)])
+    return _step_of(keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
+                                      keras.layers.BatchNormalization(name="norm", **norm), keras.layers.Dense(1)]))
+
+
+def _step_of(model):
+    """A training step of ``model`` (SGD, a mean squared error), and the model."""
+    import keras
+
     optimizer = keras.optimizers.SGD(0.1)
 
     @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None, 1])])
@@ -75,15 +81,6 @@ def test_parallax_fit_refuses_a_batch_norm_that_asks_for_synchronised_statistics
 def test_layer_normalisation_normalises_each_example_by_its_own_statistics_and_is_not_named():
     import keras
 
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.LayerNormalization(),
-                              keras.layers.Dense(1)])
-    optimizer = keras.optimizers.SGD(0.1)
-
-    @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None, 1])])
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean((model(x, training=True) - y) ** 2)
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
+    step, _ = _step_of(keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.LayerNormalization(),
+                                         keras.layers.Dense(1)]))
     assert analyse_graph(trace_step(step).graph).batch_statistics == ()
