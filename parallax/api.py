@@ -95,7 +95,8 @@ def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
         for step in range(1000):
             loss_values, _ = sess.run([loss, train_op], feed_dict={x: [b0, b1], y: [l0, l1]})
 
-    A TensorFlow 2 training step, a ``tf.function`` with an ``input_signature``, is
+    A TensorFlow 2 training step, a ``tf.function`` (with an ``input_signature``, or traced at its first
+    call from its arguments: :mod:`parallax.tf2.deferred`), is
     taken too (:mod:`parallax.tf2`): it is traced into the same kind of graph, and
     what comes back is a step to call like it, each argument one batch per replica::
 
@@ -106,7 +107,7 @@ def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
     Args:
         single_gpu_graph: a ``tf.Graph`` that trains on one device, or its
             ``MetaGraphDef`` (a proto, or the path of a ``.meta`` file), or a
-            ``tf.function`` training step with an ``input_signature``.
+            ``tf.function`` training step.
         resource_info: path of the resource file (see ``docs/resources.md``);
             ``"slurm"`` (or ``None`` inside a Slurm allocation): the nodes of the
             allocation this process runs in (:mod:`parallax.slurm`).
