@@ -136,6 +136,9 @@ def _parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | No
         return (DeferredStep(single_gpu_graph, lambda first: _parallel_run(
             single_gpu_graph, resource_info, sync, parallax_config, first), known), *known)
     config = replace(config, elastic_config=elastic_from_text(config.elastic_config, current().elastic))
+    if current().stall_shutdown:  # parallax-run --stall-shutdown
+        shutdown = current().stall_shutdown
+        config = replace(config, stall_shutdown=None if shutdown == "none" else float(shutdown))
     step = None
     if is_step_function(single_gpu_graph):
         step, config = prepare(single_gpu_graph, config, signature)

@@ -103,6 +103,9 @@ def _parser() -> argparse.ArgumentParser:
                              "ports, the interface), print one line per host and exit (0: all ready); a program "
                              "given after it is checked on every host too")
     parser.add_argument("--mpirun_options", default="", help="extra mpirun options, e.g. '--mca btl ^openib'")
+    parser.add_argument("--stall-shutdown", dest="stall_shutdown", type=_shutdown_arg, default=None, metavar="SECONDS",
+                        help="end the job when a process has waited for its peers this long (replaces "
+                             "Config.stall_shutdown, default 900; 'none': never)")
     parser.add_argument("--dry_run", action="store_true",
                         help="run the script up to parallel_run, print the mpirun command and exit")
     parser.add_argument("--timeout", type=_seconds_arg, default=600, help="--dry_run: seconds before giving up on the "
@@ -122,6 +125,19 @@ def _parser() -> argparse.ArgumentParser:
                         help="run a module and its arguments (like python -m)")
     parser.add_argument("program", nargs=argparse.REMAINDER, help="the script and its arguments")
     return parser
+
+
+def _shutdown_arg(text: str) -> str:
+    """``--stall-shutdown``: seconds (a positive number) or ``none``."""
+    if text.strip().lower() == "none":
+        return "none"
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds (a positive number) or 'none', got {text!r}")
+    return repr(seconds)
 
 
 def _elastic_options(args: argparse.Namespace) -> str | None:
@@ -184,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     elastic = _elastic_options(args)
     if elastic:
         env = env_with(env, elastic=elastic)
+    if args.stall_shutdown is not None:
+        env = env_with(env, stall_shutdown=args.stall_shutdown)
     if not args.dry_run:
         return _run_forwarding_sigterm([sys.executable, *program], env)
     with tempfile.TemporaryDirectory() as tmp:

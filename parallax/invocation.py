@@ -36,7 +36,7 @@ __all__ = ["Control", "CONTROLS", "FORWARDED", "Invocation", "PlanRequest", "Tri
            "LEVEL_ENV", "TRIAL_ENV", "RESULT_ENV", "PARAMS_ENV", "TUNED_ENV", "USE_TUNED_ENV", "PARTITIONS_ENV",
            "SEARCH_STEPS_ENV", "CACHE_ENV", "TRIAL_BACKEND_ENV", "SCHEDULER_ENV", "TRIAL_TIMEOUT_ENV",
            "FINISH_TIMEOUT_ENV", "ARRIVAL_SPIN_ENV", "NATIVE_OPS_ENV", "HUGE_PAGES_ENV", "SLOT_DEVICE_ENV",
-           "TF_CONFIG_ENV", "RERUN_ENV", "ELASTIC_ENV", "ELASTIC_CKPT_ENV"]
+           "TF_CONFIG_ENV", "RERUN_ENV", "ELASTIC_ENV", "ELASTIC_CKPT_ENV", "STALL_SHUTDOWN_ENV"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,7 @@ SLOT_DEVICE_ENV = "PARALLAX_SLOT_DEVICE"
 TF_CONFIG_ENV = "TF_CONFIG"
 RERUN_ENV = "PARALLAX_RERUN"
 ELASTIC_ENV = "PARALLAX_ELASTIC"
+STALL_SHUTDOWN_ENV = "PARALLAX_STALL_SHUTDOWN"
 ELASTIC_CKPT_ENV = "PARALLAX_ELASTIC_CKPT"
 
 #: Every control variable, by name.
@@ -143,6 +144,8 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
     Control(ELASTIC_ENV, "elastic", False,
             "parallax-run --max-restarts, --min-np, --max-np, --host-discovery-script: JSON of the ElasticConfig "
             "fields they replace"),
+    Control(STALL_SHUTDOWN_ENV, "stall_shutdown", False,
+            "parallax-run --stall-shutdown: the seconds that replace Config.stall_shutdown ('none': never)"),
     Control(ELASTIC_CKPT_ENV, "elastic_ckpt", False,
             "the launcher of an elastic job, to every rank: JSON of the CheckPointConfig elastic mode saves with"),
     Control(TF_CONFIG_ENV, "tf_config", False,
@@ -305,6 +308,7 @@ class Invocation:
     rerun: str | None = None
     elastic: str | None = None
     elastic_ckpt: str | None = None
+    stall_shutdown: str | None = None
     tf_config: str | None = None
 
     @classmethod

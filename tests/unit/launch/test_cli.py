@@ -120,3 +120,35 @@ def test_inside_a_slurm_allocation_the_resource_file_may_be_left_out(capsys, scr
     assert main(["--dry_run", str(script), "MPI"]) == 0
     out = capsys.readouterr().out
     assert "run_option MPI, 3 processes" in out and "--host localhost:3 " in out
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon"])
+def test_stall_shutdown_takes_positive_seconds_or_none(capsys, script, value):
+    with pytest.raises(SystemExit):
+        main(["--stall-shutdown", value, "-r", "resource_info", str(script), "MPI"])
+    assert "--stall-shutdown: expected seconds (a positive number) or 'none', got" in capsys.readouterr().err
+
+
+def test_stall_shutdown_replaces_the_scripts_config_in_its_parallel_run(monkeypatch):
+    from dataclasses import replace
+
+    import parallax.api as api
+    from parallax.config import Config
+    from parallax.invocation import Invocation
+
+    seen = []
+    monkeypatch.setattr(api, "_run", lambda graph, resources, sync, config, **kw: seen.append(config) or 0)
+    for text, expected in (("42.0", 42.0), ("none", None)):
+        monkeypatch.setattr(api, "current", lambda text=text: replace(Invocation(), stall_shutdown=text))
+        with pytest.raises(SystemExit):
+            api.parallel_run(tf_graph(), "resource_info", parallax_config=Config())
+        assert seen[-1].stall_shutdown == expected
+
+
+def tf_graph():
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.get_variable("w", [1])
+    return graph
