@@ -37,7 +37,7 @@ import tensorflow as tf
 from parallax.batch_statistics import batch_statistics
 from parallax.errors import AnalysisError
 from parallax.rewrite.graph_ops import colocated_with, is_variable_write
-from parallax.update_order import refuse_gradients_after_updates
+from parallax.update_order import gradients_after_updates
 
 __all__ = ["VariableInfo", "GradientInfo", "ForwardOp", "GraphAnalysis", "analyse_graph", "VARIABLE_OP_TYPES",
            "update_scope_owner"]
@@ -173,6 +173,8 @@ class GraphAnalysis:
         forward: the forward pass's ops in the order they were made (the layers' order).
         batch_statistics: the layers that normalise by their batch's statistics
             (:mod:`parallax.batch_statistics`).
+        after_updates: why a synchronous job cannot aggregate the step at once (a gradient computed after
+            another update of the same step, :mod:`parallax.update_order`); ``""`` when it can.
     """
 
     variables: tuple[VariableInfo, ...]
@@ -180,6 +182,7 @@ class GraphAnalysis:
     train_ops: tuple[str, ...]
     forward: tuple[ForwardOp, ...] = ()
     batch_statistics: tuple[str, ...] = ()
+    after_updates: str = ""
 
     @property
     def forward_only(self) -> bool:
@@ -248,14 +251,14 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
     _refuse_gradients_behind_decisions(graph, gradients)
     _refuse_decisions_on_a_replicas_data(graph, gradients)
     _refuse_hidden_updates(graph, {v.name for v in variables if v.trainable})
-    refuse_gradients_after_updates(graph, gradients)
     _refuse_trainables_written_from_data(ops, {v.name for v in variables if v.trainable}, scopes, gradients)
     if not gradients:
         _refuse_unapplied_gradients(ops, {v.name for v in variables})
     train_ops = _train_ops(graph, scopes) if gradients else ()
+    after_updates = gradients_after_updates(graph, gradients, train_ops)
     forward = _forward_ops(graph, gradients, {v.name: v for v in variables})
     statistics = batch_statistics(graph) if gradients else ()
-    return GraphAnalysis(tuple(variables), tuple(gradients), train_ops, forward, statistics)
+    return GraphAnalysis(tuple(variables), tuple(gradients), train_ops, forward, statistics, after_updates)
 
 
 def _refuse_unapplied_gradients(ops: list, variables: set[str]) -> None:

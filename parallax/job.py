@@ -47,6 +47,7 @@ from parallax.plan.model import Layout
 from parallax.plan.policies import choose_sync
 from parallax.plan.stages import fit_stages
 from parallax.settings import Settings, derive
+from parallax.update_order import refuse_gradients_after_updates
 
 __all__ = ["JobPlan", "ProcessSpec", "plan_job", "make_job_plan", "LAYOUTS"]
 
@@ -177,6 +178,7 @@ def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis)
     Raises:
         PlanError: the variable plan cannot be made (see :func:`parallax.plan.build_plan`).
     """
+    refuse_gradients_after_updates(analysis.after_updates, settings.sync)
     cluster = cluster.with_bare_hosts(settings.gpus)  # every GPU of the host, in every layout
     settings, by_memory = _fit_memory(cluster, settings, analysis)
     layout, ranks, notes = _layout(cluster, settings, analysis)

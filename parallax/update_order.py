@@ -19,16 +19,15 @@ import tensorflow as tf
 
 from parallax.errors import AnalysisError
 
-__all__ = ["refuse_gradients_after_updates"]
+__all__ = ["gradients_after_updates", "refuse_gradients_after_updates"]
 
 
-def refuse_gradients_after_updates(graph: tf.Graph, gradients: Sequence[Any]) -> None:
-    """Raise when a gradient of ``gradients`` (:class:`parallax.analysis.GradientInfo`) is computed from an op of
-    another variable's update (through data or control edges).
-
-    Raises:
-        AnalysisError: naming the gradient, the update it waits for, and what to change.
-    """
+def gradients_after_updates(graph: tf.Graph, gradients: Sequence[Any], train_ops: Sequence[str]) -> str:
+    """Why the step cannot be aggregated at once (``""``: it can): a gradient of ``gradients``
+    (:class:`parallax.analysis.GradientInfo`) computed from an op of another variable's update (through data or
+    control edges) that the same training op runs, one step. (Two training ops run in turn, a TF1 GAN's, are two
+    steps. Asynchronous PS, where each worker applies its own gradients, trains such a step:
+    :func:`refuse_gradients_after_updates` is the synchronous layouts' check.)"""
     update_of = {name: g.variable for g in gradients for name in g.update_ops}
     if not update_of:
         return
@@ -39,15 +38,46 @@ def refuse_gradients_after_updates(graph: tf.Graph, gradients: Sequence[Any]) ->
             if name is None or graph.get_tensor_by_name(name).op.name not in after:
                 continue
             found = _update_before(graph.get_tensor_by_name(name).op, update_of, own)
-            if found is not None:
-                raise AnalysisError(
-                    f'the gradient of "{g.variable}" ({name}) is computed after the update of '
-                    f'"{update_of[found]}" ("{found}") in the same step: Parallax aggregates every gradient of a '
-                    "step across the replicas before it applies the updates, so it cannot train a step that "
-                    "updates some variables and then differentiates with them (a GAN that trains its "
-                    "discriminator, then its generator through the updated discriminator). Compute every "
-                    "gradient first and apply them after, or train the two parts in two steps (two tf.function "
-                    "steps, each given to parallel_run)")
+            if found is not None and _one_step(graph, train_ops, found, own):
+                return (f'the gradient of "{g.variable}" ({name}) is computed after the update of '
+                        f'"{update_of[found]}" ("{found}") in the same step: Parallax aggregates every gradient of a '
+                        "step across the replicas before it applies the updates, so it cannot train a step that "
+                        "updates some variables and then differentiates with them (a GAN that trains its "
+                        "discriminator, then its generator through the updated discriminator). Compute every "
+                        "gradient first and apply them after, or train the two parts in two steps (two tf.function "
+                        "steps, each given to parallel_run)")
+    return ""
+
+
+def refuse_gradients_after_updates(why: str, sync: bool) -> None:
+    """Refuse, in a synchronous job, the step :func:`gradients_after_updates` found.
+
+    Raises:
+        AnalysisError: naming the gradient, the update it waits for, and what to change.
+    """
+    if why and sync:
+        raise AnalysisError(why)
+
+
+def _one_step(graph: tf.Graph, train_ops: Sequence[str], update: str, own: set[str]) -> bool:
+    """Whether one training op runs both ``update`` and the updates ``own`` (one of them at least)."""
+    for name in train_ops:
+        before = _before(graph.get_operation_by_name(name))
+        if update in before and own & before:
+            return True
+    return False
+
+
+def _before(op: tf.Operation) -> set[str]:
+    """The ops ``op`` depends on (through data or control edges), itself included."""
+    seen, queue = {op.name}, deque([op])
+    while queue:
+        current = queue.popleft()
+        for source in [t.op for t in current.inputs] + list(current.control_inputs):
+            if source.name not in seen:
+                seen.add(source.name)
+                queue.append(source)
+    return seen
 
 
 def _after(graph: tf.Graph, update_of: dict[str, str]) -> set[str]:

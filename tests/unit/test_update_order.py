@@ -10,6 +10,7 @@ import tensorflow as tf
 from parallax.analysis import analyse_graph
 from parallax.errors import AnalysisError
 from parallax.tf2.trace import trace_step
+from parallax.update_order import refuse_gradients_after_updates
 
 
 def _gan_step(sequential: bool):
@@ -43,13 +44,15 @@ def _gan_step(sequential: bool):
 
 def test_a_step_that_differentiates_through_a_variable_it_has_updated_is_refused_naming_both():
     graph = trace_step(_gan_step(sequential=True)).graph
+    analysis = analyse_graph(graph)
+    refuse_gradients_after_updates(analysis.after_updates, sync=False)  # asynchronous PS: each worker its own
     with pytest.raises(AnalysisError, match=r'^the gradient of "generator[^"]*" \([^)]*\) is computed after the '
                                             r'update of "discriminator[^"]*" \("[^"]*"\) in the same step: '
                                             r"Parallax aggregates every gradient of a step across the replicas "
                                             r"before it applies the updates"):
-        analyse_graph(graph)
+        refuse_gradients_after_updates(analysis.after_updates, sync=True)
 
 
 def test_a_step_that_computes_every_gradient_before_its_updates_is_taken():
     analysis = analyse_graph(trace_step(_gan_step(sequential=False)).graph)
-    assert len(analysis.gradients) == 4
+    assert len(analysis.gradients) == 4 and analysis.after_updates == ""
