@@ -93,11 +93,6 @@ class FitBatches:
         for epoch in range(initial_epoch, epochs):
             yield epoch, self._epoch()
 
-    @property
-    def inferred_steps(self) -> int | None:
-        """The batches of an epoch, once known (a dataset of unknown length: after the first epoch)."""
-        return self._handler.inferred_steps if self._legacy else self._iterator.num_batches
-
     def _epoch(self) -> Iterator[tuple]:
         with self._iterator.catch_stop_iteration():
             for _, _, iterator in self._iterator:

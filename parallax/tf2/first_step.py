@@ -96,14 +96,13 @@ def _aligned(a: _Rows, b: _Rows) -> tuple[np.ndarray, np.ndarray]:
     return np.stack([a.get(k, zero) for k in keys]), np.stack([b.get(k, zero) for k in keys])
 
 
-def check_first_step(session: Any, gradients: list, inputs: list, feeds: dict, num_replicas: int) -> None:
+def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: int) -> None:
     """Compare, on this worker's first replica, the gradient of its part with its halves' (see the module
     docstring); say at WARNING where they differ.
 
     Args:
         session: the step's :class:`parallax.session.ParallaxSession`.
         gradients: the single-device graph's gradients (:class:`parallax.analysis.GradientInfo`).
-        inputs: the step's argument placeholders.
         feeds: the step's feeds (placeholder -> one value per replica), as for the first step.
         num_replicas: the local replicas.
     """

@@ -13,10 +13,10 @@ import functools
 import os
 import re
 
-import numpy as np
 import pytest
 
 from tests.multiprocess.harness import LAYOUTS, ROOT, ScriptJobs
+from tests.multiprocess.test_tf2_steps import check_against_eager
 from tests.tf2.optimizer_matrix import CASES, REFUSED, eager
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -55,18 +55,4 @@ def test_a_keras_3_optimizer_trains_as_on_one_device_or_is_refused_saying_why(jo
             assert re.search(REFUSED[case], f.read()), case
         assert not [f for f in os.listdir(out) if f.startswith("rank_")], "a refused case trained"
         return
-    losses, values, state = reference(case)
-    _, _, processes, replicas = LAYOUTS[group]
-    seen = []
-    for rank in range(processes):
-        with np.load(os.path.join(out, f"rank_{rank}.npz")) as got:
-            for i, value in enumerate(values):
-                np.testing.assert_allclose(got[f"v{i}"], value, rtol=1e-5, atol=1e-6,
-                                           err_msg=f"{group} {case} rank {rank}: variable {i}")
-            for i, value in enumerate(state):
-                np.testing.assert_allclose(got[f"o{i}"], value, rtol=1e-5, atol=1e-6,
-                                           err_msg=f"{group} {case} rank {rank}: optimizer variable {i}")
-            assert got["losses"].shape == (STEPS, replicas)
-            seen.append(got["losses"])
-    np.testing.assert_allclose(np.concatenate(seen, axis=1).mean(axis=1), losses, rtol=1e-5,
-                               err_msg=f"{group} {case}: the mean of the workers' losses")
+    check_against_eager(out, group, case, reference(case))

@@ -63,17 +63,22 @@ def test_a_step_with_any_optimizer_trains_as_eager_training_on_one_device(optimi
     check_against_eager(optimizer_jobs.case(group, case), group, case)
 
 
-def check_against_eager(out: str, group: str, case: str) -> None:
-    """Every trained variable on every process, and the mean of the replicas' losses each step."""
-    losses, values = reference(case)
-    _, _, processes, replicas = GROUPS[group]
+def check_against_eager(out: str, group: str, case: str, expected: tuple | None = None) -> None:
+    """Every trained variable on every process (and every optimizer variable, when ``expected`` holds them as
+    its third item: ``(losses, variables, optimizer variables)``, else this module's reference), and the mean
+    of the replicas' losses each step."""
+    losses, values, *state = expected if expected is not None else reference(case)
+    _, _, processes, replicas = LAYOUTS[group]
     seen = []
     for rank in range(processes):
         with np.load(os.path.join(out, f"rank_{rank}.npz")) as got:
             for i, value in enumerate(values):
                 np.testing.assert_allclose(got[f"v{i}"], value, rtol=1e-5, atol=1e-6,
                                            err_msg=f"{group} {case} rank {rank}: variable {i}")
-            assert got["losses"].shape == (STEPS, replicas)
+            for i, value in enumerate(state[0] if state else []):
+                np.testing.assert_allclose(got[f"o{i}"], value, rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{group} {case} rank {rank}: optimizer variable {i}")
+            assert got["losses"].shape == (len(losses), replicas)  # one row a step
             seen.append(got["losses"])
     np.testing.assert_allclose(np.concatenate(seen, axis=1).mean(axis=1), losses, rtol=1e-5,
                                err_msg=f"{group} {case}: the mean of the replicas' losses")
