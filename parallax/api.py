@@ -139,6 +139,8 @@ def _parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | No
     if current().stall_shutdown:  # parallax-run --stall-shutdown
         shutdown = current().stall_shutdown
         config = replace(config, stall_shutdown=None if shutdown == "none" else float(shutdown))
+    if current().staggered_start in ("0", "1"):  # PARALLAX_STAGGERED_START
+        config = replace(config, staggered_start=current().staggered_start == "1")
     step = None
     if is_step_function(single_gpu_graph):
         step, config = prepare(single_gpu_graph, config, signature)
@@ -381,7 +383,7 @@ def _launch_job(call: _Call, config: Config, cluster: Cluster, analysis, planned
 
 def _launch_info(job: JobPlan, settings, cluster: Cluster, checkpoints: CheckPointConfig | None) -> dict:
     """What every launched rank learns of the job (:attr:`~parallax.member.bootstrap.RankContext.job`)."""
-    info = {"layout": job.layout, "digest": job.digest(), "gpus": settings.gpus}
+    info = {"layout": job.layout, "digest": job.digest(), "gpus": settings.gpus, "staggered": settings.staggered_start}
     if cluster.from_environment:  # the launched processes' environment does not describe the job
         info["allocation"] = {"text": cluster.text, "source": cluster.source}
     if checkpoints is not None:

@@ -697,6 +697,10 @@ class Config(_ConfigBase):
             worker 0 checks that the gradient of its part is the mean of its halves' and says at WARNING
             where it is not (batch statistics, an op over the batch, random draws: the result then differs
             from one device): :mod:`parallax.tf2.first_step`. Default ``True``.
+        staggered_start: (Parallax only) on each host, the first process of a launched job runs the program up
+            to its training call before the host's other processes start, so that data the program downloads
+            or extracts is written once, not by every process at the same time (:mod:`parallax.member.entry`).
+            Costs that first process's way to the training call, once per host. Default ``True``.
     """
 
     run_option: str | None = _field(None, _run_option)
@@ -721,6 +725,7 @@ class Config(_ConfigBase):
     elastic_config: ElasticConfig = _field(ElasticConfig, _instance_of(lambda: ElasticConfig), factory=True)
     check_first_step: bool = _field(True, _bool)
     stall_shutdown: float | None = _field(900.0, _positive_number_or_none)
+    staggered_start: bool = _field(True, _bool)
 
     @property
     def stages(self) -> int:

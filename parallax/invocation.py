@@ -36,7 +36,8 @@ __all__ = ["Control", "CONTROLS", "FORWARDED", "Invocation", "PlanRequest", "Tri
            "LEVEL_ENV", "TRIAL_ENV", "RESULT_ENV", "PARAMS_ENV", "TUNED_ENV", "USE_TUNED_ENV", "PARTITIONS_ENV",
            "SEARCH_STEPS_ENV", "CACHE_ENV", "TRIAL_BACKEND_ENV", "SCHEDULER_ENV", "TRIAL_TIMEOUT_ENV",
            "FINISH_TIMEOUT_ENV", "ARRIVAL_SPIN_ENV", "NATIVE_OPS_ENV", "HUGE_PAGES_ENV", "SLOT_DEVICE_ENV",
-           "TF_CONFIG_ENV", "RERUN_ENV", "ELASTIC_ENV", "ELASTIC_CKPT_ENV", "STALL_SHUTDOWN_ENV"]
+           "TF_CONFIG_ENV", "RERUN_ENV", "ELASTIC_ENV", "ELASTIC_CKPT_ENV", "STALL_SHUTDOWN_ENV",
+           "STAGGERED_ENV"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ RERUN_ENV = "PARALLAX_RERUN"
 ELASTIC_ENV = "PARALLAX_ELASTIC"
 STALL_SHUTDOWN_ENV = "PARALLAX_STALL_SHUTDOWN"
 ELASTIC_CKPT_ENV = "PARALLAX_ELASTIC_CKPT"
+STAGGERED_ENV = "PARALLAX_STAGGERED_START"
 
 #: Every control variable, by name.
 CONTROLS: dict[str, Control] = {c.name: c for c in (
@@ -146,6 +148,8 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
             "fields they replace"),
     Control(STALL_SHUTDOWN_ENV, "stall_shutdown", False,
             "parallax-run --stall-shutdown: the seconds that replace Config.stall_shutdown ('none': never)"),
+    Control(STAGGERED_ENV, "staggered_start", False,
+            "0 or 1: replaces Config.staggered_start (the host's first process reaches its training call first)"),
     Control(ELASTIC_CKPT_ENV, "elastic_ckpt", False,
             "the launcher of an elastic job, to every rank: JSON of the CheckPointConfig elastic mode saves with"),
     Control(TF_CONFIG_ENV, "tf_config", False,
@@ -236,6 +240,8 @@ class LaunchIdentity:
         gpus: how many GPUs a bare host line stands for.
         allocation: the resources the launcher read from its environment (``{"text", "source"}``: a Slurm
             allocation), which a rank's own environment does not describe.
+        staggered: the host's first rank runs the program up to its training call before the host's other
+            ranks start (``Config.staggered_start``, :mod:`parallax.member.entry`).
     """
 
     ranks: str
@@ -243,19 +249,22 @@ class LaunchIdentity:
     digest: str | None = None
     gpus: int | None = None
     allocation: dict | None = None
+    staggered: bool = False
 
     @classmethod
     def from_json(cls, text: str) -> LaunchIdentity:
         try:
             data = json.loads(text)
             job = data.get("job") or {}
-            return cls(data["ranks"], job.get("layout"), job.get("digest"), job.get("gpus"), job.get("allocation"))
+            return cls(data["ranks"], job.get("layout"), job.get("digest"), job.get("gpus"), job.get("allocation"),
+                       bool(job.get("staggered", False)))
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise ValueError(f"{LAUNCH_ENV}: expected the launcher's JSON, got {text[:200]!r}") from e
 
     def to_json(self) -> str:
         job = {k: v for k, v in (("layout", self.layout), ("digest", self.digest), ("gpus", self.gpus),
-                                 ("allocation", self.allocation)) if v is not None}
+                                 ("allocation", self.allocation), ("staggered", self.staggered or None))
+               if v is not None}
         return json.dumps({"job": job, "ranks": self.ranks}, sort_keys=True)
 
 
@@ -309,6 +318,7 @@ class Invocation:
     elastic: str | None = None
     elastic_ckpt: str | None = None
     stall_shutdown: str | None = None
+    staggered_start: str | None = None
     tf_config: str | None = None
 
     @classmethod

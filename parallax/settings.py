@@ -99,6 +99,7 @@ class Settings:
         ckpt: a copy of ``Config.ckpt_config``.
         profile: a copy of ``Config.profile_config``.
         redirect_path: ``Config.redirect_path``.
+        staggered_start: ``Config.staggered_start``.
         export_graph_path: ``Config.export_graph_path``.
         search_partitions: ``Config.search_partitions``.
         zero_stage: ``Config.zero_stage``.
@@ -131,6 +132,7 @@ class Settings:
     ckpt: CheckPointConfig = field(default_factory=CheckPointConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     redirect_path: str | None = None
+    staggered_start: bool = True
     export_graph_path: str | None = None
     search_partitions: bool = False
     zero_stage: int = 0
@@ -262,7 +264,8 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
                           finish=float(invocation.finish_timeout or Timeouts.finish)),
         sess_config=copy.deepcopy(config.sess_config), hooks=tuple(config.hooks),
         ckpt=copy.deepcopy(config.ckpt_config), profile=copy.deepcopy(config.profile_config),
-        redirect_path=config.redirect_path, export_graph_path=config.export_graph_path,
+        redirect_path=config.redirect_path, staggered_start=config.staggered_start,
+        export_graph_path=config.export_graph_path,
         search_partitions=config.search_partitions, notes=notes, zero_stage=config.zero_stage,
         pipeline=PipelineSettings(config.stages, config.micro_batches, tuple(config.pipeline_cuts),
                                   config.pipeline_schedule),

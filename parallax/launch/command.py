@@ -1,14 +1,15 @@
 """Build the ``mpirun`` command line and environment (pure: no processes, no files).
 
 The command starts one process per rank, hosts in order, and re-runs the
-user's own program in each (``python -m mpi4py <program>``, so that an
-exception in any rank aborts the whole job instead of leaving the others
-blocked in a collective).
+user's own program in each (``python -m parallax.member.entry <program>``: as
+``python -m mpi4py`` runs it, so that an exception in any rank aborts the whole
+job instead of leaving the others blocked in a collective, after the host's
+first rank has reached its training call where the launcher asks so).
 
 When a rank uses GPUs, every rank gets its own ``CUDA_VISIBLE_DEVICES`` before
 its program starts: the command is then one ``mpirun`` application context per
 run of consecutive ranks with the same GPUs (``-np 1 env
-CUDA_VISIBLE_DEVICES=2 python -m mpi4py <program> : ...``; MPI numbers the
+CUDA_VISIBLE_DEVICES=2 python -m parallax.member.entry <program> : ...``; MPI numbers the
 ranks in context order, and ``--host`` and ``--map-by slot`` place them as
 before). CUDA, and so TensorFlow, NCCL and any other library of the rank, then
 sees only the rank's GPUs, numbered from 0; a rank without GPUs (a parameter
@@ -32,6 +33,8 @@ __all__ = ["LaunchCommand", "build_mpirun_command", "rank_gpus", "SESSION_DIR_EN
 
 #: Open MPI 5's variable for the base of its session directories (read by mpirun and its daemons).
 SESSION_DIR_ENV = "PRTE_MCA_prte_tmpdir_base"
+#: The module every rank starts with (:mod:`parallax.member.entry`).
+ENTRY = "parallax.member.entry"
 #: The GPUs CUDA shows a process (read once, when CUDA starts in it).
 GPUS_ENV = "CUDA_VISIBLE_DEVICES"
 
@@ -107,12 +110,12 @@ def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tu
     if user_options:
         argv += shlex.split(user_options)
     if gpus is None:
-        argv += [python, "-m", "mpi4py", *program]
+        argv += [python, "-m", ENTRY, *program]
     else:
         contexts = [(value, len(list(run))) for value, run in itertools.groupby(gpus)]
         for i, (value, count) in enumerate(contexts):
             argv += [":"] if i else []
-            argv += ["-np", str(count), "env", f"{GPUS_ENV}={value}", python, "-m", "mpi4py", *program]
+            argv += ["-np", str(count), "env", f"{GPUS_ENV}={value}", python, "-m", ENTRY, *program]
     extra = {}
     if session_dir and not _sets_session_dir(user_options, environ):
         extra[SESSION_DIR_ENV] = session_dir

@@ -49,7 +49,7 @@ def launch_env(ranks: tuple[RankSpec, ...], job: dict, job_dir: str, monitor: st
     :attr:`RankContext.job`; ``monitor``: the stall monitor's ``host:port`` and
     ``stall_timeout`` its stall time, see :mod:`parallax.launch.monitor`)."""
     identity = LaunchIdentity(layout_to_json(ranks), job.get("layout"), job.get("digest"), job.get("gpus"),
-                              job.get("allocation"))
+                              job.get("allocation"), bool(job.get("staggered", False)))
     return Invocation(launch=identity, job_dir=job_dir, monitor=monitor or None, elastic_ckpt=job.get("checkpoints"),
                       stall_timeout=repr(float(stall_timeout)) if monitor and stall_timeout else None,
                       # launched processes log at INFO unless told otherwise, as the original Parallax's did

@@ -48,7 +48,7 @@ def test_dry_run_prints_the_layout_of_the_scripts_run_option(tmp_path, capsys, s
     assert f"run_option {run_option}, {processes} processes" in out
     assert f"-np {processes} " in out or out.count("-np ") > 1
     assert "--mca from_config 1 --mca from_cli 2" in out
-    assert out.strip().endswith(f"-m mpi4py {script} {run_option}")
+    assert out.strip().endswith(f"-m parallax.member.entry {script} {run_option}")
 
 
 def test_dry_run_shows_the_gpus_each_rank_starts_with(tmp_path, capsys, script, monkeypatch):
@@ -58,7 +58,7 @@ def test_dry_run_shows_the_gpus_each_rank_starts_with(tmp_path, capsys, script, 
     assert main(["-r", str(resource), "--dry_run", str(script), "MPI"]) == 0
     command = capsys.readouterr().out.splitlines()[-1]
     assert " --host hostA:2,hostB:1 " in command
-    program = f"-m mpi4py {script} MPI"
+    program = f"-m parallax.member.entry {script} MPI"
     assert command.endswith(f" -np 1 env CUDA_VISIBLE_DEVICES=0 {sys.executable} {program} : "
                             f"-np 1 env CUDA_VISIBLE_DEVICES=1 {sys.executable} {program} : "
                             f"-np 1 env CUDA_VISIBLE_DEVICES=3 {sys.executable} {program}")
@@ -97,7 +97,7 @@ def test_dry_run_of_a_module_with_options(tmp_path, capsys, monkeypatch):
     resource.write_text(ONE_LINE)
     monkeypatch.chdir(tmp_path)
     assert main(["-r", str(resource), "--dry_run", "-m", "trainmod", "MPI", "--an_option"]) == 0
-    assert capsys.readouterr().out.strip().endswith("-m mpi4py -m trainmod MPI --an_option")
+    assert capsys.readouterr().out.strip().endswith("-m parallax.member.entry -m trainmod MPI --an_option")
 
 
 def test_the_command_line_starts_without_loading_tensorflow():

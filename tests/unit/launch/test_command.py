@@ -28,7 +28,7 @@ def test_local_job_argv():
         "/v/bin/mpirun", "-np", "3", "--host", "localhost:3", "--map-by", "slot", "--bind-to", "none",
         "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_tcp_if_include", "lo",
         "-x", "PARALLAX_LAUNCH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL=1",
-        "/v/bin/python", "-m", "mpi4py", "/x/train.py", "--steps", "3"]
+        "/v/bin/python", "-m", "parallax.member.entry", "/x/train.py", "--steps", "3"]
     assert cmd.env == {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                        "PARALLAX_LAUNCH": "{}"}
 
@@ -37,7 +37,7 @@ def test_remote_hosts_user_options_and_module_programs():
     cmd = build_mpirun_command("mpirun", "python", ["-m", "pkg.train"], ranks("h1: 0,1\nh2: 0\n"),
                                local_hosts=LOCAL, cpu_count=8, is_root=False,
                                user_options="--mca btl ^openib -x NCCL_DEBUG")
-    program = ["python", "-m", "mpi4py", "-m", "pkg.train"]
+    program = ["python", "-m", "parallax.member.entry", "-m", "pkg.train"]
     assert list(cmd.argv) == [
         "mpirun", "--host", "h1:2,h2:1", "--map-by", "slot", "--bind-to", "none", "-x", "TF_CPP_MIN_LOG_LEVEL=1",
         "--mca", "btl", "^openib", "-x", "NCCL_DEBUG",
