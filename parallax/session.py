@@ -103,6 +103,14 @@ class ParallaxSession(SingleDeviceSession):
         """The variables no worker holds whole (optimizer slots ``zero_stage`` shards), and why."""
         return dict(self._translator.held_in_parts)
 
+    def on_server(self, name: str) -> bool:
+        """Whether the single-device graph's variable ``name`` is held by a parameter server (one copy, which
+        every worker reads) rather than by each worker."""
+        try:
+            return "/job:ps" in self._translator.graph.get_operation_by_name(name).device
+        except KeyError:
+            return False
+
     @property
     def raw_session(self) -> Any:
         """The underlying TensorFlow session, for what the wrapper does not cover."""

@@ -50,7 +50,7 @@ from parallax.tf2.arguments import check_fit
 from parallax.tf2.batches import FitBatches, check_same
 from parallax.tf2.evaluate import chief_or_shared, evaluate_on, global_batches, numbers, sum_metrics, use_job
 from parallax.tf2.keras_flavor import Flavor, flavor_of
-from parallax.tf2.own_step import GraphMetrics, check_even, overrides_train_step, own_train_step
+from parallax.tf2.own_step import check_even, overrides_train_step, own_train_step
 
 __all__ = ["fit", "parts", "split_validation"]
 
@@ -162,9 +162,10 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     outputs: dict = {}  # the structure of the model's predictions, seen when the step is traced
     step_fn = own_train_step(model, batches.signature, batches.has_targets, batches.weighted) if own \
         else _train_step(model, flavor, batches, outputs)
-    graph_metrics = GraphMetrics(model) if own else None
     step, num_workers, worker_id, num_replicas = parallel_run(step_fn, resource_info, sync=sync,
                                                               parallax_config=parallax_config)
+    if not own:
+        step.leave_metrics()  # the compiled metrics are updated here, on the host
     group = step.session.group
     if group is None and num_workers > 1:
         step.close()
@@ -213,8 +214,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
             if saves_in_epochs:  # a ModelCheckpoint(save_freq=<batches>) saves the weights trained so far
                 _sync(step, model)
             callback_list.on_train_batch_end(index, numbers(model.get_metrics_result()))
-        if own:
-            graph_metrics.into_model(step, group)
+        if own:  # its metrics: summed over the workers after every step (parallax.tf2.summed)
+            step.sync_variables()
         else:
             sum_metrics(model, group)
         logs = numbers(model.get_metrics_result())

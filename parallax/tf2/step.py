@@ -11,7 +11,8 @@ agree, or there is one).
 
 ``step.sync_variables()`` writes the trained values (this worker's) into the program's
 eager variables, so that ``model.save_weights``, ``tf.train.Checkpoint`` or ``model.predict``
-see them; ``close()`` does it, then ends the session.
+see them; ``close()`` does it, then ends the session. The metrics the step updates are in the
+program's variables after every step, summed over the workers (:mod:`parallax.tf2.summed`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from parallax.logs import log as logger
 from parallax.member import preemption
 from parallax.tf2.checkpoints import StepCheckpoints
 from parallax.tf2.first_step import check_first_step
+from parallax.tf2.summed import SummedState
 from parallax.tf2.trace import TracedStep
 
 __all__ = ["DistributedStep"]
@@ -56,6 +58,8 @@ class DistributedStep:
         self._leaves = tf.nest.flatten(traced.outputs)  # a step that returns nothing: [None]
         self._fetches = ([t for t in self._leaves if isinstance(t, tf.Tensor)], traced.train_op)
         self._ranks = [t.shape.rank for t in traced.inputs]
+        self._summed = SummedState(session, traced.variables, traced.graph)
+        self._summed.start()
 
     @property
     def session(self) -> Any:
@@ -93,6 +97,7 @@ class DistributedStep:
             except Exception as e:  # noqa: BLE001 - a check that cannot run says so and trains on
                 logger.info("Parallax: the first step's check did not run (%s: %s)", type(e).__name__, e)
         fetched, _ = self._session.run(self._fetches, feed_dict=feeds)
+        self._summed.after_step()
         values = iter(fetched)
         outputs = tf.nest.pack_sequence_as(
             self._traced.outputs, [next(values) if isinstance(t, tf.Tensor) else t for t in self._leaves])
@@ -103,6 +108,12 @@ class DistributedStep:
                 preemption.end(f"saved the step's checkpoint at step {self._checkpoints.step} in "
                                f"{self._checkpoints.directory}")
         return outputs
+
+    def leave_metrics(self) -> None:
+        """Keep the program's metric variables out of the step's reach: no sums after each step, and
+        :meth:`sync_variables` writes this worker's copies (``parallax.fit``, which updates the compiled metrics
+        on the host, keeps them itself)."""
+        self._summed = SummedState(self._session, {}, self._traced.graph)
 
     def _per_replica(self, value: Any, rank: int | None) -> Any:
         """A plain batch stands for the one replica of a process that has one."""
@@ -116,7 +127,8 @@ class DistributedStep:
         slots that ``zero_stage`` keeps in parts stay as they were)."""
         held = self._session.held_in_parts
         graph = self._traced.graph
-        names = [n for n in sorted(self._traced.variables) if n not in held]
+        kept = set(self._summed.names)  # the program's metrics: already summed after each step
+        names = [n for n in sorted(self._traced.variables) if n not in held and n not in kept]
         variables = {v.op.name: v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
         values = self._session.read([variables[n] for n in names])
         for name, value in zip(names, values):

@@ -188,8 +188,10 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
 
 @dataclass(frozen=True)
 class _Eager:
-    """An eager variable the step uses: its name, dtype, shape, trainability and value now, and how to read
-    it later (a slot made in the step comes as a bare handle, with no Variable object the function shows)."""
+    """An eager variable the step uses: its name, dtype, shape, trainability and value now, how to read it
+    later (a slot made in the step comes as a bare handle, with no Variable object the function shows), and
+    whether it is a sum over replicas (``summed``: synchronised on read with aggregation ``SUM``, as every Keras
+    metric's state is; :mod:`parallax.tf2.summed`)."""
 
     name: str
     dtype: tf.DType
@@ -197,11 +199,14 @@ class _Eager:
     trainable: bool
     read: Any
     write: Any
+    summed: bool = False
 
     @classmethod
     def of(cls, variable: Any) -> _Eager:
+        summed = getattr(variable, "synchronization", None) == tf.VariableSynchronization.ON_READ and \
+            getattr(variable, "aggregation", None) == tf.VariableAggregation.SUM
         return cls(variable.name.split(":")[0], variable.dtype, variable.numpy(), bool(variable.trainable),
-                   variable.read_value, variable.assign)
+                   variable.read_value, variable.assign, summed and not variable.trainable)
 
     @classmethod
     def of_handle(cls, handle: Any, name: str) -> _Eager | None:

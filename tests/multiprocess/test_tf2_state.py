@@ -3,8 +3,9 @@ moving statistics, a ``keras.metrics.Mean`` the step updates, Adam's iteration c
 says it is kept: each replica normalises by its own part's statistics, the trained variables equal one update
 from the parts' averaged gradients, and each write outside the optimizer is made once per worker from its
 first replica's part (MPI, HYBRID), once per job from worker 0's (PS: the variables live on the servers), or
-from replica 0's (several replicas in one process). The reference runs the same step on one device part by
-part, each part with its own copy of that state."""
+from replica 0's (several replicas in one process). The metric the step updates is, in the program's own
+variables, what the parts added, summed over the workers (MPI, HYBRID: every part's; parallax/tf2/summed.py).
+The reference runs the same step on one device part by part, each part with its own copy of that state."""
 
 from __future__ import annotations
 
@@ -45,13 +46,15 @@ def test_state_that_is_not_trained_is_kept_as_documented(group, tmp_path):
                                  "--run_option", option, "--out", str(tmp_path / "out"), "--steps", str(STEPS)],
                       timeout=300)
     assert run.returncode == 0, run.output[-4000:]
-    losses, finals = reference()
+    losses, finals, summed = reference()
     for rank in range(processes):
         with np.load(tmp_path / "out" / f"rank_{rank}.npz") as data:
             got = {k.replace("__", "/"): data[k] for k in data.files}
         parts = slice(rank * replicas, (rank + 1) * replicas)
         np.testing.assert_allclose(got["losses"], np.array(losses)[:, parts], rtol=1e-5, err_msg=f"rank {rank}")
         want = finals[rank if whose == "own" else 0]
+        if whose == "own":  # one copy a worker, each summed into every worker's metric after each step
+            want = {**want, **summed}
         assert int(got["iterations"]) == STEPS
         for key, value in want.items():
             np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6, err_msg=f"{group} rank {rank}: {key}")

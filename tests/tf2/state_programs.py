@@ -51,8 +51,9 @@ def state(model, optimizer, metric) -> dict[str, np.ndarray]:
     return out
 
 
-def data_parallel(parts: int, steps: int) -> tuple[list[list[float]], list[dict[str, np.ndarray]]]:
-    """Each part's losses per step, and the state each part's copy ends with (see the module docstring)."""
+def data_parallel(parts: int, steps: int) -> tuple[list[list[float]], list[dict[str, np.ndarray]], dict]:
+    """Each part's losses per step, the state each part's copy ends with (see the module docstring), and the
+    metric's state summed over the parts' copies (what a metric reads under ``tf.distribute``)."""
     _, model, optimizer, metric = build()
     own = [[v.numpy() for v in model.non_trainable_variables + metric.variables]] * parts  # every copy starts alike
     losses = []
@@ -74,4 +75,5 @@ def data_parallel(parts: int, steps: int) -> tuple[list[list[float]], list[dict[
         for v, value in zip(model.non_trainable_variables + metric.variables, own[k]):
             v.assign(value)
         finals.append(state(model, optimizer, metric))
-    return losses, finals
+    summed = {k: sum(f[k] for f in finals) for k in finals[0] if k.startswith("metric/")}
+    return losses, finals, summed

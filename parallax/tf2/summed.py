@@ -1,0 +1,100 @@
+"""The metrics a ``tf.function`` step updates, kept in the program's own variables after every step.
+
+A Keras metric (Keras 3 and ``tf_keras``) keeps its state (totals, counts, confusion counts) in variables
+synchronised on read with aggregation ``SUM``: under ``tf.distribute`` each replica adds its part's values to
+its own copy, and reading the metric sums the copies. A program's loop reads them eagerly between steps
+(``train_loss.result()`` in an epoch's summary, TensorFlow's quickstart) and resets them eagerly
+(``reset_state()``); the job's copies of them live in its graph, which the program's variables do not see.
+
+So after each step :class:`SummedState` reads what the step added to this worker's copies, sums that over
+the workers (one small all-reduce), and adds it to the program's variables: they then hold what one device's
+would, every example of every step counted once, and a reset or any other value the program writes between
+steps is where the next step's sums are added. Two layouts count fewer examples, said at WARNING once: a
+parameter server holds one copy, which only worker 0 writes (its first replica's part); in a worker with
+several replicas only the first replica writes the copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from parallax.comm.group import Alone
+from parallax.logs import log as logger
+
+__all__ = ["SummedState"]
+
+
+class SummedState:
+    """The summed variables of a step (see the module docstring).
+
+    Args:
+        session: the step's session (:class:`parallax.session.ParallaxSession`).
+        eager: the step's eager variables by graph name (:attr:`parallax.tf2.trace.TracedStep.variables`).
+        graph: the step's single-device graph.
+    """
+
+    def __init__(self, session: Any, eager: dict, graph: tf.Graph) -> None:
+        self._session = session
+        self._names = sorted(n for n, v in eager.items() if v.summed)
+        self._eager = [eager[n] for n in self._names]
+        by_name = {v.op.name: v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
+        self._graph_variables = [by_name[n] for n in self._names]
+        self._group = session.group or Alone()
+        self._shared = [n for n in self._names if session.on_server(n)]
+        self._base: list[np.ndarray] | None = None
+        self._warned = False
+
+    @property
+    def names(self) -> list[str]:
+        """The summed variables' names in the step's graph."""
+        return list(self._names)
+
+    def __bool__(self) -> bool:
+        return bool(self._names)
+
+    def start(self) -> None:
+        """Read the job's copies as the first step finds them."""
+        if self._names:
+            self._base = self._read()
+
+    def after_step(self) -> None:
+        """Add what the step added to the job's copies, summed over the workers, to the program's variables."""
+        if not self._names:
+            return
+        if self._base is None:
+            self.start()
+        now = self._read()
+        added = [a - b for a, b in zip(now, self._base)]
+        self._base = now
+        flat = np.concatenate([a.astype(np.float64).reshape(-1) for a in added])
+        shared = set(self._shared)
+        total = self._group.sum(flat)
+        at = 0
+        for name, eager, part in zip(self._names, self._eager, added):
+            size = part.size
+            step = (flat if name in shared else total)[at:at + size].reshape(part.shape)
+            at += size
+            current = np.asarray(eager.read())
+            eager.write((current + step).astype(current.dtype))
+        self._warn_once()
+
+    def _read(self) -> list[np.ndarray]:
+        return [np.asarray(v) for v in self._session.read(self._graph_variables)]
+
+    def _warn_once(self) -> None:
+        if self._warned or self._group.index != 0:
+            return
+        self._warned = True
+        if self._shared:
+            logger.warning("Parallax: %s, which the step updates (a metric's state, summed over replicas), live on "
+                           "a parameter server, which only worker 0 writes: the program's metrics count worker 0's "
+                           "examples, not every worker's; run_option 'MPI' or 'HYBRID' keeps them on the workers",
+                           ", ".join(self._shared))
+        elif self._session.num_replicas > 1:
+            logger.warning("Parallax: %s, which the step updates (a metric's state, summed over replicas), are "
+                           "written by the first of each worker's %d replicas: the program's metrics count those "
+                           "replicas' examples, not every replica's", ", ".join(self._names),
+                           self._session.num_replicas)
