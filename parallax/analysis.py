@@ -66,6 +66,8 @@ class VariableInfo:
             optimizer built inside a variable scope names the slots of
             ``model/emb`` ``model/model/emb/Adagrad``. Non-slot state shared by
             several updates (Adam's ``beta1_power``) is no slot.
+        summed: synchronised on read with aggregation ``SUM`` (a Keras metric's state, as
+            :mod:`parallax.tf2.trace` makes it): each worker keeps its own copy, in every mode.
     """
 
     name: str
@@ -75,6 +77,7 @@ class VariableInfo:
     resource: bool
     colocate_with: str | None = None
     slot_of: str | None = None
+    summed: bool = False
 
     @property
     def num_bytes(self) -> int:
@@ -229,6 +232,9 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
     """
     ops = graph.get_operations()
     trainable = {_op_name(v) for v in graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
+    summed = {_op_name(v) for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+              if getattr(v, "synchronization", None) == tf.VariableSynchronization.ON_READ
+              and getattr(v, "aggregation", None) == tf.VariableAggregation.SUM}
     variables = []
     for op in ops:
         if op.type in VARIABLE_OP_TYPES:
@@ -237,7 +243,7 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
                 else tuple(tf.TensorShape(shape).as_list())
             variables.append(VariableInfo(op.name, dims, tf.dtypes.as_dtype(op.get_attr("dtype")).name,
                                           op.name in trainable, op.type != "VariableV2"
-                                          and op.type != "Variable", _colocation(op)))
+                                          and op.type != "Variable", _colocation(op), summed=op.name in summed))
     variables.sort(key=lambda v: v.name)
     scopes = _update_scopes(ops, [v.name for v in variables])
     slots = _slots(scopes, {v.name for v in variables})

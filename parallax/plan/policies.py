@@ -270,11 +270,13 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
         server_devices = tuple(server_devices[i] for i in chosen)
         server_hosts = tuple(server_hosts[i] for i in chosen)
         notes = (*notes, why)
-    mixed = bool(on_servers) and any(c.sync != "ps" for c in choices.values())
-    if mixed:
+    summed = {v.name for v in analysis.variables if v.summed}  # metrics' states: each worker's own, in every mode
+    on_workers_too = any(c.sync != "ps" for c in choices.values())
+    mixed = bool(on_servers) and (on_workers_too or bool(summed))
+    if on_workers_too and on_servers:
         names = [v.name for v in analysis.variables if _server_group(analysis, v.name) in on_servers]
     else:
-        names = [v.name for v in analysis.variables]
+        names = [v.name for v in analysis.variables if v.name not in summed]
     # A forward-only graph in PS mode keeps its variables on the servers too: the
     # chief initializes them once and every worker reads the same values.
     forward_only_ps = cross_worker == "ps" and not choices and bool(server_devices)

@@ -190,11 +190,13 @@ def add_ps_sync(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskS
     chief = task.worker_index == 0
     worker = plan.workers[task.worker_index]
     waits: dict[str, str] = {}  # server variable -> the wait for the chief's token of its training op
-    mixed_plan = any(v.gradient is not None and v.sync != "ps" for v in plan.variables)
+    # a variable each worker keeps (a metric's state, parallax.tf2.summed): every worker runs the training op
+    kept = any(v.gradient is None and v.server is None for v in plan.variables)
+    mixed_plan = kept or any(v.gradient is not None and v.sync != "ps" for v in plan.variables)
     for train_op, variables in variables_by_train_op(out.graph_def, plan):
         synced = [v for v in variables if v.sync == "ps"]
         if synced:
-            mixed = len(synced) < len(variables)
+            mixed = kept or len(synced) < len(variables)
             _add_protocol(out, plan, task, train_op, synced, mixed)
             waits.update({v.name: f"{sync_scope(train_op)}wait" for v in synced})
     after_step, outside = program_writes(out, plan)

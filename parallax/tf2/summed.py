@@ -9,9 +9,10 @@ its own copy, and reading the metric sums the copies. A program's loop reads the
 So after each step :class:`SummedState` reads what the step added to this worker's copies, sums that over
 the workers (one small all-reduce), and adds it to the program's variables: they then hold what one device's
 would, every example of every step counted once, and a reset or any other value the program writes between
-steps is where the next step's sums are added. Two layouts count fewer examples, said at WARNING once: a
-parameter server holds one copy, which only worker 0 writes (its first replica's part); in a worker with
-several replicas only the first replica writes the copy.
+steps is where the next step's sums are added. Each worker keeps its copy in every mode (the plan puts no
+such variable on a parameter server: :func:`parallax.plan.policies.build_plan`). In a worker with several
+replicas only the first replica writes the copy, which counts fewer examples: said at WARNING once (and,
+should a copy be on a server after all, that only worker 0's examples count).
 """
 
 from __future__ import annotations

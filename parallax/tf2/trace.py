@@ -256,8 +256,10 @@ def _graph_variable(variable: _Eager, taken: set[str]) -> tf.Variable:
         def initial() -> tf.Tensor:
             return read
 
+    kept = dict(synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.SUM) \
+        if variable.summed else {}  # a metric's state: each worker keeps its own (parallax.tf2.summed)
     made = tf.compat.v1.Variable(initial, name=name, trainable=variable.trainable, use_resource=True,
-                                 dtype=variable.dtype)
+                                 dtype=variable.dtype, **kept)
     if made.op.name != name:
         raise AnalysisError(f"variable {variable.name!r} could not keep its name in the step's graph ({made.op.name})")
     return made

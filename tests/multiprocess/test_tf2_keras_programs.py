@@ -22,7 +22,6 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 SCRIPT = os.path.join(ROOT, "tests", "tf2", "keras_script.py")
 GROUPS = {g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "HYBRID-2", "AUTO-2", "local-2-replicas")}
 CORE = ("MPI-2", "HYBRID-2-transformer")  # make test's jobs (its TF2 PS job: test_keras_fit_text.py)
-OWN_METRICS = ("custom-step", "gan")  # metrics updated in the model's own train_step
 
 
 # HYBRID and AUTO choose the job's processes from each program's graph: a job per program (of those with tables;
@@ -72,8 +71,6 @@ def test_a_public_keras_program_trains_as_its_own_model_fit(jobs, group, name):
             logged = json.loads(str(got["history"]))
             assert sorted(logged) == sorted(history), where
             for key, values in history.items():
-                if name in OWN_METRICS and GROUPS[group][1] == "PS":  # worker 0's examples' (docs/tf2_programs.md)
-                    continue
                 np.testing.assert_allclose(logged[key], values, rtol=1e-5, err_msg=f"{where}: {key}")
             for i, value in enumerate(weights):
                 np.testing.assert_allclose(got[f"v{i}"], value, rtol=1e-5, atol=1e-6, err_msg=f"{where}: weight {i}")
