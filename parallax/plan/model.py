@@ -235,6 +235,7 @@ class VariablePlacement:
             ``1/n`` of (and updates that part of it), or such a slot.
         stage: with a pipeline (:class:`PipelineSpec`), the stage whose device holds the
             variable (its slots follow it); ``0`` otherwise.
+        summed: a metric's state, to which every replica adds (:attr:`parallax.analysis.VariableInfo.summed`).
     """
 
     name: str
@@ -252,6 +253,7 @@ class VariablePlacement:
     slot_of: str | None = None
     sharded: bool = False
     stage: int = 0
+    summed: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sync", Sync(self.sync))  # a misspelt method is a ValueError here

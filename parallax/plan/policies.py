@@ -293,7 +293,7 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
         variables.append(VariablePlacement(v.name, v.shape, v.dtype, v.trainable, ref, aggregation, c.sync,
                                            placement.get(v.name), c.density, c.density_source,
                                            partition_of(v.name), slot_of=v.slot_of,
-                                           stage=stage_of_variable.get(v.name, 0)))
+                                           stage=stage_of_variable.get(v.name, 0), summed=v.summed))
     zero_notes: tuple[str, ...] = ()
     if zero_stage and len(worker_plans) > 1:
         variables, zero_notes = _shard_slots(variables, zero_stage)

@@ -29,7 +29,15 @@ from tensorflow.core.framework import graph_pb2
 from parallax.analysis import VARIABLE_OP_TYPES
 from parallax.errors import RewriteError
 from parallax.plan.model import Plan
-from parallax.rewrite.graph_ops import ancestors, consumers, descendants, is_variable_write, node_map, op_of
+from parallax.rewrite.graph_ops import (
+    ancestors,
+    consumers,
+    descendants,
+    is_variable_write,
+    node_map,
+    op_of,
+    written_variable,
+)
 
 __all__ = ["Classification", "classify", "is_input_op"]
 
@@ -75,6 +83,21 @@ class Classification:
     replicated: frozenset[str]
     shared: frozenset[str]
     update_path: frozenset[str]
+
+
+def _summed_writes(nodes: dict, summed: set[str], variables: set[str], step: set[str]) -> set[str]:
+    """The ``step``'s writes of summed variables (a metric's state) and what their values are computed from (data
+    inputs, back to variables): each replica makes them, adding its own part (``count += 1`` too, which reads no
+    batch)."""
+    out: set[str] = set()
+    todo = [name for name in step if written_variable(nodes[name], nodes) in summed]
+    while todo:
+        name = todo.pop()
+        if name in out or name in variables or name not in nodes:
+            continue
+        out.add(name)
+        todo.extend(op_of(i) for i in nodes[name].input if not i.startswith("^"))
+    return out
 
 
 def classify(graph_def: graph_pb2.GraphDef, plan: Plan, extra_inputs: frozenset[str] = frozenset()
@@ -128,6 +151,7 @@ def classify(graph_def: graph_pb2.GraphDef, plan: Plan, extra_inputs: frozenset[
     # through it: it runs once, on the updated variables.
     fed = descendants(cons, inputs, stop=shared | set(plan.train_ops))
     replicated = (forward | fed) - shared
+    replicated |= _summed_writes(nodes, {v.name for v in plan.variables if v.summed}, variables, train_closure)
     everything = set(nodes)
     return Classification(frozenset(replicated), frozenset(everything - replicated),
                           frozenset(update_path))

@@ -34,7 +34,7 @@ on the worker's shared device.
 
 from __future__ import annotations
 
-from tensorflow.core.framework import node_def_pb2
+from tensorflow.core.framework import node_def_pb2, variable_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from parallax.errors import RewriteError
@@ -249,14 +249,57 @@ def _own_random_streams(meta_graph: meta_graph_pb2.MetaGraphDef, replicated: fro
     add_nodes(meta_graph.graph_def, added)
 
 
+#: Writes that add to a variable: every replica's counts in a summed variable (a metric's state).
+_ADDS = ("AssignAddVariableOp", "AssignSubVariableOp")
+
+
+def summed_variables(meta_graph: meta_graph_pb2.MetaGraphDef) -> frozenset[str]:
+    """The variables synchronised on read with aggregation ``SUM`` (a Keras metric's state, as
+    :mod:`parallax.tf2.trace` makes it): each replica adds its part's values to them."""
+    out = set()
+    for raw in meta_graph.collection_def["variables"].bytes_list.value:
+        proto = variable_pb2.VariableDef.FromString(raw)
+        if proto.synchronization == variable_pb2.VARIABLE_SYNCHRONIZATION_ON_READ and \
+                proto.aggregation == variable_pb2.VARIABLE_AGGREGATION_SUM:
+            out.add(parse_input(proto.variable_name)[0])
+    return frozenset(out)
+
+
+def _adds_to_summed(nodes: dict, summed: frozenset[str], names: list[str]) -> None:
+    """Make ``assign(v, v + delta)`` of a summed variable (how a Keras 3 metric adds to its state)
+    ``assign_add(v, delta)``, in place: several replicas' adds to one variable in one step then all count
+    (an add is atomic; a read then an assign would lose one of two)."""
+    for name in names:
+        node = nodes.get(name)
+        if node is None or node.op != "AssignVariableOp" or written_variable(node, nodes) not in summed:
+            continue
+        value = nodes.get(parse_input(node.input[1])[0])
+        if value is None or value.op not in ("AddV2", "Add"):
+            continue
+        for mine, other in ((0, 1), (1, 0)):
+            read = nodes.get(parse_input(value.input[mine])[0])
+            if read is not None and read.op == "ReadVariableOp" and \
+                    parse_input(read.input[0])[0] == parse_input(node.input[0])[0]:
+                node.op = "AssignAddVariableOp"
+                node.input[1] = value.input[other]
+                node.attr.pop("validate_shape", None)
+                break
+
+
 def _write_from_first_replica(meta_graph: meta_graph_pb2.MetaGraphDef, replicated: frozenset[str],
                               devices: tuple[str, ...]) -> None:
-    """Replicas other than 0 do not write shared variables (see the module docstring)."""
+    """Replicas other than 0 do not write shared variables (see the module docstring), except their adds to a
+    summed variable (:func:`summed_variables`), each replica's part counted as one device counts it."""
     if len(devices) < 2:
         return
     nodes = node_map(meta_graph.graph_def)  # replica 0's copies keep the original names
+    summed = summed_variables(meta_graph)
+    if summed:
+        copies = [replica_op_name(name, r) for name in replicated for r in range(1, len(devices))]
+        _adds_to_summed(nodes, summed, [*replicated, *copies])
     writers = [name for name in replicated
-               if (var := written_variable(nodes[name], nodes)) is not None and var not in replicated]
+               if (var := written_variable(nodes[name], nodes)) is not None and var not in replicated
+               and not (var in summed and nodes[name].op in _ADDS)]
     for r in range(1, len(devices)):  # a copy that returns its variable reads it after replica 0's write
         make_no_op(meta_graph.graph_def, {replica_op_name(name, r) for name in writers}, devices[r],
                    "a write of a shared variable that only replica 0 runs; read the variable instead",

@@ -10,9 +10,9 @@ So after each step :class:`SummedState` reads what the step added to this worker
 the workers (one small all-reduce), and adds it to the program's variables: they then hold what one device's
 would, every example of every step counted once, and a reset or any other value the program writes between
 steps is where the next step's sums are added. Each worker keeps its copy in every mode (the plan puts no
-such variable on a parameter server: :func:`parallax.plan.policies.build_plan`). In a worker with several
-replicas only the first replica writes the copy, which counts fewer examples: said at WARNING once (and,
-should a copy be on a server after all, that only worker 0's examples count).
+such variable on a parameter server: :func:`parallax.plan.policies.build_plan`), and each of its replicas
+adds its part to it (:func:`parallax.rewrite.replicate.summed_variables`). Should a copy be on a server after
+all, only worker 0 writes it, and the metrics count its examples: said at WARNING once.
 """
 
 from __future__ import annotations
@@ -94,8 +94,3 @@ class SummedState:
                            "a parameter server, which only worker 0 writes: the program's metrics count worker 0's "
                            "examples, not every worker's; run_option 'MPI' or 'HYBRID' keeps them on the workers",
                            ", ".join(self._shared))
-        elif self._session.num_replicas > 1:
-            logger.warning("Parallax: %s, which the step updates (a metric's state, summed over replicas), are "
-                           "written by the first of each worker's %d replicas: the program's metrics count those "
-                           "replicas' examples, not every replica's", ", ".join(self._names),
-                           self._session.num_replicas)

@@ -4,7 +4,8 @@ says it is kept: each replica normalises by its own part's statistics, the train
 from the parts' averaged gradients, and each write outside the optimizer is made once per worker from its
 first replica's part (MPI, HYBRID), once per job from worker 0's (PS: the variables live on the servers), or
 from replica 0's (several replicas in one process). The metric the step updates (each worker keeps its
-copy, PS too) is, in the program's own variables, what every worker's part added (parallax/tf2/summed.py).
+copy, PS too, to which each replica adds) is, in the program's own variables, what every part added
+(parallax/tf2/summed.py).
 The reference runs the same step on one device part by part, each part with its own copy of that state."""
 
 from __future__ import annotations
@@ -53,8 +54,7 @@ def test_state_that_is_not_trained_is_kept_as_documented(group, tmp_path):
         parts = slice(rank * replicas, (rank + 1) * replicas)
         np.testing.assert_allclose(got["losses"], np.array(losses)[:, parts], rtol=1e-5, err_msg=f"rank {rank}")
         want = finals[rank if whose == "own" else 0]
-        if replicas == 1:  # a metric: one copy a worker (PS too), summed into every worker's after each step
-            want = {**want, **summed}
+        want = {**want, **summed}  # a metric: each replica adds to its worker's copy (PS too), summed after a step
         assert int(got["iterations"]) == STEPS
         for key, value in want.items():
             np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6, err_msg=f"{group} rank {rank}: {key}")
