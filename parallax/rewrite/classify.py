@@ -59,10 +59,12 @@ _QUEUE_OP_TYPES = frozenset({"FIFOQueue", "FIFOQueueV2", "PaddingFIFOQueue", "Pa
                              "RandomShuffleQueue", "RandomShuffleQueueV2", "PriorityQueue", "PriorityQueueV2"})
 
 
-def _assigned_only(nodes: dict, cons: dict[str, list[str]], forward: set[str], variables: set[str]) -> set[str]:
+def _assigned_only(nodes: dict, cons: dict[str, list[str]], forward: set[str], variables: set[str],
+                   summed: set[str]) -> set[str]:
     """The placeholders that only set variables (a learning rate assigned from a feed each epoch, a pretrained
     table loaded once): everything they reach is on the way to a variable write and meets no replica's
-    computation. They are shared, not per-replica inputs: the write runs once, with the one value fed."""
+    computation. They are shared, not per-replica inputs: the write runs once, with the one value fed. Not
+    those that reach a summed variable (a metric's weights), to which each replica adds its own part."""
     near_replicas = forward | descendants(cons, forward, stop=variables)
     found = set()
     for name, node in nodes.items():
@@ -71,6 +73,8 @@ def _assigned_only(nodes: dict, cons: dict[str, list[str]], forward: set[str], v
         reached = descendants(cons, [name], stop=variables)
         writes = {n for n in reached if is_variable_write(nodes[n].op)}
         written = ancestors(nodes, writes, stop=variables) | descendants(cons, writes, stop=variables)
+        if any(written_variable(nodes[w], nodes) in summed for w in writes):
+            continue
         if writes and not reached & near_replicas and reached <= written:  # after a write: its value returned
             found.add(name)
     return found
@@ -137,7 +141,9 @@ def classify(graph_def: graph_pb2.GraphDef, plan: Plan, extra_inputs: frozenset[
     # normalisation's beta gradient is also the upstream gradient of its mean): a replica's own backward pass keeps
     # reading its own gradient, and only the update reads the aggregated one
     update_path = (descendants(cons, grad_ops) - grad_ops - forward) & train_closure
-    inputs = {n.name for n in graph_def.node if is_input_op(n.op)} - _assigned_only(nodes, cons, forward, variables)
+    summed = {v.name for v in plan.variables if v.summed}
+    inputs = {n.name for n in graph_def.node if is_input_op(n.op)} - _assigned_only(nodes, cons, forward, variables,
+                                                                                   summed)
     inputs |= set(extra_inputs)
     # What the training op needs from a replica's forward pass but not through the gradients (a loss or an
     # accuracy a metric's write accumulates, a batch statistic a moving average takes) is that replica's: it
@@ -151,7 +157,7 @@ def classify(graph_def: graph_pb2.GraphDef, plan: Plan, extra_inputs: frozenset[
     # through it: it runs once, on the updated variables.
     fed = descendants(cons, inputs, stop=shared | set(plan.train_ops))
     replicated = (forward | fed) - shared
-    replicated |= _summed_writes(nodes, {v.name for v in plan.variables if v.summed}, variables, train_closure)
+    replicated |= _summed_writes(nodes, summed, variables, train_closure)
     everything = set(nodes)
     return Classification(frozenset(replicated), frozenset(everything - replicated),
                           frozenset(update_path))

@@ -15,12 +15,12 @@ and returns a Keras ``History`` on every worker. Under it:
   (:func:`parts`). So one step's union is the batch ``model.fit`` trains at that step. A batch that does
   not split into equal parts is padded with examples of weight 0 and its examples' weights scaled so that
   the replicas' mean loss is the batch's (:func:`even_parts`);
-* **the metrics**: the compiled metrics are updated on each worker, outside the graph, from its
-  replicas' predictions (and the loss metric from their losses; tf_keras's compiled loss, which keeps its
-  own loss metrics, runs again on the host for them); the progress bar (worker 0's) shows worker 0's
-  running values; at each epoch's end the metrics' states (their counts and sums) are summed over the
-  workers, so the epoch's logs, the ``History`` and the callbacks see the metrics of every example of the
-  epoch, as one device does;
+* **the metrics**: Keras 3: the step updates the compiled metrics and the loss tracker, in the graph, as
+  ``model.fit``'s does, and after every step what the replicas added is summed over the workers into the
+  model's metrics (:mod:`parallax.tf2.summed`): the progress bar, the logs, the ``History`` and the callbacks
+  see every example so far, as on one device. tf_keras (whose compiled loss keeps loss metrics of its own):
+  they are updated on each worker, on the host, from its replicas' predictions, and their states summed over
+  the workers at each epoch's end;
 * **validation**: ``validation_data`` is evaluated after each epoch on the trained weights, sharded over
   the workers as :func:`parallax.evaluate` does (:mod:`parallax.tf2.evaluate`): every worker has the same
   ``val_`` logs, those of every validation example;
@@ -164,7 +164,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         else _train_step(model, flavor, batches, outputs)
     step, num_workers, worker_id, num_replicas = parallel_run(step_fn, resource_info, sync=sync,
                                                               parallax_config=parallax_config)
-    if not own:
+    if not own and not flavor.metrics_in_step:
         step.leave_metrics()  # the compiled metrics are updated here, on the host
     group = step.session.group
     if group is None and num_workers > 1:
@@ -196,31 +196,23 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                 callback_list.on_train_batch_end(index, batch_logs)
                 continue
             fed, size, examples = even_parts(batch, num_workers * num_replicas)
-            mine = [parts(a, num_workers, worker_id, num_replicas) for a in fed]  # x, y, w: a part per replica
-            losses, predicted, regularization = step(*[_per_leaf(m, a) for m, a in zip(mine, fed)],
-                                                     [learning_rate(model, flavor)] * num_replicas)
-            for k in range(num_replicas):
-                first = (worker_id * num_replicas + k) * size
-                real = min(max(examples - first, 0), size)  # the part's examples; the rest of it is padding
-                prediction = tf.nest.pack_sequence_as(outputs["structure"],
-                                                      [tf.convert_to_tensor(leaf[k][:real]) for leaf in predicted])
-                part_x, part_y = (tf.nest.map_structure(lambda a, n=real: tf.convert_to_tensor(a[:n]), m[k])
-                                  for m in mine[:2])
-                part_w = None if batch[2] is None else tf.convert_to_tensor(batch[2][first:first + real])
-                flavor.record_loss(model, losses[k], tf.constant(regularization[k]), part_x, part_y, part_w,
-                                   prediction, examples / (num_workers * num_replicas))
-                if real:
-                    model.compute_metrics(part_x, part_y, prediction, part_w)
+            fed = (*fed, metric_weights(batch[2], examples, len(fed[2])))  # x, y, w, the metrics' weights
+            mine = [parts(a, num_workers, worker_id, num_replicas) for a in fed]  # a part per replica each
+            share = np.float32(examples / (num_workers * num_replicas))
+            real = [np.int32(min(max(examples - (worker_id * num_replicas + k) * size, 0), size))
+                    for k in range(num_replicas)]  # each part's examples; the rest of it is padding
+            got = step(*[_per_leaf(m, a) for m, a in zip(mine, fed)], [share] * num_replicas, real,
+                       [learning_rate(model, flavor)] * num_replicas)
+            if not flavor.metrics_in_step:  # else updated in the step, summed over the workers (parallax.tf2.summed)
+                _host_metrics(model, flavor, got, batch, mine, (size, examples), outputs["structure"],
+                              (num_workers, worker_id, num_replicas))
             if saves_in_epochs:  # a ModelCheckpoint(save_freq=<batches>) saves the weights trained so far
                 _sync(step, model)
             callback_list.on_train_batch_end(index, numbers(model.get_metrics_result()))
-        if own:  # its metrics: summed over the workers after every step (parallax.tf2.summed)
-            step.sync_variables()
-        else:
+        if not own and not flavor.metrics_in_step:  # else summed over the workers after every step
             sum_metrics(model, group)
         logs = numbers(model.get_metrics_result())
-        if not own:
-            _sync(step, model)  # the callbacks and the validation see the trained weights
+        _sync(step, model)  # the callbacks and the validation see the trained weights
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
             _, val_batches = global_batches(*_triple(validation_data), validation_batch_size or batch_size,
                                             validation_steps, "parallax.fit: validation_data")
@@ -241,6 +233,25 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     return history
 
 
+def _host_metrics(model: Any, flavor: Flavor, got: tuple, batch: tuple, mine: list, sizes: tuple[int, int],
+                  structure: Any, job: tuple[int, int, int]) -> None:
+    """Update the compiled metrics on the host from what the step returned (its losses, predictions and
+    regularization; tf_keras, whose compiled loss keeps loss metrics of its own), each replica's real examples."""
+    losses, predicted, regularization = got
+    size, examples = sizes
+    num_workers, worker_id, num_replicas = job
+    for k in range(num_replicas):
+        first = (worker_id * num_replicas + k) * size
+        real = min(max(examples - first, 0), size)  # the part's examples; the rest of it is padding
+        prediction = tf.nest.pack_sequence_as(structure, [tf.convert_to_tensor(leaf[k][:real]) for leaf in predicted])
+        part_x, part_y = (tf.nest.map_structure(lambda a, n=real: tf.convert_to_tensor(a[:n]), m[k]) for m in mine[:2])
+        part_w = None if batch[2] is None else tf.convert_to_tensor(batch[2][first:first + real])
+        flavor.record_loss(model, losses[k], tf.constant(regularization[k]), part_x, part_y, part_w,
+                           prediction, examples / (num_workers * num_replicas))
+        if real:
+            model.compute_metrics(part_x, part_y, prediction, part_w)
+
+
 def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) -> Any:
     """The model's ``train_step`` for one replica, its metrics left to the host: the loss, the predictions
     (flattened; their structure goes into ``outputs["structure"]``) and what the flavor needs to record the
@@ -249,7 +260,7 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
 
     rate = flavor.learning_rate(model)
 
-    def step(x, y, sample_weight, rate_now):
+    def step(x, y, sample_weight, metric_weight, share, real, rate_now):
         if rate is not None:  # what a callback set between steps, as model.fit's step reads it
             rate.assign(tf.cast(rate_now, rate.dtype))
         with tf.GradientTape() as tape:
@@ -259,10 +270,39 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
             loss = flavor.loss(model, x, y, prediction, sample_weight)
             scaled = flavor.scaled(model, loss)  # as that Keras's step: a loss scale (mixed precision) applied
         flavor.apply(model, tape, scaled)
+        if flavor.metrics_in_step:  # on the part's real examples (a padded batch's padding cut off), as the host did
+            cut = functools.partial(tf.nest.map_structure, functools.partial(_first, real))
+            flavor.update_metrics(model, cut(x), cut(y), cut(prediction),
+                                  cut(metric_weight) if batches.weighted else None, loss, share)
+            return loss
         outputs["structure"] = prediction
         return loss, tf.nest.flatten(prediction), flavor.regularization(model)
 
-    return tf.function(step, input_signature=[*batches.signature, tf.TensorSpec([], tf.float32)])
+    scalar = tf.TensorSpec([], tf.float32)
+    return tf.function(step, input_signature=[*batches.signature, batches.signature[2], scalar,
+                                              tf.TensorSpec([], tf.int32), scalar])
+
+
+def _first(count: tf.Tensor, tensor: tf.Tensor) -> tf.Tensor:
+    """The first ``count`` rows of ``tensor``, with those of its Keras mask (a masked model's prediction)."""
+    rows = tensor[:count]
+    mask = getattr(tensor, "_keras_mask", None)
+    if mask is not None:
+        rows._keras_mask = mask[:count]
+    return rows
+
+
+def metric_weights(weights: Any, examples: int, fed: int) -> np.ndarray:
+    """The weights the compiled metrics take for a batch of ``examples`` padded to ``fed``: the user's (or ones),
+    0 for the padding (:func:`even_parts`).
+
+    >>> metric_weights(None, 3, 4)
+    array([1., 1., 1., 0.], dtype=float32)
+    """
+    w = np.ones(examples, np.float32) if weights is None else np.asarray(weights, np.float32)
+    if fed == examples:
+        return w
+    return np.concatenate([w, np.zeros((fed - examples, *w.shape[1:]), np.float32)])
 
 
 def per_example(weights: tf.Tensor, prediction: Any) -> tf.Tensor:

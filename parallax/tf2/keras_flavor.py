@@ -23,6 +23,9 @@ class Flavor:
     optimizer's ``apply_gradients``."""
 
     name = "Keras 3"
+    #: Whether ``fit``'s step updates the compiled metrics (and the loss tracker) itself, in the graph, as
+    #: ``model.fit``'s does (:meth:`update_metrics`); else the host updates them from the step's predictions.
+    metrics_in_step = True
 
     def __init__(self, module: Any) -> None:
         self.module = module
@@ -66,6 +69,16 @@ class Flavor:
         tracker = next(m for m in model.metrics if m.name == "loss")
         tracker.update_state(loss, sample_weight=share)
 
+    def update_metrics(self, model: Any, x: Any, y: Any, prediction: Any, weight: Any, loss: Any,
+                       share: Any) -> None:
+        """Update the model's metrics inside the step, with one replica's part, as its ``train_step`` does: the
+        loss tracker with the part's loss counted for ``share`` examples (the batch's over the replicas: a
+        padded batch's parts' losses are scaled so that their mean is the batch's), the compiled metrics with
+        ``weight`` (the user's weights, or ones; 0 for padding)."""
+        tracker = next(m for m in model.metrics if m.name == "loss")
+        tracker.update_state(loss, sample_weight=share)
+        model.compute_metrics(x, y, prediction, sample_weight=weight)
+
     def test_batch(self, model: Any, x: Any, y: Any, sample_weight: Any) -> None:
         """The model's own ``test_step`` on one batch (the metrics updated, not reset), compiled as Keras
         compiles it (``jit_compile`` as the model says), once per model."""
@@ -85,6 +98,7 @@ class TfKerasFlavor(Flavor):
     and new optimizers alike)."""
 
     name = "tf_keras"
+    metrics_in_step = False  # its compiled loss keeps loss metrics of its own: updated on the host (record_loss)
 
     def compiled(self, model: Any) -> bool:
         return getattr(model, "optimizer", None) is not None and bool(getattr(model, "_is_compiled", False))

@@ -3,7 +3,7 @@ loop from scratch" and TensorFlow's "Custom training: walkthrough", rewritten sm
 ``parallel_run`` with their steps unchanged, in MPI, PS, HYBRID on 2 processes and with 2 replicas in one
 process, against one device on the union batches: every replica's loss at every step, every trained weight,
 and the accuracy each keeps (the walkthrough's from the returned logits, of every replica; the guide's metric,
-updated inside the step, as docs/tf2_programs.md says such state is kept); then ``parallax.predict`` of held-out
+updated inside the step, every part's examples counted as on one device); then ``parallax.predict`` of held-out
 examples, sharded over the job's workers, equals ``model.predict``."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def reference(name: str):
 def test_a_public_custom_training_loop_trains_as_on_one_device(jobs, group, name):
     out = jobs.case(group, name)
     losses, weights, right = reference(name)
-    _, _, processes, replicas, whose = GROUPS[group]
+    _, _, processes, replicas, _ = GROUPS[group]
     for rank in range(processes):
         where = f"{group} {name} rank {rank}"
         with np.load(os.path.join(out, f"rank_{rank}.npz")) as got:
@@ -65,6 +65,5 @@ def test_a_public_custom_training_loop_trains_as_on_one_device(jobs, group, name
                 continue
             if name == "tf-walkthrough":
                 assert list(got["correct"]) == list(right[parts]), where
-            else:  # the step's metric: the writes of a worker's first replica (of worker 0's in PS)
-                first = rank * replicas if whose == "own" else 0
-                assert int(got["correct"][0]) == int(right[first]), where
+            else:  # the step's metric: every part's, summed into the program's after each step (tf2/summed.py)
+                assert int(got["correct"][0]) == int(np.sum(right)), where
