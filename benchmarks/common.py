@@ -120,3 +120,26 @@ def timed_steps(step: Callable[[], tuple[float, int] | None], warmup: int, steps
     (t0, lo0, net0), (t1, lo1, net1) = marks[warmup], marks[warmup + steps]
     return {"seconds": t1 - t0, "loopback_bytes": lo1 - lo0, "network_bytes": net1 - net0, "loss_first": first,
             "loss_last": last}
+
+
+def run_logged(argv: list[str], log: str, env: dict, cwd: str, timeout: float, popen: Callable | None = None,
+               cleanup: Callable[[], None] | None = None) -> tuple[int | None, float]:
+    """Run ``argv`` in a session of its own (in :func:`namespace_prefix`'s namespace, unless ``popen`` starts it),
+    its output into ``log``; its whole group is killed past ``timeout`` seconds (then ``cleanup()``). Returns the
+    exit code (``None`` when it timed out) and the seconds it took."""
+    import subprocess
+
+    start = time.monotonic()
+    with open(log, "w") as logfile:
+        kwargs = {"stdout": logfile, "stderr": subprocess.STDOUT, "env": env, "cwd": cwd, "start_new_session": True}
+        proc = popen(argv, **kwargs) if popen else subprocess.Popen([*namespace_prefix(), *argv], **kwargs)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            code = None
+            if cleanup is not None:
+                cleanup()
+    return code, round(time.monotonic() - start, 1)
+

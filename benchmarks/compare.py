@@ -51,13 +51,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks.common import RESULTS, namespace_prefix, read_json, write_json  # noqa: E402
+from benchmarks.common import RESULTS, namespace_prefix, read_json, run_logged, write_json  # noqa: E402
 
 SYSTEMS = ("tf", "parallax-ps", "parallax-mpi", "parallax-hybrid", "tf-ps", "parallax-mpi-hvdtf", "horovod")
 LABELS = {"tf": "TF single device", "parallax-ps": "Parallax PS", "parallax-mpi": "Parallax MPI",
@@ -174,19 +173,7 @@ def run_job(system: str, workload: str, ranks: int, args, work: str, popen=None,
         resources(argv[argv.index("--resource_info") + 1])
     env = {**os.environ, **extra_env, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     log = out[:-5] + ".log"
-    start = time.monotonic()
-    with open(log, "w") as logfile:
-        kwargs = {"stdout": logfile, "stderr": subprocess.STDOUT, "env": env, "cwd": work, "start_new_session": True}
-        proc = popen(argv, **kwargs) if popen else subprocess.Popen([*namespace_prefix(), *argv], **kwargs)
-        try:
-            returncode = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            returncode = None
-            if cleanup is not None:
-                cleanup()
-    row["wall_seconds"] = round(time.monotonic() - start, 1)
+    returncode, row["wall_seconds"] = run_logged(argv, log, env, work, args.timeout, popen, cleanup)
     if returncode != 0 or not os.path.exists(out):
         with open(log, errors="replace") as f:
             row["log_tail"] = f.read()[-3000:]

@@ -32,16 +32,14 @@ import platform
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks.common import RESULTS, namespace_prefix, read_json, write_json  # noqa: E402
+from benchmarks.common import RESULTS, namespace_prefix, read_json, run_logged, write_json  # noqa: E402
 from benchmarks.tf2_runs import INPUTS, MODELS, NOT_BY_DEFAULT, RUNS  # noqa: E402
 
 LABELS = {"fit": "model.fit", "fit-1thread": "model.fit, 1 thread", "fit-2threads": "model.fit, 2 threads",
@@ -86,17 +84,7 @@ def run_one(run: str, model: str, form: str, args, work: str, round_: int) -> di
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     if os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    start = time.monotonic()
-    with open(log, "w") as logfile:
-        proc = subprocess.Popen([*namespace_prefix(), *argv], stdout=logfile, stderr=subprocess.STDOUT, env=env,
-                                cwd=work, start_new_session=True)
-        try:
-            code = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            code = None
-    row["wall_seconds"] = round(time.monotonic() - start, 1)
+    code, row["wall_seconds"] = run_logged(argv, log, env, work, args.timeout)
     if code != 0 or not os.path.exists(out):
         with open(log, errors="replace") as f:
             text = f.read()
