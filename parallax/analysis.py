@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass, replace
+from typing import Any
 
 import tensorflow as tf
 
@@ -215,6 +216,13 @@ class GraphAnalysis:
         return tuple(g for g in self.gradients if g.sparse)
 
 
+def is_summed(variable: Any) -> bool:
+    """Whether ``variable`` (eager, or of a graph) is synchronised on read with aggregation ``SUM``: a Keras
+    metric's state, which each replica adds its part to and a read sums (:attr:`VariableInfo.summed`)."""
+    return getattr(variable, "synchronization", None) == tf.VariableSynchronization.ON_READ and \
+        getattr(variable, "aggregation", None) == tf.VariableAggregation.SUM
+
+
 def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
     """Find the variables, their gradients and the training ops of ``graph``.
 
@@ -232,9 +240,7 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
     """
     ops = graph.get_operations()
     trainable = {_op_name(v) for v in graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
-    summed = {_op_name(v) for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-              if getattr(v, "synchronization", None) == tf.VariableSynchronization.ON_READ
-              and getattr(v, "aggregation", None) == tf.VariableAggregation.SUM}
+    summed = {_op_name(v) for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES) if is_summed(v)}
     variables = []
     for op in ops:
         if op.type in VARIABLE_OP_TYPES:

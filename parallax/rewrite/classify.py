@@ -72,9 +72,9 @@ def _assigned_only(nodes: dict, cons: dict[str, list[str]], forward: set[str], v
             continue
         reached = descendants(cons, [name], stop=variables)
         writes = {n for n in reached if is_variable_write(nodes[n].op)}
-        written = ancestors(nodes, writes, stop=variables) | descendants(cons, writes, stop=variables)
         if any(written_variable(nodes[w], nodes) in summed for w in writes):
             continue
+        written = ancestors(nodes, writes, stop=variables) | descendants(cons, writes, stop=variables)
         if writes and not reached & near_replicas and reached <= written:  # after a write: its value returned
             found.add(name)
     return found

@@ -191,7 +191,7 @@ def add_ps_sync(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskS
     worker = plan.workers[task.worker_index]
     waits: dict[str, str] = {}  # server variable -> the wait for the chief's token of its training op
     # a variable each worker keeps (a metric's state, parallax.tf2.summed): every worker runs the training op
-    kept = any(v.gradient is None and v.server is None for v in plan.variables)
+    kept = any(v.summed for v in plan.variables)
     mixed_plan = kept or any(v.gradient is not None and v.sync != "ps" for v in plan.variables)
     for train_op, variables in variables_by_train_op(out.graph_def, plan):
         synced = [v for v in variables if v.sync == "ps"]

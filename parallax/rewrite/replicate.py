@@ -34,7 +34,7 @@ on the worker's shared device.
 
 from __future__ import annotations
 
-from tensorflow.core.framework import node_def_pb2, variable_pb2
+from tensorflow.core.framework import node_def_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from parallax.errors import RewriteError
@@ -159,7 +159,7 @@ def replicate_graph(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
     out.graph_def.node.extend(new_nodes)
     _shard_dataset_functions(out, sharded_functions, (num_shards_op, shard_id_op), replicated, plan.num_replicas,
                              first_replica, len(devices))
-    _write_from_first_replica(out, replicated, devices)
+    _write_from_first_replica(out, replicated, devices, frozenset(v.name for v in plan.variables if v.summed))
     _own_random_streams(out, replicated, first_replica, len(devices))
     _extend_table_initializers(out, replicated, len(devices))
     return out
@@ -253,18 +253,6 @@ def _own_random_streams(meta_graph: meta_graph_pb2.MetaGraphDef, replicated: fro
 _ADDS = ("AssignAddVariableOp", "AssignSubVariableOp")
 
 
-def summed_variables(meta_graph: meta_graph_pb2.MetaGraphDef) -> frozenset[str]:
-    """The variables synchronised on read with aggregation ``SUM`` (a Keras metric's state, as
-    :mod:`parallax.tf2.trace` makes it): each replica adds its part's values to them."""
-    out = set()
-    for raw in meta_graph.collection_def["variables"].bytes_list.value:
-        proto = variable_pb2.VariableDef.FromString(raw)
-        if proto.synchronization == variable_pb2.VARIABLE_SYNCHRONIZATION_ON_READ and \
-                proto.aggregation == variable_pb2.VARIABLE_AGGREGATION_SUM:
-            out.add(parse_input(proto.variable_name)[0])
-    return frozenset(out)
-
-
 def _adds_to_summed(nodes: dict, summed: frozenset[str], names: list[str]) -> None:
     """Make ``assign(v, v + delta)`` of a summed variable (how a Keras 3 metric adds to its state)
     ``assign_add(v, delta)``, in place: several replicas' adds to one variable in one step then all count
@@ -287,13 +275,13 @@ def _adds_to_summed(nodes: dict, summed: frozenset[str], names: list[str]) -> No
 
 
 def _write_from_first_replica(meta_graph: meta_graph_pb2.MetaGraphDef, replicated: frozenset[str],
-                              devices: tuple[str, ...]) -> None:
+                              devices: tuple[str, ...], summed: frozenset[str]) -> None:
     """Replicas other than 0 do not write shared variables (see the module docstring), except their adds to a
-    summed variable (:func:`summed_variables`), each replica's part counted as one device counts it."""
+    ``summed`` variable (a metric's state, :attr:`parallax.plan.model.VariablePlacement.summed`), each replica's
+    part counted as one device counts it."""
     if len(devices) < 2:
         return
     nodes = node_map(meta_graph.graph_def)  # replica 0's copies keep the original names
-    summed = summed_variables(meta_graph)
     if summed:
         copies = [replica_op_name(name, r) for name in replicated for r in range(1, len(devices))]
         _adds_to_summed(nodes, summed, [*replicated, *copies])

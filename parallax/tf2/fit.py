@@ -199,13 +199,12 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
             fed = (*fed, metric_weights(batch[2], examples, len(fed[2])))  # x, y, w, the metrics' weights
             mine = [parts(a, num_workers, worker_id, num_replicas) for a in fed]  # a part per replica each
             share = np.float32(examples / (num_workers * num_replicas))
-            real = [np.int32(min(max(examples - (worker_id * num_replicas + k) * size, 0), size))
-                    for k in range(num_replicas)]  # each part's examples; the rest of it is padding
+            starts = [(worker_id * num_replicas + k) * size for k in range(num_replicas)]  # of this worker's parts
+            real = [np.int32(min(max(examples - at, 0), size)) for at in starts]  # their examples; the rest: padding
             got = step(*[_per_leaf(m, a) for m, a in zip(mine, fed)], [share] * num_replicas, real,
                        [learning_rate(model, flavor)] * num_replicas)
             if not flavor.metrics_in_step:  # else updated in the step, summed over the workers (parallax.tf2.summed)
-                _host_metrics(model, flavor, got, batch, mine, (size, examples), outputs["structure"],
-                              (num_workers, worker_id, num_replicas))
+                _host_metrics(model, flavor, got, batch, mine, zip(starts, real), share, outputs["structure"])
             if saves_in_epochs:  # a ModelCheckpoint(save_freq=<batches>) saves the weights trained so far
                 _sync(step, model)
             callback_list.on_train_batch_end(index, numbers(model.get_metrics_result()))
@@ -233,22 +232,20 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     return history
 
 
-def _host_metrics(model: Any, flavor: Flavor, got: tuple, batch: tuple, mine: list, sizes: tuple[int, int],
-                  structure: Any, job: tuple[int, int, int]) -> None:
+def _host_metrics(model: Any, flavor: Flavor, got: tuple, batch: tuple, mine: list, parts_at: Any, share: float,
+                  structure: Any) -> None:
     """Update the compiled metrics on the host from what the step returned (its losses, predictions and
-    regularization; tf_keras, whose compiled loss keeps loss metrics of its own), each replica's real examples."""
+    regularization; tf_keras, whose compiled loss keeps loss metrics of its own): replica ``k``'s real examples,
+    ``parts_at[k] = (where its part starts in the batch, how many are real)``; each one's loss counts for
+    ``share`` examples."""
     losses, predicted, regularization = got
-    size, examples = sizes
-    num_workers, worker_id, num_replicas = job
-    for k in range(num_replicas):
-        first = (worker_id * num_replicas + k) * size
-        real = min(max(examples - first, 0), size)  # the part's examples; the rest of it is padding
-        prediction = tf.nest.pack_sequence_as(structure, [tf.convert_to_tensor(leaf[k][:real]) for leaf in predicted])
-        part_x, part_y = (tf.nest.map_structure(lambda a, n=real: tf.convert_to_tensor(a[:n]), m[k]) for m in mine[:2])
-        part_w = None if batch[2] is None else tf.convert_to_tensor(batch[2][first:first + real])
-        flavor.record_loss(model, losses[k], tf.constant(regularization[k]), part_x, part_y, part_w,
-                           prediction, examples / (num_workers * num_replicas))
-        if real:
+    for k, (at, n) in enumerate(parts_at):
+        prediction = tf.nest.pack_sequence_as(structure, [tf.convert_to_tensor(leaf[k][:n]) for leaf in predicted])
+        part_x, part_y = (tf.nest.map_structure(lambda a, n=n: tf.convert_to_tensor(a[:n]), m[k]) for m in mine[:2])
+        part_w = None if batch[2] is None else tf.convert_to_tensor(batch[2][at:at + n])
+        flavor.record_loss(model, losses[k], tf.constant(regularization[k]), part_x, part_y, part_w, prediction,
+                           float(share))
+        if n:
             model.compute_metrics(part_x, part_y, prediction, part_w)
 
 

@@ -59,7 +59,6 @@ class DistributedStep:
         self._fetches = ([t for t in self._leaves if isinstance(t, tf.Tensor)], traced.train_op)
         self._ranks = [t.shape.rank for t in traced.inputs]
         self._summed = SummedState(session, traced.variables, traced.graph)
-        self._summed.start()
 
     @property
     def session(self) -> Any:

@@ -11,8 +11,8 @@ the workers (one small all-reduce), and adds it to the program's variables: they
 would, every example of every step counted once, and a reset or any other value the program writes between
 steps is where the next step's sums are added. Each worker keeps its copy in every mode (the plan puts no
 such variable on a parameter server: :func:`parallax.plan.policies.build_plan`), and each of its replicas
-adds its part to it (:func:`parallax.rewrite.replicate.summed_variables`). Should a copy be on a server after
-all, only worker 0 writes it, and the metrics count its examples: said at WARNING once.
+adds its part to it (:mod:`parallax.rewrite.classify`, :mod:`parallax.rewrite.replicate`). Should a copy be on
+a server after all, only worker 0 writes it, and the metrics count its examples: said at WARNING once.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class SummedState:
         self._graph_variables = [by_name[n] for n in self._names]
         self._group = session.group or Alone()
         self._shared = [n for n in self._names if session.on_server(n)]
-        self._base: list[np.ndarray] | None = None
+        self._base = self._read() if self._names else []  # the job's copies as the first step finds them
         self._warned = False
 
     @property
@@ -53,20 +53,10 @@ class SummedState:
         """The summed variables' names in the step's graph."""
         return list(self._names)
 
-    def __bool__(self) -> bool:
-        return bool(self._names)
-
-    def start(self) -> None:
-        """Read the job's copies as the first step finds them."""
-        if self._names:
-            self._base = self._read()
-
     def after_step(self) -> None:
         """Add what the step added to the job's copies, summed over the workers, to the program's variables."""
         if not self._names:
             return
-        if self._base is None:
-            self.start()
         now = self._read()
         added = [a - b for a, b in zip(now, self._base)]
         self._base = now

@@ -39,6 +39,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2
 
+from parallax.analysis import is_summed
 from parallax.errors import AnalysisError
 from parallax.rewrite.graph_ops import colocated_with, colocation_group, format_input, parse_input
 from parallax.rewrite.names import INITIAL_VALUE_PREFIX
@@ -203,10 +204,8 @@ class _Eager:
 
     @classmethod
     def of(cls, variable: Any) -> _Eager:
-        summed = getattr(variable, "synchronization", None) == tf.VariableSynchronization.ON_READ and \
-            getattr(variable, "aggregation", None) == tf.VariableAggregation.SUM
         return cls(variable.name.split(":")[0], variable.dtype, variable.numpy(), bool(variable.trainable),
-                   variable.read_value, variable.assign, summed and not variable.trainable)
+                   variable.read_value, variable.assign, is_summed(variable) and not variable.trainable)
 
     @classmethod
     def of_handle(cls, handle: Any, name: str) -> _Eager | None:
