@@ -22,6 +22,8 @@ user's dataset outside the epochs (an iteration drawn for a peek would shift eve
 from __future__ import annotations
 
 import contextlib
+import queue
+import threading
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -88,10 +90,10 @@ class FitBatches:
         """``(epoch, its batches)`` for each epoch, as ``model.fit``'s loop draws them."""
         if self._legacy:
             for epoch, iterator in self._handler.enumerate_epochs():
-                yield epoch, self._legacy_epoch(iterator)
+                yield epoch, ahead(self._legacy_epoch(iterator))
             return
         for epoch in range(initial_epoch, epochs):
-            yield epoch, self._epoch()
+            yield epoch, ahead(self._epoch())
 
     def _epoch(self) -> Iterator[tuple]:
         with self._iterator.catch_stop_iteration():
@@ -102,6 +104,56 @@ class FitBatches:
         with self._handler.catch_stop_iteration():
             for _ in self._handler.steps():
                 yield _numpy(next(iterator))
+
+
+def ahead(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """``items`` in their order, each drawn by a thread of its own up to ``depth`` items before it is taken: the
+    next batch is read and converted while the step runs (the session lets go of the interpreter), not after it.
+    What drawing raises is raised here, at that item; a consumer that stops early (``close``, an exception) stops
+    the thread after the item it is drawing, and the generator ``items`` is closed in it.
+
+    >>> list(ahead(iter(range(5))))
+    [0, 1, 2, 3, 4]
+    """
+    drawn: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+    end = object()
+
+    def put(entry: tuple) -> bool:
+        while not stop.is_set():
+            try:
+                drawn.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def draw() -> None:
+        try:
+            for item in items:
+                if not put((item, None)):
+                    return
+            put((end, None))
+        except BaseException as error:  # noqa: BLE001 - raised in the consumer, where it belongs
+            put((end, error))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=draw, name="parallax-batches", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = drawn.get()
+            if item is end:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join(10.0)  # done at once, unless a consumer left while an item was being drawn
 
 
 def check_same(group: WorkerGroup, batch: tuple, epoch: int) -> None:

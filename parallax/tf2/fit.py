@@ -271,7 +271,8 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
             cut = functools.partial(tf.nest.map_structure, functools.partial(_first, real))
             flavor.update_metrics(model, cut(x), cut(y), cut(prediction),
                                   cut(metric_weight) if batches.weighted else None, loss, share)
-            return loss
+            # their state after the update, fetched with the step (parallax.tf2.summed: no second run to read it)
+            return loss, [tf.identity(v.value) for v in model.metrics_variables]
         outputs["structure"] = prediction
         return loss, tf.nest.flatten(prediction), flavor.regularization(model)
 

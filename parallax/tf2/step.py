@@ -58,7 +58,7 @@ class DistributedStep:
         self._leaves = tf.nest.flatten(traced.outputs)  # a step that returns nothing: [None]
         self._fetches = ([t for t in self._leaves if isinstance(t, tf.Tensor)], traced.train_op)
         self._ranks = [t.shape.rank for t in traced.inputs]
-        self._summed = SummedState(session, traced.variables, traced.graph)
+        self._summed = SummedState(session, traced.variables, traced.graph, self._fetches[0])
 
     @property
     def session(self) -> Any:
@@ -96,7 +96,7 @@ class DistributedStep:
             except Exception as e:  # noqa: BLE001 - a check that cannot run says so and trains on
                 logger.info("Parallax: the first step's check did not run (%s: %s)", type(e).__name__, e)
         fetched, _ = self._session.run(self._fetches, feed_dict=feeds)
-        self._summed.after_step()
+        self._summed.after_step(fetched)
         values = iter(fetched)
         outputs = tf.nest.pack_sequence_as(
             self._traced.outputs, [next(values) if isinstance(t, tf.Tensor) else t for t in self._leaves])

@@ -35,9 +35,12 @@ class SummedState:
         session: the step's session (:class:`parallax.session.ParallaxSession`).
         eager: the step's eager variables by graph name (:attr:`parallax.tf2.trace.TracedStep.variables`).
         graph: the step's single-device graph.
+        fetched: the tensors the step fetches; where they read every summed variable after the step's writes
+            (``parallax.fit``'s step returns its metrics' state so) and a worker has one replica, their values
+            come with the step's own run, not a second one.
     """
 
-    def __init__(self, session: Any, eager: dict, graph: tf.Graph) -> None:
+    def __init__(self, session: Any, eager: dict, graph: tf.Graph, fetched: list | tuple = ()) -> None:
         self._session = session
         self._names = sorted(n for n, v in eager.items() if v.summed)
         self._eager = [eager[n] for n in self._names]
@@ -45,6 +48,7 @@ class SummedState:
         self._graph_variables = [by_name[n] for n in self._names]
         self._group = session.group or Alone()
         self._shared = [n for n in self._names if session.on_server(n)]
+        self._in_step = _reads_among(fetched, self._names) if session.num_replicas == 1 else None
         self._base = self._read() if self._names else []  # the job's copies as the first step finds them
         self._warned = False
 
@@ -53,11 +57,19 @@ class SummedState:
         """The summed variables' names in the step's graph."""
         return list(self._names)
 
-    def after_step(self) -> None:
-        """Add what the step added to the job's copies, summed over the workers, to the program's variables."""
+    def after_step(self, fetched: list | None = None) -> None:
+        """Add what the step added to the job's copies, summed over the workers, to the program's variables.
+
+        Args:
+            fetched: the values the step's run fetched (the tensors given when this was made), one list of
+                values per tensor, one value per replica.
+        """
         if not self._names:
             return
-        now = self._read()
+        if self._in_step is not None and fetched is not None:
+            now = [np.asarray(fetched[i][0]) for i in self._in_step]
+        else:
+            now = self._read()
         added = [a - b for a, b in zip(now, self._base)]
         self._base = now
         flat = np.concatenate([a.astype(np.float64).reshape(-1) for a in added])
@@ -68,8 +80,8 @@ class SummedState:
             size = part.size
             step = (flat if name in shared else total)[at:at + size].reshape(part.shape)
             at += size
-            current = np.asarray(eager.read())
-            eager.write((current + step).astype(current.dtype))
+            if step.any():
+                eager.variable.assign_add(step.astype(eager.dtype.as_numpy_dtype))  # one eager op
         self._warn_once()
 
     def _read(self) -> list[np.ndarray]:
@@ -84,3 +96,18 @@ class SummedState:
                            "a parameter server, which only worker 0 writes: the program's metrics count worker 0's "
                            "examples, not every worker's; run_option 'MPI' or 'HYBRID' keeps them on the workers",
                            ", ".join(self._shared))
+
+
+def _reads_among(tensors: list | tuple, names: list[str]) -> list[int] | None:
+    """Where among ``tensors`` a read of each variable of ``names`` is (through identities), or ``None``
+    where one is missing."""
+    found: dict[str, int] = {}
+    for index, tensor in enumerate(tensors):
+        op = tensor.op
+        while op.type == "Identity":
+            op = op.inputs[0].op
+        if op.type == "ReadVariableOp":
+            found.setdefault(op.inputs[0].op.name, index)
+    at = [found.get(name) for name in names]
+    return None if None in at else at
+

@@ -201,11 +201,12 @@ class _Eager:
     read: Any
     write: Any
     summed: bool = False
+    variable: Any = None  # the tf.Variable, where the step shows one
 
     @classmethod
     def of(cls, variable: Any) -> _Eager:
         return cls(variable.name.split(":")[0], variable.dtype, variable.numpy(), bool(variable.trainable),
-                   variable.read_value, variable.assign, is_summed(variable) and not variable.trainable)
+                   variable.read_value, variable.assign, is_summed(variable) and not variable.trainable, variable)
 
     @classmethod
     def of_handle(cls, handle: Any, name: str) -> _Eager | None:
