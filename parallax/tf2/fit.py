@@ -183,6 +183,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     model.stop_training = False
     callback_list.on_train_begin()
     saves_in_epochs = chief and _saves_within_epochs(kept)
+    stops_in_epochs = _stops_within_epochs(callbacks or [], flavor)  # the program's list: alike on every worker
     logs: dict = {}
     for epoch, epoch_batches in batches.epochs(initial_epoch, epochs):
         model.reset_metrics()
@@ -192,22 +193,15 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                 check_same(group, batch, epoch)
             callback_list.on_train_batch_begin(index)
             if own:
-                batch_logs = _own_step(step, batch, num_workers, worker_id, num_replicas)
-                callback_list.on_train_batch_end(index, batch_logs)
-                continue
-            fed, size, examples = even_parts(batch, num_workers * num_replicas)
-            fed = (*fed, metric_weights(batch[2], examples, len(fed[2])))  # x, y, w, the metrics' weights
-            mine = [parts(a, num_workers, worker_id, num_replicas) for a in fed]  # a part per replica each
-            share = np.float32(examples / (num_workers * num_replicas))
-            starts = [(worker_id * num_replicas + k) * size for k in range(num_replicas)]  # of this worker's parts
-            real = [np.int32(min(max(examples - at, 0), size)) for at in starts]  # their examples; the rest: padding
-            got = step(*[_per_leaf(m, a) for m, a in zip(mine, fed)], [share] * num_replicas, real,
-                       [learning_rate(model, flavor)] * num_replicas)
-            if not flavor.metrics_in_step:  # else updated in the step, summed over the workers (parallax.tf2.summed)
-                _host_metrics(model, flavor, got, batch, mine, zip(starts, real), share, outputs["structure"])
-            if saves_in_epochs:  # a ModelCheckpoint(save_freq=<batches>) saves the weights trained so far
-                _sync(step, model)
-            callback_list.on_train_batch_end(index, numbers(model.get_metrics_result()))
+                callback_list.on_train_batch_end(index, _own_step(step, batch, num_workers, worker_id, num_replicas))
+            else:
+                _one_step(step, model, flavor, batch, num_workers, worker_id, num_replicas, outputs)
+                if saves_in_epochs:  # a ModelCheckpoint(save_freq=<batches>) saves the weights trained so far
+                    _sync(step, model)
+                callback_list.on_train_batch_end(index, numbers(model.get_metrics_result()))
+            if stops_in_epochs and group.any(bool(model.stop_training)):  # a callback stopped it: as model.fit,
+                model.stop_training = True  # after this batch (every worker: a worker that went on would wait)
+                break
         if not own and not flavor.metrics_in_step:  # else summed over the workers after every step
             sum_metrics(model, group)
         logs = numbers(model.get_metrics_result())
@@ -230,6 +224,31 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     history = model.history
     history.num_workers, history.worker_id, history.num_replicas = num_workers, worker_id, num_replicas
     return history
+
+
+def _one_step(step: Any, model: Any, flavor: Flavor, batch: tuple, num_workers: int, worker_id: int,
+              num_replicas: int, outputs: dict) -> None:
+    """One step of ``parallax.fit``'s own step on this worker's parts of ``batch`` (padded to split evenly)."""
+    fed, size, examples = even_parts(batch, num_workers * num_replicas)
+    fed = (*fed, metric_weights(batch[2], examples, len(fed[2])))  # x, y, w, the metrics' weights
+    mine = [parts(a, num_workers, worker_id, num_replicas) for a in fed]  # a part per replica each
+    share = np.float32(examples / (num_workers * num_replicas))
+    starts = [(worker_id * num_replicas + k) * size for k in range(num_replicas)]  # of this worker's parts
+    real = [np.int32(min(max(examples - at, 0), size)) for at in starts]  # their examples; the rest: padding
+    got = step(*[_per_leaf(m, a) for m, a in zip(mine, fed)], [share] * num_replicas, real,
+               [learning_rate(model, flavor)] * num_replicas)
+    if not flavor.metrics_in_step:  # else updated in the step, summed over the workers (parallax.tf2.summed)
+        _host_metrics(model, flavor, got, batch, mine, zip(starts, real), share, outputs["structure"])
+
+
+def _stops_within_epochs(callbacks: list, flavor: Flavor) -> bool:
+    """Whether a callback may set ``model.stop_training`` after a batch (one with batch hooks of its own, as
+    ``TerminateOnNaN``; Keras's ``History`` and progress bar never do): ``model.fit`` stops after that batch, so
+    the workers then agree after every batch whether to."""
+    base, quiet = flavor.callbacks.Callback, (flavor.callbacks.History, flavor.callbacks.ProgbarLogger)
+    hooks = ("on_train_batch_end", "on_batch_end")
+    return any(not isinstance(c, quiet) and any(getattr(type(c), h, None) is not getattr(base, h) for h in hooks)
+               for c in callbacks)
 
 
 def _host_metrics(model: Any, flavor: Flavor, got: tuple, batch: tuple, mine: list, parts_at: Any, share: float,

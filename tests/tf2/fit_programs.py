@@ -31,15 +31,29 @@ def callbacks(case: str) -> list:
     """The "scheduled" cases' callbacks: the learning rate set between epochs (halved each), as
     ``LearningRateScheduler`` and ``ReduceLROnPlateau`` set it; the "early-stopping" cases': an ``EarlyStopping``
     that sees no improvement of ``val_loss`` after the first epoch (``min_delta`` too large), so training stops
-    after the second of three epochs (on every worker, which all see the same summed metrics)."""
+    after the second of three epochs (on every worker, which all see the same summed metrics), and a callback that
+    stops it within that epoch, after its second batch (as ``TerminateOnNaN`` does: ``model.fit`` trains no more
+    batches)."""
     if "scheduled" not in case and "early-stopping" not in case:
         return []
     import importlib
 
     keras = importlib.import_module("keras" if CASES[case] == "keras" else "tf_keras")
     if "early-stopping" in case:
-        return [keras.callbacks.EarlyStopping(monitor="val_loss", min_delta=1e9, patience=1)]
+        return [keras.callbacks.EarlyStopping(monitor="val_loss", min_delta=1e9, patience=1), _stop_within(keras)]
     return [keras.callbacks.LearningRateScheduler(lambda epoch, rate: 0.05 * 0.5 ** epoch)]
+def _stop_within(keras):
+    class StopWithinTheSecondEpoch(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.epoch == 1 and batch == 1:
+                self.model.stop_training = True
+
+    return StopWithinTheSecondEpoch()
+
+
 SPLIT = 0.25  # the weighted cases' validation_split: 36 examples to train on, 12 to validate
 
 

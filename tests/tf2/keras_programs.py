@@ -14,8 +14,9 @@ by ``keras.utils.set_random_seed``): the reference ``parallax.fit(model, <the sa
 * ``masked``: an ``Embedding(mask_zero=True)`` feeding an LSTM (padded sequences, the mask carried by Keras),
   Adam, binary cross-entropy;
 * ``structured``: keras-io "Structured data classification with FeatureSpace", without FeatureSpace: a dict of
-  a string feature (``StringLookup``), an integer one (``IntegerLookup``) and a number, each lookup inside the
-  model and followed by an ``Embedding``, Adam, binary cross-entropy;
+  a string feature (``StringLookup``, and ``Hashing``), an integer one (``IntegerLookup``), a number, a free
+  text (``TextVectorization`` adapted to it) and a cross of the two categories (``HashedCrossing``, as FeatureSpace
+  crosses them), each lookup inside the model and followed by an ``Embedding``, Adam, binary cross-entropy;
 * ``custom-step``: Keras's guide "Customizing what happens in fit()": a model whose ``train_step`` computes the
   loss, applies the optimizer and updates its metrics itself;
 * ``gan``: the same guide's GAN: a ``train_step`` that trains a discriminator and a generator with two
@@ -36,6 +37,7 @@ PROGRAMS = ("transformer", "seq2seq", "recommender", "masked", "structured", "cu
 FIT = {"batch_size": 8, "epochs": 2}
 EXAMPLES = 32
 MAXLEN, VOCAB = 6, 20
+NOTES = ("chest", "pain", "at", "rest", "after", "exercise", "none", "mild", "severe")  # "structured"'s free text
 
 
 def data(name: str):
@@ -53,7 +55,9 @@ def data(name: str):
     if name == "structured":
         return ({"thal": rng.choice(["fixed", "normal", "reversible", "unknown"], EXAMPLES).astype(object),
                  "cp": rng.choice([0, 1, 2, 3, 9], EXAMPLES).astype(np.int64),
-                 "age": rng.uniform(30, 70, (EXAMPLES, 1)).astype(np.float32)},
+                 "age": rng.uniform(30, 70, (EXAMPLES, 1)).astype(np.float32),
+                 "notes": np.array([" ".join(rng.choice(NOTES, rng.randint(1, 5))) for _ in range(EXAMPLES)],
+                                   dtype=object)},
                 rng.randint(0, 2, (EXAMPLES, 1)).astype(np.float32))
     if name == "custom-step":
         return rng.randn(EXAMPLES, 4).astype(np.float32), rng.randn(EXAMPLES, 1).astype(np.float32)
@@ -135,12 +139,20 @@ def build(name: str):
         thal = keras.Input((), dtype="string", name="thal")
         cp = keras.Input((), dtype="int64", name="cp")
         age = keras.Input((1,), name="age")
+        notes = keras.Input((), dtype="string", name="notes")
         thal_ids = layers.StringLookup(vocabulary=["fixed", "normal", "reversible"])(thal)
         cp_ids = layers.IntegerLookup(vocabulary=[0, 1, 2, 3])(cp)
+        words = layers.TextVectorization(max_tokens=8, output_sequence_length=4)  # a vocabulary adapted to the data
+        words.adapt(data("structured")[0]["notes"])
+        hashed = layers.Hashing(num_bins=5)(thal)
+        crossed = layers.HashedCrossing(num_bins=7)((thal, cp))  # the cross FeatureSpace makes
         features = ops.concatenate([layers.Embedding(4, 3)(thal_ids), layers.Embedding(5, 3)(cp_ids),
-                                    layers.Normalization(mean=50.0, variance=100.0)(age)], axis=-1)
+                                    layers.Normalization(mean=50.0, variance=100.0)(age),
+                                    layers.GlobalAveragePooling1D()(layers.Embedding(8, 2)(words(notes))),
+                                    layers.Embedding(5, 2)(hashed), layers.Embedding(7, 2)(crossed)], axis=-1)
         x = layers.Dense(8, activation="relu")(features)
-        model = keras.Model({"thal": thal, "cp": cp, "age": age}, layers.Dense(1, activation="sigmoid")(x))
+        model = keras.Model({"thal": thal, "cp": cp, "age": age, "notes": notes},
+                            layers.Dense(1, activation="sigmoid")(x))
         model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
         return model
     if name == "custom-step":

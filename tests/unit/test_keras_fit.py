@@ -333,3 +333,57 @@ def test_the_workers_batches_are_compared_by_their_values_strings_too():
     with pytest.raises(ValueError, match=r"^parallax.fit: the workers' data gave different global batches at the "
                                          r"start of epoch 3"):
         check_same(Two(True), batch, 3)
+
+
+def test_batches_drawn_ahead_come_in_order_and_an_error_comes_at_its_batch():
+    from parallax.tf2.batches import ahead
+
+    def draws():
+        yield from range(3)
+        raise OSError("file 4 unreadable")
+
+    got = []
+    with pytest.raises(OSError, match="file 4 unreadable"):
+        for item in ahead(draws()):
+            got.append(item)
+    assert got == [0, 1, 2]
+
+
+def test_a_consumer_that_stops_early_stops_the_drawing_thread_and_closes_the_batches():
+    import threading
+
+    from parallax.tf2.batches import ahead
+
+    closed = []
+
+    def draws():
+        try:
+            yield from range(100)
+        finally:
+            closed.append(True)
+
+    items = ahead(draws(), depth=2)
+    assert [next(items), next(items)] == [0, 1]
+    items.close()
+    assert closed == [True]
+    assert not [t for t in threading.enumerate() if t.name == "parallax-batches"]
+
+
+@pytest.mark.parametrize("flavor", ["keras", "tf_keras"])
+def test_a_callback_with_batch_hooks_of_its_own_may_stop_within_an_epoch_keras_own_do_not(flavor):
+    import importlib
+
+    from parallax.tf2.fit import _stops_within_epochs
+    from parallax.tf2.keras_flavor import Flavor, TfKerasFlavor
+
+    module = importlib.import_module(flavor)
+    callbacks = module.callbacks
+
+    class Timer(callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            pass
+
+    own = (Flavor if flavor == "keras" else TfKerasFlavor)(module)
+    assert not _stops_within_epochs([callbacks.History(), callbacks.ProgbarLogger(), Timer(),
+                                     callbacks.EarlyStopping()], own)
+    assert _stops_within_epochs([callbacks.TerminateOnNaN()], own)
