@@ -183,19 +183,23 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     model.stop_training = False
     callback_list.on_train_begin()
     saves_in_epochs = chief and _saves_within_epochs(kept)
-    stops_in_epochs = _stops_within_epochs(callbacks or [], flavor)  # the program's list: alike on every worker
+    stops_in_epochs = _batch_hooks(callbacks or [], flavor, _ENDS)  # the program's list: alike on every worker
+    rate_in_epochs = _batch_hooks(kept, flavor, _BEGINS + _ENDS)  # may set the learning rate between batches
     logs: dict = {}
     for epoch, epoch_batches in batches.epochs(initial_epoch, epochs):
         model.reset_metrics()
         callback_list.on_epoch_begin(epoch)
+        rate = learning_rate(model, flavor)  # what a callback set (read again after each batch where one may)
         for index, batch in enumerate(epoch_batches):
             if index == 0 and num_workers > 1:
                 check_same(group, batch, epoch)
             callback_list.on_train_batch_begin(index)
+            if rate_in_epochs and index:
+                rate = learning_rate(model, flavor)
             if own:
                 callback_list.on_train_batch_end(index, _own_step(step, batch, num_workers, worker_id, num_replicas))
             else:
-                _one_step(step, model, flavor, batch, num_workers, worker_id, num_replicas, outputs)
+                _one_step(step, model, flavor, batch, num_workers, worker_id, num_replicas, rate, outputs)
                 if saves_in_epochs:  # a ModelCheckpoint(save_freq=<batches>) saves the weights trained so far
                     _sync(step, model)
                 callback_list.on_train_batch_end(index, numbers(model.get_metrics_result()))
@@ -227,8 +231,9 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
 
 
 def _one_step(step: Any, model: Any, flavor: Flavor, batch: tuple, num_workers: int, worker_id: int,
-              num_replicas: int, outputs: dict) -> None:
-    """One step of ``parallax.fit``'s own step on this worker's parts of ``batch`` (padded to split evenly)."""
+              num_replicas: int, rate: np.float32, outputs: dict) -> None:
+    """One step of ``parallax.fit``'s own step on this worker's parts of ``batch`` (padded to split evenly), at
+    learning rate ``rate``."""
     fed, size, examples = even_parts(batch, num_workers * num_replicas)
     fed = (*fed, metric_weights(batch[2], examples, len(fed[2])))  # x, y, w, the metrics' weights
     mine = [parts(a, num_workers, worker_id, num_replicas) for a in fed]  # a part per replica each
@@ -236,17 +241,21 @@ def _one_step(step: Any, model: Any, flavor: Flavor, batch: tuple, num_workers: 
     starts = [(worker_id * num_replicas + k) * size for k in range(num_replicas)]  # of this worker's parts
     real = [np.int32(min(max(examples - at, 0), size)) for at in starts]  # their examples; the rest: padding
     got = step(*[_per_leaf(m, a) for m, a in zip(mine, fed)], [share] * num_replicas, real,
-               [learning_rate(model, flavor)] * num_replicas)
+               [rate] * num_replicas)
     if not flavor.metrics_in_step:  # else updated in the step, summed over the workers (parallax.tf2.summed)
         _host_metrics(model, flavor, got, batch, mine, zip(starts, real), share, outputs["structure"])
 
 
-def _stops_within_epochs(callbacks: list, flavor: Flavor) -> bool:
-    """Whether a callback may set ``model.stop_training`` after a batch (one with batch hooks of its own, as
-    ``TerminateOnNaN``; Keras's ``History`` and progress bar never do): ``model.fit`` stops after that batch, so
-    the workers then agree after every batch whether to."""
+_BEGINS = ("on_train_batch_begin", "on_batch_begin")
+_ENDS = ("on_train_batch_end", "on_batch_end")
+
+
+def _batch_hooks(callbacks: list, flavor: Flavor, hooks: tuple[str, ...]) -> bool:
+    """Whether a callback has batch ``hooks`` of its own (Keras's ``History`` and progress bar aside, which set
+    nothing): one that may set ``model.stop_training`` after a batch (``TerminateOnNaN``; ``model.fit`` then stops
+    after that batch, and the workers agree after every batch whether to), or the learning rate between batches
+    (else it is read once an epoch)."""
     base, quiet = flavor.callbacks.Callback, (flavor.callbacks.History, flavor.callbacks.ProgbarLogger)
-    hooks = ("on_train_batch_end", "on_batch_end")
     return any(not isinstance(c, quiet) and any(getattr(type(c), h, None) is not getattr(base, h) for h in hooks)
                for c in callbacks)
 

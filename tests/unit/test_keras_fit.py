@@ -373,7 +373,7 @@ def test_a_consumer_that_stops_early_stops_the_drawing_thread_and_closes_the_bat
 def test_a_callback_with_batch_hooks_of_its_own_may_stop_within_an_epoch_keras_own_do_not(flavor):
     import importlib
 
-    from parallax.tf2.fit import _stops_within_epochs
+    from parallax.tf2.fit import _BEGINS, _ENDS, _batch_hooks
     from parallax.tf2.keras_flavor import Flavor, TfKerasFlavor
 
     module = importlib.import_module(flavor)
@@ -384,6 +384,6 @@ def test_a_callback_with_batch_hooks_of_its_own_may_stop_within_an_epoch_keras_o
             pass
 
     own = (Flavor if flavor == "keras" else TfKerasFlavor)(module)
-    assert not _stops_within_epochs([callbacks.History(), callbacks.ProgbarLogger(), Timer(),
-                                     callbacks.EarlyStopping()], own)
-    assert _stops_within_epochs([callbacks.TerminateOnNaN()], own)
+    assert not _batch_hooks([callbacks.History(), callbacks.ProgbarLogger(), Timer(), callbacks.EarlyStopping()],
+                            own, _BEGINS + _ENDS)
+    assert _batch_hooks([callbacks.TerminateOnNaN()], own, _ENDS)
