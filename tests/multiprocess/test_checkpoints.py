@@ -26,7 +26,7 @@ def restore_single_device(model_name: str, ckpt_dir: str) -> dict[str, np.ndarra
         return variable_values(sess, model.graph)
 
 
-@pytest.mark.parametrize("model", ["embedding", "sequence"])
+@pytest.mark.parametrize("model", ["sequence"])  # partitioned variables and an embedding (alone: CI's time)
 def test_mpi_checkpoint_restores_into_plain_tensorflow_and_into_ps_mode(tmp_path, model):
     ckpt = str(tmp_path / "ckpt")
     run = run_script(tmp_path / "mpi", resources(2), "--model", model, "--average_sparse", "--steps", "4",

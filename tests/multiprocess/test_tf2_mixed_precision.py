@@ -36,8 +36,10 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 SCRIPT = os.path.join(ROOT, "tests", "tf2", "step_script.py")
 STEPS = 4
 # group: (resource file, run option, processes that write results, replicas each); micro-batches: MPI-2's layout
-# (AUTO-2 and PS-3 repeated HYBRID-2's and PS-2's mechanisms: out, for CI's time on a 2-core machine)
-GROUPS = {**{g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "HYBRID-2", "MPI-3", "local-2-replicas")},
+# (AUTO-2, PS-3, HYBRID-2 and MPI-3 repeated MPI-2's and PS-2's mechanisms, the loss scale agreed over the
+# workers and the gradients pushed to servers: out, for CI's time on a 2-core machine; parallax.fit's mixed
+# precision runs in MPI-2, PS-2, HYBRID-2, MPI-3 and 2 local replicas: tests/multiprocess/test_keras_fit.py)
+GROUPS = {**{g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "local-2-replicas")},
           "MPI-2-micro-batches": LAYOUTS["MPI-2"]}
 CONFIG = {"MPI-2-micro-batches": '{"micro_batches": 3}'}  # more Config fields of a group (JSON)
 #: (rtol, atol) of the variables, rtol of the losses, by the type the case computes in (see the module docstring)
