@@ -40,9 +40,30 @@ demo: $(STAMP)
 # Of the multi-process tests, `make test` runs the core (marked `core`: one job per mode and kind of program,
 # and the failures a job must end on), `make test-extended` the rest (tests/conftest.py marks them `extended`).
 PYTEST_WORKERS ?= auto
-test: $(STAMP) bytecode
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --doctest-modules \
+CORE_SUITE = -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --doctest-modules \
 	    -m "not cluster and not slurm and not extended" parallax tests $(PYTEST_ARGS)
+test: $(STAMP) bytecode
+	$(BIN)/python $(CORE_SUITE)
+
+# `make test-nightly`: make test's suite in a third venv on TensorFlow's nightly (`tf-nightly`, the Keras nightly
+# it pulls, and tf_keras' nightly beside it without its dependencies), where the next TensorFlow breaks Parallax
+# first (it reads traced functions, cond lowering and optimizer update shapes). Not part of CI (.ci/run): run it
+# by hand or on a schedule. The nightly moves every day, so each run upgrades it; docs/status.md keeps what broke.
+NIGHTLY_VENV := .venv-nightly
+NIGHTLY_BIN  := $(NIGHTLY_VENV)/bin
+.PHONY: test-nightly clean-nightly
+test-nightly:
+	@test -x $(NIGHTLY_BIN)/python || $(PYTHON) -m venv $(NIGHTLY_VENV)
+	$(NIGHTLY_BIN)/python -m pip install --quiet --upgrade pip
+	$(NIGHTLY_BIN)/python -m pip install --quiet -e '.[dev]'
+	$(NIGHTLY_BIN)/python -m pip install --quiet --upgrade --pre tf-nightly
+	$(NIGHTLY_BIN)/python -m pip install --quiet --upgrade --pre --no-deps tf-keras-nightly
+	$(NIGHTLY_BIN)/python -c "import tensorflow as tf, keras; print('tensorflow', tf.__version__, 'keras', keras.__version__)"
+	$(NIGHTLY_BIN)/python -m parallax.comm.native || echo "(the mpi backend will sum through Python)"
+	$(NIGHTLY_BIN)/python $(CORE_SUITE)
+
+clean-nightly:
+	rm -rf $(NIGHTLY_VENV)
 
 # `make test-extended`: every multi-process case outside the core (the other layouts, programs, optimizers,
 # ZeRO, pipelines, checkpoints, tune, sweeps); .ci/run runs them too, in two parts: EXTENDED_TESTS names the

@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks.common import RESULTS, write_json  # noqa: E402
+from benchmarks.common import RESULTS, save_results  # noqa: E402
 
 
 def measure(senders: int, rows: int, dim: int, vocab: int, steps: int = 12) -> dict:
@@ -128,10 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(r)
         print(f"{count:>7} {r['tf_accumulator_ms']:>12.1f} ms {r['parallax_take_ms']:>11.1f} ms {r['speedup']:>8.2f}x",
               flush=True)
-    os.makedirs(args.results, exist_ok=True)
-    write_json(os.path.join(args.results, "accumulator.json"), {"rows": rows})
-    _plot(rows, os.path.join(args.results, "accumulator.png"))
-    print(f"wrote {os.path.join(args.results, 'accumulator.json')} and accumulator.png")
+    save_results(args.results, "accumulator", {"rows": rows}, lambda data, path: _plot(data["rows"], path))
     return 0
 
 

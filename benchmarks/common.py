@@ -44,6 +44,13 @@ def write_json(path: str, data) -> None:
         json.dump(data, f, indent=2)
 
 
+def save_results(out_dir: str, name: str, data, plot) -> None:
+    """``<out_dir>/<name>.json`` holding ``data`` and ``<name>.png`` drawn by ``plot(data, path)``, said on stdout."""
+    write_json(os.path.join(out_dir, f"{name}.json"), data)
+    plot(data, os.path.join(out_dir, f"{name}.png"))
+    print(f"wrote {os.path.join(out_dir, name)}.{{json,png}}", flush=True)
+
+
 def read_json(path: str):
     with open(path) as f:
         return json.load(f)

@@ -185,6 +185,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     saves_in_epochs = chief and _saves_within_epochs(kept)
     stops_in_epochs = _batch_hooks(callbacks or [], flavor, _ENDS)  # the program's list: alike on every worker
     rate_in_epochs = _batch_hooks(kept, flavor, _BEGINS + _ENDS)  # may set the learning rate between batches
+    # the batch logs, where something reads them (the progress bar, a callback's batch hooks): else not computed
+    batch_logs = (chief and verbose != 0) or _batch_hooks(kept, flavor, _ENDS)
     logs: dict = {}
     for epoch, epoch_batches in batches.epochs(initial_epoch, epochs):
         model.reset_metrics()
@@ -202,10 +204,11 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                 _one_step(step, model, flavor, batch, num_workers, worker_id, num_replicas, rate, outputs)
                 if saves_in_epochs:  # a ModelCheckpoint(save_freq=<batches>) saves the weights trained so far
                     _sync(step, model)
-                callback_list.on_train_batch_end(index, numbers(model.get_metrics_result()))
+                callback_list.on_train_batch_end(index, numbers(model.get_metrics_result()) if batch_logs else {})
             if stops_in_epochs and group.any(bool(model.stop_training)):  # a callback stopped it: as model.fit,
                 model.stop_training = True  # after this batch (every worker: a worker that went on would wait)
                 break
+        epoch_batches.close()  # the thread drawing ahead ends here, also when training stopped within the epoch
         if not own and not flavor.metrics_in_step:  # else summed over the workers after every step
             sum_metrics(model, group)
         logs = numbers(model.get_metrics_result())
