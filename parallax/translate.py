@@ -37,9 +37,12 @@ _PLANS_KEPT = 256
 class ReplicaValues(list):
     """A fetched leaf: one value per local replica, in replica order (a plain ``list`` otherwise).
 
-    Where every replica holds the same number (a shared tensor, the global step), ``int()``
-    and ``float()`` take it, so code written for one device (``int(sess.run(global_step))``,
+    Where every replica holds the same number (a shared tensor, the global step), ``int()``,
+    ``float()`` and ``.item()`` take it, so code written for one device (``int(sess.run(global_step))``,
     ``Saver.save(sess, path, global_step=step_tensor)``) keeps working.
+
+    >>> ReplicaValues([np.int64(7), np.int64(7)]).item()
+    7
     """
 
     __slots__ = ()
@@ -56,6 +59,11 @@ class ReplicaValues(list):
 
     def __float__(self) -> float:
         return float(self._one())
+
+    def item(self) -> Any:
+        """The value as a Python number, as NumPy's ``item()`` (TensorFlow 2.23's
+        ``training_util.global_step`` reads ``sess.run(global_step).item()``)."""
+        return np.asarray(self._one()).item()
 
 
 class Translator:
