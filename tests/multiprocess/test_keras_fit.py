@@ -5,8 +5,9 @@ of held-out examples (batches that do not split evenly over the workers), on eve
 arrays in order, shuffled as ``model.fit`` shuffles them, a ``tf.data.Dataset`` and position embeddings, in MPI,
 PS and HYBRID on 2 processes, MPI on 3 and with 2 replicas in one process; for tf_keras with its legacy and new
 Adam, and for both with sample weights and ``validation_split``, uneven batches, a learning rate set by a callback
-and callbacks that stop training, in MPI on 2 processes and with 2 replicas in one process; the ``ModelCheckpoint`` callback writes on worker 0. ``make test`` runs the Keras 3 cases
-in MPI on 2 processes (the core, tests/conftest.py), ``make test-extended`` the rest."""
+and callbacks that stop training, in MPI on 2 processes and with 2 replicas in one process; the
+``ModelCheckpoint`` callback writes on worker 0. ``make test`` runs the Keras 3 cases in MPI on 2 processes (the
+core, tests/conftest.py), ``make test-extended`` the rest."""
 
 from __future__ import annotations
 

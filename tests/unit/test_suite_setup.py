@@ -142,9 +142,14 @@ print("SELECTED " + json.dumps(out))
 
 
 def _makefile_selection(target: str) -> str:
-    """The ``-m`` expression of the pytest command in a Makefile target's recipe."""
+    """The ``-m`` expression of the pytest command in a Makefile target's recipe (or in a variable it uses:
+    ``make test`` and ``make test-nightly`` share ``CORE_SUITE``)."""
     with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
-        recipe = f.read().split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
+        makefile = f.read()
+    recipe = makefile.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
+    for variable in re.findall(r"\$\((\w+)\)", recipe):
+        defined = re.search(rf"^{variable}\s*[:?]?=((?:.*\\\n)*.*)$", makefile, re.MULTILINE)
+        recipe += "\n" + (defined.group(1) if defined else "")
     found = re.search(r'-m "([^"]+)"', recipe)
     assert found, f"no -m expression in the recipe of {target}: {recipe}"
     return found.group(1)
