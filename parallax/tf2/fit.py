@@ -191,12 +191,11 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     for epoch, epoch_batches in batches.epochs(initial_epoch, epochs):
         model.reset_metrics()
         callback_list.on_epoch_begin(epoch)
-        rate = learning_rate(model, flavor)  # what a callback set (read again after each batch where one may)
         for index, batch in enumerate(epoch_batches):
             if index == 0 and num_workers > 1:
                 check_same(group, batch, epoch)
             callback_list.on_train_batch_begin(index)
-            if rate_in_epochs and index:
+            if index == 0 or rate_in_epochs:  # what a callback set: once an epoch, or before each batch where one may
                 rate = learning_rate(model, flavor)
             if own:
                 callback_list.on_train_batch_end(index, _own_step(step, batch, num_workers, worker_id, num_replicas))

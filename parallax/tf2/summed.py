@@ -57,7 +57,7 @@ class SummedState:
         """The summed variables' names in the step's graph."""
         return list(self._names)
 
-    def after_step(self, fetched: list | None = None) -> None:
+    def after_step(self, fetched: list) -> None:
         """Add what the step added to the job's copies, summed over the workers, to the program's variables.
 
         Args:
@@ -66,7 +66,7 @@ class SummedState:
         """
         if not self._names:
             return
-        if self._in_step is not None and fetched is not None:
+        if self._in_step is not None:
             now = [np.asarray(fetched[i][0]) for i in self._in_step]
         else:
             now = self._read()
@@ -110,4 +110,3 @@ def _reads_among(tensors: list | tuple, names: list[str]) -> list[int] | None:
             found.setdefault(op.inputs[0].op.name, index)
     at = [found.get(name) for name in names]
     return None if None in at else at
-

@@ -42,6 +42,8 @@ def callbacks(case: str) -> list:
     if "early-stopping" in case:
         return [keras.callbacks.EarlyStopping(monitor="val_loss", min_delta=1e9, patience=1), _stop_within(keras)]
     return [keras.callbacks.LearningRateScheduler(lambda epoch, rate: 0.05 * 0.5 ** epoch)]
+
+
 def _stop_within(keras):
     class StopWithinTheSecondEpoch(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
