@@ -10,6 +10,8 @@ STAMP  := $(VENV)/.installed-$(TF_EXTRA)
 # tf_keras (Keras 2, for TensorFlow 2 programs written with it) requires the full `tensorflow` wheel, which
 # tensorflow-cpu stands for: installed without its dependencies (setup.py's TF_KERAS pin)
 TF_KERAS := $(shell sed -n 's/^TF_KERAS_VERSION = "\(.*\)"/\1/p' setup.py)
+KERAS_HUB := $(shell sed -n 's/^KERAS_HUB_VERSION = "\(.*\)"/\1/p' setup.py)
+TOKENIZERS := $(shell sed -n 's/^TOKENIZERS_VERSION = "\(.*\)"/\1/p' setup.py)
 
 .PHONY: demo test lint clean
 
@@ -18,6 +20,7 @@ $(STAMP): setup.py
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[$(TF_EXTRA),dev]'
 	$(BIN)/python -m pip install --quiet --no-deps 'tf_keras==$(TF_KERAS)'  # Keras 2; its deps would pull tensorflow
+	$(BIN)/python -m pip install --quiet --no-deps 'keras-hub==$(KERAS_HUB)' 'tokenizers==$(TOKENIZERS)'  # a test's
 	$(BIN)/python -m parallax.comm.native || echo "(the mpi backend will sum through Python)"
 	@touch $@
 
@@ -58,6 +61,7 @@ test-nightly:
 	$(NIGHTLY_BIN)/python -m pip install --quiet -e '.[dev]'
 	$(NIGHTLY_BIN)/python -m pip install --quiet --upgrade --pre tf-nightly
 	$(NIGHTLY_BIN)/python -m pip install --quiet --upgrade --pre --no-deps tf-keras-nightly
+	$(NIGHTLY_BIN)/python -m pip install --quiet --no-deps 'keras-hub==$(KERAS_HUB)' 'tokenizers==$(TOKENIZERS)'
 	$(NIGHTLY_BIN)/python -c "import tensorflow as tf, keras; print('tensorflow', tf.__version__, 'keras', keras.__version__)"
 	$(NIGHTLY_BIN)/python -m parallax.comm.native || echo "(the mpi backend will sum through Python)"
 	$(NIGHTLY_BIN)/python $(CORE_SUITE)

@@ -6,6 +6,10 @@ TF_VERSION = "2.21.0"
 # tf_keras (Keras 2) for TensorFlow 2 programs written with it: `pip install --no-deps tf_keras==...` (it requires
 # the full `tensorflow` wheel, which tensorflow-cpu stands for); the Makefile installs it so
 TF_KERAS_VERSION = "2.21.0"
+# keras-hub (and its tokenizers) for a test program built from a config, installed --no-deps by the Makefile: its
+# tensorflow-text would pull another tensorflow
+KERAS_HUB_VERSION = "0.32.0"
+TOKENIZERS_VERSION = "0.23.3"
 
 setup(
     name="parallax",
@@ -43,7 +47,8 @@ setup(
         # pytest 9 ignores the node ids pytest-xdist 3.8 gives grouped tests (Node.nodeid no longer reads
         # _nodeid), so --dist loadgroup splits a group's shared job over the workers, which then run it twice
         "dev": ["polyaxon==2.18.0", "htcondor==24.0.24", "pytest>=8,<9", "pytest-timeout>=2.3", "pytest-xdist>=3.6",
-                "ruff>=0.6", "import-linter==2.16", "optuna==5.0.0"],
+                "ruff>=0.6", "import-linter==2.16", "optuna==5.0.0",
+                "allpairspy==2.5.1"],  # tests/tf2/idiom_programs.py: the pairwise cover of the idioms
     },
     entry_points={"console_scripts": ["parallax-run = parallax.cli:main", "parallax = parallax.cli:parallax_main"]},
     classifiers=[

@@ -35,7 +35,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from parallax.batch_statistics import batch_statistics
+from parallax.batch_statistics import batch_statistics, replica_sums_of
 from parallax.errors import AnalysisError
 from parallax.rewrite.graph_ops import colocated_with, is_variable_write
 from parallax.update_order import gradients_after_updates
@@ -179,6 +179,8 @@ class GraphAnalysis:
             (:mod:`parallax.batch_statistics`).
         after_updates: why a synchronous job cannot aggregate the step at once (a gradient computed after
             another update of the same step, :mod:`parallax.update_order`); ``""`` when it can.
+        replica_sums: the ops that stand for sums over the replicas (synchronised batch statistics,
+            :data:`parallax.batch_statistics.REPLICA_SUMS`), in the graph's order.
     """
 
     variables: tuple[VariableInfo, ...]
@@ -187,6 +189,7 @@ class GraphAnalysis:
     forward: tuple[ForwardOp, ...] = ()
     batch_statistics: tuple[str, ...] = ()
     after_updates: str = ""
+    replica_sums: tuple[str, ...] = ()
 
     @property
     def forward_only(self) -> bool:
@@ -270,7 +273,8 @@ def analyse_graph(graph: tf.Graph) -> GraphAnalysis:
     after_updates = gradients_after_updates(graph, gradients, train_ops)
     forward = _forward_ops(graph, gradients, {v.name: v for v in variables})
     statistics = batch_statistics(graph) if gradients else ()
-    return GraphAnalysis(tuple(variables), tuple(gradients), train_ops, forward, statistics, after_updates)
+    return GraphAnalysis(tuple(variables), tuple(gradients), train_ops, forward, statistics, after_updates,
+                         replica_sums_of(graph) if gradients else ())
 
 
 def _refuse_unapplied_gradients(ops: list, variables: set[str]) -> None:
@@ -722,7 +726,16 @@ def _train_ops(graph: tf.Graph, scopes: dict[str, list]) -> tuple[str, ...]:
 
 
 def _in_gradient_scope(op) -> bool:
-    return bool(_GRADIENT_SCOPE_RE.search(op.name))
+    return bool(_GRADIENT_SCOPE_RE.search(op.name)) or _tape_sum(op)
+
+
+def _tape_sum(op) -> bool:
+    """Whether ``op`` is a ``GradientTape``'s sum of one variable's gradients from several uses: a top-level
+    ``AddN`` of tensors the tape made (and of what it makes under the sum's own name: an ``IndexedSlices``
+    gradient made dense beside a dense one, an embedding's lookup beside its regulariser)."""
+    if op.type != "AddN" or "/" in op.name:
+        return False
+    return all(_GRADIENT_SCOPE_RE.search(t.op.name) or t.op.name.startswith(op.name + "/") for t in op.inputs)
 
 
 def _find_raw_gradients(graph: tf.Graph, gradients: list[GradientInfo]) -> list[GradientInfo]:

@@ -697,6 +697,12 @@ class Config(_ConfigBase):
             worker 0 checks that the gradient of its part is the mean of its halves' and says at WARNING
             where it is not (batch statistics, an op over the batch, random draws: the result then differs
             from one device): :mod:`parallax.tf2.first_step`. Default ``True``.
+        sync_batch_norm: (Parallax only) every batch normalisation of ``parallax.fit``'s model (Keras 3's
+            ``BatchNormalization``, tf_keras's) normalises by the statistics of the whole global batch, summed
+            over every replica of the job in the forward pass and their gradients in the backward one, as
+            ``BatchNormalization(synchronized=True)`` asks for itself: training then equals one device's. A
+            layer that asks so is synchronised whatever this says (:mod:`parallax.tf2.replica_sums`).
+            Default ``False``: each replica normalises its part by its part's statistics (said at WARNING).
         staggered_start: (Parallax only) on each host, the first process of a launched job runs the program up
             to its training call before the host's other processes start, so that data the program downloads
             or extracts is written once, not by every process at the same time (:mod:`parallax.member.entry`).
@@ -726,6 +732,7 @@ class Config(_ConfigBase):
     check_first_step: bool = _field(True, _bool)
     stall_shutdown: float | None = _field(900.0, _positive_number_or_none)
     staggered_start: bool = _field(True, _bool)
+    sync_batch_norm: bool = _field(False, _bool)
 
     @property
     def stages(self) -> int:

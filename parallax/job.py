@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from parallax.analysis import GraphAnalysis
-from parallax.batch_statistics import statistics_note
+from parallax.batch_statistics import refuse_unsynchronised, statistics_note
 from parallax.cluster import Cluster, Device
 from parallax.comm.registry import backend_class
 from parallax.config import Config
@@ -207,6 +207,7 @@ def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis)
         # stage servers: the workers reach their stages through TensorFlow's gRPC runtime
         servers = layout is not Layout.MPI or staged or backend_class(settings.allreduce_comm.backend).needs_server
     plan = _variable_plan(layout, processes, servers, settings, analysis, by_memory, ranks)
+    refuse_unsynchronised(analysis, settings.sync_batch_norm, settings.pipeline)
     notes += statistics_note(analysis.batch_statistics, sum(len(w.replica_devices) for w in plan.workers))
     return JobPlan(layout, processes, ranks, plan, servers, notes)
 

@@ -376,6 +376,8 @@ class Plan:
             variables marked ``sharded``; ``2`` their gradients too
             (:mod:`parallax.rewrite.zero`).
         pipeline: stages and micro-batches inside each replica.
+        replica_sums: the ops of the graph that stand for sums over every replica of the job (synchronised
+            batch statistics, :data:`parallax.batch_statistics.REPLICA_SUMS`), in the graph's order.
     """
 
     run_option: str
@@ -390,6 +392,7 @@ class Plan:
     server_hosts: tuple[str, ...] = field(default=())
     zero_stage: int = 0
     pipeline: PipelineSpec = field(default_factory=PipelineSpec)
+    replica_sums: tuple[str, ...] = ()
 
     @property
     def num_workers(self) -> int:
@@ -451,7 +454,8 @@ class Plan:
                    notes=tuple(data.get("notes", ())), comm=CommSpec(**data.get("comm", {})),
                    server_devices=tuple(data.get("server_devices", ())), ps=PSSpec(**data.get("ps", {})),
                    server_hosts=tuple(data.get("server_hosts", ())), zero_stage=data.get("zero_stage", 0),
-                   pipeline=_pipeline_from_dict(data.get("pipeline", {})))
+                   pipeline=_pipeline_from_dict(data.get("pipeline", {})),
+                   replica_sums=tuple(data.get("replica_sums", ())))
 
     def stage_devices(self, worker_index: int) -> tuple[tuple[str, ...], ...]:
         """``[r][s]``: the device of stage ``s`` of each replica of a worker (one stage without a pipeline)."""

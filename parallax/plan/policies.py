@@ -306,7 +306,8 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
                 train_ops=analysis.train_ops, notes=tuple(notes) + more_notes + zero_notes + compression_notes,
                 comm=comm,
                 server_devices=tuple(server_devices), ps=ps, server_hosts=tuple(server_hosts),
-                zero_stage=zero_stage if len(worker_plans) > 1 else 0, pipeline=pipeline)
+                zero_stage=zero_stage if len(worker_plans) > 1 else 0, pipeline=pipeline,
+                replica_sums=analysis.replica_sums)
     costs = step_traffic(plan).variables
     n = max(1, len(worker_plans))
     plan = replace(plan, variables=tuple(replace(v, bytes_per_worker=round(costs[v.name].per(n).total))

@@ -96,13 +96,15 @@ def build_subgraph(builder, input_dtypes: list[tf.DType], input_names: list[str]
 
 
 class _Layout:
-    """Where each variable's inputs sit in the flat input list of the scratch graph."""
+    """Where each variable's inputs sit in the flat input list of the scratch graph, and after them each
+    replica sum's (``sums``: the tensors that stand for a sum over the replicas, :data:`REPLICA_SUMS`)."""
 
-    def __init__(self, plan: Plan, num_local: int) -> None:
+    def __init__(self, plan: Plan, num_local: int, sums: list[tuple[str, tf.DType]] = ()) -> None:
         self.variables: list[VariablePlacement] = [v for v in plan.variables if v.gradient is not None]
         self.names: list[str] = []
         self.dtypes: list[tf.DType] = []
         self.slices: dict[str, tuple[int, int]] = {}
+        self.sums = list(sums)
         for var in self.variables:
             start = len(self.names)
             parts = [(var.gradient.tensor, var.gradient.dtype)]
@@ -113,6 +115,10 @@ class _Layout:
                     self.names.append(replica_tensor_name(tensor, r))
                     self.dtypes.append(tf.dtypes.as_dtype(dtype))
             self.slices[var.name] = (start, len(self.names))
+        self.sums_start = len(self.names)
+        for tensor, dtype in self.sums:
+            self.names.extend(replica_tensor_name(tensor, r) for r in range(num_local))
+            self.dtypes.extend([dtype] * num_local)
 
 
 def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list, order: list[str]):
@@ -148,6 +154,8 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list, ord
             last = chosen
             return chosen
 
+        sums = _replica_sums(inputs[layout.sums_start:], num_local, plan.num_workers,
+                             lambda: backend(plan.comm.backend))
         dense = plan.all_reduced_whole  # what Plan.overlaps_backward buckets
         scattered = [v for v in layout.variables if v.sync == "allreduce" and v not in dense]
         if dense:
@@ -205,9 +213,21 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list, ord
                     outputs.append(tf.identity(first, name="grad"))
                 if var.sync == "ps" and not plan.ps.local_aggregation:
                     _per_replica_outputs(var, inputs[slice(*layout.slices[var.name])], num_local, total)
-        return outputs
+        return outputs + sums
 
     return builder
+
+
+def _replica_sums(inputs: list[tf.Tensor], num_local: int, num_workers: int, summing) -> list[tf.Tensor]:
+    """Each replica sum's total over the job (``inputs``: each sum's tensor on every local replica, sum after
+    sum), first in the backend's order of calls: one call each, in the order of the graph (a sum waits for the
+    one before it in a step, as the forward and backward passes make them)."""
+    totals = []
+    with tf.name_scope(aggregate_step_scope("replica_sums")):
+        for k in range(0, len(inputs), num_local):
+            local = tf.math.add_n(inputs[k:k + num_local]) if num_local > 1 else tf.identity(inputs[k])
+            totals.append(summing().allreduce_sum([local])[0] if num_workers > 1 else local)
+    return totals
 
 
 def _allreduced(dense: list[VariablePlacement], local: dict[str, tuple], readiness: dict[str, int], comm: CommSpec,
@@ -309,7 +329,7 @@ def aggregate_gradients(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, tas
     out.CopyFrom(meta_graph)
     worker = plan.workers[task.worker_index]
     num_local = len(worker.replica_devices)
-    layout = _Layout(plan, num_local)
+    layout = _Layout(plan, num_local, _sums_of(out.graph_def, plan.replica_sums))
     if not layout.variables:
         return out
     backends: list = []
@@ -340,8 +360,33 @@ def aggregate_gradients(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, tas
             key = _canonical(format_input(op, index, False))
             if not control and key in rewire:
                 node.input[i] = rewire[key]
+    _rewire_sums(out.graph_def, layout, outputs[position:], num_local)
     add_nodes(out.graph_def, nodes)
     return out
+
+
+def _sums_of(graph_def, names: tuple[str, ...]) -> list[tuple[str, tf.DType]]:
+    """The tensors that stand for sums over the replicas (``names``: ``IdentityN`` ops whose first half of
+    outputs are their first half of inputs, summed, :attr:`Plan.replica_sums`) and their dtypes, in order."""
+    nodes = node_map(graph_def) if names else {}
+    sums = []
+    for name in names:
+        node = nodes[name]
+        types = node.attr["T"].list.type
+        sums.extend((f"{node.name}:{i}", tf.dtypes.as_dtype(types[i])) for i in range(len(types) // 2))
+    return sums
+
+
+def _rewire_sums(graph_def, layout: _Layout, totals: list[str], num_local: int) -> None:
+    """Every reader of a replica's sum (its ``IdentityN``'s output) reads the job's total instead."""
+    rewire = {replica_tensor_name(tensor, r): total
+              for (tensor, _), total in zip(layout.sums, totals) for r in range(num_local)}
+    for node in graph_def.node:
+        for i, text in enumerate(node.input):
+            op, index, control = parse_input(text)
+            key = f"{op}:{index}"
+            if not control and key in rewire:
+                node.input[i] = format_input(*parse_input(rewire[key])[:2], False)
 
 
 def _canonical(tensor: str) -> str:

@@ -21,17 +21,28 @@ __all__ = ["DeferredStep", "signature_of"]
 
 
 def signature_of(args: tuple, num_replicas: int) -> list:
-    """The ``tf.TensorSpec`` structure of one replica's arguments, the batch dimension open: each argument one
-    batch per replica (a list or tuple of ``num_replicas`` of them), or, with one replica, the batch itself.
+    """The ``tf.TensorSpec`` structure of one replica's arguments, the batch dimension open, from arguments shaped
+    as the step takes them: each tensor (a leaf of an argument's structure) one batch per replica (a list or
+    tuple of ``num_replicas`` of them), or the batch itself.
 
     >>> signature_of(([np.zeros((4, 3), np.float32)], np.arange(4)), 1)
     [TensorSpec(shape=(None, 3), dtype=tf.float32, name=None), TensorSpec(shape=(None,), dtype=tf.int64, name=None)]
+    >>> signature_of(({"ids": [np.zeros((2, 5), np.int32)] * 2, "x": [np.zeros((2, 3))] * 2},), 2)[0]["ids"]
+    TensorSpec(shape=(None, 5), dtype=tf.int32, name=None)
     """
-    specs = []
-    for arg in args:
-        one = arg[0] if isinstance(arg, (list, tuple)) and len(arg) == num_replicas else arg
-        specs.append(tf.nest.map_structure(_spec, one))
-    return specs
+    return [_specs(arg, num_replicas) for arg in args]
+
+
+def _specs(value: Any, num_replicas: int) -> Any:
+    if isinstance(value, (list, tuple)) and len(value) == num_replicas and all(
+            isinstance(v, (np.ndarray, tf.Tensor)) for v in value):
+        return _spec(value[0])  # a tensor's batch on each replica
+    if isinstance(value, dict):
+        return {k: _specs(v, num_replicas) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_specs(v, num_replicas) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    return _spec(value)
 
 
 def _spec(value: Any) -> tf.TensorSpec:

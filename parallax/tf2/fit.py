@@ -50,7 +50,8 @@ from parallax.tf2.arguments import check_fit
 from parallax.tf2.batches import FitBatches, check_same
 from parallax.tf2.evaluate import chief_or_shared, evaluate_on, global_batches, numbers, sum_metrics, use_job
 from parallax.tf2.keras_flavor import Flavor, flavor_of
-from parallax.tf2.own_step import check_even, overrides_train_step, own_train_step
+from parallax.tf2.own_step import check_even, overrides_train_step, own_train_step, warn_own_fit
+from parallax.tf2.replica_sums import synchronised_statistics
 
 __all__ = ["fit", "parts", "split_validation"]
 
@@ -140,8 +141,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
               seed)
     _refuse_sharded_slots(model, parallax_config)
     own = overrides_train_step(model, flavor.module)
+    warn_own_fit(model, flavor.module)
     _refuse_restoring(callbacks)
-    _refuse_synchronized_statistics(model)
     if class_weight is not None and sample_weight is not None:
         raise ValueError("parallax.fit: class_weight goes with arrays x, y and no sample_weight (as in model.fit)")
     if validation_split:
@@ -162,8 +163,9 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     outputs: dict = {}  # the structure of the model's predictions, seen when the step is traced
     step_fn = own_train_step(model, batches.signature, batches.has_targets, batches.weighted) if own \
         else _train_step(model, flavor, batches, outputs)
-    step, num_workers, worker_id, num_replicas = parallel_run(step_fn, resource_info, sync=sync,
-                                                              parallax_config=parallax_config)
+    with synchronised_statistics(model, getattr(parallax_config, "sync_batch_norm", False)):
+        step, num_workers, worker_id, num_replicas = parallel_run(step_fn, resource_info, sync=sync,
+                                                                  parallax_config=parallax_config)
     if not own and not flavor.metrics_in_step:
         step.leave_metrics()  # the compiled metrics are updated here, on the host
     group = step.session.group
@@ -379,17 +381,6 @@ def _refuse_sharded_slots(model: Any, config: Any) -> None:
                          f"Apply* ops (tf_keras.optimizers.legacy.*); {type(optimizer).__name__} "
                          f"({type(optimizer).__module__}) writes its slots with plain assign ops: use a tf_keras "
                          "legacy optimizer, or zero_stage=0")
-
-
-def _refuse_synchronized_statistics(model: Any) -> None:
-    """A ``BatchNormalization(synchronized=True)`` asks for the statistics of the whole batch across replicas,
-    which Parallax does not compute (:mod:`parallax.batch_statistics`): refused rather than trained otherwise."""
-    asking = [layer.name for layer in model._flatten_layers() if getattr(layer, "synchronized", False)]
-    if asking:
-        raise ValueError(f"parallax.fit: {', '.join(asking)} asks for batch statistics synchronised across replicas "
-                         "(BatchNormalization(synchronized=True)), which Parallax does not compute: each replica would "
-                         "normalise its own part. Pass synchronized=False to train so (Parallax says at WARNING that "
-                         "it differs from one device), or use LayerNormalization / GroupNormalization")
 
 
 def _refuse_restoring(callbacks: list | None) -> None:

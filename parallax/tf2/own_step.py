@@ -17,12 +17,28 @@ from typing import Any
 
 import tensorflow as tf
 
-__all__ = ["overrides_train_step", "own_train_step", "check_even"]
+from parallax.logs import log
+
+__all__ = ["warn_own_fit", "overrides_train_step", "own_train_step", "check_even"]
 
 
 def overrides_train_step(model: Any, module: Any) -> bool:
     """Whether ``model``'s class overrides its Keras's ``Model.train_step``."""
     return type(model).train_step is not module.Model.train_step
+
+
+def warn_own_fit(model: Any, module: Any) -> None:
+    """Say at WARNING that ``model``'s class overrides ``fit``, which ``parallax.fit`` does not run (it trains on the
+    batches Keras's own ``fit`` draws from the same arguments): a program comparing with its ``model.fit`` may see
+    other batches."""
+    if type(model).fit is module.Model.fit:
+        return
+    owner = next(c for c in type(model).__mro__ if "fit" in vars(c))
+    log.warning("parallax.fit: %s overrides model.fit (%s.%s.fit), which parallax.fit does not run: it trains on the "
+                "batches Keras's own Model.fit draws from the same arguments. A model.fit that prepares the data "
+                "itself trains other batches (keras-hub's task models turn arrays into an unshuffled dataset and "
+                "preprocess it): for the same ones, pass shuffle=False, or the prepared tf.data.Dataset",
+                type(model).__name__, owner.__module__, owner.__name__)
 
 
 def own_train_step(model: Any, signature: list, has_targets: bool, weighted: bool) -> Any:

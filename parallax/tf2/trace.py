@@ -22,7 +22,9 @@ builds a ``tf.Graph`` that Parallax analyses and rewrites like any TF1 program's
    optimizer that names none (Keras 3) has each variable's update region found
    (:mod:`parallax.tf2.regions`) and named so, its slots colocated with it;
 4. the step's side effects (its updates, counters, moving statistics) are grouped in
-   one training op, ``parallax_step``, put in the ``train_op`` collection.
+   one training op, ``parallax_step``, put in the ``train_op`` collection;
+5. the sums over replicas the step asks for (a ``BatchNormalization(synchronized=True)``'s statistics)
+   are named in the ``parallax_replica_sums`` collection (:mod:`parallax.tf2.replica_sums`).
 
 The step's outputs keep its return value's structure (:attr:`TracedStep.outputs`).
 Nothing downstream learns where the graph came from.
@@ -40,11 +42,13 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2
 
 from parallax.analysis import is_summed
+from parallax.batch_statistics import REPLICA_SUMS
 from parallax.errors import AnalysisError
 from parallax.rewrite.graph_ops import colocated_with, colocation_group, format_input, parse_input
 from parallax.rewrite.names import INITIAL_VALUE_PREFIX
 from parallax.tf2.conds import lower_conds
 from parallax.tf2.regions import update_regions
+from parallax.tf2.replica_sums import replica_sums
 from parallax.tf2.tables import build_table, captured_table
 
 __all__ = ["TracedStep", "trace_step", "is_step_function", "STEP_OP"]
@@ -127,6 +131,7 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
                 "variable nor a lookup table it only reads (a table it writes, a dataset iterator, a random "
                 "generator); Parallax takes a step whose state is variables and tables: pass the batches as the "
                 "step's arguments")
+    sums = replica_sums(func_graph)  # synchronised batch statistics (parallax.tf2.replica_sums)
     step_def, cond_outputs = lower_conds(func_graph.as_graph_def())  # a LossScaleOptimizer's updates, out of its cond
     primary = _slot_owners(step_def, {c for c, _ in captures})
     captures = [(name, value) for name, value in captures if name not in tables]
@@ -175,6 +180,8 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
     effects = sorted({parse_input(mine(op.name))[0] for op in func_graph.control_outputs})
     meta.graph_def.node.add(name=STEP_OP, op="NoOp", input=[f"^{e}" for e in effects])
     meta.collection_def[tf.compat.v1.GraphKeys.TRAIN_OP].node_list.value.append(STEP_OP)
+    if sums:
+        meta.collection_def[REPLICA_SUMS].node_list.value.extend(mine(name) for name in sums)
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.train.import_meta_graph(meta)

@@ -1,9 +1,11 @@
 """Public Keras 3 programs of other shapes (tests/tf2/keras_programs.py: a Transformer with position embeddings,
 an LSTM sequence-to-sequence model with a loss per time step, a recommender of several tables on a dict input,
-a masked LSTM) moved onto Parallax with the one-line change, against the same program's ``model.fit`` as
-written (shuffled by Keras): every epoch's logs and every trained weight, on every worker, in MPI, PS, HYBRID
-and AUTO on 2 processes and with 2 replicas in one process. ``make test`` runs MPI, and the Transformer in
-HYBRID."""
+a masked LSTM, a custom ``train_step``, a GAN, an image classifier whose batch norms ``Config(sync_batch_norm=True)``
+synchronises, a timeseries classifier whose batch norms ask for it themselves, a keras-hub BERT classifier built
+from a config) moved onto Parallax with the one-line change (and the config line), against the same program's
+``model.fit`` as written (shuffled by Keras): every epoch's logs and every trained weight, on every worker, in
+MPI, PS, HYBRID and AUTO on 2 processes and with 2 replicas in one process. ``make test`` runs MPI, and the
+Transformer in HYBRID."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ CORE = ("MPI-2", "HYBRID-2-transformer")  # make test's jobs (its TF2 PS job: te
 # HYBRID and AUTO choose the job's processes from each program's graph: a job per program (of those with tables;
 # the others run as MPI there)
 ALONE = ("HYBRID-2", "AUTO-2")
-WITH_TABLES = ("transformer", "recommender", "masked", "structured")
+WITH_TABLES = ("transformer", "recommender", "masked", "structured", "bert")
 AUTO_TOO = ("transformer", "structured")  # AUTO's choice is HYBRID's or MPI's: two of them in AUTO
 
 

@@ -26,14 +26,40 @@ by ``keras.utils.set_random_seed``): the reference ``parallax.fit(model, <the sa
   as TensorFlow's DCGAN tutorial does (the guide's generator differentiates through the discriminator it has just
   updated, which Parallax refuses: tests/unit/test_update_order.py).
 
-``build(name)`` makes the compiled model (seeded); ``data(name)`` its ``(x, y)``; ``FIT`` the fit arguments.
+* ``cnn``: keras-io "Image classification from scratch": ``Rescaling``, a strided ``Conv2D``, blocks of
+  ``SeparableConv2D`` + ``BatchNormalization`` with a strided residual ``Conv2D``, ``GlobalAveragePooling2D``,
+  one logit, Adam, ``BinaryCrossentropy(from_logits=True)``, binary accuracy; its batch norms as written, trained
+  with ``Config(sync_batch_norm=True)`` (:data:`CONFIGS`): the statistics of the global batch. Adapted: small,
+  without the ``Dropout`` before the logit (random draws per replica), and the convolutions before a batch norm
+  without a bias (``use_bias=False``, as ResNets write them): the batch norm subtracts the mean, so such a bias's
+  gradient is zero but for float rounding, which Adam turns into steps of its full learning rate, in another
+  direction on every device and every cut of the batch;
+* ``timeseries``: keras-io "Timeseries classification from scratch": three ``Conv1D`` +
+  ``BatchNormalization`` + ReLU blocks, ``GlobalAveragePooling1D``, a softmax, its batch norms asking for
+  synchronised statistics themselves (``synchronized=True``); SGD with momentum (a gradient of the wrong scale
+  shows), ``sparse_categorical_crossentropy``.
+
+* ``bert``: a keras-hub ``BertTextClassifier`` built from a config (``BertBackbone`` of 2 layers, no weights
+  downloaded, dropout 0: each replica would draw its own masks), fit on a dict of token ids, segment ids and a
+  padding mask, Adam, ``SparseCategoricalCrossentropy(from_logits=True)``. keras-hub's task models override
+  ``fit`` (arrays into an unshuffled dataset), which ``parallax.fit`` does not run: the program passes
+  ``shuffle=False`` (:data:`FITS`), as docs/tf2_programs.md says to.
+
+``build(name)`` makes the compiled model (seeded); ``data(name)`` its ``(x, y)``; ``FIT`` the fit arguments;
+``CONFIGS`` what a program adds to its ``parallax.Config``; ``fit_arguments(name)`` what its ``fit`` takes;
+``weights(name, model)`` the weights compared (every weight, the moving statistics too, where the model
+normalises by batch statistics).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-PROGRAMS = ("transformer", "seq2seq", "recommender", "masked", "structured", "custom-step", "gan")
+PROGRAMS = ("transformer", "seq2seq", "recommender", "masked", "structured", "custom-step", "gan", "cnn",
+            "timeseries", "bert")
+CONFIGS = {"cnn": {"sync_batch_norm": True}}
+FITS = {"bert": {"shuffle": False}}
+NORMALISED = ("cnn", "timeseries")
 FIT = {"batch_size": 8, "epochs": 2}
 EXAMPLES = 32
 MAXLEN, VOCAB = 6, 20
@@ -61,6 +87,16 @@ def data(name: str):
                 rng.randint(0, 2, (EXAMPLES, 1)).astype(np.float32))
     if name == "custom-step":
         return rng.randn(EXAMPLES, 4).astype(np.float32), rng.randn(EXAMPLES, 1).astype(np.float32)
+    if name == "cnn":  # 8x8 RGB images of 0..255, two classes
+        return rng.randint(0, 256, (EXAMPLES, 8, 8, 3)).astype(np.float32), rng.randint(0, 2, (EXAMPLES, 1))
+    if name == "timeseries":  # univariate series of 12 steps, two classes
+        return rng.randn(EXAMPLES, 12, 1).astype(np.float32) * 2 + 1, rng.randint(0, 2, EXAMPLES)
+    if name == "bert":  # token ids of sequences of 4..12 tokens, padded, and their masks
+        lengths = rng.randint(4, 13, EXAMPLES)
+        mask = np.arange(12)[None, :] < lengths[:, None]
+        ids = np.where(mask, rng.randint(1, 50, (EXAMPLES, 12)), 0).astype(np.int32)
+        return ({"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": mask.astype(np.int32)},
+                rng.randint(0, 2, EXAMPLES).astype(np.int32))
     if name == "gan":  # real images and latent vectors, as fit's x and y (the step takes both as its data)
         return rng.uniform(-1, 1, (EXAMPLES, 6)).astype(np.float32), rng.randn(EXAMPLES, 3).astype(np.float32)
     lengths = rng.randint(1, MAXLEN + 1, EXAMPLES)
@@ -155,6 +191,29 @@ def build(name: str):
                             layers.Dense(1, activation="sigmoid")(x))
         model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
         return model
+    if name == "cnn":
+        return _image_classifier(keras)
+    if name == "bert":
+        import keras_hub
+
+        backbone = keras_hub.models.BertBackbone(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=8,
+                                                 intermediate_dim=16, max_sequence_length=12, dropout=0.0)
+        model = keras_hub.models.BertTextClassifier(backbone, num_classes=2, preprocessor=None, dropout=0.0)
+        model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        return model
+    if name == "timeseries":
+        inputs = keras.Input((12, 1))
+        x = inputs
+        for _ in range(3):
+            x = layers.Conv1D(filters=4, kernel_size=3, padding="same")(x)
+            x = layers.BatchNormalization(synchronized=True)(x)
+            x = layers.ReLU()(x)
+        x = layers.GlobalAveragePooling1D()(x)
+        model = keras.Model(inputs, layers.Dense(2, activation="softmax")(x))
+        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="sparse_categorical_crossentropy",
+                      metrics=["sparse_categorical_accuracy"])
+        return model
     if name == "custom-step":
         return _custom_step(keras)
     if name == "gan":
@@ -163,6 +222,39 @@ def build(name: str):
                               layers.LSTM(8), layers.Dense(1, activation="sigmoid")])
     model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
     return model
+
+
+def _image_classifier(keras):
+    from keras import layers
+
+    inputs = keras.Input((8, 8, 3))
+    x = layers.Rescaling(1.0 / 255)(inputs)
+    x = layers.Conv2D(4, 3, strides=2, padding="same", use_bias=False)(x)
+    x = layers.BatchNormalization()(x)
+    x = layers.Activation("relu")(x)
+    previous_block_activation = x
+    for size in (8, 16):
+        x = layers.Activation("relu")(x)
+        x = layers.SeparableConv2D(size, 3, padding="same", use_bias=False)(x)
+        x = layers.BatchNormalization()(x)
+        x = layers.MaxPooling2D(3, strides=2, padding="same")(x)
+        residual = layers.Conv2D(size, 1, strides=2, padding="same")(previous_block_activation)
+        x = layers.add([x, residual])
+        previous_block_activation = x
+    x = layers.GlobalAveragePooling2D()(x)
+    model = keras.Model(inputs, layers.Dense(1, activation=None)(x))
+    model.compile(optimizer=keras.optimizers.Adam(3e-4), loss=keras.losses.BinaryCrossentropy(from_logits=True),
+                  metrics=[keras.metrics.BinaryAccuracy(name="acc")])
+    return model
+
+
+def fit_arguments(name: str) -> dict:
+    return {**FIT, **FITS.get(name, {})}
+
+
+def weights(name: str, model) -> list:
+    """The weights compared: every one where the model has moving statistics, else the trainable ones."""
+    return [v.numpy() for v in (model.weights if name in NORMALISED else model.trainable_variables)]
 
 
 def _custom_step(keras):
@@ -243,5 +335,5 @@ def single_device(name: str) -> tuple[dict, list]:
     """``model.fit`` as the program calls it: its History and trained weights."""
     model = build(name)
     x, y = data(name)
-    history = model.fit(x, y, verbose=0, **FIT).history
-    return history, [v.numpy() for v in model.trainable_variables]
+    history = model.fit(x, y, verbose=0, **fit_arguments(name)).history
+    return history, weights(name, model)

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import numpy as np  # noqa: E402
 
 import parallax  # noqa: E402
-from tests.tf2.keras_programs import FIT, build, data  # noqa: E402
+from tests.tf2.keras_programs import CONFIGS, build, data, fit_arguments, weights  # noqa: E402
 from tests.tf2.scripts import parser  # noqa: E402
 
 
@@ -24,13 +24,13 @@ def main() -> None:
     for name in args.programs:
         model = build(name)
         x, y = data(name)
-        config = parallax.Config(run_option=args.run_option, stall_timeout=60)
-        history = parallax.fit(model, x, y, verbose=0, **FIT, resource_info=args.resource_info,
+        config = parallax.Config(run_option=args.run_option, stall_timeout=60, **CONFIGS.get(name, {}))
+        history = parallax.fit(model, x, y, verbose=0, **fit_arguments(name), resource_info=args.resource_info,
                                parallax_config=config)
         out = os.path.join(args.out, name)
         os.makedirs(out, exist_ok=True)
         np.savez(os.path.join(out, f"rank_{history.worker_id}.npz"), history=json.dumps(history.history),
-                 **{f"v{i}": v.numpy() for i, v in enumerate(model.trainable_variables)})
+                 **{f"v{i}": v for i, v in enumerate(weights(name, model))})
 
 
 if __name__ == "__main__":

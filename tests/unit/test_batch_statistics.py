@@ -1,14 +1,11 @@
 """Layers that normalise by their batch's statistics (parallax/batch_statistics.py): found in the graph of every
-front end, said at WARNING in the job's notes when several replicas each normalise their own part, and a Keras
-layer that asks for synchronised statistics refused by parallax.fit (Parallax does not compute them)."""
+front end, said at WARNING in the job's notes when several replicas each normalise their own part (a layer
+that synchronises its statistics: tests/unit/test_replica_sums.py)."""
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
 import tensorflow as tf
 
-import parallax
 from parallax.analysis import analyse_graph
 from parallax.config import Config
 from parallax.job import make_job_plan
@@ -68,14 +65,6 @@ def test_a_tf1_fused_batch_norm_is_found_too():
         loss = tf.reduce_mean(y)
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
     assert analyse_graph(graph).batch_statistics == ("block1/bn",)
-
-
-def test_parallax_fit_refuses_a_batch_norm_that_asks_for_synchronised_statistics():
-    _, model = _keras_step(synchronized=True)
-    model.compile(optimizer="sgd", loss="mse")
-    with pytest.raises(ValueError, match=r"^parallax.fit: norm asks for batch statistics synchronised across "
-                                         r"replicas \(BatchNormalization\(synchronized=True\)\)"):
-        parallax.fit(model, np.zeros((4, 4)), np.zeros((4, 1)), resource_info="unused")
 
 
 def test_layer_normalisation_normalises_each_example_by_its_own_statistics_and_is_not_named():

@@ -387,3 +387,26 @@ def test_a_callback_with_batch_hooks_of_its_own_may_stop_within_an_epoch_keras_o
     assert not _batch_hooks([callbacks.History(), callbacks.ProgbarLogger(), Timer(), callbacks.EarlyStopping()],
                             own, _BEGINS + _ENDS)
     assert _batch_hooks([callbacks.TerminateOnNaN()], own, _ENDS)
+
+
+def test_a_model_whose_class_overrides_fit_is_said_at_warning(parallax_warnings):
+    """keras-hub's task models prepare the data in their own ``fit`` (arrays into an unshuffled dataset, then
+    their preprocessor), which ``parallax.fit`` does not run: said, with what to pass for the same batches."""
+    import keras
+
+    from parallax.tf2.own_step import warn_own_fit
+
+    class Prepared(keras.Sequential):
+        def fit(self, x=None, y=None, **kwargs):
+            return super().fit(x, y, shuffle=False, **kwargs)
+
+    class Trained(Prepared):  # the override found where it is, in a base class
+        pass
+
+    warn_own_fit(_tiny(), keras)
+    assert parallax_warnings == []
+    warn_own_fit(Trained([keras.layers.Input((2,)), keras.layers.Dense(1)]), keras)
+    (said,) = parallax_warnings
+    assert said.startswith("parallax.fit: Trained overrides model.fit (tests.unit.test_keras_fit.Prepared.fit), which "
+                           "parallax.fit does not run")
+    assert "pass shuffle=False, or the prepared tf.data.Dataset" in said
