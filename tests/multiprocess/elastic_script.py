@@ -38,6 +38,9 @@ def parser() -> argparse.ArgumentParser:
                    help="CheckPointConfig.save_ckpt_steps with --ckpt_dir, else ElasticConfig.save_ckpt_steps")
     p.add_argument("--step_sleep", type=float, default=0.0, help="seconds each worker sleeps after each step")
     p.add_argument("--stall_timeout", type=float, default=30.0, help="Config.stall_timeout")
+    p.add_argument("--stall_shutdown", type=float, default=900.0, help="Config.stall_shutdown")
+    p.add_argument("--hang", default="", help="worker:step: that worker hangs (sleeps 600 s) before that global step, "
+                                              "once")
     p.add_argument("--ckpt_dir", default=None, help="CheckPointConfig.ckpt_dir (unset: elastic mode's own)")
     return p
 
@@ -51,7 +54,7 @@ def main() -> None:
         if args.max_restarts is not None else None
     ckpt = parallax.CheckPointConfig(ckpt_dir=args.ckpt_dir, save_ckpt_steps=args.save_steps if own else None)
     config = parallax.Config(run_option=args.run_option, average_sparse=True, ckpt_config=ckpt,
-                             stall_timeout=args.stall_timeout,
+                             stall_timeout=args.stall_timeout, stall_shutdown=args.stall_shutdown,
                              **({"elastic_config": elastic} if elastic is not None else {}))
     sess, num_workers, worker_id, num_replicas = parallax.parallel_run(model.graph, args.resource_info,
                                                                        parallax_config=config)
@@ -71,6 +74,9 @@ def main() -> None:
             if worker == worker_id and at == step and not os.path.exists(marker):
                 open(marker, "w").close()
                 kill(os.getpid(), args.out)
+        if args.hang == f"{worker_id}:{step}" and not os.path.exists(os.path.join(args.out, "hung")):
+            open(os.path.join(args.out, "hung"), "w").close()
+            time.sleep(600)  # the stall check ends the job; elastic mode restarts it
         mine = {model.inputs[k]: np.split(v, parts)[worker_id * num_replicas:(worker_id + 1) * num_replicas]
                 for k, v in data[step].items()}
         sess.run(model.step_op(step), feed_dict=mine)

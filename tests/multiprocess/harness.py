@@ -35,6 +35,7 @@ LAYOUTS = {
     "HYBRID-3": ("localhost: cpu:0,cpu:1,cpu:2\n", "HYBRID", 3, 1),
     "PS-3": ("localhost: cpu:0\nlocalhost: cpu:1\nlocalhost: cpu:2\n", "PS", 3, 1),
     "local-2-replicas": ("localhost: cpu:0,cpu:1\n", "PS", 1, 2),
+    "alone": ("localhost: cpu:0\n", "MPI", 1, 1),  # one worker of one replica: the process the user started
 }
 #: Those of two replicas.
 TWO_REPLICAS = {name: LAYOUTS[name] for name in ("MPI-2", "PS-2", "HYBRID-2", "local-2-replicas")}

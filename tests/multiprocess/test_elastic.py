@@ -1,5 +1,6 @@
 """Elastic jobs on this machine: a worker killed mid-run restarts the job from its last checkpoint (in MPI, PS and
-HYBRID), and the final variables equal single-device training of the same global steps; more failures than
+HYBRID), and the final variables equal single-device training of the same global steps; so does a worker that
+hangs, once Config.stall_shutdown has ended the attempt; more failures than
 allowed end the job, naming each; a host-discovery command gives the restart fewer workers; ``parallax-run``'s
 options set the same. A SIGTERM to the launcher or to a rank (preemption) makes worker 0 save at its next step and
 the job exit with code 143; the same command then resumes from that step and ends as one device does.
@@ -63,6 +64,19 @@ def test_a_worker_killed_twice_restarts_twice_from_the_checkpoint_and_ends_as_on
     assert f"checkpoints in {tmp_path / 'parallax_elastic' / 'elastic_script'} (chosen by elastic mode" in run.output
     for worker in (0, 1):
         assert f"worker {worker} of 2 starts at global step 4" in run.output
+    check_ranks_match(run, single_device(), 2)
+    assert not leftover_processes(tmp_path)
+
+
+def test_a_stalled_job_counts_as_a_failure_and_restarts_from_the_checkpoint_as_one_device(tmp_path):
+    """A worker that hangs (not killed: alive, making no step) holds the job until Config.stall_shutdown; then the
+    job ends with the stall report, and elastic mode restarts it from its checkpoint like any failure."""
+    run = run_script(tmp_path, LAYOUTS["MPI"], "--max_restarts", "1", "--save_steps", "2", "--hang", "1:3",
+                     "--stall_timeout", "5", "--stall_shutdown", "30", script=SCRIPT, timeout=400)
+    assert run.returncode == 0, run.output[-6000:]
+    (line,) = restarts(run.output)
+    assert "resuming from global step 2" in line, line
+    assert re.search(r"attempt 1 failed: Parallax job ended: it stalled \(rank \d", run.output), run.output[-4000:]
     check_ranks_match(run, single_device(), 2)
     assert not leftover_processes(tmp_path)
 

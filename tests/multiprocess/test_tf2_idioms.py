@@ -1,9 +1,9 @@
 """TensorFlow 2 programs written in every idiom, covered pairwise (tests/tf2/idiom_programs.py: layout x optimizer
-x loss scaling x how an embedding is looked up x input form and shuffle x ``fit`` or the step's signature and
-return), each moved onto Parallax with the one-line change and compared with the same program run on one device
-as written: every weight of the model on every worker (rtol 1e-5), and ``fit``'s History. Plain SGD meets every
-value of every other axis, so a gradient of the wrong scale shows. The reference is the program's own run, never
-Parallax's code."""
+x loss scaling x how an embedding is looked up x input form and shuffle x synchronised batch norm x ``fit`` or
+the step's signature and return), each moved onto Parallax with the one-line change and compared with the same
+program run on one device as written: every weight of the model on every worker (rtol 1e-5), and ``fit``'s
+History. Plain SGD meets every value of every other axis, so a gradient of the wrong scale shows. The reference
+is the program's own run, never Parallax's code."""
 
 from __future__ import annotations
 

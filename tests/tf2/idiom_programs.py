@@ -15,10 +15,12 @@ under SGD where Adam hides it):
   table with an ``embeddings_regularizer`` (a sparse gradient and a dense one);
 * ``inputs``: arrays shuffled (``fit``'s default; the loop's own seeded permutation), arrays in order, a
   ``tf.data.Dataset`` reshuffled each epoch, a dict of named inputs;
+* ``norm``: none, or a ``BatchNormalization(synchronized=True)`` (after a ``Dense`` without a bias: a bias the
+  batch norm subtracts again has a gradient of rounding noise only, which Adam makes into full steps);
 * ``front``: ``model.fit``; a ``tf.function`` step with an ``input_signature`` returning the loss, one without
   a signature (traced at its first call), one returning a dict, one returning nothing.
 
-A combination is named ``<optimizer>.<scaling>.<embedding>.<inputs>.<front>`` (:func:`name_of`); its layout
+A combination is named ``<optimizer>.<scaling>.<embedding>.<inputs>.<norm>.<front>`` (:func:`name_of`); its layout
 is where it runs. :func:`run` trains it, on one device (``job=None``) or through Parallax, and returns every
 weight of the model and the History's losses (``fit``).
 """
@@ -28,11 +30,12 @@ from __future__ import annotations
 import numpy as np
 
 AXES = {
-    "layout": ["MPI-2", "PS-2", "HYBRID-2", "local-2-replicas", "MPI-3"],
+    "layout": ["MPI-2", "PS-2", "HYBRID-2", "local-2-replicas", "MPI-3", "alone"],
     "optimizer": ["sgd", "nesterov", "adam", "rmsprop", "adagrad"],
     "scaling": ["none", "lso"],
     "embedding": ["none", "ids", "positions", "ids+positions", "regularised"],
     "inputs": ["shuffled", "ordered", "dataset", "dict"],
+    "norm": ["none", "synchronized"],
     "front": ["fit", "step", "traced", "step-dict", "step-none"],
 }
 EXAMPLES, BATCH, EPOCHS, LENGTH, VOCAB = 48, 12, 2, 4, 12
@@ -74,7 +77,10 @@ def _model(idiom: dict):
     keras.utils.set_random_seed(5)
     x = keras.Input((3,), name="x")
     named = {"x": x}
-    h = layers.Dense(4, activation="tanh")(x)
+    if idiom["norm"] == "synchronized":
+        h = layers.Activation("tanh")(layers.BatchNormalization(synchronized=True)(layers.Dense(4, use_bias=False)(x)))
+    else:
+        h = layers.Dense(4, activation="tanh")(x)
     kind = idiom["embedding"]
     if kind != "none":
         ids = keras.Input((LENGTH,), dtype="int32", name="ids")
