@@ -1,7 +1,7 @@
 """TensorFlow 2 training steps (a ``tf.function`` with a ``GradientTape``, tests/tf2/programs.py) trained by
-``parallel_run`` in every mode, on 2 and 3 processes and with 2 replicas in one process, against eager
-training of the same step on one device with the union batch: every trained variable (written back into
-the program's own variables), and every step's loss (the mean of the replicas' losses)."""
+``parallel_run`` in every mode, on 2 processes and with 2 replicas in one process (on 3: test_tf2_idioms.py),
+against eager training of the same step on one device with the union batch: every trained variable (written
+back into the program's own variables), and every step's loss (the mean of the replicas' losses)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 SCRIPT = os.path.join(ROOT, "tests", "tf2", "step_script.py")
 STEPS = 4
 # group: (resource file, run option, processes that write results, replicas each)
-# (HYBRID-3 repeated HYBRID-2's and MPI-3's mechanisms: out, for CI's time)
-GROUPS = {g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "HYBRID-2", "AUTO-2", "MPI-3", "local-2-replicas")}
+# (HYBRID-3 repeated HYBRID-2's and MPI-3's mechanisms, and MPI-3 what tests/multiprocess/test_tf2_idioms.py's
+# steps on 3 processes run in every form: out, for CI's time)
+GROUPS = {g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "HYBRID-2", "AUTO-2", "local-2-replicas")}
 CORE = "MPI-2"  # make test's job (tests/conftest.py); the other layouts in make test-extended
 # the other optimizers: their sparse updates on a server (HYBRID), every update there (PS)
 OPTIMIZER_GROUPS = ("HYBRID-2", "PS-2")

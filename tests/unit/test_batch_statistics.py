@@ -23,11 +23,11 @@ def _keras_step(**norm):
                                       keras.layers.BatchNormalization(name="norm", **norm), keras.layers.Dense(1)]))
 
 
-def _step_of(model):
-    """A training step of ``model`` (SGD, a mean squared error), and the model."""
-    import keras
-
-    optimizer = keras.optimizers.SGD(0.1)
+def _step_of(model, keras=None):
+    """A training step of ``model`` (SGD of ``keras``, Keras 3 by default; a mean squared error), and the model."""
+    if keras is None:
+        import keras
+    optimizer = (keras.optimizers.legacy.SGD if keras.__name__ == "tf_keras" else keras.optimizers.SGD)(0.1)
 
     @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None, 1])])
     def step(x, y):

@@ -20,6 +20,7 @@ from parallax.resources import parse_resource_text
 from parallax.settings import derive
 from parallax.tf2.replica_sums import synchronised_statistics
 from parallax.tf2.trace import trace_step
+from tests.unit.test_batch_statistics import _step_of
 
 
 def _model(flavor: str = "keras", synchronized: bool = True):
@@ -32,16 +33,7 @@ def _model(flavor: str = "keras", synchronized: bool = True):
 
 
 def _step(keras, model):
-    optimizer = (keras.optimizers.legacy.SGD if keras.__name__ == "tf_keras" else keras.optimizers.SGD)(0.1)
-
-    @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None, 1])])
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean((model(x, training=True) - y) ** 2)
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
-    return step
+    return _step_of(model, keras)[0]  # SGD, a mean squared error
 
 
 @pytest.mark.parametrize("flavor", ["keras", "tf_keras"])
