@@ -141,7 +141,6 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
               seed)
     _refuse_sharded_slots(model, parallax_config)
     own = overrides_train_step(model, flavor.module)
-    warn_own_fit(model, flavor.module)
     _refuse_restoring(callbacks)
     if class_weight is not None and sample_weight is not None:
         raise ValueError("parallax.fit: class_weight goes with arrays x, y and no sample_weight (as in model.fit)")
@@ -166,6 +165,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     with synchronised_statistics(model, getattr(parallax_config, "sync_batch_norm", False)):
         step, num_workers, worker_id, num_replicas = parallel_run(step_fn, resource_info, sync=sync,
                                                                   parallax_config=parallax_config)
+    if worker_id == 0:  # said once a job
+        warn_own_fit(model, flavor.module)
     if not own and not flavor.metrics_in_step:
         step.leave_metrics()  # the compiled metrics are updated here, on the host
     group = step.session.group
