@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.multiprocess.harness import LAYOUTS, ROOT, ScriptJobs
-from tests.tf2.idiom_programs import combinations, name_of
+from tests.tf2.idiom_programs import TABLES, combinations, name_of, parse
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -22,12 +22,11 @@ SCRIPT = os.path.join(ROOT, "tests", "tf2", "idiom_script.py")
 COMBINATIONS = [(c["layout"], name_of(c)) for c in combinations()]
 
 
-# HYBRID chooses the job's processes from each program's graph (servers where it has tables): a job per program
-ALONE = ("HYBRID-2",)
-
-
 def _job(layout: str, name: str) -> str:
-    return f"{layout}:{name}" if layout in ALONE else layout
+    """HYBRID chooses the job's processes from the graph: servers where a table is looked up by the batch."""
+    if layout != "HYBRID-2":
+        return layout
+    return f"{layout}:{'tables' if parse(name)['embedding'] in TABLES else 'dense'}"
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,9 @@ AXES = {
     "front": ["fit", "step", "traced", "step-dict", "step-none"],
 }
 EXAMPLES, BATCH, EPOCHS, LENGTH, VOCAB = 48, 12, 2, 4, 12
+#: The embeddings whose table HYBRID keeps on a server (the batch's ids look it up, a sparse gradient): the programs
+#: with one are one job of workers and servers, the others one of workers alone (HYBRID runs them as MPI)
+TABLES = ("ids", "ids+positions")
 
 
 def combinations() -> list[dict]:
