@@ -105,5 +105,7 @@ def statistics_note(layers: tuple[str, ...], replicas: int) -> tuple[str, ...]:
     verb = "normalises" if len(layers) == 1 else "normalise"
     return (f"batch statistics (batch normalisation): {named} {verb} each example by the statistics "
             f"of its batch; each of the {replicas} replicas normalises its own part by its part's, so training "
-            "differs from one device (the gradients and the moving mean and variance). To train as one device, use "
-            "a normalisation without batch statistics (LayerNormalization, GroupNormalization), or one replica",)
+            "differs from one device (the gradients and the moving mean and variance). To train as one device, "
+            "synchronise the statistics (parallax.Config(sync_batch_norm=True) for parallax.fit's Keras "
+            "BatchNormalization layers; BatchNormalization(synchronized=True) in a tf.function step), or use a "
+            "normalisation without batch statistics (LayerNormalization, GroupNormalization), or one replica",)

@@ -52,6 +52,7 @@ def test_a_keras_batch_norm_is_named_in_a_warning_when_several_replicas_each_nor
     notes = [n for n in _notes(graph, "localhost: cpu:0,cpu:1\n") if n.startswith(NOTE)]
     assert len(notes) == 1 and f"{layer} normalises each example" in notes[0]
     assert "each of the 2 replicas normalises its own part" in notes[0] and "LayerNormalization" in notes[0]
+    assert "synchronise the statistics (parallax.Config(sync_batch_norm=True)" in notes[0]
     assert not [n for n in _notes(graph, "localhost: cpu:0\n") if n.startswith(NOTE)]  # one replica
 
 
