@@ -27,7 +27,7 @@ from parallax.launch.runner import PREEMPT_GRACE, PREEMPTED_EXIT_CODE
 from parallax.logs import log as logger
 from parallax.paths import CHECKPOINT_BASENAME
 
-__all__ = ["install", "installed", "requested", "saved_by_the_step", "end", "PreemptionHook"]
+__all__ = ["install", "installed", "requested", "saved_by_the_step", "step_saves", "end", "PreemptionHook"]
 
 _requested = threading.Event()
 _installed = threading.Event()
@@ -73,6 +73,11 @@ def requested() -> bool:
     return _requested.is_set()
 
 
+def step_saves() -> bool:
+    """Whether the job of this process's current session leaves the preemption save to its ``tf.function`` step."""
+    return _step_saves.is_set()
+
+
 def saved_by_the_step() -> None:
     """Worker 0 of a ``tf.function`` step's job saves the step's own checkpoint (``CheckPointConfig.checkpoint``)
     and ends itself (:func:`end`) after the step under way: :class:`PreemptionHook` leaves it to the step."""
@@ -104,12 +109,13 @@ class PreemptionHook(tf.compat.v1.train.SessionRunHook):
         self._ckpt_dir = ckpt_dir
         self._why_not = why_not
         self._step = None
+        _step_saves.clear()  # a new session: a tf.function step of an earlier job no longer saves for this one
 
     def begin(self) -> None:
         self._step = tf.compat.v1.train.get_global_step()
 
     def after_run(self, run_context, run_values) -> None:
-        if not requested() or _step_saves.is_set():
+        if not requested() or step_saves():
             return
         # read after the run: one fetched with it may be read before its own increment
         step = int(run_context.session.run(self._step)) if self._step is not None else None
