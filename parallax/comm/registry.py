@@ -116,7 +116,7 @@ def backends_in_use(plan: Plan) -> tuple[type[Backend], ...]:
     """The backend classes the rewritten graph of ``plan`` has ops of, each once, in a fixed order."""
     names = []
     syncs = {(v.sync, v.sparse) for v in plan.variables if v.gradient is not None}
-    if ("allreduce", False) in syncs or ("allreduce", True) in syncs or (plan.replica_sums and plan.num_workers > 1):
+    if ("allreduce", False) in syncs or ("allreduce", True) in syncs or plan.sums_replicas_across_workers:
         names.append(plan.comm.backend)
     if ("allgather", True) in syncs:
         names.append(plan.comm.gather_backend)

@@ -399,6 +399,11 @@ class Plan:
         return len(self.workers)
 
     @property
+    def sums_replicas_across_workers(self) -> bool:
+        """Whether the step's own sums over the replicas (:attr:`replica_sums`) cross worker processes."""
+        return bool(self.replica_sums) and self.num_workers > 1
+
+    @property
     def num_replicas(self) -> int:
         """Replicas over all workers."""
         return sum(len(w.replica_devices) for w in self.workers)

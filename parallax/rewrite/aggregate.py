@@ -56,7 +56,7 @@ from parallax.errors import RewriteError
 from parallax.plan.buckets import overlap_buckets
 from parallax.plan.model import CommSpec, Plan, TaskSpec, VariablePlacement
 from parallax.rewrite.classify import classify
-from parallax.rewrite.graph_ops import add_nodes, format_input, node_map, parse_input
+from parallax.rewrite.graph_ops import add_nodes, canonical, format_input, node_map, parse_input, rewire_inputs
 from parallax.rewrite.names import (
     AGGREGATE_PREFIX,
     aggregate_scope,
@@ -349,18 +349,15 @@ def aggregate_gradients(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, tas
         parts = [var.gradient.tensor] + ([var.gradient.indices] if var.sparse else [])
         for original in parts:
             op, index, _ = parse_input(outputs[position])
-            rewire[_canonical(original)] = format_input(op, index, False)
+            rewire[canonical(original)] = format_input(op, index, False)
             position += 1
     update_path = classify(out.graph_def, plan).update_path
     graph_nodes = node_map(out.graph_def)
-    for name in sorted(update_path):
-        node = graph_nodes[name]
-        for i, text in enumerate(node.input):
-            op, index, control = parse_input(text)
-            key = _canonical(format_input(op, index, False))
-            if not control and key in rewire:
-                node.input[i] = rewire[key]
-    _rewire_sums(out.graph_def, layout, outputs[position:], num_local)
+    rewire_inputs([graph_nodes[name] for name in sorted(update_path)], rewire)
+    # every reader of a replica's sum (its IdentityN's output) reads the job's total instead
+    rewire_inputs(out.graph_def.node, {replica_tensor_name(tensor, r): format_input(*parse_input(total)[:2], False)
+                                        for (tensor, _), total in zip(layout.sums, outputs[position:])
+                                        for r in range(num_local)})
     add_nodes(out.graph_def, nodes)
     return out
 
@@ -375,23 +372,3 @@ def _sums_of(graph_def, names: tuple[str, ...]) -> list[tuple[str, tf.DType]]:
         types = node.attr["T"].list.type
         sums.extend((f"{node.name}:{i}", tf.dtypes.as_dtype(types[i])) for i in range(len(types) // 2))
     return sums
-
-
-def _rewire_sums(graph_def, layout: _Layout, totals: list[str], num_local: int) -> None:
-    """Every reader of a replica's sum (its ``IdentityN``'s output) reads the job's total instead."""
-    rewire = {replica_tensor_name(tensor, r): total
-              for (tensor, _), total in zip(layout.sums, totals) for r in range(num_local)}
-    for node in graph_def.node:
-        for i, text in enumerate(node.input):
-            op, index, control = parse_input(text)
-            key = f"{op}:{index}"
-            if not control and key in rewire:
-                node.input[i] = format_input(*parse_input(rewire[key])[:2], False)
-
-
-def _canonical(tensor: str) -> str:
-    op, index, _ = parse_input(tensor)
-    return f"{op}:{index}"
-
-
-

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
 
-__all__ = ["parse_input", "format_input", "op_of", "enclosing_scope", "replica_device",
+__all__ = ["parse_input", "format_input", "op_of", "canonical", "rewire_inputs", "enclosing_scope", "replica_device",
            "copy_op", "node_map", "consumers", "ancestors",
            "descendants", "add_nodes", "is_variable_write", "written_variable", "variable_behind", "make_no_op"]
 
@@ -43,6 +43,26 @@ def format_input(op: str, index: int, control: bool) -> str:
 def op_of(tensor_or_op: str) -> str:
     """The op name of a tensor name (``a:1`` -> ``a``), or the name itself."""
     return parse_input(tensor_or_op)[0]
+
+
+def canonical(tensor: str) -> str:
+    """A tensor's name as ``op:index``, however it was written.
+
+    >>> canonical("a/b"), canonical("a/b:1")
+    ('a/b:0', 'a/b:1')
+    """
+    op, index, _ = parse_input(tensor)
+    return f"{op}:{index}"
+
+
+def rewire_inputs(nodes: Iterable[node_def_pb2.NodeDef], mapping: dict[str, str]) -> None:
+    """Each data input of ``nodes`` that ``mapping`` names (a tensor, written either way) reads what it maps to
+    instead (control inputs stay)."""
+    keys = {canonical(k): v for k, v in mapping.items()}
+    for node in nodes:
+        for i, text in enumerate(node.input):
+            if not text.startswith("^") and canonical(text) in keys:
+                node.input[i] = keys[canonical(text)]
 
 
 COLOCATION_PREFIX = "loc:@"

@@ -66,7 +66,7 @@ def wait_points(plan: Plan, task: TaskSpec) -> str:
     """
     syncs = {v.sync for v in plan.variables if v.gradient is not None}
     points = []
-    if plan.replica_sums and plan.num_workers > 1:
+    if plan.sums_replicas_across_workers:
         points.append(f"in the sums of synchronised batch statistics ({AGGREGATE_PREFIX}/replica_sums)")
     if syncs & {"allreduce", "allgather"}:
         points.append(f"in the all-reduce of the gradients ({AGGREGATE_PREFIX}/allreduce, /allgather)")

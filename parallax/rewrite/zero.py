@@ -46,7 +46,7 @@ from parallax.comm.registry import backend_for
 from parallax.errors import RewriteError
 from parallax.plan.model import Plan, TaskSpec, VariablePlacement, part_sizes
 from parallax.rewrite.aggregate import build_subgraph
-from parallax.rewrite.graph_ops import add_nodes, consumers, node_map, parse_input
+from parallax.rewrite.graph_ops import add_nodes, canonical, consumers, node_map, parse_input, rewire_inputs
 from parallax.rewrite.names import AGGREGATE_PREFIX, ZERO_PREFIX, aggregate_outputs, zero_scope
 
 __all__ = ["shard_optimizer_states", "held_in_parts", "sharded_slots", "ELEMENTWISE_OPS", "ZERO_SLOTS"]
@@ -337,23 +337,9 @@ def _gather(plan: Plan, updates: list[_Update], parts: list[str], norms: list[st
             node.input.extend("^" + a for a in after)
     summed, values = outs[:len(norms)], outs[len(norms):]
     if norms:
-        _rewire(graph_def, dict(zip(norms, summed)), skip={n.name for n in made})
+        skip = {n.name for n in made}
+        rewire_inputs([n for n in graph_def.node if n.name not in skip], dict(zip(norms, summed)))
     return made, values
-
-
-def _rewire(graph_def, mapping: dict[str, str], skip: set[str]) -> None:
-    keys = {_canonical(k): v for k, v in mapping.items()}
-    for node in graph_def.node:
-        if node.name in skip:
-            continue
-        for i, text in enumerate(node.input):
-            if not text.startswith("^") and _canonical(text) in keys:
-                node.input[i] = keys[_canonical(text)]
-
-
-def _canonical(tensor: str) -> str:
-    op, index, _ = parse_input(tensor)
-    return f"{op}:{index}"
 
 
 def _replace_update(u: _Update, assign: str, data_read: set[str]) -> None:
@@ -421,7 +407,7 @@ def _check_scalars(graph_def, others: list) -> None:
     for u, node, text in others:
         if parse_input(text)[0].startswith(AGGREGATE_PREFIX + "/"):  # another part: already checked
             continue
-        shape = graph.get_tensor_by_name(_canonical(text)).shape
+        shape = graph.get_tensor_by_name(canonical(text)).shape
         if shape.num_elements() is not None and shape.num_elements() > 1:
             raise _whole(u, node, f"combines it with {text} of shape {shape}")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from parallax.analysis import analyse_graph
-from parallax.batch_statistics import REPLICA_SUMS
+from parallax.batch_statistics import replica_sums_of
 from parallax.config import CheckPointConfig, Config
 from parallax.tf2.checkpoints import StepCheckpoints, step_checkpoints
 from parallax.tf2.evaluate import use_job
@@ -44,7 +44,7 @@ class PreparedStep:
             use_job(session.group)  # parallax.evaluate and parallax.predict shard over this job's workers
         several = rest[0] * rest[2] > 1  # one replica in all trains as one device, whatever the step
         # a step that sums its statistics over the replicas is not one device's on each half of a batch: not checked
-        synced = bool(self.traced.graph.get_collection(REPLICA_SUMS))
+        synced = bool(replica_sums_of(self.traced.graph))
         checked = analyse_graph(self.traced.graph).gradients \
             if self.check_first_step and several and rest[1] == 0 and not synced else None
         return (DistributedStep(session, self.traced, self.checkpoints, worker_id=rest[1], check=checked), *rest)

@@ -41,7 +41,8 @@ def replica_sums(graph: Any) -> list[str]:
     Raises:
         AnalysisError: a step differentiates an ``all_reduce`` that no batch normalisation called.
     """
-    forward, backward, other = [], [], []
+    sums, other = [], []  # in the graph's order, forward and backward
+    forward = backward = 0
     for op in graph.get_operations():
         if op.type != "IdentityN":
             continue
@@ -49,24 +50,24 @@ def replica_sums(graph: Any) -> list[str]:
         if caller is None:
             continue
         if caller.name in STATISTICS_CALLERS:
-            forward.append(op)
+            forward += 1
         elif caller.name == "<lambda>" and caller.filename.endswith("distribute_lib.py"):
-            backward.append(op)
+            backward += 1
         else:
             other.append(caller)
-    if len(backward) > len(forward):
+            continue
+        half = len(op.inputs) // 2
+        if len(op.inputs) % 2 or any(op.inputs[i].name != op.inputs[half + i].name for i in range(half)):
+            raise AnalysisError(f"{op.name}: an all_reduce of the default replica context that is not the identity "
+                                "Parallax knows (its results are not its inputs); please report it")
+        sums.append(op.name)
+    if backward > forward:
         called = ", ".join(sorted({f"{f.name} ({f.filename}:{f.lineno})" for f in other})) or "an unknown caller"
         raise AnalysisError(f"the step differentiates tf.distribute's all_reduce called from {called}: Parallax "
                             "sums over the replicas only a batch normalisation's synchronised statistics "
                             "(BatchNormalization(synchronized=True)); sum across replicas otherwise outside the "
                             "step, or make it a Keras metric")
-    for op in forward + backward:
-        half = len(op.inputs) // 2
-        if len(op.inputs) % 2 or any(op.inputs[i].name != op.inputs[half + i].name for i in range(half)):
-            raise AnalysisError(f"{op.name}: an all_reduce of the default replica context that is not the identity "
-                                "Parallax knows (its results are not its inputs); please report it")
-    made = {id(op) for op in forward + backward}
-    return [op.name for op in graph.get_operations() if id(op) in made]
+    return sums
 
 
 def _all_reduce_caller(traceback: Any) -> Any:
