@@ -9,7 +9,7 @@ aggregation each host. TensorFlow's ``SparseConditionalAccumulator`` (what
 ``SyncReplicasOptimizer`` uses, and Parallax used until 2026-11-25) merges each
 gradient it receives into the rows it holds, copying all of them, so a step
 costs about ``senders**2 / 2`` gradients' worth of copies. Parallax's take
-(:func:`parallax.rewrite.ps_sync._take_rows`) queues each sender's rows and
+(:func:`parallax.rewrite.ps_gradients.take_rows`) queues each sender's rows and
 concatenates them once, and the update sums rows of equal index, as it does on
 one device. Both, one after the other in one process with one thread per pool,
 for each number of senders: ``rows`` distinct random rows of ``dim`` float32
@@ -35,7 +35,7 @@ def measure(senders: int, rows: int, dim: int, vocab: int, steps: int = 12) -> d
     import numpy as np
     import tensorflow as tf
 
-    from parallax.rewrite.ps_sync import _take_rows
+    from parallax.rewrite.ps_gradients import take_rows
 
     tf1 = tf.compat.v1
     rng = np.random.default_rng(senders)
@@ -58,7 +58,7 @@ def measure(senders: int, rows: int, dim: int, vocab: int, steps: int = 12) -> d
             with tf.control_dependencies(put):
                 put = [queue.enqueue([values[i], indices[i]])]
         with tf.control_dependencies(put):
-            rows_values, rows_indices = _take_rows(queue, senders, tf.TensorShape([vocab, dim]))
+            rows_values, rows_indices = take_rows(queue, senders, tf.TensorShape([vocab, dim]))
         # what an update sees: the sum of each row's values (here over all rows, a checksum)
         ways = {"tf_accumulator": [tf.reduce_sum(taken.values), tf.size(taken.indices)],
                 "parallax_take": [tf.reduce_sum(rows_values), tf.size(rows_indices)]}

@@ -51,6 +51,18 @@ def save_results(out_dir: str, name: str, data, plot) -> None:
     print(f"wrote {os.path.join(out_dir, name)}.{{json,png}}", flush=True)
 
 
+def finish_plot(fig, ax, path: str, title: str, ylabel: str) -> None:
+    """Label ``ax`` (``title``, ``ylabel``, a small legend) and write ``fig`` to ``path``."""
+    import matplotlib.pyplot as plt
+
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def read_json(path: str):
     with open(path) as f:
         return json.load(f)

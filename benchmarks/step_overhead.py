@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks.common import RESULTS, save_results  # noqa: E402
+from benchmarks.common import RESULTS, finish_plot, save_results  # noqa: E402
 from benchmarks.tf2_runs import BATCH, MODELS, build, examples  # noqa: E402
 
 
@@ -90,11 +90,7 @@ def plot(rows: list[dict], path: str) -> None:
     for i, r in enumerate(rows):
         ax.annotate(f"+{100 * r['overhead']:.1f} %", (i + width, r["step_ms"]), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(rows)), names)
-    ax.set_ylabel("ms per step (median)")
-    ax.set_title("parallel_run's step around the session's run (1 worker)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    finish_plot(fig, ax, path, "parallel_run's step around the session's run (1 worker)", "ms per step (median)")
 
 
 def main(argv=None) -> int:

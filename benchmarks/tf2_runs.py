@@ -43,13 +43,15 @@ def examples(model: str, n: int) -> tuple:
     return ids, (np.mean(ids < VOCAB // 2, axis=1, keepdims=True) > 0.5).astype(np.float32)
 
 
-def dataset(x, y, batch: int = BATCH):
+def dataset(x, y, batch: int = BATCH, mapped=None):
     """The tf.data form of the arrays: each example's ids turned into strings, hashed back into the vocabulary,
-    cast and clipped (a real map step), then batched and prefetched. Deterministic, so every worker of a job
-    reads the same batches."""
+    cast and clipped (a real map step; counted into the variable ``mapped`` where given), then batched and
+    prefetched. Deterministic, so every worker of a job reads the same batches."""
     import tensorflow as tf
 
     def prepare(ids, label):
+        if mapped is not None:
+            mapped.assign_add(1)
         hashed = tf.strings.to_hash_bucket_fast(tf.strings.as_string(ids), VOCAB)
         return tf.clip_by_value(tf.cast(hashed, tf.int32), 0, VOCAB - 1), label
 

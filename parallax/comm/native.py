@@ -3,7 +3,7 @@
 It does what the backend's ``PyFunc`` does (sum each buffer over a communicator, in place,
 in pieces of ``CHUNK_BYTES``) without Python in the step: no GIL, no numpy views. The graph
 is built with the ``PyFunc`` as always; when a process binds the graph to its communicators
-(:func:`parallax.comm.mpi.bind_py_functions`), each all-reduce ``PyFunc`` becomes a
+(:func:`parallax.comm.mpi_binding.bind_py_functions`), each all-reduce ``PyFunc`` becomes a
 ``ParallaxMpiAllreduce`` node when this library is available. Both issue the same MPI calls,
 so processes with and without it work together.
 

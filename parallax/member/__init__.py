@@ -5,7 +5,7 @@
   with :mod:`parallax.member.bootstrap` (its place in the job, read from what the launcher gave it; the exit
   barrier over MPI);
 * :mod:`parallax.member.joined`: a task a cluster manager started (``TF_CONFIG``): its server at the manager's
-  address, the exit barrier on worker 0's server, the watch on its peers;
+  address, the exit barrier on worker 0's server, with :mod:`parallax.member.peer_watch` (the watch on its peers);
 * :mod:`parallax.member.servers`: a member's TensorFlow server;
 * :mod:`parallax.member.roles`: the roles (all-reduce worker, PS/HYBRID worker, parameter server, one local
   worker), written once against the protocol;

@@ -104,7 +104,7 @@ def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: t
 
 
 def _writes_barrier(plan, graph: tf.Graph, chief: bool) -> WritesBarrier | None:
-    """The PS writes barrier of this worker's graph (see rewrite/ps_sync.py), or ``None``."""
+    """The PS writes barrier of this worker's graph (see rewrite/program_writes.py), or ``None``."""
     writes = frozenset(_names(graph.get_collection(PROGRAM_WRITES)))
     if not writes:
         return None

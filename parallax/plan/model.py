@@ -8,7 +8,9 @@ Vocabulary, used the same way everywhere in Parallax:
 * **server**: a parameter-server task.
 
 A :class:`Plan` is deterministic (sorted, no timestamps), round-trips through
-``to_dict``/``from_dict`` (JSON), and prints as a table with :meth:`Plan.describe`.
+``to_dict``/``from_dict`` (JSON), and prints as a table with :meth:`Plan.describe`
+(:mod:`parallax.plan.describe`). How its processes communicate, :class:`CommSpec` and
+:class:`PSSpec`, is :mod:`parallax.plan.communication`'s (importable from here too).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 
 from parallax.config import BACKENDS
 from parallax.plan.buckets import overlap_buckets
+from parallax.plan.communication import CommSpec, PSSpec
+from parallax.plan.describe import PlanTable
 
 __all__ = ["Layout", "Sync", "part_sizes", "GradientRef", "VariablePlacement", "WorkerPlan", "TaskSpec", "Plan",
            "CommSpec", "PSSpec", "PipelineSpec", "AGGREGATIONS", "SYNC_METHODS", "BACKENDS"]
@@ -74,54 +78,6 @@ AGGREGATIONS = ("mean", "sum")
 SYNC_METHODS = tuple(m.value for m in Sync)
 
 
-@dataclass(frozen=True)
-class CommSpec:
-    """How gradients cross worker processes.
-
-    Attributes:
-        backend: the backend that sums dense gradients: ``mpi`` (mpi4py
-            inside the graph), ``collective`` (TF CollectiveReduceV2/
-            CollectiveGatherV2) or ``horovod``.
-        gather_backend: the backend that all-gathers sparse gradients; by
-            default ``backend``, or ``mpi`` when ``use_allgatherv`` asks for
-            MPI's ``Allgatherv``.
-        host_backend: the backend that gathers sparse gradients among the
-            workers of one host (HYBRID's host aggregation).
-        fusion_bytes: the mpi backend fuses dense gradients into buffers of at
-            most this many bytes (a larger single gradient gets its own).
-        use_allgatherv: all-gather sparse gradients with MPI ``Allgatherv``
-            whatever the backend.
-        gpu: the replicas are GPUs (collectives use NCCL).
-        job_key: a number that tells this job's collectives from those of
-            another job of the same processes (0 until the plan sets it from
-            its contents, see :func:`parallax.plan.policies.build_plan`).
-        compression: the format floating gradients cross processes in:
-            ``"none"`` (their own dtype), ``"fp16"`` or ``"bf16"``
-            (:mod:`parallax.comm.compression`), in all-reduces, all-gathers and
-            pushes to parameter servers; ``"auto"`` until the plan decides.
-        wire_formats: the 16-bit formats ``backend`` and ``gather_backend`` both
-            carry (their ``Backend.wire_formats``, which the settings read).
-        overlap: all-reduce dense gradients in the order the backward pass makes
-            them ready, bucket by bucket (:mod:`parallax.rewrite.readiness`);
-            ``False``: after the whole backward pass, in one call.
-    """
-
-    backend: str = "mpi"
-    gather_backend: str = ""
-    host_backend: str = "mpi"
-    fusion_bytes: int = 64 * 1024 * 1024
-    use_allgatherv: bool = False
-    gpu: bool = False
-    job_key: int = 0
-    compression: str = "none"
-    wire_formats: tuple[str, ...] = ("fp16", "bf16")
-    overlap: bool = True
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "wire_formats", tuple(self.wire_formats))
-        if not self.gather_backend:
-            object.__setattr__(self, "gather_backend", "mpi" if self.use_allgatherv else self.backend)
-
 
 def part_sizes(length: int, workers: int) -> list[int]:
     """How a tensor of ``length`` elements is cut over ``workers`` (sharded optimizer states): worker
@@ -164,44 +120,6 @@ class GradientRef:
     def sparse(self) -> bool:
         return self.indices is not None
 
-
-@dataclass(frozen=True)
-class PSSpec:
-    """How PS-synchronised variables communicate (from ``PSConfig``).
-
-    Attributes:
-        local_aggregation: sum a worker's replicas' gradients before sending
-            them (one send per worker); otherwise each replica sends its own.
-        protocol: the servers' protocol.
-        replicate_variables: each replica reads local copies of the dense
-            variables, refreshed once per step (synchronous training only).
-        boundary_among_servers: the ops between the gradients and the update
-            (clipping) run on the servers instead of the chief worker.
-        boundary_between_workers_and_servers: gathers of rows (embedding
-            lookups) run on the server, so only the rows travel; otherwise
-            the replica reads the whole variable and gathers locally.
-        host_aggregation: (HYBRID, one replica per worker, several hosts,
-            one with several workers) the workers of a host gather their
-            sparse gradients over MPI to the host's first worker, which alone
-            sends them, rows merged, to the servers.
-        release_in_step: the chief may release the other workers inside its
-            step, as soon as the update is done, when nothing else writes a
-            server variable (:mod:`parallax.rewrite.ps_sync`); off when the
-            user gave hooks, which must run before anyone goes on.
-        num_servers: how many of the job's servers hold variables: ``0``
-            weighs it (:func:`parallax.plan.cost.servers_to_call`); ``n``,
-            the first ``n`` in :func:`~parallax.plan.cost.servers_to_call`'s
-            order (all of them when the job has fewer).
-    """
-
-    local_aggregation: bool = True
-    protocol: str = "grpc"
-    replicate_variables: bool = True
-    boundary_among_servers: bool = True
-    boundary_between_workers_and_servers: bool = True
-    host_aggregation: bool = False
-    release_in_step: bool = True
-    num_servers: int = 0
 
 
 @dataclass(frozen=True)
@@ -357,7 +275,7 @@ class TaskSpec:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(PlanTable):
     """The whole layout of a job.
 
     Attributes:
@@ -487,83 +405,6 @@ class Plan:
         ZeRO stage 2's sharded ones, whose gradients are reduce-scattered (:mod:`parallax.rewrite.zero`)."""
         return [v for v in self.variables if v.sync == "allreduce" and v.gradient is not None
                 and not (v.sharded and self.zero_stage == 2)]
-
-    def describe(self) -> str:
-        """A table of the plan, for logs and ``parallax plan``."""
-        lines = [f"run_option={self.run_option} sync={self.sync} workers={self.num_workers} "
-                 f"replicas={self.num_replicas}"]
-        if any(v.sync in ("allreduce", "allgather") for v in self.variables):
-            gather = "" if self.comm.gather_backend == self.comm.backend else \
-                f", all-gather backend {self.comm.gather_backend}"
-            lines.append(f"  all-reduce backend {self.comm.backend}{gather}, fusion buffers up to "
-                         f"{self.comm.fusion_bytes} bytes, use_allgatherv={self.comm.use_allgatherv}"
-                         f"{self._describe_compression()}"
-                         f"{'' if self.overlaps_backward else ', after the backward pass'}")
-        elif self.comm.compression != "none" and any(v.sync == "ps" for v in self.variables):
-            lines.append(f"  gradients pushed to the servers{self._describe_compression()}")
-        for i, w in enumerate(self.workers):
-            lines.append(f"  worker {i} on {w.host}: replicas on {', '.join(w.replica_devices)}; "
-                         f"shared state on {w.shared_device}")
-        lines.extend(self._describe_pipeline())
-        if self.server_devices:
-            lines.append(f"  parameter servers: local_aggregation={self.ps.local_aggregation} "
-                         f"replicate_variables={self.ps.replicate_variables} "
-                         f"boundary_among_servers={self.ps.boundary_among_servers} "
-                         f"boundary_between_workers_and_servers={self.ps.boundary_between_workers_and_servers} "
-                         f"protocol={self.ps.protocol} host_aggregation={self.ps.host_aggregation} "
-                         f"release_in_step={self.ps.release_in_step} num_servers={self.ps.num_servers or 'weighed'}")
-        for i, device in enumerate(self.server_devices):
-            load = sum(v.num_bytes for v in self.variables if v.server == i)
-            lines.append(f"  server {i}: {device}, {load} bytes of variables")
-        staged = self.pipeline.stages > 1
-        rows = [("variable", "shape", "dtype", "bytes", "gradient", "density", "aggregation", "sync", "where",
-                 "partition of", "bytes/worker/step") + (("stage",) if staged else ())]
-        for v in self.variables:
-            kind = "-" if v.gradient is None else ("sparse" if v.sparse else "dense")
-            shape = "[" + ",".join("?" if d is None else str(d) for d in v.shape) + "]"
-            density = "unknown" if v.density is None else f"{v.density:.3g} ({v.density_source})"
-            if not v.sparse:
-                density = "-"
-            where = f"ps:{v.server}" if v.server is not None else "every worker"
-            if v.sharded and v.slot_of is not None:
-                where = f"1/{self.num_workers} on each worker"
-            has_grad = v.gradient is not None
-            rows.append((v.name, shape, v.dtype, str(v.num_bytes), kind, density,
-                         v.aggregation if has_grad else "-", v.sync if has_grad else "-", where,
-                         v.partition_of or "-", str(v.bytes_per_worker)) + ((str(v.stage),) if staged else ()))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        for r in rows:
-            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-        unknown = any(v.sparse and v.density is None and v.sync != "local" for v in self.variables)
-        variables, slots = self.bytes_per_rank()
-        sharding = (f", slots of {sum(v.sharded and v.slot_of is None for v in self.variables)} variable(s) "
-                    f"sharded 1/{self.num_workers} (zero_stage={self.zero_stage})" if self.zero_stage else "")
-        lines.append(f"  memory per worker: {variables} bytes of variables, {slots} bytes of optimizer slots"
-                     f"{sharding}")
-        lines.append(f"  estimated bytes each worker sends per step: {self.bytes_per_worker} (see parallax/plan/cost.py"
-                     + ("; an unknown density counts as 1% of the rows" if unknown else "") + ")")
-        lines.extend(f"  note: {n}" for n in self.notes)
-        return "\n".join(lines)
-
-    def _describe_compression(self) -> str:
-        """``, gradients sent in fp16`` (or bf16), or nothing without compression."""
-        return "" if self.comm.compression == "none" else f", gradients sent in {self.comm.compression}"
-
-    def _describe_pipeline(self) -> list[str]:
-        p = self.pipeline
-        if not p.active:
-            return []
-        lines = [f"  pipeline: {p.stages} stage(s), {p.micro_batches} micro-batch(es) per replica and step, "
-                 f"cut by {p.cut_by}, schedule {p.schedule}; bubble (k-1)/(m+k-1) = {p.bubble:.2f}"]
-        total = sum(p.stage_costs) or 1
-        for s in range(p.stages):
-            held = [v for v in self.variables if v.stage == s and v.slot_of is None]
-            first = "the first op" if s == 0 else p.cuts[s - 1]
-            cost = f", {100 * p.stage_costs[s] / total:.0f}% of the estimated cost" if p.stage_costs else ""
-            devices = ", ".join(sorted({d for w in p.devices for r in w for d in r[s:s + 1]}))
-            lines.append(f"  stage {s}: from {first}{cost}, {len(held)} variable(s) "
-                         f"({sum(v.num_bytes for v in held)} bytes), on {devices}")
-        return lines
 
 
 def _pipeline_from_dict(data: dict[str, Any]) -> PipelineSpec:

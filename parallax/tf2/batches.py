@@ -22,6 +22,7 @@ user's dataset outside the epochs (an iteration drawn for a peek would shift eve
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import threading
 import zlib
@@ -32,6 +33,8 @@ import numpy as np
 import tensorflow as tf
 
 from parallax.comm.group import WorkerGroup
+from parallax.logs import log
+from parallax.tf2.input_split import Share, share_of
 
 __all__ = ["FitBatches", "check_same"]
 
@@ -53,26 +56,14 @@ class FitBatches:
                  steps_per_epoch: int | None, shuffle: Any, class_weight: dict | None, initial_epoch: int,
                  epochs: int, seed: int, targets: bool = True) -> None:
         self._legacy = flavor_name == "tf_keras"
-        with _seeded(seed):
-            if self._legacy:
-                from tf_keras.src.engine import data_adapter
-
-                self._handler = data_adapter.get_data_handler(
-                    x=x, y=y, sample_weight=sample_weight, batch_size=batch_size, steps_per_epoch=steps_per_epoch,
-                    initial_epoch=initial_epoch, epochs=epochs, shuffle=shuffle, class_weight=class_weight,
-                    model=model, steps_per_execution=model._steps_per_execution)
-                spec = self._handler._dataset.element_spec
-                self.steps = self._handler.inferred_steps
-            else:
-                from keras.src.backend.tensorflow.trainer import TFEpochIterator
-
-                self._iterator = TFEpochIterator(
-                    x=x, y=y, sample_weight=sample_weight, batch_size=batch_size, steps_per_epoch=steps_per_epoch,
-                    shuffle=shuffle, class_weight=class_weight, distribute_strategy=tf.distribute.get_strategy(),
-                    steps_per_execution=1)
-                self._iterator.reset()
-                spec = self._iterator._distributed_dataset.element_spec
-                self.steps = self._iterator.num_batches
+        self._x, self._steps_per_epoch = x, steps_per_epoch
+        self._made = functools.partial(self._make, model=model, y=y, sample_weight=sample_weight,
+                                       batch_size=batch_size, steps_per_epoch=steps_per_epoch, shuffle=shuffle,
+                                       class_weight=class_weight, initial_epoch=initial_epoch, epochs=epochs,
+                                       seed=seed)
+        spec = self._made(x)
+        #: this worker's share of a dataset where it reads only that (:meth:`split`), else ``None``
+        self.share: Share | None = None
         x_spec, y_spec, w_spec = _unpack(spec)
         #: whether the data has targets
         self.has_targets = y_spec is not None
@@ -86,14 +77,71 @@ class FitBatches:
         self.signature = [_any_batch(x_spec), None if y_spec is None else _any_batch(y_spec),
                           tf.TensorSpec(weights, tf.float32)]
 
+    def _make(self, x: Any, *, model: Any, y: Any, sample_weight: Any, batch_size: int | None,
+              steps_per_epoch: int | None, shuffle: Any, class_weight: dict | None, initial_epoch: int, epochs: int,
+              seed: int) -> Any:
+        """That Keras's own iterator over ``x`` (and the other arguments); the element spec of its batches."""
+        with _seeded(seed):
+            if self._legacy:
+                from tf_keras.src.engine import data_adapter
+
+                self._handler = data_adapter.get_data_handler(
+                    x=x, y=y, sample_weight=sample_weight, batch_size=batch_size, steps_per_epoch=steps_per_epoch,
+                    initial_epoch=initial_epoch, epochs=epochs, shuffle=shuffle, class_weight=class_weight,
+                    model=model, steps_per_execution=model._steps_per_execution)
+                self.steps = self._handler.inferred_steps
+                return self._handler._dataset.element_spec
+            from keras.src.backend.tensorflow.trainer import TFEpochIterator
+
+            self._iterator = TFEpochIterator(
+                x=x, y=y, sample_weight=sample_weight, batch_size=batch_size, steps_per_epoch=steps_per_epoch,
+                shuffle=shuffle, class_weight=class_weight, distribute_strategy=tf.distribute.get_strategy(),
+                steps_per_execution=1)
+            self._iterator.reset()
+            self.steps = self._iterator.num_batches
+            return self._iterator._distributed_dataset.element_spec
+
+    def split(self, group: WorkerGroup, num_workers: int, worker_id: int, num_replicas: int) -> None:
+        """Where the data is a ``tf.data.Dataset`` of a shape :mod:`parallax.tf2.input_split` divides, iterate only
+        this worker's share of it from now on (:attr:`share`); else (said at INFO) every batch whole, as before.
+        Every worker decides alike."""
+        if num_workers == 1 or not isinstance(self._x, tf.data.Dataset):
+            return
+        share = "steps_per_epoch is given" if self._steps_per_epoch else \
+            share_of(self._x, num_workers, worker_id, num_replicas)
+        if not isinstance(share, str) and len(set(group.gather(share.fingerprint))) > 1:
+            share = "what comes before its maps differs between the workers"  # check_same then says where
+        if isinstance(share, str):
+            log.info("parallax.fit: every worker reads the whole dataset and keeps its part of each batch: %s", share)
+            return
+        log.info("parallax.fit: each worker reads its share of the dataset (the maps before its batch() run on "
+                 "1/%d of the examples)", num_workers)
+        self.share = share
+        self._made(share.dataset)
+
     def epochs(self, initial_epoch: int, epochs: int) -> Iterator[tuple[int, Iterator[tuple]]]:
         """``(epoch, its batches)`` for each epoch, as ``model.fit``'s loop draws them."""
         if self._legacy:
             for epoch, iterator in self._handler.enumerate_epochs():
-                yield epoch, ahead(self._legacy_epoch(iterator))
+                yield epoch, ahead(self._kept(self._legacy_epoch(iterator)))
             return
         for epoch in range(initial_epoch, epochs):
-            yield epoch, ahead(self._epoch())
+            yield epoch, ahead(self._kept(self._epoch()))
+
+    def _kept(self, batches: Iterator[tuple]) -> Iterator[tuple]:
+        """``batches``; where this worker reads its share, a block it has no example of (the end of a short last
+        batch) replaced by the first example of its last block: the padding :func:`parallax.tf2.fit.block_parts`
+        repeats, weighing 0."""
+        if self.share is None:
+            yield from batches
+            return
+        first = None
+        for batch in batches:
+            if len(tf.nest.flatten(batch[0])[0]):
+                first = tuple(None if a is None else tf.nest.map_structure(lambda v: v[:1], a) for a in batch)
+                yield batch
+            else:
+                yield first
 
     def _epoch(self) -> Iterator[tuple]:
         with self._iterator.catch_stop_iteration():

@@ -47,6 +47,7 @@ import tensorflow as tf
 
 from parallax.comm.group import Alone
 from parallax.tf2.arguments import check_fit
+from parallax.tf2.batch_hooks import BEGINS, ENDS, BatchLogs, batch_hooks
 from parallax.tf2.batches import FitBatches, check_same
 from parallax.tf2.evaluate import chief_or_shared, evaluate_on, global_batches, numbers, sum_metrics, use_job
 from parallax.tf2.keras_flavor import Flavor, flavor_of
@@ -83,17 +84,33 @@ def even_parts(batch: tuple, replicas: int) -> tuple[tuple, int, int]:
     >>> fed[0], fed[2], size, examples
     (array([0., 1., 2., 3., 4., 0.]), array([1.2, 1.2, 1.2, 1.2, 1.2, 0. ], dtype=float32), 3, 5)
     """
-    x, y, weights = batch
-    examples = len(tf.nest.flatten(x)[0])
-    w = np.ones(examples, np.float32) if weights is None else np.asarray(weights, np.float32)
+    examples = len(tf.nest.flatten(batch[0])[0])
+    fed, size = block_parts(batch, examples, replicas, replicas, examples)
+    return fed, size, examples
+
+
+def block_parts(block: tuple, examples: int, replicas: int, here: int, real: int) -> tuple[tuple, int]:
+    """A worker's ``here`` parts of a global batch of ``examples`` cut into ``replicas`` equal parts of ``size``
+    (rounded up), from ``block`` ``(x, y, sample_weight or None)``, whose first ``real`` rows are the
+    examples of those parts (the rest of the parts, past the batch's end, padding): ``(fed, size)``, ``fed``
+    ``here * size`` rows, padded by repeats of ``block``'s first row, and the weights as :func:`even_parts`
+    makes them. The whole batch is the block of all parts (``here == replicas``); a worker that reads only its
+    share of the data (:mod:`parallax.tf2.input_split`) has its block alone.
+
+    >>> fed, size = block_parts((np.arange(2.0), np.arange(2.0), None), 5, 4, 2, 1)
+    >>> fed[0], fed[2], size
+    (array([0., 0., 0., 0.]), array([1.6, 0. , 0. , 0. ], dtype=float32), 2)
+    """
+    x, y, weights = block
+    w = np.ones(real, np.float32) if weights is None else np.asarray(weights, np.float32)[:real]
     size = -(-examples // replicas)
     if size * replicas == examples:
-        return (x, y, w), size, examples
-    padding = size * replicas - examples
-    order = np.concatenate([np.arange(examples), np.zeros(padding, np.int64)])
+        return (x, y, w), size
+    padding = size * here - real
+    order = np.concatenate([np.arange(real), np.zeros(padding, np.int64)])
     scaled = np.concatenate([w * (size * replicas / examples), np.zeros((padding, *w.shape[1:]), np.float32)])
     pad = functools.partial(tf.nest.map_structure, lambda a: np.asarray(a)[order])
-    return (pad(x), pad(y), scaled.astype(np.float32)), size, examples
+    return (pad(x), pad(y), scaled.astype(np.float32)), size
 
 
 def _per_leaf(per_replica: list, structure: Any) -> Any:
@@ -177,6 +194,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                          "or parallax-run), or train with a tf.function step and parallel_run")
     group = group or Alone()
     use_job(group)  # parallax.evaluate and parallax.predict shard over this job's workers from now on
+    batches.split(group, num_workers, worker_id, num_replicas)  # a dataset: each worker reads its share, if it can
     chief = worker_id == 0
     kept = chief_or_shared(callbacks, flavor, chief)
     steps = batches.steps
@@ -186,27 +204,28 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     model.stop_training = False
     callback_list.on_train_begin()
     saves_in_epochs = chief and _saves_within_epochs(kept)
-    stops_in_epochs = _batch_hooks(callbacks or [], flavor, _ENDS)  # the program's list: alike on every worker
-    rate_in_epochs = _batch_hooks(kept, flavor, _BEGINS + _ENDS)  # may set the learning rate between batches
-    # the batch logs, where something reads them (the progress bar, a callback's batch hooks): else not computed
-    batch_logs = (chief and verbose != 0) or _batch_hooks(kept, flavor, _ENDS)
+    stops_in_epochs = batch_hooks(callbacks or [], flavor, ENDS)  # the program's list: alike on every worker
+    rate_in_epochs = batch_hooks(kept, flavor, BEGINS + ENDS)  # may set the learning rate between batches
+    batch_logs = BatchLogs(model, batch_hooks(kept, flavor, ENDS), chief and verbose != 0, steps)
     logs: dict = {}
     for epoch, epoch_batches in batches.epochs(initial_epoch, epochs):
         model.reset_metrics()
         callback_list.on_epoch_begin(epoch)
         for index, batch in enumerate(epoch_batches):
-            if index == 0 and num_workers > 1:
+            examples = batches.share.examples_at(index) if batches.share else None  # else: batch is global
+            if index == 0 and num_workers > 1 and not batches.share:
                 check_same(group, batch, epoch)
             callback_list.on_train_batch_begin(index)
             if index == 0 or rate_in_epochs:  # what a callback set: once an epoch, or before each batch where one may
                 rate = learning_rate(model, flavor)
             if own:
-                callback_list.on_train_batch_end(index, _own_step(step, batch, num_workers, worker_id, num_replicas))
+                callback_list.on_train_batch_end(index, _own_step(step, batch, num_workers, worker_id, num_replicas,
+                                                                  examples))
             else:
-                _one_step(step, model, flavor, batch, num_workers, worker_id, num_replicas, rate, outputs)
+                _one_step(step, model, flavor, batch, num_workers, worker_id, num_replicas, rate, outputs, examples)
                 if saves_in_epochs:  # a ModelCheckpoint(save_freq=<batches>) saves the weights trained so far
                     _sync(step, model)
-                callback_list.on_train_batch_end(index, numbers(model.get_metrics_result()) if batch_logs else {})
+                callback_list.on_train_batch_end(index, batch_logs.after(index))
             if stops_in_epochs and group.any(bool(model.stop_training)):  # a callback stopped it: as model.fit,
                 model.stop_training = True  # after this batch (every worker: a worker that went on would wait)
                 break
@@ -236,33 +255,37 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
 
 
 def _one_step(step: Any, model: Any, flavor: Flavor, batch: tuple, num_workers: int, worker_id: int,
-              num_replicas: int, rate: np.float32, outputs: dict) -> None:
+              num_replicas: int, rate: np.float32, outputs: dict, examples: int | None = None) -> None:
     """One step of ``parallax.fit``'s own step on this worker's parts of ``batch`` (padded to split evenly), at
-    learning rate ``rate``."""
-    fed, size, examples = even_parts(batch, num_workers * num_replicas)
-    fed = (*fed, metric_weights(batch[2], examples, len(fed[2])))  # x, y, w, the metrics' weights
-    mine = [parts(a, num_workers, worker_id, num_replicas) for a in fed]  # a part per replica each
+    learning rate ``rate``: ``batch`` the global batch, or, where this worker reads only its share of the data,
+    its block of a global batch of ``examples``."""
+    fed, size, first, examples = _block(batch, num_workers, worker_id, num_replicas, examples)
+    mine = [parts(a, 1, 0, num_replicas) for a in fed]  # a part per replica each
     share = np.float32(examples / (num_workers * num_replicas))
     starts = [(worker_id * num_replicas + k) * size for k in range(num_replicas)]  # of this worker's parts
     real = [np.int32(min(max(examples - at, 0), size)) for at in starts]  # their examples; the rest: padding
     got = step(*[_per_leaf(m, a) for m, a in zip(mine, fed)], [share] * num_replicas, real,
                [rate] * num_replicas)
     if not flavor.metrics_in_step:  # else updated in the step, summed over the workers (parallax.tf2.summed)
-        _host_metrics(model, flavor, got, batch, mine, zip(starts, real), share, outputs["structure"])
+        at = [first + k * size for k in range(num_replicas)]  # in ``batch``
+        _host_metrics(model, flavor, got, batch, mine, zip(at, real), share, outputs["structure"])
 
 
-_BEGINS = ("on_train_batch_begin", "on_batch_begin")
-_ENDS = ("on_train_batch_end", "on_batch_end")
-
-
-def _batch_hooks(callbacks: list, flavor: Flavor, hooks: tuple[str, ...]) -> bool:
-    """Whether a callback has batch ``hooks`` of its own (Keras's ``History`` and progress bar aside, which set
-    nothing): one that may set ``model.stop_training`` after a batch (``TerminateOnNaN``; ``model.fit`` then stops
-    after that batch, and the workers agree after every batch whether to), or the learning rate between batches
-    (else it is read once an epoch)."""
-    base, quiet = flavor.callbacks.Callback, (flavor.callbacks.History, flavor.callbacks.ProgbarLogger)
-    return any(not isinstance(c, quiet) and any(getattr(type(c), h, None) is not getattr(base, h) for h in hooks)
-               for c in callbacks)
+def _block(batch: tuple, num_workers: int, worker_id: int, num_replicas: int,
+           examples: int | None) -> tuple[tuple, int, int, int]:
+    """This worker's block of the global batch, padded (:func:`block_parts`), with the metrics' weights:
+    ``(fed, size of a part, where the block starts in batch, examples of the global batch)``."""
+    replicas = num_workers * num_replicas
+    if examples is None:  # the global batch
+        examples = len(tf.nest.flatten(batch[0])[0])
+        (x, y, w), size = block_parts(batch, examples, replicas, replicas, examples)
+        whole = (x, y, w, metric_weights(batch[2], examples, len(w)))
+        first = worker_id * num_replicas * size
+        return tuple(parts(a, num_workers, worker_id, 1)[0] for a in whole), size, first, examples
+    size = -(-examples // replicas)
+    real = min(max(examples - worker_id * num_replicas * size, 0), num_replicas * size)
+    (x, y, w), size = block_parts(batch, examples, replicas, num_replicas, real)
+    return (x, y, w, metric_weights(batch[2], real, len(w))), size, 0, examples
 
 
 def _host_metrics(model: Any, flavor: Flavor, got: tuple, batch: tuple, mine: list, parts_at: Any, share: float,
@@ -330,7 +353,7 @@ def metric_weights(weights: Any, examples: int, fed: int) -> np.ndarray:
     >>> metric_weights(None, 3, 4)
     array([1., 1., 1., 0.], dtype=float32)
     """
-    w = np.ones(examples, np.float32) if weights is None else np.asarray(weights, np.float32)
+    w = np.ones(examples, np.float32) if weights is None else np.asarray(weights, np.float32)[:examples]
     if fed == examples:
         return w
     return np.concatenate([w, np.zeros((fed - examples, *w.shape[1:]), np.float32)])
@@ -360,12 +383,17 @@ def learning_rate(model: Any, flavor: Flavor) -> np.float32:
     return np.float32(0.0 if rate is None else np.asarray(rate.numpy() if hasattr(rate, "numpy") else rate))
 
 
-def _own_step(step: Any, batch: tuple, num_workers: int, worker_id: int, num_replicas: int) -> dict:
-    """One step of the model's own ``train_step`` on this worker's parts of ``batch``; the logs of its first
-    replica (:mod:`parallax.tf2.own_step`)."""
-    check_even(len(tf.nest.flatten(batch[0])[0]), num_workers * num_replicas)
+def _own_step(step: Any, batch: tuple, num_workers: int, worker_id: int, num_replicas: int,
+              examples: int | None = None) -> dict:
+    """One step of the model's own ``train_step`` on this worker's parts of ``batch`` (the global batch, or this
+    worker's block of a global batch of ``examples``); the logs of its first replica (:mod:`parallax.tf2.own_step`)."""
     given = [a for a in batch if a is not None]
-    mine = [parts(a, num_workers, worker_id, num_replicas) for a in given]
+    whole = examples is None
+    examples = len(tf.nest.flatten(batch[0])[0]) if whole else examples
+    check_even(examples, num_workers * num_replicas)
+    if whole:
+        given = [parts(a, num_workers, worker_id, 1)[0] for a in given]
+    mine = [parts(a, 1, 0, num_replicas) for a in given]
     logs = step(*[_per_leaf(m, a) for m, a in zip(mine, given)])
     return {k: float(np.asarray(v[0]).mean()) for k, v in logs.items()}
 

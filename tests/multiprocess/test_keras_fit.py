@@ -29,7 +29,8 @@ KERAS_3 = ["ordered", "shuffled", "dataset", "positions"]
 # tf_keras, sample weights with validation_split, batches that do not split evenly, a learning rate set by a
 # callback: in the local replicas' job, beside the Keras 3 cases; elsewhere, a job of their own
 MORE = ["tf_keras-legacy", "tf_keras-new", "weighted", "tf_keras-weighted", "ragged", "ragged-dataset",
-        "tf_keras-ragged", "scheduled", "tf_keras-scheduled", "early-stopping", "tf_keras-early-stopping"]
+        "tf_keras-dataset", "tf_keras-ragged", "scheduled", "tf_keras-scheduled", "early-stopping",
+        "tf_keras-early-stopping"]
 # group: (resource file, run option, workers, replicas each)
 GROUPS = {
     "MPI-2": ("localhost: cpu:0,cpu:1\n", "MPI", 2),
@@ -63,6 +64,16 @@ def _out(jobs, group: str, case: str) -> str:
     return jobs["keras" if case in KERAS_3 else "more"].case(group, case)
 
 
+def _mapped(case: str, workers: int, worker: int) -> int:
+    """The examples worker ``worker`` of ``workers`` (one replica each) maps in the epochs of ``dataset(case)``: its
+    block of each global batch, as parallax.fit cuts it (all of them on one worker)."""
+    from tests.tf2.fit_programs import BATCH, EPOCHS, EXAMPLES, RAGGED_DATASET
+
+    examples = RAGGED_DATASET if "ragged" in case else EXAMPLES
+    batches = [min(BATCH, examples - start) for start in range(0, examples, BATCH)]
+    return EPOCHS * sum(min(max(m - worker * -(-m // workers), 0), -(-m // workers)) for m in batches)
+
+
 @functools.cache
 def reference(case: str):
     from tests.tf2.fit_programs import single_device
@@ -91,6 +102,8 @@ def test_parallax_fit_evaluate_and_predict_equal_keras_on_one_device(jobs, group
         assert logged <= set(history) <= logged | {"learning_rate", "lr"}  # the scheduled cases log the rate
         for key, values in history.items():
             np.testing.assert_allclose(got["history"][key], values, rtol=1e-5, err_msg=f"{where}: {key}")
+        if case.endswith("dataset"):  # each worker mapped the examples of its blocks alone (input_split.py)
+            assert got["mapped"] == _mapped(case, workers, worker), where
         if "early-stopping" in case:  # every worker stopped where model.fit did: after the second epoch
             assert len(got["history"]["loss"]) == len(history["loss"]) == 2, where
         # the sharded evaluation and prediction equal the model's own on one device, on every worker

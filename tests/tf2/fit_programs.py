@@ -14,13 +14,16 @@ HELD_OUT, EVAL_BATCH = 11, 5
 # the case's name: arrays in order, shuffled, a dataset; "weighted": with sample weights and validation_split
 CASES = {"ordered": "keras", "shuffled": "keras", "dataset": "keras", "tf_keras-legacy": "tf_keras-legacy",
          "tf_keras-new": "tf_keras-new", "weighted": "keras", "tf_keras-weighted": "tf_keras-new",
-         "ragged": "keras", "ragged-dataset": "keras", "tf_keras-ragged": "tf_keras-new",
+         "ragged": "keras", "ragged-dataset": "keras", "tf_keras-dataset": "tf_keras-new",
+         "tf_keras-ragged": "tf_keras-new",
          "scheduled": "keras", "tf_keras-scheduled": "tf_keras-legacy", "mixed-float16": "keras-mixed",
          "early-stopping": "keras", "tf_keras-early-stopping": "tf_keras-new", "positions": "keras-positions"}
 # cases that fit as a user calls model.fit, shuffled by Keras (build() seeds it)
 SHUFFLED = ("shuffled", "positions")
 # the "ragged" cases' batch: batches of 9 and a last of 3, none of which splits evenly over 2 replicas
 RAGGED = 9
+# the "ragged-dataset" case's examples: 3 batches of BATCH and a last of 1
+RAGGED_DATASET = 37
 
 
 def batch_size(case: str) -> int:
@@ -125,11 +128,25 @@ def build(flavor: str = "keras"):
     return model
 
 
-def dataset(case: str = "dataset"):
+def dataset(case: str = "dataset", mapped=None):
+    """The data as a ``tf.data`` pipeline of the common shape: the examples shuffled (seeded: a new order each
+    epoch), a per-example map (the input work: a cast; counted into the variable ``mapped`` where given), batched,
+    prefetched. Workers read only their share of it (parallax/tf2/input_split.py). The "ragged" one has
+    ``RAGGED_DATASET`` examples in batches of ``BATCH``: a last batch of one, which leaves a worker's block (and a
+    replica's part) empty."""
     import tensorflow as tf
 
     x, y, _ = data()
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size(case), drop_remainder="ragged" not in case)
+    if "ragged" in case:
+        x, y = x[:RAGGED_DATASET], y[:RAGGED_DATASET]
+
+    def parse(ids, target):
+        if mapped is not None:
+            mapped.assign_add(1)
+        return tf.cast(ids, tf.int32), tf.cast(target, tf.float32)
+
+    return (tf.data.Dataset.from_tensor_slices((x.astype(np.int64), y)).shuffle(len(x), seed=5)
+            .map(parse, num_parallel_calls=2).batch(BATCH).prefetch(2))
 
 
 def single_device(case: str) -> tuple[dict, list, dict, np.ndarray]:

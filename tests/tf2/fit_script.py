@@ -13,6 +13,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 import parallax  # noqa: E402
 from tests.tf2.fit_programs import (  # noqa: E402
@@ -50,7 +51,8 @@ def main() -> None:
             callbacks.append(within_epochs(keras, out))
         callbacks += scheduled(case)
         config = parallax.Config(run_option=args.run_option, average_sparse=True, stall_timeout=60)
-        source = dict(x=dataset(case)) if case.endswith("dataset") else \
+        mapped = tf.Variable(0, dtype=tf.int64)  # the examples this worker's input pipeline mapped
+        source = dict(x=dataset(case, mapped)) if case.endswith("dataset") else \
             dict(x=x, y=y, batch_size=batch_size(case), shuffle=case in SHUFFLED)
         if case.endswith("weighted"):
             source.update(sample_weight=weights(), validation_split=SPLIT)
@@ -65,7 +67,8 @@ def main() -> None:
         with open(os.path.join(out, f"rank_{rank}.json"), "w") as f:
             json.dump({"history": history.history, "evaluate": evaluated,
                        "evaluate_alone": {k: float(v) for k, v in alone.items()},
-                       "evaluate_list": parallax.evaluate(model, test_x, test_y, batch_size=EVAL_BATCH, verbose=0)},
+                       "evaluate_list": parallax.evaluate(model, test_x, test_y, batch_size=EVAL_BATCH, verbose=0),
+                       "mapped": int(mapped.numpy())},
                       f, default=float)
         np.savez(os.path.join(out, f"rank_{rank}.npz"),
                  predict=parallax.predict(model, test_x, batch_size=EVAL_BATCH, verbose=0),

@@ -1,4 +1,4 @@
-"""How the analysis reads an embedding's gradient by how the table is looked up (parallax/analysis.py): by the
+"""How the analysis reads an embedding's gradient by how the table is looked up (parallax/analysis/): by the
 batch's ids (sparse rows, gathered), by indices every replica shares (a ``range`` of positions: rows aggregated
 elementwise, as a dense tensor of their shape), by both (refused where the update squares rows), and with a
 regulariser beside the lookup (dense). Traced from Keras 3 ``tf.function`` steps, without processes."""

@@ -232,3 +232,15 @@ def test_the_overlap_report_sets_each_step_beside_the_sum_and_the_bound(tmp_path
     assert "| Horovod | skipped" in text and "sum 500 ms, perfect overlap 300 ms" in text
     overlap.plot(data, str(tmp_path / "o.png"))
     assert (tmp_path / "o.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_input_share_benchmark_maps_each_workers_share_alone(tmp_path):
+    from benchmarks import input_share
+
+    input_share.main(["--examples", "1536", "--rounds", "1", "--out_dir", str(tmp_path)])
+    rows = json.loads((tmp_path / "input_share.json").read_text())["rows"]
+    assert (tmp_path / "input_share.png").exists()
+    assert sorted({(r["pipeline"], r["workers"], r["worker"]) for r in rows}) == sorted(
+        (p, n, w) for p in input_share.PIPELINES for n in (1, 2, 3) for w in range(n))
+    for r in rows:  # 4 global batches of 384: each worker maps its 384 / N of each
+        assert r["mapped"] == 1536 // r["workers"], r

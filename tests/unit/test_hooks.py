@@ -1,6 +1,6 @@
 """The program's hooks on the rewritten graph (parallax/hooks.py), over a real MonitoredSession on the
-hand-rewritten two-replica graph of test_session.py: hooks hold the single-device graph's tensors as TF1
-programs write them, see one device's values, feed, stop the loop, and see only the program's own runs."""
+hand-rewritten two-replica graph of tests/unit/session_fakes.py: hooks hold the single-device graph's tensors as
+TF1 programs write them, see one device's values, feed, stop the loop, and see only the program's own runs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from parallax.errors import AnalysisError
 from parallax.hooks import HookAdapter, SessionTranslation, begin_hooks, run_past_hooks
 from parallax.session import ParallaxSession
 from parallax.translate import Translator
-from tests.unit.test_session import REPLICAS, Model, X
+from tests.unit.session_fakes import REPLICAS, Model, X
 
 
 class Recorder(tf.compat.v1.train.SessionRunHook):

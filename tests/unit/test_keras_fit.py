@@ -373,7 +373,7 @@ def test_a_consumer_that_stops_early_stops_the_drawing_thread_and_closes_the_bat
 def test_a_callback_with_batch_hooks_of_its_own_may_stop_within_an_epoch_keras_own_do_not(flavor):
     import importlib
 
-    from parallax.tf2.fit import _BEGINS, _ENDS, _batch_hooks
+    from parallax.tf2.batch_hooks import BEGINS, ENDS, batch_hooks
     from parallax.tf2.keras_flavor import Flavor, TfKerasFlavor
 
     module = importlib.import_module(flavor)
@@ -384,9 +384,9 @@ def test_a_callback_with_batch_hooks_of_its_own_may_stop_within_an_epoch_keras_o
             pass
 
     own = (Flavor if flavor == "keras" else TfKerasFlavor)(module)
-    assert not _batch_hooks([callbacks.History(), callbacks.ProgbarLogger(), Timer(), callbacks.EarlyStopping()],
-                            own, _BEGINS + _ENDS)
-    assert _batch_hooks([callbacks.TerminateOnNaN()], own, _ENDS)
+    assert not batch_hooks([callbacks.History(), callbacks.ProgbarLogger(), Timer(), callbacks.EarlyStopping()],
+                           own, BEGINS + ENDS)
+    assert batch_hooks([callbacks.TerminateOnNaN()], own, ENDS)
 
 
 def test_a_model_whose_class_overrides_fit_is_said_at_warning(parallax_warnings):
@@ -410,3 +410,28 @@ def test_a_model_whose_class_overrides_fit_is_said_at_warning(parallax_warnings)
     assert said.startswith("parallax.fit: Trained overrides model.fit (tests.unit.test_keras_fit.Prepared.fit), which "
                            "parallax.fit does not run")
     assert "pass shuffle=False, or the prepared tf.data.Dataset" in said
+
+
+@pytest.mark.parametrize("every_batch, bar, interval, computed", [
+    (True, True, 3600.0, [0, 1, 2, 3]),   # a callback's own batch hooks read them: every batch's
+    (False, True, 3600.0, [0, 3]),        # the progress bar alone: when it may draw, and at the epoch's last batch
+    (False, True, 0.0, [0, 1, 2, 3]),     # ... which, drawing at every update, is every batch
+    (False, False, 0.0, []),              # nothing reads them
+])
+def test_the_batch_logs_are_computed_where_something_reads_them(every_batch, bar, interval, computed):
+    from parallax.tf2.batch_hooks import BatchLogs
+
+    class Model:
+        calls: list = []
+
+        def get_metrics_result(self):
+            self.calls.append(len(self.calls))
+            return {"loss": float(len(self.calls))}
+
+    model = Model()
+    logs = BatchLogs(model, every_batch, bar, steps=4, interval=interval)
+    got = [logs.after(index) for index in range(4)]
+    assert model.calls == list(range(len(computed)))
+    assert [g.get("loss") for g in got] == ([None] * 4 if not computed else
+                                            [float(computed.index(max(c for c in computed if c <= i)) + 1)
+                                             for i in range(4)])

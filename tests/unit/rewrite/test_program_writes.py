@@ -1,4 +1,4 @@
-"""The PS rewrite of a program's own writes of server variables (rewrite/ps_sync.py): the chief writes,
+"""The PS rewrite of a program's own writes of server variables (rewrite/program_writes.py): the chief writes,
 once per step as on one device; on the other workers a write runs nothing but still gives what one device
 would give a fetch, a reader or a graph collection; writes outside a step take the writes barrier."""
 

@@ -13,14 +13,67 @@ Example::
 
     cfg = parallax.Config(run_option="MPI")
     cfg.ckpt_config = parallax.CheckPointConfig(ckpt_dir="/tmp/ckpt", save_ckpt_steps=100)
+
+This module holds the classes themselves (``parallax`` exports them from here); the
+values their fields allow are named in :mod:`parallax.config.values`, the check each
+assignment runs is in :mod:`parallax.config.checks`, and the checked record they all
+are is :mod:`parallax.config.base`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from dataclasses import fields as fields_of
+from dataclasses import dataclass
 from typing import Any
+
+from parallax.config.base import _ConfigBase, _field
+
+# `noqa: F401`: some names (parse_bytes, _describe, BACKENDS, COMPRESSED_FORMATS, ...) are imported only so that
+# every name of the module this package was stays importable from parallax.config (parallax.comm, parallax.plan
+# and parallax.launch import the value lists from here).
+from parallax.config.checks import (  # noqa: F401
+    _UNITS,
+    _backend,
+    _bool,
+    _bytes_or_none,
+    _compression,
+    _describe,
+    _fusion_bytes,
+    _hooks,
+    _instance_of,
+    _mpirun_options,
+    _non_negative_int,
+    _optional_bool,
+    _optional_str,
+    _plan_overrides,
+    _positive_int,
+    _positive_int_or_none,
+    _positive_number_or_none,
+    _profile_range,
+    _profile_steps,
+    _profile_worker,
+    _protocol,
+    _run_option,
+    _schedule,
+    _scope_list,
+    _sess_config,
+    _tf_checkpoint,
+    _zero_stage,
+    parse_bytes,
+)
+from parallax.config.values import (  # noqa: F401
+    _HOROVOD_COMPRESSORS,
+    ALLREDUCE_BACKENDS,
+    BACKENDS,
+    BF16,
+    COMPRESSED_FORMATS,
+    COMPRESSION_AUTO,
+    COMPRESSIONS,
+    FP16,
+    NO_COMPRESSION,
+    OVERRIDE_SYNC,
+    PS_PROTOCOLS,
+    RUN_OPTIONS,
+)
 
 __all__ = [
     "Config",
@@ -37,208 +90,9 @@ __all__ = [
     "COMPRESSIONS",
 ]
 
-RUN_OPTIONS = ("PS", "MPI", "HYBRID", "AUTO")
-NO_COMPRESSION, FP16, BF16, COMPRESSION_AUTO = "none", "fp16", "bf16", "auto"
-#: The 16-bit formats gradients may travel in (parallax/comm/compression.py).
-COMPRESSED_FORMATS = (FP16, BF16)
-#: ``CommunicationConfig.compression``'s values.
-COMPRESSIONS = (NO_COMPRESSION, *COMPRESSED_FORMATS, COMPRESSION_AUTO)
-#: Horovod's compressor classes (``hvd.Compression.none``, ``hvd.Compression.fp16``), taken for their names.
-_HOROVOD_COMPRESSORS = {"NoneCompressor": NO_COMPRESSION, "FP16Compressor": FP16}
-PS_PROTOCOLS = ("grpc", "grpc+verbs", "grpc+gdr", "grpc+mpi")
-
-
-def _describe(value: Any) -> str:
-    return f"{type(value).__name__} {value!r}"
-
-
-# --------------------------------------------------------------------------- #
-# Field checkers: each takes (owner name, field name, value) and returns the
-# value to store, or raises. Kept small and shared by every config class.
-# --------------------------------------------------------------------------- #
-
-def _bool(owner: str, field: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{owner}.{field} must be True or False, got {_describe(value)}")
-    return value
-
-
-def _optional_bool(owner: str, field: str, value: Any) -> bool | None:
-    if value is not None and not isinstance(value, bool):
-        raise TypeError(f"{owner}.{field} must be True, False or None, got {_describe(value)}")
-    return value
-
-
-def _optional_str(owner: str, field: str, value: Any) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise TypeError(f"{owner}.{field} must be a string or None, got {_describe(value)}")
-    if value == "":
-        raise ValueError(f"{owner}.{field} must not be empty; use None to leave it unset")
-    return value
-
-
-def _positive_int_or_none(owner: str, field: str, value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{owner}.{field} must be a positive int or None, got {_describe(value)}")
-    if value <= 0:
-        raise ValueError(f"{owner}.{field} must be a positive int or None, got {value}")
-    return value
-
-
-def _positive_number_or_none(owner: str, field: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{owner}.{field} must be a positive number of seconds or None, "
-                        f"got {_describe(value)}")
-    if value <= 0:
-        raise ValueError(f"{owner}.{field} must be a positive number of seconds or None, got {value}")
-    return value
-
-
-def _tf_checkpoint(owner: str, field: str, value: Any) -> Any:
-    if value is None:
-        return None
-    import tensorflow as tf  # local: keep `import parallax.config` light
-
-    if not isinstance(value, tf.train.Checkpoint):
-        raise TypeError(f"{owner}.{field} must be a tf.train.Checkpoint of the step's objects "
-                        f"(tf.train.Checkpoint(model=model, optimizer=optimizer)) or None, got {_describe(value)}")
-    return value
-
-
-def _zero_stage(owner: str, field: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value not in (0, 1, 2):
-        raise ValueError(f"{owner}.{field} must be 0 (off), 1 (optimizer states sharded) or 2 (and gradients), "
-                         f"got {_describe(value)}")
-    return value
-
-
-def _positive_int(owner: str, field: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{owner}.{field} must be a positive int, got {_describe(value)}")
-    return value
-
-
-def _scope_list(owner: str, field: str, value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str) or not isinstance(value, (list, tuple)) or \
-            not all(isinstance(v, str) and v for v in value):
-        raise TypeError(f"{owner}.{field} must be a list of op or scope names (non-empty strings), "
-                        f"got {_describe(value)}")
-    return tuple(value)
-
-
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-
-
-def parse_bytes(text: str, where: str) -> int:
-    """``"16GB"``, ``"512MiB"``, ``"1000"``: a number of bytes.
-
-    >>> parse_bytes("1.5GiB", "x"), parse_bytes("200kB", "x")
-    (1610612736, 200000)
-
-    Raises:
-        ValueError: naming ``where`` and what was expected.
-    """
-    import re
-
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).upper() not in _UNITS:
-        raise ValueError(f"{where} must be a size such as 16GB, 512MiB or 1000000 (bytes), got {text!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-
-
-def _bytes_or_none(owner: str, field: str, value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = parse_bytes(value, f"{owner}.{field}")
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{owner}.{field} must be a positive number of bytes (or a size such as '16GB'), "
-                         f"got {_describe(value)}")
-    return value
-
-
-def _schedule(owner: str, field: str, value: Any) -> str:
-    if value not in ("gpipe", "1f1b"):
-        raise ValueError(f"{owner}.{field} must be 'gpipe' (forwards may run ahead of backwards) or '1f1b' (a "
-                         f"stage's forward waits for the backward the stages after it need), got {_describe(value)}")
-    return value
-
-
-def _instance_of(cls_getter: Callable[[], type]) -> Callable:
-    """A checker for a nested config; ``None`` stands for a fresh default one."""
-    def check(owner: str, field: str, value: Any) -> Any:
-        cls = cls_getter()
-        if value is None:
-            return cls()
-        if not isinstance(value, cls):
-            raise TypeError(f"{owner}.{field} must be a parallax.{cls.__name__}, "
-                            f"got {_describe(value)}")
-        return value
-    return check
-
-
-def _field(default: Any, check: Callable[[str, str, Any], Any], factory: bool = False) -> Any:
-    """A config field: its default (written here once) and the checker every assignment runs."""
-    if factory:
-        return field(default_factory=default, metadata={"check": check})
-    return field(default=default, metadata={"check": check})
-
-
-class _ConfigBase:
-    """Attribute-checked config object.
-
-    Subclasses are dataclasses whose fields come from :func:`_field`: the
-    default is written once, in the field, and the signature, ``repr`` and
-    ``==`` follow from it. Every assignment (the constructor's too) runs the
-    field's checker, so a bad value is reported where it is set, not deep
-    inside a run.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        fields = self.__dataclass_fields__  # type: ignore[attr-defined]
-        if name not in fields:
-            allowed = ", ".join(fields)
-            raise AttributeError(f"{type(self).__name__} has no field {name!r}; its fields are: {allowed}")
-        checker = fields[name].metadata["check"]
-        object.__setattr__(self, name, checker(type(self).__name__, name, value))
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        """Check rules that involve more than one field. Raises ValueError."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-data view (nested configs become dicts), for logs and the launcher."""
-        out: dict[str, Any] = {}
-        for f in fields_of(self):
-            value = getattr(self, f.name)
-            if isinstance(value, _ConfigBase):
-                value = value.to_dict()
-            elif f.name == "sess_config" and value is not None:
-                value = str(value)
-            out[f.name] = value
-        return out
-
-
 # --------------------------------------------------------------------------- #
 # PSConfig
 # --------------------------------------------------------------------------- #
-
-def _protocol(owner: str, field: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{owner}.{field} must be a string, got {_describe(value)}")
-    if value not in PS_PROTOCOLS:
-        raise ValueError(f"{owner}.{field} is {value!r}; the protocols TensorFlow's servers accept "
-                         f"are {', '.join(PS_PROTOCOLS)} (stock TensorFlow builds have only 'grpc')")
-    return value
-
 
 @dataclass(eq=True, repr=True)
 class PSConfig(_ConfigBase):
@@ -277,38 +131,6 @@ class PSConfig(_ConfigBase):
 # --------------------------------------------------------------------------- #
 # MPIConfig
 # --------------------------------------------------------------------------- #
-
-def _mpirun_options(owner: str, field: str, value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float)) for v in value):
-        return " ".join(str(v) for v in value)
-    raise TypeError(f"{owner}.{field} must be a string or a list of strings "
-                    f"(e.g. '-mca btl ^openib'), got {_describe(value)}")
-
-
-#: The all-reduce backends, by name: the one list (:mod:`parallax.comm.registry` maps each to its class).
-BACKENDS = ("mpi", "collective", "horovod")
-#: What ``MPIConfig.backend`` takes: a backend, or ``auto`` (mpi on CPUs, collective on GPUs).
-ALLREDUCE_BACKENDS = ("auto", *BACKENDS)
-
-
-def _backend(owner: str, field: str, value: Any) -> str:
-    if not isinstance(value, str) or value.lower() not in ALLREDUCE_BACKENDS:
-        raise ValueError(f"{owner}.{field} is {value!r}; allowed: {', '.join(ALLREDUCE_BACKENDS)} "
-                         "('auto': mpi on CPUs, collective on GPUs)")
-    return value.lower()
-
-
-def _non_negative_int(owner: str, field: str, value: Any, unit: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{owner}.{field} must be an int >= 0{unit}, got {_describe(value)}")
-    return value
-
-
-def _fusion_bytes(owner: str, field: str, value: Any) -> int:
-    return _non_negative_int(owner, field, value, " (bytes; 0 = no fusion)")
-
 
 @dataclass(eq=True, repr=True)
 class MPIConfig(_ConfigBase):
@@ -352,17 +174,6 @@ class Compression:
     fp16 = FP16
     bf16 = BF16
     auto = COMPRESSION_AUTO
-
-
-def _compression(owner: str, field: str, value: Any) -> str:
-    if value is None:
-        return NO_COMPRESSION
-    if isinstance(value, type) and value.__name__ in _HOROVOD_COMPRESSORS:
-        return _HOROVOD_COMPRESSORS[value.__name__]
-    if not isinstance(value, str) or value.lower() not in COMPRESSIONS:
-        raise ValueError(f"{owner}.{field} is {_describe(value)}; allowed: {', '.join(map(repr, COMPRESSIONS))}, "
-                         "None, or parallax.Compression.<name>")
-    return value.lower()
 
 
 @dataclass(eq=True, repr=True)
@@ -480,39 +291,6 @@ class ElasticConfig(_ConfigBase):
 # ProfileConfig
 # --------------------------------------------------------------------------- #
 
-def _profile_steps(owner: str, field: str, value: Any) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise TypeError(f"{owner}.{field} must be a list of step numbers, got {_describe(value)}")
-    steps = list(value)
-    for s in steps:
-        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-            raise ValueError(f"{owner}.{field} must hold non-negative ints, got {s!r} in {steps!r}")
-    return tuple(sorted(set(steps)))
-
-
-def _profile_range(owner: str, field: str, value: Any) -> tuple[int, int] | None:
-    if value is None:
-        return None
-    if (not isinstance(value, (list, tuple)) or len(value) != 2
-            or any(isinstance(v, bool) or not isinstance(v, int) for v in value)):
-        raise TypeError(f"{owner}.{field} must be a (start, end) pair of ints, got {_describe(value)}")
-    start, end = value
-    if start < 0 or end <= start:
-        raise ValueError(f"{owner}.{field} must satisfy 0 <= start < end, got ({start}, {end})")
-    return (start, end)
-
-
-def _profile_worker(owner: str, field: str, value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{owner}.{field} must be a worker id (int >= 0) or None for every worker, "
-                         f"got {_describe(value)}")
-    return value
-
-
 @dataclass(eq=True, repr=True)
 class ProfileConfig(_ConfigBase):
     """Profiling (RunMetadata and Chrome traces) of chosen steps.
@@ -543,79 +321,6 @@ class ProfileConfig(_ConfigBase):
 # --------------------------------------------------------------------------- #
 # Config / ParallaxConfig
 # --------------------------------------------------------------------------- #
-
-def _run_option(owner: str, field: str, value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, tuple) and len(value) == 1 and isinstance(value[0], str):
-        raise TypeError(f"{owner}.{field} must be a string, got the tuple {value!r}; "
-                        "is there a stray trailing comma after the assignment?")
-    if not isinstance(value, str):
-        raise TypeError(f"{owner}.{field} must be one of {', '.join(RUN_OPTIONS)} or None, "
-                        f"got {_describe(value)}")
-    if value.upper() not in RUN_OPTIONS:
-        raise ValueError(f"{owner}.{field} is {value!r}; allowed: {', '.join(RUN_OPTIONS)} "
-                         "(or None for the default, HYBRID)")
-    return value.upper()
-
-
-def _sess_config(owner: str, field: str, value: Any) -> Any:
-    if value is None:
-        return None
-    from tensorflow.core.protobuf import config_pb2  # local: keep `import parallax.config` light
-
-    if not isinstance(value, config_pb2.ConfigProto):
-        raise TypeError(f"{owner}.{field} must be a tf.compat.v1.ConfigProto or None, "
-                        f"got {_describe(value)}")
-    return value
-
-
-#: The sync methods a plan override may ask for (``Config.plan_overrides``, ``parallax plan --override``).
-OVERRIDE_SYNC = ("allreduce", "allgather", "ps")
-
-
-def _plan_overrides(owner: str, field: str, value: Any) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise TypeError(f"{owner}.{field} must be a dict from variable names (or globs) to a sync method "
-                        f"or to {{'sync': ..., 'density': ...}}, got {_describe(value)}")
-    checked: dict[str, Any] = {}
-    for name, entry in value.items():
-        where = f"{owner}.{field}[{name!r}]"
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"{owner}.{field}: keys must be variable names or globs, got {_describe(name)}")
-        if isinstance(entry, str):
-            entry = {"sync": entry}
-        if not isinstance(entry, dict) or not entry or set(entry) - {"sync", "density", "stage"}:
-            raise ValueError(f"{where} must be one of {', '.join(OVERRIDE_SYNC)} or a dict with keys "
-                             f"'sync', 'density' and/or 'stage', got {_describe(entry)}")
-        if "stage" in entry and (isinstance(entry["stage"], bool) or not isinstance(entry["stage"], int)
-                                 or entry["stage"] < 0):
-            raise ValueError(f"{where}: stage must be a pipeline stage's index (an int >= 0), "
-                             f"got {_describe(entry['stage'])}")
-        if "sync" in entry and entry["sync"] not in OVERRIDE_SYNC:
-            raise ValueError(f"{where}: sync must be one of {', '.join(OVERRIDE_SYNC)}, got {entry['sync']!r}")
-        if "density" in entry:
-            d = entry["density"]
-            if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 < d <= 1:
-                raise ValueError(f"{where}: density must be a number in (0, 1] (the fraction of rows one "
-                                 f"worker's gradient touches per step), got {_describe(d)}")
-        checked[name] = dict(entry)
-    return checked
-
-
-def _hooks(owner: str, field: str, value: Any) -> tuple:
-    if value is None:
-        return ()
-    import tensorflow as tf  # local: keep `import parallax.config` light
-
-    if not isinstance(value, (list, tuple)) or not all(isinstance(h, tf.compat.v1.train.SessionRunHook)
-                                                       for h in value):
-        raise TypeError(f"{owner}.{field} must be a list of tf.compat.v1.train.SessionRunHook objects, "
-                        f"got {_describe(value)}")
-    return tuple(value)
-
 
 @dataclass(eq=True, repr=True)
 class Config(_ConfigBase):

@@ -1,0 +1,137 @@
+"""The input work each worker does for ``parallax.fit(model, dataset)`` (issue 50, item 4).
+
+    python benchmarks/input_share.py                # 3 rounds, 1, 2 and 3 workers
+    python benchmarks/input_share.py --rounds 1 --examples 8192
+
+A worker reads only its share of a ``tf.data`` pipeline of global batches (parallax/tf2/input_split.py): the
+per-example maps before ``batch()`` run on its block of each batch alone. Measured here without training, in
+one process, one worker after the other: the CPU seconds (all of the process's threads: the work, whatever
+else runs on the machine) to iterate one epoch of what a worker iterates, for one worker (the whole pipeline:
+what every worker read before) and for each worker of 2 and 3, and the examples its maps processed. Two
+pipelines: the one ``make bench-tf2`` trains (ids made strings, hashed back, cast, clipped:
+``benchmarks/tf2_runs.dataset``) and a text pipeline (a line of 64 words split, hashed into a vocabulary, cut
+or padded to 64 ids), both in global batches of 384 (which 2 and 3 divide). The ratio is a worker's seconds
+over one worker's, the median over the rounds; 1/N is the goal. Results:
+``benchmarks/results/input_share.{json,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from benchmarks.common import RESULTS, finish_plot, save_results  # noqa: E402
+from benchmarks.tf2_runs import dataset, examples  # noqa: E402
+
+WORDS, VOCAB = 64, 20000
+BATCH = 384  # a global batch 2 and 3 workers divide
+
+
+def text_dataset(n: int, mapped):
+    """Lines of ``WORDS`` words, each split, hashed into ``VOCAB`` and made ``WORDS`` ids, batched."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(1)
+    lines = [" ".join(f"w{v}" for v in row) for row in rng.integers(0, 50000, (n, WORDS))]
+
+    def prepare(line, label):
+        mapped.assign_add(1)
+        words = tf.strings.split(tf.strings.lower(line))
+        ids = tf.strings.to_hash_bucket_fast(words, VOCAB)[:WORDS]
+        return tf.pad(ids, [[0, WORDS - tf.shape(ids)[0]]]), label
+
+    return (tf.data.Dataset.from_tensor_slices((lines, np.zeros(n, np.float32))).shuffle(n, seed=1)
+            .map(prepare, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE))
+
+
+def ids_dataset(n: int, mapped):
+    """``make bench-tf2``'s tf.data input (model A's ids)."""
+    return dataset(*examples("A", n), batch=BATCH, mapped=mapped)
+
+
+PIPELINES = {"ids (bench-tf2)": ids_dataset, "text": text_dataset}
+
+
+def epoch_seconds(make, n: int, workers: int, worker: int) -> tuple[float, int]:
+    """CPU seconds (every thread of the process: tf.data maps in a pool of its own) to iterate one epoch of worker
+    ``worker``'s share (the whole pipeline for one worker), and the examples its maps processed."""
+    import tensorflow as tf
+
+    from parallax.tf2.input_split import share_of
+
+    mapped = tf.Variable(0, dtype=tf.int64)
+    ds = make(n, mapped)
+    if workers > 1:
+        share = share_of(ds, workers, worker, 1)
+        assert not isinstance(share, str), share
+        ds = share.dataset
+    began = time.process_time()
+    for _ in ds:
+        pass
+    return time.process_time() - began, int(mapped.numpy())
+
+
+def measure(n: int, rounds: int) -> list[dict]:
+    rows = []
+    for name, make in PIPELINES.items():
+        epoch_seconds(make, n, 1, 0)  # warm up: the first epoch pays for tracing
+        for workers in (1, 2, 3):
+            for worker in range(workers):
+                times, mapped = [], 0
+                for _ in range(rounds):
+                    seconds, mapped = epoch_seconds(make, n, workers, worker)
+                    times.append(seconds)
+                rows.append({"pipeline": name, "workers": workers, "worker": worker, "examples": n,
+                             "mapped": mapped, "seconds": statistics.median(times), "rounds": times})
+        whole = next(r["seconds"] for r in rows if r["pipeline"] == name and r["workers"] == 1)
+        for r in rows:
+            if r["pipeline"] == name:
+                r["ratio"] = r["seconds"] / whole
+                print(f"{name:16s} {r['workers']} workers, worker {r['worker']}: {r['seconds']:.3f} CPU s, "
+                      f"{r['mapped']} examples mapped, {r['ratio']:.2f}x one worker's", flush=True)
+    return rows
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    names = list(dict.fromkeys(r["pipeline"] for r in rows))
+    width = 0.12
+    for i, name in enumerate(names):
+        mine = [r for r in rows if r["pipeline"] == name]
+        for j, r in enumerate(mine):
+            ax.bar(i + (j - len(mine) / 2) * width, r["ratio"], width,
+                   color=f"C{r['workers'] - 1}", label=f"{r['workers']} worker(s)" if i == 0 and r["worker"] == 0
+                   else None)
+    for workers in (2, 3):
+        ax.axhline(1 / workers, color=f"C{workers - 1}", linestyle=":", linewidth=1)
+    ax.set_xticks(range(len(names)), names)
+    finish_plot(fig, ax, path, "Input work per worker (each bar a worker)",
+                "one epoch's input CPU time\n/ one worker's")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--examples", type=int, default=32768)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out_dir", default=RESULTS)
+    args = p.parse_args(argv)
+    rows = measure(args.examples, args.rounds)
+    save_results(args.out_dir, "input_share", {"rows": rows}, lambda data, path: plot(data["rows"], path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""What ``parallax.fit``'s callbacks hook into between batches, and the batch logs they are given.
+
+A callback with batch hooks of its own (not Keras's ``History`` and progress bar, which set nothing) may stop
+training after a batch or set the learning rate between batches (:func:`batch_hooks`): ``parallax.fit`` then
+agrees on the stop after every batch and reads the rate before each. The batch logs (the compiled metrics so
+far, read eagerly from the model: about a millisecond a step) are computed for such a callback after every batch,
+and for the progress bar alone only as often as it draws (:class:`BatchLogs`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from parallax.tf2.evaluate import numbers
+from parallax.tf2.keras_flavor import Flavor
+
+__all__ = ["BEGINS", "ENDS", "batch_hooks", "BatchLogs"]
+
+BEGINS = ("on_train_batch_begin", "on_batch_begin")
+ENDS = ("on_train_batch_end", "on_batch_end")
+
+
+def batch_hooks(callbacks: list, flavor: Flavor, hooks: tuple[str, ...]) -> bool:
+    """Whether a callback has batch ``hooks`` of its own (Keras's ``History`` and progress bar aside, which set
+    nothing): one that may set ``model.stop_training`` after a batch (``TerminateOnNaN``; ``model.fit`` then stops
+    after that batch, and the workers agree after every batch whether to), or the learning rate between batches
+    (else it is read once an epoch)."""
+    base, quiet = flavor.callbacks.Callback, (flavor.callbacks.History, flavor.callbacks.ProgbarLogger)
+    return any(not isinstance(c, quiet) and any(getattr(type(c), h, None) is not getattr(base, h) for h in hooks)
+               for c in callbacks)
+
+
+class BatchLogs:
+    """The logs ``on_train_batch_end`` gets after batch ``index`` of an epoch of ``steps`` (``None``: unknown).
+
+    Every batch's own where a callback's batch hooks read them (``every_batch``). Where only the progress bar
+    does (``bar``), as often as it draws them (Keras's ``Progbar`` redraws at most every ``interval`` seconds and
+    shows the values of the update that draws): after ``interval`` seconds since the last, and at an epoch's last
+    batch (the one it finalises with); between those the last ones, which the bar does not draw. Else none.
+    """
+
+    def __init__(self, model: Any, every_batch: bool, bar: bool, steps: int | None, interval: float = 0.05) -> None:
+        self._model, self._every, self._bar, self._steps, self._interval = model, every_batch, bar, steps, interval
+        self._logs: dict = {}
+        self._at = -float("inf")
+
+    def after(self, index: int) -> dict:
+        now = time.monotonic()
+        if self._every or (self._bar and (now - self._at >= self._interval or index + 1 == self._steps)):
+            self._logs, self._at = numbers(self._model.get_metrics_result()), now
+        return self._logs

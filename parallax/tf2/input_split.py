@@ -1,0 +1,265 @@
+"""Each worker reads only its share of a ``tf.data`` pipeline of global batches (``parallax.fit(model, dataset)``).
+
+Without this, every worker iterates the whole pipeline and keeps its part of each global batch
+(:mod:`parallax.tf2.batches`): N workers do N times the input work of one device. Here a pipeline of the
+common shape
+
+    source ... -> map(f) -> ... -> map(g) -> batch(B) [-> prefetch | cache() | with_options]
+
+is rebuilt on each worker so that the per-example maps (the decoding, the augmentation: the input work) run
+only on the examples of that worker's block of each global batch:
+
+    source ... -> batch(B) -> map(this worker's block of the batch) -> unbatch -> map(f) -> ... -> map(g)
+      -> batch(B / N) [-> the same tail]
+
+Global batch ``k`` is the examples ``k*B ... k*B + B - 1`` of what the maps are applied to, as on one device;
+worker ``w`` keeps the block ``parallax.fit`` gives it from that batch (:func:`parallax.tf2.fit.parts`: the
+batch cut in ``N * replicas`` equal parts, worker ``w`` taking parts ``w * replicas`` on; the last, short batch
+as :func:`~parallax.tf2.fit.block_parts` cuts it). So each step's union is the batch ``model.fit`` trains,
+and every replica trains the same examples as when each worker read everything: the result is the same.
+
+What is before the maps (the source, a shuffle, a cache, a filter) still runs whole on every worker: it is
+cheap (slices, file names) where the maps are not, and it must give every worker the same order. That is
+checked: the prefix's graph (its data, seeds and functions) hashed on every worker and compared when the job
+starts (:attr:`Share.fingerprint`), and a pipeline that draws without a seed (a ``shuffle`` or a random op
+with no seed and no global seed) is not split.
+
+Read whole (and said at INFO, with the reason; the training is the same, only the input work is not
+divided) when: the pipeline is not of that shape (a ``map`` after ``batch``, which may look across a batch's
+examples; ``padded_batch``; ``repeat`` after the maps), the number of examples is not known before
+iterating (a generator, a file reader: ``Dataset.cardinality()``), the global batch does not split into the
+replicas' equal parts, a map draws random numbers (its draws would follow each worker's examples, not the
+one-device order), or nothing is drawn without a seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import zlib
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["Share", "share_of"]
+
+#: op types whose output depends on how many values they drew before (a map with one cannot run on a part)
+_RANDOM_OPS = ("RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal", "RandomShuffle",
+               "Multinomial", "RandomGamma", "RandomPoisson", "RandomPoissonV2", "ParameterizedTruncatedNormal",
+               "RandomCrop", "RandomGammaGrad", "StatefulUniform", "StatefulUniformInt",
+               "StatefulStandardNormalV2", "StatefulTruncatedNormal", "StatefulUniformFullInt",
+               "StatefulRandomBinomial", "RngSkip", "RngReadAndSkip", "AnonymousSeedGenerator")
+
+
+@dataclasses.dataclass(frozen=True)
+class Share:
+    """A worker's share of a pipeline of global batches.
+
+    Attributes:
+        dataset: this worker's block of each global batch, one element a step (an empty block where the
+            last, short batch leaves this worker none); ``cardinality()`` is the steps of an epoch.
+        global_batch: ``B``, the examples of each global batch but the last.
+        examples: the examples of an epoch (before batching).
+        drop_remainder: whether the pipeline drops the last, short batch.
+        fingerprint: a hash of what comes before the maps (alike on every worker, or their orders differ).
+    """
+
+    dataset: tf.data.Dataset
+    global_batch: int
+    examples: int
+    drop_remainder: bool
+    fingerprint: int
+
+    @property
+    def steps(self) -> int:
+        """The global batches of an epoch."""
+        full, rest = divmod(self.examples, self.global_batch)
+        return full + (1 if rest and not self.drop_remainder else 0)
+
+    def examples_at(self, step: int) -> int:
+        """The examples of the epoch's global batch ``step`` (the last one may be short).
+
+        >>> Share(None, 4, 10, False, 0).examples_at(2), Share(None, 4, 10, False, 0).steps
+        (2, 3)
+        """
+        full = self.examples // self.global_batch
+        return self.global_batch if step < full else self.examples - full * self.global_batch
+
+
+def share_of(dataset: tf.data.Dataset, num_workers: int, worker_id: int, num_replicas: int) -> Share | str:
+    """Worker ``worker_id``'s :class:`Share` of ``dataset`` (global batches, as ``parallax.fit`` takes them), or
+    why it is read whole (see the module docstring)."""
+    tail, batched = _peel_tail(dataset)
+    if not _is_batch(batched):
+        return (f"it does not end in batch(): its last transformation before the prefetch is "
+                f"{_name(batched)} (a map after batch() may look across a batch's examples)")
+    batch_size, drop_remainder = _constant(batched._batch_size), bool(_constant(batched._drop_remainder))
+    parts = num_workers * num_replicas
+    if batch_size % parts:
+        return f"its global batch ({batch_size}) does not split into {parts} equal parts"
+    maps, prefix = _peel_maps(batched._input_dataset)
+    if not maps:
+        return "no per-example map() comes before its batch(): there is no input work to divide"
+    unseeded = _unseeded(prefix)
+    if unseeded:
+        return f"{unseeded}: each worker would draw another order"
+    examples = int(prefix.cardinality())
+    if examples < 0:
+        return ("the number of its examples is not known before iterating (Dataset.cardinality(): "
+                f"{'infinite' if examples == tf.data.INFINITE_CARDINALITY else 'unknown'})")
+    block = batch_size // num_workers
+    full, rest = divmod(examples, batch_size)
+    if not full:
+        return f"it has fewer examples than one global batch ({examples} < {batch_size})"
+    last_block = num_replicas * -(-rest // parts)  # the short batch: its parts rounded up, as fit pads them
+
+    def mine(element):  # this worker's block of a global batch of raw examples, cut as fit cuts a batch
+        rows = tf.shape(tf.nest.flatten(element)[0])[0]
+        size = num_replicas * ((rows + parts - 1) // parts)
+        start = tf.minimum(worker_id * size, rows)
+        return tf.nest.map_structure(lambda t: t[start:tf.minimum(start + size, rows)], element)
+
+    # one cut a batch, where the examples are still cheap (a filter would be a call per example)
+    whole = isinstance(prefix.element_spec, tuple)  # tf.data calls a map with a tuple's items as arguments
+    blocks = prefix.batch(batch_size, drop_remainder=drop_remainder)
+    share = blocks.map(lambda *items: mine(items if whole else items[0])).unbatch()
+    for ds in reversed(maps):
+        share = _map_again(share, ds)
+    share = share.batch(block)
+    if rest and not drop_remainder and rest <= worker_id * last_block:  # this worker has none of the short batch
+        share = share.concatenate(tf.data.Dataset.from_tensors(_empty(share.element_spec)))
+    for again in reversed(tail):
+        share = again(share)
+    made = Share(share.with_options(dataset.options()), batch_size, examples, drop_remainder, _fingerprint(prefix))
+    # the steps known to Keras's iterator (its progress bar), as the batched dataset told them
+    return dataclasses.replace(made, dataset=made.dataset.apply(tf.data.experimental.assert_cardinality(made.steps)))
+
+
+def _peel_tail(dataset: tf.data.Dataset) -> tuple[list, tf.data.Dataset]:
+    """The transformations after the batch that work on whole batches alike on any worker (prefetch, an
+    in-memory cache, options), each as a function that applies it again, and the dataset before them."""
+    from tensorflow.python.data.ops import cache_op, dataset_ops, prefetch_op
+
+    tail = []
+    while True:
+        if isinstance(dataset, prefetch_op._PrefetchDataset):
+            buffer = int(_constant(dataset._buffer_size))
+            tail.append(lambda ds, buffer=buffer: ds.prefetch(buffer))
+        elif isinstance(dataset, cache_op.CacheDataset) and _constant(dataset._filename) in (b"", ""):
+            tail.append(lambda ds: ds.cache())
+        elif not isinstance(dataset, dataset_ops._OptionsDataset):
+            return tail, dataset
+        dataset = dataset._input_dataset
+
+
+def _is_batch(dataset: tf.data.Dataset) -> bool:
+    from tensorflow.python.data.ops import batch_op
+
+    return isinstance(dataset, (batch_op._BatchDataset, batch_op._ParallelBatchDataset))
+
+
+def _peel_maps(dataset: tf.data.Dataset) -> tuple[list, tf.data.Dataset]:
+    """The per-example maps just before the batch that draw nothing random (the last first), and what is before
+    them."""
+    from tensorflow.python.data.ops import map_op
+
+    maps = []
+    while isinstance(dataset, (map_op._MapDataset, map_op._ParallelMapDataset)) and not _draws(dataset):
+        maps.append(dataset)
+        dataset = dataset._input_dataset
+    return maps, dataset
+
+
+def _map_again(dataset: tf.data.Dataset, like: tf.data.Dataset) -> tf.data.Dataset:
+    """``like``'s map, with its parallelism and order, applied to ``dataset``."""
+    function = like._map_func._func
+    parallel = getattr(like, "_num_parallel_calls", None)
+    if parallel is None:
+        return dataset.map(function)
+    deterministic = {"true": True, "false": False}.get(like._deterministic)
+    return dataset.map(function, num_parallel_calls=int(_constant(parallel)), deterministic=deterministic)
+
+
+def _draws(dataset: tf.data.Dataset) -> bool:
+    """Whether one of ``dataset``'s own functions has an op that draws random numbers."""
+    return any(_random_ops(wrapper.function.graph) for wrapper in dataset._functions())
+
+
+def _random_ops(graph: Any) -> list:
+    """The ops of ``graph`` and of the functions it calls that draw random numbers: ``(type, seed, seed2)``."""
+    found = []
+    for op in graph.get_operations():
+        if op.type in _RANDOM_OPS:
+            seeds = [op.get_attr(a) if a in op.node_def.attr else 0 for a in ("seed", "seed2")]
+            found.append((op.type, *seeds))
+    for function in graph._functions.values():
+        for node in function.cached_definition.node_def:
+            if node.op in _RANDOM_OPS:
+                found.append((node.op, node.attr["seed"].i, node.attr["seed2"].i))
+    return found
+
+
+def _unseeded(dataset: tf.data.Dataset) -> str:
+    """What in ``dataset`` and its inputs draws without a seed (``""`` if nothing)."""
+    from tensorflow.python.data.ops import shuffle_op
+
+    seen, todo = set(), [dataset]
+    while todo:
+        ds = todo.pop()
+        if id(ds) in seen:
+            continue
+        seen.add(id(ds))
+        if isinstance(ds, shuffle_op._ShuffleDataset) and _constant(ds._seed) == 0 and _constant(ds._seed2) == 0:
+            return "a Dataset.shuffle without a seed (and no global seed)"
+        for wrapper in ds._functions():
+            unseeded = [t for t, seed, seed2 in _random_ops(wrapper.function.graph) if seed == 0 and seed2 == 0]
+            if unseeded:
+                return f"a function of its {_name(ds)} draws random numbers without a seed ({unseeded[0]})"
+        todo.extend(ds._inputs())
+    return ""
+
+
+def _fingerprint(dataset: tf.data.Dataset) -> int:
+    """A hash of ``dataset``'s graph: its data, seeds and functions (not its ops' names)."""
+    from tensorflow.core.framework import graph_pb2
+    from tensorflow.python.data.ops import options
+
+    graph = graph_pb2.GraphDef.FromString(
+        dataset._as_serialized_graph(external_state_policy=options.ExternalStatePolicy.IGNORE).numpy())
+    # names numbered by what this process made before: the datasets', the functions', the resources'
+    for function in graph.library.function:
+        function.signature.name = _unnumbered(function.signature.name)
+    for node in [*graph.node, *(n for f in graph.library.function for n in f.node_def)]:
+        node.attr.pop("metadata", None)
+        for value in node.attr.values():
+            for function in [*([value.func] if value.HasField("func") else []), *value.list.func]:
+                function.name = _unnumbered(function.name)
+            for handle in value.tensor.resource_handle_val:
+                handle.name = _unnumbered(handle.name)
+    functions = sorted(graph.library.function, key=lambda f: f.SerializeToString(deterministic=True))
+    del graph.library.function[:]  # listed in the order of their numbered names
+    graph.library.function.extend(functions)
+    return zlib.crc32(graph.SerializeToString(deterministic=True))
+
+
+def _unnumbered(name: str) -> str:
+    """``name`` without the number its process gave it.
+
+    >>> _unnumbered("__inference_Dataset_map_lambda_120")
+    '__inference_Dataset_map_lambda'
+    """
+    return re.sub(r"_\d+$", "", name)
+
+
+def _empty(spec: Any) -> Any:
+    """A batch of no examples of ``spec`` (unknown dimensions 0)."""
+    return tf.nest.map_structure(lambda s: tf.zeros([0, *[d or 0 for d in s.shape[1:]]], s.dtype), spec)
+
+
+def _constant(value: Any) -> Any:
+    return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+
+
+def _name(dataset: tf.data.Dataset) -> str:
+    return type(dataset).__name__.lstrip("_").replace("Dataset", "") or type(dataset).__name__

@@ -1,0 +1,166 @@
+"""Each worker's share of a ``tf.data`` pipeline (parallax/tf2/input_split.py): in every epoch, the union of the
+workers' blocks of each step is the global batch one device iterates, each block the rows ``parallax.fit`` gives
+that worker (contiguous parts, the last short batch cut as ``block_parts`` pads it), the maps run on the worker's
+examples alone; pipelines that cannot be divided are read whole, naming why."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from parallax.tf2.fit import block_parts
+from parallax.tf2.input_split import _fingerprint, share_of
+
+
+def _pipeline(examples: int, batch: int, drop: bool = False, mapped: tf.Variable | None = None,
+              parallel: bool = True) -> tf.data.Dataset:
+    """A source, a seeded shuffle (a new order each epoch), two per-example maps (one counting), batch, prefetch."""
+
+    def parse(ids, label):
+        if mapped is not None:
+            mapped.assign_add(1)
+        return {"ids": tf.cast(ids, tf.int32) * 2}, label
+
+    ds = tf.data.Dataset.from_tensor_slices((np.arange(examples), np.arange(examples) % 3))
+    ds = ds.shuffle(examples, seed=3).map(parse, num_parallel_calls=2 if parallel else None)
+    return ds.map(lambda x, y: (x, tf.cast(y, tf.float32))).batch(batch, drop_remainder=drop).prefetch(2)
+
+
+def _epochs(dataset: tf.data.Dataset, epochs: int = 2) -> list[list[list[int]]]:
+    return [[(x["ids"].numpy() // 2).tolist() for x, _ in dataset] for _ in range(epochs)]
+
+
+@pytest.mark.parametrize("examples, batch, drop, workers, replicas", [
+    (12, 4, False, 2, 1),   # even
+    (11, 4, False, 2, 1),   # a last batch of 3: 2 and 1
+    (11, 4, True, 2, 1),    # dropped
+    (9, 4, False, 2, 2),    # a last batch of 1: worker 1's block empty
+    (13, 4, False, 4, 1),   # three empty blocks in the last step
+    (14, 6, False, 3, 1),   # 3 workers, a last batch of 2
+])
+def test_the_workers_blocks_are_the_global_batches_parts(examples, batch, drop, workers, replicas):
+    one_device = _epochs(_pipeline(examples, batch, drop))
+    blocks = []
+    for worker in range(workers):
+        mapped = tf.Variable(0, dtype=tf.int64)
+        share = share_of(_pipeline(examples, batch, drop, mapped, parallel=worker % 2 == 0), workers, worker, replicas)
+        assert not isinstance(share, str), share
+        assert int(share.dataset.cardinality()) == share.steps == len(one_device[0])
+        got = _epochs(share.dataset)
+        blocks.append(got)
+        assert int(mapped.numpy()) == sum(len(b) for epoch in got for b in epoch)  # its own examples alone
+    for epoch, steps in enumerate(one_device):
+        for step, batch_ids in enumerate(steps):
+            m = len(batch_ids)
+            assert m == share.examples_at(step)
+            size = -(-m // (workers * replicas))
+            for worker in range(workers):
+                start = worker * replicas * size
+                assert blocks[worker][epoch][step] == batch_ids[start:start + replicas * size], (epoch, step, worker)
+
+
+def test_a_block_of_the_short_batch_pads_like_the_whole_batch():
+    """Worker 1's block of a batch of 5 over 4 parts (2 workers, 2 replicas): one real example, then padding
+    weighing 0; its real example's weight scaled as the whole batch's."""
+    whole, size = block_parts((np.arange(5.0), np.arange(5.0), None), 5, 4, 4, 5)
+    mine, size_here = block_parts((np.arange(4.0, 5.0), np.arange(4.0, 5.0), None), 5, 4, 2, 1)
+    assert size == size_here == 2
+    np.testing.assert_array_equal(mine[2], whole[2][4:])
+    np.testing.assert_array_equal(mine[0][:1], whole[0][4:5])
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda: tf.data.Dataset.range(8).map(lambda v: v + 1).batch(4).map(lambda v: v), "does not end in batch()"),
+    (lambda: tf.data.Dataset.range(8).batch(4), "no per-example map()"),
+    (lambda: tf.data.Dataset.range(8).map(lambda v: v + 1).batch(3), "does not split into 2 equal parts"),
+    (lambda: tf.data.Dataset.range(8).shuffle(8).map(lambda v: v + 1).batch(4), "shuffle without a seed"),
+    (lambda: tf.data.Dataset.range(8).filter(lambda v: v > 2).map(lambda v: v + 1).batch(4), "not known"),
+    (lambda: tf.data.Dataset.range(8).repeat().map(lambda v: v + 1).batch(4), "infinite"),
+    (lambda: tf.data.Dataset.range(2).map(lambda v: v + 1).batch(4), "fewer examples than"),
+])
+def test_a_pipeline_that_cannot_be_divided_is_read_whole_naming_why(make, reason):
+    said = share_of(make(), 2, 0, 1)
+    assert isinstance(said, str) and reason in said, said
+
+
+def test_a_map_that_draws_random_numbers_is_not_divided():
+    """Its draws would follow each worker's examples: it stays before the split (with a seed), so the maps after
+    it are divided; without a seed nothing is."""
+    seeded = tf.data.Dataset.range(8).map(lambda v: v + tf.random.uniform([], 0, 2, tf.int64, seed=4))
+    share = share_of(seeded.map(lambda v: v * 2).batch(4), 2, 0, 1)
+    assert not isinstance(share, str)
+    unseeded = tf.data.Dataset.range(8).map(lambda v: v + tf.random.uniform([], 0, 2, tf.int64))
+    said = share_of(unseeded.batch(4), 2, 0, 1)
+    assert isinstance(said, str) and "no per-example map()" in said
+    said = share_of(unseeded.map(lambda v: v * 2).batch(4), 2, 0, 1)
+    assert isinstance(said, str) and "without a seed (RandomUniformInt)" in said, said
+
+
+def test_the_fingerprint_is_alike_in_processes_that_made_other_things_before():
+    """What each worker hashes names no counter of the process: datasets, functions and resources made before
+    (another epoch iterator, the chief's callbacks) number theirs differently on each worker."""
+
+    def make():
+        ds = tf.data.Dataset.from_tensor_slices(np.arange(10)).map(lambda v: v * 2).cache()
+        return ds.shuffle(10, seed=1).filter(lambda v: v > 2)
+
+    first = _fingerprint(make())
+    for i in range(3):
+        tf.function(lambda v, i=i: v + i).get_concrete_function(tf.constant(1))
+        tf.data.Dataset.range(3).map(lambda v: v).cache().shuffle(3)
+    assert _fingerprint(make()) == first
+    assert _fingerprint(tf.data.Dataset.from_tensor_slices(np.arange(10)).shuffle(10, seed=2)) != \
+        _fingerprint(tf.data.Dataset.from_tensor_slices(np.arange(10)).shuffle(10, seed=1))
+
+
+class _Group:
+    """Two workers whose pipelines hash alike (``differ``: not)."""
+
+    def __init__(self, differ: bool = False) -> None:
+        self.differ = differ
+
+    def gather(self, value):
+        return [value, value + 1 if self.differ else value]
+
+
+def _fit_batches(dataset: tf.data.Dataset, steps_per_epoch: int | None = None):
+    import keras
+
+    from parallax.tf2.batches import FitBatches
+
+    model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return FitBatches("keras", model, dataset, None, None, None, steps_per_epoch, True, None, 0, 2, 0)
+
+
+def test_fit_reads_the_share_where_every_worker_made_the_same_pipeline_else_everything():
+    """Worker 1 of 2: its blocks (of 11 examples in batches of 4: 2, 2 and 1 of the short one's 3), iterated as
+    Keras's epoch iterator iterates them; the same pipeline hashed differently on another worker, or
+    ``steps_per_epoch`` given: every batch whole, as before, said at INFO."""
+    import logging
+
+    from parallax.logs import log
+
+    batches = _fit_batches(_pipeline(11, 4))
+    batches.split(_Group(), 2, 1, 1)
+    assert batches.share is not None and batches.steps == 3
+    sizes = [[len(b[1]) for b in epoch] for _, epoch in batches.epochs(0, 2)]
+    assert sizes == [[2, 2, 1], [2, 2, 1]]
+    said: list[str] = []
+    handler = logging.Handler(logging.INFO)  # the PARALLAX logger passes nothing on to pytest's caplog
+    handler.emit = lambda record: said.append(record.getMessage())
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        for group, steps, why in [(_Group(differ=True), None, "differs between the workers"),
+                                  (_Group(), 3, "steps_per_epoch is given")]:
+            whole = _fit_batches(_pipeline(11, 4), steps)
+            whole.split(group, 2, 1, 1)
+            assert whole.share is None
+            assert why in said[-1] and "every worker reads the whole dataset" in said[-1]
+            assert [len(b[1]) for _, epoch in whole.epochs(0, 1) for b in epoch][:3] == [4, 4, 3]
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
