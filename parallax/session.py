@@ -22,8 +22,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from parallax.graph.graph_ops import ancestors, node_map, parse_input
 from parallax.hooks import SessionTranslation, SingleDeviceSession, run_past_hooks
-from parallax.rewrite.graph_ops import ancestors, node_map, parse_input
 
 __all__ = ["ParallaxSession", "WritesBarrier"]
 
@@ -61,7 +61,7 @@ class ParallaxSession(SingleDeviceSession):
             communication backends, a tee of the output), in order.
         after_steps: training op -> op to run, past the hooks, after every
             ``run`` that ran it (the PS chief's release of the other workers,
-            :func:`parallax.rewrite.names.release_op`).
+            :func:`parallax.graph.names.release_op`).
         writes: the PS writes barrier (:class:`WritesBarrier`), or ``None``.
         group: the job's workers as a group the program's loop can talk to between steps
             (:mod:`parallax.comm.group`), or ``None``.

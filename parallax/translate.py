@@ -2,7 +2,7 @@
 
 A program speaks of the graph it built: ops, tensors and their names. The
 rewritten graph has one copy of each per-replica op for every local replica
-(replica 0 keeps the original name, :func:`parallax.rewrite.names.replica_op_name`)
+(replica 0 keeps the original name, :func:`parallax.graph.names.replica_op_name`)
 and one of each shared op. :class:`Translator` maps both ways:
 
 * a fetch (an op, a tensor, a name, or anything with ``_as_graph_element``, nested
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from parallax.rewrite.names import replica_op_name, replica_tensor_name
+from parallax.graph.names import replica_op_name, replica_tensor_name
 
 __all__ = ["Translator", "ReplicaValues"]
 

@@ -20,7 +20,7 @@ from parallax.analysis.refusals import (
 )
 from parallax.analysis.scopes import _slots, _train_ops, _update_scopes
 from parallax.batch_statistics import batch_statistics, replica_sums_of
-from parallax.rewrite.graph_ops import colocated_with
+from parallax.graph.graph_ops import colocated_with
 from parallax.update_order import gradients_after_updates
 
 __all__ = ["analyse_graph"]

@@ -11,7 +11,7 @@ from parallax.analysis.model import GradientInfo
 from parallax.analysis.ops import _SWITCHES, VARIABLE_OP_TYPES, _in_gradient_scope, _is_batch_input
 from parallax.analysis.walks import _from_gradient_computation, _frontier_distances, _same_shape, _shared_rows
 from parallax.errors import AnalysisError
-from parallax.rewrite.graph_ops import is_variable_write
+from parallax.graph.graph_ops import is_variable_write
 
 __all__ = ["_refuse_unapplied_gradients", "_refuse_trainables_written_from_data", "_refuse_hidden_updates",
            "_refuse_decisions_on_a_replicas_data", "_refuse_gradients_behind_decisions", "_refuse_partly_shared_rows"]

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from parallax.rewrite.names import ZERO_PREFIX
+from parallax.graph.names import ZERO_PREFIX
 
 __all__ = ["Broadcast", "MPIBroadcast", "CollectiveBroadcast", "worker_variables"]
 

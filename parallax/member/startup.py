@@ -20,6 +20,7 @@ from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
 
 from parallax.checkpoint import checkpointing
 from parallax.comm.registry import backends_in_use
+from parallax.graph.names import release_op, writes_barrier_op
 from parallax.graph_input import export_graph
 from parallax.hooks import HookAdapter, SessionTranslation, begin_hooks, run_past_hooks
 from parallax.logs import log as logger
@@ -29,7 +30,6 @@ from parallax.paths import check_paths
 from parallax.plan import Plan, TaskSpec
 from parallax.profiling import Profiler
 from parallax.rewrite.classify import classify
-from parallax.rewrite.names import release_op, writes_barrier_op
 from parallax.rewrite.pipeline import rewrite_for_task, wait_points
 from parallax.rewrite.ps_sync import PROGRAM_WRITES, UNSYNCHRONISED
 from parallax.rewrite.replicate import shard_op_names

@@ -53,16 +53,16 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from parallax.comm.compression import compressed_allgather, compressed_allreduce
 from parallax.comm.registry import backend_for
 from parallax.errors import RewriteError
-from parallax.plan.buckets import overlap_buckets
-from parallax.plan.model import CommSpec, Plan, TaskSpec, VariablePlacement
-from parallax.rewrite.classify import classify
-from parallax.rewrite.graph_ops import add_nodes, canonical, format_input, node_map, parse_input, rewire_inputs
-from parallax.rewrite.names import (
+from parallax.graph.graph_ops import add_nodes, canonical, format_input, node_map, parse_input, rewire_inputs
+from parallax.graph.names import (
     AGGREGATE_PREFIX,
     aggregate_scope,
     aggregate_step_scope,
     replica_tensor_name,
 )
+from parallax.plan.buckets import overlap_buckets
+from parallax.plan.model import CommSpec, Plan, TaskSpec, VariablePlacement
+from parallax.rewrite.classify import classify
 from parallax.rewrite.readiness import readiness_order
 
 __all__ = ["aggregate_gradients", "build_subgraph"]

@@ -28,8 +28,7 @@ from tensorflow.core.framework import graph_pb2
 
 from parallax.analysis import VARIABLE_OP_TYPES
 from parallax.errors import RewriteError
-from parallax.plan.model import Plan
-from parallax.rewrite.graph_ops import (
+from parallax.graph.graph_ops import (
     ancestors,
     consumers,
     descendants,
@@ -38,6 +37,7 @@ from parallax.rewrite.graph_ops import (
     op_of,
     written_variable,
 )
+from parallax.plan.model import Plan
 
 __all__ = ["Classification", "classify", "is_input_op"]
 

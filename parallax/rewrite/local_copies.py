@@ -24,10 +24,10 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, node_def_pb2, tensor_pb2, variable_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
+from parallax.graph.graph_ops import add_nodes
+from parallax.graph.names import REPLICA_PREFIX, copy_replica, local_copy_scope
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.classify import classify
-from parallax.rewrite.graph_ops import add_nodes
-from parallax.rewrite.names import REPLICA_PREFIX, copy_replica, local_copy_scope
 
 __all__ = ["use_local_copies"]
 

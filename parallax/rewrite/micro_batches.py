@@ -54,11 +54,7 @@ from tensorflow.python.framework import tensor_util
 
 from parallax.analysis import VARIABLE_OP_TYPES
 from parallax.errors import RewriteError
-from parallax.logs import log as logger
-from parallax.plan.model import Plan, TaskSpec
-from parallax.plan.stages import stage_of
-from parallax.rewrite.classify import classify, is_input_op
-from parallax.rewrite.graph_ops import (
+from parallax.graph.graph_ops import (
     ancestors,
     colocated_with,
     consumers,
@@ -72,7 +68,11 @@ from parallax.rewrite.graph_ops import (
     replica_device,
     written_variable,
 )
-from parallax.rewrite.names import PIPELINE_PREFIX, micro_op_name
+from parallax.graph.names import PIPELINE_PREFIX, micro_op_name
+from parallax.logs import log as logger
+from parallax.plan.model import Plan, TaskSpec
+from parallax.plan.stages import stage_of
+from parallax.rewrite.classify import classify, is_input_op
 
 __all__ = ["split_micro_batches", "op_stages"]
 

@@ -27,10 +27,10 @@ import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from parallax.comm.packing import pack, packed_groups, static_nbytes, unpack
+from parallax.graph.graph_ops import add_nodes, consumers, format_input, node_map, parse_input
+from parallax.graph.names import packed_reads_scope
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.aggregate import build_subgraph
-from parallax.rewrite.graph_ops import add_nodes, consumers, format_input, node_map, parse_input
-from parallax.rewrite.names import packed_reads_scope
 
 __all__ = ["pack_server_reads"]
 

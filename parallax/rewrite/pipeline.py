@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 from tensorflow.core.protobuf import meta_graph_pb2
 
+from parallax.graph.names import AGGREGATE_PREFIX, SYNC_PREFIX, sync_scope
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.aggregate import aggregate_gradients
 from parallax.rewrite.local_copies import use_local_copies
 from parallax.rewrite.micro_batches import split_micro_batches
-from parallax.rewrite.names import AGGREGATE_PREFIX, SYNC_PREFIX, sync_scope
 from parallax.rewrite.packed_reads import pack_server_reads
 from parallax.rewrite.placement import place_variables
 from parallax.rewrite.ps_sync import add_ps_sync

@@ -39,10 +39,10 @@ from tensorflow.core.framework import node_def_pb2, types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 from tensorflow.python.framework import tensor_util
 
+from parallax.graph.graph_ops import add_nodes, colocated_with, consumers, descendants, parse_input
+from parallax.graph.names import INITIAL_VALUE_PREFIX, copy_replica, is_parallax_op
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.classify import classify
-from parallax.rewrite.graph_ops import add_nodes, colocated_with, consumers, descendants, parse_input
-from parallax.rewrite.names import INITIAL_VALUE_PREFIX, copy_replica, is_parallax_op
 
 __all__ = ["place_variables"]
 

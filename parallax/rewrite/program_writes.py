@@ -29,9 +29,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from parallax.analysis import VARIABLE_OP_TYPES, update_scope_owner
-from parallax.plan.model import Plan, TaskSpec
-from parallax.rewrite.aggregate import build_subgraph
-from parallax.rewrite.graph_ops import (
+from parallax.graph.graph_ops import (
     add_nodes,
     ancestors,
     consumers,
@@ -42,7 +40,9 @@ from parallax.rewrite.graph_ops import (
     parse_input,
     written_variable,
 )
-from parallax.rewrite.names import SYNC_PREFIX, WRITES_SCOPE
+from parallax.graph.names import SYNC_PREFIX, WRITES_SCOPE
+from parallax.plan.model import Plan, TaskSpec
+from parallax.rewrite.aggregate import build_subgraph
 
 __all__ = ["program_writes", "written_after", "add_writes_barrier", "drop_server_writes", "server_variables",
            "UNSYNCHRONISED", "PROGRAM_WRITES"]
@@ -125,7 +125,7 @@ def drop_server_writes(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, devi
     moving statistics, its own increment of the global step or assignment of a learning rate, a saver's
     restore; :func:`program_writes`) run nothing: the chief runs them, once per step as on one device.
 
-    What a write gives a program that fetches it stays (:func:`parallax.rewrite.graph_ops.make_no_op`),
+    What a write gives a program that fetches it stays (:func:`parallax.graph.graph_ops.make_no_op`),
     with the value one device gives:
 
     * a write ordered after a training op (under its ``control_dependencies``): the variable, read after

@@ -19,9 +19,9 @@ import tensorflow as tf
 
 from parallax.comm.compression import decompress, for_push
 from parallax.comm.packing import elements, pack, packed_groups, static_nbytes, unpack
+from parallax.graph.graph_ops import parse_input
+from parallax.graph.names import aggregate_outputs, variable_sync_scope
 from parallax.plan.model import Plan, TaskSpec, VariablePlacement
-from parallax.rewrite.graph_ops import parse_input
-from parallax.rewrite.names import aggregate_outputs, variable_sync_scope
 
 __all__ = ["gradient_senders", "gradients_sent", "compressed_push", "push_and_take", "take_rows", "push_groups",
            "PACKED"]

@@ -89,9 +89,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 
 from parallax.analysis import update_scope_owner
 from parallax.errors import RewriteError
-from parallax.plan.model import Plan, TaskSpec, VariablePlacement
-from parallax.rewrite.aggregate import build_subgraph
-from parallax.rewrite.graph_ops import (
+from parallax.graph.graph_ops import (
     add_nodes,
     ancestors,
     consumers,
@@ -103,13 +101,15 @@ from parallax.rewrite.graph_ops import (
     parse_input,
     written_variable,
 )
-from parallax.rewrite.names import (
+from parallax.graph.names import (
     SYNC_PREFIX,
     aggregate_outputs,
     is_parallax_op,
     sync_scope,
     unsynchronised_train_op,
 )
+from parallax.plan.model import Plan, TaskSpec, VariablePlacement
+from parallax.rewrite.aggregate import build_subgraph
 from parallax.rewrite.program_writes import (  # PROGRAM_WRITES, UNSYNCHRONISED, program_writes: from here too
     PROGRAM_WRITES,
     UNSYNCHRONISED,

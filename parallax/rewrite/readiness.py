@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 
 from tensorflow.core.framework import graph_pb2
 
-from parallax.rewrite.graph_ops import op_of, parse_input
+from parallax.graph.graph_ops import op_of, parse_input
 
 __all__ = ["op_depths", "readiness_order"]
 

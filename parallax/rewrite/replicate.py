@@ -38,9 +38,7 @@ from tensorflow.core.framework import node_def_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from parallax.errors import RewriteError
-from parallax.plan.model import Plan, TaskSpec
-from parallax.rewrite.classify import classify
-from parallax.rewrite.graph_ops import (
+from parallax.graph.graph_ops import (
     add_nodes,
     consumers,
     copy_op,
@@ -52,7 +50,7 @@ from parallax.rewrite.graph_ops import (
     replica_device,
     written_variable,
 )
-from parallax.rewrite.names import (
+from parallax.graph.names import (
     REPLICA_PREFIX,
     copy_replica,
     replica_frame_name,
@@ -60,6 +58,8 @@ from parallax.rewrite.names import (
     replica_op_name,
     replica_seed_ops,
 )
+from parallax.plan.model import Plan, TaskSpec
+from parallax.rewrite.classify import classify
 from parallax.shard import NUM_SHARDS_COLLECTION, SHARD_ID_COLLECTION
 
 __all__ = ["replicate_graph", "shard_op_names"]

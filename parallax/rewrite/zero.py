@@ -44,10 +44,10 @@ from tensorflow.python.framework import op_def_registry
 from parallax.comm.base import NO_SHARDS
 from parallax.comm.registry import backend_for
 from parallax.errors import RewriteError
+from parallax.graph.graph_ops import add_nodes, canonical, consumers, node_map, parse_input, rewire_inputs
+from parallax.graph.names import AGGREGATE_PREFIX, ZERO_PREFIX, aggregate_outputs, zero_scope
 from parallax.plan.model import Plan, TaskSpec, VariablePlacement, part_sizes
 from parallax.rewrite.aggregate import build_subgraph
-from parallax.rewrite.graph_ops import add_nodes, canonical, consumers, node_map, parse_input, rewire_inputs
-from parallax.rewrite.names import AGGREGATE_PREFIX, ZERO_PREFIX, aggregate_outputs, zero_scope
 
 __all__ = ["shard_optimizer_states", "held_in_parts", "sharded_slots", "ELEMENTWISE_OPS", "ZERO_SLOTS"]
 

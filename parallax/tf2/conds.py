@@ -33,7 +33,7 @@ from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, n
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 
 from parallax.errors import AnalysisError
-from parallax.rewrite.graph_ops import colocated_with, colocation_group, format_input, is_variable_write, parse_input
+from parallax.graph.graph_ops import colocated_with, colocation_group, format_input, is_variable_write, parse_input
 
 __all__ = ["lower_conds", "COND_OPS"]
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from tensorflow.core.framework import graph_pb2
 
-from parallax.rewrite.graph_ops import is_variable_write, parse_input, variable_behind
+from parallax.graph.graph_ops import is_variable_write, parse_input, variable_behind
 
 __all__ = ["UpdateRegion", "update_regions", "GRADIENT_SCOPE"]
 

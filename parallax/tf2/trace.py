@@ -44,8 +44,8 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2
 from parallax.analysis import is_summed
 from parallax.batch_statistics import REPLICA_SUMS
 from parallax.errors import AnalysisError
-from parallax.rewrite.graph_ops import colocated_with, colocation_group, format_input, parse_input
-from parallax.rewrite.names import INITIAL_VALUE_PREFIX
+from parallax.graph.graph_ops import colocated_with, colocation_group, format_input, parse_input
+from parallax.graph.names import INITIAL_VALUE_PREFIX
 from parallax.tf2.conds import lower_conds
 from parallax.tf2.regions import update_regions
 from parallax.tf2.replica_sums import replica_sums

@@ -154,7 +154,9 @@ class SlurmCluster:
                 "SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\nSchedulerType=sched/backfill\n"
                 "MpiDefault=none\nReturnToService=2\nJobCompType=jobcomp/none\n"
                 "AccountingStorageType=accounting_storage/none\nJobAcctGatherType=jobacct_gather/none\n"
-                "SlurmctldTimeout=30\nSlurmdTimeout=30\nInactiveLimit=0\nKillWait=5\nMinJobAge=30\n"
+                "SlurmctldTimeout=30\nSlurmdTimeout=30\nInactiveLimit=0\nKillWait=5\n"
+                # sbatch --wait reads an ended job's exit code from its record: kept 10 min (30 s lost it under load)
+                "MinJobAge=600\n"
                 "SlurmctldDebug=info\nSlurmdDebug=info\n"
                 f"{nodes}PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n")
 

@@ -4,7 +4,7 @@ graph, its hand-"rewritten" copy, and a fake session on it for ParallaxSession t
 The "rewritten" graph is built by hand: the per-replica part of the model once
 at the root (replica 0 keeps the original names) and once under
 ``parallax_replica_<r>/`` for each further replica, as
-:func:`parallax.rewrite.names.replica_op_name` names the copies; the shared
+:func:`parallax.graph.names.replica_op_name` names the copies; the shared
 part (a constant, a variable, a learning-rate placeholder, an update op) once.
 The ``model`` fixture is bound by name in the test files that use it (``model = session_fakes.model``).
 """
@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import pytest
 import tensorflow as tf
 
+from parallax.graph.names import REPLICA_PREFIX, replica_op_name
 from parallax.hooks import SessionTranslation
-from parallax.rewrite.names import REPLICA_PREFIX, replica_op_name
 from parallax.session import ParallaxSession
 from parallax.translate import Translator
 

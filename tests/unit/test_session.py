@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from parallax.rewrite.names import REPLICA_PREFIX
+from parallax.graph.names import REPLICA_PREFIX
 from tests.unit import session_fakes
 from tests.unit.session_fakes import REPLICAS, Model, X, _replica_part, _shared_part
 

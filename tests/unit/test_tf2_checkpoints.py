@@ -11,8 +11,8 @@ import tensorflow as tf
 
 import parallax
 from parallax.errors import CheckpointError
+from parallax.graph.names import INITIAL_VALUE_PREFIX
 from parallax.plan import TaskSpec
-from parallax.rewrite.names import INITIAL_VALUE_PREFIX
 from parallax.rewrite.pipeline import rewrite_for_task
 from parallax.tf2.trace import trace_step
 from tests.tf2.checkpoint_programs import build

@@ -13,6 +13,18 @@ from parallax.tf2.fit import block_parts
 from parallax.tf2.input_split import _fingerprint, share_of
 
 
+@pytest.fixture(autouse=True)
+def _no_global_seed():
+    """No global seed while a test runs (an earlier test of the process may have set one, which would seed the
+    pipelines meant to draw without a seed), and the earlier one again after it."""
+    from tensorflow.python.framework import random_seed
+
+    earlier = random_seed.get_seed(None)[0]
+    tf.random.set_seed(None)
+    yield
+    tf.random.set_seed(earlier)
+
+
 def _pipeline(examples: int, batch: int, drop: bool = False, mapped: tf.Variable | None = None,
               parallel: bool = True) -> tf.data.Dataset:
     """A source, a seeded shuffle (a new order each epoch), two per-example maps (one counting), batch, prefetch."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from parallax.analysis import analyse_graph
+from parallax.graph.names import sync_scope, unsynchronised_train_op
 from parallax.plan import TaskSpec, build_plan
-from parallax.rewrite.names import sync_scope, unsynchronised_train_op
 from parallax.rewrite.pipeline import rewrite_for_task
 from tests.models import build_embedding
 from tests.unit.rewrite.helpers import export, nodes_of

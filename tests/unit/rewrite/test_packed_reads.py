@@ -5,9 +5,9 @@ from dataclasses import replace
 import pytest
 import tensorflow as tf
 
+from parallax.graph.graph_ops import parse_input
 from parallax.plan import TaskSpec
 from parallax.plan.model import PSSpec
-from parallax.rewrite.graph_ops import parse_input
 from parallax.rewrite.pipeline import rewrite_for_task
 from tests.models import build_mlp
 from tests.unit.rewrite.helpers import export, nodes_of

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import tensorflow as tf
 
+from parallax.graph.graph_ops import ancestors
+from parallax.graph.names import writes_barrier_op
 from parallax.plan import TaskSpec
-from parallax.rewrite.graph_ops import ancestors
-from parallax.rewrite.names import writes_barrier_op
 from parallax.rewrite.pipeline import rewrite_for_task
 from parallax.rewrite.ps_sync import PROGRAM_WRITES, UNSYNCHRONISED
 from tests.models import Model, _init
@@ -52,7 +52,7 @@ def rewritten(resource: bool, worker: int):
 
 def writes_of(model: Model) -> dict[str, str]:
     """The program's write of each of its variables, by role (a resource write takes no name of its own)."""
-    from parallax.rewrite.graph_ops import node_map, written_variable
+    from parallax.graph.graph_ops import node_map, written_variable
 
     nodes = node_map(model.graph.as_graph_def())
     found = {written_variable(n, nodes): n.name for n in nodes.values()

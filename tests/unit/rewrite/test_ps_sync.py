@@ -5,10 +5,10 @@ import pytest
 import tensorflow as tf
 
 from parallax.analysis import analyse_graph
+from parallax.graph.graph_ops import ancestors, parse_input
+from parallax.graph.names import release_op, sync_scope, unsynchronised_train_op
 from parallax.plan import TaskSpec, build_plan
 from parallax.plan.policies import place_by_bytes
-from parallax.rewrite.graph_ops import ancestors, parse_input
-from parallax.rewrite.names import release_op, sync_scope, unsynchronised_train_op
 from parallax.rewrite.pipeline import rewrite_for_task
 from tests.models import build_embedding, build_mlp, build_sequence
 from tests.unit.rewrite.helpers import export, nodes_of

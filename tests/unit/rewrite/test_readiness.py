@@ -3,10 +3,10 @@
 import tensorflow as tf
 
 from parallax.analysis import analyse_graph
+from parallax.graph.graph_ops import ancestors, node_map, op_of
 from parallax.plan import TaskSpec, build_plan
 from parallax.plan.buckets import MIN_BUCKET_BYTES, overlap_buckets
 from parallax.plan.model import CommSpec
-from parallax.rewrite.graph_ops import ancestors, node_map, op_of
 from parallax.rewrite.pipeline import rewrite_for_task
 from parallax.rewrite.readiness import op_depths, readiness_order
 from tests.models import build_deep_mlp, build_sequence
