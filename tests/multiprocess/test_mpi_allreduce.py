@@ -28,11 +28,11 @@ _MIXED = "mixed"  # rank 0 with the compiled op, rank 1 through the PyFunc
     (_MIXED, True, _ONE_BUCKET, 2e-4),
     (_MIXED, True, _ONE_BUCKET, None),
     (False, True, 1, None),
-    (True, False, 1, None),
     (True, True, _ONE_BUCKET, None),
-    (False, True, _ONE_BUCKET, None),
-], ids=["compiled-op", "mixed-one-bucket-arriving", "mixed-one-bucket", "pyfunc", "compiled-op-no-huge-pages",
-        "compiled-op-one-bucket", "pyfunc-one-bucket"])
+    # out for CI's time (2026-12-02): the compiled op without the huge-page advice (the same sums; the advice is
+    # benchmarks/allreduce.py's to measure) and both ranks' PyFuncs in one bucket (rank 1's PyFunc sums one bucket
+    # in the mixed cases)
+], ids=["compiled-op", "mixed-one-bucket-arriving", "mixed-one-bucket", "pyfunc", "compiled-op-one-bucket"])
 def test_in_place_sums_are_right_and_leave_shared_buffers_alone(tmp_path, monkeypatch, fusion_bytes, native,
                                                                huge_pages, spin):
     mixed = native == _MIXED
