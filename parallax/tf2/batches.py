@@ -107,10 +107,14 @@ class FitBatches:
         Every worker decides alike."""
         if num_workers == 1 or not isinstance(self._x, tf.data.Dataset):
             return
-        share = "steps_per_epoch is given" if self._steps_per_epoch else \
-            share_of(self._x, num_workers, worker_id, num_replicas)
-        if not isinstance(share, str) and len(set(group.gather(share.fingerprint))) > 1:
-            share = "what comes before its maps differs between the workers"  # check_same then says where
+        try:
+            share = "steps_per_epoch is given" if self._steps_per_epoch else \
+                share_of(self._x, num_workers, worker_id, num_replicas)
+        except Exception as e:  # a pipeline of parts this reading of tf.data's objects does not know: read whole
+            share = f"it could not be divided ({type(e).__name__}: {e})"
+        every = group.gather(None if isinstance(share, str) else share.fingerprint)  # every worker, collectively
+        if not isinstance(share, str) and (None in every or len(set(every)) > 1):
+            share = "another worker could not divide it, or what comes before its maps differs between the workers"
         if isinstance(share, str):
             log.info("parallax.fit: every worker reads the whole dataset and keeps its part of each batch: %s", share)
             return
