@@ -127,12 +127,14 @@ def test_the_fingerprint_is_alike_in_processes_that_made_other_things_before():
 
 
 class _Group:
-    """Two workers whose pipelines hash alike (``differ``: not)."""
+    """Two workers whose pipelines hash alike (``differ``: not; ``other``: what the other worker says)."""
 
-    def __init__(self, differ: bool = False) -> None:
-        self.differ = differ
+    def __init__(self, differ: bool = False, other: object = "same") -> None:
+        self.differ, self.other = differ, other
 
     def gather(self, value):
+        if self.other != "same":
+            return [value, self.other]
         return [value, value + 1 if self.differ else value]
 
 
@@ -167,6 +169,7 @@ def test_fit_reads_the_share_where_every_worker_made_the_same_pipeline_else_ever
     log.setLevel(logging.INFO)
     try:
         for group, steps, why in [(_Group(differ=True), None, "differs between the workers"),
+                                  (_Group(other=None), None, "another worker could not divide it"),
                                   (_Group(), 3, "steps_per_epoch is given")]:
             whole = _fit_batches(_pipeline(11, 4), steps)
             whole.split(group, 2, 1, 1)
