@@ -28,7 +28,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from parallax import search
 from parallax.analysis import analyse_graph
 from parallax.checkpoint import check_checkpoint, check_schedule
-from parallax.cluster import Cluster
+from parallax.cluster import Cluster, Role
 from parallax.config import CheckPointConfig, Config
 from parallax.errors import ParallaxError
 from parallax.graph_input import load_graph
@@ -333,7 +333,7 @@ def _run_plain(call: _Call) -> tuple | int:
             f.write(text + "\n")
         return 0
     check_local_devices(job, settings, cluster.source)  # before anything starts
-    here = [p for p in job.processes if p.role == "worker" and (not job.launched or p.host in settings.local_hosts)]
+    here = [p for p in job.processes if p.role == Role.WORKER and (not job.launched or p.host in settings.local_hosts)]
     check_paths(settings.ckpt, settings.export_graph_path, saves=any(p.index == 0 for p in here), exports=bool(here))
     if settings.search_partitions:
         code = search.partition_search(call.graph, cluster.text, settings, cluster.device_keys())

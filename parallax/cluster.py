@@ -1,17 +1,38 @@
 """What a resource description says: the cluster's worker and server tasks and their devices (frozen data).
 
 :mod:`parallax.resources` parses resource files and :mod:`parallax.rolespec` role specs into a :class:`Cluster`;
-both import it from here.
+both import it from here, as every part of Parallax that names a process's :class:`Role` does.
 """
 
 from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, replace
+from enum import Enum
 
-__all__ = ["Device", "WorkerTask", "ServerTask", "Cluster", "LOCAL_HOSTS", "is_local_host", "local_host_names"]
+__all__ = ["Role", "Device", "WorkerTask", "ServerTask", "Cluster", "LOCAL_HOSTS", "is_local_host",
+           "local_host_names"]
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+
+
+class Role(str, Enum):
+    """A task's role in a job. ``WORKER``: it trains (worker 0 is the chief); ``PS``: a parameter server;
+    ``STAGE``: a server holding one pipeline stage of a worker's replica
+    (:func:`parallax.launch.layout.ranks_per_device`); ``MASTER``: a role spec's first task (Polyaxon's master,
+    a TFJob's chief), which a job runs as worker 0 (:mod:`parallax.rolespec`; no process of a job plan has it).
+
+    A member compares equal to its value and prints as it (``Role.PS == "ps"``): roles cross processes, files
+    and the environment as those strings, which their readers turn back into members.
+    """
+
+    WORKER = "worker"
+    PS = "ps"
+    STAGE = "stage"
+    MASTER = "master"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True, order=True)

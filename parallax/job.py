@@ -37,13 +37,13 @@ from dataclasses import dataclass, replace
 
 from parallax.analysis import GraphAnalysis
 from parallax.batch_statistics import refuse_unsynchronised, statistics_note
-from parallax.cluster import Cluster, Device
+from parallax.cluster import Cluster, Device, Role
 from parallax.comm.registry import backend_class
 from parallax.config import Config
 from parallax.errors import PlanError
 from parallax.launch.layout import RankSpec, hybrid_ranks, ps_ranks, ranks_per_device
-from parallax.plan import Plan, build_plan
-from parallax.plan.model import Layout
+from parallax.plan import Plan, PlanOptions, build_plan
+from parallax.plan.model import CrossWorker, Layout, Sync
 from parallax.plan.policies import choose_sync
 from parallax.plan.stages import fit_stages
 from parallax.settings import Settings, derive
@@ -60,7 +60,8 @@ class ProcessSpec:
 
     Attributes:
         rank: its MPI rank (0 for the one process of a ``local`` job).
-        role: ``"worker"`` or ``"ps"`` (a parameter server).
+        role: ``Role.WORKER``, ``Role.PS`` (a parameter server) or ``Role.STAGE`` (a server holding a
+            pipeline stage of a worker's replica).
         index: its worker id among the workers, or its index among the servers.
         host: where it runs.
         line: the resource-file line it comes from (0 when Parallax added it).
@@ -75,7 +76,7 @@ class ProcessSpec:
     """
 
     rank: int
-    role: str
+    role: Role
     index: int
     host: str
     line: int
@@ -127,7 +128,7 @@ class JobPlan:
 
     @property
     def workers(self) -> tuple[ProcessSpec, ...]:
-        return tuple(p for p in self.processes if p.role == "worker")
+        return tuple(p for p in self.processes if p.role == Role.WORKER)
 
     def process(self, rank: int) -> ProcessSpec:
         """The part of the process with MPI rank ``rank``."""
@@ -185,7 +186,7 @@ def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis)
     if layout is Layout.LOCAL:
         worker = cluster.workers[0]
         devices = worker.devices or _bare_host_devices(settings.gpus)
-        processes = (ProcessSpec(0, "worker", 0, worker.host, worker.line, worker.port, devices, None, 1),)
+        processes = (ProcessSpec(0, Role.WORKER, 0, worker.host, worker.line, worker.port, devices, None, 1),)
         servers = False
         notes += _unused_alone(settings)
     else:
@@ -197,7 +198,7 @@ def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis)
                             "sparse variables may stay on servers), or one process (a single resource line)")
         _check_ports(cluster, ranks, layout)
         processes = _processes(ranks, layout)
-        staged = any(p.role == "stage" for p in processes)
+        staged = any(p.role == Role.STAGE for p in processes)
         stage_servers = backend_class(settings.allreduce_comm.backend).supports_stage_servers
         if staged and (layout is not Layout.MPI or not stage_servers):
             raise PlanError(f"pipeline_stages={settings.pipeline.stages} with each stage in a process of its own (the "
@@ -238,9 +239,10 @@ def _layout(cluster: Cluster, settings: Settings, analysis: GraphAnalysis
         return (Layout.LOCAL, (), ()) if alone else (Layout.PS, ps_ranks(cluster), ())
     if alone and len(per_device) == 1:
         return Layout.LOCAL, (), ()
-    choices, coupled = choose_sync(analysis, len(per_device), 1, option.lower(), settings.overrides,
-                                   hosts=[r.host for r in per_device])
-    on_servers = [name for name, c in choices.items() if c.sync == "ps"]
+    # HYBRID or AUTO: each variable as a process per device beside servers (HYBRID's layout) would send it
+    choices, coupled = choose_sync(analysis, len(per_device), 1, CrossWorker.of(Layout.HYBRID, option),
+                                   settings.overrides, hosts=[r.host for r in per_device])
+    on_servers = [name for name, c in choices.items() if c.sync is Sync.PS]
     if not on_servers:
         if coupled:  # sparse gradients there were, but tied to the all-reduced updates
             why = "; ".join(coupled)
@@ -280,7 +282,7 @@ def _check_ports(cluster: Cluster, ranks: tuple[RankSpec, ...], layout: Layout) 
         PlanError: naming the line (an explicit-role worker line whose host's GPUs make a process each).
     """
     for w in cluster.workers:
-        count = sum(r.line == w.line and r.role != "ps" for r in ranks)
+        count = sum(r.line == w.line and r.role != Role.PS for r in ranks)
         if w.port is not None and count > 1:
             raise PlanError(f"{cluster.source}, line {w.line}: the worker line of {w.host} with port {w.port} "
                             f"leaves its device to the host, whose {count} GPUs make {count} processes in "
@@ -290,14 +292,14 @@ def _check_ports(cluster: Cluster, ranks: tuple[RankSpec, ...], layout: Layout) 
 
 def _processes(ranks: tuple[RankSpec, ...], layout: Layout) -> tuple[ProcessSpec, ...]:
     """Each rank's part: its index among its role, and its devices as it sees them."""
-    counters: Counter[str] = Counter()
-    trainers = Counter(r.host for r in ranks if r.role == "worker")
+    counters: Counter[Role] = Counter()
+    trainers = Counter(r.host for r in ranks if r.role == Role.WORKER)
     out = []
     for rank, r in enumerate(ranks):
         index = counters[r.role]
         counters[r.role] += 1
-        if r.role == "ps":
-            out.append(ProcessSpec(rank, "ps", index, r.host, r.line, r.port, (), None, 0))
+        if r.role == Role.PS:
+            out.append(ProcessSpec(rank, Role.PS, index, r.host, r.line, r.port, (), None, 0))
             continue
         # a worker, or a stage server (which runs the ops of its stage: devices like a worker's);
         # a bare host line is left only on hosts without GPUs (Cluster.with_bare_hosts): one CPU replica
@@ -313,12 +315,12 @@ def _processes(ranks: tuple[RankSpec, ...], layout: Layout) -> tuple[ProcessSpec
 
 def stage_tasks(processes: tuple[ProcessSpec, ...], ranks: tuple[RankSpec, ...]) -> dict[int, list[ProcessSpec]]:
     """Each worker's stage servers, in stage order (a pipeline spread over processes; else empty)."""
-    if not any(p.role == "stage" for p in processes):
+    if not any(p.role == Role.STAGE for p in processes):
         return {}
-    worker_of = {r.group: p.index for p, r in zip(processes, ranks) if p.role == "worker"}
+    worker_of = {r.group: p.index for p, r in zip(processes, ranks) if p.role == Role.WORKER}
     out: dict[int, list[tuple[int, ProcessSpec]]] = {}
     for p, r in zip(processes, ranks):
-        if p.role == "stage":
+        if p.role == Role.STAGE:
             out.setdefault(worker_of[r.group], []).append((r.stage, p))
     return {w: [p for _, p in sorted(stages, key=lambda x: x[0])] for w, stages in out.items()}
 
@@ -329,7 +331,7 @@ def _variable_plan(layout: Layout, processes: tuple[ProcessSpec, ...], servers: 
     workers = []
     stages = stage_tasks(processes, ranks)
     for p in processes:
-        if p.role != "worker":
+        if p.role != Role.WORKER:
             continue
         prefix = f"/job:worker/replica:0/task:{p.index}" if servers else ""
         replicas = tuple(f"{prefix}{d.tf_name}" for d in p.devices)
@@ -338,12 +340,9 @@ def _variable_plan(layout: Layout, processes: tuple[ProcessSpec, ...], servers: 
         # one process per device (MPI): its shared state stays on that device, next to the all-reduce
         shared = replicas[0] if layout is Layout.MPI else f"{prefix}/device:CPU:0"
         workers.append((p.host, replicas, shared))
-    server_devices = tuple(f"/job:ps/replica:0/task:{p.index}/device:CPU:0" for p in processes if p.role == "ps")
-    server_hosts = tuple(p.host for p in processes if p.role == "ps")
+    server_devices = tuple(f"/job:ps/replica:0/task:{p.index}/device:CPU:0" for p in processes if p.role == Role.PS)
+    server_hosts = tuple(p.host for p in processes if p.role == Role.PS)
     option = settings.run_option
-    auto = option == "AUTO"
-    cross_worker = {Layout.LOCAL: "local", Layout.MPI: "auto" if auto else "allreduce", Layout.PS: "ps",
-                    Layout.HYBRID: "auto" if auto else "hybrid"}[layout]
     overrides = settings.overrides
     if layout is Layout.LOCAL:  # in one process every variable is local: only the densities matter
         overrides = {k: {key: v[key] for key in ("density", "stage") if key in v}
@@ -352,11 +351,11 @@ def _variable_plan(layout: Layout, processes: tuple[ProcessSpec, ...], servers: 
     if layout is Layout.HYBRID:
         notes += settings.notes
     run_option = option if layout is Layout.LOCAL else layout.value
-    return build_plan(analysis, workers, run_option=run_option, sync=settings.sync,
-                      average_sparse=settings.average_sparse, cross_worker=cross_worker,
-                      comm=settings.comm_for(layout), server_devices=server_devices, notes=notes,
-                      overrides=overrides, ps=settings.ps, server_hosts=server_hosts,
-                      zero_stage=settings.zero_stage if layout.all_reduces else 0,
-                      pipeline_stages=settings.pipeline.stages, micro_batches=settings.pipeline.micro_batches,
-                      pipeline_cuts=settings.pipeline.cuts, device_memory=settings.device_memory,
-                      pipeline_by_memory=by_memory, pipeline_schedule=settings.pipeline.schedule)
+    pipeline = settings.pipeline
+    return build_plan(analysis, workers, PlanOptions(
+        run_option=run_option, sync=settings.sync, average_sparse=settings.average_sparse,
+        cross_worker=CrossWorker.of(layout, option), comm=settings.comm_for(layout), server_devices=server_devices,
+        ps=settings.ps, overrides=overrides, notes=notes, server_hosts=server_hosts,
+        zero_stage=settings.zero_stage if layout.all_reduces else 0, pipeline_stages=pipeline.stages,
+        micro_batches=pipeline.micro_batches, pipeline_cuts=pipeline.cuts, device_memory=settings.device_memory,
+        pipeline_by_memory=by_memory, pipeline_schedule=pipeline.schedule))

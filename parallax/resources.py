@@ -32,7 +32,16 @@ import re
 from dataclasses import replace
 
 from parallax import rolespec, slurm
-from parallax.cluster import LOCAL_HOSTS, Cluster, Device, ServerTask, WorkerTask, is_local_host, local_host_names
+from parallax.cluster import (
+    LOCAL_HOSTS,
+    Cluster,
+    Device,
+    Role,
+    ServerTask,
+    WorkerTask,
+    is_local_host,
+    local_host_names,
+)
 from parallax.errors import ResourceFileError
 from parallax.managers import mpijob
 
@@ -193,11 +202,12 @@ def _parse_roles(lines: list[tuple[int, str]], source: str) -> Cluster:
         if len(fields) != 4:
             raise _fail(source, number, content, f"has {len(fields)} comma-separated fields, not 4",
                         _ROLE_EXPECTED)
-        role, host, port_text, device_text = fields
-        role = role.lower()
-        if role not in ("ps", "worker"):
-            raise _fail(source, number, content, f'has role "{role}"; roles are ps and worker',
+        role_text, host, port_text, device_text = fields
+        role_text = role_text.lower()
+        if role_text not in (Role.PS, Role.WORKER):
+            raise _fail(source, number, content, f'has role "{role_text}"; roles are ps and worker',
                         _ROLE_EXPECTED)
+        role = Role(role_text)
         _check_host(source, number, content, host, _ROLE_EXPECTED)
         if not port_text.isdigit() or not 0 < int(port_text) < 65536:
             raise _fail(source, number, content, f'has port "{port_text}"; a port is 1-65535',
@@ -207,7 +217,7 @@ def _parse_roles(lines: list[tuple[int, str]], source: str) -> Cluster:
             raise _fail(source, number, content, f"reuses {host}:{port}, already on line "
                         f"{addresses[(host, port)]}", "one task per host:port")
         addresses[(host, port)] = number
-        if role == "ps":
+        if role is Role.PS:
             if device_text:
                 raise _fail(source, number, content, f'gives a parameter server the device "{device_text}"',
                             "an empty last field for ps lines (servers run on the CPU)")

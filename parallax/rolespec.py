@@ -49,7 +49,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from parallax.cluster import Cluster, Device, ServerTask, WorkerTask
+from parallax.cluster import Cluster, Device, Role, ServerTask, WorkerTask
 from parallax.errors import ResourceFileError
 
 __all__ = ["Resources", "RoleTask", "RoleSpec", "SCHEMA", "looks_like_role_spec", "parse_role_spec"]
@@ -120,9 +120,9 @@ class Resources:
 
 @dataclass(frozen=True)
 class RoleTask:
-    """One task: ``role`` is ``master``, ``worker`` or ``ps``; ``line`` where the spec defines it."""
+    """One task: ``role`` is ``Role.MASTER``, ``Role.WORKER`` or ``Role.PS``; ``line`` where the spec defines it."""
 
-    role: str
+    role: Role
     index: int
     resources: Resources
     line: int
@@ -136,7 +136,7 @@ class RoleSpec:
     source: str
     text: str
 
-    def of(self, role: str) -> tuple[RoleTask, ...]:
+    def of(self, role: Role) -> tuple[RoleTask, ...]:
         return tuple(t for t in self.tasks if t.role == role)
 
     def cluster(self, host: str = "localhost") -> Cluster:
@@ -144,13 +144,13 @@ class RoleSpec:
         (one CPU replica without GPUs), and the ps tasks as parameter servers."""
         workers, gpu = [], 0
         for t in self.tasks:
-            if t.role == "ps":
+            if t.role == Role.PS:
                 continue
             n = t.resources.gpus
             devices = tuple(Device("gpu", gpu + i) for i in range(n)) if n else (Device("cpu", 0),)
             gpu += n
             workers.append(WorkerTask(host, devices, None, t.line))
-        servers = tuple(ServerTask(host, None, t.line) for t in self.of("ps"))
+        servers = tuple(ServerTask(host, None, t.line) for t in self.of(Role.PS))
         return Cluster(tuple(workers), servers, self.source, explicit_roles=True, text=self.text)
 
 
@@ -197,25 +197,25 @@ def parse_role_spec(text: str, source: str = "<role spec>") -> RoleSpec:
     tensorflow = environment.get("tensorflow") or {}
     line = _line_of(root, ["environment"] if "environment" in data else [])
     master = Resources.from_dict(environment.get("resources"))
-    tasks = [RoleTask("master", 0, master, _line_of(root, _path(data, "resources")) or line)]
-    for role, default_role in (("worker", "default_worker"), ("ps", "default_ps")):
-        count = tensorflow.get(f"n_{role}s" if role == "worker" else "n_ps", 0)
+    tasks = [RoleTask(Role.MASTER, 0, master, _line_of(root, _path(data, "resources")) or line)]
+    for role, default_role in ((Role.WORKER, "default_worker"), (Role.PS, "default_ps")):
+        count = tensorflow.get(f"n_{role}s" if role == Role.WORKER else "n_ps", 0)
         default = (tensorflow.get(default_role) or {}).get("resources")
         overrides = {}
         for i, entry in enumerate(tensorflow.get(role) or []):
             where = _line_of(root, [*_path(data, "tensorflow"), role, i])
             if entry["index"] >= count:
                 raise ResourceFileError(f"{source}, line {where}: tensorflow.{role}[{i}] has index {entry['index']}, "
-                                        f"but n_{'workers' if role == 'worker' else 'ps'} is {count}. Expected an "
+                                        f"but n_{'workers' if role == Role.WORKER else 'ps'} is {count}. Expected an "
                                         f"index from 0 to {count - 1}")
             overrides[entry["index"]] = (entry.get("resources"), where)
-        count_line = _line_of(root, [*_path(data, "tensorflow"), f"n_{role}s" if role == "worker" else "n_ps"])
+        count_line = _line_of(root, [*_path(data, "tensorflow"), f"n_{role}s" if role == Role.WORKER else "n_ps"])
         for index in range(count):
             resources, where = overrides.get(index, (None, count_line))
             if resources is None:
                 resources = default
             chosen = Resources.from_dict(resources) if resources is not None else \
-                (master if role == "worker" else Resources())
+                (master if role == Role.WORKER else Resources())
             tasks.append(RoleTask(role, index, chosen, where or line))
     return RoleSpec(tuple(tasks), source, text)
 
@@ -290,9 +290,9 @@ def _v1_tasks(data: dict, root: Any, source: str) -> tuple[RoleTask, ...]:
     if not trainers:
         raise ResourceFileError(f"{source}, line {_line_of(root, at)}: {_key_text(at)} has no chief or worker "
                                 "replica; expected at least one task that trains")
-    tasks = [RoleTask("master", 0, *trainers[0])]
-    tasks += [RoleTask("worker", i, *r) for i, r in enumerate(trainers[1:])]
-    tasks += [RoleTask("ps", i, *r) for i, r in enumerate(replicas["ps"])]
+    tasks = [RoleTask(Role.MASTER, 0, *trainers[0])]
+    tasks += [RoleTask(Role.WORKER, i, *r) for i, r in enumerate(trainers[1:])]
+    tasks += [RoleTask(Role.PS, i, *r) for i, r in enumerate(replicas["ps"])]
     return tuple(tasks)
 
 

@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 def _check(resource_info: str, program: list[str]) -> int:
     """``parallax-run --check``: one line per host of the file (its GPUs among the facts); 0 when every host
     is ready. A bare host line stands for this machine's GPUs, as in a job started here."""
+    from parallax.cluster import Role
     from parallax.launch.command import GPUS_ENV
     from parallax.launch.launcher import check_job_hosts
     from parallax.launch.layout import RankSpec
@@ -130,8 +131,8 @@ def _check(resource_info: str, program: list[str]) -> int:
     here, visible = len(gpu_names()), os.environ.get(GPUS_ENV)  # what TensorFlow would count here
     cluster = cluster.with_bare_hosts(here if visible is None else min(here, len([g for g in visible.split(",")
                                                                                    if g.strip()])))
-    ranks = tuple(RankSpec(w.host, w.devices, w.line, "worker", w.port) for w in cluster.workers) + \
-        tuple(RankSpec(s.host, None, s.line, "ps", s.port) for s in cluster.servers)
+    ranks = tuple(RankSpec(w.host, w.devices, w.line, Role.WORKER, w.port) for w in cluster.workers) + \
+        tuple(RankSpec(s.host, None, s.line, Role.PS, s.port) for s in cluster.servers)
     checks = check_job_hosts(ranks, program)
     for check in checks:
         print(check.line(), flush=True)

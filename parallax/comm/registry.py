@@ -13,7 +13,7 @@ import importlib.util
 from parallax.comm.base import Backend
 from parallax.config import BACKENDS
 from parallax.errors import PlanError
-from parallax.plan.model import CommSpec, Plan
+from parallax.plan.model import CommSpec, Plan, Sync
 
 __all__ = ["backend_class", "backend_for", "backends_in_use", "choose_backend", "backend_without_mpirun",
            "horovod_available", "wire_formats"]
@@ -116,10 +116,10 @@ def backends_in_use(plan: Plan) -> tuple[type[Backend], ...]:
     """The backend classes the rewritten graph of ``plan`` has ops of, each once, in a fixed order."""
     names = []
     syncs = {(v.sync, v.sparse) for v in plan.variables if v.gradient is not None}
-    if ("allreduce", False) in syncs or ("allreduce", True) in syncs or plan.sums_replicas_across_workers:
+    if (Sync.ALLREDUCE, False) in syncs or (Sync.ALLREDUCE, True) in syncs or plan.sums_replicas_across_workers:
         names.append(plan.comm.backend)
-    if ("allgather", True) in syncs:
+    if (Sync.ALLGATHER, True) in syncs:
         names.append(plan.comm.gather_backend)
-    if ("ps", True) in syncs and plan.ps.host_aggregation:
+    if (Sync.PS, True) in syncs and plan.ps.host_aggregation:
         names.append(plan.comm.host_backend)
     return tuple(backend_class(n) for n in dict.fromkeys(names))

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 from parallax import slurm
-from parallax.cluster import is_local_host, local_host_names
+from parallax.cluster import Role, is_local_host, local_host_names
 from parallax.config import RUN_OPTIONS
 from parallax.errors import LaunchError
 from parallax.invocation import (
@@ -137,10 +137,10 @@ def rank_names(ranks: tuple[RankSpec, ...]) -> dict[int, str]:
     """How messages call each rank: ``rank 2 (ps 0 on host a)``.
 
     >>> from parallax.launch.layout import RankSpec
-    >>> rank_names((RankSpec("a", None, 1, "worker"), RankSpec("a", None, 0, "ps")))
+    >>> rank_names((RankSpec("a", None, 1, Role.WORKER), RankSpec("a", None, 0, Role.PS)))
     {0: 'rank 0 (worker 0 on host a)', 1: 'rank 1 (ps 0 on host a)'}
     """
-    counts: Counter[str] = Counter()
+    counts: Counter[Role] = Counter()
     names = {}
     for i, r in enumerate(ranks):
         names[i] = f"rank {i} ({r.role} {counts[r.role]} on host {r.host})"
@@ -169,14 +169,14 @@ def gpu_use(ranks: tuple[RankSpec, ...], own_list: bool = False) -> dict:
     (this process has a ``CUDA_VISIBLE_DEVICES``) the ids are not compared with the hosts' GPUs.
 
     >>> from parallax.cluster import Device
-    >>> gpu_use((RankSpec("a", (Device("gpu", 3),), 1), RankSpec("b", None, 2), RankSpec("b", None, 0, "ps")))
+    >>> gpu_use((RankSpec("a", (Device("gpu", 3),), 1), RankSpec("b", None, 2), RankSpec("b", None, 0, Role.PS)))
     {'a': GpuUse(needed=4, bare=False), 'b': GpuUse(needed=0, bare=True)}
     """
     from parallax.launch.preflight import GpuUse
 
     return {h: GpuUse(needed=0 if own_list else max((i + 1 for r in ranks if r.host == h for i in r.gpu_ids),
                                                     default=0),
-                      bare=any(r.host == h and r.role != "ps" and r.devices is None for r in ranks))
+                      bare=any(r.host == h and r.role != Role.PS and r.devices is None for r in ranks))
             for h in dict.fromkeys(r.host for r in ranks)}
 
 

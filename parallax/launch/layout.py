@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from parallax.cluster import Cluster, Device
+from parallax.cluster import Cluster, Device, Role
 from parallax.errors import ResourceFileError
 
 __all__ = ["RankSpec", "ranks_per_device", "ps_ranks", "hybrid_ranks", "layout_to_json", "layout_from_json"]
@@ -20,7 +20,7 @@ class RankSpec:
         devices: the devices its replicas use; ``None`` for a bare host line
             (the host's GPUs, or its CPU).
         line: the resource-file line it comes from (0 when Parallax added it).
-        role: ``"worker"``, ``"ps"`` (a parameter server) or ``"stage"`` (a server holding
+        role: ``Role.WORKER``, ``Role.PS`` (a parameter server) or ``Role.STAGE`` (a server holding
             one pipeline stage of a worker's replica, :func:`ranks_per_device`).
         port: the port an explicit-role file gives its server, else ``None``.
         group: a pipeline spread over processes: the replica (in device order) whose stage this
@@ -31,7 +31,7 @@ class RankSpec:
     host: str
     devices: tuple[Device, ...] | None
     line: int
-    role: str = "worker"
+    role: Role = Role.WORKER
     port: int | None = None
     group: int | None = None
     stage: int = 0
@@ -69,7 +69,7 @@ def ranks_per_device(cluster: Cluster, group: int = 1) -> tuple[RankSpec, ...]:
     activations): ``group`` consecutive devices of the file, the first a worker and the others
     ``stage`` servers.
 
-    >>> [(r.role, r.host, r.group, r.stage) for r in ranks_per_device(parse_resource_text("a: 0\\nb: 0"), 2)]
+    >>> [(str(r.role), r.host, r.group, r.stage) for r in ranks_per_device(parse_resource_text("a: 0\\nb: 0"), 2)]
     [('worker', 'a', 0, 0), ('stage', 'b', 0, 1)]
 
     Raises:
@@ -105,8 +105,9 @@ def _stage_ranks(cluster: Cluster, group: int) -> tuple[RankSpec, ...]:
     ranks = []
     for i, (w, d) in enumerate(flat):
         alone = w.devices is None or len(w.devices) == 1
-        ranks.append(RankSpec(w.host, None if d is None else (d,), w.line, "worker" if i % group == 0 else "stage",
-                              w.port if alone else None, i // group, i % group))
+        role = Role.WORKER if i % group == 0 else Role.STAGE
+        ranks.append(RankSpec(w.host, None if d is None else (d,), w.line, role, w.port if alone else None,
+                              i // group, i % group))
     return _hosts_together(ranks)
 
 
@@ -118,10 +119,10 @@ def ps_ranks(cluster: Cluster) -> tuple[RankSpec, ...]:
     position among the workers, a server's among the servers.
 
     >>> from parallax.resources import parse_resource_text
-    >>> [(r.role, r.host) for r in ps_ranks(parse_resource_text("a: 0,1\\nb: 0"))]
+    >>> [(str(r.role), r.host) for r in ps_ranks(parse_resource_text("a: 0,1\\nb: 0"))]
     [('worker', 'a'), ('ps', 'a'), ('worker', 'b'), ('ps', 'b')]
     """
-    workers = [RankSpec(w.host, w.devices, w.line, "worker", w.port) for w in cluster.workers]
+    workers = [RankSpec(w.host, w.devices, w.line, Role.WORKER, w.port) for w in cluster.workers]
     return _hosts_together([*workers, *_servers(cluster)])
 
 
@@ -130,7 +131,7 @@ def hybrid_ranks(cluster: Cluster, group: int = 1) -> tuple[RankSpec, ...]:
     and the parameter servers of :func:`ps_ranks`.
 
     >>> from parallax.resources import parse_resource_text
-    >>> [(r.role, r.host, str(r.device)) for r in hybrid_ranks(parse_resource_text("a: 0,1"))]
+    >>> [(str(r.role), r.host, str(r.device)) for r in hybrid_ranks(parse_resource_text("a: 0,1"))]
     [('worker', 'a', 'gpu:0'), ('worker', 'a', 'gpu:1'), ('ps', 'a', 'None')]
     """
     return _hosts_together([*ranks_per_device(cluster, group), *_servers(cluster)])
@@ -139,8 +140,8 @@ def hybrid_ranks(cluster: Cluster, group: int = 1) -> tuple[RankSpec, ...]:
 def _servers(cluster: Cluster) -> list[RankSpec]:
     """The file's ps lines, or one server per worker host."""
     if cluster.servers:
-        return [RankSpec(s.host, None, s.line, "ps", s.port) for s in cluster.servers]
-    return [RankSpec(h, None, 0, "ps") for h in dict.fromkeys(w.host for w in cluster.workers)]
+        return [RankSpec(s.host, None, s.line, Role.PS, s.port) for s in cluster.servers]
+    return [RankSpec(h, None, 0, Role.PS) for h in dict.fromkeys(w.host for w in cluster.workers)]
 
 
 def layout_to_json(ranks: tuple[RankSpec, ...]) -> str:
@@ -154,6 +155,6 @@ def layout_from_json(text: str) -> tuple[RankSpec, ...]:
     out = []
     for r in json.loads(text):
         devices = None if r["devices"] is None else tuple(Device(k, i) for k, i in r["devices"])
-        out.append(RankSpec(r["host"], devices, r["line"], r["role"], r.get("port"), r.get("group"),
+        out.append(RankSpec(r["host"], devices, r["line"], Role(r["role"]), r.get("port"), r.get("group"),
                             r.get("stage", 0)))
     return tuple(out)

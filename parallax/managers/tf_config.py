@@ -23,7 +23,7 @@ worker,a,1,
 worker,b,2,
 ps,c,3,
 >>> job.task, job.name_of("c", 3)
-(Task(role='worker', host='b', port=2, name='worker 0'), 'ps 0')
+(Task(role=<Role.WORKER: 'worker'>, host='b', port=2, name='worker 0'), 'ps 0')
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from parallax.cluster import Role
 from parallax.errors import LaunchError, ResourceFileError
 from parallax.invocation import TF_CONFIG_ENV, Invocation
 
@@ -50,13 +51,13 @@ class Task:
     """One task of the cluster as Parallax runs it.
 
     Attributes:
-        role: ``"worker"`` or ``"ps"``.
+        role: ``Role.WORKER`` or ``Role.PS``.
         host: its host, from ``TF_CONFIG``.
         port: its server's port, from ``TF_CONFIG``.
         name: its name in ``TF_CONFIG``'s terms (``"chief 0"``, ``"worker 1"``, ``"ps 0"``).
     """
 
-    role: str
+    role: Role
     host: str
     port: int
     name: str
@@ -132,7 +133,7 @@ def read_tf_config(environ: Mapping[str, str]) -> ManagedJob | None:
     by_type: dict[tuple[str, int], Task] = {}
     for kind in (*WORKER_TYPES, "ps"):
         for index, (host, port) in enumerate(_addresses(cluster, kind)):
-            task = Task("ps" if kind == "ps" else "worker", host, port, f"{kind} {index}")
+            task = Task(Role.PS if kind == "ps" else Role.WORKER, host, port, f"{kind} {index}")
             tasks.append(task)
             by_type[(kind, index)] = task
     seen: dict[tuple[str, int], str] = {}
@@ -141,7 +142,7 @@ def read_tf_config(environ: Mapping[str, str]) -> ManagedJob | None:
             raise ResourceFileError(f"{TF_CONFIG_ENV}: {t.name} and {seen[(t.host, t.port)]} share the address "
                                     f"{t.host}:{t.port}; expected one task per host:port")
         seen[(t.host, t.port)] = t.name
-    if not any(t.role == "worker" for t in tasks):
+    if not any(t.role == Role.WORKER for t in tasks):
         raise ResourceFileError(f"{TF_CONFIG_ENV}: the cluster has no chief, master or worker task; expected at "
                                 "least one task that trains")
     kind, index = _task(data)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from parallax.analysis import GraphAnalysis
-from parallax.cluster import Cluster
+from parallax.cluster import Cluster, Role
 from parallax.config import Config
 from parallax.errors import LaunchError, ManifestError, ResourceFileError
 from parallax.invocation import RUN_OPTION_ENV
@@ -132,14 +132,14 @@ def _option_hint(job: JobPlan) -> str:
     return "; give --run_option to choose the run option every process uses" if job.notes else ""
 
 
-def _parts(processes: tuple[ProcessSpec, ...]) -> list[tuple[str, int, int, int]]:
+def _parts(processes: tuple[ProcessSpec, ...]) -> list[tuple[Role, int, int, int]]:
     """Each process's role, index, GPUs and CPU replicas (which CPU device numbers a process uses is its own
     business: one process per device uses one, whatever its number)."""
     return sorted((p.role, p.index, sum(d.kind == "gpu" for d in p.devices), sum(d.kind == "cpu" for d in p.devices))
                   for p in processes)
 
 
-def _devices(part: tuple[str, int, int, int]) -> str:
+def _devices(part: tuple[Role, int, int, int]) -> str:
     gpus, cpus = part[2], part[3]
     return " and ".join([*([f"{gpus} GPU(s)"] if gpus else []), *([f"{cpus} CPU replica(s)"] if cpus else [])]) \
         or "no devices"
@@ -151,8 +151,8 @@ def _difference(mine: list, other: list) -> str:
             return (f"its {b[0]} {b[1]} would have {_devices(b)} where the plan gives {a[0]} {a[1]} "
                     f"{_devices(a)}")
     count = lambda parts, role: sum(p[0] == role for p in parts)  # noqa: E731
-    return (f"{count(other, 'worker')} worker(s) and {count(other, 'ps')} ps task(s) where the plan has "
-            f"{count(mine, 'worker')} and {count(mine, 'ps')}")
+    return (f"{count(other, Role.WORKER)} worker(s) and {count(other, Role.PS)} ps task(s) where the plan has "
+            f"{count(mine, Role.WORKER)} and {count(mine, Role.PS)}")
 
 
 def role_spec_of(cluster: Cluster) -> RoleSpec | None:
@@ -213,7 +213,7 @@ def _is_gpu(devices: list[str]) -> bool:
     return not devices[0].startswith("cpu")
 
 
-def resources_of(spec: RoleSpec | None, role: str, index: int) -> Resources | None:
+def resources_of(spec: RoleSpec | None, role: Role, index: int) -> Resources | None:
     """The resources the spec gives task ``index`` of ``role`` (``master`` for worker 0)."""
     if spec is None:
         return None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 
-from parallax.cluster import Cluster
+from parallax.cluster import Cluster, Role
 from parallax.errors import ManifestError
 from parallax.invocation import RESOURCE_ENV, SLOT_DEVICE_ENV, TF_CONFIG_ENV
 from parallax.job import JobPlan
@@ -77,7 +77,7 @@ def _replica(replicas: int, pod_container: dict, restart: str = "Never") -> dict
     return {"replicas": replicas, "restartPolicy": restart, "template": {"spec": {"containers": [pod_container]}}}
 
 
-def _role_resources(spec: RoleSpec | None, role: str, count: int, what: str) -> Resources | None:
+def _role_resources(spec: RoleSpec | None, role: Role, count: int, what: str) -> Resources | None:
     """The one set of resources the spec gives the ``count`` tasks of ``role`` (one pod template)."""
     found = [resources_of(spec, role, i) for i in range(count)]
     if spec is not None and any(r != found[0] for r in found):
@@ -111,14 +111,14 @@ def tfjob_replicas(job: JobPlan, cluster: Cluster, spec: RoleSpec | None, reques
     # ExitCode: the operator restarts a task that exits with 128-255 (killed: 137; ended because another task
     # went, or preempted: 143), which resumes from the job's checkpoint; 1-127 (an exception) fails the job
     specs = {"Chief": _replica(1, container("tensorflow", request, command, env,
-                                            k8s_resources(resources_of(spec, "master", 0), gpus), port),
+                                            k8s_resources(resources_of(spec, Role.MASTER, 0), gpus), port),
                                RESTART_POLICY)}
     if workers > 1:
-        res = _role_resources(spec, "worker", workers - 1, "a TFJob")
+        res = _role_resources(spec, Role.WORKER, workers - 1, "a TFJob")
         specs["Worker"] = _replica(workers - 1, container("tensorflow", request, command, env,
                                                           k8s_resources(res, gpus), port), RESTART_POLICY)
     if servers:
-        res = _role_resources(spec, "ps", servers, "a TFJob")
+        res = _role_resources(spec, Role.PS, servers, "a TFJob")
         specs["PS"] = _replica(servers, container("tensorflow", request, command, env, k8s_resources(res, 0), port),
                                RESTART_POLICY)
     names = {kind.lower(): [f"{request.name}-{kind.lower()}-{i}.default.svc:{request.port}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 
+from parallax.cluster import Role
 from parallax.invocation import Invocation
 from parallax.member.rank import launched_process
 from parallax.resources import parse_resource_file
@@ -39,7 +40,7 @@ def numbers(invocation: Invocation, resource_info: str | os.PathLike | None, red
     if invocation.launch is not None:
         launched = launched_process(redirect_path)
         ranks = launched.context.ranks
-        workers = [i for i, r in enumerate(ranks) if r.role == "worker"]
+        workers = [i for i, r in enumerate(ranks) if r.role == Role.WORKER]
         if launched.rank not in workers:  # a server: it trains nothing
             return len(workers), 0, 1
         devices = ranks[launched.rank].devices

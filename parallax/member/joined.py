@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from parallax.cluster import Role
 from parallax.errors import LaunchError
 from parallax.invocation import current
 from parallax.logs import log as logger
@@ -151,7 +152,7 @@ class JoinedProcess:
     @staticmethod
     def _identity(job: JobPlan, process: ProcessSpec) -> int:
         """A number per task, 0 for worker 0 (which holds the exit barrier)."""
-        order = sorted(job.processes, key=lambda p: (p.role != "worker", p.role, p.index))
+        order = sorted(job.processes, key=lambda p: (p.role != Role.WORKER, p.role, p.index))
         return order.index(process)
 
     def split_comms(self) -> tuple[Any, Any]:

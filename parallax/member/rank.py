@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from parallax.cluster import Role
 from parallax.comm.group import MPIWorkers
 from parallax.errors import LaunchError
 from parallax.launch.layout import RankSpec
@@ -93,7 +94,7 @@ class LaunchedProcess:
         """
         if self._server is None:
             self._server = start()
-        elif self.calls > 1 and self.spec.role == "worker":
+        elif self.calls > 1 and self.spec.role == Role.WORKER:
             comm = self.workers_comm()
             comm.Barrier()
             if chief:
@@ -110,7 +111,7 @@ class LaunchedProcess:
             from mpi4py import MPI
 
             world = MPI.COMM_WORLD
-            worker = self.spec.role == "worker"
+            worker = self.spec.role == Role.WORKER
             hosts = list(dict.fromkeys(r.host for r in self.context.ranks))
             self._comms = (world.Split(0 if worker else MPI.UNDEFINED, self.rank),
                            world.Split(hosts.index(self.spec.host) if worker else MPI.UNDEFINED, self.rank))
@@ -118,7 +119,7 @@ class LaunchedProcess:
 
     def workers_comm(self) -> Any:
         """The communicator of the job's workers (``COMM_WORLD`` when every rank is one)."""
-        if any(r.role != "worker" for r in self.context.ranks):  # servers, or a pipeline's stage servers
+        if any(r.role != Role.WORKER for r in self.context.ranks):  # servers, or a pipeline's stage servers
             return self.split_comms()[0]
         from mpi4py import MPI
 

@@ -39,6 +39,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from parallax.cluster import Role
 from parallax.comm.base import ProcessComms
 from parallax.comm.broadcast import Broadcast
 from parallax.comm.group import Alone, WorkerGroup
@@ -144,7 +145,7 @@ def role_setup(job: JobPlan, settings: Settings, member: JobMember) -> ProcessSe
     comms = member.split_comms()
     server = member.server(lambda: member.start_server(job, settings, process), chief=process.index == 0)
     member.exit_together("barrier", settings.timeouts.finish)  # servers wait for the workers
-    if process.role == "ps":
+    if process.role == Role.PS:
         member.heartbeat("serve")
         logger.info("Parallax: parameter server %d serving on %s", process.index, process.host)
         return ProcessSetup(process, len(job.workers), server=server, serve_only=True)
@@ -183,7 +184,7 @@ def arrival_spin(job: JobPlan, settings: Settings) -> float | None:
 
 def _allreduce_worker(job: JobPlan, settings: Settings, member: JobMember, process: ProcessSpec) -> ProcessSetup:
     """A rank of an MPI job: every rank initialises its variables, then takes rank 0's values."""
-    if any(p.role == "stage" for p in job.processes):
+    if any(p.role == Role.STAGE for p in job.processes):
         return _staged(job, settings, member, process)
     member.exit_together("finish", settings.timeouts.finish)
     beat = member.heartbeat("start", "initialising the variables and taking rank 0's values")
@@ -208,7 +209,7 @@ def _staged(job: JobPlan, settings: Settings, member: JobMember, process: Proces
     comms = member.split_comms()  # every rank: the workers' communicator leaves the stage servers out
     server = member.server(lambda: member.start_server(job, settings, process), chief=process.rank == 0)
     member.exit_together("barrier", settings.timeouts.finish)  # a stage server holds its stage until the end
-    if process.role == "stage":
+    if process.role == Role.STAGE:
         member.heartbeat("serve")
         logger.info("Parallax: stage server %d serving on %s", process.index, process.host)
         return ProcessSetup(process, len(job.workers), server=server, serve_only=True)

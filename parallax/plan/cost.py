@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from parallax.plan.model import Sync
 from parallax.plan.predict import Link
 from parallax.plan.traffic import UNKNOWN_DENSITY, Traffic, payload, variable_traffic
 
@@ -76,7 +77,7 @@ def estimate_density(shape: tuple[int | None, ...], indices_per_replica: int | N
     return min(1.0, indices_per_replica * replicas_per_worker / shape[0])
 
 
-def traffic(sync: str, shape: tuple[int | None, ...], itemsize: int, sparse: bool, density: float | None,
+def traffic(sync: Sync, shape: tuple[int | None, ...], itemsize: int, sparse: bool, density: float | None,
             hosts: Sequence[str], indices_itemsize: int = 8, host_aggregation: bool = False,
             server_host: str | None = None) -> Traffic:
     """One step's traffic for one variable among workers on ``hosts`` (a server's host unknown:
@@ -85,13 +86,13 @@ def traffic(sync: str, shape: tuple[int | None, ...], itemsize: int, sparse: boo
                             host_aggregation=host_aggregation)
 
 
-def bytes_per_worker(sync: str, shape: tuple[int | None, ...], itemsize: int, sparse: bool,
+def bytes_per_worker(sync: Sync, shape: tuple[int | None, ...], itemsize: int, sparse: bool,
                      density: float | None, num_workers: int, indices_itemsize: int = 8) -> int:
     """Estimated bytes one of ``num_workers`` workers on one host sends per step for one variable
     (the table above).
 
-    >>> bytes_per_worker("allgather", (1000, 4), 4, True, 0.01, 3), bytes_per_worker("ps", (1000, 4), 4, True, 0.01, 3)
-    (480, 480)
+    >>> [bytes_per_worker(sync, (1000, 4), 4, True, 0.01, 3) for sync in (Sync.ALLGATHER, Sync.PS)]
+    [480, 480]
     """
     if num_workers < 1:
         return 0
@@ -100,30 +101,30 @@ def bytes_per_worker(sync: str, shape: tuple[int | None, ...], itemsize: int, sp
 
 
 def options(shape: tuple[int | None, ...], itemsize: int, sparse: bool, density: float | None,
-            hosts: Sequence[str] | int) -> dict[str, Traffic]:
+            hosts: Sequence[str] | int) -> dict[Sync, Traffic]:
     """Each way a variable could be synchronised among workers on ``hosts`` (a count: all on one
     host), in the order ties are broken, with its traffic. An unknown density compares only
     all-gather and servers (their costs grow alike with the rows)."""
     if isinstance(hosts, int):
         hosts = ["h"] * hosts
     if not sparse:
-        names: tuple[str, ...] = ("allreduce", "ps")
+        names: tuple[Sync, ...] = (Sync.ALLREDUCE, Sync.PS)
     else:
-        names = ("allgather", "ps") if density is None else ("allgather", "allreduce", "ps")
+        names = (Sync.ALLGATHER, Sync.PS) if density is None else (Sync.ALLGATHER, Sync.ALLREDUCE, Sync.PS)
     return {s: traffic(s, shape, itemsize, sparse, density, hosts) for s in names}
 
 
-def cheapest(costs: dict[str, Traffic], sparse: bool) -> str:
+def cheapest(costs: dict[Sync, Traffic], sparse: bool) -> Sync:
     """The option of :func:`options` with the fewest bytes between hosts, then in all (a dense
     gradient: always all-reduce)."""
     if not sparse:
-        return "allreduce"
+        return Sync.ALLREDUCE
     order = list(costs)
     return min(order, key=lambda s: (round(costs[s].crossing), round(costs[s].total), order.index(s)))
 
 
 def choose(shape: tuple[int | None, ...], itemsize: int, sparse: bool, density: float | None,
-           hosts: Sequence[str] | int) -> str:
+           hosts: Sequence[str] | int) -> Sync:
     """The cheapest way to synchronise a variable among workers on ``hosts`` (a count: all on one
     host): the fewest bytes between hosts, then the fewest in all."""
     return cheapest(options(shape, itemsize, sparse, density, hosts), sparse)
@@ -136,7 +137,7 @@ def link_seconds(t: Traffic, hosts: Sequence[str], links: tuple[Link, Link] = LI
     return t.crossing / max(1, len(set(hosts))) / between.bandwidth + t.inside / max(1, len(hosts)) / inside.bandwidth
 
 
-def servers_save(costs: dict[str, dict[str, Traffic]], hosts: Sequence[str],
+def servers_save(costs: dict[str, dict[Sync, Traffic]], hosts: Sequence[str],
                  links: tuple[Link, Link] = LINKS) -> float:
     """Seconds per step the servers save over ``links``, for variables ``costs`` (each one's
     :func:`options`) that would go to the servers, against each one's cheapest other way.
@@ -152,19 +153,19 @@ def servers_save(costs: dict[str, dict[str, Traffic]], hosts: Sequence[str],
     saved = 0.0
     for ways in costs.values():
         other = ways[cheapest_without_servers(ways)]
-        saved += link_seconds(other, hosts, links) - link_seconds(ways["ps"], hosts, links)
+        saved += link_seconds(other, hosts, links) - link_seconds(ways[Sync.PS], hosts, links)
     return saved
 
 
-def cheapest_without_servers(costs: dict[str, Traffic]) -> str:
+def cheapest_without_servers(costs: dict[Sync, Traffic]) -> Sync:
     """The cheapest of a sparse gradient's :func:`options` but the servers (all-gather or all-reduce)."""
-    return cheapest({s: t for s, t in costs.items() if s != "ps"}, True)
+    return cheapest({s: t for s, t in costs.items() if s is not Sync.PS}, True)
 
 
 def servers_to_call(t: Traffic, worker_hosts: Sequence[str], server_hosts: Sequence[str], wanted: int = 0,
                     links: tuple[Link, Link] = LINKS) -> tuple[tuple[int, ...], float, float]:
     """Which of the job's servers (on ``server_hosts``) should hold the variables whose traffic per step is
-    ``t`` (:func:`traffic` of each with ``"ps"``, summed), for workers on ``worker_hosts``.
+    ``t`` (:func:`traffic` of each with ``Sync.PS``, summed), for workers on ``worker_hosts``.
 
     Servers are taken in this order: one on each host, the hosts with the most workers first (their
     traffic stays inside), then the rest, each time by index. The first ``k`` cost a step what crosses
@@ -174,10 +175,10 @@ def servers_to_call(t: Traffic, worker_hosts: Sequence[str], server_hosts: Seque
     servers' indices (ascending), the seconds per step they cost, and the seconds all of them would.
 
     >>> hosts = ["h1", "h2", "h3"]
-    >>> small = traffic("ps", (100_000, 64), 4, True, 0.003, hosts)     # 0.3 MB of rows: one server
+    >>> small = traffic(Sync.PS, (100_000, 64), 4, True, 0.003, hosts)     # 0.3 MB of rows: one server
     >>> servers_to_call(small, hosts, hosts)[0]
     (0,)
-    >>> large = traffic("ps", (793_470, 512), 4, True, 0.003, hosts)    # LM1B's table: a server on each host
+    >>> large = traffic(Sync.PS, (793_470, 512), 4, True, 0.003, hosts)    # LM1B's table: a server on each host
     >>> servers_to_call(large, hosts, hosts)[0]
     (0, 1, 2)
     """

@@ -1,10 +1,13 @@
 """A plan as a table, for logs and ``parallax plan`` (:meth:`Plan.describe <parallax.plan.model.Plan.describe>`).
 
 :class:`PlanTable` is a base of :class:`~parallax.plan.model.Plan`: it reads only the plan's own fields
-and queries, so this module needs nothing of :mod:`parallax.plan.model`, which builds on it.
+and queries, so this module needs nothing of :mod:`parallax.plan.model`, which builds on it (the plan's
+vocabularies are :mod:`parallax.plan.vocabulary`'s).
 """
 
 from __future__ import annotations
+
+from parallax.plan.vocabulary import Sync
 
 __all__ = ["PlanTable"]
 
@@ -16,14 +19,14 @@ class PlanTable:
         """A table of the plan, for logs and ``parallax plan``."""
         lines = [f"run_option={self.run_option} sync={self.sync} workers={self.num_workers} "
                  f"replicas={self.num_replicas}"]
-        if any(v.sync in ("allreduce", "allgather") for v in self.variables):
+        if any(v.sync.collective for v in self.variables):
             gather = "" if self.comm.gather_backend == self.comm.backend else \
                 f", all-gather backend {self.comm.gather_backend}"
             lines.append(f"  all-reduce backend {self.comm.backend}{gather}, fusion buffers up to "
                          f"{self.comm.fusion_bytes} bytes, use_allgatherv={self.comm.use_allgatherv}"
                          f"{self._describe_compression()}"
                          f"{'' if self.overlaps_backward else ', after the backward pass'}")
-        elif self.comm.compression != "none" and any(v.sync == "ps" for v in self.variables):
+        elif self.comm.compression != "none" and any(v.sync is Sync.PS for v in self.variables):
             lines.append(f"  gradients pushed to the servers{self._describe_compression()}")
         for i, w in enumerate(self.workers):
             lines.append(f"  worker {i} on {w.host}: replicas on {', '.join(w.replica_devices)}; "
@@ -58,7 +61,7 @@ class PlanTable:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-        unknown = any(v.sparse and v.density is None and v.sync != "local" for v in self.variables)
+        unknown = any(v.sparse and v.density is None and v.sync is not Sync.LOCAL for v in self.variables)
         variables, slots = self.bytes_per_rank()
         sharding = (f", slots of {sum(v.sharded and v.slot_of is None for v in self.variables)} variable(s) "
                     f"sharded 1/{self.num_workers} (zero_stage={self.zero_stage})" if self.zero_stage else "")

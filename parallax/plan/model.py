@@ -10,73 +10,25 @@ Vocabulary, used the same way everywhere in Parallax:
 A :class:`Plan` is deterministic (sorted, no timestamps), round-trips through
 ``to_dict``/``from_dict`` (JSON), and prints as a table with :meth:`Plan.describe`
 (:mod:`parallax.plan.describe`). How its processes communicate, :class:`CommSpec` and
-:class:`PSSpec`, is :mod:`parallax.plan.communication`'s (importable from here too).
+:class:`PSSpec`, is :mod:`parallax.plan.communication`'s, and its vocabularies, :class:`Layout`,
+:class:`Sync` and :class:`CrossWorker`, are :mod:`parallax.plan.vocabulary`'s (importable from here too).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from enum import Enum
 from typing import Any
 
 from parallax.config import BACKENDS
 from parallax.plan.buckets import overlap_buckets
 from parallax.plan.communication import CommSpec, PSSpec
 from parallax.plan.describe import PlanTable
+from parallax.plan.vocabulary import SYNC_METHODS, CrossWorker, Layout, Sync
 
-__all__ = ["Layout", "Sync", "part_sizes", "GradientRef", "VariablePlacement", "WorkerPlan", "TaskSpec", "Plan",
-           "CommSpec", "PSSpec", "PipelineSpec", "AGGREGATIONS", "SYNC_METHODS", "BACKENDS"]
-
-
-class _Named(str, Enum):
-    """A case of one of the plan's vocabularies: it compares equal to its value and prints as it."""
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class Layout(_Named):
-    """How a job's processes share the work: the run option in force once the resources are known.
-
-    ``LOCAL``: one worker process trains alone (its devices in-graph replicas); ``MPI``: a process per device,
-    every gradient all-reduced or all-gathered; ``PS``: workers and parameter servers; ``HYBRID``: a process per
-    device, sparse variables on parameter servers, dense ones all-reduced. A member compares equal to its name
-    (``Layout.MPI == "MPI"``, what the launcher sends its ranks), and code names the cases by member, so a
-    misspelt case is an ``AttributeError``, not a branch never taken.
-    """
-
-    LOCAL = "local"
-    MPI = "MPI"
-    PS = "PS"
-    HYBRID = "HYBRID"
-
-    @property
-    def launched(self) -> bool:
-        """Whether the job's processes are started through mpirun (every layout but ``LOCAL``)."""
-        return self is not Layout.LOCAL
-
-    @property
-    def all_reduces(self) -> bool:
-        """Whether a process per device all-reduces (``MPI``, ``HYBRID``)."""
-        return self in (Layout.MPI, Layout.HYBRID)
-
-
-class Sync(_Named):
-    """How a variable's gradient reaches the other workers (:attr:`VariablePlacement.sync`). ``LOCAL``: it does
-    not (only this worker's replicas aggregate; every variable without a gradient); ``ALLREDUCE``: summed
-    across every worker (a sparse one made dense first); ``ALLGATHER``: a sparse gradient's rows gathered from
-    every worker; ``PS``: sent to the parameter server that holds the variable. A member compares equal to its
-    value (``Sync.PS == "ps"``, as plans in JSON say it)."""
-
-    LOCAL = "local"
-    ALLREDUCE = "allreduce"
-    ALLGATHER = "allgather"
-    PS = "ps"
-
+__all__ = ["Layout", "Sync", "CrossWorker", "part_sizes", "GradientRef", "VariablePlacement", "WorkerPlan",
+           "TaskSpec", "Plan", "CommSpec", "PSSpec", "PipelineSpec", "AGGREGATIONS", "SYNC_METHODS", "BACKENDS"]
 
 AGGREGATIONS = ("mean", "sum")
-SYNC_METHODS = tuple(m.value for m in Sync)
-
 
 
 def part_sizes(length: int, workers: int) -> list[int]:
@@ -365,7 +317,7 @@ class Plan(PlanTable):
             VariablePlacement(
                 name=v["name"], shape=tuple(v["shape"]), dtype=v["dtype"], trainable=v["trainable"],
                 gradient=GradientRef(**v["gradient"]) if v["gradient"] else None,
-                aggregation=v["aggregation"], sync=v.get("sync", "local"), server=v.get("server"),
+                aggregation=v["aggregation"], sync=v.get("sync", Sync.LOCAL), server=v.get("server"),
                 density=v.get("density"), density_source=v.get("density_source", ""),
                 partition_of=v.get("partition_of"), bytes_per_worker=v.get("bytes_per_worker", 0),
                 slot_of=v.get("slot_of"), sharded=v.get("sharded", False), stage=v.get("stage", 0))
@@ -403,7 +355,7 @@ class Plan(PlanTable):
     def all_reduced_whole(self) -> list[VariablePlacement]:
         """The variables whose gradients are all-reduced whole, in plan order: every ``allreduce`` one but
         ZeRO stage 2's sharded ones, whose gradients are reduce-scattered (:mod:`parallax.rewrite.zero`)."""
-        return [v for v in self.variables if v.sync == "allreduce" and v.gradient is not None
+        return [v for v in self.variables if v.sync is Sync.ALLREDUCE and v.gradient is not None
                 and not (v.sharded and self.zero_stage == 2)]
 
 

@@ -27,11 +27,11 @@ from parallax.plan.cost import (
     servers_to_call,
     traffic,
 )
-from parallax.plan.model import CommSpec, GradientRef, Plan, PSSpec, VariablePlacement, WorkerPlan
+from parallax.plan.model import CommSpec, CrossWorker, GradientRef, Plan, PSSpec, Sync, VariablePlacement, WorkerPlan
 from parallax.plan.stages import group_devices, pipeline_spec
 from parallax.plan.traffic import Traffic, step_traffic
 
-__all__ = ["build_plan", "place_by_bytes", "choose_sync", "partition_of", "Choice", "CROSS_WORKER"]
+__all__ = ["build_plan", "PlanOptions", "place_by_bytes", "choose_sync", "partition_of", "Choice", "CROSS_WORKER"]
 
 _PART_RE = re.compile(r"^(.*)/part_\d+$")
 
@@ -74,15 +74,16 @@ def place_by_bytes(analysis: GraphAnalysis, num_servers: int, names: list[str] |
     return placement
 
 
-#: ``cross_worker`` values of :func:`build_plan` (``"local"``: one worker).
-CROSS_WORKER = ("local", "allreduce", "ps", "hybrid", "auto")
+#: ``cross_worker`` values of :func:`choose_sync`, :class:`~parallax.plan.model.CrossWorker`'s (``"local"``: one
+#: worker).
+CROSS_WORKER = tuple(c.value for c in CrossWorker)
 
 
 @dataclass(frozen=True)
 class Choice:
     """How one variable with a gradient is synchronised, and why."""
 
-    sync: str
+    sync: Sync
     density: float | None
     density_source: str
     reason: str
@@ -105,14 +106,14 @@ def _override_for(name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def choose_sync(analysis: GraphAnalysis, num_workers: int, replicas_per_worker: int, cross_worker: str,
+def choose_sync(analysis: GraphAnalysis, num_workers: int, replicas_per_worker: int, cross_worker: CrossWorker | str,
                 overrides: Mapping[str, Any] | None = None, hosts: Sequence[str] | None = None
                 ) -> tuple[dict[str, Choice], tuple[str, ...]]:
     """Decide how every variable with a gradient crosses workers.
 
-    ``cross_worker``: ``"local"``, ``"allreduce"`` (MPI: dense all-reduced,
-    sparse all-gathered), ``"ps"`` (everything on servers), ``"hybrid"``
-    (sparse on servers, dense all-reduced) or ``"auto"`` (per variable, the
+    ``cross_worker``: a :class:`~parallax.plan.model.CrossWorker` (or its value): ``LOCAL``, ``ALLREDUCE``
+    (MPI: dense all-reduced, sparse all-gathered), ``PS`` (everything on servers), ``HYBRID``
+    (sparse on servers, dense all-reduced) or ``AUTO`` (per variable, the
     cheapest by :mod:`parallax.plan.cost`). ``overrides`` maps variable names
     or globs (a partitioned variable's name covers its parts) to a sync
     method or to ``{"sync": ..., "density": ...}``. ``hosts``: each worker's
@@ -132,10 +133,11 @@ def choose_sync(analysis: GraphAnalysis, num_workers: int, replicas_per_worker: 
     """
     if cross_worker not in CROSS_WORKER:
         raise PlanError(f"unknown cross_worker {cross_worker!r}; expected one of {', '.join(CROSS_WORKER)}")
+    cross_worker = CrossWorker(cross_worker)
     overrides = overrides or {}
     choices: dict[str, Choice] = {}
     forced: set[str] = set()
-    weighed: dict[str, dict[str, Traffic]] = {}  # AUTO's options of each variable it chose by bytes
+    weighed: dict[str, dict[Sync, Traffic]] = {}  # AUTO's options of each variable it chose by bytes
     where = list(hosts) if hosts is not None else ["h"] * num_workers
     for g in analysis.gradients:
         var = analysis.variable(g.variable)
@@ -145,29 +147,29 @@ def choose_sync(analysis: GraphAnalysis, num_workers: int, replicas_per_worker: 
         if "density" in extra:
             density, source = float(extra["density"]), "override"
         itemsize = tf.dtypes.as_dtype(var.dtype).size
-        if num_workers == 1 and cross_worker != "ps":
-            sync, reason = "local", "one worker"
-        elif cross_worker == "allreduce":
-            sync, reason = ("allgather" if g.sparse else "allreduce"), "MPI"
-        elif cross_worker == "ps":
-            sync, reason = "ps", "PS"
-        elif cross_worker == "hybrid":
-            sync, reason = ("ps" if g.sparse else "allreduce"), "HYBRID"
+        if num_workers == 1 and cross_worker is not CrossWorker.PS:
+            sync, reason = Sync.LOCAL, "one worker"
+        elif cross_worker is CrossWorker.ALLREDUCE:
+            sync, reason = (Sync.ALLGATHER if g.sparse else Sync.ALLREDUCE), "MPI"
+        elif cross_worker is CrossWorker.PS:
+            sync, reason = Sync.PS, "PS"
+        elif cross_worker is CrossWorker.HYBRID:
+            sync, reason = (Sync.PS if g.sparse else Sync.ALLREDUCE), "HYBRID"
         else:
             costs = weighed[g.variable] = options(var.shape, itemsize, g.sparse, density, where)
             sync = cheapest(costs, g.sparse)
             reason = "AUTO, bytes per step between hosts / in all: " + ", ".join(
                 f"{s} {t.crossing:,.0f} / {t.total:,.0f}" for s, t in costs.items())
         if "sync" in extra:
-            sync, reason = extra["sync"], "override"
-            if sync not in OVERRIDE_SYNC:
+            if extra["sync"] not in OVERRIDE_SYNC:
                 raise PlanError(f'plan override for "{g.variable}": sync must be one of '
-                                f"{', '.join(OVERRIDE_SYNC)}, got {sync!r}")
-            if sync == "allgather" and not g.sparse:
+                                f"{', '.join(OVERRIDE_SYNC)}, got {extra['sync']!r}")
+            sync, reason = Sync(extra["sync"]), "override"
+            if sync is Sync.ALLGATHER and not g.sparse:
                 raise PlanError(f'plan override for "{g.variable}": "allgather" needs a sparse gradient; '
                                 "this variable's gradient is dense (use \"allreduce\" or \"ps\")")
-            if num_workers == 1 and sync != "ps":
-                sync = "local"
+            if num_workers == 1 and sync is not Sync.PS:
+                sync = Sync.LOCAL
             forced.add(g.variable)
             weighed.pop(g.variable, None)
         choices[g.variable] = Choice(sync, density, source, reason)
@@ -175,12 +177,12 @@ def choose_sync(analysis: GraphAnalysis, num_workers: int, replicas_per_worker: 
     changed = True
     while changed:  # servers + all-reduce: a server variable coupled to a worker-side update cannot stay
         changed = False
-        on_workers = {n for n, c in choices.items() if c.sync in ("allreduce", "allgather")}
+        on_workers = {n for n, c in choices.items() if c.sync.collective}
         if not on_workers:
             break
         for g in analysis.gradients:
             c = choices[g.variable]
-            if c.sync != "ps" or not set(g.coupled_with) & on_workers:
+            if c.sync is not Sync.PS or not set(g.coupled_with) & on_workers:
                 continue
             if g.variable in forced:
                 raise PlanError(f'plan override puts "{g.variable}" on the parameter servers, but its gradient '
@@ -188,7 +190,7 @@ def choose_sync(analysis: GraphAnalysis, num_workers: int, replicas_per_worker: 
                                 "which every worker applies itself (e.g. clip_by_global_norm over all "
                                 "gradients, or a loss scale optimizer's check that all are finite); put them all "
                                 "on the servers or none")
-            sync = "allgather" if g.sparse else "allreduce"
+            sync = Sync.ALLGATHER if g.sparse else Sync.ALLREDUCE
             choices[g.variable] = Choice(sync, c.density, c.density_source, "coupled to all-reduced updates")
             notes.append(f"{g.variable}: {sync} instead of ps, because its gradient feeds the update of "
                          f"all-reduced variables (e.g. clip_by_global_norm, or a loss scale optimizer's "
@@ -197,14 +199,53 @@ def choose_sync(analysis: GraphAnalysis, num_workers: int, replicas_per_worker: 
     return choices, tuple(notes)
 
 
-def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...], str]], *,
-               run_option: str, sync: bool, average_sparse: bool, cross_worker: str = "local",
-               comm: CommSpec | None = None, server_devices: tuple[str, ...] = (),
-               ps: PSSpec | None = None, overrides: Mapping[str, Any] | None = None,
-               notes: tuple[str, ...] = (), server_hosts: tuple[str, ...] = (), zero_stage: int = 0,
-               pipeline_stages: int = 1, micro_batches: int = 1, pipeline_cuts: tuple[str, ...] = (),
-               device_memory: int | None = None, pipeline_by_memory: bool = False,
-               pipeline_schedule: str = "gpipe") -> Plan:
+@dataclass(frozen=True)
+class PlanOptions:
+    """What :func:`build_plan` is asked for besides the graph and the workers.
+
+    Attributes:
+        run_option: the resolved run option.
+        sync: synchronous training.
+        average_sparse: average sparse gradients instead of summing them.
+        cross_worker: see :func:`choose_sync`.
+        comm: the all-reduce settings (defaults when ``None``).
+        server_devices: TensorFlow devices of the parameter servers.
+        ps: the PS communication settings (defaults when ``None``).
+        overrides: per-variable choices (see :func:`choose_sync`).
+        notes: remarks to keep in the plan.
+        server_hosts: the host of each server (``()``: unknown).
+        zero_stage: shard the optimizer slots of all-reduced dense variables
+            over the workers (:func:`shardable`).
+        pipeline_stages, micro_batches, pipeline_cuts: the pipeline inside each replica
+            (:mod:`parallax.plan.stages`): each worker's devices are taken ``pipeline_stages``
+            at a time as one replica's stage devices. ``overrides`` may give a variable's
+            ``stage``.
+        device_memory: refuse a stage holding more bytes of variables and slots than this;
+            ``pipeline_by_memory``: cut the stages where those bytes are balanced.
+        pipeline_schedule: ``"gpipe"`` or ``"1f1b"``.
+    """
+
+    run_option: str
+    sync: bool
+    average_sparse: bool
+    cross_worker: CrossWorker = CrossWorker.LOCAL
+    comm: CommSpec | None = None
+    server_devices: tuple[str, ...] = ()
+    ps: PSSpec | None = None
+    overrides: Mapping[str, Any] | None = None
+    notes: tuple[str, ...] = ()
+    server_hosts: tuple[str, ...] = ()
+    zero_stage: int = 0
+    pipeline_stages: int = 1
+    micro_batches: int = 1
+    pipeline_cuts: tuple[str, ...] = ()
+    device_memory: int | None = None
+    pipeline_by_memory: bool = False
+    pipeline_schedule: str = "gpipe"
+
+
+def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...], str]],
+               options: PlanOptions | None = None, **fields: Any) -> Plan:
     """Decide the layout of every variable and replica.
 
     Dense gradients are averaged over the replicas; sparse ones are summed,
@@ -220,25 +261,8 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
         analysis: the single-device graph's analysis.
         workers: ``(host, replica devices, shared device)`` of every worker
             task, in worker-id order, as TensorFlow device names.
-        run_option: the resolved run option.
-        sync: synchronous training.
-        average_sparse: average sparse gradients instead of summing them.
-        cross_worker: see :func:`choose_sync`.
-        comm: the all-reduce settings (defaults when ``None``).
-        server_devices: TensorFlow devices of the parameter servers.
-        server_hosts: the host of each server (``()``: unknown).
-        ps: the PS communication settings (defaults when ``None``).
-        overrides: per-variable choices (see :func:`choose_sync`).
-        notes: remarks to keep in the plan.
-        zero_stage: shard the optimizer slots of all-reduced dense variables
-            over the workers (:func:`shardable`).
-        pipeline_stages, micro_batches, pipeline_cuts: the pipeline inside each replica
-            (:mod:`parallax.plan.stages`): each worker's devices are taken ``pipeline_stages``
-            at a time as one replica's stage devices. ``overrides`` may give a variable's
-            ``stage``.
-        device_memory: refuse a stage holding more bytes of variables and slots than this;
-            ``pipeline_by_memory``: cut the stages where those bytes are balanced.
-        pipeline_schedule: ``"gpipe"`` or ``"1f1b"``.
+        options: what is asked (:class:`PlanOptions`), or its ``fields`` as keywords
+            (``build_plan(analysis, workers, run_option="MPI", sync=True, average_sparse=True)``).
 
     Returns:
         The plan.
@@ -247,23 +271,29 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
         PlanError: variables go to parameter servers but there are none, or a
             bad override.
     """
+    if options is None:
+        options = PlanOptions(**fields)
+    elif fields:
+        raise TypeError(f"build_plan: the options or their fields, not both (got {', '.join(sorted(fields))})")
+    overrides, pipeline_stages = options.overrides or {}, options.pipeline_stages
     stage_devices = [group_devices(devices, pipeline_stages, f"worker {i} on {host}")
                      for i, (host, devices, _) in enumerate(workers)]
     placed = {v.name: entry["stage"] for v in analysis.variables
-              if "stage" in (entry := _override_for(v.name, overrides or {}))}
-    pipeline, stage_of_variable = pipeline_spec(analysis, stage_devices, pipeline_stages, micro_batches,
-                                                pipeline_cuts, placed, device_memory, pipeline_by_memory,
-                                                pipeline_schedule)
+              if "stage" in (entry := _override_for(v.name, overrides))}
+    pipeline, stage_of_variable = pipeline_spec(analysis, stage_devices, pipeline_stages, options.micro_batches,
+                                                options.pipeline_cuts, placed, options.device_memory,
+                                                options.pipeline_by_memory, options.pipeline_schedule)
     worker_plans = tuple(WorkerPlan(host, tuple(r[0] for r in grouped), shared)
                          for (host, _, shared), grouped in zip(workers, stage_devices))
     replicas = max(1, len(worker_plans[0].replica_devices)) if worker_plans else 1
-    choices, more_notes = choose_sync(analysis, len(worker_plans), replicas, cross_worker, overrides,
+    choices, more_notes = choose_sync(analysis, len(worker_plans), replicas, options.cross_worker, overrides,
                                       hosts=[w.host for w in worker_plans])
-    on_servers = {name for name, c in choices.items() if c.sync == "ps"}
+    server_devices, server_hosts, notes = options.server_devices, options.server_hosts, options.notes
+    on_servers = {name for name, c in choices.items() if c.sync is Sync.PS}
     if on_servers and not server_devices:
         raise PlanError(f"the plan puts {', '.join(sorted(on_servers))} on parameter servers, but the job has "
                         "none; use run_option='PS', 'HYBRID' or 'AUTO' with several workers")
-    ps = ps or PSSpec()
+    ps = options.ps or PSSpec()
     if on_servers and len(server_devices) > 1 and len(server_hosts) == len(server_devices):
         chosen, why = _servers_to_call(analysis, choices, on_servers, [w.host for w in worker_plans],
                                        server_hosts, ps.num_servers)
@@ -271,7 +301,7 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
         server_hosts = tuple(server_hosts[i] for i in chosen)
         notes = (*notes, why)
     summed = {v.name for v in analysis.variables if v.summed}  # metrics' states: each worker's own, in every mode
-    on_workers_too = any(c.sync != "ps" for c in choices.values())
+    on_workers_too = any(c.sync is not Sync.PS for c in choices.values())
     mixed = bool(on_servers) and (on_workers_too or bool(summed))
     if on_workers_too and on_servers:
         names = [v.name for v in analysis.variables if _server_group(analysis, v.name) in on_servers]
@@ -279,7 +309,7 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
         names = [v.name for v in analysis.variables if v.name not in summed]
     # A forward-only graph in PS mode keeps its variables on the servers too: the
     # chief initializes them once and every worker reads the same values.
-    forward_only_ps = cross_worker == "ps" and not choices and bool(server_devices)
+    forward_only_ps = options.cross_worker == CrossWorker.PS and not choices and bool(server_devices)
     placement = place_by_bytes(analysis, len(server_devices), names) if on_servers or forward_only_ps else {}
     if mixed and ps.local_aggregation and replicas == 1 and _aggregation_saves(worker_plans):
         ps = replace(ps, host_aggregation=True)
@@ -288,21 +318,22 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
         g = analysis.gradient(v.name)
         ref = None if g is None else GradientRef(*g.aggregation_tensors, g.dtype, g.indices_dtype, g.repeats_merged,
                                            g.shape)
-        aggregation = "sum" if (g is not None and g.sparse and not average_sparse) else "mean"
-        c = choices.get(v.name, Choice("local", None, "", ""))
+        aggregation = "sum" if (g is not None and g.sparse and not options.average_sparse) else "mean"
+        c = choices.get(v.name, Choice(Sync.LOCAL, None, "", ""))
         variables.append(VariablePlacement(v.name, v.shape, v.dtype, v.trainable, ref, aggregation, c.sync,
                                            placement.get(v.name), c.density, c.density_source,
                                            partition_of(v.name), slot_of=v.slot_of,
                                            stage=stage_of_variable.get(v.name, 0), summed=v.summed))
+    zero_stage = options.zero_stage
     zero_notes: tuple[str, ...] = ()
     if zero_stage and len(worker_plans) > 1:
         variables, zero_notes = _shard_slots(variables, zero_stage)
     elif zero_stage:
         zero_notes = (f"zero_stage={zero_stage} shards optimizer states over the workers that all-reduce; this job "
                       "has one worker, so nothing is sharded",)
-    comm, compression_notes = resolve_compression(comm or CommSpec(), worker_plans, server_hosts, collectives=any(
-        c.sync in ("allreduce", "allgather") for c in choices.values()))
-    plan = Plan(run_option=run_option, sync=sync, workers=worker_plans, variables=tuple(variables),
+    comm, compression_notes = resolve_compression(options.comm or CommSpec(), worker_plans, server_hosts,
+                                                  collectives=any(c.sync.collective for c in choices.values()))
+    plan = Plan(run_option=options.run_option, sync=options.sync, workers=worker_plans, variables=tuple(variables),
                 train_ops=analysis.train_ops, notes=tuple(notes) + more_notes + zero_notes + compression_notes,
                 comm=comm,
                 server_devices=tuple(server_devices), ps=ps, server_hosts=tuple(server_hosts),
@@ -324,7 +355,7 @@ def _servers_to_call(analysis: GraphAnalysis, choices: dict[str, Choice], on_ser
     total = Traffic()
     for name in sorted(on_servers):
         var, g = analysis.variable(name), analysis.gradient(name)
-        total = total + traffic("ps", var.shape, tf.dtypes.as_dtype(var.dtype).size, g.sparse, choices[name].density,
+        total = total + traffic(Sync.PS, var.shape, tf.dtypes.as_dtype(var.dtype).size, g.sparse, choices[name].density,
                                 worker_hosts)
     chosen, seconds, every = servers_to_call(total, worker_hosts, server_hosts, wanted)
     if wanted:
@@ -338,13 +369,13 @@ def _servers_to_call(analysis: GraphAnalysis, choices: dict[str, Choice], on_ser
                     f"calls each server that holds one; {why}")
 
 
-def _weigh_servers(choices: dict[str, Choice], weighed: dict[str, dict[str, Traffic]], hosts: list[str],
+def _weigh_servers(choices: dict[str, Choice], weighed: dict[str, dict[Sync, Traffic]], hosts: list[str],
                    forced: set[str]) -> tuple[str, ...]:
     """AUTO's servers, kept only when they save more time over the links than their chain costs a step
     (:func:`parallax.plan.cost.servers_save`); else each of its variables goes its cheapest other way, in
     ``choices``. An override that puts a variable on the servers pays the chain already."""
-    on_servers = {n: weighed[n] for n, c in choices.items() if n in weighed and c.sync == "ps"}
-    if not on_servers or any(choices[n].sync == "ps" for n in forced):
+    on_servers = {n: weighed[n] for n, c in choices.items() if n in weighed and c.sync is Sync.PS}
+    if not on_servers or any(choices[n].sync is Sync.PS for n in forced):
         return ()
     saved = servers_save(on_servers, hosts)
     if saved >= SERVER_CHAIN_SECONDS:
@@ -401,7 +432,7 @@ def shardable(v: VariablePlacement, slots: list[VariablePlacement]) -> str:
     all-reduced, of a known shape, with slots to shard."""
     if v.gradient is None or v.sparse:
         return "sparse gradient" if v.sparse else ""
-    if v.sync != "allreduce":
+    if v.sync is not Sync.ALLREDUCE:
         return f"sync {v.sync}"
     if not slots:
         return "no optimizer slots"

@@ -78,6 +78,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from parallax.plan.traffic import Payload, Traffic, variable_traffic
+from parallax.plan.vocabulary import Sync
 
 __all__ = ["Link", "ClusterShape", "VariableCost", "HostCosts", "HostLoad", "Prediction", "LAYOUTS", "predict",
            "communication", "host_load", "fit_costs", "waiting", "expected_max", "parse_bandwidth", "parse_latency",
@@ -177,12 +178,12 @@ def _workers(layout: str, cluster: ClusterShape) -> tuple[list[str], int]:
     return [h for h in names for _ in range(cluster.devices)], 1
 
 
-def _sync(layout: str, v: VariableCost) -> str:
+def _sync(layout: str, v: VariableCost) -> Sync:
     if layout == "MPI":
-        return "allgather" if v.sparse else "allreduce"
+        return Sync.ALLGATHER if v.sparse else Sync.ALLREDUCE
     if layout == "HYBRID":
-        return "ps" if v.sparse else "allreduce"
-    return "ps"
+        return Sync.PS if v.sparse else Sync.ALLREDUCE
+    return Sync.PS
 
 
 def communication(variables: Iterable[VariableCost], layout: str, cluster: ClusterShape) -> tuple[float, float]:
@@ -203,11 +204,11 @@ def communication(variables: Iterable[VariableCost], layout: str, cluster: Clust
     variables = list(variables)
     hosts, replicas = _workers(layout, cluster)
     total, rounds = Traffic(), 0
-    for sync in ("allreduce", "ps"):  # the dense gradients: one collective, one push and pull
+    for sync in (Sync.ALLREDUCE, Sync.PS):  # the dense gradients: one collective, one push and pull
         dense = sum(v.num_bytes for v in variables if not v.sparse and _sync(layout, v) == sync)
         if dense:
             total = total + variable_traffic(Payload(dense), sync, hosts)
-            rounds += 2 * (n - 1) if sync == "allreduce" else 2
+            rounds += 2 * (n - 1) if sync is Sync.ALLREDUCE else 2
     for v in variables:
         if not v.sparse:
             continue
@@ -215,7 +216,7 @@ def communication(variables: Iterable[VariableCost], layout: str, cluster: Clust
         sync = _sync(layout, v)
         total = total + variable_traffic(p, sync, hosts, merged=layout != "TF PS",
                                          host_aggregation=layout == "HYBRID" and h > 1 and g > 1)
-        rounds += n - 1 if sync == "allgather" else 2
+        rounds += n - 1 if sync is Sync.ALLGATHER else 2
     if replicas > 1:  # a PS worker first sums its replicas' gradients, inside its host
         per_device = sum(v.rows_touched * (v.row_bytes + _INDEX_BYTES) if v.sparse else v.num_bytes
                          for v in variables)
@@ -260,7 +261,7 @@ def host_load(variables: Iterable[VariableCost], layout: str, cluster: ClusterSh
         if not v.sparse:
             continue
         each = v.row_bytes + _INDEX_BYTES
-        if _sync(layout, v) == "allgather":  # every worker takes in every other host's rows
+        if _sync(layout, v) is Sync.ALLGATHER:  # every worker takes in every other host's rows
             rows_in += (n - g) * min(v.rows, v.rows_touched) * each
         elif layout == "TF PS":  # a server's share of every other host's device's rows, none merged
             rows_in += (n - g) / h * v.rows_touched * each

@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from parallax.plan.model import Plan, VariablePlacement
+from parallax.plan.model import Plan, Sync, VariablePlacement
 
 __all__ = ["Traffic", "StepTraffic", "RowsFn", "Payload", "UNKNOWN_DENSITY", "payload", "payload_of",
            "variable_traffic", "step_traffic", "allreduce", "allgather", "servers"]
@@ -175,7 +175,7 @@ def payload(shape: Sequence[int | None], itemsize: int, sparse: bool, density: f
     return Payload(rows * row_bytes, sparse, rows, row_bytes, index_bytes, k, distinct, itemsize)
 
 
-def variable_traffic(p: Payload, sync: str, hosts: Sequence[str], server_host: str | None = None, *,
+def variable_traffic(p: Payload, sync: Sync, hosts: Sequence[str], server_host: str | None = None, *,
                      merged: bool = True, host_aggregation: bool = False, rows_on_server: bool = True) -> Traffic:
     """One step's traffic for one variable synchronised by ``sync`` among workers on ``hosts``.
 
@@ -186,14 +186,14 @@ def variable_traffic(p: Payload, sync: str, hosts: Sequence[str], server_host: s
     distinct row once.
     """
     n = len(hosts)
-    if sync == "local" or n < 1:
+    if sync == Sync.LOCAL or n < 1:
         return Traffic()
-    if sync == "allreduce":  # a sparse gradient is made dense, with a count per row
+    if sync == Sync.ALLREDUCE:  # a sparse gradient is made dense, with a count per row
         return allreduce((p.num_bytes + (p.rows * p.itemsize if p.sparse else 0)) * p.wire_ratio, hosts)
     sent = p.row_bytes * p.wire_ratio + p.index_bytes  # one row of the gradient and its index
-    if sync == "allgather":
+    if sync == Sync.ALLGATHER:
         return allgather((p.u(1) if merged else p.k) * sent, hosts)
-    if sync != "ps":
+    if sync != Sync.PS:
         raise ValueError(f"unknown sync method {sync!r}")
     if not p.sparse:  # push the gradient, read the new value
         return servers([(h, (1.0 + p.wire_ratio) * p.num_bytes) for h in hosts], server_host, hosts)
@@ -227,7 +227,7 @@ def step_traffic(plan: Plan, rows: Mapping[str, RowsFn] | None = None) -> StepTr
         if v.gradient is None:
             continue
         server = plan.server_hosts[v.server] if v.server is not None and v.server < len(plan.server_hosts) else None
-        merged = v.gradient.repeats_merged and (v.sync == "allgather" or plan.sync and plan.ps.local_aggregation)
+        merged = v.gradient.repeats_merged and (v.sync is Sync.ALLGATHER or plan.sync and plan.ps.local_aggregation)
         out[v.name] = variable_traffic(
             payload_of(v, rows.get(v.name), plan.comm.compression), v.sync, hosts, server, merged=merged,
             host_aggregation=plan.ps.host_aggregation,

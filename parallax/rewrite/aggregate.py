@@ -61,7 +61,7 @@ from parallax.graph.names import (
     replica_tensor_name,
 )
 from parallax.plan.buckets import overlap_buckets
-from parallax.plan.model import CommSpec, Plan, TaskSpec, VariablePlacement
+from parallax.plan.model import CommSpec, Plan, Sync, TaskSpec, VariablePlacement
 from parallax.rewrite.classify import classify
 from parallax.rewrite.readiness import readiness_order
 
@@ -157,7 +157,7 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list, ord
         sums = _replica_sums(inputs[layout.sums_start:], num_local, plan.num_workers,
                              lambda: backend(plan.comm.backend))
         dense = plan.all_reduced_whole  # what Plan.overlaps_backward buckets
-        scattered = [v for v in layout.variables if v.sync == "allreduce" and v not in dense]
+        scattered = [v for v in layout.variables if v.sync is Sync.ALLREDUCE and v not in dense]
         if dense:
             with tf.name_scope(aggregate_step_scope("allreduce")):
                 summed = _allreduced(dense, local, readiness, plan.comm, plan.overlaps_backward,
@@ -173,7 +173,7 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list, ord
                     [tf.reshape(local[v.name][0], [v.num_elements]) for v in scattered])
             for v, part in zip(scattered, parts):
                 crossed[v.name] = (part,)
-        sparse = [v for v in layout.variables if v.sync == "allgather"]
+        sparse = [v for v in layout.variables if v.sync is Sync.ALLGATHER]
         for v in sparse:  # the update sums repeated rows first anyway: send each row once
             if v.gradient.repeats_merged:
                 local[v.name] = _merged(v, *local[v.name], "dedup/")
@@ -185,7 +185,7 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list, ord
             for v, pair in zip(sparse, gathered):
                 crossed[v.name] = pair
         pushed = [v for v in layout.variables
-                  if v.sync == "ps" and v.sparse and plan.ps.local_aggregation and plan.sync]
+                  if v.sync is Sync.PS and v.sparse and plan.ps.local_aggregation and plan.sync]
         for v in pushed:  # the update sums rows by index first anyway: send each row once
             if v.gradient.repeats_merged:
                 crossed[v.name] = _merged(v, *local[v.name], "dedup/")
@@ -202,7 +202,7 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list, ord
             # the mean over every replica of the job where the update gets every worker's gradient (all-reduced,
             # all-gathered, or summed by the chief in synchronous PS); asynchronous PS applies each worker's own
             # gradient alone, as TF's between-graph training does: the mean over this worker's replicas
-            across = var.sync in ("allreduce", "allgather") or (var.sync == "ps" and plan.sync)
+            across = var.sync.collective or (var.sync is Sync.PS and plan.sync)
             total = plan.num_replicas if across else num_local
             with tf.name_scope(aggregate_scope(var.name)):
                 first = _scaled(crossed[var.name][0], var, total)
@@ -211,7 +211,7 @@ def _build(plan: Plan, layout: _Layout, num_local: int, backend_nodes: list, ord
                     outputs.append(tf.identity(crossed[var.name][1], name="indices"))
                 else:
                     outputs.append(tf.identity(first, name="grad"))
-                if var.sync == "ps" and not plan.ps.local_aggregation:
+                if var.sync is Sync.PS and not plan.ps.local_aggregation:
                     _per_replica_outputs(var, inputs[slice(*layout.slices[var.name])], num_local, total)
         return outputs + sums
 

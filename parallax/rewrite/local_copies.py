@@ -26,7 +26,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 
 from parallax.graph.graph_ops import add_nodes
 from parallax.graph.names import REPLICA_PREFIX, copy_replica, local_copy_scope
-from parallax.plan.model import Plan, TaskSpec
+from parallax.plan.model import Plan, Sync, TaskSpec
 from parallax.rewrite.classify import classify
 
 __all__ = ["use_local_copies"]
@@ -90,7 +90,7 @@ def use_local_copies(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: 
     if not (plan.server_devices and plan.sync and plan.ps.replicate_variables):
         return out
     node_types = {n.name: n.op for n in out.graph_def.node}
-    variables = [v for v in plan.variables if v.sync == "ps" and v.gradient is not None and not v.sparse
+    variables = [v for v in plan.variables if v.sync is Sync.PS and v.gradient is not None and not v.sparse
                  and node_types.get(v.name) == "VarHandleOp"]
     if not variables:
         return out

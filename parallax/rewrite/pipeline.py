@@ -8,7 +8,7 @@ from collections.abc import Callable
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from parallax.graph.names import AGGREGATE_PREFIX, SYNC_PREFIX, sync_scope
-from parallax.plan.model import Plan, TaskSpec
+from parallax.plan.model import Plan, Sync, TaskSpec
 from parallax.rewrite.aggregate import aggregate_gradients
 from parallax.rewrite.local_copies import use_local_copies
 from parallax.rewrite.micro_batches import split_micro_batches
@@ -68,9 +68,9 @@ def wait_points(plan: Plan, task: TaskSpec) -> str:
     points = []
     if plan.sums_replicas_across_workers:
         points.append(f"in the sums of synchronised batch statistics ({AGGREGATE_PREFIX}/replica_sums)")
-    if syncs & {"allreduce", "allgather"}:
+    if syncs & {Sync.ALLREDUCE, Sync.ALLGATHER}:
         points.append(f"in the all-reduce of the gradients ({AGGREGATE_PREFIX}/allreduce, /allgather)")
-    if "ps" in syncs and plan.sync:
+    if Sync.PS in syncs and plan.sync:
         if task.worker_index == 0:
             points.append(f"in the PS protocol, where the chief takes every worker's gradients "
                           f"({SYNC_PREFIX}/<variable>/take, or {SYNC_PREFIX}/step/<op>/packed_<k>/take for "

@@ -108,7 +108,7 @@ from parallax.graph.names import (
     sync_scope,
     unsynchronised_train_op,
 )
-from parallax.plan.model import Plan, TaskSpec, VariablePlacement
+from parallax.plan.model import Plan, Sync, TaskSpec, VariablePlacement
 from parallax.rewrite.aggregate import build_subgraph
 from parallax.rewrite.program_writes import (  # PROGRAM_WRITES, UNSYNCHRONISED, program_writes: from here too
     PROGRAM_WRITES,
@@ -182,16 +182,16 @@ def add_ps_sync(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskS
     """
     out = meta_graph_pb2.MetaGraphDef()
     out.CopyFrom(meta_graph)
-    if not plan.sync or not any(v.sync == "ps" and v.gradient is not None for v in plan.variables):
+    if not plan.sync or not any(v.sync is Sync.PS and v.gradient is not None for v in plan.variables):
         return out
     chief = task.worker_index == 0
     worker = plan.workers[task.worker_index]
     waits: dict[str, str] = {}  # server variable -> the wait for the chief's token of its training op
     # a variable each worker keeps (a metric's state, parallax.tf2.summed): every worker runs the training op
     kept = any(v.summed for v in plan.variables)
-    mixed_plan = kept or any(v.gradient is not None and v.sync != "ps" for v in plan.variables)
+    mixed_plan = kept or any(v.gradient is not None and v.sync is not Sync.PS for v in plan.variables)
     for train_op, variables in variables_by_train_op(out.graph_def, plan):
-        synced = [v for v in variables if v.sync == "ps"]
+        synced = [v for v in variables if v.sync is Sync.PS]
         if synced:
             mixed = kept or len(synced) < len(variables)
             _add_protocol(out, plan, task, train_op, synced, mixed)

@@ -40,12 +40,13 @@ def suggest(space: dict[str, Any], history: list[dict[str, Any]], seed: int, min
 
 def _is_result_writer() -> bool:
     """Worker 0 of the job, or a process that trains alone."""
+    from parallax.cluster import Role
     from parallax.member.rank import launched_process
 
     launched = launched_process()
     if launched is None:
         return True
-    return launched.spec.role == "worker" and launched.workers_comm().Get_rank() == 0
+    return launched.spec.role == Role.WORKER and launched.workers_comm().Get_rank() == 0
 
 
 def main(argv: list[str] | None = None) -> int:

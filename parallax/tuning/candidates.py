@@ -41,6 +41,7 @@ from parallax.cluster import Cluster
 from parallax.config import Config
 from parallax.errors import ParallaxError
 from parallax.plan.cost import LINKS, SERVER_CALL_SECONDS, SERVER_CHAIN_SECONDS, link_seconds
+from parallax.plan.model import Sync
 from parallax.plan.predict import Link
 from parallax.plan.traffic import step_traffic
 from parallax.trials.choice import describe_choice, with_choice
@@ -177,13 +178,13 @@ def predicted_seconds(job, links: tuple[Link, Link] = DEFAULT_LINKS) -> float:
     hosts = [w.host for w in plan.workers]
     seconds = link_seconds(step_traffic(plan).total, hosts, links)
     synced = [v for v in plan.variables if v.gradient is not None]
-    dense = [v for v in synced if v.sync == "allreduce"]
+    dense = [v for v in synced if v.sync is Sync.ALLREDUCE]
     dense_bytes = sum(v.num_bytes for v in dense)
     fusion = plan.comm.fusion_bytes
     groups = (math.ceil(dense_bytes / fusion) if fusion else len(dense)) if dense else 0
     rounds = groups * 2 * (n - 1)
-    rounds += n - 1 if any(v.sync == "allgather" for v in synced) else 0  # one call gathers them all
-    servers = sum(v.sync == "ps" for v in synced)
+    rounds += n - 1 if any(v.sync is Sync.ALLGATHER for v in synced) else 0  # one call gathers them all
+    servers = sum(v.sync is Sync.PS for v in synced)
     rounds += 2 * servers
     latency = links[1 if len(set(hosts)) > 1 else 0].latency
     calls = SERVER_CHAIN_SECONDS + (len(plan.server_devices) - 1) * SERVER_CALL_SECONDS if servers else 0.0

@@ -7,9 +7,9 @@ import tensorflow as tf
 
 from parallax.analysis import analyse_graph
 from parallax.errors import PlanError
-from parallax.plan import build_plan
+from parallax.plan import PlanOptions, build_plan
 from parallax.plan.cost import bytes_per_worker, choose, traffic
-from parallax.plan.model import PSSpec
+from parallax.plan.model import CrossWorker, PSSpec
 from parallax.plan.policies import choose_sync, partition_of
 from tests.models import build_embedding, build_mlp, build_sequence
 
@@ -211,6 +211,17 @@ def test_pure_ps_plan_puts_every_variable_on_servers():
                       average_sparse=True, cross_worker="ps", server_devices=SERVER)
     assert all(v.server == 0 for v in plan.variables)
     assert not plan.ps.host_aggregation
+
+
+def test_the_options_as_a_record_or_as_keywords_make_one_plan():
+    asked = PlanOptions(run_option="HYBRID", sync=True, average_sparse=True, cross_worker=CrossWorker.HYBRID,
+                        server_devices=SERVER)
+    plan = build_plan(static_embedding(), workers(2), asked)
+    assert plan == build_plan(static_embedding(), workers(2), run_option="HYBRID", sync=True, average_sparse=True,
+                              cross_worker="hybrid", server_devices=SERVER)
+    assert {v.name: str(v.sync) for v in plan.variables if v.gradient is not None} == {"emb": "ps", "w": "allreduce"}
+    with pytest.raises(TypeError, match="not both"):
+        build_plan(static_embedding(), workers(2), asked, sync=False)
 
 
 def test_servers_asked_for_but_none_given():

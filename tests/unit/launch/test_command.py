@@ -1,8 +1,9 @@
 import pytest
 
+from parallax.cluster import Role
 from parallax.errors import LaunchError
 from parallax.launch.command import SESSION_DIR_ENV, build_mpirun_command
-from parallax.launch.layout import RankSpec, layout_from_json, layout_to_json, ranks_per_device
+from parallax.launch.layout import RankSpec, hybrid_ranks, layout_from_json, layout_to_json, ranks_per_device
 from parallax.resources import Device, parse_resource_text
 
 LOCAL = frozenset({"localhost", "vm"})
@@ -17,6 +18,13 @@ def test_one_rank_per_device_hosts_kept_together():
     assert [(r.host, r.device) for r in layout] == [("a", Device("gpu", 0)), ("a", Device("gpu", 1)),
                                                     ("a", Device("gpu", 2)), ("b", None)]
     assert layout_from_json(layout_to_json(layout)) == layout
+
+
+def test_roles_travel_as_their_names_and_come_back_as_roles():
+    layout = hybrid_ranks(parse_resource_text("a: 0\n"))
+    assert '"role": "ps"' in layout_to_json(layout)
+    assert [r.role for r in layout_from_json(layout_to_json(layout))] == [Role.WORKER, Role.PS]
+    assert all(isinstance(r.role, Role) for r in layout_from_json(layout_to_json(layout)))
 
 
 def test_local_job_argv():
