@@ -56,10 +56,11 @@ def comm_worker(out: str, reps: int) -> None:
 
     from parallax.comm.mpi import MPIBackend, import_bound
     from parallax.comm.native import native_ops
-    from parallax.invocation import HUGE_PAGES_ENV
+    from parallax.invocation import current
     from parallax.plan.model import CommSpec
 
     comm = MPI.COMM_WORLD
+    root = current().cache_root()  # where this benchmark's process keeps the compiled op (PARALLAX_CACHE_DIR)
     # as parallel_run sets them for ranks sharing a host's cores
     threads = max(1, (os.cpu_count() or 1) // comm.size) if comm.size > 1 else 0
     config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads)
@@ -81,9 +82,8 @@ def comm_worker(out: str, reps: int) -> None:
                 summed = backend.allreduce_sum(parts)
                 probe = tf.add_n([s[:1] for s in summed])
                 baseline = tf.add_n([p[:1] for p in parts])
-            os.environ[HUGE_PAGES_ENV] = "1" if huge_pages else "0"  # read when the op is bound
-            run_graph, release = import_bound(graph, backend, native_ops=native)
-            os.environ.pop(HUGE_PAGES_ENV)
+            run_graph, release = import_bound(graph, backend, native_ops=native, huge_pages=huge_pages,
+                                              cache_root=root)
             releases.append(release)
             sess = tf.compat.v1.Session(graph=run_graph, config=config)
             sess.run([run_graph.get_operation_by_name(f"{name}/Assign") for name in ("v", "w")])
@@ -106,7 +106,7 @@ def comm_worker(out: str, reps: int) -> None:
 
         # small sizes take more repetitions: their medians are tenths of a millisecond
         per_round = max(3, reps * max(1, 16 // mb) // ROUNDS)
-        ops = native_ops()
+        ops = native_ops(root)
         in_place = {variant: [0, 0] for variant in sessions}  # fused calls summed where they lay, all fused calls
         for _ in range(ROUNDS):
             got = {"raw_mpi4py": timed(lambda buf=buf: comm.Allreduce(MPI.IN_PLACE, buf), per_round)}

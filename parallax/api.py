@@ -32,7 +32,7 @@ from parallax.cluster import Cluster, Role
 from parallax.config import CheckPointConfig, Config
 from parallax.errors import ParallaxError
 from parallax.graph_input import load_graph
-from parallax.invocation import RUN_OPTION_ENV, USE_TUNED_ENV, Invocation, PlanRequest, current
+from parallax.invocation import RUN_OPTION_ENV, USE_TUNED_ENV, Invocation, Kind, PlanRequest, current
 from parallax.job import JobPlan, plan_job
 from parallax.launch.elastic import (
     checkpoint_from_text,
@@ -131,16 +131,17 @@ def _parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | No
                   parallax_config: Config | None, signature: Any = None) -> tuple:
     """:func:`parallel_run`, with the signature a ``tf.function`` step without one was first called with."""
     config = _checked_config(parallax_config, sync, resource_info)
+    invocation = current()  # the environment, read once here: what it asks goes down as arguments
     if signature is None and needs_first_call(single_gpu_graph):  # traced at its first call
-        known = numbers(current(), resource_info, config.redirect_path, len(tf.config.list_physical_devices("GPU")))
+        known = numbers(invocation, resource_info, config.redirect_path, len(tf.config.list_physical_devices("GPU")))
         return (DeferredStep(single_gpu_graph, lambda first: _parallel_run(
             single_gpu_graph, resource_info, sync, parallax_config, first), known), *known)
-    config = replace(config, elastic_config=elastic_from_text(config.elastic_config, current().elastic))
-    if current().stall_shutdown:  # parallax-run --stall-shutdown
-        shutdown = current().stall_shutdown
+    config = replace(config, elastic_config=elastic_from_text(config.elastic_config, invocation.elastic))
+    if invocation.stall_shutdown is not None:  # parallax-run --stall-shutdown
+        shutdown = invocation.stall_shutdown
         config = replace(config, stall_shutdown=None if shutdown == "none" else float(shutdown))
-    if current().staggered_start in ("0", "1"):  # PARALLAX_STAGGERED_START
-        config = replace(config, staggered_start=current().staggered_start == "1")
+    if invocation.staggered_start is not None:  # PARALLAX_STAGGERED_START
+        config = replace(config, staggered_start=invocation.staggered_start)
     step = None
     if is_step_function(single_gpu_graph):
         step, config = prepare(single_gpu_graph, config, signature)
@@ -149,9 +150,9 @@ def _parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | No
                          "tf.compat.v1 graph's checkpoints are saved under its variables' names: leave it None")
     try:
         outcome = _run(step.traced.graph if step is not None else single_gpu_graph, resource_info, sync, config,
-                       step_ckpt_dir=step.ckpt_dir if step is not None else None)
+                       step_ckpt_dir=step.ckpt_dir if step is not None else None, invocation=invocation)
     except ParallaxError as e:
-        if current().plan is None:
+        if invocation.plan is None:
             raise
         print(f"parallax: {e}", file=sys.stderr, flush=True)  # parallax plan / manifest: the reason, no traceback
         outcome = 2
@@ -172,7 +173,7 @@ def preview_plan(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
         config, single_gpu_graph = conventions(config), graph_of(single_gpu_graph)
     graph, _ = load_graph(single_gpu_graph)
     cluster = parse_resource_file(resource_info)
-    return plan_job(config, sync, cluster, analyse_graph(graph))[1].plan
+    return plan_job(config, sync, cluster, analyse_graph(graph), invocation=current())[1].plan
 
 
 def _checked_config(parallax_config: Config | None, sync: bool, resource_info: str | os.PathLike | None) -> Config:
@@ -212,18 +213,17 @@ class _Call:
         """Say at WARNING each of the script's settings the environment replaces (once per job: see the
         handlers)."""
         for override in environment_overrides(self.script_config, self.script_resources,
-                                               search.min_partitions(self.graph)):
+                                               search.min_partitions(self.graph), self.invocation):
             logger.warning(environment_warning(override))
 
 
 def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync: bool, config: Config,
-         step_ckpt_dir: str | None = None) -> tuple | int:
-    """Read the invocation and hand the call to the handler of its kind; an ``int`` is the exit code the
-    process ends with."""
-    invocation = current()
+         step_ckpt_dir: str | None = None, *, invocation: Invocation) -> tuple | int:
+    """Hand the call to the handler of its ``invocation``'s kind; an ``int`` is the exit code the process ends
+    with."""
     script_config, script_resources = config, resource_info
-    resource_info = resource_override(resource_info)
-    config = replace(config, run_option=run_option_override(config.run_option))
+    resource_info = resource_override(resource_info, invocation)
+    config = replace(config, run_option=run_option_override(config.run_option, invocation))
     request = invocation.plan
     if request is not None:  # parallax plan: its resource file, run option and overrides replace the script's
         resource_info = request.resource_info or resource_info
@@ -248,48 +248,50 @@ def _answer_request(call: _Call) -> int:
     cluster = parse_resource_file(call.resource_info)
     analysis = analyse_graph(call.graph)
     if request.kind == "tune":  # every layout, not the script's own
-        return _write_candidates(request, call.graph, cluster, call.config, call.sync, analysis)
-    _, job = plan_job(call.config, call.sync, cluster, analysis, manager=request.manager)
+        return _write_candidates(call, request, cluster, analysis)
+    _, job = plan_job(call.config, call.sync, cluster, analysis, manager=request.manager, invocation=call.invocation)
     if request.kind == "manifest":
-        return write_requested(job, cluster, request.manifest, planner(call.config, call.sync, analysis))
+        return write_requested(job, cluster, request.manifest, planner(call.config, call.sync, analysis,
+                                                                       call.invocation))
     return _print_plan(job, request.output)
 
 
 def _run_launched(call: _Call) -> tuple | int:
     """A process the launcher started: plan as the launcher did (its allocation, its tuned choice), check it
     plans the launcher's job, then take its part."""
-    launched = launched_process(call.config.redirect_path)
+    launched = launched_process(call.invocation, call.config.redirect_path)
     sent = launched.context.job.allocation  # a rank's own Slurm variables describe its step, not the job
     cluster = parse_resource_text(sent["text"], source=sent["source"]) if sent is not None \
         else parse_resource_file(call.resource_info)
     config = call.config
     if call.invocation.trial is None:
-        config, code = _tuned(config, call.graph, cluster, call.sync, launched=True)
+        config, code, _ = _tuned(call, config, cluster, launched=True)
         if code is not None:
             return code
-    settings, job = plan_job(config, call.sync, cluster, analyse_graph(call.graph), gpus=launched.context.job.gpus)
+    settings, job = plan_job(config, call.sync, cluster, analyse_graph(call.graph), gpus=launched.context.job.gpus,
+                             invocation=call.invocation)
     launched.check_job(job, settings, cluster.source)
     check_local_devices(job, settings, cluster.source, launched.process_in(job))
     setup = role_setup(job, settings, launched)
     if setup.serve_only:
         return 0  # the exit barrier holds a server until every worker has finished
-    return in_trial(start_worker(setup, job, settings, call.graph, call.meta_graph), job, launched)
+    return in_trial(start_worker(setup, job, settings, call.graph, call.meta_graph), job, call.invocation, launched)
 
 
 def _run_managed(call: _Call) -> tuple | int:
     """A process a cluster manager started (``TF_CONFIG``): take its task's part; nothing is launched. A
     ``TF_CONFIG`` of one task is a plain call."""
-    joined = joined_process()
+    joined = joined_process(call.invocation)
     if joined is None:
         return _run_plain(call)
-    if _speaks_for_the_job(None, joined):
+    if _speaks_for_the_job(None, joined, call.invocation.search.rerun):
         call.report_overrides()
     if call.resource_info is not None:
         logger.info("Parallax: %s describes the cluster; resource_info %s is not read", joined.managed.manager,
                     os.fspath(call.resource_info))
     cluster = parse_resource_text(joined.managed.cluster_text, source=joined.managed.source)
     settings, job = plan_job(call.config, call.sync, cluster, analyse_graph(call.graph),
-                             manager=joined.managed.manager)
+                             manager=joined.managed.manager, invocation=call.invocation)
     joined.begin_call(settings)
     check_local_devices(job, settings, cluster.source, joined.process_in(job) if job.launched else None)
     if not job.launched:  # one worker and no ps task: it trains alone
@@ -305,21 +307,21 @@ def _run_managed(call: _Call) -> tuple | int:
 def _run_plain(call: _Call) -> tuple | int:
     """The process the user started (or a trial's): train here (one local worker) or launch the job."""
     cluster = parse_resource_file(call.resource_info)
-    config = call.config
+    config, tuned, rerun = call.config, None, call.invocation.search.rerun
     if call.invocation.trial is None:
-        if _speaks_for_the_job(None, None):
+        if _speaks_for_the_job(None, None, rerun):
             call.report_overrides()
         # the script run again by its starter takes the tuned choice its starter took
-        config, code = _tuned(config, call.graph, cluster, call.sync, launched=search.in_final_run())
+        config, code, tuned = _tuned(call, config, cluster, launched=rerun)
         if code is not None:
             return code
     analysis = analyse_graph(call.graph)
-    settings, job = plan_job(config, call.sync, cluster, analysis)
+    settings, job = plan_job(config, call.sync, cluster, analysis, invocation=call.invocation)
     elastic = config.elastic_config.enabled and job.launched and not call.in_trial
     checkpoints = _elastic_checkpoints(call, config) if elastic else None
     if checkpoints is not None:
         config = replace(config, ckpt_config=checkpoints)
-        settings, job = plan_job(config, call.sync, cluster, analysis)
+        settings, job = plan_job(config, call.sync, cluster, analysis, invocation=call.invocation)
     for note in job.notes:
         logger.warning("Parallax: %s", note)
     dry_run = call.invocation.dry_run
@@ -327,7 +329,7 @@ def _run_plain(call: _Call) -> tuple | int:
         text = "# one worker on this machine: the script trains in its own process, nothing is launched"
         if job.launched:
             command, _ = job_command(job.ranks, _launch_info(job, settings, cluster, checkpoints), current_program(),
-                                     settings.mpirun_options, "<job dir>")
+                                     settings.mpirun_options, "<job dir>", invocation=call.invocation, tuned=tuned)
             text = f"# run_option {job.layout}, {len(job.ranks)} processes\n" + " ".join(command.argv)
         with open(dry_run, "w", encoding="utf-8") as f:
             f.write(text + "\n")
@@ -336,30 +338,33 @@ def _run_plain(call: _Call) -> tuple | int:
     here = [p for p in job.processes if p.role == Role.WORKER and (not job.launched or p.host in settings.local_hosts)]
     check_paths(settings.ckpt, settings.export_graph_path, saves=any(p.index == 0 for p in here), exports=bool(here))
     if settings.search_partitions:
-        code = search.partition_search(call.graph, cluster.text, settings, cluster.device_keys())
+        code = search.partition_search(call.graph, cluster.text, settings, cluster.device_keys(), call.invocation,
+                                       tuned)
         if code is not None:
             return code
     if not job.launched:
-        return in_trial(start_worker(local_replicas(job, settings), job, settings, call.graph, call.meta_graph), job)
-    return _launch_job(call, config, cluster, analysis, (settings, job), checkpoints, elastic)
+        return in_trial(start_worker(local_replicas(job, settings), job, settings, call.graph, call.meta_graph), job,
+                        call.invocation)
+    return _launch_job(call, config, cluster, analysis, (settings, job), checkpoints, elastic, tuned)
 
 
 def _launch_job(call: _Call, config: Config, cluster: Cluster, analysis, planned: tuple, checkpoints:
-                CheckPointConfig | None, elastic: bool) -> int:
-    """Launch the job ``planned`` (its settings and job plan for ``cluster``) and wait for it: again on the hosts
-    left after a failure when ``elastic`` (:mod:`parallax.launch.elastic`); say how it ended. Returns the exit
-    code."""
+                CheckPointConfig | None, elastic: bool, tuned: dict | None = None) -> int:
+    """Launch the job ``planned`` (its settings and job plan for ``cluster``; its ranks apply the ``tuned``
+    choice) and wait for it: again on the hosts left after a failure when ``elastic``
+    (:mod:`parallax.launch.elastic`); say how it ended. Returns the exit code."""
     settings = planned[0]
     ckpt_dir = settings.ckpt.ckpt_dir or call.step_ckpt_dir
     program = current_program()
     preemptible = not call.in_trial  # a trial keeps nothing: a SIGTERM ends it at once
 
     def start(resources: Cluster) -> JobResult:
-        _, job = planned if resources is cluster else plan_job(config, call.sync, resources, analysis)
+        _, job = planned if resources is cluster else plan_job(config, call.sync, resources, analysis,
+                                                               invocation=call.invocation)
         return launch(job.ranks, program, _launch_info(job, settings, resources, checkpoints), settings.mpirun_options,
                       redirect_path=settings.redirect_path, stall_timeout=settings.timeouts.stall,
                       stall_shutdown=settings.timeouts.shutdown,
-                      preemptible=preemptible)
+                      preemptible=preemptible, invocation=call.invocation, tuned=tuned)
 
     if elastic:
         chosen = " (chosen by elastic mode: the program names none)" \
@@ -410,23 +415,24 @@ def _elastic_checkpoints(call: _Call, config: Config) -> CheckPointConfig | None
     return checkpoints
 
 
-def _speaks_for_the_job(launched: LaunchedProcess | None, joined: JoinedProcess | None) -> bool:
+def _speaks_for_the_job(launched: LaunchedProcess | None, joined: JoinedProcess | None, rerun: bool = False) -> bool:
     """Whether this process reports what replaced the script's settings, once for the whole job: the
-    process the user started (not one it launched, nor the script run again by it), or, in a job a cluster
-    manager started, its worker 0."""
-    if launched is not None or search.in_final_run():
+    process the user started (not one it launched, nor the script run again by it: ``rerun``), or, in a job a
+    cluster manager started, its worker 0."""
+    if launched is not None or rerun:
         return False
     return joined is None or joined.task == joined.managed.tasks[0]
 
 
 #: The handler of each kind of invocation (:attr:`parallax.invocation.Invocation.kind`).
-_HANDLERS = {"plan": _answer_request, "manifest": _answer_request, "tune": _answer_request,
-             "launched": _run_launched, "managed": _run_managed, "trial": _run_plain, "plain": _run_plain}
+_HANDLERS = {Kind.PLAN: _answer_request, Kind.MANIFEST: _answer_request, Kind.TUNE: _answer_request,
+             Kind.LAUNCHED: _run_launched, Kind.MANAGED: _run_managed, Kind.TRIAL: _run_plain, Kind.PLAIN: _run_plain}
 
 
-def _tuned(config: Config, graph: tf.Graph, cluster: Cluster, sync: bool, launched: bool) -> tuple[Config, int | None]:
+def _tuned(call: _Call, config: Config, cluster: Cluster, launched: bool) -> tuple[Config, int | None, dict | None]:
     """The script's config with the layout ``parallax tune`` stored for this graph and resources
-    (:mod:`parallax.tuning.cache`); an exit code when the script must run again (a tuned partition count).
+    (:mod:`parallax.tuning.cache`); an exit code when the script must run again (a tuned partition count);
+    the tuned choice, for the processes this one starts.
 
     The process the user started (``launched=False``) says at WARNING which of the script's settings
     the layout replaces, each with the script's value and the tuned one (:func:`parallax.overrides.tuned_warning`).
@@ -434,36 +440,39 @@ def _tuned(config: Config, graph: tf.Graph, cluster: Cluster, sync: bool, launch
     from parallax.trials.choice import describe_choice, replaced_by_choice
     from parallax.tuning.cache import tuned_choice
 
-    choice, source = tuned_choice(graph, cluster.text, sync, launched)
+    invocation = call.invocation
+    choice, source = tuned_choice(call.graph, cluster.text, call.sync, launched, invocation)
     if choice is None:
-        return config, None
+        return config, None, None
     fields = {k: v for k, v in choice.items() if k != "partitions"}
-    parts, smallest = choice.get("partitions"), search.min_partitions(graph)
+    parts, smallest = choice.get("partitions"), search.min_partitions(call.graph)
     # a count the graph does not have yet (PARALLAX_NUM_PARTITIONS, when set, is the user's and stays)
-    rebuild = bool(parts) and smallest is not None and int(parts) > smallest and not current().partitions
+    rebuild = bool(parts) and smallest is not None and int(parts) > smallest and invocation.search.partitions is None
     if not launched:
-        given = (current().run_option or "").strip()  # then in config in place of the script's
+        given = (invocation.run_option or "").strip()  # then in config in place of the script's
         replaced = [replace(r, source=RUN_OPTION_ENV) if given and r.setting == "Config.run_option" else r
                     for r in replaced_by_choice(config, fields)]
         if rebuild:
             replaced.append(Replaced(PARTITION_COUNT, smallest, int(parts)))
         applied = {**fields, **({"partitions": parts} if rebuild else {})}
         logger.warning(tuned_warning(replaced, describe_choice(applied), source, USE_TUNED_ENV))
-    if rebuild:
-        return config, search.run_final(int(parts))  # the script again: its graph built with the tuned count
-    return with_choice(config, fields), None
+    if rebuild:  # the script again: its graph built with the tuned count
+        return config, search.run_final(int(parts), choice), choice
+    return with_choice(config, fields), None, choice
 
 
-def _write_candidates(request: PlanRequest, graph: tf.Graph, cluster: Cluster, config: Config, sync: bool,
-                      analysis) -> int:
+def _write_candidates(call: _Call, request: PlanRequest, cluster: Cluster, analysis) -> int:
     """``parallax tune``'s first step: every layout planned and ordered (:mod:`parallax.tuning.candidates`)."""
+    from functools import partial
+
     from parallax.tuning.cache import tune_key
     from parallax.tuning.candidates import layout_space, plan_candidates
 
+    graph, config, sync = call.graph, call.config, call.sync
     counts = search.partition_counts(graph)
     choices = layout_space(cluster, analysis, counts[:3] if counts else None, request.tune.get("space"),
                            config.communication_config.compression)
-    ranked = plan_candidates(cluster, analysis, config, sync, choices, plan_job)
+    ranked = plan_candidates(cluster, analysis, config, sync, choices, partial(plan_job, invocation=call.invocation))
     with open(request.output, "w", encoding="utf-8") as f:
         json.dump({"key": tune_key(graph, cluster.text, sync), "candidates": [c.to_dict() for c in ranked]}, f,
                   indent=1)

@@ -17,6 +17,7 @@ __all__ = [
     "TaskFailedError",
     "ManifestError",
     "CheckpointError",
+    "Preempted",
 ]
 
 
@@ -72,3 +73,19 @@ class TaskFailedError(ParallaxError):
         self.host = host
         self.exit_code = exit_code
         self.log_path = log_path
+
+
+class Preempted(ParallaxError):
+    """The job was asked to end with a checkpoint (SIGTERM), and worker 0 has saved what it could.
+
+    Raised by the chief's preemption hook or ``tf.function`` step after its save; the call of the program's it
+    comes through (``ParallaxSession.run``, the step's call) ends the process with the preempted exit code
+    instead of passing it on (:mod:`parallax.member.preemption`).
+
+    Attributes:
+        said: what the chief did (``"saved global step 6 to /run/ckpt/model.ckpt-6"``).
+    """
+
+    def __init__(self, said: str) -> None:
+        super().__init__(f"preempted: the chief {said}")
+        self.said = said

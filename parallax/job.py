@@ -41,6 +41,7 @@ from parallax.cluster import Cluster, Device, Role
 from parallax.comm.registry import backend_class
 from parallax.config import Config
 from parallax.errors import PlanError
+from parallax.invocation import Invocation
 from parallax.launch.layout import RankSpec, hybrid_ranks, ps_ranks, ranks_per_device
 from parallax.plan import Plan, PlanOptions, build_plan
 from parallax.plan.model import CrossWorker, Layout, Sync
@@ -159,9 +160,10 @@ def _rank_dict(r: RankSpec) -> dict:
 
 
 def plan_job(config: Config, sync: bool, cluster: Cluster, analysis: GraphAnalysis, *, gpus: int | None = None,
-             manager: str | None = None) -> tuple[Settings, JobPlan]:
+             manager: str | None = None, invocation: Invocation | None = None) -> tuple[Settings, JobPlan]:
     """The settings ``config`` makes for ``cluster`` (:func:`parallax.settings.derive`; ``gpus`` a bare host
-    line stands for when the launcher said, ``manager`` what started the processes) and the job plan under
+    line stands for when the launcher said, ``manager`` what started the processes, ``invocation`` what the
+    environment asked) and the job plan under
     them: how every planner plans, the process the user started, each launched rank or managed task,
     ``parallax plan``, a manifest's processes and ``parallax tune``'s candidates.
 
@@ -169,7 +171,7 @@ def plan_job(config: Config, sync: bool, cluster: Cluster, analysis: GraphAnalys
         ValueError, LaunchError: the config does not fit the cluster.
         PlanError: the variable plan cannot be made.
     """
-    settings = derive(config, sync, cluster, gpus=gpus, manager=manager)
+    settings = derive(config, sync, cluster, gpus=gpus, manager=manager, invocation=invocation)
     return settings, make_job_plan(cluster, settings, analysis)
 
 

@@ -33,7 +33,6 @@ the cache) or are Parallax's own messages to the processes it starts.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -86,27 +85,25 @@ class EnvironmentOverride:
 
 
 def environment_overrides(config: Config, resource_info: str | os.PathLike | None, min_partitions: int | None,
-                          environ: Mapping[str, str] | None = None) -> tuple[EnvironmentOverride, ...]:
-    """Each ``PARALLAX_*`` variable of ``environ`` that replaces one of the script's settings.
+                          invocation: Invocation) -> tuple[EnvironmentOverride, ...]:
+    """Each ``PARALLAX_*`` variable of ``invocation`` that replaces one of the script's settings.
 
     Args:
         config: the script's config, as it passed it.
         resource_info: the script's ``resource_info``.
         min_partitions: the smallest ``min_num_partitions`` of the graph's ``get_partitioner``
             variables (:func:`parallax.search.min_partitions`), ``None`` without any.
-        environ: the environment (default ``os.environ``).
+        invocation: what the environment asked (:func:`parallax.invocation.current`, read by ``parallel_run``).
 
     Returns:
         In the order of the table of the module docstring; empty when nothing is replaced.
     """
-    environ = os.environ if environ is None else environ
-    invocation = Invocation.from_env(environ)
     found: list[EnvironmentOverride] = []
-    given = resource_override(resource_info, environ)
+    given = resource_override(resource_info, invocation)
     if resource_info is not None and given is not resource_info:
         found.append(EnvironmentOverride(RESOURCE_ENV, Replaced("resource_info", os.fspath(resource_info), given),
                                          "parallax-run --resource_info"))
-    run_option = replace(config, run_option=run_option_override(config.run_option, environ)).run_option
+    run_option = replace(config, run_option=run_option_override(config.run_option, invocation)).run_option
     if run_option != config.run_option:
         found.append(EnvironmentOverride(RUN_OPTION_ENV, Replaced("Config.run_option", config.run_option, run_option),
                                          "parallax manifest --run_option"))
@@ -116,9 +113,9 @@ def environment_overrides(config: Config, resource_info: str | os.PathLike | Non
         found.append(EnvironmentOverride(MPIRUN_OPTIONS_ENV, Replaced(
             "MPIConfig.mpirun_options", mine, " ".join(p for p in (mine, extra) if p.strip())),
             "parallax-run --mpirun_options"))
-    count = (invocation.partitions or "").strip()
-    if min_partitions is not None and count.isdigit() and int(count) > min_partitions:
-        found.append(EnvironmentOverride(PARTITIONS_ENV, Replaced(PARTITION_COUNT, min_partitions, int(count)),
+    count = invocation.search.partitions
+    if min_partitions is not None and count is not None and count > min_partitions:
+        found.append(EnvironmentOverride(PARTITIONS_ENV, Replaced(PARTITION_COUNT, min_partitions, count),
                                          "a partition search, or by hand"))
     return tuple(found)
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from parallax.invocation import current
+from parallax.invocation import setting
 
 __all__ = ["get_partitioner", "PARTITIONER_COLLECTION"]
 
@@ -39,7 +39,7 @@ def get_partitioner(min_num_partitions: int) -> Callable:
         shape = tf.TensorShape(shape)
         if shape.rank is None or shape.rank == 0:
             raise ValueError("parallax.get_partitioner needs a variable of known rank >= 1")
-        chosen = current().partitions or ""
+        chosen = setting("partitions") or ""  # the user-facing door: the search's count, read here
         count = max(min_num_partitions, int(chosen)) if chosen.isdigit() else min_num_partitions
         rows = shape.dims[0] if shape.dims[0] is not None else count
         count = max(1, min(count, int(rows)))

@@ -21,6 +21,9 @@ The trials run on local processes, or on Dask with ``PARALLAX_TRIAL_BACKEND=dask
 is stored in a cache (``$PARALLAX_CACHE_DIR``, default
 ``~/.cache/parallax/partitions.json``) under a hash of the graph, the resource
 file and the run option; the next run with the same ones skips the search.
+What the environment says of the search comes in with the invocation
+``parallel_run`` read (its :class:`~parallax.invocation.SearchRequest`, its cache
+root); nothing here reads the environment.
 """
 
 from __future__ import annotations
@@ -33,30 +36,21 @@ import sys
 import tempfile
 import time
 
-from parallax.invocation import PARTITIONS_ENV, SEARCH_STEPS_ENV, TRIAL_TIMEOUT_ENV, current, env_with
+from parallax.invocation import PARTITIONS_ENV, SEARCH_STEPS_ENV, Invocation, SearchRequest, env_with
 from parallax.logs import log as logger
 from parallax.partitioner import PARTITIONER_COLLECTION
 
 __all__ = ["in_final_run", "search", "run_final", "cache_key", "cached_count", "store_count", "candidates_from",
-           "min_partitions", "MAX_TRIALS", "partition_search", "cache_path", "trial_steps", "runner_from_environment",
-           "partitioned_shapes", "store_entry", "partition_counts"]
+           "min_partitions", "MAX_TRIALS", "partition_search", "cache_path", "trial_runner", "partitioned_shapes",
+           "store_entry", "partition_counts"]
 
 
 MAX_TRIALS = 6
 
-def in_final_run() -> bool:
-    """Whether this process is the script run again, with the partition count its starter chose (a tuned
-    one, or a search's winner)."""
-    return current().rerun == "1"
-
-
-def trial_steps() -> tuple[int, int]:
-    text = current().search_steps or "2,5"
-    try:
-        warmup, timed = (int(x) for x in text.split(","))
-    except ValueError:
-        raise ValueError(f"{SEARCH_STEPS_ENV}={text!r}: expected 'warmup,timed', e.g. '2,5'") from None
-    return max(0, warmup), max(1, timed)
+def in_final_run(invocation: Invocation) -> bool:
+    """Whether this process (its ``invocation``) is the script run again, with the partition count its starter
+    chose (a tuned one, or a search's winner)."""
+    return invocation.search.rerun
 
 
 def min_partitions(graph) -> int | None:
@@ -96,24 +90,25 @@ def cache_key(graph, resource_text: str, run_option: str, sync: bool) -> str:
     return digest.hexdigest()
 
 
-def cache_path(name: str = "partitions.json") -> str:
-    """A file of the cache directory (``$PARALLAX_CACHE_DIR``, default ``~/.cache/parallax``)."""
-    root = current().cache_root()
+def cache_path(name: str, root: str) -> str:
+    """A file of the cache directory ``root`` (``$PARALLAX_CACHE_DIR``, default ``~/.cache/parallax``:
+    :meth:`~parallax.invocation.Invocation.cache_root`)."""
     return os.path.join(root, name)
 
 
-def cached_count(key: str) -> int | None:
+def cached_count(key: str, root: str) -> int | None:
+    """The partition count a search stored for ``key`` in the cache ``root``, or ``None``."""
     try:
-        with open(cache_path(), encoding="utf-8") as f:
+        with open(cache_path("partitions.json", root), encoding="utf-8") as f:
             entry = json.load(f).get(key)
     except (OSError, ValueError):
         return None
     return int(entry["partitions"]) if entry else None
 
 
-def store_entry(name: str, key: str, entry: dict) -> str:
-    """Record ``entry`` under ``key`` in the cache file ``name``; returns the file's path."""
-    path = cache_path(name)
+def store_entry(name: str, key: str, entry: dict, root: str) -> str:
+    """Record ``entry`` under ``key`` in the cache file ``name`` of the cache ``root``; returns the file's path."""
+    path = cache_path(name, root)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     try:
         with open(path, encoding="utf-8") as f:
@@ -128,29 +123,19 @@ def store_entry(name: str, key: str, entry: dict) -> str:
     return path
 
 
-def store_count(key: str, partitions: int, step_seconds: dict[int, float], search_seconds: float) -> str:
-    """Record the choice; returns the cache file's path."""
+def store_count(key: str, partitions: int, step_seconds: dict[int, float], search_seconds: float, root: str) -> str:
+    """Record the choice in the cache ``root``; returns the cache file's path."""
     return store_entry("partitions.json", key, {
         "partitions": partitions, "step_seconds": {str(k): v for k, v in step_seconds.items()},
-        "search_seconds": round(search_seconds, 3)})
+        "search_seconds": round(search_seconds, 3)}, root)
 
 
-def runner_from_environment(devices: int = 1):
-    """The trial runner ``PARALLAX_TRIAL_BACKEND`` and ``PARALLAX_DASK_SCHEDULER`` name (local processes by
-    default)."""
+def trial_runner(request: SearchRequest, devices: int = 1):
+    """The trial runner ``request`` names (``PARALLAX_TRIAL_BACKEND`` and ``PARALLAX_DASK_SCHEDULER``; local
+    processes by default)."""
     from parallax.trials.runner import make_runner
 
-    invocation = current()
-    return make_runner((invocation.trial_backend or "local").strip().lower() or "local",
-                       invocation.dask_scheduler or None, devices=devices, max_parallel=1)
-
-
-def _time_limit() -> float:
-    text = current().trial_timeout or "600"
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"{TRIAL_TIMEOUT_ENV}={text!r}: expected seconds") from None
+    return make_runner(request.backend, request.scheduler, devices=devices, max_parallel=1)
 
 
 def search(counts: list[int], trial, report: bool = True) -> tuple[int, dict[int, float], float]:
@@ -192,22 +177,24 @@ def search(counts: list[int], trial, report: bool = True) -> tuple[int, dict[int
     return best, results, time.monotonic() - began
 
 
-def run_final(partitions: int) -> int:
+def run_final(partitions: int, tuned: dict | None = None) -> int:
     """Train with ``partitions``: the script started again, in a process of its own (its graph is built
     with that count, which the process the user started cannot do to its own), as it was started, with
-    this process's output; its exit code."""
+    this process's output and environment, and ``tuned``, the tuned choice it applies (``None``: none);
+    its exit code."""
     import subprocess
 
     from parallax.launch.launcher import current_program
 
-    env = env_with(partitions=str(partitions), rerun="1")
+    env = env_with(partitions=partitions, rerun=True, tuned=tuned)
     try:
         return subprocess.run([sys.executable, *current_program()], env=env).returncode
     except KeyboardInterrupt:  # the script got the same Ctrl-C and ends itself
         return 130
 
 
-def partition_search(graph, resource_text: str, settings, devices: tuple[str, ...]) -> int | None:
+def partition_search(graph, resource_text: str, settings, devices: tuple[str, ...], invocation: Invocation,
+                     tuned: dict | None = None) -> int | None:
     """``search_partitions=True`` in the process the user started: ``None`` when the call should go on
     as usual; otherwise search (trials on the runner), train with the best count (the script again, nested),
     and return the exit code the process ends with.
@@ -217,39 +204,40 @@ def partition_search(graph, resource_text: str, settings, devices: tuple[str, ..
         resource_text: the resource file's text (part of the cache key).
         settings: the run's :class:`~parallax.settings.Settings`.
         devices: the job's devices (``host/device``), held by each trial.
+        invocation: what this process was asked (its search request, its cache, whether it is a trial).
+        tuned: the tuned choice this process took, for the script run again (:func:`run_final`).
     """
     from parallax.launch.launcher import current_program
-    from parallax.trials.mode import trial_request
     from parallax.trials.script import TrialLauncher
 
-    if trial_request() is not None or in_final_run():
+    if invocation.trial is not None or in_final_run(invocation):
         return None  # a trial's job, or the real run after the search
     counts = partition_counts(graph)
     if counts is None:
         logger.warning("Parallax: search_partitions=True, but no variable is built with "
                        "parallax.get_partitioner(): nothing to search")
         return None
-    given = current().partitions
-    if given:
-        logger.warning("Parallax: partition count %s given (%s): no search", given, PARTITIONS_ENV)
+    request, root = invocation.search, invocation.cache_root()
+    if request.partitions is not None:
+        logger.warning("Parallax: partition count %s given (%s): no search", request.partitions, PARTITIONS_ENV)
         return None
     key = cache_key(graph, resource_text, settings.run_option, settings.sync)
-    cached = cached_count(key)
+    cached = cached_count(key, root)
     if cached is not None:
         logger.warning("Parallax: partition search: using %d partitions found by an earlier search (cache %s)",
                        cached, key[:12])
-        return run_final(cached)
-    warmup, timed = trial_steps()
+        return run_final(cached, tuned)
+    warmup, timed = request.steps
     tmp = tempfile.mkdtemp(prefix="parallax-search-")  # kept when a trial fails: its log is named
-    with runner_from_environment(len(devices)) as runner:
-        trials = TrialLauncher(runner, current_program(), tmp, devices, warmup, timed, _time_limit())
+    with trial_runner(request, len(devices)) as runner:
+        trials = TrialLauncher(runner, current_program(), tmp, devices, warmup, timed, request.trial_timeout)
         best, results, seconds = search(counts, lambda p: trials.run_one({"partitions": p}))
     if len(results) == trials.count:
         shutil.rmtree(tmp, ignore_errors=True)
-    path = store_count(key, best, results, seconds)
+    path = store_count(key, best, results, seconds, root)
     logger.warning("Parallax: partition search chose %d partitions (%s) in %.1f s; stored in %s", best,
                    ", ".join(f"{p}: {t * 1e3:.2f} ms/step" for p, t in results.items()), seconds, path)
-    return run_final(best)
+    return run_final(best, tuned)
 
 
 def partitioned_shapes(graph) -> list[tuple]:

@@ -22,6 +22,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from parallax.errors import Preempted
 from parallax.graph.graph_ops import ancestors, node_map, parse_input
 from parallax.hooks import SessionTranslation, SingleDeviceSession, run_past_hooks
 
@@ -69,12 +70,15 @@ class ParallaxSession(SingleDeviceSession):
             then makes the rewritten graph the default one (5 us a run, skipped
             without hooks; the session's creator enters the graph itself when a
             ``MonitoredSession`` creates its session again).
+        preemption: the job's preemption state (:class:`parallax.member.preemption.Preemption`), or ``None``
+            (a process that does not take SIGTERM). A ``run`` in which the chief's preemption hook saved
+            (:class:`~parallax.errors.Preempted`) ends the process here, the door, with the preempted exit code.
     """
 
     def __init__(self, session: Any, translation: SessionTranslation, profiler: Any = None, heartbeat: Any = None,
                  waits: str = "", on_close: tuple[Callable[[], None], ...] = (),
                  after_steps: Mapping[str, str] | None = None, hooks: bool = True,
-                 writes: WritesBarrier | None = None, group: Any = None) -> None:
+                 writes: WritesBarrier | None = None, group: Any = None, preemption: Any = None) -> None:
         self._session = session
         self._translation = translation
         self._translator = translation.translator
@@ -87,6 +91,7 @@ class ParallaxSession(SingleDeviceSession):
         self._after_steps = dict(after_steps or {})
         self._writes = writes
         self.group = group
+        self.preemption = preemption
         self._around_runs: dict[tuple[str, ...], tuple] = {}  # targets -> what runs before and after them
         self._node_map: dict[str, Any] | None = None
         self._hooks = hooks
@@ -120,6 +125,9 @@ class ParallaxSession(SingleDeviceSession):
             options: Any = None, run_metadata: Any = None) -> Any:
         """Run one step, like ``tf.compat.v1.Session.run``.
 
+        On the chief of a job asked to end with a checkpoint (SIGTERM), the run saves after its step and does not
+        return: the process ends with the preempted exit code (:mod:`parallax.member.preemption`).
+
         Args:
             fetches: ops, tensors or names of the single-device graph, alone or
                 nested in lists, tuples and dicts.
@@ -150,6 +158,10 @@ class ParallaxSession(SingleDeviceSession):
         self._translation.current = tf.compat.v1.train.SessionRunArgs(fetches, feed_dict, options)
         try:
             values = self._call(elements, feeds, options, run_metadata, names)
+        except Preempted as preempted:  # the chief's preemption hook saved: the process ends here, at the door
+            if self.preemption is None:
+                raise
+            self.preemption.end(preempted)
         finally:
             self._translation.current = None
         return self._translator.rebuild(structure, values, targets)

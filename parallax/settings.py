@@ -4,9 +4,10 @@ The user's :class:`parallax.Config` stays theirs (mutable, as the seed API
 shows). ``parallel_run`` reads it once, here, and everything after works from
 the frozen :class:`Settings`: the run option in force, the communication
 backends for each purpose, thread counts and timeouts, each default written in
-one place. Environment variables that tune a run (``parallax-run``'s extra
-mpirun options, ``PARALLAX_FINISH_TIMEOUT``) are read here too, and nowhere else
-on the way into a run.
+one place. What the environment says to tune a run (``parallax-run``'s extra
+mpirun options, ``PARALLAX_FINISH_TIMEOUT``, the communication's tuning) comes
+in with the :class:`~parallax.invocation.Invocation` ``parallel_run`` read, and
+is folded in here, nowhere else on the way into a run.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from parallax.cluster import Cluster, is_local_host
 from parallax.comm.registry import backend_without_mpirun, choose_backend, wire_formats
 from parallax.config import CheckPointConfig, Config, MPIConfig, ProfileConfig, PSConfig
 from parallax.errors import LaunchError
-from parallax.invocation import ARRIVAL_SPIN_ENV, Invocation
+from parallax.invocation import CommTuning, Invocation
 from parallax.plan.model import CommSpec, Layout, PSSpec
 
 __all__ = ["Settings", "PipelineSettings", "Timeouts", "derive", "STOCK_PROTOCOLS"]
@@ -109,6 +110,8 @@ class Settings:
         device_memory: ``Config.device_memory`` in bytes.
         arrival_spin: ``PARALLAX_ARRIVAL_SPIN_US``: ``None`` (unset: decided per job), ``"off"``, or
             seconds awake before sleeping (:mod:`parallax.comm.arrival`).
+        comm_tuning: the environment's tuning of the communication (the compiled op, huge pages, ...).
+        cache_root: where the compiled all-reduce op is kept (``PARALLAX_CACHE_DIR``).
         notes: remarks on what was decided, printed with the plan.
         cross_worker_settings: the settings the user changed from their defaults that act only
             between workers (``sync=False``, ``PSConfig`` and ``MPIConfig`` fields, ``zero_stage``,
@@ -141,6 +144,8 @@ class Settings:
     pipeline: PipelineSettings = PipelineSettings()
     device_memory: int | None = None
     arrival_spin: float | str | None = None
+    comm_tuning: CommTuning = field(default_factory=CommTuning)
+    cache_root: str = field(default_factory=lambda: Invocation().cache_root())
     notes: tuple[str, ...] = ()
     cross_worker_settings: tuple[str, ...] = ()
 
@@ -199,7 +204,7 @@ def _managed_backend(run_option: str, asked: str, cluster: Cluster, manager: str
 
 
 def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = None,
-           cpu_count: int | None = None, environ: Mapping[str, str] | None = None,
+           cpu_count: int | None = None, invocation: Invocation | None = None,
            manager: str | None = None) -> Settings:
     """Read the user's config once and decide everything it leaves open.
 
@@ -209,7 +214,8 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         cluster: the parsed resource file.
         gpus: GPUs of this machine (default: what TensorFlow sees).
         cpu_count: cores of this machine (default: ``os.cpu_count()``).
-        environ: the environment to read (default: ``os.environ``).
+        invocation: what this process's environment asked (its extra mpirun options, finish timeout and
+            communication tuning; default: nothing).
         manager: what started this process when a cluster manager did (``"TF_CONFIG"``): the run
             option then defaults to ``PS`` with ps tasks and ``MPI`` without, and the workers
             all-reduce with TF collectives (there is no MPI among such tasks).
@@ -228,7 +234,7 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         raise ValueError(f"PSConfig.protocol={ps_config.protocol!r}: TensorFlow's servers start only with "
                          f"{', '.join(map(repr, STOCK_PROTOCOLS))} (the verbs, GDR and MPI transports were contrib "
                          "modules, removed in TensorFlow 2); use protocol='grpc'")
-    invocation = Invocation.from_env(environ)
+    invocation = invocation or Invocation()
     if gpus is None:
         import tensorflow as tf
 
@@ -263,7 +269,7 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         local_hosts=frozenset(h for h in cluster.hosts if is_local_host(h)),
         mpirun_options=" ".join(p for p in (mpi.mpirun_options, extra_options) if p.strip()),
         timeouts=Timeouts(stall=config.stall_timeout, shutdown=config.stall_shutdown,
-                          finish=float(invocation.finish_timeout or Timeouts.finish)),
+                          finish=Timeouts.finish if invocation.finish_timeout is None else invocation.finish_timeout),
         sess_config=copy.deepcopy(config.sess_config), hooks=tuple(config.hooks),
         ckpt=copy.deepcopy(config.ckpt_config), profile=copy.deepcopy(config.profile_config),
         redirect_path=config.redirect_path, staggered_start=config.staggered_start,
@@ -272,7 +278,8 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         search_partitions=config.search_partitions, notes=notes, zero_stage=config.zero_stage,
         pipeline=PipelineSettings(config.stages, config.micro_batches, tuple(config.pipeline_cuts),
                                   config.pipeline_schedule),
-        device_memory=config.device_memory, arrival_spin=_arrival_spin(invocation),
+        device_memory=config.device_memory, arrival_spin=invocation.comm.arrival_spin,
+        comm_tuning=invocation.comm, cache_root=invocation.cache_root(),
         cross_worker_settings=_cross_worker_settings(config, sync))
 
 
@@ -289,19 +296,3 @@ def _cross_worker_settings(config: Config, sync: bool) -> tuple[str, ...]:
     found += [f"plan_overrides[{name!r}]['sync']={entry['sync']!r}"
               for name, entry in sorted(config.plan_overrides.items()) if "sync" in entry]
     return tuple(found)
-
-
-def _arrival_spin(invocation: Invocation) -> float | str | None:
-    """``PARALLAX_ARRIVAL_SPIN_US`` read: see :attr:`Settings.arrival_spin`."""
-    text = (invocation.arrival_spin or "").strip()
-    if not text:
-        return None
-    if text.lower() == "off":
-        return "off"
-    try:
-        micros = float(text)
-    except ValueError:
-        micros = -1.0
-    if not micros >= 0:
-        raise LaunchError(f"{ARRIVAL_SPIN_ENV}={text!r}: expected 'off' or microseconds (a number >= 0)")
-    return micros * 1e-6

@@ -133,7 +133,7 @@ def _check(resource_info: str, program: list[str]) -> int:
                                                                                    if g.strip()])))
     ranks = tuple(RankSpec(w.host, w.devices, w.line, Role.WORKER, w.port) for w in cluster.workers) + \
         tuple(RankSpec(s.host, None, s.line, Role.PS, s.port) for s in cluster.servers)
-    checks = check_job_hosts(ranks, program)
+    checks = check_job_hosts(ranks, program, own_gpus=visible is not None)
     for check in checks:
         print(check.line(), flush=True)
     bad = sum(not c.ok for c in checks)

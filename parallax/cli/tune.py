@@ -70,6 +70,7 @@ def parse_space(items: list[str]) -> dict[str, list]:
 
 def tune_main(argv: list[str] | None = None) -> int:
     """Entry point of ``parallax tune``; returns an exit code."""
+    from parallax.invocation import current
     from parallax.tuning.tuner import TuneError, tune
 
     mine, script_args, separated = _split_command(argv)
@@ -84,7 +85,7 @@ def tune_main(argv: list[str] | None = None) -> int:
         report = tune(args.script, args.resource_info, script_args, trials=args.trials, time_budget=args.time_budget,
                       backend=args.backend, scheduler=args.scheduler, space=space, warmup=warmup, steps=steps,
                       time_limit=args.time_limit, output=args.output, store=not args.no_store,
-                      progress=not args.no_progress, plan_timeout=args.timeout)
+                      progress=not args.no_progress, plan_timeout=args.timeout, cache_root=current().cache_root())
     except (TuneError, FileNotFoundError, ValueError, OSError) as e:
         print(str(e) if str(e).startswith("parallax tune") else f"parallax tune: {e}", file=sys.stderr)
         return 1

@@ -52,12 +52,19 @@ class ProcessComms:
         arrival_spin: ``None``: the ``mpi`` backend's calls are blocking collectives;
             seconds: each first waits for every member asleep after this long awake
             (:mod:`parallax.comm.arrival`; :func:`parallax.member.roles.arrival_spin` decides).
+        native_ops: the ``mpi`` backend's all-reduces become the compiled op where it is available
+            (``PARALLAX_NATIVE_OPS``; :mod:`parallax.comm.native`).
+        huge_pages: the compiled op's large buffers ask for huge pages (``PARALLAX_HUGE_PAGES``).
+        cache_root: where the compiled op is kept (``PARALLAX_CACHE_DIR``; ``None``: the default cache).
     """
 
     workers: Any = None
     groups: dict[str, Any] = field(default_factory=dict)
     group_leader: str | None = None
     arrival_spin: float | None = None
+    native_ops: bool = True
+    huge_pages: bool = True
+    cache_root: str | None = None
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,8 @@ class MPIBackend(Backend):
     def prepare(cls, graph_def: graph_pb2.GraphDef, comms: ProcessComms) -> Prepared:
         """Bind the graph's MPI ops to this process's communicators (:func:`bind_py_functions`)."""
         bound, release = bind_py_functions(graph_def, comm=comms.workers, groups=comms.groups,
-                                           spin=comms.arrival_spin)
+                                           native_ops=comms.native_ops, spin=comms.arrival_spin,
+                                           huge_pages=comms.huge_pages, cache_root=comms.cache_root)
         return Prepared(bound, release)
 
     def finalize_nodes(self, nodes) -> None:
@@ -227,12 +228,15 @@ def _length(tensor: tf.Tensor) -> int:
 
 
 def import_bound(graph: tf.Graph, backend: MPIBackend, comm=None, native_ops: bool = True,
-                 spin: float | None = None) -> tuple[tf.Graph, Callable[[], None]]:
+                 spin: float | None = None, cache_root: str | None = None, huge_pages: bool = True
+                 ) -> tuple[tf.Graph, Callable[[], None]]:
     """A copy of ``graph``, in which ``backend`` built its ops, with those ops bound to this process
-    (what a worker's start-up does, for one graph: benchmarks, tests), and what releases them."""
+    (what a worker's start-up does, for one graph: benchmarks, tests), and what releases them
+    (``native_ops``, ``huge_pages``, ``cache_root``: the compiled op's, as :func:`bind_py_functions` takes them)."""
     graph_def = graph.as_graph_def()
     backend.finalize_nodes(graph_def.node)
-    graph_def, release = bind_py_functions(graph_def, comm=comm, native_ops=native_ops, spin=spin)
+    graph_def, release = bind_py_functions(graph_def, comm=comm, native_ops=native_ops, spin=spin,
+                                           huge_pages=huge_pages, cache_root=cache_root)
     bound = tf.Graph()
     with bound.as_default():
         tf.graph_util.import_graph_def(graph_def, name="")

@@ -39,8 +39,8 @@ def _py_func_registry():
 
 
 def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None, groups: dict | None = None,
-                      native_ops: bool = True, spin: float | None = None
-                      ) -> tuple[graph_pb2.GraphDef, Callable[[], None]]:
+                      native_ops: bool = True, spin: float | None = None, huge_pages: bool = True,
+                      cache_root: str | None = None) -> tuple[graph_pb2.GraphDef, Callable[[], None]]:
     """Point the graph's Parallax MPI ops at this process's functions.
 
     Registers one set of functions per communicator in TensorFlow's
@@ -60,12 +60,14 @@ def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None, groups: dict | N
             every member asleep, after this long awake (:mod:`parallax.comm.arrival`). The members
             of each communicator agree here on the longest spin any of them asked for (an
             ``Allreduce``; so all make the same calls even when their hosts decide differently).
+        huge_pages: the compiled op's large buffers ask for huge pages (``PARALLAX_HUGE_PAGES``).
+        cache_root: where the compiled op is kept (``PARALLAX_CACHE_DIR``; ``None``: the default cache).
 
     Returns:
         ``(bound graph_def, release)``.
     """
     registry = _py_func_registry()
-    native = _native_for(graph_def) if native_ops else None
+    native = _native_for(graph_def, cache_root) if native_ops else None
     bound: dict[str, tuple[str, Callable]] = {}
     lowered: dict[str, str] = {}  # all-reduce token -> the compiled op's communicator key
     kept = []
@@ -88,7 +90,7 @@ def bind_py_functions(graph_def: graph_pb2.GraphDef, comm=None, groups: dict | N
         if node.op in ("PyFunc", "PyFuncStateless"):
             token = node.attr["token"].s.decode()
             if token in lowered:
-                _lower(node, lowered[token])
+                _lower(node, lowered[token], huge_pages)
             elif token.startswith(TOKEN_PREFIX):
                 if token not in bound:
                     raise RuntimeError(f"no Parallax MPI function for token {token!r} (groups bound: "

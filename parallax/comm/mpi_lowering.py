@@ -14,7 +14,6 @@ from collections import Counter
 from tensorflow.core.framework import graph_pb2
 
 from parallax.comm.mpi_calls import _ALLREDUCE, CHUNK_BYTES, FUSE_BELOW_BYTES
-from parallax.invocation import current
 
 __all__ = ["HUGE_PAGE_BYTES"]
 
@@ -23,19 +22,20 @@ __all__ = ["HUGE_PAGE_BYTES"]
 HUGE_PAGE_BYTES = 4 * 1024 * 1024
 
 
-def _native_for(graph_def: graph_pb2.GraphDef):
-    """The compiled all-reduce op (:mod:`parallax.comm.native`) when the graph has an all-reduce to lower
-    and the op is available here, else ``None``."""
+def _native_for(graph_def: graph_pb2.GraphDef, cache_root: str | None = None):
+    """The compiled all-reduce op (:mod:`parallax.comm.native`, kept under ``cache_root``) when the graph has
+    an all-reduce to lower and the op is available here, else ``None``."""
     if not any(node.op == "PyFunc" and node.attr["token"].s.decode().split("@")[0] == _ALLREDUCE
                for node in graph_def.node):
         return None
     from parallax.comm.native import native_ops
 
-    return native_ops()
+    return native_ops(cache_root)
 
 
-def _lower(node, comm_key: str) -> None:
-    """Turn an all-reduce ``PyFunc`` node into the compiled op's: same inputs, outputs and MPI calls."""
+def _lower(node, comm_key: str, huge_pages: bool = True) -> None:
+    """Turn an all-reduce ``PyFunc`` node into the compiled op's: same inputs, outputs and MPI calls (its large
+    buffers in huge pages unless ``huge_pages`` is ``False``)."""
     from parallax.comm.native import OP_NAME
 
     types = list(node.attr["Tin"].list.type)
@@ -45,7 +45,7 @@ def _lower(node, comm_key: str) -> None:
     node.attr["T"].list.type.extend(types)
     node.attr["comm"].s = comm_key.encode()
     node.attr["chunk_bytes"].i = CHUNK_BYTES
-    node.attr["huge_page_bytes"].i = HUGE_PAGE_BYTES if (current().huge_pages or "1") != "0" else 0
+    node.attr["huge_page_bytes"].i = HUGE_PAGE_BYTES if huge_pages else 0
     node.attr["fuse_below"].i = FUSE_BELOW_BYTES
 
 

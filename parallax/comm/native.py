@@ -29,7 +29,7 @@ import sysconfig
 from dataclasses import dataclass
 from functools import lru_cache
 
-from parallax.invocation import NATIVE_OPS_ENV, current
+from parallax.invocation import NATIVE_OPS_ENV, Invocation
 from parallax.logs import log
 
 __all__ = ["NativeOps", "native_ops", "build", "library_path", "OP_NAME"]
@@ -91,14 +91,15 @@ def _tf_flags() -> tuple[list[str], list[str], str]:
     return list(tf.sysconfig.get_compile_flags()), list(tf.sysconfig.get_link_flags()), tf.__version__
 
 
-def library_path() -> str:
-    """Where this environment's library is (or will be) built."""
+def library_path(cache_root: str | None = None) -> str:
+    """Where this environment's library is (or will be) built, under ``cache_root`` (``PARALLAX_CACHE_DIR``;
+    ``None``: the default cache, ``~/.cache/parallax``)."""
     _, _, version = _tf_flags()
     with open(SOURCE, "rb") as f:
         source = f.read()
     key = hashlib.sha256(b"\0".join([source, version.encode(), sys.prefix.encode(),
                                      sysconfig.get_config_var("SOABI").encode()])).hexdigest()[:16]
-    root = current().cache_root()
+    root = cache_root or Invocation().cache_root()
     return os.path.join(root, "native", key, "parallax_ops.so")
 
 
@@ -118,6 +119,7 @@ def build(path: str | None = None) -> str:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if os.path.exists(path):
             return path
+        # the build's own variable, as make's: the compiler the user chose (no control of Parallax's)
         compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
         if not compiler:
             raise RuntimeError("no C++ compiler (g++ or $CXX)")
@@ -134,15 +136,15 @@ def build(path: str | None = None) -> str:
     return path
 
 
-@lru_cache(maxsize=1)
-def native_ops() -> NativeOps | None:
-    """The compiled ops, built if need be; ``None`` (after one warning) where they cannot be had."""
-    if (current().native_ops or "1") == "0":
-        return None
+@lru_cache(maxsize=4)
+def native_ops(cache_root: str | None = None) -> NativeOps | None:
+    """The compiled ops, built if need be under ``cache_root`` (:func:`library_path`); ``None`` (after one
+    warning) where they cannot be had. ``PARALLAX_NATIVE_OPS=0`` is the
+    caller's to apply (:class:`~parallax.comm.base.ProcessComms`)."""
     import tensorflow as tf
 
     try:
-        path = build()
+        path = build(library_path(cache_root))
         tf.load_op_library(path)
         cdll = ctypes.CDLL(path)
         cdll.parallax_register_comm.argtypes = [ctypes.c_char_p, ctypes.c_ssize_t, ctypes.c_int64, ctypes.c_int64,
@@ -156,9 +158,12 @@ def native_ops() -> NativeOps | None:
 
 
 def main() -> int:
-    """``python -m parallax.comm.native``: build the library now (``make`` does after installing)."""
+    """``python -m parallax.comm.native``: build the library now (``make`` does after installing), where
+    ``PARALLAX_CACHE_DIR`` says: the door of its own process."""
+    from parallax.invocation import current
+
     try:
-        path = build()
+        path = build(library_path(current().cache_root()))
     except RuntimeError as e:
         print(f"parallax: the compiled all-reduce op was not built: {e}", file=sys.stderr)
         return 1

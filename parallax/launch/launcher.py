@@ -14,7 +14,6 @@ import socket
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Mapping
 
 from parallax import slurm
 from parallax.cluster import Role, is_local_host, local_host_names
@@ -29,7 +28,8 @@ from parallax.invocation import (
     SKIP_CHECK_ENV,
     Invocation,
     LaunchIdentity,
-    current,
+    RankChannel,
+    env_with,
 )
 from parallax.launch.command import GPUS_ENV, LaunchCommand, build_mpirun_command
 from parallax.launch.layout import RankSpec, layout_to_json
@@ -44,37 +44,38 @@ __all__ = ["launch_env", "find_mpirun", "current_program", "launch", "job_comman
 
 
 def launch_env(ranks: tuple[RankSpec, ...], job: dict, job_dir: str, monitor: str | None = None,
-               stall_timeout: float | None = None) -> dict[str, str]:
+               stall_timeout: float | None = None, log_level: str | None = None) -> dict[str, str]:
     """The environment variables the launcher gives every rank (``job``: see
     :attr:`RankContext.job`; ``monitor``: the stall monitor's ``host:port`` and
-    ``stall_timeout`` its stall time, see :mod:`parallax.launch.monitor`)."""
+    ``stall_timeout`` its stall time, see :mod:`parallax.launch.monitor`; ``log_level``: the launcher's
+    ``PARALLAX_LOG_LEVEL``, else INFO)."""
     identity = LaunchIdentity(layout_to_json(ranks), job.get("layout"), job.get("digest"), job.get("gpus"),
                               job.get("allocation"), bool(job.get("staggered", False)))
-    return Invocation(launch=identity, job_dir=job_dir, monitor=monitor or None, elastic_ckpt=job.get("checkpoints"),
-                      stall_timeout=repr(float(stall_timeout)) if monitor and stall_timeout else None,
+    channel = RankChannel(job_dir, monitor or None, float(stall_timeout) if monitor and stall_timeout else None)
+    return Invocation(launch=identity, channel=channel, elastic_ckpt=job.get("checkpoints"),
                       # launched processes log at INFO unless told otherwise, as the original Parallax's did
-                      log_level=current().log_level or str(logging.INFO)).to_env()
+                      log_level=log_level or str(logging.INFO)).to_env()
 
 
-def resource_override(resource_info: str | os.PathLike | None, environ: Mapping[str, str] | None = None
+def resource_override(resource_info: str | os.PathLike | None, invocation: Invocation
                       ) -> str | os.PathLike | None:
-    """The resource file ``parallax-run`` gave (if any), else ``resource_info`` (itself, also when
-    ``parallax-run`` gave the same file). :mod:`parallax.overrides` reports a replacement."""
-    given = Invocation.from_env(environ).resource_info
+    """The resource file ``parallax-run`` gave (``invocation.resource_info``, if any), else ``resource_info``
+    (itself, also when ``parallax-run`` gave the same file). :mod:`parallax.overrides` reports a replacement."""
+    given = invocation.resource_info
     if not given or (resource_info is not None and given in (os.fspath(resource_info),
                                                              os.path.abspath(resource_info))):
         return resource_info
     return given
 
 
-def run_option_override(run_option: str | None, environ: Mapping[str, str] | None = None) -> str | None:
-    """The run option ``PARALLAX_RUN_OPTION`` gives (if set), else ``run_option``.
+def run_option_override(run_option: str | None, invocation: Invocation) -> str | None:
+    """The run option ``PARALLAX_RUN_OPTION`` gives (``invocation.run_option``, if set), else ``run_option``.
     :mod:`parallax.overrides` reports a replacement.
 
     Raises:
         ValueError: the variable is not a run option.
     """
-    given = (Invocation.from_env(environ).run_option or "").strip()
+    given = (invocation.run_option or "").strip()
     if not given:
         return run_option
     if given.upper() not in RUN_OPTIONS:
@@ -120,16 +121,24 @@ def current_program() -> list[str]:
 
 
 def job_command(ranks: tuple[RankSpec, ...], job: dict, program: list[str], mpirun_options: str,
-                job_dir: str, monitor: str | None = None, stall_timeout: float | None = None
+                job_dir: str, monitor: str | None = None, stall_timeout: float | None = None,
+                invocation: Invocation | None = None, tuned: dict | None = None
                 ) -> tuple[LaunchCommand, frozenset[str]]:
     """The mpirun command for a job on this machine's terms, and the hosts that are this machine
-    (``job``: what the ranks learn of the job, :attr:`~parallax.member.bootstrap.RankContext.job`)."""
+    (``job``: what the ranks learn of the job, :attr:`~parallax.member.bootstrap.RankContext.job`;
+    ``invocation``: what this process was asked, whose log level the ranks take; ``tuned``: the tuned
+    choice the ranks apply, :mod:`parallax.tuning.cache`).
+
+    The ranks' environment is this process's (the variables of :data:`parallax.invocation.FORWARDED` set
+    here, handed through), with the variables of the launch and of ``tuned`` (removed when ``None``)."""
     local = local_host_names() | {r.host for r in ranks if is_local_host(r.host)}
+    environ = env_with(dict(os.environ), tuned=tuned)  # the launcher's environment, handed through to the ranks
+    parallax_env = launch_env(ranks, job, job_dir, monitor, stall_timeout, (invocation or Invocation()).log_level)
     command = build_mpirun_command(
         find_mpirun(), sys.executable, program, ranks, local_hosts=local, cpu_count=os.cpu_count() or 1,
         is_root=hasattr(os, "geteuid") and os.geteuid() == 0, user_options=mpirun_options,
-        parallax_env=launch_env(ranks, job, job_dir, monitor, stall_timeout), environ=dict(os.environ),
-        allocated=slurm.tasks_per_node(os.environ), session_dir=os.path.join(job_dir, "mpi"))
+        parallax_env=parallax_env, environ=environ, allocated=slurm.tasks_per_node(environ),
+        session_dir=os.path.join(job_dir, "mpi"))
     return command, local
 
 
@@ -148,12 +157,13 @@ def rank_names(ranks: tuple[RankSpec, ...]) -> dict[int, str]:
     return names
 
 
-def check_job_hosts(ranks: tuple[RankSpec, ...], program: list[str]) -> list:
+def check_job_hosts(ranks: tuple[RankSpec, ...], program: list[str], own_gpus: bool = False) -> list:
     """:func:`parallax.launch.preflight.check_hosts` for the hosts of ``ranks`` (with the ports their
     servers are given, and the GPUs the job gives them), in order of first appearance.
 
     The GPU ids are checked against each host's GPUs unless this process has its own
-    ``CUDA_VISIBLE_DEVICES`` (the ids then count within it, which the host's count does not tell)."""
+    ``CUDA_VISIBLE_DEVICES`` (``own_gpus``: the ids then count within it, which the host's count does not
+    tell)."""
     from parallax.launch.preflight import check_hosts
 
     hosts = list(dict.fromkeys(r.host for r in ranks))
@@ -161,7 +171,7 @@ def check_job_hosts(ranks: tuple[RankSpec, ...], program: list[str]) -> list:
     for r in ranks:
         if r.port is not None:
             ports.setdefault(r.host, []).append(r.port)
-    return check_hosts(hosts, ports, program, is_local_host, gpu_use(ranks, own_list=GPUS_ENV in os.environ))
+    return check_hosts(hosts, ports, program, is_local_host, gpu_use(ranks, own_list=own_gpus))
 
 
 def gpu_use(ranks: tuple[RankSpec, ...], own_list: bool = False) -> dict:
@@ -180,12 +190,14 @@ def gpu_use(ranks: tuple[RankSpec, ...], own_list: bool = False) -> dict:
             for h in dict.fromkeys(r.host for r in ranks)}
 
 
-def _refuse_unready_hosts(ranks: tuple[RankSpec, ...], program: list[str], remote: set[str]) -> None:
+def _refuse_unready_hosts(ranks: tuple[RankSpec, ...], program: list[str], remote: set[str],
+                          skip: bool = False) -> None:
     """Before a job on several machines (``remote``: its hosts that are not this machine): every
-    host must pass the check, or nothing starts."""
-    if not remote or current().skip_host_check == "1":
+    host must pass the check, or nothing starts (``skip``: ``PARALLAX_SKIP_HOST_CHECK``)."""
+    if not remote or skip:
         return
-    bad = [c for c in check_job_hosts(ranks, program) if not c.ok]
+    # this process's own CUDA_VISIBLE_DEVICES: what the ranks' GPU ids count within (handed to them)
+    bad = [c for c in check_job_hosts(ranks, program, own_gpus=GPUS_ENV in os.environ) if not c.ok]
     if bad:
         from parallax.launch.preflight import format_checks
 
@@ -222,7 +234,8 @@ def _start_monitor(ranks: tuple[RankSpec, ...], stall_timeout: float | None, los
 
 def launch(ranks: tuple[RankSpec, ...], program: list[str], job: dict | None = None, mpirun_options: str = "",
            redirect_path: str | None = None, stall_timeout: float | None = None, preemptible: bool = True,
-           stall_shutdown: float | None = None) -> JobResult:
+           stall_shutdown: float | None = None, invocation: Invocation | None = None,
+           tuned: dict | None = None) -> JobResult:
     """Run ``program`` in one process per rank and wait for the job to end.
 
     Args:
@@ -240,6 +253,9 @@ def launch(ranks: tuple[RankSpec, ...], program: list[str], job: dict | None = N
         preemptible: a SIGTERM (to this process or a rank) ends the job with a checkpoint
             (:class:`~parallax.launch.runner.Preemption`); ``False`` (a trial, which keeps nothing): it stops
             the job at once.
+        invocation: what this process was asked (the ranks' log level, the hosts' check, the compiled
+            op and where it is kept); default: nothing.
+        tuned: the tuned choice the ranks apply (:mod:`parallax.tuning.cache`); ``None``: none.
 
     Returns:
         How the job ended.
@@ -248,17 +264,19 @@ def launch(ranks: tuple[RankSpec, ...], program: list[str], job: dict | None = N
         LaunchError: a host of a job on several machines fails the check of
             :mod:`parallax.launch.preflight` (nothing is started).
     """
+    invocation = invocation or Invocation()
     remote = {r.host for r in ranks if not is_local_host(r.host)}
-    _refuse_unready_hosts(ranks, program, remote)
-    if "tensorflow" in sys.modules:  # a training job: build the compiled all-reduce once here, not in each rank
-        from parallax.comm.native import native_ops
+    _refuse_unready_hosts(ranks, program, remote, invocation.skip_host_check)
+    if "tensorflow" in sys.modules and invocation.comm.native_ops:  # a training job: build the compiled
+        from parallax.comm.native import native_ops  # all-reduce once here, not in each rank
 
-        native_ops()
+        native_ops(invocation.cache_root())
     job_dir = tempfile.mkdtemp(prefix="parallax_job_")
     lost = LostRank({i: r.host for i, r in enumerate(ranks)})
     preemption = Preemption() if preemptible else None
     monitor, address = _start_monitor(ranks, stall_timeout, lost, remote, preemption, stall_shutdown)
-    command, local = job_command(ranks, job or {}, program, mpirun_options, job_dir, address, stall_timeout)
+    command, local = job_command(ranks, job or {}, program, mpirun_options, job_dir, address, stall_timeout,
+                                 invocation, tuned)
     hosts = ", ".join(f"{h} x{n}" for h, n in Counter(r.host for r in ranks).items())
     print(f"Parallax: starting {len(ranks)} processes ({hosts}) with mpirun", file=sys.stderr, flush=True)
     logger.info("Parallax: %s", " ".join(command.argv))

@@ -73,7 +73,7 @@ def resource_text(environ: Mapping[str, str]) -> str:
             text = f.read()
     except OSError as e:
         raise ResourceFileError(f"{source_name(environ)}: cannot read it: {e}") from e
-    device = (Invocation.from_env(environ).slot_device or "cpu").strip().lower() or "cpu"
+    device = Invocation.from_env(environ).comm.slot_device
     if device not in ("cpu", "gpu"):
         raise ResourceFileError(f"{SLOT_DEVICE_ENV}={device!r}; expected cpu or gpu")
     return hostfile_text(text, source_name(environ), gpus=device == "gpu")

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 
 from parallax.cluster import Role
 from parallax.errors import LaunchError, ResourceFileError
-from parallax.invocation import TF_CONFIG_ENV, Invocation
+from parallax.invocation import TF_CONFIG_ENV, setting
 
-__all__ = ["Task", "ManagedJob", "read_tf_config", "WORKER_TYPES", "IGNORED_TYPES"]
+__all__ = ["Task", "ManagedJob", "read_tf_config", "parse_tf_config", "WORKER_TYPES", "IGNORED_TYPES"]
 
 #: Task types that train, in the order their tasks become Parallax workers.
 WORKER_TYPES = ("chief", "master", "worker")
@@ -96,13 +96,18 @@ class ManagedJob:
 
 
 def read_tf_config(environ: Mapping[str, str]) -> ManagedJob | None:
-    """The job ``TF_CONFIG`` describes, or ``None`` when there is none (unset, empty, or no cluster).
+    """The job the ``TF_CONFIG`` of ``environ`` describes (:func:`parse_tf_config`)."""
+    return parse_tf_config(setting("tf_config", environ))
+
+
+def parse_tf_config(text: str | None) -> ManagedJob | None:
+    """The job ``TF_CONFIG``'s ``text`` describes, or ``None`` when there is none (unset, empty, or no cluster).
 
     Raises:
         ResourceFileError: ``TF_CONFIG`` is malformed; the message names the key and what was expected.
         LaunchError: this task is one that does not train (an evaluator).
     """
-    text = (Invocation.from_env(environ).tf_config or "").strip()
+    text = (text or "").strip()
     if not text:
         return None
     try:

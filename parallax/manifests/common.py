@@ -19,7 +19,7 @@ from parallax.analysis import GraphAnalysis
 from parallax.cluster import Cluster, Role
 from parallax.config import Config
 from parallax.errors import LaunchError, ManifestError, ResourceFileError
-from parallax.invocation import RUN_OPTION_ENV
+from parallax.invocation import RUN_OPTION_ENV, Invocation
 from parallax.job import JobPlan, ProcessSpec, plan_job
 from parallax.resources import parse_resource_text
 from parallax.rolespec import Resources, RoleSpec, looks_like_role_spec, parse_role_spec
@@ -101,11 +101,13 @@ class Files:
 PlanFor = Callable[[View], JobPlan]
 
 
-def planner(config: Config, sync: bool, analysis: GraphAnalysis) -> PlanFor:
-    """How a manifest's processes plan the job from what they read: the same config and graph as the job."""
+def planner(config: Config, sync: bool, analysis: GraphAnalysis, invocation: Invocation | None = None) -> PlanFor:
+    """How a manifest's processes plan the job from what they read: the same config and graph as the job (and
+    what ``invocation``, the environment of ``parallax manifest``'s run of the script, asked)."""
     def plan_for(view: View) -> JobPlan:
         cluster = parse_resource_text(view.text, source=view.what)
-        return plan_job(config, sync, cluster, analysis, gpus=view.gpus, manager=view.manager)[1]
+        return plan_job(config, sync, cluster, analysis, gpus=view.gpus, manager=view.manager,
+                        invocation=invocation)[1]
     return plan_for
 
 

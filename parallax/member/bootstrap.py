@@ -13,10 +13,10 @@ import os
 import socket
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from parallax.errors import LaunchError
-from parallax.invocation import LaunchIdentity, current
+from parallax.invocation import Invocation, LaunchIdentity, RankChannel
 from parallax.launch.layout import RankSpec, layout_from_json
 from parallax.launch.monitor import Heartbeat
 from parallax.launch.runner import register_rank
@@ -38,6 +38,7 @@ class RankContext:
             job plan, the ``gpus`` a bare host line stands for); ``None`` each for a
             program that launched plain ranks.
         job_dir: where ranks register for failure reports.
+        channel: how this rank reaches its launcher (the job directory, the stall monitor).
     """
 
     rank: int
@@ -45,6 +46,7 @@ class RankContext:
     ranks: tuple[RankSpec, ...]
     job: LaunchIdentity
     job_dir: str
+    channel: RankChannel = field(default_factory=RankChannel)
 
     @property
     def spec(self) -> RankSpec:
@@ -53,21 +55,21 @@ class RankContext:
 
 def make_heartbeat(context: RankContext) -> Heartbeat | None:
     """A :class:`~parallax.launch.monitor.Heartbeat` from this rank to the launcher's stall
-    monitor (it says ``done`` when the process exits), or ``None`` when the launcher runs none."""
-    invocation = current()
-    address = invocation.monitor
+    monitor (it says ``done`` when the process exits), or ``None`` when the launcher runs none
+    (``context.channel``)."""
+    address = context.channel.monitor
     if not address:
         return None
     import atexit
 
-    stall = invocation.stall_timeout
-    beat = Heartbeat(address, context.rank, orphan_after=float(stall) if stall else None)
+    beat = Heartbeat(address, context.rank, orphan_after=context.channel.stall_timeout)
     atexit.register(beat.close)
     return beat
 
 
-def launched_context(redirect_path: str | None = None) -> RankContext | None:
-    """This process's :class:`RankContext` if the Parallax launcher started it, else ``None``.
+def launched_context(invocation: Invocation, redirect_path: str | None = None) -> RankContext | None:
+    """This process's :class:`RankContext` if the Parallax launcher started it (``invocation.launch``, and its
+    ``channel``), else ``None``.
 
     Initializes MPI (through mpi4py), registers the rank in the job directory
     and, with ``redirect_path``, sends this process's stdout and stderr to
@@ -76,7 +78,6 @@ def launched_context(redirect_path: str | None = None) -> RankContext | None:
     Raises:
         LaunchError: MPI's world size disagrees with the layout the launcher sent.
     """
-    invocation = current()
     identity = invocation.launch
     if identity is None:
         return None
@@ -87,7 +88,7 @@ def launched_context(redirect_path: str | None = None) -> RankContext | None:
     if comm.size != len(ranks):
         raise LaunchError(f"this process was launched with {comm.size} MPI ranks, but the job has "
                           f"{len(ranks)}; start jobs with parallel_run or parallax-run, not a bare mpirun")
-    job_dir = invocation.job_dir or ""
+    job_dir = invocation.channel.job_dir or ""
     log_path = None
     if redirect_path:
         os.makedirs(redirect_path, exist_ok=True)
@@ -98,7 +99,7 @@ def launched_context(redirect_path: str | None = None) -> RankContext | None:
     if job_dir:
         register_rank(job_dir, comm.rank, socket.gethostname(), log_path)
     _note_failures()
-    return RankContext(comm.rank, comm.size, ranks, identity, job_dir)
+    return RankContext(comm.rank, comm.size, ranks, identity, job_dir, invocation.channel)
 
 
 def tee_output(redirect_path: str, name: str = "worker_0") -> Callable[[], None]:

@@ -19,6 +19,11 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from parallax.invocation import Invocation
 
 __all__ = ["main", "first_on_host", "wait_for_registration"]
 
@@ -54,37 +59,37 @@ def wait_for_registration(job_dir: str, rank: int, longest: float = LONGEST_WAIT
     return True
 
 
-def _hold_until_first(rank: int) -> None:
-    """What the module docstring says, for this process (``rank``), as the launcher asked."""
-    from parallax.invocation import current
+def _hold_until_first(rank: int, invocation: Invocation) -> None:
+    """What the module docstring says, for this process (``rank``), as the launcher asked (``invocation``)."""
     from parallax.launch.layout import layout_from_json
 
-    invocation = current()
-    identity = invocation.launch
-    if identity is None or not identity.staggered or not invocation.job_dir:
+    identity, job_dir = invocation.launch, invocation.channel.job_dir
+    if identity is None or not identity.staggered or not job_dir:
         return
     first = first_on_host([r.host for r in layout_from_json(identity.ranks)], rank)
     if first == rank:
         return
     from mpi4py import MPI  # noqa: F401 - MPI starts here: its start is collective, the first rank's waits for ours
 
-    if not wait_for_registration(invocation.job_dir, first):
+    if not wait_for_registration(job_dir, first):
         print(f"Parallax: rank {rank} waited {LONGEST_WAIT:.0f} s for rank {first} (the first on its host) to reach "
               "its training call, and starts now (Config.staggered_start)", file=sys.stderr, flush=True)
 
 
-def _world_rank() -> int:
-    """This process's rank, as the MPI launcher tells it before MPI starts."""
+def _world_rank(environ: Mapping[str, str]) -> int:
+    """This process's rank, as the MPI launcher tells it in ``environ`` before MPI starts."""
     for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
+        if environ.get(name, "").isdigit():
+            return int(environ[name])
     return 0
 
 
 def main() -> None:
     """Hold this rank as :func:`_hold_until_first` says, then run the program (``sys.argv[1:]``) as
-    ``python -m mpi4py`` does."""
-    _hold_until_first(_world_rank())
+    ``python -m mpi4py`` does: the door of a launched rank, which reads its environment here."""
+    from parallax.invocation import current
+
+    _hold_until_first(_world_rank(os.environ), current())
     from mpi4py.run import main as run_program
 
     sys.argv[:] = ["mpi4py", *sys.argv[1:]]

@@ -38,7 +38,7 @@ def numbers(invocation: Invocation, resource_info: str | os.PathLike | None, red
         ValueError: a process a cluster manager started (``TF_CONFIG``), whose numbers depend on the plan.
     """
     if invocation.launch is not None:
-        launched = launched_process(redirect_path)
+        launched = launched_process(invocation, redirect_path)
         ranks = launched.context.ranks
         workers = [i for i, r in enumerate(ranks) if r.role == Role.WORKER]
         if launched.rank not in workers:  # a server: it trains nothing

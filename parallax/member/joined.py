@@ -31,17 +31,16 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from parallax.cluster import Role
 from parallax.errors import LaunchError
-from parallax.invocation import current
+from parallax.invocation import Invocation
 from parallax.logs import log as logger
-from parallax.managers.tf_config import ManagedJob, Task, read_tf_config
+from parallax.managers.tf_config import ManagedJob, Task, parse_tf_config
 from parallax.member import preemption
 from parallax.member.bootstrap import end_on_exception
 from parallax.member.peer_watch import PeerWatch, _end, _reachable  # _reachable: the exit barrier's probe too
@@ -365,8 +364,8 @@ class ExitBarrier:
 _THIS_PROCESS: JoinedProcess | None = None
 
 
-def joined_process(environ: Mapping[str, str] | None = None) -> JoinedProcess | None:
-    """This process's :class:`JoinedProcess` if a cluster manager started it (``TF_CONFIG`` names a
+def joined_process(invocation: Invocation) -> JoinedProcess | None:
+    """This process's :class:`JoinedProcess` if a cluster manager started it (``invocation.tf_config`` names a
     cluster of more than one task), else ``None``.
 
     Raises:
@@ -375,13 +374,13 @@ def joined_process(environ: Mapping[str, str] | None = None) -> JoinedProcess | 
     """
     global _THIS_PROCESS
     if _THIS_PROCESS is None:
-        managed = read_tf_config(os.environ if environ is None else environ)
+        managed = parse_tf_config(invocation.tf_config)
         if managed is None or len(managed.tasks) < 2:
             return None
         # an unhandled exception ends the task at once: its exit barrier would wait for peers that wait
         # for it, while its peers, seeing its server gone, end naming it
         end_on_exception(lambda: _end("Parallax: this task ended with an exception"))
-        if not current().log_level:  # a task logs at INFO (its plan, its server), as a launched one
+        if not invocation.log_level:  # a task logs at INFO (its plan, its server), as a launched one
             logger.setLevel(logging.INFO)
         # SIGTERM (the pod deleted, the node drained): worker 0 saves at its next step and ends with 143; the
         # other tasks, left without it, end with 143 too (PeerWatch): a manager's restart resumes them all

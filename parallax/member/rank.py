@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from parallax.cluster import Role
 from parallax.comm.group import MPIWorkers
 from parallax.errors import LaunchError
+from parallax.invocation import Invocation
 from parallax.launch.layout import RankSpec
 from parallax.member import preemption
 from parallax.member.bootstrap import (
@@ -193,12 +194,12 @@ class LaunchedProcess:
 _THIS_PROCESS: LaunchedProcess | None = None
 
 
-def launched_process(redirect_path: str | None = None) -> LaunchedProcess | None:
-    """This process's :class:`LaunchedProcess` if the launcher started it, else ``None``
+def launched_process(invocation: Invocation, redirect_path: str | None = None) -> LaunchedProcess | None:
+    """This process's :class:`LaunchedProcess` if the launcher started it (``invocation.launch``), else ``None``
     (made at the first call: MPI initialised, the rank registered, output redirected)."""
     global _THIS_PROCESS
     if _THIS_PROCESS is None:
-        context = launched_context(redirect_path)
+        context = launched_context(invocation, redirect_path)
         if context is None:
             return None
         _THIS_PROCESS = LaunchedProcess(context)

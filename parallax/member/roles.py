@@ -156,9 +156,17 @@ def role_setup(job: JobPlan, settings: Settings, member: JobMember) -> ProcessSe
     return ProcessSetup(process, len(job.workers), server=server, is_chief=chief, group=member.workers_group(),
                         device_filters=("/job:ps", f"/job:worker/task:{process.index}"),
                         broadcast=member.broadcast(job, process, settings) if hybrid else None,
-                        comms=ProcessComms(workers=comms[0], groups={"host": comms[1]} if hybrid else {},
-                                           arrival_spin=arrival_spin(job, settings)),
+                        comms=process_comms(job, settings, workers=comms[0],
+                                            groups={"host": comms[1]} if hybrid else {}),
                         heartbeat=beat)
+
+
+def process_comms(job: JobPlan, settings: Settings, **comms: Any) -> ProcessComms:
+    """A worker's :class:`ProcessComms` (its communicators ``comms``), tuned as ``settings`` say: how its MPI
+    calls wait (:func:`arrival_spin`), and whether and where from they use the compiled op."""
+    tuning = settings.comm_tuning
+    return ProcessComms(**comms, arrival_spin=arrival_spin(job, settings), native_ops=tuning.native_ops,
+                        huge_pages=tuning.huge_pages, cache_root=settings.cache_root)
 
 
 def arrival_spin(job: JobPlan, settings: Settings) -> float | None:
@@ -194,8 +202,7 @@ def _allreduce_worker(job: JobPlan, settings: Settings, member: JobMember, proce
                                chief=process.rank == 0)
     return ProcessSetup(process, len(job.workers), server=server, broadcast=member.broadcast(job, process, settings),
                         group=member.workers_group(),
-                        comms=ProcessComms(group_leader=GROUP_LEADER if server is not None else None,
-                                           arrival_spin=arrival_spin(job, settings)),
+                        comms=process_comms(job, settings, group_leader=GROUP_LEADER if server is not None else None),
                         heartbeat=beat)
 
 
@@ -218,5 +225,5 @@ def _staged(job: JobPlan, settings: Settings, member: JobMember, process: Proces
     return ProcessSetup(process, len(job.workers), server=server, group=member.workers_group(),
                         device_filters=(f"/job:worker/task:{process.index}", *mine),
                         broadcast=member.broadcast(job, process, settings),
-                        comms=ProcessComms(workers=comms[0], arrival_spin=arrival_spin(job, settings)),
+                        comms=process_comms(job, settings, workers=comms[0]),
                         heartbeat=beat)

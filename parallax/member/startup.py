@@ -91,7 +91,8 @@ def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: t
         return SessionTranslation(Translator(dist_graph, graph, replicated, num_replicas, held_in_parts(plan)),
                                   chief=task.worker_index == 0)
 
-    session, translated, hooks = _start_session(bound, config, setup, settings, plan, translation)
+    job_preemption = preemption.for_this_job()  # this job's, which SIGTERM reaches from now on (None: not taken)
+    session, translated, hooks = _start_session(bound, config, setup, settings, plan, translation, job_preemption)
     setup.heartbeat.set("user")
     wrapper = ParallaxSession(session, translated,
                               profiler=Profiler.from_config(settings.profile, task.worker_index),
@@ -99,7 +100,7 @@ def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: t
                               waits=wait_points(plan, task), on_close=tuple(releases),
                               after_steps=_after_steps(plan, translated.translator.graph), hooks=hooks,
                               writes=_writes_barrier(plan, translated.translator.graph, task.worker_index == 0),
-                              group=setup.group)
+                              group=setup.group, preemption=job_preemption)
     return wrapper, setup.num_workers, task.worker_index, num_replicas
 
 
@@ -123,12 +124,13 @@ def _after_steps(plan, graph: tf.Graph) -> dict[str, str]:
 
 
 def _start_session(meta: meta_graph_pb2.MetaGraphDef, config: config_pb2.ConfigProto, setup: ProcessSetup,
-                   settings: Settings, plan: Plan, translation: Callable[[tf.Graph], SessionTranslation]
-                   ) -> tuple[Any, SessionTranslation, bool]:
+                   settings: Settings, plan: Plan, translation: Callable[[tf.Graph], SessionTranslation],
+                   job_preemption: preemption.Preemption | None = None) -> tuple[Any, SessionTranslation, bool]:
     """Import ``meta`` into a new graph and start a ``MonitoredSession`` on it: the chief
     initialises (restoring the latest checkpoint of ``ckpt_dir``, which holds the single-device
     graph's variables, :mod:`parallax.checkpoint`), the others wait for it; the program's hooks
-    run through adapters (:mod:`parallax.hooks`) over ``translation`` of the new graph. Then the
+    run through adapters (:mod:`parallax.hooks`) over ``translation`` of the new graph, and worker 0's
+    :class:`~parallax.member.preemption.PreemptionHook` over ``job_preemption``, if any. Then the
     workers take worker 0's values and their parts of restored sharded slots. Returns the session,
     the translation and whether it runs hooks."""
     master = setup.server.target if setup.server is not None else ""
@@ -140,9 +142,9 @@ def _start_session(meta: meta_graph_pb2.MetaGraphDef, config: config_pb2.ConfigP
         translated = translation(graph)
         ckpt = checkpointing(graph, settings.ckpt, plan, setup.process.index, setup.saves, setup.comms.workers)
         all_hooks: list = [HookAdapter(h, translated) for h in settings.hooks] + ckpt.hooks
-        if setup.saves and preemption.installed():  # a launched worker 0: SIGTERM saves and ends the job
+        if setup.saves and job_preemption is not None:  # a launched worker 0: SIGTERM saves and ends the job
             all_hooks.append(preemption.PreemptionHook(
-                ckpt.saver if ckpt.sharded is None else None, settings.ckpt.ckpt_dir,
+                job_preemption, ckpt.saver if ckpt.sharded is None else None, settings.ckpt.ckpt_dir,
                 "the optimizer slots are sharded over the workers (zero_stage)" if ckpt.sharded is not None else ""))
         scaffold = tf.compat.v1.train.Scaffold(saver=ckpt.saver)
         if setup.is_chief:

@@ -10,6 +10,7 @@ and for the progress bar alone only as often as it draws (:class:`BatchLogs`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from parallax.tf2.evaluate import numbers
@@ -38,15 +39,27 @@ class BatchLogs:
     does (``bar``), as often as it draws them (Keras's ``Progbar`` redraws at most every ``interval`` seconds and
     shows the values of the update that draws): after ``interval`` seconds since the last, and at an epoch's last
     batch (the one it finalises with); between those the last ones, which the bar does not draw. Else none.
+
+    Where the steps keep what they add to the metrics on each worker (:meth:`DistributedStep.defer_sums`),
+    ``flush`` sums it over the workers into the metrics. One worker: just before the logs are read. Several: the
+    sum is a collective, made at batches every worker knows alike: after every batch where worker 0 may read the
+    logs (``read_alike``: a progress bar is shown or a callback of the program's has batch hooks, which the
+    program's arguments say on every worker), else only at the epoch's end (:func:`parallax.tf2.fit.fit`).
     """
 
-    def __init__(self, model: Any, every_batch: bool, bar: bool, steps: int | None, interval: float = 0.05) -> None:
+    def __init__(self, model: Any, every_batch: bool, bar: bool, steps: int | None, interval: float = 0.05,
+                 flush: Callable[[], Any] | None = None, workers: int = 1, read_alike: bool = False) -> None:
         self._model, self._every, self._bar, self._steps, self._interval = model, every_batch, bar, steps, interval
+        self._flush, self._workers, self._read_alike = flush, workers, read_alike
         self._logs: dict = {}
         self._at = -float("inf")
 
     def after(self, index: int) -> dict:
         now = time.monotonic()
+        if self._flush is not None and self._workers > 1 and self._read_alike:
+            self._flush()  # on every worker, after every batch: worker 0 may read them now
         if self._every or (self._bar and (now - self._at >= self._interval or index + 1 == self._steps)):
+            if self._flush is not None and self._workers == 1:
+                self._flush()
             self._logs, self._at = numbers(self._model.get_metrics_result()), now
         return self._logs

@@ -49,7 +49,7 @@ from parallax.comm.group import Alone
 from parallax.tf2.arguments import check_fit
 from parallax.tf2.batch_hooks import BEGINS, ENDS, BatchLogs, batch_hooks
 from parallax.tf2.batches import FitBatches, check_same
-from parallax.tf2.evaluate import chief_or_shared, evaluate_on, global_batches, numbers, sum_metrics, use_job
+from parallax.tf2.evaluate import HostSums, chief_or_shared, evaluate_on, global_batches, numbers, use_job
 from parallax.tf2.keras_flavor import Flavor, flavor_of
 from parallax.tf2.own_step import check_even, overrides_train_step, own_train_step, warn_own_fit
 from parallax.tf2.replica_sums import synchronised_statistics
@@ -184,7 +184,10 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                                                                   parallax_config=parallax_config)
     if worker_id == 0:  # said once a job
         warn_own_fit(model, flavor.module)
-    if not own and not flavor.metrics_in_step:
+    deferred = not own and flavor.metrics_in_step
+    if deferred:
+        step.defer_sums()  # summed over the workers where the logs are read (BatchLogs) and at each epoch's end
+    elif not own:
         step.leave_metrics()  # the compiled metrics are updated here, on the host
     group = step.session.group
     if group is None and num_workers > 1:
@@ -206,10 +209,15 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     saves_in_epochs = chief and _saves_within_epochs(kept)
     stops_in_epochs = batch_hooks(callbacks or [], flavor, ENDS)  # the program's list: alike on every worker
     rate_in_epochs = batch_hooks(kept, flavor, BEGINS + ENDS)  # may set the learning rate between batches
-    batch_logs = BatchLogs(model, batch_hooks(kept, flavor, ENDS), chief and verbose != 0, steps)
+    host = HostSums(model, group) if not own and not deferred and num_workers > 1 else None  # tf_keras
+    flush = step.flush_sums if deferred else host.flush if host else None  # the metrics summed over the workers
+    batch_logs = BatchLogs(model, batch_hooks(kept, flavor, ENDS), chief and verbose != 0, steps, flush=flush,
+                           workers=num_workers, read_alike=stops_in_epochs or verbose != 0)
     logs: dict = {}
     for epoch, epoch_batches in batches.epochs(initial_epoch, epochs):
         model.reset_metrics()
+        if host:
+            host.restart()
         callback_list.on_epoch_begin(epoch)
         for index, batch in enumerate(epoch_batches):
             examples = batches.share.examples_at(index) if batches.share else None  # else: batch is global
@@ -230,8 +238,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                 model.stop_training = True  # after this batch (every worker: a worker that went on would wait)
                 break
         epoch_batches.close()  # the thread drawing ahead ends here, also when training stopped within the epoch
-        if not own and not flavor.metrics_in_step:  # else summed over the workers after every step
-            sum_metrics(model, group)
+        if flush:  # what the steps added since the last flush, summed over the workers
+            flush()
         logs = numbers(model.get_metrics_result())
         _sync(step, model)  # the callbacks and the validation see the trained weights
         if validation_data is not None and (epoch + 1) % validation_freq == 0:

@@ -47,7 +47,8 @@ class PreparedStep:
         synced = bool(replica_sums_of(self.traced.graph))
         checked = analyse_graph(self.traced.graph).gradients \
             if self.check_first_step and several and rest[1] == 0 and not synced else None
-        return (DistributedStep(session, self.traced, self.checkpoints, worker_id=rest[1], check=checked), *rest)
+        return (DistributedStep(session, self.traced, self.checkpoints, worker_id=rest[1], check=checked,
+                                preemption=session.preemption), *rest)
 
 
 def needs_first_call(fn: Any) -> bool:

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from parallax.errors import Preempted
 from parallax.logs import log as logger
-from parallax.member import preemption
 from parallax.tf2.checkpoints import StepCheckpoints
 from parallax.tf2.first_step import check_first_step
 from parallax.tf2.summed import SummedState
@@ -42,19 +42,22 @@ class DistributedStep:
         worker_id: this worker's index (worker 0 saves the checkpoints).
         check: the graph's gradients, for the first step's check (:mod:`parallax.tf2.first_step`); ``None``:
             no check.
+        preemption: the job's preemption state (the session's, :class:`parallax.member.preemption.Preemption`),
+            or ``None`` (a process that does not take SIGTERM). Worker 0 of a job with ``checkpoints`` saves them
+            when the job is asked to end, and its call ends the process.
     """
 
     def __init__(self, session: Any, traced: TracedStep, checkpoints: StepCheckpoints | None = None,
-                 worker_id: int = 0, check: list | None = None) -> None:
+                 worker_id: int = 0, check: list | None = None, preemption: Any = None) -> None:
         self._check = check
         self._session = session
         self._traced = traced
         self._checkpoints = checkpoints
-        self._saves_when_preempted = checkpoints is not None and worker_id == 0 and preemption.installed()
+        self._preemption = preemption if checkpoints is not None and worker_id == 0 else None  # saves when asked
         if checkpoints is not None:
             checkpoints.start(chief=worker_id == 0)
-        if self._saves_when_preempted:
-            preemption.saved_by_the_step()
+        if self._preemption is not None:
+            self._preemption.leave_to_the_step()
         self._leaves = tf.nest.flatten(traced.outputs)  # a step that returns nothing: [None]
         self._fetches = ([t for t in self._leaves if isinstance(t, tf.Tensor)], traced.train_op)
         self._ranks = [t.shape.rank for t in traced.inputs]
@@ -77,9 +80,26 @@ class DistributedStep:
     def __call__(self, *args: Any) -> Any:
         """One training step: ``args`` as the ``tf.function`` takes them, each tensor one batch per replica.
 
+        On worker 0 of a job asked to end with a checkpoint (SIGTERM), the step saves the step's checkpoint
+        and does not return: the process ends here with the preempted exit code
+        (:mod:`parallax.member.preemption`).
+
         Raises:
             ValueError: the arguments do not match the step's input signature, or a batch is not one
                 per replica.
+        """
+        try:
+            return self._step(args)
+        except Preempted as preempted:  # the step saved: the process ends here, where the program's call returns
+            if self._preemption is None:
+                raise
+            self._preemption.end(preempted)
+
+    def _step(self, args: tuple) -> Any:
+        """:meth:`__call__`'s step.
+
+        Raises:
+            Preempted: the job was asked to end, and the step's checkpoint is saved.
         """
         flat = _flatten_up_to(list(self._traced.signature), list(args))
         if flat is None or len(flat) != len(self._traced.inputs):
@@ -102,10 +122,10 @@ class DistributedStep:
             self._traced.outputs, [next(values) if isinstance(t, tf.Tensor) else t for t in self._leaves])
         if self._checkpoints is not None:
             self._checkpoints.after_step(self)
-            if self._saves_when_preempted and preemption.requested():  # SIGTERM: save at this step, end the job
+            if self._preemption is not None and self._preemption.requested:  # SIGTERM: save at this step, end
                 self._checkpoints.save(self)
-                preemption.end(f"saved the step's checkpoint at step {self._checkpoints.step} in "
-                               f"{self._checkpoints.directory}")
+                raise Preempted(f"saved the step's checkpoint at step {self._checkpoints.step} in "
+                                f"{self._checkpoints.directory}")
         return outputs
 
     def leave_metrics(self) -> None:
@@ -113,6 +133,16 @@ class DistributedStep:
         :meth:`sync_variables` writes this worker's copies (``parallax.fit``, which updates the compiled metrics
         on the host, keeps them itself)."""
         self._summed = SummedState(self._session, {}, self._traced.graph)
+
+    def defer_sums(self) -> None:
+        """Sum the program's metrics over the workers only when :meth:`flush_sums` is called, not after every
+        step (``parallax.fit``: :class:`parallax.tf2.summed.SummedState`)."""
+        self._summed.defer()
+
+    def flush_sums(self, flags: tuple = ()) -> np.ndarray:
+        """What the steps since the last flush added to the program's metrics, summed over the workers, added to
+        them; ``flags`` summed along and returned (every worker calls it at the same points)."""
+        return self._summed.flush(flags)
 
     def _per_replica(self, value: Any, rank: int | None) -> Any:
         """A plain batch stands for the one replica of a process that has one."""

@@ -6,13 +6,15 @@ its own copy, and reading the metric sums the copies. A program's loop reads the
 (``train_loss.result()`` in an epoch's summary, TensorFlow's quickstart) and resets them eagerly
 (``reset_state()``); the job's copies of them live in its graph, which the program's variables do not see.
 
-So after each step :class:`SummedState` reads what the step added to this worker's copies, sums that over
-the workers (one small all-reduce), and adds it to the program's variables: they then hold what one device's
-would, every example of every step counted once, and a reset or any other value the program writes between
-steps is where the next step's sums are added. Each worker keeps its copy in every mode (the plan puts no
-such variable on a parameter server: :func:`parallax.plan.policies.build_plan`), and each of its replicas
-adds its part to it (:mod:`parallax.rewrite.classify`, :mod:`parallax.rewrite.replicate`). Should a copy be on
-a server after all, only worker 0 writes it, and the metrics count its examples: said at WARNING once.
+So after each step :class:`SummedState` reads what the step added to this worker's copies, sums that over the
+workers (one small all-reduce), and adds it to the program's variables: they then hold what one device's would,
+every example of every step counted once, and a reset or any other value the program writes between steps is where
+the next step's sums are added. ``parallax.fit``, which reads the metrics only where its logs are read, has the
+sums made there instead (:meth:`SummedState.defer`, :meth:`SummedState.flush`): each worker keeps what its steps
+added until then, and one all-reduce adds the steps since the last. Each worker keeps its copy in every mode (the
+plan puts no such variable on a parameter server: :func:`parallax.plan.policies.build_plan`), and each of its
+replicas adds its part to it (:mod:`parallax.rewrite.classify`, :mod:`parallax.rewrite.replicate`). Should a copy
+be on a server after all, only worker 0 writes it, and the metrics count its examples: said at WARNING once.
 """
 
 from __future__ import annotations
@@ -51,14 +53,22 @@ class SummedState:
         self._in_step = _reads_among(fetched, self._names) if session.num_replicas == 1 else None
         self._base = self._read() if self._names else []  # the job's copies as the first step finds them
         self._warned = False
+        self._deferred = False
+        self._pending: np.ndarray | None = None  # deferred: what the steps since the last flush added here
 
     @property
     def names(self) -> list[str]:
         """The summed variables' names in the step's graph."""
         return list(self._names)
 
+    def defer(self) -> None:
+        """Keep what each step adds on this worker until :meth:`flush` (``parallax.fit``, which reads the
+        metrics only at points every worker knows), instead of summing it over the workers after every step."""
+        self._deferred = True
+
     def after_step(self, fetched: list) -> None:
-        """Add what the step added to the job's copies, summed over the workers, to the program's variables.
+        """Add what the step added to the job's copies, summed over the workers, to the program's variables
+        (deferred: keep it here until :meth:`flush`).
 
         Args:
             fetched: the values the step's run fetched (the tensors given when this was made), one list of
@@ -70,15 +80,35 @@ class SummedState:
             now = [np.asarray(fetched[i][0]) for i in self._in_step]
         else:
             now = self._read()
-        added = [a - b for a, b in zip(now, self._base)]
+        flat = np.concatenate([(a - b).astype(np.float64).reshape(-1) for a, b in zip(now, self._base)])
         self._base = now
-        flat = np.concatenate([a.astype(np.float64).reshape(-1) for a in added])
+        if self._deferred:
+            self._pending = flat if self._pending is None else self._pending + flat
+            return
+        self._add(flat, self._group.sum(flat))
+
+    def flush(self, flags: tuple = ()) -> np.ndarray:
+        """Sum what the steps added here since the last flush over the workers, and add it to the program's
+        variables; ``flags`` (numbers) are summed along, in the same call. Every worker calls it at the same
+        points (a collective).
+
+        Returns:
+            ``flags`` summed over the workers.
+        """
+        pending = self._pending if self._pending is not None else np.zeros(sum(b.size for b in self._base))
+        self._pending = None
+        total = self._group.sum(np.concatenate([pending, np.asarray(flags, dtype=np.float64)]))
+        if pending.size:
+            self._add(pending, total[:pending.size])
+        return total[pending.size:]
+
+    def _add(self, flat: np.ndarray, total: np.ndarray) -> None:
+        """Add ``total`` (``flat``, this worker's own, for a variable on a server) to the program's variables."""
         shared = set(self._shared)
-        total = self._group.sum(flat)
         at = 0
-        for name, eager, part in zip(self._names, self._eager, added):
-            size = part.size
-            step = (flat if name in shared else total)[at:at + size].reshape(part.shape)
+        for name, eager, base in zip(self._names, self._eager, self._base):
+            size = base.size
+            step = (flat if name in shared else total)[at:at + size].reshape(base.shape)
             at += size
             if step.any():
                 eager.variable.assign_add(step.astype(eager.dtype.as_numpy_dtype))  # one eager op
@@ -110,3 +140,4 @@ def _reads_among(tensors: list | tuple, names: list[str]) -> list[int] | None:
             found.setdefault(op.inputs[0].op.name, index)
     at = [found.get(name) for name in names]
     return None if None in at else at
+

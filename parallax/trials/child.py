@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any
 
-from parallax.invocation import current, export
+from parallax.invocation import Invocation, current, export
 
 __all__ = ["main", "suggest"]
 
@@ -38,12 +38,12 @@ def suggest(space: dict[str, Any], history: list[dict[str, Any]], seed: int, min
     return dict(trial.params)
 
 
-def _is_result_writer() -> bool:
+def _is_result_writer(invocation: Invocation) -> bool:
     """Worker 0 of the job, or a process that trains alone."""
     from parallax.cluster import Role
     from parallax.member.rank import launched_process
 
-    launched = launched_process()
+    launched = launched_process(invocation)
     if launched is None:
         return True
     return launched.spec.role == Role.WORKER and launched.workers_comm().Get_rank() == 0
@@ -57,9 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0], "rb") as f:
         payload = cloudpickle.load(f)
-    given = current().sweep_params
+    invocation = current()  # the door of a sweep trial's process: its environment is read here
+    given = invocation.sweep_params
     if given:
-        params = json.loads(given)
+        params = dict(given)
     elif payload.get("params") is not None:
         params = payload["params"]
     else:
@@ -67,8 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         params = suggest(s["space"], s["history"], s["seed"], s["minimize"])
     export(sweep_params=json.dumps(params))  # the job's processes take the same ones
     value = payload["fn"](params, payload["resource_info"])
-    if _is_result_writer():
-        write_result({"params": params, "value": value if isinstance(value, dict) else {"value": value}})
+    if _is_result_writer(invocation):
+        write_result({"params": params, "value": value if isinstance(value, dict) else {"value": value}},
+                      invocation.trial_result)
     return 0
 
 

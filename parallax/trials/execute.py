@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from parallax.invocation import current, env_with
+from parallax.invocation import env_with
 
 __all__ = ["TrialSpec", "TrialResult", "run_trial", "STATUSES", "tail_of", "write_result"]
 
@@ -109,7 +109,8 @@ def run_trial(spec: TrialSpec) -> TrialResult:
     os.makedirs(spec.directory, exist_ok=True)
     if os.path.exists(spec.result_path):
         os.remove(spec.result_path)
-    env = env_with({**os.environ, **spec.env}, trial_result=spec.result_path)
+    # this process's environment (env_with's base), handed through with the trial's variables and result file
+    env = env_with({**env_with(), **spec.env}, trial_result=spec.result_path)
     began = time.monotonic()
     status, error, code = "ok", None, None
     with open(spec.log_path, "wb") as log:
@@ -142,9 +143,9 @@ def run_trial(spec: TrialSpec) -> TrialResult:
                        tail_of(spec.log_path) if status != "ok" else "", socket.gethostname())
 
 
-def write_result(result: dict) -> None:
-    """Inside a trial: write its result (JSON) to :data:`RESULT_ENV`'s file, whole or not at all."""
-    path = current().trial_result
+def write_result(result: dict, path: str | None) -> None:
+    """Inside a trial: write its result (JSON) to ``path`` (:data:`RESULT_ENV`'s file; ``None``: nowhere), whole
+    or not at all."""
     if not path:
         return
     tmp = f"{path}.{os.getpid()}"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from parallax.invocation import Invocation, TrialRequest, current
+from parallax.invocation import Invocation, TrialRequest
 from parallax.trials.execute import write_result
 
 __all__ = ["TrialRequest", "TrialOver", "TrialSession", "trial_request", "in_trial", "trial_env"]
@@ -37,13 +37,9 @@ def trial_env(choice: dict[str, Any], warmup: int, steps: int) -> dict[str, str]
     return Invocation(trial=TrialRequest(choice, warmup, steps)).to_env()
 
 
-def trial_request() -> TrialRequest | None:
-    """This process's trial (:data:`TRIAL_ENV`), or ``None``.
-
-    Raises:
-        ValueError: the variable is not a trial request.
-    """
-    return current().trial
+def trial_request(invocation: Invocation) -> TrialRequest | None:
+    """The trial ``invocation`` asks for (:data:`TRIAL_ENV`), or ``None``."""
+    return invocation.trial
 
 
 class TrialSession:
@@ -54,10 +50,12 @@ class TrialSession:
         request: the trial.
         comm: the workers' MPI communicator (``None``: one worker).
         facts: what the result says of the job besides the times (layout, processes, planned bytes).
+        result_path: the file the result goes to (:data:`~parallax.invocation.RESULT_ENV`; ``None``: none).
     """
 
     def __init__(self, session: Any, request: TrialRequest, comm: Any = None,
-                 facts: dict[str, Any] | None = None) -> None:
+                 facts: dict[str, Any] | None = None, result_path: str | None = None) -> None:
+        self._result_path = result_path
         self._session = session
         self._request = request
         self._comm = comm
@@ -93,7 +91,7 @@ class TrialSession:
             result = {"step_seconds": step, "steps_per_second": 1.0 / step, "worker_medians": medians,
                       "times": self.times, "warmup": self._request.warmup, "choice": self._request.choice,
                       **{k: v for k, v in self._facts.items() if k != "train_ops"}}
-            write_result(result)
+            write_result(result, self._result_path)
         self._session.close()
         raise TrialOver()
 
@@ -123,9 +121,10 @@ def _op_name(fetch: Any) -> str:
     return name.split(":")[0].lstrip("^")
 
 
-def in_trial(result: tuple | int, job: Any, launched: Any = None) -> tuple | int:
-    """``parallel_run``'s result, its session timing its steps when this process runs a trial."""
-    request = trial_request()
+def in_trial(result: tuple | int, job: Any, invocation: Invocation, launched: Any = None) -> tuple | int:
+    """``parallel_run``'s result, its session timing its steps when this process runs a trial
+    (``invocation.trial``; its result goes to ``invocation.trial_result``)."""
+    request = trial_request(invocation)
     if request is None or isinstance(result, int):
         return result
     from parallax.plan.traffic import step_traffic
@@ -136,4 +135,4 @@ def in_trial(result: tuple | int, job: Any, launched: Any = None) -> tuple | int
              "train_ops": set(job.plan.train_ops)}
     comm = launched.workers_comm() if launched is not None else None
     session, *rest = result
-    return (TrialSession(session, request, comm, facts), *rest)
+    return (TrialSession(session, request, comm, facts, invocation.trial_result), *rest)

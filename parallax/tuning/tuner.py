@@ -164,7 +164,7 @@ def tune(script: str, resource_info: str, script_args: list[str] | tuple[str, ..
          time_budget: float | None = None, backend: str = "local", scheduler: str | None = None,
          space: dict[str, list] | None = None, warmup: int = 3, steps: int = 20, time_limit: float = 300.0,
          output: str | None = None, store: bool = True, progress: bool = True,
-         plan_timeout: float = 600.0) -> TuneReport:
+         plan_timeout: float = 600.0, cache_root: str | None = None) -> TuneReport:
     """Find the fastest layout of a training script on a resource file (see the module docstring).
 
     Args:
@@ -183,6 +183,8 @@ def tune(script: str, resource_info: str, script_args: list[str] | tuple[str, ..
         store: keep the fastest choice for the next ``parallel_run`` (:mod:`parallax.tuning.cache`).
         progress: show a live progress line.
         plan_timeout: seconds the script may take to plan its layouts.
+        cache_root: the cache the choice and the tunes' history are kept in (``PARALLAX_CACHE_DIR``;
+            ``None``: the default, ``~/.cache/parallax``).
 
     Raises:
         TuneError: the script did not plan, or no trial measured a step.
@@ -205,7 +207,8 @@ def tune(script: str, resource_info: str, script_args: list[str] | tuple[str, ..
     directory = os.path.abspath(output or "parallax_tune")
     os.makedirs(directory, exist_ok=True)
     # every run of the script: this resource file, and no layout an earlier tune stored
-    env = Invocation(resource_info=resource_info, use_tuned="0").to_env()
+    env = Invocation(resource_info=resource_info, use_tuned=False).to_env()
+    root = cache_root or Invocation().cache_root()
     planned = _candidates(script, list(script_args), resource_info, space, plan_timeout, env, directory)
     candidates = [Candidate.from_dict(c) for c in planned["candidates"]]
     runnable = [c for c in candidates if c.runnable]
@@ -242,8 +245,8 @@ def tune(script: str, resource_info: str, script_args: list[str] | tuple[str, ..
         b = report.best
         report.stored = store_tuned(report.key, b.candidate.choice, {
             "step_seconds": b.step_seconds, "steps_per_second": b.steps_per_second, "model_rank": b.candidate.order,
-            "trials": len(done), "report": os.path.join(directory, "results.json")})
-    report.history = _record(report)
+            "trials": len(done), "report": os.path.join(directory, "results.json")}, root)
+    report.history = _record(report, root)
     return report
 
 
@@ -285,15 +288,16 @@ def _plot(report: TuneReport) -> str | None:
                     "parallax tune: measured speed per layout (#: the cost model's order)")
 
 
-def _record(report: TuneReport) -> dict[str, int]:
-    """Add this tune to the history of where the fastest stood in the cost model's order; the tallies."""
+def _record(report: TuneReport, root: str) -> dict[str, int]:
+    """Add this tune to the history (in the cache ``root``) of where the fastest stood in the cost model's
+    order; the tallies."""
     rank = report.model_rank
     if rank is None:
         return {}
     store_entry(HISTORY_FILE, f"{report.key[:16]}-{time.time():.0f}", {"model_rank": rank,
-                                                                        "trials": len(report.trials)})
+                                                                        "trials": len(report.trials)}, root)
     try:
-        with open(cache_path(HISTORY_FILE), encoding="utf-8") as f:
+        with open(cache_path(HISTORY_FILE, root), encoding="utf-8") as f:
             ranks = [int(e["model_rank"]) for e in json.load(f).values()]
     except (OSError, ValueError, KeyError):
         ranks = [rank]

@@ -31,6 +31,7 @@ def rank_main(out: str, fusion_bytes: int, mixed: bool, spin: float | None) -> N
     from mpi4py import MPI
 
     from parallax.comm.mpi import FUSE_BELOW_BYTES, HUGE_PAGE_BYTES, MPIBackend, import_bound
+    from parallax.invocation import current
     from parallax.plan.model import CommSpec
 
     comm = MPI.COMM_WORLD
@@ -58,8 +59,10 @@ def rank_main(out: str, fusion_bytes: int, mixed: bool, spin: float | None) -> N
         backend = MPIBackend(CommSpec(fusion_bytes=fusion_bytes), comm.size)
         summed = backend.allreduce_sum(inputs)
     # mixed: rank 0 sums with the compiled op, the others through the PyFunc (the same MPI calls)
-    run_graph, release = import_bound(graph, backend, native_ops=comm.rank == 0 or not mixed,
-                                      spin=spin if comm.rank == 1 else None)
+    asked = current()  # this process's door: the compiled op and its huge pages as the test's environment says
+    native = (comm.rank == 0 or not mixed) and asked.comm.native_ops
+    run_graph, release = import_bound(graph, backend, native_ops=native, spin=spin if comm.rank == 1 else None,
+                                      cache_root=asked.cache_root(), huge_pages=asked.comm.huge_pages)
     with run_graph.as_default():
         fetch = [run_graph.get_tensor_by_name(t.name) for t in summed]
         inputs_after = [run_graph.get_tensor_by_name(t.name) for t in (const, var_value)]
@@ -76,7 +79,7 @@ def rank_main(out: str, fusion_bytes: int, mixed: bool, spin: float | None) -> N
             huge_after = _anon_huge_page_kb()
             unchanged = [np.asarray(v).ravel().tolist()[:3] for v in sess.run(inputs_after)]
     release()
-    adjacent = _adjacent_pair(comm, rank, fusion_bytes, native=comm.rank == 0 or not mixed,
+    adjacent = _adjacent_pair(comm, rank, fusion_bytes, native=native,
                               spin=spin if comm.rank == 1 else None)
     with open(os.path.join(out, f"rank_{comm.rank}.json"), "w") as f:
         json.dump({"size": comm.size, "rank": comm.rank, "steps": steps, "inputs_after": unchanged,
@@ -92,6 +95,7 @@ def _adjacent_pair(comm, rank: float, fusion_bytes: int, native: bool, spin: flo
 
     from parallax.comm.mpi import MPIBackend, import_bound
     from parallax.comm.native import native_ops
+    from parallax.invocation import current
     from parallax.plan.model import CommSpec
 
     graph = tf.Graph()
@@ -100,8 +104,9 @@ def _adjacent_pair(comm, rank: float, fusion_bytes: int, native: bool, spin: flo
         parts = [p * 1.5 for p in tf.split(source.read_value() * 2.0, 2)]  # views of one buffer, then their own
         backend = MPIBackend(CommSpec(fusion_bytes=fusion_bytes), comm.size)
         summed = backend.allreduce_sum(parts)
-    run_graph, release = import_bound(graph, backend, native_ops=native, spin=spin)
-    ops = native_ops() if native else None
+    root = current().cache_root()  # this process's door: where the test keeps the compiled op
+    run_graph, release = import_bound(graph, backend, native_ops=native, spin=spin, cache_root=root)
+    ops = native_ops(root) if native else None
     config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1, intra_op_parallelism_threads=1)
     with tf.compat.v1.Session(graph=run_graph, config=config) as sess:
         sess.run(run_graph.get_operation_by_name("source/Assign"))

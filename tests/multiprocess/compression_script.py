@@ -55,6 +55,7 @@ def rank_main(out: str) -> None:
     from parallax.comm.compression import compressed_allgather, compressed_allreduce
     from parallax.comm.mpi import MPIBackend, import_bound
     from parallax.comm.native import OP_NAME
+    from parallax.invocation import current
     from parallax.plan.model import CommSpec
 
     comm = MPI.COMM_WORLD
@@ -71,7 +72,7 @@ def rank_main(out: str) -> None:
                                             backend.allgather, backend.allreduce_sum)[0]
             big = compressed_allreduce([tf.fill([BIG], 1.0 + comm.rank) * 0.5], fmt, backend.allreduce_sum)[0]
         names = [t.name for t in summed] + [gathered[0].name, gathered[1].name]
-        bound, release = import_bound(graph, backend, native_ops=comm.rank == 0)
+        bound, release = import_bound(graph, backend, native_ops=comm.rank == 0, cache_root=current().cache_root())
         result["ops"].extend(sorted({op.type for op in bound.get_operations() if op.type in (OP_NAME, "PyFunc")}))
         with tf.compat.v1.Session(graph=bound) as sess:
             values = sess.run([bound.get_tensor_by_name(n) for n in names])

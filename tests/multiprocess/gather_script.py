@@ -42,6 +42,7 @@ def rank_main(out: str) -> None:
     from mpi4py import MPI
 
     from parallax.comm.mpi import MPIBackend, import_bound
+    from parallax.invocation import current
     from parallax.plan.model import CommSpec
 
     comm = MPI.COMM_WORLD
@@ -54,7 +55,7 @@ def rank_main(out: str) -> None:
             inputs = [(tf.constant(v), tf.constant(i)) for v, i in mine]
             gathered = (backend.gather if way == "gatherv" else backend.allgather)(inputs)
             shapes = [[None if d is None else int(d) for d in v.shape.as_list()] for v, _ in gathered]
-        bound, release = import_bound(graph, backend)
+        bound, release = import_bound(graph, backend, cache_root=current().cache_root())
         result["ops"][way] = sorted(op.name for op in bound.get_operations() if op.type == "PyFunc")
         with tf.compat.v1.Session(graph=bound) as sess:
             values = sess.run([bound.get_tensor_by_name(t.name) for pair in gathered for t in pair])

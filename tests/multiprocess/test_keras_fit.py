@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.multiprocess.harness import ROOT, ScriptJobs
-from tests.tf2.fit_programs import MIXED
+from tests.tf2.fit_programs import MIXED, single_device_batch_logs
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -93,6 +93,7 @@ def test_parallax_fit_evaluate_and_predict_equal_keras_on_one_device(jobs, group
     out = _out(jobs, group, case)
     history, weights, evaluated, predicted = reference(case)
     workers = GROUPS[group][2]
+    seen = single_device_batch_logs(case) if "early-stopping" in case else None
     for worker in range(workers):
         where = f"{group} {case} worker {worker}"
         with open(os.path.join(out, f"rank_{worker}.json")) as f:
@@ -106,6 +107,12 @@ def test_parallax_fit_evaluate_and_predict_equal_keras_on_one_device(jobs, group
             assert got["mapped"] == _mapped(case, workers, worker), where
         if "early-stopping" in case:  # every worker stopped where model.fit did: after the second epoch
             assert len(got["history"]["loss"]) == len(history["loss"]) == 2, where
+            # its callback, which has batch hooks, saw every batch's own logs: the metrics summed over the workers
+            assert len(got["batch_logs"]) == len(seen), where
+            for index, (logs, expected) in enumerate(zip(got["batch_logs"], seen)):
+                assert sorted(logs) == sorted(expected), f"{where}: batch {index}"
+                for key, value in expected.items():
+                    np.testing.assert_allclose(logs[key], value, rtol=1e-5, err_msg=f"{where}: batch {index} {key}")
         # the sharded evaluation and prediction equal the model's own on one device, on every worker
         assert sorted(got["evaluate"]) == sorted(got["evaluate_alone"]) == ["loss", "mae"]
         for key, value in got["evaluate_alone"].items():

@@ -49,10 +49,17 @@ def callbacks(case: str) -> list:
 
 def _stop_within(keras):
     class StopWithinTheSecondEpoch(keras.callbacks.Callback):
+        """Stops training after the second batch of the second epoch; keeps every batch's logs (``seen``)."""
+
+        def __init__(self):
+            super().__init__()
+            self.seen: list[dict] = []
+
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
 
         def on_train_batch_end(self, batch, logs=None):
+            self.seen.append({k: float(v) for k, v in (logs or {}).items()})
             if self.epoch == 1 and batch == 1:
                 self.model.stop_training = True
 
@@ -168,6 +175,21 @@ def single_device(case: str) -> tuple[dict, list, dict, np.ndarray]:
     evaluated = model.evaluate(test_x, test_y, batch_size=EVAL_BATCH, verbose=0, return_dict=True)
     return (history, [v.numpy() for v in model.trainable_variables], {k: float(v) for k, v in evaluated.items()},
             model.predict(test_x, batch_size=EVAL_BATCH, verbose=0))
+
+
+def batch_logs_seen(callbacks: list) -> list[dict]:
+    """The batch logs the callbacks of :func:`callbacks` saw (the "early-stopping" cases': every batch's)."""
+    return [logs for c in callbacks for logs in getattr(c, "seen", [])]
+
+
+def single_device_batch_logs(case: str) -> list[dict]:
+    """``model.fit`` on one device of an "early-stopping" case: the logs its callback saw after each batch."""
+    model = build(CASES[case])
+    x, y, validation = data()
+    used = callbacks(case)
+    model.fit(x, y, batch_size=batch_size(case), epochs=EPOCHS, shuffle=False, validation_data=validation, verbose=0,
+              callbacks=used)
+    return batch_logs_seen(used)
 
 
 def within_epochs(keras, directory: str):

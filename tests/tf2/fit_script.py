@@ -22,6 +22,7 @@ from tests.tf2.fit_programs import (  # noqa: E402
     EVAL_BATCH,
     SHUFFLED,
     SPLIT,
+    batch_logs_seen,
     batch_size,
     build,
     data,
@@ -68,7 +69,7 @@ def main() -> None:
             json.dump({"history": history.history, "evaluate": evaluated,
                        "evaluate_alone": {k: float(v) for k, v in alone.items()},
                        "evaluate_list": parallax.evaluate(model, test_x, test_y, batch_size=EVAL_BATCH, verbose=0),
-                       "mapped": int(mapped.numpy())},
+                       "mapped": int(mapped.numpy()), "batch_logs": batch_logs_seen(callbacks)},
                       f, default=float)
         np.savez(os.path.join(out, f"rank_{rank}.npz"),
                  predict=parallax.predict(model, test_x, batch_size=EVAL_BATCH, verbose=0),

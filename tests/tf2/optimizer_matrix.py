@@ -1,5 +1,5 @@
 """Every Keras 3 optimizer, plain and inside a ``LossScaleOptimizer``, on a small Dense model trained by a
-``tf.function`` step (tests/unit/test_tf2_optimizer_matrix.py, tests/multiprocess/test_tf2_optimizer_matrix.py).
+``tf.function`` step (tests/unit/tf2/test_optimizer_matrix.py, tests/multiprocess/test_tf2_optimizer_matrix.py).
 
 The model has two hidden ``Dense(4)`` layers: their biases have the same shape (as most models' layers do), so the
 gradients cannot be told apart by shape where an optimizer passes them through one op together (every Keras 3

@@ -116,7 +116,7 @@ def _build(family: str, optimizer: str):
 
         keras.utils.set_random_seed(1)
         # clipping inside the loss scale's cond makes a sparse gradient dense there, where Parallax cannot
-        # aggregate it (refused: tests/unit/test_tf2_trace.py): the clipped case's embedding is frozen
+        # aggregate it (refused: tests/unit/tf2/test_trace.py): the clipped case's embedding is frozen
         model = _keras_model(keras, trainable=optimizer != "lso-clip-sgd")
         opt = {"adam": lambda: keras.optimizers.Adam(0.05),
                "sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.9),

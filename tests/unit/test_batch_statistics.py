@@ -1,6 +1,6 @@
 """Layers that normalise by their batch's statistics (parallax/batch_statistics.py): found in the graph of every
 front end, said at WARNING in the job's notes when several replicas each normalise their own part (a layer
-that synchronises its statistics: tests/unit/test_replica_sums.py)."""
+that synchronises its statistics: tests/unit/tf2/test_replica_sums.py)."""
 
 from __future__ import annotations
 

@@ -7,11 +7,12 @@ import pytest
 from parallax.analysis import analyse_graph
 from parallax.config import CommunicationConfig as Comm
 from parallax.config import Config, MPIConfig, PSConfig
+from parallax.invocation import Invocation
 from parallax.job import make_job_plan
 from parallax.resources import Device, parse_resource_text
 from parallax.settings import derive
 from tests.models import build_embedding, build_mlp
-from tests.unit.test_plan_choices import lm1b_like
+from tests.unit.plan.test_policies import lm1b_like
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def embedding():
 
 def job_for(text, analysis, gpus=0, **config):
     cluster = parse_resource_text(text, "res")
-    settings = derive(Config(**config), True, cluster, gpus=gpus, cpu_count=8, environ={})
+    settings = derive(Config(**config), True, cluster, gpus=gpus, cpu_count=8)
     return make_job_plan(cluster, settings, analysis)
 
 
@@ -213,7 +214,8 @@ def test_the_workers_mpi_calls_wait_asleep_where_polling_takes_the_servers_cores
     from parallax.member.roles import arrival_spin
 
     cluster = parse_resource_text(text, "res")
-    settings = derive(Config(run_option=run_option), True, cluster, gpus=0, cpu_count=2, environ=environ)
+    settings = derive(Config(run_option=run_option), True, cluster, gpus=0, cpu_count=2,
+                      invocation=Invocation.from_env(environ))
     job = make_job_plan(cluster, settings, embedding)
     assert arrival_spin(job, settings) == (DEFAULT_SPIN_SECONDS if expected == "default" else expected)
 
@@ -222,7 +224,7 @@ def test_one_worker_alone_names_each_setting_it_does_not_use_with_the_users_valu
     cluster = parse_resource_text("localhost: cpu:0,cpu:1", "res")
     config = Config(run_option="PS", plan_overrides={"dense*": "ps"}, communication_config=Comm(
         ps_config=PSConfig(replicate_variables=False, boundary_among_servers=False)))
-    job = make_job_plan(cluster, derive(config, False, cluster, gpus=0, cpu_count=8, environ={}), mlp)
+    job = make_job_plan(cluster, derive(config, False, cluster, gpus=0, cpu_count=8), mlp)
     assert job.layout == "local"
     assert job.notes == (
         "one worker trains alone here (the local layout): nothing crosses workers, so these settings are not used: "

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import parallax
 from parallax.api import _speaks_for_the_job
+from parallax.invocation import Invocation, current
 from parallax.managers.tf_config import read_tf_config
 from parallax.member.joined import JoinedProcess
 from parallax.overrides import environment_overrides, environment_warning
@@ -43,7 +44,8 @@ def test_a_tuned_layout_names_each_setting_it_replaced_with_the_scripts_value_an
         tuned_cache, resource_file, parallax_warnings):
     graph, res = small_graph(), resource_file("localhost: cpu:0,cpu:1\n")
     store_tuned(tune_key(graph, parse_resource_file(res).text, True),
-                {"run_option": "PS", "local_aggregation": False, "replicate_variables": True, "zero_stage": 0}, {})
+                {"run_option": "PS", "local_aggregation": False, "replicate_variables": True, "zero_stage": 0}, {},
+                str(tuned_cache))
     run_locally(graph, res, parallax.Config(run_option="MPI"))  # as tuned: PS, in this process
     (line,) = about(parallax_warnings, "parallax tune")
     assert re.match(rf"^Parallax: using the layout parallax tune found for this graph and resources {SOURCE}: it "
@@ -54,7 +56,8 @@ def test_a_tuned_layout_names_each_setting_it_replaced_with_the_scripts_value_an
 def test_a_tuned_layout_equal_to_the_scripts_settings_says_it_replaces_none(tuned_cache, resource_file,
                                                                            parallax_warnings):
     graph, res = small_graph(), resource_file("localhost: cpu:0,cpu:1\n")
-    store_tuned(tune_key(graph, parse_resource_file(res).text, True), {"run_option": "PS", "zero_stage": 0}, {})
+    store_tuned(tune_key(graph, parse_resource_file(res).text, True), {"run_option": "PS", "zero_stage": 0}, {},
+                str(tuned_cache))
     run_locally(graph, res, parallax.Config(run_option="ps"))
     (line,) = about(parallax_warnings, "parallax tune")
     assert re.match(rf"^Parallax: using the layout parallax tune found for this graph and resources {SOURCE}: it "
@@ -65,7 +68,7 @@ def test_a_tuned_layout_equal_to_the_scripts_settings_says_it_replaces_none(tune
 def test_a_tuned_layout_keeps_applying_to_its_graph_and_resources_only(tuned_cache, resource_file,
                                                                       parallax_warnings):
     graph, res = small_graph(), resource_file("localhost: cpu:0,cpu:1\n")
-    store_tuned(tune_key(graph, parse_resource_file(res).text, True), {"run_option": "PS"}, {})
+    store_tuned(tune_key(graph, parse_resource_file(res).text, True), {"run_option": "PS"}, {}, str(tuned_cache))
     run_locally(small_graph(), res, parallax.Config(run_option="PS"))  # the same graph again: applies
     run_locally(small_graph(), resource_file("localhost: cpu:0\n"), parallax.Config(run_option="PS"))  # other
     assert len(about(parallax_warnings, "parallax tune")) == 1
@@ -75,7 +78,7 @@ def test_the_suite_ignores_a_stored_layout_unless_a_test_asks(resource_file, par
                                                                tmp_path):
     graph, res = small_graph(), resource_file("localhost: cpu:0,cpu:1\n")
     monkeypatch.setenv("PARALLAX_CACHE_DIR", str(tmp_path))  # PARALLAX_USE_TUNED stays the suite's 0
-    store_tuned(tune_key(graph, parse_resource_file(res).text, True), {"run_option": "PS"}, {})
+    store_tuned(tune_key(graph, parse_resource_file(res).text, True), {"run_option": "PS"}, {}, str(tmp_path))
     run_locally(graph, res, parallax.Config(run_option="PS"))
     assert not about(parallax_warnings, "parallax tune")
 
@@ -83,7 +86,7 @@ def test_the_suite_ignores_a_stored_layout_unless_a_test_asks(resource_file, par
 def test_a_tuned_layout_over_an_environment_override_says_where_the_value_it_replaced_came_from(
         tuned_cache, resource_file, parallax_warnings, monkeypatch):
     graph, res = small_graph(), resource_file("localhost: cpu:0,cpu:1\n")
-    store_tuned(tune_key(graph, parse_resource_file(res).text, True), {"run_option": "PS"}, {})
+    store_tuned(tune_key(graph, parse_resource_file(res).text, True), {"run_option": "PS"}, {}, str(tuned_cache))
     monkeypatch.setenv("PARALLAX_RUN_OPTION", "HYBRID")
     run_locally(graph, res, parallax.Config(run_option="MPI"))
     assert [line.split(": ", 2)[-1] for line in about(parallax_warnings, "replaces")] == [
@@ -115,7 +118,7 @@ def test_every_variable_that_replaces_a_scripts_setting_is_listed_with_both_valu
     environ = {"PARALLAX_RESOURCE_INFO": "/jobs/res", "PARALLAX_RUN_OPTION": "mpi",
                "PARALLAX_MPIRUN_OPTIONS": "--mca btl ^openib", "PARALLAX_NUM_PARTITIONS": "8",
                "PARALLAX_FINISH_TIMEOUT": "5"}  # a timeout no script setting covers: not an override
-    found = environment_overrides(config, "resource_info", 2, environ)
+    found = environment_overrides(config, "resource_info", 2, Invocation.from_env(environ))
     assert [(o.variable, o.replaced.describe()) for o in found] == [
         ("PARALLAX_RESOURCE_INFO", "resource_info 'resource_info' -> '/jobs/res'"),
         ("PARALLAX_RUN_OPTION", "Config.run_option 'HYBRID' -> 'MPI'"),
@@ -132,18 +135,26 @@ def test_every_variable_that_replaces_a_scripts_setting_is_listed_with_both_valu
     pytest.param({"PARALLAX_RUN_OPTION": " "}, id="an-empty-run-option"),
 ])
 def test_what_replaces_nothing_is_not_listed(environ):
-    assert environment_overrides(parallax.Config(), None, 2, environ) == ()
+    assert environment_overrides(parallax.Config(), None, 2, Invocation.from_env(environ)) == ()
 
 
 def test_a_run_option_that_is_none_is_refused_naming_the_variable(monkeypatch):
     with pytest.raises(ValueError, match=r"^PARALLAX_RUN_OPTION='FOO' \(in the environment, replacing "
                                          r"Config\.run_option\): expected one of PS, MPI, HYBRID, AUTO; unset it"):
-        environment_overrides(parallax.Config(), None, None, {"PARALLAX_RUN_OPTION": "FOO"})
+        environment_overrides(parallax.Config(), None, None, Invocation.from_env({"PARALLAX_RUN_OPTION": "FOO"}))
 
 
 def test_only_the_process_the_user_started_speaks_for_the_job():
     assert _speaks_for_the_job(None, None)
     assert not _speaks_for_the_job(object(), None)  # a process mpirun started: its launcher spoke
+    assert not _speaks_for_the_job(None, None, rerun=True)  # the script run again: its starter spoke
+
+
+def test_the_overrides_come_from_the_invocation_not_from_this_processs_environment(monkeypatch):
+    monkeypatch.setenv("PARALLAX_RUN_OPTION", "MPI")
+    assert environment_overrides(parallax.Config(run_option="PS"), None, None, Invocation()) == ()
+    (found,) = environment_overrides(parallax.Config(run_option="PS"), None, None, current())
+    assert found.replaced.describe() == "Config.run_option 'PS' -> 'MPI'"
 
 
 @pytest.mark.parametrize("task,speaks", [({"type": "chief", "index": 0}, True), ({"type": "worker", "index": 0}, False),

@@ -9,7 +9,15 @@ import pytest
 import tensorflow as tf
 
 import parallax
-from parallax.invocation import ARRIVAL_SPIN_ENV, FINISH_TIMEOUT_ENV
+from parallax.invocation import (
+    ARRIVAL_SPIN_ENV,
+    CACHE_ENV,
+    FINISH_TIMEOUT_ENV,
+    HUGE_PAGES_ENV,
+    NATIVE_OPS_ENV,
+    CommTuning,
+    Invocation,
+)
 from parallax.launch.launcher import MPIRUN_OPTIONS_ENV
 from parallax.resources import parse_resource_text
 from parallax.settings import Timeouts, derive
@@ -20,7 +28,9 @@ BARE = parse_resource_text("a\nb", "res")
 
 
 def settings(config=None, sync=True, cluster=CPU, gpus=0, environ=None):
-    return derive(config or parallax.Config(), sync, cluster, gpus=gpus, cpu_count=4, environ=environ or {})
+    """The settings of ``config`` with what ``environ`` asks (read as ``parallel_run`` reads the environment)."""
+    return derive(config or parallax.Config(), sync, cluster, gpus=gpus, cpu_count=4,
+                  invocation=Invocation.from_env(environ or {}))
 
 
 @pytest.mark.parametrize("run_option, sync, expected", [
@@ -79,6 +89,7 @@ def test_timeouts_and_mpirun_options_come_from_the_config_and_the_environment():
     assert s.timeouts == dataclasses.replace(Timeouts(), stall=None, finish=7.0)
     assert s.mpirun_options == "--mca a b --mca c d"
     assert settings().timeouts == Timeouts()
+    assert settings(environ={FINISH_TIMEOUT_ENV: "0"}).timeouts.finish == 0.0  # a number, not a default
 
 
 def test_the_settings_are_frozen_and_the_users_config_is_neither_changed_nor_shared():
@@ -107,7 +118,7 @@ MANAGED_WORKERS = parse_resource_text("worker,a,1,\nworker,b,1,\n", "TF_CONFIG")
 
 
 def managed(config=None, cluster=MANAGED_PS, sync=True, gpus=0):
-    return derive(config or parallax.Config(), sync, cluster, gpus=gpus, cpu_count=4, environ={}, manager="TF_CONFIG")
+    return derive(config or parallax.Config(), sync, cluster, gpus=gpus, cpu_count=4, manager="TF_CONFIG")
 
 
 @pytest.mark.parametrize("cluster, sync, expected", [(MANAGED_PS, True, "PS"), (MANAGED_WORKERS, True, "MPI"),
@@ -146,9 +157,17 @@ def test_the_arrival_spin_comes_from_the_environment_in_microseconds(text, expec
 
 @pytest.mark.parametrize("text", ["-1", "soon", "nan"])
 def test_a_bad_arrival_spin_names_the_variable_and_what_it_takes(text):
+    """Refused where the environment is read (parallel_run's invocation), before any setting is derived."""
     expected = rf"^PARALLAX_ARRIVAL_SPIN_US='{text}': expected 'off' or microseconds"
-    with pytest.raises(parallax.LaunchError, match=expected):
+    with pytest.raises(ValueError, match=expected):
         settings(environ={ARRIVAL_SPIN_ENV: text})
+
+
+def test_the_communications_tuning_and_cache_come_with_the_invocation_not_from_the_environment(monkeypatch):
+    monkeypatch.setenv(NATIVE_OPS_ENV, "0")  # this process's environment is not read: the invocation says
+    s = settings(environ={HUGE_PAGES_ENV: "0", CACHE_ENV: "/cache"})
+    assert s.comm_tuning == CommTuning(huge_pages=False) and s.cache_root == "/cache"
+    assert settings().comm_tuning == CommTuning() and settings().timeouts == Timeouts()
 
 
 @pytest.mark.parametrize("protocol", ["grpc+verbs", "grpc+gdr", "grpc+mpi"])

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from parallax.invocation import USE_TUNED_ENV
+from parallax.invocation import USE_TUNED_ENV, current
 from parallax.search import cache_path
 from parallax.tuning.cache import tuned_choice
 from tests.multiprocess.harness import ROOT
@@ -84,7 +84,7 @@ def test_without_namespaces_the_cluster_tests_fail_under_ci_naming_the_reason(mo
 def test_a_missing_sbatch_is_not_a_valid_manifest(monkeypatch):
     """The manifest tests' check: a validator that is not installed fails under CI, never counts as valid."""
     from parallax.manifests import validate as validators
-    from tests.unit.test_manifests import checked
+    from tests.unit.manifests.test_manifests import checked
 
     monkeypatch.setattr(validators.shutil, "which", lambda tool: None)
     [shell, sbatch] = validators.validate("slurm", {"job.sbatch": "#!/bin/bash\n#SBATCH --nodes=2\ntrue\n"})
@@ -98,7 +98,7 @@ def test_the_suite_runs_with_its_own_cache_directory_and_stored_tunes_off():
     cannot change what a test trains."""
     root = os.environ["PARALLAX_CACHE_DIR"]
     assert os.path.basename(root).startswith(TEST_CACHE_PREFIX) and os.path.isdir(root)
-    assert os.path.dirname(cache_path("tuned.json")) == root
+    assert os.path.dirname(cache_path("tuned.json", current().cache_root())) == root
     assert not os.path.realpath(root).startswith(os.path.realpath(os.path.expanduser("~/.cache")))
     assert os.environ[USE_TUNED_ENV] == "0"
 
@@ -114,7 +114,7 @@ def test_with_stored_tunes_off_a_stored_layout_is_not_looked_up(monkeypatch):
         raise AssertionError("the cache was read")
 
     monkeypatch.setattr("parallax.tuning.cache.tuned_entry", no_lookup)
-    assert tuned_choice(None, "localhost: cpu:0\n", True, launched=False) == (None, "")
+    assert tuned_choice(None, "localhost: cpu:0\n", True, False, current()) == (None, "")
 
 
 def test_a_test_that_asks_for_stored_tunes_gets_an_empty_cache_of_its_own(tuned_cache):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import parallax
 from parallax.comm import native
 from parallax.comm.mpi import (
     _ALLGATHER,
@@ -20,7 +21,7 @@ from parallax.comm.mpi import (
     _skip_owned,
     fused_layout,
 )
-from parallax.invocation import HUGE_PAGES_ENV, NATIVE_OPS_ENV
+from parallax.invocation import HUGE_PAGES_ENV, NATIVE_OPS_ENV, Invocation
 from parallax.plan.model import CommSpec
 
 
@@ -61,12 +62,12 @@ def test_small_buffers_of_one_dtype_are_fused_in_order_at_aligned_offsets():
     assert fused_layout([(big, f4), (big + 4, f4)]) == ([], [], 0)
 
 
-def test_huge_page_advice_can_be_turned_off(monkeypatch):
-    monkeypatch.setenv(HUGE_PAGES_ENV, "0")
-    graph_def = py_func_graph(_ALLREDUCE)
-    node = next(n for n in graph_def.node if n.op == "PyFunc")
-    _lower(node, "7.1")
-    assert node.attr["huge_page_bytes"].i == 0
+def test_huge_page_advice_can_be_turned_off():
+    off = Invocation.from_env({HUGE_PAGES_ENV: "0"}).comm.huge_pages  # PARALLAX_HUGE_PAGES=0, as parallel_run reads it
+    for huge_pages, expected in ((off, 0), (True, HUGE_PAGE_BYTES)):
+        node = next(n for n in py_func_graph(_ALLREDUCE).node if n.op == "PyFunc")
+        _lower(node, "7.1", huge_pages)
+        assert node.attr["huge_page_bytes"].i == expected
 
 
 def test_the_compiled_op_reads_gradients_without_the_snapshots_the_py_func_needs():
@@ -100,31 +101,44 @@ def test_the_compiled_op_reads_gradients_without_the_snapshots_the_py_func_needs
 
 def test_only_graphs_with_an_all_reduce_load_the_op(monkeypatch):
     asked = []
-    monkeypatch.setattr(native, "native_ops", lambda: asked.append(1) or "ops")
+    monkeypatch.setattr(native, "native_ops", lambda root=None: asked.append(root) or "ops")
     assert _native_for(py_func_graph(_ALLGATHER)) is None and not asked
-    assert _native_for(py_func_graph(_ALLREDUCE + "@host")) == "ops" and asked
+    assert _native_for(py_func_graph(_ALLREDUCE + "@host"), "/cache") == "ops" and asked == ["/cache"]
 
 
 @pytest.fixture
-def fresh_native(monkeypatch, tmp_path):
-    monkeypatch.setenv("PARALLAX_CACHE_DIR", str(tmp_path))
+def fresh_native(tmp_path):
+    """A cache of the test's own (given to the op, as a process's settings give theirs)."""
     native.native_ops.cache_clear()
-    yield
+    yield str(tmp_path)
     native.native_ops.cache_clear()
 
 
 def test_without_a_compiler_the_backend_warns_once_and_keeps_python(fresh_native, monkeypatch, parallax_warnings):
     monkeypatch.setenv("CXX", "false")
-    assert native.native_ops() is None
-    assert native.native_ops() is None
+    assert native.native_ops(fresh_native) is None
+    assert native.native_ops(fresh_native) is None
     warnings = [m for m in parallax_warnings if "compiled all-reduce op" in m]
     assert len(warnings) == 1 and "false failed (exit code 1)" in warnings[0], warnings
+    assert native.library_path(fresh_native).startswith(fresh_native)
     with pytest.raises(RuntimeError, match="exit code 1"):
-        native.build()
+        native.build(native.library_path(fresh_native))
 
 
 def test_it_can_be_turned_off(fresh_native, monkeypatch, parallax_warnings):
-    monkeypatch.setenv(NATIVE_OPS_ENV, "0")
-    monkeypatch.setenv("CXX", "false")
-    assert native.native_ops() is None
-    assert not parallax_warnings
+    """PARALLAX_NATIVE_OPS=0 reaches a worker's communicators through its settings: the op is never asked for."""
+    from types import SimpleNamespace
+
+    from parallax.member.roles import process_comms
+    from parallax.plan.model import Layout
+    from parallax.resources import parse_resource_text
+    from parallax.settings import derive
+
+    cluster = parse_resource_text("localhost: cpu:0,cpu:1", "res")
+    asked = Invocation.from_env({NATIVE_OPS_ENV: "0", "PARALLAX_CACHE_DIR": fresh_native})
+    settings = derive(parallax.Config(), True, cluster, gpus=0, cpu_count=2, invocation=asked)
+    comms = process_comms(SimpleNamespace(layout=Layout.MPI, workers=()), settings)
+    assert (comms.native_ops, comms.huge_pages, comms.cache_root) == (False, True, fresh_native)
+    on = process_comms(SimpleNamespace(layout=Layout.MPI, workers=()), derive(parallax.Config(), True, cluster,
+                                                                               gpus=0, cpu_count=2))
+    assert on.native_ops and not parallax_warnings

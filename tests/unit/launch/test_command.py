@@ -74,7 +74,7 @@ def job_ranks(text, gpus, run_option):
     from tests.models import build_embedding
 
     cluster = parse_resource_text(text, "res")
-    settings = derive(Config(run_option=run_option), True, cluster, gpus=gpus, cpu_count=8, environ={})
+    settings = derive(Config(run_option=run_option), True, cluster, gpus=gpus, cpu_count=8)
     return make_job_plan(cluster, settings, analyse_graph(build_embedding("adam").graph)).ranks
 
 

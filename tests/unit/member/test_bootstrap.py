@@ -19,7 +19,7 @@ import types
 
 import pytest
 
-from parallax.invocation import JOB_DIR_ENV, LAUNCH_ENV, LEVEL_ENV, MONITOR_ENV, LaunchIdentity
+from parallax.invocation import JOB_DIR_ENV, LAUNCH_ENV, LEVEL_ENV, MONITOR_ENV, Invocation, LaunchIdentity, RankChannel
 from parallax.launch.launcher import launch_env
 from parallax.launch.layout import RankSpec, layout_from_json
 from parallax.launch.runner import read_registry
@@ -77,28 +77,24 @@ def test_launch_env_names_the_stall_monitor_only_when_there_is_one(monkeypatch, 
 @pytest.mark.parametrize("level, expected", [(None, "20"), ("", "20"), ("DEBUG", "DEBUG"), ("30", "30")],
                          ids=["unset", "empty", "name", "number"])
 def test_launched_processes_log_at_info_unless_the_level_is_set(monkeypatch, level, expected):
-    if level is None:
-        monkeypatch.delenv(LEVEL_ENV, raising=False)
-    else:
-        monkeypatch.setenv(LEVEL_ENV, level)
-    assert launch_env(RANKS, JOB, "/j")[LEVEL_ENV] == expected
+    """The level is the launcher's (its invocation's ``log_level``, handed in), not read here."""
+    monkeypatch.setenv(LEVEL_ENV, "ERROR")
+    assert launch_env(RANKS, JOB, "/j", log_level=level)[LEVEL_ENV] == expected
 
 
 # --------------------------------------------------------------------------- launched_context
 @pytest.mark.parametrize("value", [None, ""], ids=["unset", "empty"])
 def test_a_process_the_launcher_did_not_start_has_no_context(monkeypatch, value):
-    if value is None:
-        monkeypatch.delenv(LAUNCH_ENV, raising=False)
-    else:
-        monkeypatch.setenv(LAUNCH_ENV, value)
-    assert launched_context("/nonexistent/logs") is None
+    environ = {} if value is None else {LAUNCH_ENV: value}
+    assert launched_context(Invocation.from_env(environ), "/nonexistent/logs") is None
     assert not os.path.exists("/nonexistent/logs")
 
 
 CONTEXT_SCRIPT = """
     import json, sys
+    from parallax.invocation import current
     from parallax.member.bootstrap import launched_context
-    context = launched_context(sys.argv[1])
+    context = launched_context(current(), sys.argv[1])
     print(json.dumps({"rank": context.rank, "size": context.size, "role": context.spec.role,
                       "job": {"layout": context.job.layout, "digest": context.job.digest, "gpus": context.job.gpus},
                       "job_dir": context.job_dir,
@@ -126,9 +122,10 @@ def test_a_launched_rank_learns_its_context_registers_and_redirects_its_output(t
 def test_a_rank_of_a_job_of_another_size_than_mpis_world_fails():
     script = """
         from parallax.errors import LaunchError
+        from parallax.invocation import current
         from parallax.member.bootstrap import launched_context
         try:
-            launched_context()
+            launched_context(current())
         except LaunchError as e:
             print(e)
     """
@@ -142,9 +139,10 @@ def test_a_rank_of_a_job_of_another_size_than_mpis_world_fails():
 def test_a_launched_rank_ending_with_an_exception_aborts_after_the_traceback_without_exit_handlers():
     script = """
         import atexit
+        from parallax.invocation import current
         from parallax.member.bootstrap import launched_context
-        launched_context()
-        launched_context()  # the hook is installed once
+        launched_context(current())
+        launched_context(current())  # the hook is installed once
         atexit.register(print, "an exit handler ran")
         raise RuntimeError("the step failed")
     """
@@ -157,7 +155,7 @@ def test_a_launched_rank_ending_with_an_exception_aborts_after_the_traceback_wit
 
 # --------------------------------------------------------------------------- make_heartbeat
 def test_there_is_no_heartbeat_without_a_monitor(monkeypatch):
-    monkeypatch.delenv(MONITOR_ENV, raising=False)
+    monkeypatch.setenv(MONITOR_ENV, "127.0.0.1:9")  # not read: the context's channel says
     assert make_heartbeat(RankContext(0, 1, RANKS[:1], LaunchIdentity("[]"), "")) is None
 
 
@@ -167,9 +165,9 @@ def test_the_heartbeat_reaches_the_monitors_address_and_says_done_at_exit(monkey
     receiver.settimeout(10)
     exits = []
     monkeypatch.setattr(atexit, "register", exits.append)
-    monkeypatch.setenv(MONITOR_ENV, f"127.0.0.1:{receiver.getsockname()[1]}")
+    channel = RankChannel(monitor=f"127.0.0.1:{receiver.getsockname()[1]}")
     try:
-        beat = make_heartbeat(RankContext(3, 5, RANKS, LaunchIdentity("[]", **JOB), ""))
+        beat = make_heartbeat(RankContext(3, 5, RANKS, LaunchIdentity("[]", **JOB), "", channel))
         first = json.loads(receiver.recv(4096))
         assert (first["rank"], first["state"]) == (3, "start")
         assert exits == [beat.close]

@@ -32,7 +32,7 @@ def test_session_config_adds_what_parallax_needs_to_a_copy_of_the_users():
 def local_job(text, config=None, gpus=0):
     model = build_mlp("gd")
     cluster = parse_resource_text(text, "res")
-    settings = derive(config or parallax.Config(run_option="PS"), True, cluster, gpus=gpus, environ={})
+    settings = derive(config or parallax.Config(run_option="PS"), True, cluster, gpus=gpus)
     return model, cluster, settings, make_job_plan(cluster, settings, analyse_graph(model.graph))
 
 

@@ -171,7 +171,7 @@ def _two_optimizers():
     import tensorflow as tf
 
     from tests.models import Model
-    from tests.unit.test_analysis import two_variable_loss
+    from tests.unit.analysis.test_analyse import two_variable_loss
 
     graph = tf.Graph()
     with graph.as_default():
@@ -197,7 +197,7 @@ def test_a_variable_updated_by_two_optimizer_calls_is_refused_with_its_name():
 
     from parallax.analysis import analyse_graph
     from parallax.errors import AnalysisError
-    from tests.unit.test_analysis import two_variable_loss
+    from tests.unit.analysis.test_analyse import two_variable_loss
 
     graph = tf.Graph()
     with graph.as_default():

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from parallax.config import Config
-from parallax.invocation import RESULT_ENV, TRIAL_ENV
+from parallax.invocation import RESULT_ENV, TRIAL_ENV, Invocation
 from parallax.trials.choice import choice_env, describe_choice, with_choice
 from parallax.trials.mode import TrialOver, TrialRequest, TrialSession, trial_env, trial_request
 
@@ -44,22 +44,21 @@ def test_a_bad_choice_names_what_is_wrong():
         with_choice(Config(), {"zero_stage": 7})
 
 
-def test_the_request_round_trips_through_the_environment(monkeypatch):
-    assert trial_request() is None
-    monkeypatch.setenv(TRIAL_ENV, trial_env({"run_option": "PS"}, 1, 3)[TRIAL_ENV])
-    assert trial_request() == TrialRequest({"run_option": "PS"}, 1, 3)
-    monkeypatch.setenv(TRIAL_ENV, "five")
+def test_the_request_round_trips_through_the_environment():
+    assert trial_request(Invocation.from_env({})) is None
+    env = trial_env({"run_option": "PS"}, 1, 3)
+    assert trial_request(Invocation.from_env(env)) == TrialRequest({"run_option": "PS"}, 1, 3)
     with pytest.raises(ValueError, match="PARALLAX_TRIAL='five': expected JSON"):
-        trial_request()
+        Invocation.from_env({TRIAL_ENV: "five"})
 
 
-def test_only_training_steps_count_and_the_result_is_written(tmp_path, monkeypatch):
+def test_only_training_steps_count_and_the_result_is_written(tmp_path):
     """The chief's extra fetches (a loss read) are not steps, so every worker ends at the same step."""
     result = tmp_path / "result.json"
-    monkeypatch.setenv(RESULT_ENV, str(result))
+    path = Invocation.from_env({RESULT_ENV: str(result)}).trial_result  # as parallel_run reads it
     inner = FakeSession()
     session = TrialSession(inner, TrialRequest({"run_option": "MPI"}, warmup=1, steps=2),
-                           facts={"layout": "MPI", "train_ops": {"train/Adam"}})
+                           facts={"layout": "MPI", "train_ops": {"train/Adam"}}, result_path=path)
     assert session.run(["loss:0", "train/Adam"]) == "values"  # warm-up
     session.run({"w": "w:0"})  # not a step
     session.run(["train/Adam"])
@@ -73,7 +72,7 @@ def test_only_training_steps_count_and_the_result_is_written(tmp_path, monkeypat
     assert "train_ops" not in written
 
 
-def test_the_workers_agree_on_the_slowest_median(tmp_path, monkeypatch):
+def test_the_workers_agree_on_the_slowest_median(tmp_path):
     class Comm:
         def allgather(self, value):
             return [value, 9.0]
@@ -81,8 +80,7 @@ def test_the_workers_agree_on_the_slowest_median(tmp_path, monkeypatch):
         def Get_rank(self):  # noqa: N802 - mpi4py's name
             return 0
 
-    monkeypatch.setenv(RESULT_ENV, str(tmp_path / "r.json"))
-    session = TrialSession(FakeSession(), TrialRequest({}, 0, 1), comm=Comm())
+    session = TrialSession(FakeSession(), TrialRequest({}, 0, 1), comm=Comm(), result_path=str(tmp_path / "r.json"))
     with pytest.raises(TrialOver):
         session.run("anything")  # no train ops known: every call is a step
     assert json.loads((tmp_path / "r.json").read_text())["step_seconds"] == 9.0

@@ -407,8 +407,8 @@ def test_a_model_whose_class_overrides_fit_is_said_at_warning(parallax_warnings)
     assert parallax_warnings == []
     warn_own_fit(Trained([keras.layers.Input((2,)), keras.layers.Dense(1)]), keras)
     (said,) = parallax_warnings
-    assert said.startswith("parallax.fit: Trained overrides model.fit (tests.unit.test_keras_fit.Prepared.fit), which "
-                           "parallax.fit does not run")
+    assert said.startswith("parallax.fit: Trained overrides model.fit (tests.unit.tf2.test_keras_fit.Prepared.fit), "
+                           "which parallax.fit does not run")
     assert "pass shuffle=False, or the prepared tf.data.Dataset" in said
 
 

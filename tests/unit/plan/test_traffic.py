@@ -8,7 +8,7 @@ from parallax.analysis import analyse_graph
 from parallax.plan import build_plan
 from parallax.plan.traffic import Payload, allgather, allreduce, servers, step_traffic, variable_traffic
 from tests.models import build_embedding
-from tests.unit.test_plan_choices import IDS, VOCAB, static_embedding
+from tests.unit.plan.test_policies import IDS, VOCAB, static_embedding
 
 
 def test_collectives_on_one_host_are_rings():

@@ -37,7 +37,7 @@ def manifest(analyses, kind, text, model="mlp", gpus=0, manager=None, **request)
     cluster = parse_resource_text(text, "res")
     run_option = request.pop("run_option", None)  # as --run_option: the job's, and every process's variable
     config = Config(run_option=run_option)
-    settings = derive(config, True, cluster, gpus=gpus, cpu_count=8, environ={}, manager=manager)
+    settings = derive(config, True, cluster, gpus=gpus, cpu_count=8, manager=manager)
     job = make_job_plan(cluster, settings, analyses[model])
     req = ManifestRequest(kind, COMMAND, name="demo", image="me/train:1", run_option=run_option, **request)
     return make_manifest(job, cluster, req, planner(config, True, analyses[model]))
@@ -188,7 +188,7 @@ def test_the_example_sbatch_recipe_runs_its_command_as_the_manifest_does():
 
     from parallax.manifests.batch import SLURM_SIGNAL_LEAD, preemptible
 
-    recipe = (pathlib.Path(__file__).parents[2] / "examples" / "slurm" / "parallax.sbatch").read_text().splitlines()
+    recipe = (pathlib.Path(__file__).parents[3] / "examples" / "slurm" / "parallax.sbatch").read_text().splitlines()
     run = [line for line in preemptible('parallax-run "$@"') if not line.startswith("#")]
     start = recipe.index(run[0])
     assert recipe[start:start + len(run)] == run
@@ -294,7 +294,7 @@ def doc_manifest(analyses, kind):
     text, source, gpus, manager, fields = DOC_CASES[kind]
     cluster = parse_resource_text(text, source)
     config = Config()
-    job = make_job_plan(cluster, derive(config, True, cluster, gpus=gpus, cpu_count=8, environ={}, manager=manager),
+    job = make_job_plan(cluster, derive(config, True, cluster, gpus=gpus, cpu_count=8, manager=manager),
                         analyses["mlp"])
     request = ManifestRequest(kind, DOC_COMMAND, name="train", **fields)
     return make_manifest(job, cluster, request, planner(config, True, analyses["mlp"]))
@@ -305,7 +305,7 @@ def doc_manifest(analyses, kind):
 def test_the_docs_show_what_the_command_writes(analyses, kind):
     import pathlib
 
-    docs = (pathlib.Path(__file__).parents[2] / "docs" / "launching.md").read_text()
+    docs = (pathlib.Path(__file__).parents[3] / "docs" / "launching.md").read_text()
     files = doc_manifest(analyses, kind)
     valid(kind, files.files)
     for name, text in files.files.items():
