@@ -3,6 +3,7 @@
     python benchmarks/tf2.py              # everything, 3 rounds; writes benchmarks/results/tf2.{json,png}
     python benchmarks/tf2.py --quick      # a smoke run (few steps, 1 round), to a temporary directory
     python benchmarks/tf2.py --models A --inputs numpy --runs fit,parallax-mpi,mwms --rounds 1
+    python benchmarks/tf2.py --models A --runs parallax-mpi,parallax-hybrid --vocab 400000  # a larger table
 
 Two Keras 3 models (benchmarks/tf2_runs.py), each fed numpy arrays and a ``tf.data`` pipeline with a real map
 step, global batch 256, trained for a few epochs by each run: ``model.fit`` in one process (also
@@ -40,7 +41,7 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from benchmarks.common import RESULTS, namespace_prefix, read_json, run_logged, write_json  # noqa: E402
-from benchmarks.tf2_runs import INPUTS, MODELS, NOT_BY_DEFAULT, RUNS  # noqa: E402
+from benchmarks.tf2_runs import INPUTS, MODELS, NOT_BY_DEFAULT, RUNS, VOCAB  # noqa: E402
 
 LABELS = {"fit": "model.fit", "fit-1thread": "model.fit, 1 thread", "fit-2threads": "model.fit, 2 threads",
           "fit-tfkeras": "tf_keras model.fit", "mwms-keras3": "MultiWorkerMirroredStrategy x2, Keras 3",
@@ -75,7 +76,8 @@ def run_one(run: str, model: str, form: str, args, work: str, round_: int) -> di
     name = f"{model}_{form}_{run}_{round_}"
     out, log = os.path.join(work, f"{name}.json"), os.path.join(work, f"{name}.log")
     argv = [sys.executable, os.path.abspath(__file__), "run", "--run", run, "--model", model, "--input", form,
-            "--out", out, "--examples", str(args.examples[model]), "--epochs", str(args.epochs)]
+            "--out", out, "--examples", str(args.examples[model]), "--epochs", str(args.epochs),
+            "--vocab", str(args.vocab)]
     if run.startswith(("parallax", "loop")):
         resources = os.path.join(work, f"{name}.resources")
         with open(resources, "w") as f:  # one line per worker
@@ -200,6 +202,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--examples", default=None, help="examples per epoch: N, or A=N,B=M (default A=32768,"
                         "B=8192; --quick A=2048,B=1024)")
     parser.add_argument("--epochs", type=int, default=None, help="epochs per run (default 5; --quick 2)")
+    parser.add_argument("--vocab", type=int, default=VOCAB, help=f"rows of the token embedding (default {VOCAB}); "
+                        "results go to tf2_vocab<N>.{json,png} when it is not the default")
     parser.add_argument("--models", default=None, help="comma-separated, of A, B (default both)")
     parser.add_argument("--inputs", default=None, help="comma-separated, of numpy, tfdata (default both)")
     parser.add_argument("--runs", default=None, help=f"comma-separated, of {', '.join(RUNS)} (default all but "
@@ -257,7 +261,7 @@ def main(argv=None) -> int:
     data = {"environment": {"date": datetime.date.today().isoformat(), "cores": os.cpu_count(),
                             "platform": platform.platform(), "python": platform.python_version(),
                             "tensorflow": tf.__version__, "netns": bool(namespace_prefix()), "rounds": args.rounds,
-                            "epochs": args.epochs, "examples": args.examples, "global_batch": 256,
+                            "epochs": args.epochs, "examples": args.examples, "global_batch": 256, "vocab": args.vocab,
                             "figure": "steps/s of the fastest epoch after the first; ratio to model.fit in the "
                                       "same round, median over the rounds"},
             "models": {m: MODELS[m] for m in args.models}, "inputs": {i: INPUTS[i] for i in args.inputs},
@@ -275,7 +279,8 @@ def main(argv=None) -> int:
                 print(f"{head}: {row['steps_per_sec']:6.1f} steps/s ({row['wall_seconds']:.0f} s)", flush=True)
             write_json(os.path.join(work, "partial.json"), data)
     data["summary"] = summarize(data["rows"], args.rounds)
-    paths = [os.path.join(out_dir, f"tf2.{ext}") for ext in ("json", "png")]
+    stem = "tf2" if args.vocab == VOCAB else f"tf2_vocab{args.vocab}"
+    paths = [os.path.join(out_dir, f"{stem}.{ext}") for ext in ("json", "png")]
     write_json(paths[0], data)
     plot(data, paths[1])
     print("\n" + table(data))

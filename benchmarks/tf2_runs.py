@@ -314,6 +314,8 @@ def run_horovod_worker(args) -> None:
 
 
 def run(args) -> None:
+    global VOCAB
+    VOCAB = getattr(args, "vocab", None) or VOCAB  # the run's table size (tf2.py --vocab)
     if args.run.startswith("fit"):
         run_fit(args)
     elif args.run.startswith("parallax"):
