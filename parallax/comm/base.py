@@ -56,6 +56,8 @@ class ProcessComms:
             (``PARALLAX_NATIVE_OPS``; :mod:`parallax.comm.native`).
         huge_pages: the compiled op's large buffers ask for huge pages (``PARALLAX_HUGE_PAGES``).
         cache_root: where the compiled op is kept (``PARALLAX_CACHE_DIR``; ``None``: the default cache).
+        num_workers: the job's workers (0: not said); where ``workers`` is ``None`` the ``mpi`` backend's calls
+            use ``MPI.COMM_WORLD``, which must hold that many.
     """
 
     workers: Any = None
@@ -65,6 +67,7 @@ class ProcessComms:
     native_ops: bool = True
     huge_pages: bool = True
     cache_root: str | None = None
+    num_workers: int = 0
 
 
 @dataclass(frozen=True)

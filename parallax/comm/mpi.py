@@ -72,6 +72,7 @@ from parallax.comm.mpi_calls import (  # noqa: F401
     packed_layout,
 )
 from parallax.comm.mpi_lowering import HUGE_PAGE_BYTES, _lower, _native_for, _skip_owned  # noqa: F401
+from parallax.errors import PlanError
 from parallax.plan.model import part_sizes
 
 __all__ = ["MPIBackend", "bind_py_functions", "import_bound", "TOKEN_PREFIX"]
@@ -125,7 +126,23 @@ class MPIBackend(Backend):
 
     @classmethod
     def prepare(cls, graph_def: graph_pb2.GraphDef, comms: ProcessComms) -> Prepared:
-        """Bind the graph's MPI ops to this process's communicators (:func:`bind_py_functions`)."""
+        """Bind the graph's MPI ops to this process's communicators (:func:`bind_py_functions`).
+
+        Raises:
+            PlanError: the calls would fall back to ``MPI.COMM_WORLD`` where it holds fewer processes than the job
+                has workers (a task a cluster manager started, ``TF_CONFIG``: a world of one, whose sums would
+                silently be this worker's own).
+        """
+        if comms.workers is None and comms.num_workers > 1:
+            from mpi4py import MPI
+
+            if MPI.COMM_WORLD.Get_size() < comms.num_workers:
+                raise PlanError(
+                    f"the plan sums values over the job's {comms.num_workers} workers with MPI (a synchronised batch "
+                    "norm's statistics, or gradients all-reduced beside parameter servers), but this process is "
+                    f"not one of an MPI job: its MPI world has {MPI.COMM_WORLD.Get_size()} process(es) (a task a "
+                    "cluster manager started, TF_CONFIG); in such a job use run_option='MPI' (workers only, "
+                    "TensorFlow's collectives), or launch the job with parallax-run")
         bound, release = bind_py_functions(graph_def, comm=comms.workers, groups=comms.groups,
                                            native_ops=comms.native_ops, spin=comms.arrival_spin,
                                            huge_pages=comms.huge_pages, cache_root=comms.cache_root)

@@ -166,7 +166,7 @@ def process_comms(job: JobPlan, settings: Settings, **comms: Any) -> ProcessComm
     calls wait (:func:`arrival_spin`), and whether and where from they use the compiled op."""
     tuning = settings.comm_tuning
     return ProcessComms(**comms, arrival_spin=arrival_spin(job, settings), native_ops=tuning.native_ops,
-                        huge_pages=tuning.huge_pages, cache_root=settings.cache_root)
+                        huge_pages=tuning.huge_pages, cache_root=settings.cache_root, num_workers=len(job.workers))
 
 
 def arrival_spin(job: JobPlan, settings: Settings) -> float | None:

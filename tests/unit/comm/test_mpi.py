@@ -292,13 +292,19 @@ def test_the_members_of_a_communicator_agree_on_the_longest_spin_any_asked_for(f
     assert _agreed_spin(TwoAlike(other_spin=others), mine) == agreed
 
 
-def test_a_token_of_a_group_this_process_has_no_communicator_for_is_refused(fake_mpi):
+def _host_group_allgather():
+    """The graph of one all-gather in the group ``host``, its calls finalised (tokens in place)."""
     graph = tf.Graph()
     with graph.as_default():
         backend = MPIBackend(CommSpec(), 2, group="host")
         backend.allgather([(tf.zeros([1, 2]), tf.zeros([1], tf.int64))])
     graph_def = graph.as_graph_def()
     backend.finalize_nodes(graph_def.node)
+    return graph_def
+
+
+def test_a_token_of_a_group_this_process_has_no_communicator_for_is_refused(fake_mpi):
+    graph_def = _host_group_allgather()
     with pytest.raises(RuntimeError, match=rf"^no Parallax MPI function for token '{TOKEN_PREFIX}mpi_allgather@host' "
                                            r"\(groups bound: \[\]\)"):
         bind_py_functions(graph_def, comm=TwoAlike(), native_ops=False)
@@ -307,12 +313,7 @@ def test_a_token_of_a_group_this_process_has_no_communicator_for_is_refused(fake
 def test_bound_calls_point_at_this_processs_functions_until_released(fake_mpi):
     from tensorflow.python.ops import script_ops
 
-    graph = tf.Graph()
-    with graph.as_default():
-        backend = MPIBackend(CommSpec(), 2, group="host")
-        backend.allgather([(tf.zeros([1, 2]), tf.zeros([1], tf.int64))])
-    graph_def = graph.as_graph_def()
-    backend.finalize_nodes(graph_def.node)
+    graph_def = _host_group_allgather()
     registry = script_ops._py_funcs
     before = registry.size()
     bound, release = bind_py_functions(graph_def, comm=TwoAlike(), groups={"host": TwoAlike()}, native_ops=False)
@@ -321,3 +322,17 @@ def test_bound_calls_point_at_this_processs_functions_until_released(fake_mpi):
     assert [n.attr["token"].s.decode() for n in graph_def.node if n.op == "PyFunc"] == [_ALLGATHER + "@host"]
     release()
     assert registry.size() == before
+
+
+def test_a_job_of_several_workers_whose_process_has_a_world_of_one_is_refused(monkeypatch):
+    """A task a cluster manager started (TF_CONFIG) has no workers' communicator and an MPI world of itself alone:
+    sums over ``COMM_WORLD`` would be this worker's own, so binding refuses, naming the way out."""
+    from parallax.comm.base import ProcessComms
+    from parallax.errors import PlanError
+
+    alone = types.SimpleNamespace(**vars(FAKE_MPI), COMM_WORLD=types.SimpleNamespace(Get_size=lambda: 1))
+    monkeypatch.setitem(sys.modules, "mpi4py", types.SimpleNamespace(MPI=alone))
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", alone)
+    with pytest.raises(PlanError, match=r"over the job's 2 workers with MPI .* its MPI world has 1 process\(es\) .* "
+                                        r"use run_option='MPI'"):
+        MPIBackend.prepare(_host_group_allgather(), ProcessComms(num_workers=2))
