@@ -128,7 +128,7 @@ def test_sparse_gradients_are_summed_without_average_sparse(jobs):
 
 
 def check_async_training(run, model: str, optimizer: str, workers: int, steps: int, batch: int = BATCH,
-                         counted_steps: int | None = None) -> None:
+                         counted_steps: int | None = None, loss_falls: bool = True) -> None:
     """What asynchronous training guarantees, since it cannot equal one device: every update of every worker
     lands on the servers, and training makes progress.
 
@@ -137,8 +137,12 @@ def check_async_training(run, model: str, optimizer: str, workers: int, steps: i
     global step counts every step of every worker (``counted_steps`` of each, the steps whose training op
     increments it: all by default), its ``applied_gradients`` every step whose update was applied; every
     worker sees at least its own. The model's loss on the batches trained (every worker's part) is lower with
-    the last worker's values than with the initial ones.
+    the last worker's values than with the initial ones; where the model's optimizers do not lower it reliably
+    even without staleness (``loss_falls=False``), every variable it trains has moved instead.
     """
+    import numpy as np
+    import tensorflow as tf
+
     from tests.idioms import IDIOM_DATA, IDIOMS
     from tests.models import applied_gradients, loss_on
 
@@ -151,8 +155,13 @@ def check_async_training(run, model: str, optimizer: str, workers: int, steps: i
     assert max(seen) == (workers * counted_steps, workers * steps), seen
     build, data = {**BUILDERS, **IDIOMS}[model], {**DATA, **IDIOM_DATA}[model](steps, batch)
     initial = train_single_device(build(optimizer), [])
-    before, after = loss_on(build(optimizer), initial, data), loss_on(build(optimizer), last, data)
-    assert after < before, (before, after)
+    if loss_falls:
+        before, after = loss_on(build(optimizer), initial, data), loss_on(build(optimizer), last, data)
+        assert after < before, (before, after)
+        return
+    trained = [v.op.name for v in build(optimizer).graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)]
+    unmoved = [name for name in trained if np.array_equal(last[name], initial[name])]
+    assert trained and not unmoved, unmoved
 
 
 def test_async_workers_apply_every_update_and_the_loss_falls(tmp_path):

@@ -178,10 +178,15 @@ def test_a_forward_only_program_runs_every_replica_in_every_mode(tmp_path, mode,
 @pytest.mark.parametrize("idiom", ["everything", "alternating"])
 def test_async_ps_applies_every_update_of_every_idiom_and_ends(tmp_path, idiom):
     """Asynchronous training cannot equal one device: every worker's every update lands on the servers
-    and the loss falls (check_async_training). In ``alternating`` only the discriminator's steps (every
-    other one) increment the global step."""
+    and every variable moves (check_async_training). In ``alternating`` only the discriminator's steps (every
+    other one) increment the global step.
+
+    Whether the loss falls is asserted by test_ps_mode's 30-step case, not here: these idioms' second optimizer
+    (momentum 0.9) trained on each worker's part of 4 examples does not lower it reliably even without staleness
+    (``everything``: 2.018 before; 1.966 after its 12 parts in sequence; 1.38 to 2.33 after 5 asynchronous runs,
+    2026-12-03)."""
     from tests.multiprocess.test_ps_mode import check_async_training
 
     run = train(tmp_path, idiom, "PS", THREE["PS"], "--async", "--count_gradients")
     check_async_training(run, idiom, OPTIMIZER.get(idiom, "adam"), workers=3, steps=STEPS,
-                         counted_steps=(STEPS + 1) // 2 if idiom == "alternating" else STEPS)
+                         counted_steps=(STEPS + 1) // 2 if idiom == "alternating" else STEPS, loss_falls=False)
