@@ -217,7 +217,7 @@ def _plot(data: dict, path: str) -> None:
 def _run_comm(work: str, reps: int) -> list[dict]:
     from parallax.launch.launcher import launch
     from parallax.launch.layout import ranks_per_device
-    from parallax.resources import parse_resource_text
+    from parallax.resources.files import parse_resource_text
 
     print("part 1: all-reduce, 2 ranks ...", flush=True)
     comm_out = os.path.join(work, "comm.json")

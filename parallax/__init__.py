@@ -38,11 +38,11 @@ _EXPORTS = {
     "CheckpointError": "parallax.errors",
     "log": "parallax.logs",
     "tune": "parallax.tuning.tuner",
-    "fit": "parallax.tf2.fit",
+    "fit": "parallax.keras_fit",
     "evaluate": "parallax.tf2.evaluate",
     "predict": "parallax.tf2.evaluate",
-    "sweep": "parallax.sweeps",
-    "Uniform": "parallax.sweeps",
+    "sweep": "parallax.trials.sweeps",
+    "Uniform": "parallax.trials.sweeps",
 }
 
 __all__ = [*_EXPORTS, "shard"]

@@ -1,9 +1,11 @@
 """``parallel_run``: the door. Parse, plan, dispatch (see docs/architecture.md).
 
-1. read the arguments: the graph (:mod:`parallax.graph_input`), the resource
-   file (:mod:`parallax.resources`), and the config, into frozen
-   :class:`~parallax.settings.Settings` (:func:`parallax.settings.derive`);
-2. make the :class:`~parallax.job.JobPlan` from the graph's analysis: every
+1. resolve what is in force once (:func:`parallax.job.in_force.in_force`: the script's config and
+   resources with every replacement the invocation asks for), make the program (a TensorFlow 2 step
+   through :func:`parallax.tf2.front.program`, the door's only way into ``tf2/``), and read the graph
+   (:mod:`parallax.runtime.graph_input`), the resource file (:mod:`parallax.resources.files`) and the
+   config into frozen :class:`~parallax.job.settings.Settings` (:func:`parallax.job.settings.derive`);
+2. make the :class:`~parallax.job.plan.JobPlan` from the graph's analysis: every
    process of the job, its role and devices, and where each variable goes;
 3. dispatch: print the plan (``parallax plan``), write the mpirun command
    (``--dry_run``), launch the job's processes and wait for them, or, in a
@@ -20,35 +22,22 @@ import json
 import os
 import sys
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
-from parallax import search
 from parallax.analysis import analyse_graph
-from parallax.checkpoint import check_checkpoint, check_schedule
-from parallax.cluster import Cluster, Role
 from parallax.config import CheckPointConfig, Config
 from parallax.errors import ParallaxError
-from parallax.graph_input import load_graph
-from parallax.invocation import RUN_OPTION_ENV, USE_TUNED_ENV, Invocation, Kind, PlanRequest, current
-from parallax.job import JobPlan, plan_job
-from parallax.launch.elastic import (
-    checkpoint_from_text,
-    checkpoint_to_text,
-    elastic_checkpoints,
-    elastic_from_text,
-    latest_checkpoint,
-    run_elastic,
-)
-from parallax.launch.launcher import (
-    current_program,
-    job_command,
-    launch,
-    resource_override,
-    run_option_override,
-)
+from parallax.invocation import USE_TUNED_ENV, Invocation, Kind, PlanRequest, current
+from parallax.job.choice import describe_choice
+from parallax.job.in_force import InForce, in_force, with_tuned
+from parallax.job.overrides import environment_warning, partition_overrides, tuned_warning
+from parallax.job.paths import check_paths
+from parallax.job.plan import JobPlan, plan_job
+from parallax.launch.elastic import checkpoint_to_text, elastic_checkpoints, latest_checkpoint, run_elastic
+from parallax.launch.launcher import current_program, job_command, launch
 from parallax.launch.runner import JobResult
 from parallax.logs import log as logger
 from parallax.manifests import write_requested
@@ -58,16 +47,18 @@ from parallax.member.joined import JoinedProcess, joined_process
 from parallax.member.rank import LaunchedProcess, launched_process
 from parallax.member.roles import check_local_devices, local_replicas, role_setup
 from parallax.member.startup import start_worker
-from parallax.overrides import PARTITION_COUNT, Replaced, environment_overrides, environment_warning, tuned_warning
-from parallax.paths import check_paths
 from parallax.plan import Plan
-from parallax.resources import parse_resource_file, parse_resource_text
-from parallax.session import ParallaxSession
-from parallax.tf2.deferred import DeferredStep
-from parallax.tf2.front import conventions, graph_of, is_step_function, needs_first_call, prepare
-from parallax.tf2.step import DistributedStep
-from parallax.trials.choice import with_choice
+from parallax.resources.cluster import Cluster, Role
+from parallax.resources.files import parse_resource_file, parse_resource_text
+from parallax.runtime.checkpoint import check_checkpoint, check_schedule
+from parallax.runtime.graph_input import load_graph
+from parallax.runtime.session import ParallaxSession
+from parallax.tf2.front import Program, conventions, deferred, graph_of, is_step_function, needs_first_call, program
 from parallax.trials.mode import in_trial
+from parallax.tuning import search
+
+if TYPE_CHECKING:
+    from parallax.tf2.step import DistributedStep
 
 __all__ = ["parallel_run", "preview_plan"]
 
@@ -110,7 +101,7 @@ def parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
             ``tf.function`` training step.
         resource_info: path of the resource file (see ``docs/resources.md``);
             ``"slurm"`` (or ``None`` inside a Slurm allocation): the nodes of the
-            allocation this process runs in (:mod:`parallax.slurm`).
+            allocation this process runs in (:mod:`parallax.resources.slurm`).
         sync: synchronous training (``False`` needs ``run_option='PS'``).
         parallax_config: a :class:`parallax.Config`; defaults when ``None``.
 
@@ -134,23 +125,12 @@ def _parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | No
     invocation = current()  # the environment, read once here: what it asks goes down as arguments
     if signature is None and needs_first_call(single_gpu_graph):  # traced at its first call
         known = numbers(invocation, resource_info, config.redirect_path, len(tf.config.list_physical_devices("GPU")))
-        return (DeferredStep(single_gpu_graph, lambda first: _parallel_run(
-            single_gpu_graph, resource_info, sync, parallax_config, first), known), *known)
-    config = replace(config, elastic_config=elastic_from_text(config.elastic_config, invocation.elastic))
-    if invocation.stall_shutdown is not None:  # parallax-run --stall-shutdown
-        shutdown = invocation.stall_shutdown
-        config = replace(config, stall_shutdown=None if shutdown == "none" else float(shutdown))
-    if invocation.staggered_start is not None:  # PARALLAX_STAGGERED_START
-        config = replace(config, staggered_start=invocation.staggered_start)
-    step = None
-    if is_step_function(single_gpu_graph):
-        step, config = prepare(single_gpu_graph, config, signature)
-    elif config.ckpt_config.checkpoint is not None:
-        raise ValueError("CheckPointConfig.checkpoint (a tf.train.Checkpoint) is for a tf.function step; a "
-                         "tf.compat.v1 graph's checkpoints are saved under its variables' names: leave it None")
+        return deferred(single_gpu_graph, lambda first: _parallel_run(
+            single_gpu_graph, resource_info, sync, parallax_config, first), known)
+    force = in_force(config, resource_info, invocation)  # everything that replaces the script's settings
+    run = program(single_gpu_graph, force.config, signature)  # a TensorFlow 2 step: traced, its conventions
     try:
-        outcome = _run(step.traced.graph if step is not None else single_gpu_graph, resource_info, sync, config,
-                       step_ckpt_dir=step.ckpt_dir if step is not None else None, invocation=invocation)
+        outcome = _run(run, force, sync, invocation)
     except ParallaxError as e:
         if invocation.plan is None:
             raise
@@ -158,14 +138,14 @@ def _parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | No
         outcome = 2
     if isinstance(outcome, int):
         raise SystemExit(outcome)  # the one place a parallel_run call ends its process
-    return step.wrap(outcome) if step is not None else outcome
+    return run.wrap(outcome)
 
 
 def preview_plan(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync: bool = True,
                  parallax_config: Config | None = None) -> Plan:
     """The variable plan ``parallel_run`` would use, without starting anything.
 
-    It is the plan of the same :class:`~parallax.job.JobPlan` a real run makes
+    It is the plan of the same :class:`~parallax.job.plan.JobPlan` a real run makes
     (``parallax plan`` prints the whole job plan).
     """
     config = _checked_config(parallax_config, sync, resource_info)
@@ -190,18 +170,20 @@ def _checked_config(parallax_config: Config | None, sync: bool, resource_info: s
 
 @dataclass(frozen=True)
 class _Call:
-    """One ``parallel_run`` call, ready for its handler: the invocation, the graph in both forms, and the
-    config with what replaces the script's settings (the environment's, a plan request's, a trial's)."""
+    """One ``parallel_run`` call, ready for its handler: the invocation, the graph in both forms, and what is in
+    force (:func:`parallax.job.in_force.in_force`; the config with a TensorFlow 2 step's conventions)."""
 
     invocation: Invocation
     graph: tf.Graph
     meta_graph: meta_graph_pb2.MetaGraphDef
-    resource_info: str | os.PathLike | None
+    force: InForce
     sync: bool
     config: Config
-    script_config: Config  # as the script passed it, and its resource_info: for the report of what replaced them
-    script_resources: str | os.PathLike | None
     step_ckpt_dir: str | None = None  # a tf.function step's own checkpoints' (elastic mode adds none)
+
+    @property
+    def resource_info(self) -> str | os.PathLike | None:
+        return self.force.resource_info
 
     @property
     def in_trial(self) -> bool:
@@ -212,32 +194,18 @@ class _Call:
     def report_overrides(self) -> None:
         """Say at WARNING each of the script's settings the environment replaces (once per job: see the
         handlers)."""
-        for override in environment_overrides(self.script_config, self.script_resources,
-                                               search.min_partitions(self.graph), self.invocation):
+        for override in (*self.force.environment,
+                         *partition_overrides(search.min_partitions(self.graph), self.invocation)):
             logger.warning(environment_warning(override))
 
 
-def _run(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync: bool, config: Config,
-         step_ckpt_dir: str | None = None, *, invocation: Invocation) -> tuple | int:
+def _run(run: Program, force: InForce, sync: bool, invocation: Invocation) -> tuple | int:
     """Hand the call to the handler of its ``invocation``'s kind; an ``int`` is the exit code the process ends
     with."""
-    script_config, script_resources = config, resource_info
-    resource_info = resource_override(resource_info, invocation)
-    config = replace(config, run_option=run_option_override(config.run_option, invocation))
-    request = invocation.plan
-    if request is not None:  # parallax plan: its resource file, run option and overrides replace the script's
-        resource_info = request.resource_info or resource_info
-        config = replace(config, run_option=request.run_option or config.run_option,
-                         plan_overrides={**config.plan_overrides, **request.overrides}, **request.fields)
-    elif invocation.trial is not None:  # a trial of parallax tune or the partition search: its choice, the script's
-        config = with_choice(config, invocation.trial.choice)
-    if invocation.elastic_ckpt:  # a rank of an elastic job: the checkpoints its launcher chose
-        config = replace(config, ckpt_config=checkpoint_from_text(invocation.elastic_ckpt))
-    graph, meta_graph = load_graph(single_gpu_graph)
-    check_schedule(config.ckpt_config, graph)
-    check_checkpoint(config.ckpt_config, graph)  # another model's checkpoint: refused before anything starts
-    call = _Call(invocation, graph, meta_graph, resource_info, sync, config, script_config, script_resources,
-                 step_ckpt_dir)
+    graph, meta_graph = load_graph(run.graph)
+    check_schedule(run.config.ckpt_config, graph)
+    check_checkpoint(run.config.ckpt_config, graph)  # another model's checkpoint: refused before anything starts
+    call = _Call(invocation, graph, meta_graph, force, sync, run.config, run.ckpt_dir)
     return _HANDLERS[invocation.kind](call)
 
 
@@ -430,35 +398,26 @@ _HANDLERS = {Kind.PLAN: _answer_request, Kind.MANIFEST: _answer_request, Kind.TU
 
 
 def _tuned(call: _Call, config: Config, cluster: Cluster, launched: bool) -> tuple[Config, int | None, dict | None]:
-    """The script's config with the layout ``parallax tune`` stored for this graph and resources
-    (:mod:`parallax.tuning.cache`); an exit code when the script must run again (a tuned partition count);
-    the tuned choice, for the processes this one starts.
+    """The config with the layout ``parallax tune`` stored for this graph and resources
+    (:mod:`parallax.tuning.cache`, applied by :func:`parallax.job.in_force.with_tuned`); an exit code when the script
+    must run again (a tuned partition count); the tuned choice, for the processes this one starts.
 
     The process the user started (``launched=False``) says at WARNING which of the script's settings
-    the layout replaces, each with the script's value and the tuned one (:func:`parallax.overrides.tuned_warning`).
+    the layout replaces, each with the script's value and the tuned one (:func:`parallax.job.overrides.tuned_warning`).
     """
-    from parallax.trials.choice import describe_choice, replaced_by_choice
     from parallax.tuning.cache import tuned_choice
 
-    invocation = call.invocation
-    choice, source = tuned_choice(call.graph, cluster.text, call.sync, launched, invocation)
+    choice, source = tuned_choice(call.graph, cluster.text, call.sync, launched, call.invocation)
     if choice is None:
         return config, None, None
-    fields = {k: v for k, v in choice.items() if k != "partitions"}
-    parts, smallest = choice.get("partitions"), search.min_partitions(call.graph)
-    # a count the graph does not have yet (PARALLAX_NUM_PARTITIONS, when set, is the user's and stays)
-    rebuild = bool(parts) and smallest is not None and int(parts) > smallest and invocation.search.partitions is None
+    tuned, parts = with_tuned(replace(call.force, config=config), choice, search.min_partitions(call.graph),
+                              call.invocation)
     if not launched:
-        given = (invocation.run_option or "").strip()  # then in config in place of the script's
-        replaced = [replace(r, source=RUN_OPTION_ENV) if given and r.setting == "Config.run_option" else r
-                    for r in replaced_by_choice(config, fields)]
-        if rebuild:
-            replaced.append(Replaced(PARTITION_COUNT, smallest, int(parts)))
-        applied = {**fields, **({"partitions": parts} if rebuild else {})}
-        logger.warning(tuned_warning(replaced, describe_choice(applied), source, USE_TUNED_ENV))
-    if rebuild:  # the script again: its graph built with the tuned count
-        return config, search.run_final(int(parts), choice), choice
-    return with_choice(config, fields), None, choice
+        applied = {k: v for k, v in choice.items() if k != "partitions" or parts is not None}
+        logger.warning(tuned_warning(tuned.tuned, describe_choice(applied), source, USE_TUNED_ENV))
+    if parts is not None:  # the script again: its graph built with the tuned count
+        return config, search.run_final(parts, choice), choice
+    return tuned.config, None, choice
 
 
 def _write_candidates(call: _Call, request: PlanRequest, cluster: Cluster, analysis) -> int:

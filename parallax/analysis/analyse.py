@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import tensorflow as tf
 
+from parallax.analysis.batch_statistics import batch_statistics, replica_sums_of
 from parallax.analysis.forward import _forward_ops
 from parallax.analysis.gradients import _coupled_by_conditions, _find_raw_gradients, _gradient_of
 from parallax.analysis.model import GraphAnalysis, VariableInfo, is_summed
@@ -19,9 +20,8 @@ from parallax.analysis.refusals import (
     _refuse_unapplied_gradients,
 )
 from parallax.analysis.scopes import _slots, _train_ops, _update_scopes
-from parallax.batch_statistics import batch_statistics, replica_sums_of
+from parallax.analysis.update_order import gradients_after_updates
 from parallax.graph.graph_ops import colocated_with
-from parallax.update_order import gradients_after_updates
 
 __all__ = ["analyse_graph"]
 

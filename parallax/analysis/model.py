@@ -138,11 +138,11 @@ class GraphAnalysis:
         train_ops: names of the training ops (none in a forward-only graph).
         forward: the forward pass's ops in the order they were made (the layers' order).
         batch_statistics: the layers that normalise by their batch's statistics
-            (:mod:`parallax.batch_statistics`).
+            (:mod:`parallax.analysis.batch_statistics`).
         after_updates: why a synchronous job cannot aggregate the step at once (a gradient computed after
-            another update of the same step, :mod:`parallax.update_order`); ``""`` when it can.
+            another update of the same step, :mod:`parallax.analysis.update_order`); ``""`` when it can.
         replica_sums: the ops that stand for sums over the replicas (synchronised batch statistics,
-            :data:`parallax.batch_statistics.REPLICA_SUMS`), in the graph's order.
+            :data:`parallax.analysis.batch_statistics.REPLICA_SUMS`), in the graph's order.
     """
 
     variables: tuple[VariableInfo, ...]

@@ -14,7 +14,7 @@ from parallax.cli.script import _run_to_parallel_run
 from parallax.config import OVERRIDE_SYNC
 from parallax.errors import ParallaxError
 from parallax.invocation import PlanRequest, current, env_with
-from parallax.resources import parse_resource_file
+from parallax.resources.files import parse_resource_file
 
 
 def _plan_parser() -> argparse.ArgumentParser:

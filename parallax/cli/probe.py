@@ -9,7 +9,7 @@ import sys
 from parallax.cli.arguments import _seconds_arg
 from parallax.errors import ParallaxError
 from parallax.invocation import current
-from parallax.resources import parse_resource_file
+from parallax.resources.files import parse_resource_file
 
 
 def _link_text(link) -> str:

@@ -14,8 +14,8 @@ from parallax.cli.script import _run_forwarding_sigterm, _run_to_parallel_run
 from parallax.errors import ParallaxError
 from parallax.invocation import env_with
 from parallax.managers.mpijob import MPIJOB
-from parallax.resources import from_environment, parse_resource_file
-from parallax.slurm import SLURM
+from parallax.resources.files import from_environment, parse_resource_file
+from parallax.resources.slurm import SLURM
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -117,11 +117,11 @@ def main(argv: list[str] | None = None) -> int:
 def _check(resource_info: str, program: list[str]) -> int:
     """``parallax-run --check``: one line per host of the file (its GPUs among the facts); 0 when every host
     is ready. A bare host line stands for this machine's GPUs, as in a job started here."""
-    from parallax.cluster import Role
     from parallax.launch.command import GPUS_ENV
     from parallax.launch.launcher import check_job_hosts
     from parallax.launch.layout import RankSpec
     from parallax.launch.preflight import gpu_names
+    from parallax.resources.cluster import Role
 
     try:
         cluster = parse_resource_file(resource_info)

@@ -103,7 +103,7 @@ class PSConfig(_ConfigBase):
             the only one in stock TensorFlow 2), ``"grpc+verbs"``,
             ``"grpc+gdr"``, ``"grpc+mpi"`` (the seed's values; ``parallel_run``
             refuses all but ``"grpc"`` before it launches anything,
-            :func:`parallax.settings.derive`).
+            :func:`parallax.job.settings.derive`).
         replicate_variables: each replica reads a local copy of the variables,
             refreshed after every update. Only with ``sync=True``.
         local_aggregation: aggregate the gradients of a host's replicas before

@@ -163,7 +163,7 @@ class CommTuning:
         native_ops: the mpi backend sums through its compiled op (``False``: through Python).
         huge_pages: the compiled op's large buffers ask for transparent huge pages.
         arrival_spin: ``None`` (decided per job), ``"off"``, or the seconds awake before the mpi backend
-            waits asleep for late members (:attr:`parallax.settings.Settings.arrival_spin`).
+            waits asleep for late members (:attr:`parallax.job.settings.Settings.arrival_spin`).
         slot_device: the device each slot of an MPIJob's hostfile stands for (``"cpu"`` or ``"gpu"``).
     """
 
@@ -177,7 +177,7 @@ class CommTuning:
 class SearchRequest:
     """How the partition search runs and what it was given (``PARALLAX_NUM_PARTITIONS``,
     ``PARALLAX_SEARCH_STEPS``, ``PARALLAX_TRIAL_BACKEND``, ``PARALLAX_DASK_SCHEDULER``,
-    ``PARALLAX_TRIAL_TIMEOUT``, ``PARALLAX_RERUN``; :mod:`parallax.search`).
+    ``PARALLAX_TRIAL_TIMEOUT``, ``PARALLAX_RERUN``; :mod:`parallax.tuning.search`).
 
     Attributes:
         partitions: the partition count ``get_partitioner`` gives (``None``: its own minimum).

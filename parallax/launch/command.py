@@ -132,7 +132,7 @@ def rank_gpus(ranks: tuple[RankSpec, ...], inherited: str | None = None) -> tupl
     ``inherited``: the launching process's own ``CUDA_VISIBLE_DEVICES``, when set: the resource
     file's GPU ids count within it (as TensorFlow numbers the GPUs there), on every host.
 
-    >>> from parallax.cluster import Device, Role
+    >>> from parallax.resources.cluster import Device, Role
     >>> ranks = (RankSpec("a", (Device("gpu", 1),), 1), RankSpec("a", (Device("gpu", 0), Device("gpu", 2)), 2),
     ...          RankSpec("a", None, 0, Role.PS))
     >>> rank_gpus(ranks)

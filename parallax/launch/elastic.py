@@ -29,11 +29,11 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from parallax.cluster import Cluster, Device, ServerTask, WorkerTask, is_local_host
 from parallax.config import CheckPointConfig, ElasticConfig
 from parallax.errors import LaunchError, ParallaxError, ResourceFileError, TaskFailedError
 from parallax.launch.runner import JobResult
-from parallax.resources import parse_resource_text
+from parallax.resources.cluster import Cluster, Device, ServerTask, WorkerTask, is_local_host
+from parallax.resources.files import parse_resource_text
 
 __all__ = ["ELASTIC_DIR", "DEFAULT_SAVE_SECS", "elastic_from_text", "elastic_checkpoints", "checkpoint_from_text",
            "checkpoint_to_text", "discover_hosts", "surviving_cluster", "worker_count", "latest_checkpoint",
@@ -179,7 +179,7 @@ def surviving_cluster(cluster: Cluster, alive: set[str], discovered: list[tuple[
     does not name gets the lines of the file's first host), with at most ``max_workers`` workers (one per
     device, :func:`worker_count`).
 
-    >>> from parallax.resources import parse_resource_text
+    >>> from parallax.resources.files import parse_resource_text
     >>> c = parse_resource_text("a: cpu:0,cpu:1\nb: cpu:0\nc: 0,1\n")
     >>> surviving_cluster(c, {"a", "c"}).text
     'a: cpu:0,cpu:1\nc: 0,1\n'

@@ -15,8 +15,6 @@ import sys
 import tempfile
 from collections import Counter
 
-from parallax import slurm
-from parallax.cluster import Role, is_local_host, local_host_names
 from parallax.config import RUN_OPTIONS
 from parallax.errors import LaunchError
 from parallax.invocation import (
@@ -35,6 +33,8 @@ from parallax.launch.command import GPUS_ENV, LaunchCommand, build_mpirun_comman
 from parallax.launch.layout import RankSpec, layout_to_json
 from parallax.launch.runner import JobResult, LostRank, Preemption, run_job
 from parallax.logs import log as logger
+from parallax.resources import slurm
+from parallax.resources.cluster import Role, is_local_host, local_host_names
 
 __all__ = ["launch_env", "find_mpirun", "current_program", "launch", "job_command", "local_host_names", "is_local_host",
            "RESOURCE_ENV", "RUN_OPTION_ENV", "run_option_override", "MPIRUN_OPTIONS_ENV", "DRY_RUN_ENV", "PLAN_ENV",
@@ -60,7 +60,7 @@ def launch_env(ranks: tuple[RankSpec, ...], job: dict, job_dir: str, monitor: st
 def resource_override(resource_info: str | os.PathLike | None, invocation: Invocation
                       ) -> str | os.PathLike | None:
     """The resource file ``parallax-run`` gave (``invocation.resource_info``, if any), else ``resource_info``
-    (itself, also when ``parallax-run`` gave the same file). :mod:`parallax.overrides` reports a replacement."""
+    (itself, also when ``parallax-run`` gave the same file). :mod:`parallax.job.overrides` reports a replacement."""
     given = invocation.resource_info
     if not given or (resource_info is not None and given in (os.fspath(resource_info),
                                                              os.path.abspath(resource_info))):
@@ -70,7 +70,7 @@ def resource_override(resource_info: str | os.PathLike | None, invocation: Invoc
 
 def run_option_override(run_option: str | None, invocation: Invocation) -> str | None:
     """The run option ``PARALLAX_RUN_OPTION`` gives (``invocation.run_option``, if set), else ``run_option``.
-    :mod:`parallax.overrides` reports a replacement.
+    :mod:`parallax.job.overrides` reports a replacement.
 
     Raises:
         ValueError: the variable is not a run option.
@@ -178,7 +178,7 @@ def gpu_use(ranks: tuple[RankSpec, ...], own_list: bool = False) -> dict:
     """What the job asks of each host's GPUs (:class:`parallax.launch.preflight.GpuUse`); with ``own_list``
     (this process has a ``CUDA_VISIBLE_DEVICES``) the ids are not compared with the hosts' GPUs.
 
-    >>> from parallax.cluster import Device
+    >>> from parallax.resources.cluster import Device
     >>> gpu_use((RankSpec("a", (Device("gpu", 3),), 1), RankSpec("b", None, 2), RankSpec("b", None, 0, Role.PS)))
     {'a': GpuUse(needed=4, bare=False), 'b': GpuUse(needed=0, bare=True)}
     """

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from parallax.cluster import Cluster, Device, Role
 from parallax.errors import ResourceFileError
+from parallax.resources.cluster import Cluster, Device, Role
 
 __all__ = ["RankSpec", "ranks_per_device", "ps_ranks", "hybrid_ranks", "layout_to_json", "layout_from_json"]
 
@@ -58,7 +58,7 @@ def ranks_per_device(cluster: Cluster, group: int = 1) -> tuple[RankSpec, ...]:
     """MPI mode: one rank per listed device (per ``group`` consecutive devices: the stages of a
     pipeline), hosts in file order (one rank for a bare host).
 
-    >>> from parallax.resources import parse_resource_text
+    >>> from parallax.resources.files import parse_resource_text
     >>> [(r.host, str(r.device)) for r in ranks_per_device(parse_resource_text("a: 0,1\\nb"))]
     [('a', 'gpu:0'), ('a', 'gpu:1'), ('b', 'None')]
     >>> [len(r.devices) for r in ranks_per_device(parse_resource_text("a: 0,1,2,3"), group=2)]
@@ -118,7 +118,7 @@ def ps_ranks(cluster: Cluster) -> tuple[RankSpec, ...]:
     Ranks are grouped by host (as mpirun places them); a worker's index is its
     position among the workers, a server's among the servers.
 
-    >>> from parallax.resources import parse_resource_text
+    >>> from parallax.resources.files import parse_resource_text
     >>> [(str(r.role), r.host) for r in ps_ranks(parse_resource_text("a: 0,1\\nb: 0"))]
     [('worker', 'a'), ('ps', 'a'), ('worker', 'b'), ('ps', 'b')]
     """
@@ -130,7 +130,7 @@ def hybrid_ranks(cluster: Cluster, group: int = 1) -> tuple[RankSpec, ...]:
     """HYBRID (and AUTO with servers): one worker rank per device, as in MPI mode,
     and the parameter servers of :func:`ps_ranks`.
 
-    >>> from parallax.resources import parse_resource_text
+    >>> from parallax.resources.files import parse_resource_text
     >>> [(str(r.role), r.host, str(r.device)) for r in hybrid_ranks(parse_resource_text("a: 0,1"))]
     [('worker', 'a', 'gpu:0'), ('worker', 'a', 'gpu:1'), ('ps', 'a', 'None')]
     """

@@ -33,7 +33,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from parallax import slurm
+from parallax.resources import slurm
 
 __all__ = ["HostCheck", "Expected", "GpuUse", "check_hosts", "judge", "gpu_names", "PROBE", "format_checks"]
 

@@ -24,10 +24,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from parallax.cluster import is_local_host, local_host_names
 from parallax.errors import LaunchError
 from parallax.launch.command import build_mpirun_command
 from parallax.launch.layout import RankSpec
+from parallax.resources.cluster import is_local_host, local_host_names
 
 __all__ = ["LinkMeasurement", "probe", "measure", "MARKER"]
 

@@ -33,9 +33,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from parallax.cluster import Role
 from parallax.errors import LaunchError, ResourceFileError
 from parallax.invocation import TF_CONFIG_ENV, setting
+from parallax.resources.cluster import Role
 
 __all__ = ["Task", "ManagedJob", "read_tf_config", "parse_tf_config", "WORKER_TYPES", "IGNORED_TYPES"]
 

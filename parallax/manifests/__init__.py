@@ -16,7 +16,7 @@ slurm     ``<name>.sbatch``               sbatch: the command on the first node,
                                           mpirun through Slurm
 ========  ==============================  ===============================================
 
-Every kind is made from the same :class:`~parallax.job.JobPlan` the launcher uses, and
+Every kind is made from the same :class:`~parallax.job.plan.JobPlan` the launcher uses, and
 :func:`~parallax.manifests.common.check_views` plans the job again from what the
 manager's processes will read (their ``TF_CONFIG``, host file or allocation), so a
 manifest that would train another job is refused with the reason instead of written.
@@ -30,13 +30,13 @@ import json
 import os
 import sys
 
-from parallax.cluster import Cluster
 from parallax.errors import ManifestError
-from parallax.job import JobPlan
+from parallax.job.plan import JobPlan
 from parallax.manifests.batch import condor, sbatch
 from parallax.manifests.common import Files, ManifestRequest, PlanFor, check_views, role_spec_of
 from parallax.manifests.kubeflow import mpijob, tfjob
 from parallax.manifests.polyaxon import polyaxonfile
+from parallax.resources.cluster import Cluster
 
 __all__ = ["KINDS", "ManifestRequest", "Files", "make_manifest", "write_manifest", "write_requested"]
 

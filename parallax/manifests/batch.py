@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import shlex
 
-from parallax.cluster import Cluster
 from parallax.invocation import RESOURCE_ENV
-from parallax.job import JobPlan
+from parallax.job.plan import JobPlan
 from parallax.manifests.common import Files, ManifestRequest, View, hosts_alike
-from parallax.slurm import SLURM, allocation_text
+from parallax.resources.cluster import Cluster
+from parallax.resources.slurm import SLURM, allocation_text
 
 __all__ = ["sbatch", "preemptible", "SLURM_SIGNAL_LEAD", "condor", "CONDOR_SUBMIT", "CONDOR_NODE", "CONDOR_ENVIRONMENT"]
 

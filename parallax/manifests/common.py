@@ -1,7 +1,7 @@
 """What every manifest kind shares: the request, the job's processes, and the check that the
 processes a manager starts from the manifest plan the same job (pure).
 
-A manifest is written from the job plan the launcher would use (:mod:`parallax.job`). Each kind
+A manifest is written from the job plan the launcher would use (:mod:`parallax.job.plan`). Each kind
 also says what its processes will read as their resources once the manager has started them (a
 ``TF_CONFIG`` per task, an MPIJob's host file, a Slurm allocation, the resource file an HTCondor
 node writes): a :class:`View`. :func:`check_views` plans the job again from each view, as those
@@ -16,13 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from parallax.analysis import GraphAnalysis
-from parallax.cluster import Cluster, Role
 from parallax.config import Config
 from parallax.errors import LaunchError, ManifestError, ResourceFileError
 from parallax.invocation import RUN_OPTION_ENV, Invocation
-from parallax.job import JobPlan, ProcessSpec, plan_job
-from parallax.resources import parse_resource_text
-from parallax.rolespec import Resources, RoleSpec, looks_like_role_spec, parse_role_spec
+from parallax.job.plan import JobPlan, ProcessSpec, plan_job
+from parallax.resources.cluster import Cluster, Role
+from parallax.resources.files import parse_resource_text
+from parallax.resources.rolespec import Resources, RoleSpec, looks_like_role_spec, parse_role_spec
 
 __all__ = ["ManifestRequest", "View", "Files", "PlanFor", "planner", "check_views", "role_spec_of", "workers_alike",
            "hosts_alike", "HostShape", "resources_of"]

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import json
 
-from parallax.cluster import Cluster, Role
 from parallax.errors import ManifestError
 from parallax.invocation import RESOURCE_ENV, SLOT_DEVICE_ENV, TF_CONFIG_ENV
-from parallax.job import JobPlan
+from parallax.job.plan import JobPlan
 from parallax.managers.mpijob import MPIJOB, hostfile_text
 from parallax.managers.tf_config import read_tf_config
 from parallax.manifests.common import Files, ManifestRequest, View, hosts_alike, resources_of, workers_alike
 from parallax.plan.model import Layout
-from parallax.rolespec import Resources, RoleSpec
+from parallax.resources.cluster import Cluster, Role
+from parallax.resources.rolespec import Resources, RoleSpec
 
 __all__ = ["tfjob", "tfjob_replicas", "mpijob", "container", "k8s_resources", "tf_config_view"]
 

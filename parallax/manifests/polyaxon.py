@@ -4,18 +4,18 @@ Polyaxon runs it through Kubeflow's training operator: a ``chief`` (worker 0), `
 replicas and ``ps`` replicas, each told its task in ``TF_CONFIG``, so every task joins
 the job as in a TFJob (:mod:`parallax.manifests.kubeflow`). A role spec given as the
 resources (the ``environment`` section of Polyaxon's older polyaxonfiles, see
-:mod:`parallax.rolespec`) gives each role its cpu, memory and gpu requests and limits.
+:mod:`parallax.resources.rolespec`) gives each role its cpu, memory and gpu requests and limits.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from parallax.cluster import Cluster
-from parallax.job import JobPlan
+from parallax.job.plan import JobPlan
 from parallax.manifests.common import Files, ManifestRequest
 from parallax.manifests.kubeflow import tfjob_replicas
-from parallax.rolespec import RoleSpec
+from parallax.resources.cluster import Cluster
+from parallax.resources.rolespec import RoleSpec
 
 __all__ = ["polyaxonfile", "POLYAXONFILE"]
 

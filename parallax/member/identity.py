@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import os
 
-from parallax.cluster import Role
 from parallax.invocation import Invocation
 from parallax.member.rank import launched_process
-from parallax.resources import parse_resource_file
+from parallax.resources.cluster import Role
+from parallax.resources.files import parse_resource_file
 
 __all__ = ["numbers"]
 

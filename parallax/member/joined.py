@@ -20,8 +20,8 @@ manager gives each task its GPUs (the Kubernetes device plugin decides what CUDA
 container), and the task's process was started before Parallax ran in it, so TensorFlow may
 already have read the variable. Its cluster lines are bare hosts (``TF_CONFIG`` names no
 device), which stand for every GPU the task sees (``run_option='MPI'`` is refused with more
-than one, :func:`parallax.settings.derive`), so its GPUs as it sees them are the ones its
-sessions name (:attr:`parallax.job.ProcessSpec.visible_device_list`, ``0,...,n-1``).
+than one, :func:`parallax.job.settings.derive`), so its GPUs as it sees them are the ones its
+sessions name (:attr:`parallax.job.plan.ProcessSpec.visible_device_list`, ``0,...,n-1``).
 
 This is the process-wide state of a manager-started process (one per process,
 as for a launched one); a process that trains alone keeps nothing.
@@ -36,7 +36,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from parallax.cluster import Role
 from parallax.errors import LaunchError
 from parallax.invocation import Invocation
 from parallax.logs import log as logger
@@ -46,11 +45,12 @@ from parallax.member.bootstrap import end_on_exception
 from parallax.member.peer_watch import PeerWatch, _end, _reachable  # _reachable: the exit barrier's probe too
 from parallax.member.protocol import NoHeartbeat
 from parallax.member.servers import make_server, server_config
+from parallax.resources.cluster import Role
 
 if TYPE_CHECKING:
     from parallax.comm.broadcast import Broadcast
-    from parallax.job import JobPlan, ProcessSpec
-    from parallax.settings import Settings
+    from parallax.job.plan import JobPlan, ProcessSpec
+    from parallax.job.settings import Settings
 
 __all__ = ["JoinedProcess", "joined_process", "ExitBarrier", "PeerWatch", "BROADCAST_GROUP_OFFSET"]
 

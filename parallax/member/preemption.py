@@ -32,9 +32,9 @@ from typing import Any, NoReturn
 import tensorflow as tf
 
 from parallax.errors import Preempted
+from parallax.job.paths import CHECKPOINT_BASENAME
 from parallax.launch.runner import PREEMPT_GRACE, PREEMPTED_EXIT_CODE
 from parallax.logs import log as logger
-from parallax.paths import CHECKPOINT_BASENAME
 
 __all__ = ["Preemption", "PreemptionHook", "for_this_job", "install"]
 

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from parallax.comm.broadcast import Broadcast
     from parallax.comm.group import WorkerGroup
-    from parallax.job import JobPlan, ProcessSpec
-    from parallax.settings import Settings
+    from parallax.job.plan import JobPlan, ProcessSpec
+    from parallax.job.settings import Settings
 
 __all__ = ["JobMember", "NoHeartbeat"]
 

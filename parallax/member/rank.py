@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from parallax.cluster import Role
 from parallax.comm.group import MPIWorkers
 from parallax.errors import LaunchError
 from parallax.invocation import Invocation
@@ -32,11 +31,12 @@ from parallax.member.bootstrap import (
 )
 from parallax.member.protocol import NoHeartbeat
 from parallax.member.servers import start_server
+from parallax.resources.cluster import Role
 
 if TYPE_CHECKING:
     from parallax.comm.broadcast import Broadcast
-    from parallax.job import JobPlan, ProcessSpec
-    from parallax.settings import Settings
+    from parallax.job.plan import JobPlan, ProcessSpec
+    from parallax.job.settings import Settings
 
 __all__ = ["LaunchedProcess", "launched_process"]
 

@@ -39,18 +39,18 @@ from typing import Any
 
 import tensorflow as tf
 
-from parallax.cluster import Role
 from parallax.comm.base import ProcessComms
 from parallax.comm.broadcast import Broadcast
 from parallax.comm.group import Alone, WorkerGroup
 from parallax.errors import LaunchError
-from parallax.job import JobPlan, ProcessSpec
+from parallax.job.plan import JobPlan, ProcessSpec
+from parallax.job.settings import Settings
 from parallax.logs import log as logger
 from parallax.member.bootstrap import tee_output
 from parallax.member.protocol import JobMember, NoHeartbeat
 from parallax.member.servers import GROUP_LEADER
 from parallax.plan.model import Layout
-from parallax.settings import Settings
+from parallax.resources.cluster import Role
 
 __all__ = ["ProcessSetup", "role_setup", "local_replicas", "check_local_devices"]
 
@@ -211,7 +211,7 @@ def _staged(job: JobPlan, settings: Settings, member: JobMember, process: Proces
     server serves its worker's stage until the job ends; a worker's session runs its whole replica
     (its stages' ops on their servers, over gRPC), all-reduces among the workers alone, and initialises
     its replica's variables, then takes worker 0's values."""
-    from parallax.job import stage_tasks
+    from parallax.job.plan import stage_tasks
 
     comms = member.split_comms()  # every rank: the workers' communicator leaves the stage servers out
     server = member.server(lambda: member.start_server(job, settings, process), chief=process.rank == 0)

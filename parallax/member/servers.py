@@ -17,8 +17,8 @@ from tensorflow.core.protobuf import config_pb2
 from parallax.errors import LaunchError
 
 if TYPE_CHECKING:
-    from parallax.job import ProcessSpec
-    from parallax.settings import Settings
+    from parallax.job.plan import ProcessSpec
+    from parallax.job.settings import Settings
 
 __all__ = ["start_server", "make_server", "server_config", "session_config", "GROUP_LEADER"]
 
@@ -30,7 +30,7 @@ def session_config(user: config_pb2.ConfigProto | None, cpu_devices: int = 0, vi
     """A copy of the user's ``sess_config`` with what Parallax needs added.
 
     ``visible_gpus``: ``gpu_options.visible_device_list``, the process's GPUs as it sees them
-    (:attr:`parallax.job.ProcessSpec.visible_device_list`: ``"0"`` in a rank whose
+    (:attr:`parallax.job.plan.ProcessSpec.visible_device_list`: ``"0"`` in a rank whose
     ``CUDA_VISIBLE_DEVICES`` is the host's GPU 3). ``threads``: when several processes share a
     host, each gets its share of the cores for TensorFlow's thread pools (unless the user set them).
     ``waiting_threads``: threads an op holds while it waits, not computes (an all-reduce overlapping

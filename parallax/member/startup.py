@@ -18,29 +18,29 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
 
-from parallax.checkpoint import checkpointing
 from parallax.comm.registry import backends_in_use
 from parallax.graph.names import release_op, writes_barrier_op
-from parallax.graph_input import export_graph
-from parallax.hooks import HookAdapter, SessionTranslation, begin_hooks, run_past_hooks
+from parallax.job.paths import check_paths
 from parallax.logs import log as logger
 from parallax.member import preemption
 from parallax.member.servers import session_config
-from parallax.paths import check_paths
 from parallax.plan import Plan, TaskSpec
-from parallax.profiling import Profiler
 from parallax.rewrite.classify import classify
 from parallax.rewrite.pipeline import rewrite_for_task, wait_points
 from parallax.rewrite.ps_sync import PROGRAM_WRITES, UNSYNCHRONISED
 from parallax.rewrite.replicate import shard_op_names
 from parallax.rewrite.zero import held_in_parts
-from parallax.session import ParallaxSession, WritesBarrier
-from parallax.translate import Translator
+from parallax.runtime.checkpoint import checkpointing
+from parallax.runtime.graph_input import export_graph
+from parallax.runtime.hooks import HookAdapter, SessionTranslation, begin_hooks, run_past_hooks
+from parallax.runtime.profiling import Profiler
+from parallax.runtime.session import ParallaxSession, WritesBarrier
+from parallax.runtime.translate import Translator
 
 if TYPE_CHECKING:
-    from parallax.job import JobPlan
+    from parallax.job.plan import JobPlan
+    from parallax.job.settings import Settings
     from parallax.member.roles import ProcessSetup
-    from parallax.settings import Settings
 
 __all__ = ["start_worker"]
 
@@ -128,8 +128,8 @@ def _start_session(meta: meta_graph_pb2.MetaGraphDef, config: config_pb2.ConfigP
                    job_preemption: preemption.Preemption | None = None) -> tuple[Any, SessionTranslation, bool]:
     """Import ``meta`` into a new graph and start a ``MonitoredSession`` on it: the chief
     initialises (restoring the latest checkpoint of ``ckpt_dir``, which holds the single-device
-    graph's variables, :mod:`parallax.checkpoint`), the others wait for it; the program's hooks
-    run through adapters (:mod:`parallax.hooks`) over ``translation`` of the new graph, and worker 0's
+    graph's variables, :mod:`parallax.runtime.checkpoint`), the others wait for it; the program's hooks
+    run through adapters (:mod:`parallax.runtime.hooks`) over ``translation`` of the new graph, and worker 0's
     :class:`~parallax.member.preemption.PreemptionHook` over ``job_preemption``, if any. Then the
     workers take worker 0's values and their parts of restored sharded slots. Returns the session,
     the translation and whether it runs hooks."""

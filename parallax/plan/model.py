@@ -247,7 +247,7 @@ class Plan(PlanTable):
             (:mod:`parallax.rewrite.zero`).
         pipeline: stages and micro-batches inside each replica.
         replica_sums: the ops of the graph that stand for sums over every replica of the job (synchronised
-            batch statistics, :data:`parallax.batch_statistics.REPLICA_SUMS`), in the graph's order.
+            batch statistics, :data:`parallax.analysis.batch_statistics.REPLICA_SUMS`), in the graph's order.
     """
 
     run_option: str

@@ -15,7 +15,7 @@ The program's writes outside a step take the writes barrier under
 on server 0, the chief's ``release`` (a token to each other worker), each
 other worker's ``wait``; the session runs ``release`` after, ``wait`` before,
 a run that makes such a write and trains nothing
-(:class:`parallax.session.WritesBarrier`), and the writes' names are in the
+(:class:`parallax.runtime.session.WritesBarrier`), and the writes' names are in the
 collection :data:`PROGRAM_WRITES`.
 
 :func:`written_after` tells the protocol whether anything but a training op's
@@ -134,7 +134,7 @@ def drop_server_writes(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, devi
       resource variable's ``read_value`` too);
     * any other write outside a step: the variable. A ``run`` that writes outside a step waits, before it
       runs, for the chief's run of the same writes (:func:`add_writes_barrier`; the session runs the
-      barrier, :class:`parallax.session.ParallaxSession`), so every later read sees the chief's write. In a
+      barrier, :class:`parallax.runtime.session.ParallaxSession`), so every later read sees the chief's write. In a
       run that also trains, the variable is read without waiting for the chief: its name goes into the
       collection :data:`UNSYNCHRONISED`, and the session refuses such a fetch on this worker.
     """

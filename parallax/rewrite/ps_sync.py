@@ -41,7 +41,7 @@ built by :mod:`parallax.rewrite.ps_gradients`):
     every step;
   - otherwise (an EMA or moving statistics run after the update), or with
     the user's hooks (``PSSpec.release_in_step`` off), by the session
-    (:class:`parallax.session.ParallaxSession`), which runs ``release`` after
+    (:class:`parallax.runtime.session.ParallaxSession`), which runs ``release`` after
     every ``run`` that ran ``<t>``, so the whole step (the update, what the
     program runs after it, the hooks) is done before anyone goes on.
 

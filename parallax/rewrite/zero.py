@@ -226,7 +226,7 @@ def shard_optimizer_states(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, 
 def sharded_slots(graph) -> list[tuple[str, str]]:
     """``(slot, this worker's part of it)`` of every slot the rewrite sharded, by variable name, from the
     rewritten graph (a ``tf.Graph``) the session runs: what a checkpoint gathers and restores
-    (:mod:`parallax.zero_checkpoint`)."""
+    (:mod:`parallax.runtime.zero_checkpoint`)."""
     pairs = []
     for entry in graph.get_collection(ZERO_SLOTS):
         slot, part = (entry.decode() if isinstance(entry, bytes) else entry).split("\0")

@@ -44,7 +44,7 @@ class BatchLogs:
     ``flush`` sums it over the workers into the metrics. One worker: just before the logs are read. Several: the
     sum is a collective, made at batches every worker knows alike: after every batch where worker 0 may read the
     logs (``read_alike``: a progress bar is shown or a callback of the program's has batch hooks, which the
-    program's arguments say on every worker), else only at the epoch's end (:func:`parallax.tf2.fit.fit`).
+    program's arguments say on every worker), else only at the epoch's end (:func:`parallax.keras_fit.fit`).
     """
 
     def __init__(self, model: Any, every_batch: bool, bar: bool, steps: int | None, interval: float = 0.05,

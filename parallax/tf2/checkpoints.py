@@ -31,8 +31,8 @@ from typing import Any
 import tensorflow as tf
 
 from parallax.errors import CheckpointError
+from parallax.job.paths import CKPT_DIR, check_directory
 from parallax.logs import log
-from parallax.paths import CKPT_DIR, check_directory
 
 __all__ = ["StepCheckpoints", "step_checkpoints"]
 

@@ -101,7 +101,7 @@ def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: i
     docstring); say at WARNING where they differ.
 
     Args:
-        session: the step's :class:`parallax.session.ParallaxSession`.
+        session: the step's :class:`parallax.runtime.session.ParallaxSession`.
         gradients: the single-device graph's gradients (:class:`parallax.analysis.GradientInfo`).
         feeds: the step's feeds (placeholder -> one value per replica), as for the first step.
         num_replicas: the local replicas.

@@ -1,26 +1,32 @@
 """The TensorFlow 2 front end of ``parallel_run``: a ``tf.function`` step in, the single-device graph out, and
-how to wrap the session ``parallel_run`` makes over it.
+how to wrap the session ``parallel_run`` makes over it. The door knows TensorFlow 2 only through this module.
 
-:func:`prepare` restores the program's own checkpoint (``CheckPointConfig.checkpoint``) before the trace reads the
-variables' values, traces the step (:mod:`parallax.tf2.trace`) and applies TensorFlow 2's conventions to the
-config; :meth:`PreparedStep.wrap` turns ``parallel_run``'s session into the step the program calls
-(:class:`parallax.tf2.step.DistributedStep`). Nothing downstream learns where the graph came from.
+:func:`program` is what ``parallel_run`` runs: a ``tf.compat.v1`` graph as it is, or a step traced by
+:func:`prepare`; :func:`deferred` stands for a step without an input signature until its first call
+(:mod:`parallax.tf2.deferred`). :func:`prepare` restores the program's own checkpoint
+(``CheckPointConfig.checkpoint``) before the trace reads the variables' values, traces the step
+(:mod:`parallax.tf2.trace`) and applies TensorFlow 2's conventions to the config; :meth:`PreparedStep.wrap` turns
+``parallel_run``'s session into the step the program calls (:class:`parallax.tf2.step.DistributedStep`).
+Nothing downstream learns where the graph came from.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from parallax.analysis import analyse_graph
-from parallax.batch_statistics import replica_sums_of
+from parallax.analysis.batch_statistics import replica_sums_of
 from parallax.config import CheckPointConfig, Config
 from parallax.tf2.checkpoints import StepCheckpoints, step_checkpoints
+from parallax.tf2.deferred import DeferredStep
 from parallax.tf2.evaluate import use_job
 from parallax.tf2.step import DistributedStep
 from parallax.tf2.trace import TracedStep, is_step_function, trace_step
 
-__all__ = ["PreparedStep", "prepare", "graph_of", "is_step_function", "needs_first_call", "conventions"]
+__all__ = ["Program", "program", "deferred", "PreparedStep", "prepare", "graph_of", "is_step_function",
+           "needs_first_call", "conventions"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,49 @@ class PreparedStep:
             if self.check_first_step and several and rest[1] == 0 and not synced else None
         return (DistributedStep(session, self.traced, self.checkpoints, worker_id=rest[1], check=checked,
                                 preemption=session.preemption), *rest)
+
+
+@dataclass(frozen=True)
+class Program:
+    """What ``parallel_run`` runs: the single-device graph, the config it runs with, and the traced step that
+    wraps the session (``None`` for a ``tf.compat.v1`` graph)."""
+
+    graph: Any
+    config: Config
+    step: PreparedStep | None = None
+
+    @property
+    def ckpt_dir(self) -> str | None:
+        """Where a step's own checkpoints go (elastic mode adds none there)."""
+        return self.step.ckpt_dir if self.step is not None else None
+
+    def wrap(self, outcome: tuple) -> tuple:
+        """``parallel_run``'s result: the session, or the step the program calls in its place."""
+        return self.step.wrap(outcome) if self.step is not None else outcome
+
+
+def program(graph_or_step: Any, config: Config, signature: Any = None) -> Program:
+    """``graph_or_step`` as ``parallel_run`` runs it with ``config`` (the config in force): a ``tf.function`` step
+    traced with TensorFlow 2's conventions (:func:`prepare`), any other graph as it is.
+
+    Raises:
+        ValueError: ``CheckPointConfig.checkpoint`` for a ``tf.compat.v1`` graph; an elastic step without its own
+            checkpoint.
+    """
+    if is_step_function(graph_or_step):
+        step, config = prepare(graph_or_step, config, signature)
+        return Program(step.traced.graph, config, step)
+    if config.ckpt_config.checkpoint is not None:
+        raise ValueError("CheckPointConfig.checkpoint (a tf.train.Checkpoint) is for a tf.function step; a "
+                         "tf.compat.v1 graph's checkpoints are saved under its variables' names: leave it None")
+    return Program(graph_or_step, config)
+
+
+def deferred(fn: Any, start: Callable[[list], tuple], numbers: tuple[int, int, int]) -> tuple:
+    """``parallel_run``'s result for a step traced at its first call: a :class:`~parallax.tf2.deferred.DeferredStep`
+    that calls ``start`` with the first call's signature, and ``numbers`` (``num_workers, worker_id,
+    num_replicas``)."""
+    return (DeferredStep(fn, start, numbers), *numbers)
 
 
 def needs_first_call(fn: Any) -> bool:

@@ -1,6 +1,6 @@
 """What differs between a Keras 3 model and a ``tf_keras`` one, for ``parallax.fit``, ``evaluate`` and ``predict``.
 
-The loops of :mod:`parallax.tf2.fit` and :mod:`parallax.tf2.evaluate` are one; a :class:`Flavor` is the
+The loops of :mod:`parallax.keras_fit` and :mod:`parallax.tf2.evaluate` are one; a :class:`Flavor` is the
 little that each Keras does its own way: its callbacks module, whether a model is compiled, how its
 ``train_step`` computes the loss and applies the update, its evaluation step, and the order of its metrics.
 Everything else (``compute_metrics``, ``reset_metrics``, ``get_metrics_result``, ``predict_on_batch``,
@@ -65,7 +65,7 @@ class Flavor:
         """Update the model's loss metric on the host with one replica's part, as its ``train_step`` does:
         Keras 3 averages the step's loss, weighted by the batch's examples; a replica's ``loss`` counts for
         its ``share`` of them (the batch's examples over the replicas: the losses of a padded batch's parts
-        are scaled so that their mean is the batch's, :func:`parallax.tf2.fit.even_parts`)."""
+        are scaled so that their mean is the batch's, :func:`parallax.keras_fit.even_parts`)."""
         tracker = next(m for m in model.metrics if m.name == "loss")
         tracker.update_state(loss, sample_weight=share)
 

@@ -8,7 +8,7 @@ device's states, every example counted; with parameter servers, worker 0's examp
 progress bar shows what the step returned on this worker's first replica.
 
 A batch that does not split evenly over the replicas is refused: Parallax pads such a batch with examples of
-weight 0 (:func:`parallax.tf2.fit.even_parts`), and a step of the program's own need not weigh them.
+weight 0 (:func:`parallax.keras_fit.even_parts`), and a step of the program's own need not weigh them.
 """
 
 from __future__ import annotations

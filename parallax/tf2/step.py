@@ -6,7 +6,7 @@ local replica, as ``sess.run``'s feeds do (a list, or an ndarray whose first axi
 the replicas; with one replica per process a plain batch is that replica's), and the
 step's return value comes back in its structure (nothing, a tensor, a tuple, a dict; values
 that are no tensors as they are), each tensor a list of one value per replica
-(:class:`parallax.translate.ReplicaValues`: ``float()`` takes it when the replicas
+(:class:`parallax.runtime.translate.ReplicaValues`: ``float()`` takes it when the replicas
 agree, or there is one).
 
 ``step.sync_variables()`` writes the trained values (this worker's) into the program's
@@ -65,7 +65,7 @@ class DistributedStep:
 
     @property
     def session(self) -> Any:
-        """The session (:class:`parallax.session.ParallaxSession`) that runs the step's graph."""
+        """The session (:class:`parallax.runtime.session.ParallaxSession`) that runs the step's graph."""
         return self._session
 
     @property

@@ -34,7 +34,7 @@ class SummedState:
     """The summed variables of a step (see the module docstring).
 
     Args:
-        session: the step's session (:class:`parallax.session.ParallaxSession`).
+        session: the step's session (:class:`parallax.runtime.session.ParallaxSession`).
         eager: the step's eager variables by graph name (:attr:`parallax.tf2.trace.TracedStep.variables`).
         graph: the step's single-device graph.
         fetched: the tensors the step fetches; where they read every summed variable after the step's writes

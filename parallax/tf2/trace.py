@@ -42,7 +42,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2
 
 from parallax.analysis import is_summed
-from parallax.batch_statistics import REPLICA_SUMS
+from parallax.analysis.batch_statistics import REPLICA_SUMS
 from parallax.errors import AnalysisError
 from parallax.graph.graph_ops import colocated_with, colocation_group, format_input, parse_input
 from parallax.graph.names import INITIAL_VALUE_PREFIX

@@ -3,7 +3,7 @@
 * :mod:`parallax.trials.execute`: one trial, a command in its own process group, to its end or time limit;
 * :mod:`parallax.trials.runner`: the back ends (:class:`LocalRunner`, :class:`DaskRunner`);
 * :mod:`parallax.trials.mode`: a job started as a trial (times its steps, writes its result, ends);
-* :mod:`parallax.trials.choice`: a layout choice as Config fields;
+* :mod:`parallax.job.choice`: a layout choice as Config fields;
 * :mod:`parallax.trials.script`: the training script started as a trial of a choice (tune, partition search);
 * :mod:`parallax.trials.child`: a sweep's trial; :mod:`parallax.trials.report`: rows, plots, progress.
 """

@@ -25,7 +25,7 @@ def suggest(space: dict[str, Any], history: list[dict[str, Any]], seed: int, min
     """The next parameters Optuna's TPE sampler suggests from the ``history`` of ``{"params", "value"}``."""
     import optuna
 
-    from parallax.sweeps import optuna_distribution
+    from parallax.trials.sweeps import optuna_distribution
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     distributions = {name: optuna_distribution(name, values) for name, values in space.items()}
@@ -40,8 +40,8 @@ def suggest(space: dict[str, Any], history: list[dict[str, Any]], seed: int, min
 
 def _is_result_writer(invocation: Invocation) -> bool:
     """Worker 0 of the job, or a process that trains alone."""
-    from parallax.cluster import Role
     from parallax.member.rank import launched_process
+    from parallax.resources.cluster import Role
 
     launched = launched_process(invocation)
     if launched is None:

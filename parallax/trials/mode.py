@@ -6,7 +6,7 @@ A trial runner (:mod:`parallax.trials.runner`) starts the user's script with
     {"choice": {"run_option": "MPI", "fusion_bytes": 4194304}, "warmup": 2, "steps": 5}
 
 Its ``parallel_run`` applies the choice to the script's Config
-(:func:`parallax.trials.choice.with_choice`) and returns a session that times
+(:func:`parallax.job.choice.with_choice`) and returns a session that times
 each ``run`` call after ``warmup`` of them. After ``steps`` timed calls the
 workers agree on the step time (the slowest worker's median), worker 0 writes
 the result to :data:`~parallax.invocation.RESULT_ENV`'s file, and every

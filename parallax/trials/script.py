@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from parallax.trials.choice import choice_env
+from parallax.job.choice import choice_env
 from parallax.trials.execute import TrialResult, TrialSpec
 from parallax.trials.mode import trial_env
 

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from parallax.invocation import TUNED_ENV, Invocation
-from parallax.search import cache_key, cache_path, store_entry
+from parallax.tuning.search import cache_key, cache_path, store_entry
 
 __all__ = ["TUNED_FILE", "tune_key", "store_tuned", "tuned_entry", "tuned_choice"]
 

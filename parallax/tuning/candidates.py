@@ -8,7 +8,7 @@ replicated variables); partition counts when the graph uses
 in their own dtype, fp16 and bf16 (never otherwise: a 16-bit format changes the
 results, so only a user who allowed it gets it); ZeRO stages 1 and 2 and pipelines of 2 stages
 when there are devices to share. Each choice is planned as ``parallel_run``
-would plan it (:func:`parallax.job.make_job_plan`); a choice the planner
+would plan it (:func:`parallax.job.plan.make_job_plan`); a choice the planner
 refuses is kept with its reason and not tried.
 
 The order is the predicted step's communication time
@@ -37,14 +37,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from parallax.analysis import GraphAnalysis
-from parallax.cluster import Cluster
 from parallax.config import Config
 from parallax.errors import ParallaxError
+from parallax.job.choice import describe_choice, with_choice
 from parallax.plan.cost import LINKS, SERVER_CALL_SECONDS, SERVER_CHAIN_SECONDS, link_seconds
 from parallax.plan.model import Sync
 from parallax.plan.predict import Link
 from parallax.plan.traffic import step_traffic
-from parallax.trials.choice import describe_choice, with_choice
+from parallax.resources.cluster import Cluster
 
 __all__ = ["Candidate", "layout_space", "plan_candidates", "predicted_seconds", "DEFAULT_LINKS", "SPACE_KEYS"]
 
@@ -203,7 +203,7 @@ def plan_candidates(cluster: Cluster, analysis: GraphAnalysis, config: Config, s
     """Plan every choice and order them, cheapest predicted first; refused ones last, with their reason.
 
     Args:
-        plan_job: ``f(config, sync, cluster, analysis) -> (Settings, JobPlan)`` (:func:`parallax.job.plan_job`).
+        plan_job: ``f(config, sync, cluster, analysis) -> (Settings, JobPlan)`` (:func:`parallax.job.plan.plan_job`).
     """
     out = []
     for choice in choices:

@@ -24,13 +24,13 @@ from typing import Any
 
 from parallax.errors import ParallaxError
 from parallax.invocation import Invocation, PlanRequest
-from parallax.search import cache_path, store_entry
 from parallax.trials.execute import TrialResult, TrialSpec, run_trial, tail_of
 from parallax.trials.report import Progress, bar_plot, write_rows
 from parallax.trials.runner import make_runner
 from parallax.trials.script import TrialLauncher
 from parallax.tuning.cache import store_tuned
 from parallax.tuning.candidates import Candidate
+from parallax.tuning.search import cache_path, store_entry
 
 __all__ = ["tune", "TuneReport", "TuneTrial", "TuneError", "HISTORY_FILE"]
 
@@ -154,7 +154,7 @@ def _candidates(script: str, script_args: list[str], resource_info: str, space: 
 
 
 def _devices(resource_info: str) -> tuple[str, ...]:
-    from parallax.resources import parse_resource_file
+    from parallax.resources.files import parse_resource_file
 
     cluster = parse_resource_file(resource_info)
     return cluster.device_keys()

@@ -180,7 +180,7 @@ def test_a_graph_without_training_op_runs_forward_on_every_replica_as_the_seed_a
 
 def test_bare_local_host_runs_one_replica_per_gpu_or_one_on_the_cpu(resource_file):
     """In one process (PS): every GPU of the host as an in-graph replica. (MPI and HYBRID run a
-    process per GPU, tests/unit/test_job.py.)"""
+    process per GPU, tests/unit/job/test_plan.py.)"""
     graph, t = small_graph()
     sess, _, _, num_replicas = parallax.parallel_run(graph, resource_file("localhost\n"), parallax_config=in_process())
     assert num_replicas == max(1, len(tf.config.list_physical_devices("GPU")))

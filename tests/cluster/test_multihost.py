@@ -97,7 +97,7 @@ def idiom_args(mode: str, idiom: str = "everything") -> list[str]:
 
 # --------------------------------------------------------------------------- equal to one device
 # (AUTO is left out: for this small model the servers would save less than their chain costs a step, so it
-# runs as MPI, the case above it; tests/unit/test_job.py checks AUTO's choice on three hosts)
+# runs as MPI, the case above it; tests/unit/job/test_plan.py checks AUTO's choice on three hosts)
 # PS on every host's server (PSConfig.num_servers=3); HYBRID on the one server Parallax keeps for this small
 # model, the other two running idle
 @pytest.mark.parametrize("mode, servers", [("PS", "3 of 3"), ("MPI", None), ("HYBRID", "1 of 3")])

@@ -28,7 +28,7 @@ def main() -> None:
         return
     from parallax.launch.launcher import launch
     from parallax.launch.layout import ranks_per_device
-    from parallax.resources import parse_resource_file
+    from parallax.resources.files import parse_resource_file
 
     os.makedirs(args.out, exist_ok=True)
     result = launch(ranks_per_device(parse_resource_file(args.resource_info).with_bare_hosts(args.gpus)),

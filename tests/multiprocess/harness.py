@@ -146,7 +146,7 @@ def launch_ranks(script: str, resource_info: str, rank_args: list[str], mpirun_o
     job's exit code."""
     from parallax.launch.launcher import launch
     from parallax.launch.layout import ranks_per_device
-    from parallax.resources import parse_resource_text
+    from parallax.resources.files import parse_resource_text
 
     with open(resource_info) as f:
         ranks = ranks_per_device(parse_resource_text(f.read()))

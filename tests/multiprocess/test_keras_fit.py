@@ -1,4 +1,4 @@
-"""``parallax.fit``, ``parallax.evaluate`` and ``parallax.predict`` (parallax/tf2/fit.py, evaluate.py) as a Keras user
+"""``parallax.fit``, ``parallax.evaluate`` and ``parallax.predict`` (parallax/keras_fit.py, evaluate.py) as a Keras user
 calls them, against ``model.fit`` / ``model.evaluate`` / ``model.predict`` on one device with the same batches:
 every epoch's logs (loss, metric, validation) and every trained weight, then the evaluation and the predictions
 of held-out examples (batches that do not split evenly over the workers), on every worker: for Keras 3 with

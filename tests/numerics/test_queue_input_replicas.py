@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import parallax
-from parallax.hooks import run_past_hooks
+from parallax.runtime.hooks import run_past_hooks
 from tests.conftest import cpu_resources
 from tests.programs import cifar10
 

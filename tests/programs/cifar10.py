@@ -138,7 +138,7 @@ def train(sess, program: Program) -> int:
 
 def single_device(source: str = "queue", steps: int = 6) -> tuple[Program, dict[str, np.ndarray]]:
     """The tutorial on one device: a ``MonitoredSession`` with the program's hooks."""
-    from parallax.hooks import run_past_hooks
+    from parallax.runtime.hooks import run_past_hooks
 
     program = build(source, steps=steps)
     with program.graph.as_default():

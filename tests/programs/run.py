@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import parallax  # noqa: E402
-from parallax.hooks import run_past_hooks  # noqa: E402
+from parallax.runtime.hooks import run_past_hooks  # noqa: E402
 from tests.programs import cifar10, cnn_benchmark, ptb  # noqa: E402
 
 STEPS = 6

@@ -24,7 +24,7 @@ by ``keras.utils.set_random_seed``): the reference ``parallax.fit(model, <the sa
   vectors come with the data (the guide draws them, and the noise it adds to the labels, inside the step, which
   no data-parallel training makes equal to one device), and both gradients are computed before either update,
   as TensorFlow's DCGAN tutorial does (the guide's generator differentiates through the discriminator it has just
-  updated, which Parallax refuses: tests/unit/test_update_order.py).
+  updated, which Parallax refuses: tests/unit/analysis/test_update_order.py).
 
 * ``cnn``: keras-io "Image classification from scratch": ``Rescaling``, a strided ``Conv2D``, blocks of
   ``SeparableConv2D`` + ``BatchNormalization`` with a strided residual ``Conv2D``, ``GlobalAveragePooling2D``,

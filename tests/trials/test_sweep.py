@@ -9,7 +9,7 @@ import json
 import pytest
 
 import parallax
-from parallax.sweeps import Uniform, grid_points, random_points
+from parallax.trials.sweeps import Uniform, grid_points, random_points
 from tests.multiprocess.harness import leftover_processes
 from tests.trials.programs import train, train_single_device
 
@@ -60,13 +60,13 @@ def test_random_draws_on_a_real_dask_local_cluster(tmp_path):
 
 
 def test_trials_side_by_side_equal_the_same_trials_one_by_one(tmp_path):
-    space = {"learning_rate": [0.05, 0.1, 0.2]}
+    space = {"learning_rate": [0.05, 0.2]}  # two slots side by side: two trials (CI's time: 3 ran 118 s)
     together = parallax.sweep(train, space, resources(tmp_path), devices_per_trial=2, metric="loss",
                               output=str(tmp_path / "together"), progress=False)
     alone = parallax.sweep(train, space, resources(tmp_path, "localhost: cpu:0,cpu:1\n"), metric="loss",
                            output=str(tmp_path / "alone"), progress=False)
     values = lambda rep: {r.value["params"]["learning_rate"]: rep.value_of(r) for r in rep.results}  # noqa: E731
-    assert values(together) == values(alone) and len(values(alone)) == 3
+    assert values(together) == values(alone) and len(values(alone)) == 2
 
 
 def test_bayesian_suggestions_are_made_on_the_workers(tmp_path):

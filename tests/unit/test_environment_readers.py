@@ -27,12 +27,12 @@ HANDED_THROUGH = {
     "launch/runner.py": "mpirun's environment (this process's, handed through) and TF_CPP_MIN_LOG_LEVEL",
     "launch/probe.py": "the link probe's mpirun environment (this process's, handed through)",
     "launch/preflight.py": "the Slurm allocation the hosts' checks run in (SLURM_*)",
-    "resources.py": "resource_info 'slurm', 'mpijob' or None: the allocation the environment describes (SLURM_*, "
+    "resources/files.py": "resource_info 'slurm', 'mpijob' or None: the allocation the environment describes (SLURM_*, "
                     "an MPIJob's host file)",
     "comm/native.py": "CXX: the compiler the user chose for the compiled op",
     "member/servers.py": "TF_NUM_INTEROP_THREADS: TensorFlow's own default, which the inter-op pool is sized from",
     "manifests/validate.py": "SLURM_CONF, CONDOR_CONFIG: what the validating tools read",
-    "sweeps.py": "PYTHONPATH: handed to a sweep's trial process",
+    "trials/sweeps.py": "PYTHONPATH: handed to a sweep's trial process",
 }
 
 #: Modules that write ``os.environ`` (besides the invocation's own ``export``), and why.

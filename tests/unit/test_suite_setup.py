@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from parallax.invocation import USE_TUNED_ENV, current
-from parallax.search import cache_path
 from parallax.tuning.cache import tuned_choice
+from parallax.tuning.search import cache_path
 from tests.multiprocess.harness import ROOT
 from tests.requirements import unavailable
 

@@ -137,7 +137,7 @@ def test_stall_shutdown_replaces_the_scripts_config_in_its_parallel_run(monkeypa
     from parallax.invocation import Invocation
 
     seen = []
-    monkeypatch.setattr(api, "_run", lambda graph, resources, sync, config, **kw: seen.append(config) or 0)
+    monkeypatch.setattr(api, "_run", lambda run, force, sync, invocation: seen.append(run.config) or 0)
     for text, expected in (("42.0", 42.0), ("none", None)):
         monkeypatch.setattr(api, "current", lambda text=text: replace(Invocation(), stall_shutdown=text))
         with pytest.raises(SystemExit):

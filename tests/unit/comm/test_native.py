@@ -129,10 +129,10 @@ def test_it_can_be_turned_off(fresh_native, monkeypatch, parallax_warnings):
     """PARALLAX_NATIVE_OPS=0 reaches a worker's communicators through its settings: the op is never asked for."""
     from types import SimpleNamespace
 
+    from parallax.job.settings import derive
     from parallax.member.roles import process_comms
     from parallax.plan.model import Layout
-    from parallax.resources import parse_resource_text
-    from parallax.settings import derive
+    from parallax.resources.files import parse_resource_text
 
     cluster = parse_resource_text("localhost: cpu:0,cpu:1", "res")
     asked = Invocation.from_env({NATIVE_OPS_ENV: "0", "PARALLAX_CACHE_DIR": fresh_native})

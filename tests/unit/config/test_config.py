@@ -10,7 +10,7 @@ from tests.package import PACKAGE, package_modules
 
 def test_defaults_follow_the_seed_api():
     cfg = parallax.Config()
-    assert cfg.run_option is None  # HYBRID in force (tests/unit/test_settings.py)
+    assert cfg.run_option is None  # HYBRID in force (tests/unit/job/test_settings.py)
     assert cfg.average_sparse is None and cfg.sess_config is None and cfg.redirect_path is None
     assert cfg.search_partitions is False
     ps = cfg.communication_config.ps_config

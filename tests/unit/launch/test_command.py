@@ -1,10 +1,10 @@
 import pytest
 
-from parallax.cluster import Role
 from parallax.errors import LaunchError
 from parallax.launch.command import SESSION_DIR_ENV, build_mpirun_command
 from parallax.launch.layout import RankSpec, hybrid_ranks, layout_from_json, layout_to_json, ranks_per_device
-from parallax.resources import Device, parse_resource_text
+from parallax.resources.cluster import Role
+from parallax.resources.files import Device, parse_resource_text
 
 LOCAL = frozenset({"localhost", "vm"})
 
@@ -69,8 +69,8 @@ def job_ranks(text, gpus, run_option):
     """The ranks of the job plan ``parallax-run`` would launch, on hosts with ``gpus`` (fake) GPUs."""
     from parallax.analysis import analyse_graph
     from parallax.config import Config
-    from parallax.job import make_job_plan
-    from parallax.settings import derive
+    from parallax.job.plan import make_job_plan
+    from parallax.job.settings import derive
     from tests.models import build_embedding
 
     cluster = parse_resource_text(text, "res")

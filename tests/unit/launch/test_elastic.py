@@ -21,7 +21,7 @@ from parallax.launch.elastic import (
     worker_count,
 )
 from parallax.launch.runner import JobResult
-from parallax.resources import parse_resource_text
+from parallax.resources.files import parse_resource_text
 
 THREE = parse_resource_text("a: cpu:0\nb: cpu:0\nc: cpu:0\n", source="resource_info")
 

@@ -7,7 +7,7 @@ import pytest
 from parallax.errors import ResourceFileError
 from parallax.invocation import Invocation, LaunchIdentity
 from parallax.managers.mpijob import hostfile_text, in_launcher, resource_text
-from parallax.resources import Device, from_environment, parse_resource_file
+from parallax.resources.files import Device, from_environment, parse_resource_file
 
 
 def test_open_mpi_and_hydra_host_files_become_one_replica_per_slot():

@@ -8,7 +8,7 @@ import pytest
 
 from parallax.errors import LaunchError, ResourceFileError
 from parallax.managers.tf_config import Task, read_tf_config
-from parallax.resources import parse_resource_text
+from parallax.resources.files import parse_resource_text
 
 
 def env(cluster, task=None, **extra) -> dict[str, str]:

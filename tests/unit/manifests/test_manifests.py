@@ -14,13 +14,13 @@ import yaml
 from parallax.analysis import analyse_graph
 from parallax.config import Config
 from parallax.errors import ManifestError
-from parallax.job import make_job_plan
+from parallax.job.plan import make_job_plan
+from parallax.job.settings import derive
 from parallax.manifests import ManifestRequest, make_manifest
 from parallax.manifests.common import planner
 from parallax.manifests.validate import validate
-from parallax.resources import parse_resource_text
-from parallax.rolespec import parse_role_spec
-from parallax.settings import derive
+from parallax.resources.files import parse_resource_text
+from parallax.resources.rolespec import parse_role_spec
 from tests.models import build_embedding, build_mlp
 from tests.requirements import unavailable
 

@@ -31,7 +31,7 @@ from parallax.member.bootstrap import (
     leave_together,
     make_heartbeat,
 )
-from parallax.resources import Device
+from parallax.resources.files import Device
 
 RANKS = (RankSpec("a", (Device("gpu", 0),), 1), RankSpec("a", (Device("gpu", 1),), 1),
          RankSpec("a", None, 0, "ps"), RankSpec("b", (Device("cpu", 2),), 2, "worker", 3333),

@@ -21,7 +21,7 @@ from parallax.launch.runner import PREEMPTED_EXIT_CODE
 from parallax.member import preemption
 from parallax.member.preemption import Preemption, PreemptionHook
 from tests.models import build_mlp
-from tests.unit import session_fakes
+from tests.unit.runtime import session_fakes
 
 model = session_fakes.model
 

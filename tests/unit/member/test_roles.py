@@ -7,17 +7,17 @@ from __future__ import annotations
 import pytest
 
 from parallax.analysis import analyse_graph
-from parallax.cluster import Role
 from parallax.comm.arrival import DEFAULT_SPIN_SECONDS
 from parallax.comm.group import Alone
 from parallax.config import CommunicationConfig, Config, MPIConfig
+from parallax.job.settings import derive
 from parallax.member.protocol import NoHeartbeat
 from parallax.member.roles import ProcessSetup, local_replicas, role_setup
 from parallax.member.servers import GROUP_LEADER
-from parallax.resources import parse_resource_text
-from parallax.settings import derive
+from parallax.resources.cluster import Role
+from parallax.resources.files import parse_resource_text
 from tests.models import build_deep_mlp, build_embedding, build_mlp
-from tests.unit.test_job import job_for
+from tests.unit.job.test_plan import job_for
 
 
 class Member:

@@ -9,13 +9,13 @@ from tensorflow.core.protobuf import config_pb2
 import parallax
 from parallax.analysis import analyse_graph
 from parallax.errors import LaunchError
-from parallax.graph_input import load_graph
-from parallax.job import make_job_plan
+from parallax.job.plan import make_job_plan
+from parallax.job.settings import derive
 from parallax.member.roles import check_local_devices, local_replicas
 from parallax.member.servers import session_config
 from parallax.member.startup import start_worker
-from parallax.resources import parse_resource_text
-from parallax.settings import derive
+from parallax.resources.files import parse_resource_text
+from parallax.runtime.graph_input import load_graph
 from tests.models import build_mlp
 
 

@@ -11,7 +11,7 @@ from parallax.errors import PlanError, ResourceFileError
 from parallax.plan import Plan
 from parallax.plan.stages import cut_forward, fit_stages
 from tests.models import build_deep_mlp, build_embedding, build_mlp
-from tests.unit.test_job import job_for
+from tests.unit.job.test_plan import job_for
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@ import tensorflow as tf
 
 from parallax.analysis import analyse_graph
 from parallax.plan import TaskSpec, build_plan
-from parallax.resources import Device
+from parallax.resources.files import Device
 
 
 def export(graph):

@@ -15,12 +15,12 @@ import parallax
 from parallax.analysis import analyse_graph
 from parallax.config import Config
 from parallax.errors import AnalysisError, PlanError
-from parallax.job import make_job_plan
-from parallax.resources import parse_resource_text
-from parallax.settings import derive
+from parallax.job.plan import make_job_plan
+from parallax.job.settings import derive
+from parallax.resources.files import parse_resource_text
 from parallax.tf2.replica_sums import synchronised_statistics
 from parallax.tf2.trace import trace_step
-from tests.unit.test_batch_statistics import _step_of
+from tests.unit.analysis.test_batch_statistics import _step_of
 
 
 def _model(flavor: str = "keras", synchronized: bool = True):

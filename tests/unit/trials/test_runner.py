@@ -121,7 +121,7 @@ def test_trial_results_are_plain_json(tmp_path):
 
 
 def test_device_slots_split_the_file_in_order(tmp_path):
-    from parallax.sweeps import device_slots
+    from parallax.trials.sweeps import device_slots
 
     path = tmp_path / "res"
     path.write_text("a: cpu:0,cpu:1,cpu:2\nb: cpu:0\n")

@@ -8,7 +8,7 @@ import pytest
 
 from parallax.config import Config
 from parallax.invocation import RESULT_ENV, TRIAL_ENV, Invocation
-from parallax.trials.choice import choice_env, describe_choice, with_choice
+from parallax.job.choice import choice_env, describe_choice, with_choice
 from parallax.trials.mode import TrialOver, TrialRequest, TrialSession, trial_env, trial_request
 
 

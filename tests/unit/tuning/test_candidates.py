@@ -7,8 +7,8 @@ import pytest
 from parallax.analysis import analyse_graph
 from parallax.cli import parse_space
 from parallax.config import Config
-from parallax.job import plan_job
-from parallax.resources import parse_resource_text
+from parallax.job.plan import plan_job
+from parallax.resources.files import parse_resource_text
 from parallax.tuning.candidates import Candidate, layout_space, plan_candidates
 from tests.models import build_deep_mlp, build_embedding
 

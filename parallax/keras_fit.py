@@ -1,0 +1,471 @@
+"""``parallax.fit``: a compiled Keras model (Keras 3 or ``tf_keras``) trained as ``model.fit`` trains it, data-parallel.
+
+``history = parallax.fit(model, x, y, batch_size=64, epochs=3, resource_info="resource_info")`` takes
+what ``model.fit`` takes for arrays or a ``tf.data.Dataset``, and what ``parallel_run`` takes for the job,
+and returns a Keras ``History`` on every worker. Under it:
+
+* **the step**: the model's forward pass, its compiled loss and its optimizer's update, as that Keras's own
+  ``train_step`` writes them (:mod:`parallax.tf2.keras_flavor`), in a ``tf.function`` that Parallax traces
+  and trains data-parallel (:mod:`parallax.tf2.trace`); it returns the loss and the predictions of each
+  replica's part;
+* **the examples**: the global batches are those ``model.fit`` draws, in its order, from that Keras's own
+  data handling made with the same arguments (arrays and their shuffle, ``class_weight``, a dataset, a
+  generator, a ``PyDataset``: :mod:`parallax.tf2.batches`); every worker draws them all alike, and
+  replica ``k`` of worker ``w`` takes part ``w * replicas + k`` of equal parts of each batch
+  (:func:`parts`). So one step's union is the batch ``model.fit`` trains at that step. A batch that does
+  not split into equal parts is padded with examples of weight 0 and its examples' weights scaled so that
+  the replicas' mean loss is the batch's (:func:`even_parts`);
+* **the metrics**: Keras 3: the step updates the compiled metrics and the loss tracker, in the graph, as
+  ``model.fit``'s does, and after every step what the replicas added is summed over the workers into the
+  model's metrics (:mod:`parallax.tf2.summed`): the progress bar, the logs, the ``History`` and the callbacks
+  see every example so far, as on one device. tf_keras (whose compiled loss keeps loss metrics of its own):
+  they are updated on each worker, on the host, from its replicas' predictions, and their states summed over
+  the workers at each epoch's end;
+* **validation**: ``validation_data`` is evaluated after each epoch on the trained weights, sharded over
+  the workers as :func:`parallax.evaluate` does (:mod:`parallax.tf2.evaluate`): every worker has the same
+  ``val_`` logs, those of every validation example;
+* **callbacks**: run on every worker with the trained weights in the model (so ``EarlyStopping`` decides
+  alike everywhere; a stop asked on any worker stops all), except those that write files
+  (``ModelCheckpoint``, ``TensorBoard``, ``CSVLogger``), which run on worker 0; ``BackupAndRestore`` is
+  refused (its restore, on worker 0 after the job's variables are made, would be lost);
+* **weights**: ``sample_weight`` (or ``class_weight``, turned into sample weights as Keras does) is cut into
+  the replicas' parts with the examples; ``validation_split`` holds out the last examples, as Keras does.
+
+After ``fit`` the model holds the trained weights on every worker: ``model.evaluate``, ``model.predict``
+and ``model.save`` work as after ``model.fit``, and ``parallax.evaluate`` / ``parallax.predict`` shard
+over the job's workers. As with ``parallel_run``, the process the user started
+launches the job and exits with its exit code; ``fit`` returns in the job's worker processes.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from parallax.api import parallel_run
+from parallax.comm.group import Alone
+from parallax.tf2.arguments import check_fit
+from parallax.tf2.batch_hooks import BEGINS, ENDS, BatchLogs, batch_hooks
+from parallax.tf2.batches import FitBatches, check_same
+from parallax.tf2.evaluate import HostSums, chief_or_shared, evaluate_on, global_batches, numbers, use_job
+from parallax.tf2.keras_flavor import Flavor, flavor_of
+from parallax.tf2.own_step import check_even, overrides_train_step, own_train_step, warn_own_fit
+from parallax.tf2.replica_sums import synchronised_statistics
+
+__all__ = ["fit", "parts", "split_validation"]
+
+
+def parts(batch: Any, num_workers: int, worker_id: int, num_replicas: int) -> list:
+    """This worker's replicas' parts of a global ``batch`` (an array, or a structure of arrays), in replica
+    order: the batch cut in ``num_workers * num_replicas`` equal parts, part ``worker_id * num_replicas + k``
+    for replica ``k``.
+
+    >>> parts(np.arange(6), 3, 1, 1)
+    [array([2, 3])]
+    """
+    n = num_workers * num_replicas
+    cut = [np.split(np.asarray(a), n) for a in tf.nest.flatten(batch)]
+    first = worker_id * num_replicas
+    return [tf.nest.pack_sequence_as(batch, [pieces[first + k] for pieces in cut]) for k in range(num_replicas)]
+
+
+def even_parts(batch: tuple, replicas: int) -> tuple[tuple, int, int]:
+    """A global ``batch`` ``(x, y, sample_weight or None)`` made ready to cut into ``replicas`` equal parts:
+    ``(fed, size, examples)``. A batch of ``examples`` that does not split evenly (the last of an epoch) is
+    padded at its end, by repeats of its first example, to ``replicas * size`` (``size`` the examples a part
+    takes, rounded up); the weights fed (the user's, or ones) are ``replicas * size / examples`` times the
+    user's for the real examples and 0 for the padding, so that the mean of the replicas' losses (Keras's
+    default reduction divides a part's weighted sum by its size) is the batch's mean loss, as on one device,
+    and so is the mean of their gradients.
+
+    >>> fed, size, examples = even_parts((np.arange(5.0), np.arange(5.0), None), 2)
+    >>> fed[0], fed[2], size, examples
+    (array([0., 1., 2., 3., 4., 0.]), array([1.2, 1.2, 1.2, 1.2, 1.2, 0. ], dtype=float32), 3, 5)
+    """
+    examples = len(tf.nest.flatten(batch[0])[0])
+    fed, size = block_parts(batch, examples, replicas, replicas, examples)
+    return fed, size, examples
+
+
+def block_parts(block: tuple, examples: int, replicas: int, here: int, real: int) -> tuple[tuple, int]:
+    """A worker's ``here`` parts of a global batch of ``examples`` cut into ``replicas`` equal parts of ``size``
+    (rounded up), from ``block`` ``(x, y, sample_weight or None)``, whose first ``real`` rows are the
+    examples of those parts (the rest of the parts, past the batch's end, padding): ``(fed, size)``, ``fed``
+    ``here * size`` rows, padded by repeats of ``block``'s first row, and the weights as :func:`even_parts`
+    makes them. The whole batch is the block of all parts (``here == replicas``); a worker that reads only its
+    share of the data (:mod:`parallax.tf2.input_split`) has its block alone.
+
+    >>> fed, size = block_parts((np.arange(2.0), np.arange(2.0), None), 5, 4, 2, 1)
+    >>> fed[0], fed[2], size
+    (array([0., 0., 0., 0.]), array([1.6, 0. , 0. , 0. ], dtype=float32), 2)
+    """
+    x, y, weights = block
+    w = np.ones(real, np.float32) if weights is None else np.asarray(weights, np.float32)[:real]
+    size = -(-examples // replicas)
+    if size * replicas == examples:
+        return (x, y, w), size
+    padding = size * here - real
+    order = np.concatenate([np.arange(real), np.zeros(padding, np.int64)])
+    scaled = np.concatenate([w * (size * replicas / examples), np.zeros((padding, *w.shape[1:]), np.float32)])
+    pad = functools.partial(tf.nest.map_structure, lambda a: np.asarray(a)[order])
+    return (pad(x), pad(y), scaled.astype(np.float32)), size
+
+
+def _per_leaf(per_replica: list, structure: Any) -> Any:
+    """``structure`` with each leaf the list of that leaf's value on every replica (what a step takes)."""
+    flat = [tf.nest.flatten(part) for part in per_replica]
+    return tf.nest.pack_sequence_as(structure, [[f[i] for f in flat] for i in range(len(flat[0]))])
+
+
+def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None, epochs: int = 1,
+        verbose: Any = "auto", callbacks: list | None = None, validation_split: float = 0.0,
+        validation_data: Any = None, shuffle: bool = True, class_weight: dict | None = None,
+        sample_weight: Any = None, initial_epoch: int = 0, steps_per_epoch: int | None = None,
+        validation_steps: int | None = None, validation_batch_size: int | None = None, validation_freq: int = 1, *,
+        resource_info: Any = None, seed: int = 0, sync: bool = True, parallax_config: Any = None) -> Any:
+    """Train a compiled Keras ``model`` data-parallel, as ``model.fit`` does on one device (see the module
+    docstring).
+
+    Args:
+        model: a Keras 3 or ``tf_keras`` model, compiled (``model.compile(optimizer, loss, metrics)``).
+        x, y: the inputs and targets (arrays, or structures of arrays), or ``x`` a ``tf.data.Dataset``
+            of ``(inputs, targets)`` global batches.
+        batch_size: the global batch (arrays; default 32).
+        epochs, verbose, callbacks, validation_split, validation_data, shuffle, class_weight, sample_weight,
+            initial_epoch, steps_per_epoch, validation_steps, validation_batch_size, validation_freq: as
+            ``model.fit`` takes them (``validation_freq`` an int; ``BackupAndRestore`` is refused: restore
+            before ``fit`` and pass ``initial_epoch``).
+        resource_info, sync, parallax_config: as :func:`parallax.parallel_run` takes them.
+        seed: the global seed the shuffle of arrays is drawn with where the program set none
+            (``keras.utils.set_random_seed``), so that every worker draws the same batches.
+
+    Returns:
+        The ``History`` of the training, on every worker; it also says ``num_workers``, ``worker_id`` and
+        ``num_replicas`` (per worker), as ``parallel_run`` returns them.
+
+    Raises:
+        TypeError: the model is no Keras model, or ``x`` is missing.
+        ValueError: the model is not compiled; it has several targets; a batch does not split into the
+            replicas' parts; a ``BackupAndRestore`` callback; weights or a split asked of a dataset.
+    """
+    flavor = flavor_of(model, "parallax.fit")
+    check_fit(x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data, shuffle, class_weight,
+              sample_weight, initial_epoch, steps_per_epoch, validation_steps, validation_batch_size, validation_freq,
+              seed)
+    _refuse_sharded_slots(model, parallax_config)
+    own = overrides_train_step(model, flavor.module)
+    _refuse_restoring(callbacks)
+    if class_weight is not None and sample_weight is not None:
+        raise ValueError("parallax.fit: class_weight goes with arrays x, y and no sample_weight (as in model.fit)")
+    if validation_split:
+        if isinstance(x, tf.data.Dataset) or validation_data is not None:
+            raise ValueError("parallax.fit: validation_split cuts arrays x, y, and is ignored by model.fit when "
+                             "validation_data is given; pass one of them, with arrays")
+        (x, y, sample_weight), validation_data = split_validation((x, y, sample_weight), validation_split)
+    if sample_weight is not None and isinstance(x, tf.data.Dataset):
+        raise ValueError("parallax.fit: sample_weight goes with arrays; a dataset yields its own "
+                         "(inputs, targets, sample_weights)")
+    if x is None:
+        raise TypeError("parallax.fit: x is missing (arrays, or a tf.data.Dataset of (inputs, targets) batches)")
+    batches = FitBatches(flavor.module.__name__.split(".")[0], model, x, y, sample_weight, batch_size,
+                         steps_per_epoch, shuffle, class_weight, initial_epoch, epochs, seed, targets=not own)
+    if not own and len(tf.nest.flatten(batches.signature[1])) > 1:
+        raise ValueError("parallax.fit: the model has several targets (a loss each, logged as metrics of their "
+                         "own): not yet supported; train it with a tf.function step and parallel_run")
+    outputs: dict = {}  # the structure of the model's predictions, seen when the step is traced
+    step_fn = own_train_step(model, batches.signature, batches.has_targets, batches.weighted) if own \
+        else _train_step(model, flavor, batches, outputs)
+    with synchronised_statistics(model, getattr(parallax_config, "sync_batch_norm", False)):
+        step, num_workers, worker_id, num_replicas = parallel_run(step_fn, resource_info, sync=sync,
+                                                                  parallax_config=parallax_config)
+    if worker_id == 0:  # said once a job
+        warn_own_fit(model, flavor.module)
+    deferred = not own and flavor.metrics_in_step
+    if deferred:
+        step.defer_sums()  # summed over the workers where the logs are read (BatchLogs) and at each epoch's end
+    elif not own:
+        step.leave_metrics()  # the compiled metrics are updated here, on the host
+    group = step.session.group
+    if group is None and num_workers > 1:
+        step.close()
+        raise ValueError("parallax.fit sums the metrics over the workers, which the tasks of a job a cluster manager "
+                         "starts (TF_CONFIG) cannot do; launch the job with parallel_run's launcher (python train.py "
+                         "or parallax-run), or train with a tf.function step and parallel_run")
+    group = group or Alone()
+    use_job(group)  # parallax.evaluate and parallax.predict shard over this job's workers from now on
+    batches.split(group, num_workers, worker_id, num_replicas)  # a dataset: each worker reads its share, if it can
+    chief = worker_id == 0
+    kept = chief_or_shared(callbacks, flavor, chief)
+    steps = batches.steps
+    callback_list = flavor.callbacks.CallbackList(
+        kept, add_history=True, add_progbar=chief and verbose != 0, model=model,
+        verbose=1 if verbose == "auto" else verbose, epochs=epochs, steps=steps)
+    model.stop_training = False
+    callback_list.on_train_begin()
+    saves_in_epochs = chief and _saves_within_epochs(kept)
+    stops_in_epochs = batch_hooks(callbacks or [], flavor, ENDS)  # the program's list: alike on every worker
+    rate_in_epochs = batch_hooks(kept, flavor, BEGINS + ENDS)  # may set the learning rate between batches
+    host = HostSums(model, group) if not own and not deferred and num_workers > 1 else None  # tf_keras
+    flush = step.flush_sums if deferred else host.flush if host else None  # the metrics summed over the workers
+    batch_logs = BatchLogs(model, batch_hooks(kept, flavor, ENDS), chief and verbose != 0, steps, flush=flush,
+                           workers=num_workers, read_alike=stops_in_epochs or verbose != 0)
+    logs: dict = {}
+    for epoch, epoch_batches in batches.epochs(initial_epoch, epochs):
+        model.reset_metrics()
+        if host:
+            host.restart()
+        callback_list.on_epoch_begin(epoch)
+        for index, batch in enumerate(epoch_batches):
+            examples = batches.share.examples_at(index) if batches.share else None  # else: batch is global
+            if index == 0 and num_workers > 1 and not batches.share:
+                check_same(group, batch, epoch)
+            callback_list.on_train_batch_begin(index)
+            if index == 0 or rate_in_epochs:  # what a callback set: once an epoch, or before each batch where one may
+                rate = learning_rate(model, flavor)
+            if own:
+                callback_list.on_train_batch_end(index, _own_step(step, batch, num_workers, worker_id, num_replicas,
+                                                                  examples))
+            else:
+                _one_step(step, model, flavor, batch, num_workers, worker_id, num_replicas, rate, outputs, examples)
+                if saves_in_epochs:  # a ModelCheckpoint(save_freq=<batches>) saves the weights trained so far
+                    _sync(step, model)
+                callback_list.on_train_batch_end(index, batch_logs.after(index))
+            if stops_in_epochs and group.any(bool(model.stop_training)):  # a callback stopped it: as model.fit,
+                model.stop_training = True  # after this batch (every worker: a worker that went on would wait)
+                break
+        epoch_batches.close()  # the thread drawing ahead ends here, also when training stopped within the epoch
+        if flush:  # what the steps added since the last flush, summed over the workers
+            flush()
+        logs = numbers(model.get_metrics_result())
+        _sync(step, model)  # the callbacks and the validation see the trained weights
+        if validation_data is not None and (epoch + 1) % validation_freq == 0:
+            _, val_batches = global_batches(*_triple(validation_data), validation_batch_size or batch_size,
+                                            validation_steps, "parallax.fit: validation_data")
+            val = evaluate_on(model, flavor, group, val_batches, callback_list)
+            logs.update({f"val_{k}": v for k, v in val.items()})
+        callback_list.on_epoch_end(epoch, logs)
+        if group.any(bool(model.stop_training)):
+            model.stop_training = True
+        if model.stop_training:
+            break
+    if own:
+        step.close()
+    else:
+        _sync(step, model, close=True)
+    callback_list.on_train_end(logs)
+    history = model.history
+    history.num_workers, history.worker_id, history.num_replicas = num_workers, worker_id, num_replicas
+    return history
+
+
+def _one_step(step: Any, model: Any, flavor: Flavor, batch: tuple, num_workers: int, worker_id: int,
+              num_replicas: int, rate: np.float32, outputs: dict, examples: int | None = None) -> None:
+    """One step of ``parallax.fit``'s own step on this worker's parts of ``batch`` (padded to split evenly), at
+    learning rate ``rate``: ``batch`` the global batch, or, where this worker reads only its share of the data,
+    its block of a global batch of ``examples``."""
+    fed, size, first, examples = _block(batch, num_workers, worker_id, num_replicas, examples)
+    mine = [parts(a, 1, 0, num_replicas) for a in fed]  # a part per replica each
+    share = np.float32(examples / (num_workers * num_replicas))
+    starts = [(worker_id * num_replicas + k) * size for k in range(num_replicas)]  # of this worker's parts
+    real = [np.int32(min(max(examples - at, 0), size)) for at in starts]  # their examples; the rest: padding
+    got = step(*[_per_leaf(m, a) for m, a in zip(mine, fed)], [share] * num_replicas, real,
+               [rate] * num_replicas)
+    if not flavor.metrics_in_step:  # else updated in the step, summed over the workers (parallax.tf2.summed)
+        at = [first + k * size for k in range(num_replicas)]  # in ``batch``
+        _host_metrics(model, flavor, got, batch, mine, zip(at, real), share, outputs["structure"])
+
+
+def _block(batch: tuple, num_workers: int, worker_id: int, num_replicas: int,
+           examples: int | None) -> tuple[tuple, int, int, int]:
+    """This worker's block of the global batch, padded (:func:`block_parts`), with the metrics' weights:
+    ``(fed, size of a part, where the block starts in batch, examples of the global batch)``."""
+    replicas = num_workers * num_replicas
+    if examples is None:  # the global batch
+        examples = len(tf.nest.flatten(batch[0])[0])
+        (x, y, w), size = block_parts(batch, examples, replicas, replicas, examples)
+        whole = (x, y, w, metric_weights(batch[2], examples, len(w)))
+        first = worker_id * num_replicas * size
+        return tuple(parts(a, num_workers, worker_id, 1)[0] for a in whole), size, first, examples
+    size = -(-examples // replicas)
+    real = min(max(examples - worker_id * num_replicas * size, 0), num_replicas * size)
+    (x, y, w), size = block_parts(batch, examples, replicas, num_replicas, real)
+    return (x, y, w, metric_weights(batch[2], real, len(w))), size, 0, examples
+
+
+def _host_metrics(model: Any, flavor: Flavor, got: tuple, batch: tuple, mine: list, parts_at: Any, share: float,
+                  structure: Any) -> None:
+    """Update the compiled metrics on the host from what the step returned (its losses, predictions and
+    regularization; tf_keras, whose compiled loss keeps loss metrics of its own): replica ``k``'s real examples,
+    ``parts_at[k] = (where its part starts in the batch, how many are real)``; each one's loss counts for
+    ``share`` examples."""
+    losses, predicted, regularization = got
+    for k, (at, n) in enumerate(parts_at):
+        prediction = tf.nest.pack_sequence_as(structure, [tf.convert_to_tensor(leaf[k][:n]) for leaf in predicted])
+        part_x, part_y = (tf.nest.map_structure(lambda a, n=n: tf.convert_to_tensor(a[:n]), m[k]) for m in mine[:2])
+        part_w = None if batch[2] is None else tf.convert_to_tensor(batch[2][at:at + n])
+        flavor.record_loss(model, losses[k], tf.constant(regularization[k]), part_x, part_y, part_w, prediction,
+                           float(share))
+        if n:
+            model.compute_metrics(part_x, part_y, prediction, part_w)
+
+
+def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) -> Any:
+    """The model's ``train_step`` for one replica, its metrics left to the host: the loss, the predictions
+    (flattened; their structure goes into ``outputs["structure"]``) and what the flavor needs to record the
+    loss (:meth:`~parallax.tf2.keras_flavor.Flavor.record_loss`). It takes ``(x, y, sample_weight)``
+    (:func:`even_parts` makes the weights)."""
+
+    rate = flavor.learning_rate(model)
+
+    def step(x, y, sample_weight, metric_weight, share, real, rate_now):
+        if rate is not None:  # what a callback set between steps, as model.fit's step reads it
+            rate.assign(tf.cast(rate_now, rate.dtype))
+        with tf.GradientTape() as tape:
+            prediction = model(x, training=True)
+            if not batches.weighted:  # Parallax's own weights (ones, 0 for padding): over every loss of an example
+                sample_weight = per_example(sample_weight, prediction)
+            loss = flavor.loss(model, x, y, prediction, sample_weight)
+            scaled = flavor.scaled(model, loss)  # as that Keras's step: a loss scale (mixed precision) applied
+        flavor.apply(model, tape, scaled)
+        if flavor.metrics_in_step:  # on the part's real examples (a padded batch's padding cut off), as the host did
+            cut = functools.partial(tf.nest.map_structure, functools.partial(_first, real))
+            flavor.update_metrics(model, cut(x), cut(y), cut(prediction),
+                                  cut(metric_weight) if batches.weighted else None, loss, share)
+            # their state after the update, fetched with the step (parallax.tf2.summed: no second run to read it)
+            return loss, [tf.identity(v.value) for v in model.metrics_variables]
+        outputs["structure"] = prediction
+        return loss, tf.nest.flatten(prediction), flavor.regularization(model)
+
+    scalar = tf.TensorSpec([], tf.float32)
+    return tf.function(step, input_signature=[*batches.signature, batches.signature[2], scalar,
+                                              tf.TensorSpec([], tf.int32), scalar])
+
+
+def _first(count: tf.Tensor, tensor: tf.Tensor) -> tf.Tensor:
+    """The first ``count`` rows of ``tensor``, with those of its Keras mask (a masked model's prediction)."""
+    rows = tensor[:count]
+    mask = getattr(tensor, "_keras_mask", None)
+    if mask is not None:
+        rows._keras_mask = mask[:count]
+    return rows
+
+
+def metric_weights(weights: Any, examples: int, fed: int) -> np.ndarray:
+    """The weights the compiled metrics take for a batch of ``examples`` padded to ``fed``: the user's (or ones),
+    0 for the padding (:func:`even_parts`).
+
+    >>> metric_weights(None, 3, 4)
+    array([1., 1., 1., 0.], dtype=float32)
+    """
+    w = np.ones(examples, np.float32) if weights is None else np.asarray(weights, np.float32)[:examples]
+    if fed == examples:
+        return w
+    return np.concatenate([w, np.zeros((fed - examples, *w.shape[1:]), np.float32)])
+
+
+def per_example(weights: tf.Tensor, prediction: Any) -> tf.Tensor:
+    """Weights of one value per example shaped to weigh every loss value of its example: ``(batch, 1, ...)`` to
+    the rank of the loss (the prediction's less its last axis), so that a loss per time step, ``(batch, time)``,
+    takes them as Keras takes weights of its own rank (``model.fit`` without weights weighs nothing)."""
+    rank = tf.nest.flatten(prediction)[0].shape.rank
+    if rank is None or rank <= 2:
+        return weights
+    return tf.reshape(weights, [-1] + [1] * (rank - 2))
+
+
+def _saves_within_epochs(callbacks: list) -> bool:
+    """Whether a callback saves the weights after some batches (``ModelCheckpoint(save_freq=<int>)``): the
+    model's variables must then hold the trained values after every batch, not only at each epoch's end."""
+    return any(type(c).__name__ == "ModelCheckpoint" and getattr(c, "save_freq", "epoch") != "epoch"
+               for c in callbacks)
+
+
+def learning_rate(model: Any, flavor: Flavor) -> np.float32:
+    """The learning rate the program's optimizer holds now (a callback may have set it), which the step
+    assigns before its update; 0 when it is a schedule (the step then assigns nothing)."""
+    rate = flavor.learning_rate(model)
+    return np.float32(0.0 if rate is None else np.asarray(rate.numpy() if hasattr(rate, "numpy") else rate))
+
+
+def _own_step(step: Any, batch: tuple, num_workers: int, worker_id: int, num_replicas: int,
+              examples: int | None = None) -> dict:
+    """One step of the model's own ``train_step`` on this worker's parts of ``batch`` (the global batch, or this
+    worker's block of a global batch of ``examples``); the logs of its first replica (:mod:`parallax.tf2.own_step`)."""
+    given = [a for a in batch if a is not None]
+    whole = examples is None
+    examples = len(tf.nest.flatten(batch[0])[0]) if whole else examples
+    check_even(examples, num_workers * num_replicas)
+    if whole:
+        given = [parts(a, num_workers, worker_id, 1)[0] for a in given]
+    mine = [parts(a, 1, 0, num_replicas) for a in given]
+    logs = step(*[_per_leaf(m, a) for m, a in zip(mine, given)])
+    return {k: float(np.asarray(v[0]).mean()) for k, v in logs.items()}
+
+
+def _refuse_sharded_slots(model: Any, config: Any) -> None:
+    """``zero_stage`` shards the slots of optimizers that update through ``Apply*`` ops (tf_keras's legacy
+    ones); a Keras 3 or tf_keras new optimizer writes with plain assign ops, which the job's workers would refuse
+    after launch: refused here, before anything starts."""
+    stage = getattr(config, "zero_stage", 0)
+    optimizer = getattr(model, "optimizer", None)
+    legacy = "legacy" in type(optimizer).__module__ or "optimizer_v2" in type(optimizer).__module__
+    if stage and not legacy:
+        raise ValueError(f"parallax.fit: zero_stage={stage} shards the slots of optimizers that update through "
+                         f"Apply* ops (tf_keras.optimizers.legacy.*); {type(optimizer).__name__} "
+                         f"({type(optimizer).__module__}) writes its slots with plain assign ops: use a tf_keras "
+                         "legacy optimizer, or zero_stage=0")
+
+
+def _refuse_restoring(callbacks: list | None) -> None:
+    """``BackupAndRestore`` restores the weights when training begins: into the model, after Parallax has made
+    the job's variables from it (and on worker 0 alone), so every worker would train on without it."""
+    for callback in callbacks or []:
+        if type(callback).__name__ == "BackupAndRestore":
+            raise ValueError("parallax.fit: a BackupAndRestore callback restores the weights when training begins, "
+                             "after the job's variables were made from the model (on worker 0 alone), so the restore "
+                             "would be lost; restore before parallax.fit on every worker (model.load_weights) and "
+                             "pass initial_epoch, and save with ModelCheckpoint")
+
+
+def _sync(step: Any, model: Any, close: bool = False) -> None:
+    """The trained weights into the model's variables (and the session closed, with ``close``); its metrics'
+    states stay the host's (a loss that updates a metric inside the step, as tf_keras's compiled loss does,
+    updates each worker's own copy in the graph, which is not the epoch's)."""
+    variables = [v for m in model.metrics for v in m.variables]
+    kept = [v.numpy() for v in variables]
+    if close:
+        step.close()
+    else:
+        step.sync_variables()
+    for variable, value in zip(variables, kept):
+        variable.assign(value)
+
+
+def _triple(data: Any) -> tuple:
+    """``validation_data``: ``(x, y[, sample_weight])``, or a dataset."""
+    if isinstance(data, (list, tuple)) and len(data) in (2, 3):
+        return (*data, *([None] * (3 - len(data))))
+    return (data, None, None)
+
+
+def split_validation(arrays: tuple, fraction: float) -> tuple[tuple, tuple]:
+    """The arrays cut as Keras cuts them for ``validation_split``: the last ``fraction`` of the examples (before
+    any shuffle) for validation, the rest for training (``None`` stays ``None``).
+
+    >>> split_validation((np.arange(10), None), 0.25)
+    ((array([0, 1, 2, 3, 4, 5, 6]), None), (array([7, 8, 9]), None))
+    """
+    if not 0 < fraction < 1:
+        raise ValueError(f"parallax.fit: validation_split must be between 0 and 1, got {fraction}")
+    n = len(tf.nest.flatten(arrays[0])[0])
+    at = int(np.floor(n * (1.0 - fraction)))
+    if at == 0 or at == n:
+        raise ValueError(f"parallax.fit: validation_split={fraction} of {n} examples leaves no examples to "
+                         f"{'train on' if at == 0 else 'validate on'}")
+    cut = [tuple(None if a is None else tf.nest.map_structure(lambda v, sl=sl: np.asarray(v)[sl], a)
+                 for a in arrays)
+           for sl in (slice(0, at), slice(at, n))]
+    return cut[0], cut[1]
