@@ -57,6 +57,20 @@ MORE_OPTIMIZERS = ("keras3-rmsprop", "keras3-adagrad", "keras3-adamw", "keras3-n
 MIXED = tuple(c for c in CASES if c not in PLAIN and c not in MORE_OPTIMIZERS)
 
 
+def squared_error_step(model, optimizer):
+    """The plainest step: ``x`` of 4 features, ``y`` of 1, the mean squared error, ``optimizer`` applying the
+    tape's gradients of ``model``'s trainable variables; it returns the loss."""
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None, 1])])
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x, training=True) - y) ** 2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    return step
+
+
 def batches(steps: int, case: str = "") -> list[tuple[np.ndarray, np.ndarray]]:
     rng = np.random.RandomState(3)
     out = [(rng.randint(0, VOCAB, (BATCH, 3)).astype(np.int32), rng.randn(BATCH, 1).astype(np.float32))

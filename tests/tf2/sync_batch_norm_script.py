@@ -38,7 +38,8 @@ def build(norm: str):
     """The model (``norm``: ``synchronized``, a ``BatchNormalization(synchronized=True)``; ``plain``, one built
     without) and its training step, which returns the loss."""
     import keras
-    import tensorflow as tf
+
+    from tests.tf2.programs import squared_error_step
 
     keras.utils.set_random_seed(3)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
@@ -46,15 +47,7 @@ def build(norm: str):
                                                               name="norm"),
                               keras.layers.Dense(1)])
     optimizer = keras.optimizers.SGD(0.1)
-
-    @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None, 1])])
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean((model(x, training=True) - y) ** 2)
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
-    return model, step
+    return model, squared_error_step(model, optimizer)
 
 
 def train(norm: str, steps: int, batch: int, job: dict | None = None):

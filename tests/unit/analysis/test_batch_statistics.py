@@ -12,6 +12,7 @@ from parallax.job.plan import make_job_plan
 from parallax.job.settings import derive
 from parallax.resources.files import parse_resource_text
 from parallax.tf2.trace import trace_step
+from tests.tf2.programs import squared_error_step
 
 NOTE = "batch statistics (batch normalisation)"
 
@@ -28,15 +29,7 @@ def _step_of(model, keras=None):
     if keras is None:
         import keras
     optimizer = (keras.optimizers.legacy.SGD if keras.__name__ == "tf_keras" else keras.optimizers.SGD)(0.1)
-
-    @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None, 1])])
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean((model(x, training=True) - y) ** 2)
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
-    return step, model
+    return squared_error_step(model, optimizer), model
 
 
 def _notes(graph, resources: str) -> tuple[str, ...]:
