@@ -171,15 +171,19 @@ def _checked_config(parallax_config: Config | None, sync: bool, resource_info: s
 @dataclass(frozen=True)
 class _Call:
     """One ``parallel_run`` call, ready for its handler: the invocation, the graph in both forms, and what is in
-    force (:func:`parallax.job.in_force.in_force`; the config with a TensorFlow 2 step's conventions)."""
+    force (:func:`parallax.job.in_force.in_force`; its config the program's, with a TensorFlow 2 step's
+    conventions)."""
 
     invocation: Invocation
     graph: tf.Graph
     meta_graph: meta_graph_pb2.MetaGraphDef
     force: InForce
     sync: bool
-    config: Config
     step_ckpt_dir: str | None = None  # a tf.function step's own checkpoints' (elastic mode adds none)
+
+    @property
+    def config(self) -> Config:
+        return self.force.config
 
     @property
     def resource_info(self) -> str | os.PathLike | None:
@@ -205,7 +209,7 @@ def _run(run: Program, force: InForce, sync: bool, invocation: Invocation) -> tu
     graph, meta_graph = load_graph(run.graph)
     check_schedule(run.config.ckpt_config, graph)
     check_checkpoint(run.config.ckpt_config, graph)  # another model's checkpoint: refused before anything starts
-    call = _Call(invocation, graph, meta_graph, force, sync, run.config, run.ckpt_dir)
+    call = _Call(invocation, graph, meta_graph, replace(force, config=run.config), sync, run.ckpt_dir)
     return _HANDLERS[invocation.kind](call)
 
 
@@ -233,7 +237,7 @@ def _run_launched(call: _Call) -> tuple | int:
         else parse_resource_file(call.resource_info)
     config = call.config
     if call.invocation.trial is None:
-        config, code, _ = _tuned(call, config, cluster, launched=True)
+        config, code, _ = _tuned(call, cluster, launched=True)
         if code is not None:
             return code
     settings, job = plan_job(config, call.sync, cluster, analyse_graph(call.graph), gpus=launched.context.job.gpus,
@@ -280,7 +284,7 @@ def _run_plain(call: _Call) -> tuple | int:
         if _speaks_for_the_job(None, None, rerun):
             call.report_overrides()
         # the script run again by its starter takes the tuned choice its starter took
-        config, code, tuned = _tuned(call, config, cluster, launched=rerun)
+        config, code, tuned = _tuned(call, cluster, launched=rerun)
         if code is not None:
             return code
     analysis = analyse_graph(call.graph)
@@ -397,8 +401,8 @@ _HANDLERS = {Kind.PLAN: _answer_request, Kind.MANIFEST: _answer_request, Kind.TU
              Kind.LAUNCHED: _run_launched, Kind.MANAGED: _run_managed, Kind.TRIAL: _run_plain, Kind.PLAIN: _run_plain}
 
 
-def _tuned(call: _Call, config: Config, cluster: Cluster, launched: bool) -> tuple[Config, int | None, dict | None]:
-    """The config with the layout ``parallax tune`` stored for this graph and resources
+def _tuned(call: _Call, cluster: Cluster, launched: bool) -> tuple[Config, int | None, dict | None]:
+    """The call's config with the layout ``parallax tune`` stored for this graph and resources
     (:mod:`parallax.tuning.cache`, applied by :func:`parallax.job.in_force.with_tuned`); an exit code when the script
     must run again (a tuned partition count); the tuned choice, for the processes this one starts.
 
@@ -409,14 +413,13 @@ def _tuned(call: _Call, config: Config, cluster: Cluster, launched: bool) -> tup
 
     choice, source = tuned_choice(call.graph, cluster.text, call.sync, launched, call.invocation)
     if choice is None:
-        return config, None, None
-    tuned, parts = with_tuned(replace(call.force, config=config), choice, search.min_partitions(call.graph),
-                              call.invocation)
+        return call.config, None, None
+    tuned, parts = with_tuned(call.force, choice, search.min_partitions(call.graph), call.invocation)
     if not launched:
         applied = {k: v for k, v in choice.items() if k != "partitions" or parts is not None}
         logger.warning(tuned_warning(tuned.tuned, describe_choice(applied), source, USE_TUNED_ENV))
     if parts is not None:  # the script again: its graph built with the tuned count
-        return config, search.run_final(parts, choice), choice
+        return call.config, search.run_final(parts, choice), choice
     return tuned.config, None, choice
 
 

@@ -21,7 +21,7 @@ end's (:func:`parallax.tf2.front.program`), applied before.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from parallax.config import Config
@@ -49,7 +49,7 @@ class InForce:
     config: Config
     resource_info: str | os.PathLike | None
     environment: tuple[EnvironmentOverride, ...] = ()
-    tuned: tuple[Replaced, ...] = field(default=())
+    tuned: tuple[Replaced, ...] = ()
 
 
 def in_force(config: Config, resource_info: str | os.PathLike | None, invocation: Invocation) -> InForce:
