@@ -53,7 +53,7 @@ from parallax.resources.files import parse_resource_file, parse_resource_text
 from parallax.runtime.checkpoint import check_checkpoint, check_schedule
 from parallax.runtime.graph_input import load_graph
 from parallax.runtime.session import ParallaxSession
-from parallax.tf2.front import Program, conventions, deferred, graph_of, is_step_function, needs_first_call, program
+from parallax.tf2.front import Program, deferred, graph_of, is_step_function, needs_first_call, program
 from parallax.trials.mode import in_trial
 from parallax.tuning import search
 
@@ -127,8 +127,9 @@ def _parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | No
         known = numbers(invocation, resource_info, config.redirect_path, len(tf.config.list_physical_devices("GPU")))
         return deferred(single_gpu_graph, lambda first: _parallel_run(
             single_gpu_graph, resource_info, sync, parallax_config, first), known)
-    force = in_force(config, resource_info, invocation)  # everything that replaces the script's settings
-    run = program(single_gpu_graph, force.config, signature)  # a TensorFlow 2 step: traced, its conventions
+    # everything that replaces the script's settings, and a TensorFlow 2 step's conventions
+    force = in_force(config, resource_info, invocation, step=is_step_function(single_gpu_graph))
+    run = program(single_gpu_graph, force.config, signature)  # a TensorFlow 2 step: traced
     try:
         outcome = _run(run, force, sync, invocation)
     except ParallaxError as e:
@@ -149,11 +150,12 @@ def preview_plan(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
     (``parallax plan`` prints the whole job plan).
     """
     config = _checked_config(parallax_config, sync, resource_info)
-    if is_step_function(single_gpu_graph):
-        config, single_gpu_graph = conventions(config), graph_of(single_gpu_graph)
-    graph, _ = load_graph(single_gpu_graph)
-    cluster = parse_resource_file(resource_info)
-    return plan_job(config, sync, cluster, analyse_graph(graph), invocation=current())[1].plan
+    step = is_step_function(single_gpu_graph)
+    invocation = current()
+    force = in_force(config, resource_info, invocation, step=step)
+    graph, _ = load_graph(graph_of(single_gpu_graph) if step else single_gpu_graph)
+    cluster = parse_resource_file(force.resource_info)
+    return plan_job(force.config, sync, cluster, analyse_graph(graph), invocation=invocation)[1].plan
 
 
 def _checked_config(parallax_config: Config | None, sync: bool, resource_info: str | os.PathLike | None) -> Config:
@@ -171,8 +173,8 @@ def _checked_config(parallax_config: Config | None, sync: bool, resource_info: s
 @dataclass(frozen=True)
 class _Call:
     """One ``parallel_run`` call, ready for its handler: the invocation, the graph in both forms, and what is in
-    force (:func:`parallax.job.in_force.in_force`; its config the program's, with a TensorFlow 2 step's
-    conventions)."""
+    force (:func:`parallax.job.in_force.in_force`; its config the program's: a TensorFlow 2 step keeps its own
+    checkpoint)."""
 
     invocation: Invocation
     graph: tf.Graph

@@ -11,11 +11,16 @@ and resources in force with what the environment replaced of the script's:
    :attr:`InForce.environment` (:mod:`parallax.job.overrides`);
 3. a ``parallax plan`` / ``manifest`` / ``tune`` request: its resource file, run option, plan overrides and fields;
    or else a trial's choice (:func:`parallax.job.choice.with_choice`);
-4. the checkpoints an elastic launcher chose for its ranks.
+4. the checkpoints an elastic launcher chose for its ranks;
+5. for a TensorFlow 2 step (``step=True``), TensorFlow 2's conventions where the script leaves a setting to its
+   default: sparse gradients averaged over the replicas (``average_sparse=None`` becomes ``True``), as
+   ``model.fit`` and TensorFlow's distribution strategies average every gradient; a ``tf.compat.v1`` graph keeps
+   the seed's sum.
 
 The layout ``parallax tune`` stored (:mod:`parallax.tuning.cache`) is looked up where the cluster is known, and
-applied by :func:`with_tuned`, which adds what it replaced. A TensorFlow 2 step's own conventions are the front
-end's (:func:`parallax.tf2.front.program`), applied before.
+applied by :func:`with_tuned`, which adds what it replaced: the graph the tune key is made from exists only once
+the step is traced with the config in force (its checkpoint restored, elastic mode checked), and a launched
+rank's cluster is the allocation its launcher sent.
 """
 
 from __future__ import annotations
@@ -52,13 +57,16 @@ class InForce:
     tuned: tuple[Replaced, ...] = ()
 
 
-def in_force(config: Config, resource_info: str | os.PathLike | None, invocation: Invocation) -> InForce:
-    """``config`` and ``resource_info`` with every replacement ``invocation`` asks for (the module's list).
+def in_force(config: Config, resource_info: str | os.PathLike | None, invocation: Invocation,
+             step: bool = False) -> InForce:
+    """``config`` and ``resource_info`` with every replacement ``invocation`` asks for, and TensorFlow 2's
+    conventions for a ``step`` (the module's list).
 
     Args:
         config: the script's config.
         resource_info: the script's ``resource_info``.
         invocation: how this process was started (:func:`parallax.invocation.current`, read by the door).
+        step: the program is a TensorFlow 2 step (a ``tf.function``), not a ``tf.compat.v1`` graph.
 
     Raises:
         ValueError: ``PARALLAX_RUN_OPTION`` is no run option.
@@ -83,6 +91,8 @@ def in_force(config: Config, resource_info: str | os.PathLike | None, invocation
         config = with_choice(config, invocation.trial.choice)
     if invocation.elastic_ckpt:  # a rank of an elastic job: the checkpoints its launcher chose
         config = replace(config, ckpt_config=checkpoint_from_text(invocation.elastic_ckpt))
+    if step and config.average_sparse is None:  # TensorFlow 2's convention: every gradient averaged
+        config = replace(config, average_sparse=True)
     return InForce(config, resource_info, replaced)
 
 

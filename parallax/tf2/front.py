@@ -5,9 +5,10 @@ how to wrap the session ``parallel_run`` makes over it. The door knows TensorFlo
 :func:`prepare`; :func:`deferred` stands for a step without an input signature until its first call
 (:mod:`parallax.tf2.deferred`). :func:`prepare` restores the program's own checkpoint
 (``CheckPointConfig.checkpoint``) before the trace reads the variables' values, traces the step
-(:mod:`parallax.tf2.trace`) and applies TensorFlow 2's conventions to the config; :meth:`PreparedStep.wrap` turns
+(:mod:`parallax.tf2.trace`); :meth:`PreparedStep.wrap` turns
 ``parallel_run``'s session into the step the program calls (:class:`parallax.tf2.step.DistributedStep`).
-Nothing downstream learns where the graph came from.
+Nothing downstream learns where the graph came from; TensorFlow 2's conventions for the config are applied with
+everything else in force (:func:`parallax.job.in_force.in_force`, ``step=True``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from parallax.tf2.step import DistributedStep
 from parallax.tf2.trace import TracedStep, is_step_function, trace_step
 
 __all__ = ["Program", "program", "deferred", "PreparedStep", "prepare", "graph_of", "is_step_function",
-           "needs_first_call", "conventions"]
+           "needs_first_call"]
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def needs_first_call(fn: Any) -> bool:
 
 def prepare(fn: Any, config: Config, signature: Any = None) -> tuple[PreparedStep, Config]:
     """Trace ``fn`` (with ``signature`` when it has none of its own) after restoring its checkpoint; the config
-    with TensorFlow 2's conventions, and without the checkpoint the step keeps itself.
+    without the checkpoint the step keeps itself.
 
     Raises:
         ValueError: elastic mode without the step's own checkpoint saved on a schedule.
@@ -120,7 +121,7 @@ def prepare(fn: Any, config: Config, signature: Any = None) -> tuple[PreparedSte
     traced = trace_step(fn, signature)
     if checkpoints is not None:
         checkpoints.check_restored()
-    return PreparedStep(traced, checkpoints, config.check_first_step), conventions(config)
+    return PreparedStep(traced, checkpoints, config.check_first_step), config
 
 
 def graph_of(fn: Any) -> Any:
@@ -140,9 +141,3 @@ def _check_elastic_step(config: Config, has_checkpoint: bool) -> None:
                          "tf.train.Checkpoint: give CheckPointConfig(ckpt_dir=..., checkpoint=tf.train.Checkpoint("
                          "model=..., optimizer=...), save_ckpt_steps=...) (or save_ckpt_secs)")
 
-
-def conventions(config: Config) -> Config:
-    """A TensorFlow 2 step's defaults: sparse gradients averaged over the replicas unless the config says
-    otherwise (``average_sparse=None``), as ``model.fit`` and TensorFlow's distribution strategies average
-    every gradient; a ``tf.compat.v1`` graph keeps the seed's sum."""
-    return replace(config, average_sparse=True) if config.average_sparse is None else config

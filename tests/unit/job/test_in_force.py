@@ -88,3 +88,9 @@ def test_a_tuned_partition_count_the_graph_lacks_runs_the_script_again(given, re
         assert tuned.tuned[-1].describe() == "get_partitioner's partition count 2 -> 8"
     else:
         assert tuned.config.run_option == "MPI"
+
+
+def test_a_step_averages_sparse_gradients_unless_the_script_says():
+    assert in_force(parallax.Config(), None, Invocation(), step=True).config.average_sparse is True
+    assert in_force(parallax.Config(average_sparse=False), None, Invocation(), step=True).config.average_sparse is False
+    assert in_force(parallax.Config(), None, Invocation()).config.average_sparse is None  # a graph: the seed's sum
