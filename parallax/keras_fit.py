@@ -13,8 +13,10 @@ and returns a Keras ``History`` on every worker. Under it:
   generator, a ``PyDataset``: :mod:`parallax.tf2.batches`); every worker draws them all alike, and
   replica ``k`` of worker ``w`` takes part ``w * replicas + k`` of equal parts of each batch
   (:func:`parts`). So one step's union is the batch ``model.fit`` trains at that step. A batch that does
-  not split into equal parts is padded with examples of weight 0 and its examples' weights scaled so that
-  the replicas' mean loss is the batch's (:func:`even_parts`);
+  not split into equal parts is padded to equal parts (:func:`even_parts`), and the step cuts the padding off
+  before the forward pass: each replica trains on its part's real examples, and its whole loss (the compiled
+  loss, the model's own losses: regularization, ``add_loss``, a ``compute_loss`` of its own) counts for its
+  share of the batch's examples, so that the replicas' mean loss is the batch's, as on one device;
 * **the metrics**: Keras 3: the step updates the compiled metrics and the loss tracker, in the graph, as
   ``model.fit``'s does, and after every step what the replicas added is summed over the workers into the
   model's metrics (:mod:`parallax.tf2.summed`): the progress bar, the logs, the ``History`` and the callbacks
@@ -51,6 +53,7 @@ from parallax.tf2.arguments import check_fit
 from parallax.tf2.batch_hooks import BEGINS, ENDS, BatchLogs, batch_hooks
 from parallax.tf2.batches import FitBatches, check_same
 from parallax.tf2.evaluate import HostSums, chief_or_shared, evaluate_on, global_batches, numbers, use_job
+from parallax.tf2.host_edits import HostEdits
 from parallax.tf2.keras_flavor import Flavor, flavor_of
 from parallax.tf2.own_step import check_even, overrides_train_step, own_train_step, warn_own_fit
 from parallax.tf2.replica_sums import synchronised_statistics
@@ -76,14 +79,12 @@ def even_parts(batch: tuple, replicas: int) -> tuple[tuple, int, int]:
     """A global ``batch`` ``(x, y, sample_weight or None)`` made ready to cut into ``replicas`` equal parts:
     ``(fed, size, examples)``. A batch of ``examples`` that does not split evenly (the last of an epoch) is
     padded at its end, by repeats of its first example, to ``replicas * size`` (``size`` the examples a part
-    takes, rounded up); the weights fed (the user's, or ones) are ``replicas * size / examples`` times the
-    user's for the real examples and 0 for the padding, so that the mean of the replicas' losses (Keras's
-    default reduction divides a part's weighted sum by its size) is the batch's mean loss, as on one device,
-    and so is the mean of their gradients.
+    takes, rounded up); the weights fed are the user's (or ones) for the real examples and 0 for the padding.
+    The step cuts each part to its real examples and scales its loss by them (:func:`part_loss`).
 
     >>> fed, size, examples = even_parts((np.arange(5.0), np.arange(5.0), None), 2)
     >>> fed[0], fed[2], size, examples
-    (array([0., 1., 2., 3., 4., 0.]), array([1.2, 1.2, 1.2, 1.2, 1.2, 0. ], dtype=float32), 3, 5)
+    (array([0., 1., 2., 3., 4., 0.]), array([1., 1., 1., 1., 1., 0.], dtype=float32), 3, 5)
     """
     examples = len(tf.nest.flatten(batch[0])[0])
     fed, size = block_parts(batch, examples, replicas, replicas, examples)
@@ -100,7 +101,7 @@ def block_parts(block: tuple, examples: int, replicas: int, here: int, real: int
 
     >>> fed, size = block_parts((np.arange(2.0), np.arange(2.0), None), 5, 4, 2, 1)
     >>> fed[0], fed[2], size
-    (array([0., 0., 0., 0.]), array([1.6, 0. , 0. , 0. ], dtype=float32), 2)
+    (array([0., 0., 0., 0.]), array([1., 0., 0., 0.], dtype=float32), 2)
     """
     x, y, weights = block
     w = np.ones(real, np.float32) if weights is None else np.asarray(weights, np.float32)[:real]
@@ -109,9 +110,9 @@ def block_parts(block: tuple, examples: int, replicas: int, here: int, real: int
         return (x, y, w), size
     padding = size * here - real
     order = np.concatenate([np.arange(real), np.zeros(padding, np.int64)])
-    scaled = np.concatenate([w * (size * replicas / examples), np.zeros((padding, *w.shape[1:]), np.float32)])
+    weights = np.concatenate([w, np.zeros((padding, *w.shape[1:]), np.float32)])
     pad = functools.partial(tf.nest.map_structure, lambda a: np.asarray(a)[order])
-    return (pad(x), pad(y), scaled.astype(np.float32)), size
+    return (pad(x), pad(y), weights.astype(np.float32)), size
 
 
 def _per_leaf(per_replica: list, structure: Any) -> Any:
@@ -204,7 +205,9 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         kept, add_history=True, add_progbar=chief and verbose != 0, model=model,
         verbose=1 if verbose == "auto" else verbose, epochs=epochs, steps=steps)
     model.stop_training = False
+    edits = HostEdits(model)  # the weights the job starts from
     callback_list.on_train_begin()
+    edits.check("on_train_begin")
     saves_in_epochs = chief and _saves_within_epochs(kept)
     stops_in_epochs = batch_hooks(callbacks or [], flavor, ENDS)  # the program's list: alike on every worker
     rate_in_epochs = batch_hooks(kept, flavor, BEGINS + ENDS)  # may set the learning rate between batches
@@ -218,6 +221,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         if host:
             host.restart()
         callback_list.on_epoch_begin(epoch)
+        edits.check("on_epoch_begin" if epoch == initial_epoch else "on_epoch_end or on_epoch_begin")
         for index, batch in enumerate(epoch_batches):
             examples = batches.share.examples_at(index) if batches.share else None  # else: batch is global
             if index == 0 and num_workers > 1 and not batches.share:
@@ -241,6 +245,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
             flush()
         logs = numbers(model.get_metrics_result())
         _sync(step, model)  # the callbacks and the validation see the trained weights
+        edits.agree()
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
             _, val_batches = global_batches(*_triple(validation_data), validation_batch_size or batch_size,
                                             validation_steps, "parallax.fit: validation_data")
@@ -251,10 +256,10 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
             model.stop_training = True
         if model.stop_training:
             break
-    if own:
-        step.close()
-    else:
-        _sync(step, model, close=True)
+    # the model has the trained weights since the last epoch's end: what a callback set since then stays
+    step.close(write_back=False)
+    if getattr(model.optimizer, "finalize_variable_values", None) is not None and epochs > 0:
+        model.optimizer.finalize_variable_values(model.trainable_weights)  # as model.fit: an EMA into the weights
     callback_list.on_train_end(logs)
     history = model.history
     history.num_workers, history.worker_id, history.num_replicas = num_workers, worker_id, num_replicas
@@ -323,15 +328,17 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
     def step(x, y, sample_weight, metric_weight, share, real, rate_now):
         if rate is not None:  # what a callback set between steps, as model.fit's step reads it
             rate.assign(tf.cast(rate_now, rate.dtype))
+        # the part's real examples (a part of padding only: one row, whose loss counts for nothing)
+        x, y, sample_weight, metric_weight = _rows(tf.maximum(real, 1), (x, y, sample_weight, metric_weight))
         with tf.GradientTape() as tape:
             prediction = model(x, training=True)
             if not batches.weighted:  # Parallax's own weights (ones, 0 for padding): over every loss of an example
                 sample_weight = per_example(sample_weight, prediction)
-            loss = flavor.loss(model, x, y, prediction, sample_weight)
+            loss = part_loss(flavor.loss(model, x, y, prediction, sample_weight), real, share)
             scaled = flavor.scaled(model, loss)  # as that Keras's step: a loss scale (mixed precision) applied
         flavor.apply(model, tape, scaled)
         if flavor.metrics_in_step:  # on the part's real examples (a padded batch's padding cut off), as the host did
-            cut = functools.partial(tf.nest.map_structure, functools.partial(_first, real))
+            cut = functools.partial(_rows, real)
             flavor.update_metrics(model, cut(x), cut(y), cut(prediction),
                                   cut(metric_weight) if batches.weighted else None, loss, share)
             # their state after the update, fetched with the step (parallax.tf2.summed: no second run to read it)
@@ -344,8 +351,27 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
                                               tf.TensorSpec([], tf.int32), scalar])
 
 
+def part_loss(loss: tf.Tensor, real: tf.Tensor, share: tf.Tensor) -> tf.Tensor:
+    """A replica's whole loss on the ``real`` examples of its part, weighed by them against its ``share`` of the
+    batch (the batch's examples over the replicas): the replicas' mean is then the batch's loss as one device
+    computes it, whatever the part's loss is made of (a mean over its examples, a regularization counted once,
+    an activity regularization), and for a padded batch too (a part of padding only counts for nothing).
+
+    >>> float(part_loss(tf.constant(2.0), tf.constant(1), tf.constant(4.0)))
+    0.5
+    """
+    return loss * tf.cast(tf.cast(real, tf.float32) / share, loss.dtype)
+
+
+def _rows(count: tf.Tensor, structure: Any) -> Any:
+    """The first ``count`` rows of every tensor of ``structure`` (:func:`_first`)."""
+    return tf.nest.map_structure(functools.partial(_first, count), structure)
+
+
 def _first(count: tf.Tensor, tensor: tf.Tensor) -> tf.Tensor:
     """The first ``count`` rows of ``tensor``, with those of its Keras mask (a masked model's prediction)."""
+    if tensor is None:
+        return None
     rows = tensor[:count]
     mask = getattr(tensor, "_keras_mask", None)
     if mask is not None:
@@ -430,16 +456,13 @@ def _refuse_restoring(callbacks: list | None) -> None:
                              "pass initial_epoch, and save with ModelCheckpoint")
 
 
-def _sync(step: Any, model: Any, close: bool = False) -> None:
-    """The trained weights into the model's variables (and the session closed, with ``close``); its metrics'
-    states stay the host's (a loss that updates a metric inside the step, as tf_keras's compiled loss does,
-    updates each worker's own copy in the graph, which is not the epoch's)."""
+def _sync(step: Any, model: Any) -> None:
+    """The trained weights into the model's variables; its metrics' states stay the host's (a loss that updates
+    a metric inside the step, as tf_keras's compiled loss does, updates each worker's own copy in the graph, which
+    is not the epoch's)."""
     variables = [v for m in model.metrics for v in m.variables]
     kept = [v.numpy() for v in variables]
-    if close:
-        step.close()
-    else:
-        step.sync_variables()
+    step.sync_variables()
     for variable, value in zip(variables, kept):
         variable.assign(value)
 

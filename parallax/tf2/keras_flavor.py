@@ -39,7 +39,12 @@ class Flavor:
         return getattr(model, "optimizer", None) is not None and bool(getattr(model, "compiled", False))
 
     def loss(self, model: Any, x: Any, y: Any, prediction: Any, sample_weight: Any) -> Any:
-        return model.compute_loss(x=x, y=y, y_pred=prediction, sample_weight=sample_weight, training=True)
+        """The model's loss as its ``train_step`` computes it: through Keras's own call of ``compute_loss``, which
+        passes ``training`` only to an override that takes it (one written before Keras 3.3 does not)."""
+        compute = getattr(model, "_compute_loss", None)
+        if compute is None:
+            return model.compute_loss(x=x, y=y, y_pred=prediction, sample_weight=sample_weight, training=True)
+        return compute(x=x, y=y, y_pred=prediction, sample_weight=sample_weight, training=True)
 
     def scaled(self, model: Any, loss: Any) -> Any:
         """The loss the gradients are taken of: Keras 3's ``train_step`` scales it by the optimizer's loss

@@ -166,11 +166,12 @@ class DistributedStep:
     def should_stop(self) -> bool:
         return self._session.should_stop()
 
-    def close(self) -> None:
+    def close(self, write_back: bool = True) -> None:
         """Write the trained values into the program's variables (and, on worker 0, save the job's checkpoint
-        when ``CheckPointConfig.checkpoint`` is set), then close the session."""
+        when ``CheckPointConfig.checkpoint`` is set), then close the session; ``write_back=False``: the program's
+        variables already hold them (``parallax.fit``, after an epoch's end), and what it set since stays."""
         try:
-            if self._checkpoints is None or self._checkpoints.save(self) is None:
+            if (self._checkpoints is None or self._checkpoints.save(self) is None) and write_back:
                 self.sync_variables()
         finally:
             self._session.close()

@@ -45,6 +45,15 @@ by ``keras.utils.set_random_seed``): the reference ``parallax.fit(model, <the sa
   ``fit`` (arrays into an unshuffled dataset), which ``parallax.fit`` does not run: the program passes
   ``shuffle=False`` (:data:`FITS`), as docs/tf2_programs.md says to.
 
+* ``distiller``: keras-io "Knowledge Distillation": a ``Distiller`` model whose ``compute_loss`` (written before
+  Keras 3.3: no ``training`` argument) mixes the student's loss with the KL divergence from a frozen teacher's
+  softened predictions and takes no sample weights; 29 examples, so each epoch's last batch does not split
+  evenly (the padding must not count);
+* ``regularized``: a layer with an L2 kernel regularizer and an L1 activity regularizer, plain SGD (a wrong
+  scale shows), 29 examples (the activity loss of a padded batch's padding must not count);
+* ``ema``: SGD with momentum and ``use_ema=True`` (``model.fit`` ends by writing the moving averages into the
+  weights), and a ``ReduceLROnPlateau`` that lowers the rate at the last epoch's end (compared too: it stays).
+
 ``build(name)`` makes the compiled model (seeded); ``data(name)`` its ``(x, y)``; ``FIT`` the fit arguments;
 ``CONFIGS`` what a program adds to its ``parallax.Config``; ``fit_arguments(name)`` what its ``fit`` takes;
 ``weights(name, model)`` the weights compared (every weight, the moving statistics too, where the model
@@ -56,9 +65,10 @@ from __future__ import annotations
 import numpy as np
 
 PROGRAMS = ("transformer", "seq2seq", "recommender", "masked", "structured", "custom-step", "gan", "cnn",
-            "timeseries", "bert")
+            "timeseries", "bert", "distiller", "regularized", "ema")
 CONFIGS = {"cnn": {"sync_batch_norm": True}}
 FITS = {"bert": {"shuffle": False}}
+UNEVEN = ("distiller", "regularized")  # 29 examples: the last batch of 5 does not split into equal parts
 NORMALISED = ("cnn", "timeseries")
 FIT = {"batch_size": 8, "epochs": 2}
 EXAMPLES = 32
@@ -97,6 +107,10 @@ def data(name: str):
         ids = np.where(mask, rng.randint(1, 50, (EXAMPLES, 12)), 0).astype(np.int32)
         return ({"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": mask.astype(np.int32)},
                 rng.randint(0, 2, EXAMPLES).astype(np.int32))
+    if name in UNEVEN:
+        return rng.randn(29, 4).astype(np.float32), rng.randint(0, 3, 29)
+    if name == "ema":
+        return rng.randn(EXAMPLES, 4).astype(np.float32), rng.randn(EXAMPLES, 1).astype(np.float32)
     if name == "gan":  # real images and latent vectors, as fit's x and y (the step takes both as its data)
         return rng.uniform(-1, 1, (EXAMPLES, 6)).astype(np.float32), rng.randn(EXAMPLES, 3).astype(np.float32)
     lengths = rng.randint(1, MAXLEN + 1, EXAMPLES)
@@ -218,6 +232,20 @@ def build(name: str):
         return _custom_step(keras)
     if name == "gan":
         return _gan(keras)
+    if name == "distiller":
+        return _distiller(keras)
+    if name == "regularized":
+        model = keras.Sequential([layers.Input((4,)), layers.Dense(8, activation="relu",
+                                                                   kernel_regularizer=keras.regularizers.L2(1e-2),
+                                                                   activity_regularizer=keras.regularizers.L1(1e-2)),
+                                  layers.Dense(3)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        return model
+    if name == "ema":
+        model = keras.Sequential([layers.Input((4,)), layers.Dense(8, activation="relu"), layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9, use_ema=True), loss="mse")
+        return model
     model = keras.Sequential([layers.Input((MAXLEN,), dtype="int32"), layers.Embedding(VOCAB, 8, mask_zero=True),
                               layers.LSTM(8), layers.Dense(1, activation="sigmoid")])
     model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
@@ -249,12 +277,53 @@ def _image_classifier(keras):
 
 
 def fit_arguments(name: str) -> dict:
+    if name == "ema":  # lowers the rate at every epoch's end from the second on (no loss falls by 10)
+        import keras
+
+        return {**FIT, "callbacks": [keras.callbacks.ReduceLROnPlateau("loss", factor=0.5, patience=0, min_delta=10)]}
     return {**FIT, **FITS.get(name, {})}
 
 
 def weights(name: str, model) -> list:
-    """The weights compared: every one where the model has moving statistics, else the trainable ones."""
+    """The weights compared: every one where the model has moving statistics, else the trainable ones (and the
+    learning rate the callbacks left)."""
+    if name == "ema":
+        return [v.numpy() for v in model.trainable_variables] + [np.asarray(model.optimizer.learning_rate)]
     return [v.numpy() for v in (model.weights if name in NORMALISED else model.trainable_variables)]
+
+
+def _distiller(keras):
+    from keras import layers, ops
+
+    class Distiller(keras.Model):  # keras-io's, as written for Keras 3 (its compute_loss without ``training``)
+        def __init__(self, student, teacher):
+            super().__init__()
+            self.teacher, self.student = teacher, student
+
+        def compile(self, optimizer, metrics, student_loss_fn, distillation_loss_fn, alpha=0.1, temperature=3):
+            super().compile(optimizer=optimizer, metrics=metrics)
+            self.student_loss_fn, self.distillation_loss_fn = student_loss_fn, distillation_loss_fn
+            self.alpha, self.temperature = alpha, temperature
+
+        def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, allow_empty=False):
+            teacher_pred = self.teacher(x, training=False)
+            student_loss = self.student_loss_fn(y, y_pred)
+            distillation_loss = self.distillation_loss_fn(
+                ops.softmax(teacher_pred / self.temperature, axis=1),
+                ops.softmax(y_pred / self.temperature, axis=1)) * self.temperature ** 2
+            return self.alpha * student_loss + (1 - self.alpha) * distillation_loss
+
+        def call(self, x):
+            return self.student(x)
+
+    teacher = keras.Sequential([layers.Input((4,)), layers.Dense(16, activation="relu"), layers.Dense(3)])
+    student = keras.Sequential([layers.Input((4,)), layers.Dense(6, activation="relu"), layers.Dense(3)])
+    teacher.trainable = False
+    distiller = Distiller(student, teacher)
+    distiller.compile(optimizer=keras.optimizers.Adam(0.01), metrics=[keras.metrics.SparseCategoricalAccuracy()],
+                      student_loss_fn=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      distillation_loss_fn=keras.losses.KLDivergence(), alpha=0.1, temperature=10)
+    return distiller
 
 
 def _custom_step(keras):

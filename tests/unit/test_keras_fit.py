@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import parallax
 from parallax.keras_fit import parts, split_validation
@@ -93,17 +94,24 @@ def test_a_reshuffling_dataset_is_not_iterated_outside_the_epochs():
 
 
 def test_a_batch_that_does_not_split_evenly_is_padded_with_examples_of_weight_zero():
-    from parallax.keras_fit import even_parts
+    from parallax.keras_fit import even_parts, part_loss
 
     x, y, w = np.arange(5.0)[:, None], np.arange(5.0), np.array([1, 1, 1, 1, 2], np.float32)
     (px, py, pw), size, examples = even_parts((x, y, w), 4)
     assert (size, examples) == (2, 5) and px[:, 0].tolist() == [0, 1, 2, 3, 4, 0, 0, 0]
-    np.testing.assert_allclose(pw, [1.6, 1.6, 1.6, 1.6, 3.2, 0, 0, 0])
-    # the mean of the parts' losses (a part's weighted sum over its size) is the batch's weighted mean loss
-    loss = (px[:, 0] - 10.0) ** 2
-    parts_mean = np.mean([np.sum(loss[k * size:(k + 1) * size] * pw[k * size:(k + 1) * size]) / size
-                          for k in range(4)])
-    np.testing.assert_allclose(parts_mean, np.sum(((x[:, 0] - 10.0) ** 2) * w) / 5, rtol=1e-6)
+    np.testing.assert_allclose(pw, [1, 1, 1, 1, 2, 0, 0, 0])
+    # each part trains on its real examples (the step cuts the padding off), its whole loss (a weighted mean over
+    # them, plus a term counted once and an activity term, a mean over them too) weighed by them against its share:
+    # the replicas' mean is the batch's loss on one device
+    loss, activity = (px[:, 0] - 10.0) ** 2, px[:, 0] * 0.1
+    share, total = examples / 4, []
+    for k in range(4):
+        real = min(max(examples - k * size, 0), size)
+        rows = slice(k * size, k * size + max(real, 1))
+        part = np.sum(loss[rows] * pw[rows]) / max(real, 1) + 0.5 + np.mean(activity[rows])
+        total.append(float(part_loss(tf.constant(part, tf.float32), tf.constant(real), tf.constant(share))))
+    one_device = np.sum(((x[:, 0] - 10.0) ** 2) * w) / 5 + 0.5 + np.mean(x[:, 0] * 0.1)
+    np.testing.assert_allclose(np.mean(total), one_device, rtol=1e-6)
     (fed_x, _, fed_w), size, _ = even_parts((x[:4], y[:4], None), 2)  # even: as it is, weights of one
     assert size == 2 and fed_x.shape == (4, 1) and fed_w.tolist() == [1, 1, 1, 1]
 
