@@ -49,13 +49,13 @@ import tensorflow as tf
 
 from parallax.api import parallel_run
 from parallax.comm.group import Alone
-from parallax.tf2.arguments import check_fit
+from parallax.tf2.arguments import check_fit, check_optimizer
 from parallax.tf2.batch_hooks import BEGINS, ENDS, BatchLogs, batch_hooks
 from parallax.tf2.batches import FitBatches, check_same
-from parallax.tf2.evaluate import HostSums, chief_or_shared, evaluate_on, global_batches, numbers, use_job
+from parallax.tf2.evaluate import HostSums, chief_or_shared, evaluate_on, numbers, use_job
 from parallax.tf2.host_edits import HostEdits
 from parallax.tf2.keras_flavor import Flavor, flavor_of
-from parallax.tf2.own_step import check_even, overrides_train_step, own_train_step, warn_own_fit
+from parallax.tf2.own_step import check_even, epoch_logs, overrides_train_step, own_train_step, warn_own_fit
 from parallax.tf2.replica_sums import synchronised_statistics
 
 __all__ = ["fit", "parts", "split_validation"]
@@ -156,7 +156,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     check_fit(x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data, shuffle, class_weight,
               sample_weight, initial_epoch, steps_per_epoch, validation_steps, validation_batch_size, validation_freq,
               seed)
-    _refuse_sharded_slots(model, parallax_config)
+    check_optimizer(model, parallax_config)
     own = overrides_train_step(model, flavor.module)
     _refuse_restoring(callbacks)
     if class_weight is not None and sample_weight is not None:
@@ -177,13 +177,15 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         raise ValueError("parallax.fit: the model has several targets (a loss each, logged as metrics of their "
                          "own): not yet supported; train it with a tf.function step and parallel_run")
     outputs: dict = {}  # the structure of the model's predictions, seen when the step is traced
-    step_fn = own_train_step(model, batches.signature, batches.has_targets, batches.weighted) if own \
+    sources: dict = {}  # the metric whose result each log of the model's own train_step is
+    step_fn = own_train_step(model, batches.signature, batches.has_targets, batches.weighted, sources) if own \
         else _train_step(model, flavor, batches, outputs)
     with synchronised_statistics(model, getattr(parallax_config, "sync_batch_norm", False)):
         step, num_workers, worker_id, num_replicas = parallel_run(step_fn, resource_info, sync=sync,
                                                                   parallax_config=parallax_config)
     if worker_id == 0:  # said once a job
         warn_own_fit(model, flavor.module)
+        batches.warn_unknown_length()
     deferred = not own and flavor.metrics_in_step
     if deferred:
         step.defer_sums()  # summed over the workers where the logs are read (BatchLogs) and at each epoch's end
@@ -216,8 +218,10 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     batch_logs = BatchLogs(model, batch_hooks(kept, flavor, ENDS), chief and verbose != 0, steps, flush=flush,
                            workers=num_workers, read_alike=stops_in_epochs or verbose != 0)
     logs: dict = {}
+    validating: FitBatches | None = None
     for epoch, epoch_batches in batches.epochs(initial_epoch, epochs):
         model.reset_metrics()
+        last = None  # the logs of the epoch's last step of the model's own train_step
         if host:
             host.restart()
         callback_list.on_epoch_begin(epoch)
@@ -230,8 +234,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
             if index == 0 or rate_in_epochs:  # what a callback set: once an epoch, or before each batch where one may
                 rate = learning_rate(model, flavor)
             if own:
-                callback_list.on_train_batch_end(index, _own_step(step, batch, num_workers, worker_id, num_replicas,
-                                                                  examples))
+                last = _own_step(step, batch, num_workers, worker_id, num_replicas, examples)
+                callback_list.on_train_batch_end(index, last)
             else:
                 _one_step(step, model, flavor, batch, num_workers, worker_id, num_replicas, rate, outputs, examples)
                 if saves_in_epochs:  # a ModelCheckpoint(save_freq=<batches>) saves the weights trained so far
@@ -243,13 +247,15 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         epoch_batches.close()  # the thread drawing ahead ends here, also when training stopped within the epoch
         if flush:  # what the steps added since the last flush, summed over the workers
             flush()
-        logs = numbers(model.get_metrics_result())
+        logs = epoch_logs(group, numbers(model.get_metrics_result()), last, sources) if own else \
+            numbers(model.get_metrics_result())
         _sync(step, model)  # the callbacks and the validation see the trained weights
         edits.agree()
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
-            _, val_batches = global_batches(*_triple(validation_data), validation_batch_size or batch_size,
-                                            validation_steps, "parallax.fit: validation_data")
-            val = evaluate_on(model, flavor, group, val_batches, callback_list)
+            if validating is None:  # as model.fit: that Keras's own iterator, made at the first validation, kept
+                validating = FitBatches(flavor.module.__name__.split(".")[0], model, *_triple(validation_data),
+                                        validation_batch_size or batch_size, validation_steps, False, None, 0, 1, seed)
+            val = evaluate_on(model, flavor, group, validating.one_epoch(), callback_list)
             logs.update({f"val_{k}": v for k, v in val.items()})
         callback_list.on_epoch_end(epoch, logs)
         if group.any(bool(model.stop_training)):
@@ -419,7 +425,7 @@ def learning_rate(model: Any, flavor: Flavor) -> np.float32:
 def _own_step(step: Any, batch: tuple, num_workers: int, worker_id: int, num_replicas: int,
               examples: int | None = None) -> dict:
     """One step of the model's own ``train_step`` on this worker's parts of ``batch`` (the global batch, or this
-    worker's block of a global batch of ``examples``); the logs of its first replica (:mod:`parallax.tf2.own_step`)."""
+    worker's block of a global batch of ``examples``); the mean of its replicas' logs (:mod:`parallax.tf2.own_step`)."""
     given = [a for a in batch if a is not None]
     whole = examples is None
     examples = len(tf.nest.flatten(batch[0])[0]) if whole else examples
@@ -428,21 +434,7 @@ def _own_step(step: Any, batch: tuple, num_workers: int, worker_id: int, num_rep
         given = [parts(a, num_workers, worker_id, 1)[0] for a in given]
     mine = [parts(a, 1, 0, num_replicas) for a in given]
     logs = step(*[_per_leaf(m, a) for m, a in zip(mine, given)])
-    return {k: float(np.asarray(v[0]).mean()) for k, v in logs.items()}
-
-
-def _refuse_sharded_slots(model: Any, config: Any) -> None:
-    """``zero_stage`` shards the slots of optimizers that update through ``Apply*`` ops (tf_keras's legacy
-    ones); a Keras 3 or tf_keras new optimizer writes with plain assign ops, which the job's workers would refuse
-    after launch: refused here, before anything starts."""
-    stage = getattr(config, "zero_stage", 0)
-    optimizer = getattr(model, "optimizer", None)
-    legacy = "legacy" in type(optimizer).__module__ or "optimizer_v2" in type(optimizer).__module__
-    if stage and not legacy:
-        raise ValueError(f"parallax.fit: zero_stage={stage} shards the slots of optimizers that update through "
-                         f"Apply* ops (tf_keras.optimizers.legacy.*); {type(optimizer).__name__} "
-                         f"({type(optimizer).__module__}) writes its slots with plain assign ops: use a tf_keras "
-                         "legacy optimizer, or zero_stage=0")
+    return {k: float(np.mean([np.asarray(part).mean() for part in v])) for k, v in logs.items()}
 
 
 def _refuse_restoring(callbacks: list | None) -> None:

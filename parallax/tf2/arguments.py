@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["check_fit", "check_evaluate", "check_predict", "is_dataset_like"]
+__all__ = ["check_fit", "check_evaluate", "check_predict", "is_dataset_like", "check_optimizer"]
 
 
 def is_dataset_like(x: Any) -> bool:
@@ -157,3 +157,37 @@ def _check_sharded(caller: str, x: Any, y: Any, sample_weight: Any, batch_size: 
     _count(caller, "steps", steps)
     _verbose(caller, verbose)
     _arrays(caller, x, y, sample_weight, batch_size)
+
+
+def check_optimizer(model: Any, config: Any) -> None:
+    """Refuse what the model's optimizer cannot do in the job ``config`` asks for, before anything starts:
+    ``zero_stage`` with an optimizer that writes its slots with plain assign ops; Keras 3's
+    ``gradient_accumulation_steps`` for a model with an ``Embedding`` in ``run_option='PS'`` (the first step fails
+    inside TensorFlow there; ``'MPI'`` and ``'HYBRID'`` train it, as PS trains accumulation without a table).
+
+    Raises:
+        ValueError: naming the optimizer, the setting and what to use instead.
+    """
+    accumulates = getattr(getattr(model, "optimizer", None), "gradient_accumulation_steps", None)
+    tables = [layer.name for layer in getattr(model, "_flatten_layers", lambda: [])()
+              if type(layer).__name__ == "Embedding"]
+    if accumulates and tables and getattr(config, "run_option", None) == "PS":
+        raise ValueError(f"parallax.fit: gradient_accumulation_steps={accumulates} of "
+                         f"{type(model.optimizer).__name__} with a table looked up by ids ({tables[0]}) is not "
+                         "supported with run_option='PS' (its update every few steps, inside a conditional, fails on "
+                         "the parameter servers): use run_option='MPI' or 'HYBRID'")
+    _refuse_sharded_slots(model, config)
+
+
+def _refuse_sharded_slots(model: Any, config: Any) -> None:
+    """``zero_stage`` shards the slots of optimizers that update through ``Apply*`` ops (tf_keras's legacy
+    ones); a Keras 3 or tf_keras new optimizer writes with plain assign ops, which the job's workers would refuse
+    after launch: refused here, before anything starts."""
+    stage = getattr(config, "zero_stage", 0)
+    optimizer = getattr(model, "optimizer", None)
+    legacy = "legacy" in type(optimizer).__module__ or "optimizer_v2" in type(optimizer).__module__
+    if stage and not legacy:
+        raise ValueError(f"parallax.fit: zero_stage={stage} shards the slots of optimizers that update through "
+                         f"Apply* ops (tf_keras.optimizers.legacy.*); {type(optimizer).__name__} "
+                         f"({type(optimizer).__module__}) writes its slots with plain assign ops: use a tf_keras "
+                         "legacy optimizer, or zero_stage=0")

@@ -132,6 +132,30 @@ class FitBatches:
         for epoch in range(initial_epoch, epochs):
             yield epoch, ahead(self._kept(self._epoch()))
 
+    def warn_unknown_length(self) -> None:
+        """Say at WARNING that Keras 3's ``model.fit`` counts one optimizer step more than it trains at each epoch's
+        end where the data's length is unknown (its step that finds the data exhausted still increments
+        ``optimizer.iterations``: 15 after 3 epochs of 4 batches), which ``parallax.fit`` does not copy."""
+        if self._legacy or self.steps is not None or self._steps_per_epoch:
+            return
+        log.warning("parallax.fit: the data's length is unknown (a generator, or a tf.data pipeline of unknown "
+                    "cardinality, e.g. after filter()): Keras 3's model.fit then counts one optimizer step more than "
+                    "it trains at each epoch's end (optimizer.iterations), which an optimizer that reads the count "
+                    "(Adam's bias correction, a learning-rate schedule) sees from the second epoch on; parallax.fit "
+                    "counts the steps it trains, so the two differ. Give steps_per_epoch, or the dataset's length "
+                    "(dataset.apply(tf.data.experimental.assert_cardinality(n))), for the same training in both")
+
+    def one_epoch(self) -> Iterator[tuple]:
+        """The batches of one pass, drawn here (no thread): ``parallax.fit``'s validation, each evaluation from this
+        same object, as ``model.fit`` keeps its evaluation iterator across epochs (Keras makes the next pass's
+        iterator at the end of each: a dataset that reshuffles, also one the training data is taken from, draws
+        its orders in ``model.fit``'s sequence)."""
+        if self._legacy:
+            for _, iterator in self._handler.enumerate_epochs():
+                yield from self._legacy_epoch(iterator)
+            return
+        yield from self._epoch()
+
     def _kept(self, batches: Iterator[tuple]) -> Iterator[tuple]:
         """``batches``; where this worker reads its share, a block it has no example of (the end of a short last
         batch) replaced by the first example of its last block: the padding :func:`parallax.keras_fit.block_parts`

@@ -96,7 +96,42 @@ def _aligned(a: _Rows, b: _Rows) -> tuple[np.ndarray, np.ndarray]:
     return np.stack([a.get(k, zero) for k in keys]), np.stack([b.get(k, zero) for k in keys])
 
 
-def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: int) -> None:
+#: Op types that draw random numbers (stateful and stateless: Keras 3's dropout and ``keras.random`` draw with
+#: stateless ops and a seed generator).
+RANDOM_OPS = frozenset({
+    "RandomStandardNormal", "RandomUniform", "RandomUniformInt", "TruncatedNormal", "RandomShuffle", "Multinomial",
+    "RandomGamma", "RandomPoisson", "RandomPoissonV2", "StatelessRandomNormal", "StatelessRandomUniform",
+    "StatelessRandomUniformInt", "StatelessTruncatedNormal", "StatelessRandomNormalV2", "StatelessRandomUniformV2",
+    "StatelessRandomUniformIntV2", "StatelessRandomUniformFullIntV2", "StatelessTruncatedNormalV2",
+    "StatelessMultinomial", "StatelessRandomBinomial", "StatelessRandomGammaV2", "StatelessRandomGammaV3",
+    "StatelessRandomPoisson", "StatelessShuffle"})
+
+
+_DRAW_SCOPES = ("stateless_", "truncated")  # TensorFlow's own scopes of a draw (beside those naming "random")
+
+
+def random_draws(graph: Any) -> list[str]:
+    """The name scopes (a layer's, where Keras names them) of the ops of ``graph`` that draw random numbers.
+
+    >>> import tensorflow as tf
+    >>> with tf.Graph().as_default() as g, tf.name_scope("vae/sampling"):
+    ...     _ = tf.random.stateless_normal([2], seed=[1, 2])
+    >>> random_draws(g)
+    ['vae/sampling']
+    """
+    scopes: list[str] = []
+    for op in graph.get_operations():
+        if op.type in RANDOM_OPS:
+            parts = op.name.split("/")[:-1]
+            while len(parts) > 1 and ("random" in parts[-1].lower() or parts[-1].startswith(_DRAW_SCOPES)):
+                parts.pop()  # TensorFlow's own scopes of the draw, up to the layer's
+            scope = "/".join(parts) or op.name
+            if scope not in scopes:
+                scopes.append(scope)
+    return scopes
+
+
+def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: int, graph: Any = None) -> None:
     """Compare, on this worker's first replica, the gradient of its part with its halves' (see the module
     docstring); say at WARNING where they differ.
 
@@ -105,6 +140,7 @@ def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: i
         gradients: the single-device graph's gradients (:class:`parallax.analysis.GradientInfo`).
         feeds: the step's feeds (placeholder -> one value per replica), as for the first step.
         num_replicas: the local replicas.
+        graph: the single-device graph, whose random draws the WARNING names.
     """
     first = {p: np.asarray(v[0]) for p, v in feeds.items()}
     batch = [len(v) for p, v in first.items() if np.ndim(v) >= 1]
@@ -126,6 +162,11 @@ def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: i
     off = sorted(((d, v) for v, d in differences.items() if d > tolerance[v]), reverse=True)
     if off:
         named = ", ".join(f"{v} ({d:.1%})" for d, v in off[:5]) + (f" and {len(off) - 5} more" if len(off) > 5 else "")
+        draws = random_draws(graph) if graph is not None else []
+        if draws:
+            named += (". The step draws random numbers in " + ", ".join(draws[:5])
+                      + (f" and {len(draws) - 5} more" if len(draws) > 5 else "")
+                      + ": each replica draws its own, one device draws once for the whole batch")
         logger.warning(
             "Parallax: the first step's check: on worker 0 the gradient of its part (%d examples) is not the mean "
             "of its two halves' for %s: the step's result depends on how its batch is cut, so training on several "

@@ -112,7 +112,7 @@ class DistributedStep:
         if self._check is not None:
             gradients, self._check = self._check, None
             try:
-                check_first_step(self._session, gradients, feeds, self.num_replicas)
+                check_first_step(self._session, gradients, feeds, self.num_replicas, self._traced.graph)
             except Exception as e:  # noqa: BLE001 - a check that cannot run says so and trains on
                 logger.info("Parallax: the first step's check did not run (%s: %s)", type(e).__name__, e)
         fetched, _ = self._session.run(self._fetches, feed_dict=feeds)

@@ -52,7 +52,13 @@ by ``keras.utils.set_random_seed``): the reference ``parallax.fit(model, <the sa
 * ``regularized``: a layer with an L2 kernel regularizer and an L1 activity regularizer, plain SGD (a wrong
   scale shows), 29 examples (the activity loss of a padded batch's padding must not count);
 * ``ema``: SGD with momentum and ``use_ema=True`` (``model.fit`` ends by writing the moving averages into the
-  weights), and a ``ReduceLROnPlateau`` that lowers the rate at the last epoch's end (compared too: it stays).
+  weights), and a ``ReduceLROnPlateau`` that lowers the rate at the last epoch's end (compared too: it stays);
+* ``shared-split``: keras-io's Siamese network's data: one seeded ``Dataset.shuffle`` (reshuffled each
+  iteration) split by ``take`` into the training data and by ``skip`` into ``validation_data``, so the orders
+  of both depend on the sequence in which ``model.fit`` iterates them; 3 epochs;
+* ``renamed-logs``: the Keras guide's VAE's way with logs: a ``train_step`` that keeps a tracker named
+  ``total_loss`` and returns it as ``"loss"``, with the batch's own loss beside it, so that ``model.fit``'s
+  History holds the last step's logs, and an ``EarlyStopping`` on ``"loss"`` that stops after 2 of 3 epochs.
 
 ``build(name)`` makes the compiled model (seeded); ``data(name)`` its ``(x, y)``; ``FIT`` the fit arguments;
 ``CONFIGS`` what a program adds to its ``parallax.Config``; ``fit_arguments(name)`` what its ``fit`` takes;
@@ -62,10 +68,13 @@ normalises by batch statistics).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 PROGRAMS = ("transformer", "seq2seq", "recommender", "masked", "structured", "custom-step", "gan", "cnn",
-            "timeseries", "bert", "distiller", "regularized", "ema")
+            "timeseries", "bert", "distiller", "regularized", "ema",
+            "shared-split", "renamed-logs")
 CONFIGS = {"cnn": {"sync_batch_norm": True}}
 FITS = {"bert": {"shuffle": False}}
 UNEVEN = ("distiller", "regularized")  # 29 examples: the last batch of 5 does not split into equal parts
@@ -109,8 +118,10 @@ def data(name: str):
                 rng.randint(0, 2, EXAMPLES).astype(np.int32))
     if name in UNEVEN:
         return rng.randn(29, 4).astype(np.float32), rng.randint(0, 3, 29)
-    if name == "ema":
+    if name in ("ema", "renamed-logs"):
         return rng.randn(EXAMPLES, 4).astype(np.float32), rng.randn(EXAMPLES, 1).astype(np.float32)
+    if name == "shared-split":
+        return _shared_split()[0], None
     if name == "gan":  # real images and latent vectors, as fit's x and y (the step takes both as its data)
         return rng.uniform(-1, 1, (EXAMPLES, 6)).astype(np.float32), rng.randn(EXAMPLES, 3).astype(np.float32)
     lengths = rng.randint(1, MAXLEN + 1, EXAMPLES)
@@ -230,6 +241,8 @@ def build(name: str):
         return model
     if name == "custom-step":
         return _custom_step(keras)
+    if name == "renamed-logs":
+        return _renamed_logs(keras)
     if name == "gan":
         return _gan(keras)
     if name == "distiller":
@@ -241,6 +254,10 @@ def build(name: str):
                                   layers.Dense(3)])
         model.compile(optimizer=keras.optimizers.SGD(0.1),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        return model
+    if name == "shared-split":
+        model = keras.Sequential([layers.Input((4,)), layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
         return model
     if name == "ema":
         model = keras.Sequential([layers.Input((4,)), layers.Dense(8, activation="relu"), layers.Dense(1)])
@@ -281,7 +298,24 @@ def fit_arguments(name: str) -> dict:
         import keras
 
         return {**FIT, "callbacks": [keras.callbacks.ReduceLROnPlateau("loss", factor=0.5, patience=0, min_delta=10)]}
+    if name == "shared-split":
+        return {"epochs": 3, "validation_data": _shared_split()[1]}
+    if name == "renamed-logs":  # stops when the loss has not fallen by 10: after the second epoch
+        import keras
+
+        return {**FIT, "epochs": 3, "callbacks": [keras.callbacks.EarlyStopping("loss", patience=0, min_delta=10)]}
     return {**FIT, **FITS.get(name, {})}
+
+
+@functools.cache
+def _shared_split():
+    """Training and validation data taken from one reshuffling dataset (made once a process)."""
+    import tensorflow as tf
+
+    rng = np.random.RandomState(0)
+    x, y = rng.rand(48, 4).astype(np.float32), rng.rand(48, 1).astype(np.float32)
+    shuffled = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(48, seed=7)
+    return shuffled.take(32).batch(8), shuffled.skip(32).batch(8)
 
 
 def weights(name: str, model) -> list:
@@ -348,6 +382,32 @@ def _custom_step(keras):
     inputs = keras.Input(shape=(4,))
     model = CustomModel(inputs, keras.layers.Dense(1)(keras.layers.Dense(8, activation="relu")(inputs)))
     model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    return model
+
+
+def _renamed_logs(keras):
+    import tensorflow as tf
+
+    class Renamed(keras.Model):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.total = keras.metrics.Mean(name="total_loss")
+
+        @property
+        def metrics(self):
+            return [self.total]
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = keras.ops.mean((self(x, training=True) - y) ** 2)
+            self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+            self.total.update_state(loss)
+            return {"loss": self.total.result(), "batch_loss": loss}
+
+    inputs = keras.Input(shape=(4,))
+    model = Renamed(inputs, keras.layers.Dense(1)(keras.layers.Dense(8, activation="relu")(inputs)))
+    model.compile(optimizer=keras.optimizers.SGD(0.05))
     return model
 
 

@@ -443,3 +443,24 @@ def test_the_batch_logs_are_computed_where_something_reads_them(every_batch, bar
     assert [g.get("loss") for g in got] == ([None] * 4 if not computed else
                                             [float(computed.index(max(c for c in computed if c <= i)) + 1)
                                              for i in range(4)])
+
+
+def test_data_of_unknown_length_is_said_where_keras_counts_a_step_more_each_epoch(monkeypatch):
+    """Keras 3's model.fit on data of unknown length counts one optimizer step more than it trains at each epoch's
+    end (optimizer.iterations 15 after 3 epochs of 4 batches): said, with what makes the two alike."""
+    import keras
+
+    from parallax.tf2 import batches as module
+
+    said: list[str] = []
+    monkeypatch.setattr(module.log, "warning", lambda message, *args: said.append(message % args))
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile("adam", "mse")
+    x, y = np.zeros((8, 1), np.float32), np.zeros((8, 1), np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True).batch(4)
+    FitBatches("keras", model, dataset, None, None, None, None, False, None, 0, 2, 0).warn_unknown_length()
+    assert len(said) == 1 and "assert_cardinality" in said[0] and "steps_per_epoch" in said[0]
+    known = dataset.apply(tf.data.experimental.assert_cardinality(2))
+    FitBatches("keras", model, known, None, None, None, None, False, None, 0, 2, 0).warn_unknown_length()
+    FitBatches("keras", model, x, y, None, 4, None, False, None, 0, 2, 0).warn_unknown_length()
+    assert len(said) == 1

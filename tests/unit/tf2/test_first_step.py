@@ -27,7 +27,8 @@ def _fit(kind: str, tmp_path, **config) -> None:
 
     keras.utils.set_random_seed(0)
     layers = [keras.Input((4,)), keras.layers.Dense(3)]
-    layers += {"plain": [], "dot": [AddsTheBatchsDot()], "batch-norm": [keras.layers.BatchNormalization()]}[kind]
+    layers += {"plain": [], "dot": [AddsTheBatchsDot()], "batch-norm": [keras.layers.BatchNormalization()],
+               "dropout": [keras.layers.Dropout(0.5, name="drops")]}[kind]
     model = keras.Sequential(layers + [keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     rng = np.random.RandomState(0)
@@ -52,12 +53,14 @@ def warnings(monkeypatch):
     logging.getLogger(LOGGER_NAME).removeHandler(handler)
 
 
-@pytest.mark.parametrize("kind", ["dot", "batch-norm"])
+@pytest.mark.parametrize("kind", ["dot", "batch-norm", "dropout"])
 def test_a_step_whose_gradient_is_no_mean_over_its_examples_is_named_at_warning(kind, tmp_path, warnings):
     _fit(kind, tmp_path)
     said = [w for w in warnings if "the first step's check" in w]
     assert len(said) == 1 and re.search(r"is not the mean of its two halves' for sequential\w*/\w+/\w+ \(\d", said[0])
     assert "ops.tensordot(a, b, 2)" in said[0] and "Config(check_first_step=False)" in said[0]
+    # the random draws named by their layer (Keras's dropout: stateless draws in the layer's scope)
+    assert bool(re.search(r"The step draws random numbers in sequential\w*/drops", said[0])) == (kind == "dropout")
 
 
 def test_a_step_whose_gradient_is_a_mean_over_its_examples_trains_without_a_word(tmp_path, warnings):
