@@ -49,7 +49,7 @@ import tensorflow as tf
 
 from parallax.api import parallel_run
 from parallax.comm.group import Alone
-from parallax.tf2.arguments import check_fit, check_optimizer
+from parallax.tf2.arguments import check_fit, check_optimizer, is_dataset_like
 from parallax.tf2.batch_hooks import BEGINS, ENDS, BatchLogs, batch_hooks
 from parallax.tf2.batches import FitBatches, check_same
 from parallax.tf2.evaluate import HostSums, chief_or_shared, evaluate_on, numbers, use_job
@@ -200,6 +200,10 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     group = group or Alone()
     use_job(group)  # parallax.evaluate and parallax.predict shard over this job's workers from now on
     batches.split(group, num_workers, worker_id, num_replicas)  # a dataset: each worker reads its share, if it can
+    if own and not is_dataset_like(x) and steps_per_epoch is None:  # arrays: every batch's size known before a step
+        size, n = batch_size or 32, len(tf.nest.flatten(x)[0])
+        for examples in {min(size, n), n % size or min(size, n)}:
+            check_even(examples, num_workers * num_replicas)
     chief = worker_id == 0
     kept = chief_or_shared(callbacks, flavor, chief)
     steps = batches.steps

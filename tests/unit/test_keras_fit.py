@@ -464,3 +464,19 @@ def test_data_of_unknown_length_is_said_where_keras_counts_a_step_more_each_epoc
     FitBatches("keras", model, known, None, None, None, None, False, None, 0, 2, 0).warn_unknown_length()
     FitBatches("keras", model, x, y, None, 4, None, False, None, 0, 2, 0).warn_unknown_length()
     assert len(said) == 1
+
+
+def test_arrays_whose_last_batch_a_models_own_train_step_cannot_split_are_refused_before_any_step(tmp_path):
+    import keras
+
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(9, 2).astype(np.float32), rng.randn(9, 1).astype(np.float32)
+    model = _custom_model(keras)
+    before = [v.numpy() for v in model.trainable_variables]
+    (tmp_path / "resource_info").write_text("localhost: cpu:0,cpu:1\n")
+    with pytest.raises(ValueError, match="a batch of 1 examples does not split into 2 equal parts"):
+        parallax.fit(model, x, y, batch_size=4, epochs=2, verbose=0, resource_info=str(tmp_path / "resource_info"),
+                     parallax_config=parallax.Config(run_option="PS"))  # two replicas in this process
+    assert int(model.optimizer.iterations) == 0  # refused before the first step
+    for a, b in zip(model.trainable_variables, before):
+        np.testing.assert_array_equal(a.numpy(), b)
