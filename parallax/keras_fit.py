@@ -251,8 +251,9 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         epoch_batches.close()  # the thread drawing ahead ends here, also when training stopped within the epoch
         if flush:  # what the steps added since the last flush, summed over the workers
             flush()
-        logs = epoch_logs(group, numbers(model.get_metrics_result()), last, sources) if own else \
-            numbers(model.get_metrics_result())
+        logs = numbers(model.get_metrics_result())
+        if own:  # as model.fit: the last step's logs where they name other than the metrics
+            logs = epoch_logs(group, logs, last, sources)
         _sync(step, model)  # the callbacks and the validation see the trained weights
         edits.agree()
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
@@ -295,19 +296,18 @@ def _one_step(step: Any, model: Any, flavor: Flavor, batch: tuple, num_workers: 
 
 def _block(batch: tuple, num_workers: int, worker_id: int, num_replicas: int,
            examples: int | None) -> tuple[tuple, int, int, int]:
-    """This worker's block of the global batch, padded (:func:`block_parts`), with the metrics' weights:
-    ``(fed, size of a part, where the block starts in batch, examples of the global batch)``."""
+    """This worker's block of the global batch, padded (:func:`block_parts`: its weights, 0 for the padding, are
+    also the metrics'): ``(fed, size of a part, where the block starts in batch, examples of the global batch)``."""
     replicas = num_workers * num_replicas
     if examples is None:  # the global batch
         examples = len(tf.nest.flatten(batch[0])[0])
-        (x, y, w), size = block_parts(batch, examples, replicas, replicas, examples)
-        whole = (x, y, w, metric_weights(batch[2], examples, len(w)))
+        whole, size = block_parts(batch, examples, replicas, replicas, examples)
         first = worker_id * num_replicas * size
         return tuple(parts(a, num_workers, worker_id, 1)[0] for a in whole), size, first, examples
     size = -(-examples // replicas)
     real = min(max(examples - worker_id * num_replicas * size, 0), num_replicas * size)
-    (x, y, w), size = block_parts(batch, examples, replicas, num_replicas, real)
-    return (x, y, w, metric_weights(batch[2], real, len(w))), size, 0, examples
+    block, size = block_parts(batch, examples, replicas, num_replicas, real)
+    return block, size, 0, examples
 
 
 def _host_metrics(model: Any, flavor: Flavor, got: tuple, batch: tuple, mine: list, parts_at: Any, share: float,
@@ -335,11 +335,11 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
 
     rate = flavor.learning_rate(model)
 
-    def step(x, y, sample_weight, metric_weight, share, real, rate_now):
+    def step(x, y, sample_weight, share, real, rate_now):
         if rate is not None:  # what a callback set between steps, as model.fit's step reads it
             rate.assign(tf.cast(rate_now, rate.dtype))
         # the part's real examples (a part of padding only: one row, whose loss counts for nothing)
-        x, y, sample_weight, metric_weight = _rows(tf.maximum(real, 1), (x, y, sample_weight, metric_weight))
+        x, y, sample_weight = _rows(tf.maximum(real, 1), (x, y, sample_weight))
         with tf.GradientTape() as tape:
             prediction = model(x, training=True)
             if not batches.weighted:  # Parallax's own weights (ones, 0 for padding): over every loss of an example
@@ -350,15 +350,14 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
         if flavor.metrics_in_step:  # on the part's real examples (a padded batch's padding cut off), as the host did
             cut = functools.partial(_rows, real)
             flavor.update_metrics(model, cut(x), cut(y), cut(prediction),
-                                  cut(metric_weight) if batches.weighted else None, loss, share)
+                                  cut(sample_weight) if batches.weighted else None, loss, share)
             # their state after the update, fetched with the step (parallax.tf2.summed: no second run to read it)
             return loss, [tf.identity(v.value) for v in model.metrics_variables]
         outputs["structure"] = prediction
         return loss, tf.nest.flatten(prediction), flavor.regularization(model)
 
     scalar = tf.TensorSpec([], tf.float32)
-    return tf.function(step, input_signature=[*batches.signature, batches.signature[2], scalar,
-                                              tf.TensorSpec([], tf.int32), scalar])
+    return tf.function(step, input_signature=[*batches.signature, scalar, tf.TensorSpec([], tf.int32), scalar])
 
 
 def part_loss(loss: tf.Tensor, real: tf.Tensor, share: tf.Tensor) -> tf.Tensor:
@@ -387,19 +386,6 @@ def _first(count: tf.Tensor, tensor: tf.Tensor) -> tf.Tensor:
     if mask is not None:
         rows._keras_mask = mask[:count]
     return rows
-
-
-def metric_weights(weights: Any, examples: int, fed: int) -> np.ndarray:
-    """The weights the compiled metrics take for a batch of ``examples`` padded to ``fed``: the user's (or ones),
-    0 for the padding (:func:`even_parts`).
-
-    >>> metric_weights(None, 3, 4)
-    array([1., 1., 1., 0.], dtype=float32)
-    """
-    w = np.ones(examples, np.float32) if weights is None else np.asarray(weights, np.float32)[:examples]
-    if fed == examples:
-        return w
-    return np.concatenate([w, np.zeros((fed - examples, *w.shape[1:]), np.float32)])
 
 
 def per_example(weights: tf.Tensor, prediction: Any) -> tf.Tensor:

@@ -55,7 +55,8 @@ def own_train_step(model: Any, signature: list, has_targets: bool, weighted: boo
         logs = model.train_step(data)
         flat = _flat(logs) if isinstance(logs, dict) else {}
         if sources is not None:
-            sources.update({k: _metric_of(v, model) for k, v in flat.items()})
+            owners = _metric_variables(model)
+            sources.update({k: _metric_of(v, owners) for k, v in flat.items()})
         return flat
 
     taken = [signature[0]] + ([signature[1]] if has_targets else []) + ([signature[2]] if weighted else [])
@@ -74,9 +75,8 @@ def _flat(logs: dict) -> dict:
     return flat
 
 
-def _metric_of(tensor: tf.Tensor, model: Any) -> str | None:
-    """The name of the model's metric whose result ``tensor`` is (computed from that metric's variables alone, as
-    a tracker's ``result()``), or ``None`` (a value of the batch, another variable's)."""
+def _metric_variables(model: Any) -> dict[int, str]:
+    """The name of the metric each of the model's metric variables belongs to, by the ``id`` of its handle."""
     owners = {}
     for metric in model.metrics:
         for leaf in getattr(metric, "metrics", None) or [metric]:  # Keras 3's compiled metrics: a container
@@ -84,6 +84,13 @@ def _metric_of(tensor: tf.Tensor, model: Any) -> str | None:
                 handle = getattr(getattr(variable, "value", variable), "handle", None)
                 if handle is not None:
                     owners[id(handle)] = leaf.name
+    return owners
+
+
+def _metric_of(tensor: tf.Tensor, owners: dict[int, str]) -> str | None:
+    """The name of the metric whose result ``tensor`` is (computed from that metric's variables alone, as a
+    tracker's ``result()``; ``owners``: :func:`_metric_variables`), or ``None`` (a value of the batch, another
+    variable's)."""
     captured = {id(internal): id(external) for external, internal in getattr(tensor.graph, "captures", [])}
     found, seen, stack = set(), set(), [tensor.op]
     while stack:
