@@ -10,11 +10,22 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
 
 __all__ = ["parse_input", "format_input", "op_of", "canonical", "rewire_inputs", "enclosing_scope", "replica_device",
            "copy_op", "node_map", "consumers", "ancestors",
-           "descendants", "add_nodes", "is_variable_write", "written_variable", "variable_behind", "make_no_op"]
+           "descendants", "add_nodes", "is_variable_write", "written_variable", "variable_behind", "make_no_op",
+           "STATEFUL_DRAWS", "STATELESS_DRAWS"]
 
 _WRITE_OPS = frozenset({"Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",
                         "AssignSubVariableOp", "StridedSliceAssign", "ResourceStridedSliceAssign"})
 _WRITE_PREFIXES = ("Scatter", "ResourceScatter", "Apply", "ResourceApply", "SparseApply", "ResourceSparseApply")
+#: Ops that draw random numbers from a stateful kernel, seeded by their ``seed``/``seed2`` attributes.
+STATEFUL_DRAWS = frozenset({"RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+                            "Multinomial", "RandomShuffle", "RandomGamma", "RandomPoisson", "RandomPoissonV2"})
+#: Ops that draw random numbers from a seed input (Keras 3's dropout and ``keras.random`` draw with these).
+STATELESS_DRAWS = frozenset({
+    "StatelessRandomNormal", "StatelessRandomUniform", "StatelessRandomUniformInt", "StatelessRandomUniformFullInt",
+    "StatelessTruncatedNormal", "StatelessRandomNormalV2", "StatelessRandomUniformV2", "StatelessRandomUniformIntV2",
+    "StatelessRandomUniformFullIntV2", "StatelessTruncatedNormalV2", "StatelessParameterizedTruncatedNormal",
+    "StatelessMultinomial", "StatelessRandomBinomial", "StatelessRandomGammaV2", "StatelessRandomGammaV3",
+    "StatelessRandomPoisson", "StatelessShuffle"})
 _VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable", "AutoReloadVariable", "_VarHandlesOp"})
 
 

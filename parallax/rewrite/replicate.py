@@ -39,6 +39,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 
 from parallax.errors import RewriteError
 from parallax.graph.graph_ops import (
+    STATEFUL_DRAWS,
     add_nodes,
     consumers,
     copy_op,
@@ -212,9 +213,6 @@ _STATELESS_SEED_INPUT = {"StatelessRandomGetKeyCounter": 0, "StatelessRandomGetK
                          "StatelessRandomUniformInt": 1, "StatelessRandomUniformFullInt": 1,
                          "StatelessRandomBinomial": 1, "StatelessRandomGammaV2": 1, "StatelessRandomPoisson": 1,
                          "StatelessParameterizedTruncatedNormal": 1, "StatelessMultinomial": 2}
-#: Stateful random ops seeded by ``seed``/``seed2`` attributes.
-_SEEDED_STATEFUL = frozenset({"RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
-                              "Multinomial", "RandomShuffle", "RandomGamma", "RandomPoisson", "RandomPoissonV2"})
 _SEED_STRIDE, _SEED2_STRIDE = 933199, 7919
 
 
@@ -232,7 +230,7 @@ def _own_random_streams(meta_graph: meta_graph_pb2.MetaGraphDef, replicated: fro
         index = first_replica + copy_replica(node.name)
         if index == 0:
             continue
-        if node.op in _SEEDED_STATEFUL and (node.attr["seed"].i or node.attr["seed2"].i):
+        if node.op in STATEFUL_DRAWS and (node.attr["seed"].i or node.attr["seed2"].i):
             node.attr["seed2"].i = (node.attr["seed2"].i + index * _SEED2_STRIDE) % (2**31 - 1)
         elif node.op in _STATELESS_SEED_INPUT:
             position = _STATELESS_SEED_INPUT[node.op]

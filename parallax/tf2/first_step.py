@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from parallax.graph.graph_ops import STATEFUL_DRAWS, STATELESS_DRAWS
 from parallax.logs import log as logger
 
 __all__ = ["check_first_step", "compare", "TOLERANCE", "FLOOR"]
@@ -96,17 +97,6 @@ def _aligned(a: _Rows, b: _Rows) -> tuple[np.ndarray, np.ndarray]:
     return np.stack([a.get(k, zero) for k in keys]), np.stack([b.get(k, zero) for k in keys])
 
 
-#: Op types that draw random numbers (stateful and stateless: Keras 3's dropout and ``keras.random`` draw with
-#: stateless ops and a seed generator).
-RANDOM_OPS = frozenset({
-    "RandomStandardNormal", "RandomUniform", "RandomUniformInt", "TruncatedNormal", "RandomShuffle", "Multinomial",
-    "RandomGamma", "RandomPoisson", "RandomPoissonV2", "StatelessRandomNormal", "StatelessRandomUniform",
-    "StatelessRandomUniformInt", "StatelessTruncatedNormal", "StatelessRandomNormalV2", "StatelessRandomUniformV2",
-    "StatelessRandomUniformIntV2", "StatelessRandomUniformFullIntV2", "StatelessTruncatedNormalV2",
-    "StatelessMultinomial", "StatelessRandomBinomial", "StatelessRandomGammaV2", "StatelessRandomGammaV3",
-    "StatelessRandomPoisson", "StatelessShuffle"})
-
-
 _DRAW_SCOPES = ("stateless_", "truncated")  # TensorFlow's own scopes of a draw (beside those naming "random")
 
 
@@ -121,7 +111,7 @@ def random_draws(graph: Any) -> list[str]:
     """
     scopes: list[str] = []
     for op in graph.get_operations():
-        if op.type in RANDOM_OPS:
+        if op.type in STATEFUL_DRAWS or op.type in STATELESS_DRAWS:
             parts = op.name.split("/")[:-1]
             while len(parts) > 1 and ("random" in parts[-1].lower() or parts[-1].startswith(_DRAW_SCOPES)):
                 parts.pop()  # TensorFlow's own scopes of the draw, up to the layer's

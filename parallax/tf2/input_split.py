@@ -42,14 +42,15 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from parallax.graph.graph_ops import STATEFUL_DRAWS
+
 __all__ = ["Share", "share_of"]
 
 #: op types whose output depends on how many values they drew before (a map with one cannot run on a part)
-_RANDOM_OPS = ("RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal", "RandomShuffle",
-               "Multinomial", "RandomGamma", "RandomPoisson", "RandomPoissonV2", "ParameterizedTruncatedNormal",
-               "RandomCrop", "RandomGammaGrad", "StatefulUniform", "StatefulUniformInt",
-               "StatefulStandardNormalV2", "StatefulTruncatedNormal", "StatefulUniformFullInt",
-               "StatefulRandomBinomial", "RngSkip", "RngReadAndSkip", "AnonymousSeedGenerator")
+_RANDOM_OPS = STATEFUL_DRAWS | frozenset({
+    "ParameterizedTruncatedNormal", "RandomCrop", "RandomGammaGrad", "StatefulUniform", "StatefulUniformInt",
+    "StatefulStandardNormalV2", "StatefulTruncatedNormal", "StatefulUniformFullInt", "StatefulRandomBinomial",
+    "RngSkip", "RngReadAndSkip", "AnonymousSeedGenerator"})
 
 
 @dataclasses.dataclass(frozen=True)
