@@ -22,6 +22,7 @@ import numpy as np
 
 from parallax.graph.graph_ops import STATEFUL_DRAWS, STATELESS_DRAWS
 from parallax.logs import log as logger
+from parallax.tf2.regions import GRADIENT_SCOPE
 
 __all__ = ["check_first_step", "compare", "TOLERANCE", "FLOOR"]
 
@@ -121,6 +122,39 @@ def random_draws(graph: Any) -> list[str]:
     return scopes
 
 
+def _computed_gradient(tensors: tuple[str, str | None], graph: Any) -> list[str]:
+    """What to fetch for a gradient the replicas aggregate at ``tensors``: those tensors, or, where they lie in a
+    lowered conditional's branch (gradient accumulation applies the accumulated gradient in a ``tf.cond`` that
+    does not run at the first step), the gradient computation's own outputs they are made from (one dense tensor,
+    or an ``IndexedSlices``' values and indices: what the step computes from its batch, before the optimizer's
+    accumulators)."""
+    named = [t for t in tensors if t]
+    if graph is None:
+        return named
+    found: list[Any] = []
+    queue, seen, switched = [graph.get_tensor_by_name(t) for t in named], set(), False
+    while queue:
+        tensor = queue.pop()
+        if tensor.name in seen:
+            continue
+        seen.add(tensor.name)
+        op = tensor.op
+        if GRADIENT_SCOPE.search(op.name):
+            if op.type not in ("Shape", "Const") and tensor not in found:
+                found.append(tensor)
+        elif op.type in ("Switch", "RefSwitch"):
+            switched = True
+            queue.append(op.inputs[0])
+        elif op.type == "IdentityN":
+            queue.append(op.inputs[tensor.value_index])
+        elif op.type not in ("Const", "ReadVariableOp", "VarHandleOp", "Placeholder"):
+            queue.extend(op.inputs)
+    if not switched or not 1 <= len(found) <= 2:
+        return named
+    found.sort(key=lambda t: t.dtype.is_integer)  # values, then indices
+    return [t.name for t in found]
+
+
 def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: int, graph: Any = None) -> None:
     """Compare, on this worker's first replica, the gradient of its part with its halves' (see the module
     docstring); say at WARNING where they differ.
@@ -139,9 +173,11 @@ def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: i
     n = batch[0]
     cut = n // 2
 
+    fetches = [_computed_gradient(g.aggregation_tensors, graph) for g in gradients]
+
     def grads(part: slice) -> dict[str, Any]:
         fed = {p: [v[part] if np.ndim(v) >= 1 else v] * num_replicas for p, v in first.items()}
-        fetched = session.read([[t for t in g.aggregation_tensors if t] for g in gradients], fed)
+        fetched = session.read(fetches, fed)
         return {g.variable: (tuple(values) if len(values) == 2 else values[0]) for g, values in zip(gradients, fetched)}
 
     began = time.monotonic()
