@@ -46,6 +46,7 @@ from benchmarks.tf2_runs import INPUTS, MODELS, NOT_BY_DEFAULT, RUNS, VOCAB  # n
 LABELS = {"fit": "model.fit", "fit-1thread": "model.fit, 1 thread", "fit-2threads": "model.fit, 2 threads",
           "fit-tfkeras": "tf_keras model.fit", "mwms-keras3": "MultiWorkerMirroredStrategy x2, Keras 3",
           "parallax-1": "parallax.fit, 1 worker", "parallax-mpi": "parallax.fit MPI x2",
+          "parallax-mpi-zero": "parallax.fit MPI x2, zero_stage=1",
           "parallax-hybrid": "parallax.fit HYBRID x2", "parallax-auto": "parallax.fit AUTO x2",
           "loop-mpi": "tf.function loop, parallel_run MPI x2", "mirrored": "MirroredStrategy, 2 logical CPUs",
           "mwms": "MultiWorkerMirroredStrategy x2, tf_keras", "horovod": "Horovod x2"}

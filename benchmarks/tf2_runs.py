@@ -5,8 +5,10 @@ of training them. Every run trains for ``--epochs`` and writes, from its worker 
 Runs (:data:`RUNS`): ``fit`` (Keras 3's ``model.fit`` in one process; ``fit-1thread`` / ``fit-2threads`` with
 TensorFlow's intra-op pool set to 1 or 2 threads; ``fit-tfkeras``: the same model in tf_keras), ``parallax-1``
 (``parallax.fit`` on one worker), ``parallax-mpi`` / ``-hybrid`` / ``-auto`` (``parallax.fit`` on 2 worker
-processes, that run option), ``loop-mpi`` (a custom ``tf.function`` loop through ``parallax.parallel_run``, 2
-workers, MPI), ``mirrored`` (``MirroredStrategy`` over two logical CPU devices, ``model.fit`` in its scope),
+processes, that run option; ``parallax-mpi-zero`` with ``zero_stage=1``: each worker updates its half of every
+variable and of its optimizer slots, and the halves are gathered), ``loop-mpi`` (a custom ``tf.function`` loop
+through ``parallax.parallel_run``, 2 workers, MPI), ``mirrored`` (``MirroredStrategy`` over two logical CPU devices,
+``model.fit`` in its scope),
 ``mwms`` (``MultiWorkerMirroredStrategy``, 2 processes on localhost, the tf_keras model: see
 :data:`NOT_BY_DEFAULT`) and ``horovod`` (in ``.venv-horovod``; ``tf2.py`` records it as not measured when that
 venv is missing).
@@ -21,8 +23,8 @@ import subprocess
 import sys
 import time
 
-RUNS = ("fit", "fit-1thread", "fit-2threads", "fit-tfkeras", "parallax-1", "parallax-mpi", "parallax-hybrid",
-        "parallax-auto", "loop-mpi", "mirrored", "mwms", "horovod", "mwms-keras3")
+RUNS = ("fit", "fit-1thread", "fit-2threads", "fit-tfkeras", "parallax-1", "parallax-mpi", "parallax-mpi-zero",
+        "parallax-hybrid", "parallax-auto", "loop-mpi", "mirrored", "mwms", "horovod", "mwms-keras3")
 #: Left out unless asked for: Keras 3's ``model.fit`` under ``MultiWorkerMirroredStrategy`` fails in TensorFlow 2.21
 #: (``ValueError: Attempt to convert a value (PerReplica:...)``; keras-team/keras#20585), so ``mwms`` trains the
 #: same model built with tf_keras, beside ``fit-tfkeras``, tf_keras's ``model.fit`` in one process.
@@ -167,7 +169,8 @@ def run_parallax(args) -> None:
 
     model, timer = build(args.model), epoch_timer()
     x, y, batch_size = _inputs(args)
-    config = parallax.Config(run_option=args.run.split("-")[1].upper() if args.run != "parallax-1" else "MPI")
+    config = parallax.Config(run_option=args.run.split("-")[1].upper() if args.run != "parallax-1" else "MPI",
+                             zero_stage=1 if args.run.endswith("-zero") else 0)
     history = parallax.fit(model, x, y, batch_size=batch_size, epochs=args.epochs, verbose=0, callbacks=[timer],
                            resource_info=args.resource_info, parallax_config=config)
     if history.worker_id == 0:

@@ -444,7 +444,7 @@ def _sync(step: Any, model: Any) -> None:
     is not the epoch's)."""
     variables = [v for m in model.metrics for v in m.variables]
     kept = [v.numpy() for v in variables]
-    step.sync_variables()
+    step.sync_variables(whole_slots=True)  # every worker, at each epoch's end: zero_stage's slots gathered
     for variable, value in zip(variables, kept):
         variable.assign(value)
 

@@ -54,7 +54,8 @@ def _gradient_of(var_name: str, scope_ops: list, graph: tf.Graph) -> GradientInf
         if not merged:
             _refuse_partly_shared_rows(var_name, ints[0])
         return GradientInfo(var_name, True, floats[0].name, ints[0].name, floats[0].dtype.name, update_ops,
-                            ints[0].dtype.name, indices_count=count, repeats_merged=merged)
+                            ints[0].dtype.name, indices_count=count, repeats_merged=merged,
+                            densified=_densified(ints[0], scope_ops))
     raise AnalysisError(
         f'cannot tell the gradient of variable "{var_name}" from the other inputs of its update ops '
         f"(candidates: {', '.join(t.name for t in grads) or 'none'}). Expected one floating tensor "
@@ -87,6 +88,14 @@ def _sums_rows_first(values, scope_ops: list) -> bool:
             else:
                 return False
     return found
+
+
+def _densified(indices, scope_ops: list) -> bool:
+    """Whether the update's every use of a sparse gradient's ``indices`` is as the segments of an
+    ``UnsortedSegmentSum`` into the whole variable (Keras 3's optimizers: a tensor of the variable's shape)."""
+    inside = {op.name for op in scope_ops}
+    uses = [op for op in indices.consumers() if op.name in inside]
+    return bool(uses) and all(op.type == "UnsortedSegmentSum" and op.inputs[1] is indices for op in uses)
 
 
 def _find_raw_gradients(graph: tf.Graph, gradients: list[GradientInfo]) -> list[GradientInfo]:

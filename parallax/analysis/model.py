@@ -75,6 +75,9 @@ class GradientInfo:
             whose only use of them is to sum the rows of repeated indices
             (``UnsortedSegmentSum``: what TensorFlow's optimizers do first), so
             summing those rows before sending them changes nothing.
+        densified: a sparse gradient the update first makes whole (Keras 3's optimizers sum its rows into a
+            tensor of the variable's shape, ``UnsortedSegmentSum``, and update every element): so its update is
+            element-wise over the variable, as a dense gradient's (``zero_stage`` may cut it into parts).
         shape: the dense gradient's static shape where it is not the variable's:
             the values of a gather's gradient whose indices every replica computes
             alike (positions looked up with a range, a constant row list), which
@@ -95,6 +98,7 @@ class GradientInfo:
     coupled_with: tuple[str, ...] = ()
     repeats_merged: bool = False
     shape: tuple[int, ...] | None = None
+    densified: bool = False
 
     @property
     def aggregation_tensors(self) -> tuple[str, str | None]:

@@ -52,7 +52,8 @@ class GradientRef:
     ``indices`` are then given too. ``dtype``/``indices_dtype`` are their dtype names.
     ``repeats_merged``: the update itself first sums the rows of a sparse gradient
     whose indices repeat (see :attr:`parallax.analysis.GradientInfo.repeats_merged`),
-    so they may be summed before they are sent. ``shape``: a dense gradient's static shape where it
+    so they may be summed before they are sent. ``densified``: the update makes a sparse gradient whole first
+    (:attr:`parallax.analysis.GradientInfo.densified`). ``shape``: a dense gradient's static shape where it
     is not the variable's (the values of a gather whose indices every replica shares, see
     :attr:`parallax.analysis.GradientInfo.shape`).
     """
@@ -63,6 +64,7 @@ class GradientRef:
     indices_dtype: str | None = None
     repeats_merged: bool = False
     shape: tuple[int, ...] | None = None
+    densified: bool = False
 
     def __post_init__(self) -> None:
         if self.shape is not None:  # a tuple, also when read back from JSON's list

@@ -317,7 +317,7 @@ def build_plan(analysis: GraphAnalysis, workers: list[tuple[str, tuple[str, ...]
     for v in analysis.variables:
         g = analysis.gradient(v.name)
         ref = None if g is None else GradientRef(*g.aggregation_tensors, g.dtype, g.indices_dtype, g.repeats_merged,
-                                           g.shape)
+                                           g.shape, g.densified)
         aggregation = "sum" if (g is not None and g.sparse and not options.average_sparse) else "mean"
         c = choices.get(v.name, Choice(Sync.LOCAL, None, "", ""))
         variables.append(VariablePlacement(v.name, v.shape, v.dtype, v.trainable, ref, aggregation, c.sync,
@@ -429,10 +429,13 @@ use compression='fp16' or another MPIConfig.backend
 
 def shardable(v: VariablePlacement, slots: list[VariablePlacement]) -> str:
     """Why ZeRO cannot shard ``v``'s ``slots`` (``""``: it can): only dense gradients that are
-    all-reduced, of a known shape, with slots to shard."""
-    if v.gradient is None or v.sparse:
-        return "sparse gradient" if v.sparse else ""
-    if v.sync is not Sync.ALLREDUCE:
+    all-reduced, or sparse ones all-gathered that the update makes whole (a Keras 3 optimizer's), of a known
+    shape, with slots to shard."""
+    if v.gradient is None:
+        return ""
+    if v.sparse and not v.gradient.densified:
+        return "sparse gradient"
+    if v.sync is not (Sync.ALLGATHER if v.sparse else Sync.ALLREDUCE):
         return f"sync {v.sync}"
     if not slots:
         return "no optimizer slots"

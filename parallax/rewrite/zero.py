@@ -27,10 +27,10 @@ flattened (the last part padded with zeros). In each worker's graph:
    for the assignment, so whatever waited for the update (the global step's increment,
    Adam's powers, the training op) still does.
 
-Dense ``Apply*``/``ResourceApply*`` updates are supported whatever the optimizer: the op's
-own signature says which inputs are slots (references or resources other than ``var``),
-which is the gradient (``grad``, ``delta``) and which are hyperparameters (scalars, read
-as they are).
+Dense ``Apply*``/``ResourceApply*`` updates are supported whatever the optimizer: the op's own signature says
+which inputs are slots (references or resources other than ``var``), which is the gradient (``grad``, ``delta``)
+and which are hyperparameters (scalars). An update of element-wise ops (Keras 3's) is copied onto the parts
+instead of one op (:mod:`parallax.rewrite.zero_regions`).
 """
 
 from __future__ import annotations
@@ -48,6 +48,14 @@ from parallax.graph.graph_ops import add_nodes, canonical, consumers, node_map, 
 from parallax.graph.names import AGGREGATE_PREFIX, ZERO_PREFIX, aggregate_outputs, zero_scope
 from parallax.plan.model import Plan, TaskSpec, VariablePlacement, part_sizes
 from parallax.rewrite.aggregate import build_subgraph
+from parallax.rewrite.zero_regions import (
+    RegionUpdate,
+    copy_region,
+    find_region,
+    retire_region,
+    rows_part,
+    static_shapes,
+)
 
 __all__ = ["shard_optimizer_states", "held_in_parts", "sharded_slots", "ELEMENTWISE_OPS", "ZERO_SLOTS"]
 
@@ -101,19 +109,29 @@ def _variable_source(text: str, nodes: dict) -> str | None:
     return None
 
 
-def _find_updates(graph_def: graph_pb2.GraphDef, nodes: dict, sharded: list[VariablePlacement]) -> list[_Update]:
+def _find_updates(graph_def: graph_pb2.GraphDef, nodes: dict, plan: Plan,
+                  sharded: list[VariablePlacement]) -> list[_Update | RegionUpdate]:
     found: dict[str, list[node_def_pb2.NodeDef]] = {v.name: [] for v in sharded}
     for node in graph_def.node:
         if node.op.startswith(("Apply", "ResourceApply")) and node.input:
             target = _variable_source(node.input[0], nodes)
             if target in found:
                 found[target].append(node)
-    updates = []
+    updates: list[_Update | RegionUpdate] = []
+    shapes = None
     for v in sharded:
+        if not found[v.name]:  # an update of element-wise ops (Keras 3's optimizers)
+            shapes = shapes if shapes is not None else static_shapes(graph_def)
+            region = find_region(graph_def, nodes, v, [s.name for s in plan.variables if s.slot_of == v.name],
+                                 shapes)
+            if region is not None:
+                if plan.zero_stage == 2:
+                    raise RewriteError(f'zero_stage=2: the update of "{v.name}" is made of element-wise ops (a '
+                                       "Keras 3 optimizer), whose gradient is all-reduced whole: use zero_stage=1")
+                updates.append(region)
+                continue
         if len(found[v.name]) != 1:
-            what = ("no dense Apply/ResourceApply op (a Keras 3 or tf_keras non-legacy optimizer writes it with "
-                    "plain assign ops, which ZeRO does not shard yet: use a tf.compat.v1.train or "
-                    "tf_keras.optimizers.legacy optimizer)") if not found[v.name] else \
+            what = ("no dense Apply/ResourceApply op and no update scope of its own") if not found[v.name] else \
                 f"{len(found[v.name])} ops ({', '.join(n.name for n in found[v.name])})"
             raise RewriteError(f'zero_stage: "{v.name}" is updated by {what}; sharding its optimizer state needs '
                                "exactly one. Leave it whole with plan_overrides, or use zero_stage=0")
@@ -121,8 +139,9 @@ def _find_updates(graph_def: graph_pb2.GraphDef, nodes: dict, sharded: list[Vari
     return updates
 
 
-def _fill_value(slot: str, nodes: dict, graph_def: graph_pb2.GraphDef) -> float:
-    """The constant a slot starts at (its initializer's value), or a RewriteError."""
+def _fill_value(slot: str, nodes: dict, graph_def: graph_pb2.GraphDef, tensor_ok: bool = False) -> float | str:
+    """The constant a slot starts at (its initializer's value); with ``tensor_ok``, else the tensor its initializer
+    assigns (a TensorFlow 2 step's slot starts at the program's value); else a RewriteError."""
     assign = next((n for n in graph_def.node if n.op in ("Assign", "AssignVariableOp") and n.input
                    and parse_input(n.input[0])[0] == slot and n.name.startswith(slot + "/")), None)
     name = parse_input(assign.input[1])[0] if assign is not None and len(assign.input) > 1 else ""
@@ -139,6 +158,9 @@ def _fill_value(slot: str, nodes: dict, graph_def: graph_pb2.GraphDef) -> float:
             name = parse_input(node.input[0])[0]
         else:
             break
+    if tensor_ok and assign is not None and len(assign.input) > 1:
+        op, index, _ = parse_input(assign.input[1])
+        return f"{op}:{index}"
     raise RewriteError(f'zero_stage: the optimizer slot "{slot}" does not start at a constant, so its parts cannot '
                        "be initialised on their own; use zero_stage=0")
 
@@ -186,7 +208,7 @@ def shard_optimizer_states(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, 
         raise RewriteError(NO_SHARDS.format(backend.name))
     graph_def = out.graph_def
     nodes = node_map(graph_def)
-    updates = _find_updates(graph_def, nodes, sharded)
+    updates = _find_updates(graph_def, nodes, plan, sharded)
     workers, index = plan.num_workers, task.worker_index
     device = plan.workers[index].shared_device
     norms = _stage2_norms(graph_def, nodes, updates) if plan.zero_stage == 2 else []
@@ -195,6 +217,13 @@ def shard_optimizer_states(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, 
     reads = []
     for u in updates:
         scope = zero_scope(u.var.name)
+        refresh = parse_input(outputs[u.var.name]["refresh"])[0]
+        if isinstance(u, RegionUpdate):  # its element-wise ops, copied onto the parts
+            copies, done = copy_region(u, nodes, scope + "part", slot_parts[u.var.name], outputs[u.var.name]["cut"],
+                                       refresh, device)
+            reads.append(_read_after(u, scope, done))
+            made += [*copies, reads[-1]]
+            continue
         apply = node_def_pb2.NodeDef()
         apply.CopyFrom(u.node)
         apply.name = scope + "apply"
@@ -204,19 +233,25 @@ def shard_optimizer_states(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, 
         data[0] = scope + "part"
         for (i, _), part in zip(u.slots, slot_parts[u.var.name]):
             data[i] = part
-        data[u.grad_index] = outputs[u.var.name]["grad"]
+        data[u.grad_index] = outputs[u.var.name]["cut"][u.grad]
         del apply.input[:]
-        apply.input.extend(data + control + ["^" + parse_input(outputs[u.var.name]["refresh"])[0]])
+        apply.input.extend(data + control + ["^" + refresh])
         reads.append(_read_after(u, scope, apply.name))
         made += [apply, reads[-1]]
     gathered, values = _gather(plan, updates, [r.name + ":0" for r in reads], norms, graph_def)
     assigns = [_assign(u, zero_scope(u.var.name) + "assign", value, device) for u, value in zip(updates, values)]
+    for u, assign in zip(updates, assigns):  # the new value after the forward pass's reads of the old
+        if isinstance(u, RegionUpdate):
+            assign.input.extend(u.after)
     for node in made + gathered:
         node.device = device
     add_nodes(graph_def, made + gathered + assigns)
     data_read = {parse_input(t)[0] for n in graph_def.node for t in n.input if not t.startswith("^")}
     for u, assign in zip(updates, assigns):
-        _replace_update(u, assign.name, data_read)
+        if isinstance(u, RegionUpdate):
+            retire_region(u, graph_def, assign.name)
+        else:
+            _replace_update(u, assign.name, data_read)
     _drop_slots(out, [s for u in updates for _, s in u.slots], defs)
     out.collection_def[ZERO_SLOTS].bytes_list.value.extend(
         f"{slot}\0{part}".encode() for u in updates for (_, slot), part in zip(u.slots, slot_parts[u.var.name]))
@@ -227,52 +262,65 @@ def sharded_slots(graph) -> list[tuple[str, str]]:
     """``(slot, this worker's part of it)`` of every slot the rewrite sharded, by variable name, from the
     rewritten graph (a ``tf.Graph``) the session runs: what a checkpoint gathers and restores
     (:mod:`parallax.runtime.zero_checkpoint`)."""
-    pairs = []
-    for entry in graph.get_collection(ZERO_SLOTS):
-        slot, part = (entry.decode() if isinstance(entry, bytes) else entry).split("\0")
-        pairs.append((slot, part))
-    return pairs
+    return [tuple((e.decode() if isinstance(e, bytes) else e).split("\0")) for e in graph.get_collection(ZERO_SLOTS)]
 
 
-def _build_parts(plan: Plan, updates: list[_Update], nodes: dict, graph_def, workers: int, index: int):
-    """The parts (variables and their refresh), and each update's gradient part, built with TF code."""
+def _build_parts(plan: Plan, updates: list, nodes: dict, graph_def, workers: int, index: int):
+    """The parts (variables and their refresh), and each update's parts of the tensors it cuts (an ``Apply*``
+    op's gradient; a region's whole tensors), built with TF code."""
     names, dtypes, reads = [], [], []
+    cuts: dict[str, list[str]] = {}
+    starts: dict[str, list[float | str]] = {}
     for u in updates:
         value = u.var.name + ":0"
         if u.resource:  # the whole variable's value, read for its parts
             reads.append(_read(zero_scope(u.var.name) + "whole", u.var.name, u))
             value = reads[-1].name + ":0"
-        names += [value, u.grad]
-        dtypes += [u.dtype, u.dtype]
-    fills = {u.var.name: [_fill_value(s, nodes, graph_def) for _, s in u.slots] for u in updates}
-    outputs: dict[str, dict[str, str]] = {}
+        region = isinstance(u, RegionUpdate)
+        cuts[u.var.name] = list(u.whole) if region else [u.grad]
+        starts[u.var.name] = [_fill_value(s, nodes, graph_def, tensor_ok=region) for _, s in u.slots]
+        summed = u.summed if region else {}
+        for t in [value, *cuts[u.var.name], *[t for t in starts[u.var.name] if isinstance(t, str)]]:
+            if t in summed:  # a sparse gradient's rows and their indices, which each worker sums into its part
+                names += list(summed[t])
+                uss = nodes[parse_input(t)[0]]
+                dtypes += [tf.dtypes.as_dtype(uss.attr["T"].type), tf.dtypes.as_dtype(uss.attr["Tindices"].type)]
+            else:
+                names.append(t)
+                dtypes.append(u.dtype)
+    outputs: dict[str, dict] = {}
     slot_parts: dict[str, list[str]] = {}
     variables: list = []
 
     def builder(inputs: list[tf.Tensor]) -> list[tf.Tensor]:
-        tensors = []
-        for i, u in enumerate(updates):
-            value, grad = inputs[2 * i], inputs[2 * i + 1]
+        tensors, given = [], iter(inputs)
+        for u in updates:
+            value = next(given)
             part, m = _part_of(u.var.num_elements, workers, index)
+            summed = u.summed if isinstance(u, RegionUpdate) else {}
+            # stage 2: the aggregation already left this worker's part of a gradient (flat, m elements)
+            cut = [rows_part(next(given), next(given), u.var.shape, workers, index) if t in summed else
+                   next(given) if plan.zero_stage == 2 else part(next(given)) for t in cuts[u.var.name]]
             with tf.name_scope(zero_scope(u.var.name)):
                 param = tf.compat.v1.Variable(tf.zeros([m], u.dtype), name="part", trainable=False, collections=[],
                                               use_resource=u.resource)
                 refresh = tf.compat.v1.assign(param, part(value), name="refresh") if not u.resource else \
                     tf.raw_ops.AssignVariableOp(resource=param.handle, value=part(value), name="refresh")
-                slots = [tf.compat.v1.Variable(tf.fill([m], tf.constant(fill, u.dtype)), name=f"slot_{j}",
+                slots = [tf.compat.v1.Variable(part(next(given)) if isinstance(start, str) else
+                                               tf.fill([m], tf.constant(start, u.dtype)), name=f"slot_{j}",
                                                trainable=False, collections=[], use_resource=u.resource)
-                         for j, fill in enumerate(fills[u.var.name])]
-                # stage 2: the aggregation already left this worker's part (flat, m elements)
-                grad_part = tf.identity(grad if plan.zero_stage == 2 else part(grad), name="grad_part")
+                         for j, start in enumerate(starts[u.var.name])]
+                parts = [tf.identity(t, name=f"grad_part_{k}" if k else "grad_part") for k, t in enumerate(cut)]
             variables.extend(v.to_proto() for v in (param, *slots))
             slot_parts[u.var.name] = [s.op.name for s in slots]
             outputs[u.var.name] = {"refresh": parse_input(refresh.name)[0]}
-            tensors.append(grad_part)
+            tensors += parts
         return tensors
 
     made, grads = build_subgraph(builder, dtypes, names, ZERO_PREFIX + "/")
-    for u, grad in zip(updates, grads):
-        outputs[u.var.name]["grad"] = grad
+    grads = iter(grads)
+    for u in updates:
+        outputs[u.var.name]["cut"] = {t: next(grads) for t in cuts[u.var.name]}
     return reads + made, slot_parts, outputs, variables
 
 
@@ -322,7 +370,8 @@ def _gather(plan: Plan, updates: list[_Update], parts: list[str], norms: list[st
                 with tf.name_scope("norms"):
                     outs += [tf.identity(t, name=f"sum_{i}") for i, t in enumerate(backend.allreduce_sum(norm_in))]
             with tf.name_scope("allgather"):
-                gathered = backend.allgather_shards(parts_in, [u.var.num_elements for u in updates])
+                gathered = backend.allgather_parts(parts_in, [u.var.num_elements for u in updates],
+                                                   plan.num_workers)
         for u, whole in zip(updates, gathered):
             with tf.name_scope(zero_scope(u.var.name) + "new/"):
                 outs.append(tf.reshape(whole, [d for d in u.var.shape], name="value"))

@@ -30,7 +30,7 @@ from tensorflow.python.training.saving import saveable_object
 from parallax.job.paths import CHECKPOINT_BASENAME
 from parallax.plan.model import part_sizes
 
-__all__ = ["ShardedSlots", "ShardedSlotsSaverHook"]
+__all__ = ["ShardedSlots", "ShardedSlotsSaverHook", "whole_slots"]
 
 
 class _Joined(saveable_object.SaveableObject):
@@ -140,6 +140,27 @@ def part_of(value: np.ndarray, workers: int, index: int) -> np.ndarray:
     part = np.zeros(sizes[0], flat.dtype)
     part[:sizes[index]] = flat[begin:begin + sizes[index]]
     return part
+
+
+def whole_slots(session: Any, graph: tf.Graph, pairs: list[tuple[str, str]], shapes: dict[str, tuple],
+                group: Any) -> dict[str, np.ndarray]:
+    """Every worker together (an all-gather over ``group``, :class:`parallax.comm.group.WorkerGroup`): each
+    sharded slot whole, by its single-device name, from ``pairs`` (``(slot, this worker's part variable)``)
+    of ``graph``, the rewritten graph ``session`` runs; ``shapes`` each slot's shape."""
+    from parallax.runtime.hooks import run_past_hooks
+
+    reads = []
+    for _, part in pairs:  # a read that waits for nothing (the update's own reads wait for its writes)
+        handle = graph.get_operation_by_name(part).outputs[0]
+        reads.append(next(c.outputs[0] for c in handle.consumers()
+                          if c.type == "ReadVariableOp" and not c.control_inputs))
+    mine = [np.asarray(p) for p in run_past_hooks(session, reads)]
+    every = group.gather(mine)
+    out = {}
+    for k, (slot, _) in enumerate(pairs):
+        shape = tuple(shapes[slot])
+        out[slot] = np.concatenate([parts[k] for parts in every])[:int(np.prod(shape, dtype=np.int64))].reshape(shape)
+    return out
 
 
 def _read_name(graph: tf.Graph, variable: str) -> str:

@@ -180,14 +180,16 @@ def check_optimizer(model: Any, config: Any) -> None:
 
 
 def _refuse_sharded_slots(model: Any, config: Any) -> None:
-    """``zero_stage`` shards the slots of optimizers that update through ``Apply*`` ops (tf_keras's legacy
-    ones); a Keras 3 or tf_keras new optimizer writes with plain assign ops, which the job's workers would refuse
-    after launch: refused here, before anything starts."""
+    """``zero_stage`` shards the slots of optimizers that update through ``Apply*`` ops (tf_keras's legacy ones)
+    and of Keras 3's, whose updates are element-wise (:mod:`parallax.rewrite.zero_regions`); tf_keras's new
+    optimizers write in other ways, which the job's workers would refuse after launch: refused here, before
+    anything starts."""
     stage = getattr(config, "zero_stage", 0)
     optimizer = getattr(model, "optimizer", None)
-    legacy = "legacy" in type(optimizer).__module__ or "optimizer_v2" in type(optimizer).__module__
-    if stage and not legacy:
-        raise ValueError(f"parallax.fit: zero_stage={stage} shards the slots of optimizers that update through "
-                         f"Apply* ops (tf_keras.optimizers.legacy.*); {type(optimizer).__name__} "
-                         f"({type(optimizer).__module__}) writes its slots with plain assign ops: use a tf_keras "
-                         "legacy optimizer, or zero_stage=0")
+    module = type(optimizer).__module__
+    legacy = "legacy" in module or "optimizer_v2" in module
+    keras3 = module.startswith("keras.") and not module.startswith("keras.optimizers.legacy")
+    if stage and not (legacy or keras3):
+        raise ValueError(f"parallax.fit: zero_stage={stage} shards the slots of Keras 3's optimizers and of "
+                         f"tf_keras.optimizers.legacy.*; {type(optimizer).__name__} ({module}) writes its slots in "
+                         "another way: use one of those, or zero_stage=0")

@@ -151,9 +151,10 @@ class DistributedStep:
             return [value]
         return value
 
-    def sync_variables(self) -> None:
-        """Write this worker's values of the step's variables into the program's eager variables (optimizer
-        slots that ``zero_stage`` keeps in parts stay as they were)."""
+    def sync_variables(self, whole_slots: bool = False) -> None:
+        """Write this worker's values of the step's variables into the program's eager variables. Optimizer
+        slots that ``zero_stage`` keeps in parts stay as they were, or with ``whole_slots`` (every worker must
+        call it then: the parts are gathered from every worker) are written whole."""
         held = self._session.held_in_parts
         graph = self._traced.graph
         kept = set(self._summed.names)  # the program's metrics: already summed after each step
@@ -162,6 +163,15 @@ class DistributedStep:
         values = self._session.read([variables[n] for n in names])
         for name, value in zip(names, values):
             self._traced.variables[name].write(value)
+        if whole_slots and held and self._session.group is not None:
+            from parallax.rewrite.zero import sharded_slots
+            from parallax.runtime.zero_checkpoint import whole_slots as gather
+
+            raw = self._session.raw_session
+            pairs = sorted(sharded_slots(raw.graph))
+            shapes = {n: variables[n].shape.as_list() for n, _ in pairs}
+            for name, value in gather(raw, raw.graph, pairs, shapes, self._session.group).items():
+                self._traced.variables[name].write(value)
 
     def should_stop(self) -> bool:
         return self._session.should_stop()

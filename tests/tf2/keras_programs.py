@@ -462,7 +462,21 @@ def _gan(keras):
 
 def single_device(name: str) -> tuple[dict, list]:
     """``model.fit`` as the program calls it: its History and trained weights."""
+    history, trained, _ = single_device_state(name)
+    return history, trained
+
+
+@functools.cache
+def single_device_state(name: str) -> tuple[dict, list, list]:
+    """``model.fit`` as the program calls it: its History, trained weights and optimizer variables."""
     model = build(name)
     x, y = data(name)
     history = model.fit(x, y, verbose=0, **fit_arguments(name)).history
-    return history, weights(name, model)
+    return history, weights(name, model), optimizer_variables(model)
+
+
+def optimizer_variables(model) -> list:
+    """The values of the compiled optimizer's variables (its step count, slots, moving averages), in its order;
+    none where the model compiled no single optimizer (a GAN's two)."""
+    optimizer = getattr(model, "optimizer", None)
+    return [np.asarray(v) for v in optimizer.variables] if optimizer is not None else []

@@ -89,9 +89,10 @@ def test_each_worker_keeps_its_part_of_the_slots_and_gathers_the_updated_parts(s
                   and n.op == "AssignVariableOp"}
     assert slot_inits and not any(i[1:] in slot_inits for n in meta.graph_def.node for i in n.input)
     assert "^dense/kernel/Assign" in nodes["init"].input  # the variables' own stay
-    # an all-gather of each variable's parts, after the step's other collectives
+    # one all-gather of every variable's parts (side by side: one call, not one per variable), after the step's
+    # other collectives
     gathers = [n for n in meta.graph_def.node if n.name.startswith("parallax_zero/allgather/") and n.op == "PyFunc"]
-    assert len(gathers) == 3 and {g.attr["token"].s for g in gathers} == {b"parallax_comm:mpi_allgather_shards"}
+    assert len(gathers) == 1 and {g.attr["token"].s for g in gathers} == {b"parallax_comm:mpi_allgather_shards"}
     after = nodes["parallax_zero/after_aggregation"]
     scattered = [n.name for n in meta.graph_def.node if n.op == "PyFunc" and n.name.startswith("parallax_aggregate/")]
     assert scattered and {"^" + s for s in scattered} <= set(after.input)
@@ -176,12 +177,83 @@ def test_stage_two_refuses_a_gradient_combined_with_a_tensor_of_its_shape():
         rewrite_for_task(export(model.graph), plan_of(model, 2), TaskSpec(0))
 
 
-def test_a_keras_3_optimizers_plain_assign_updates_are_refused_saying_which_optimizers_zero_shards():
+@pytest.mark.parametrize("name", ["keras3-adam", "keras3-adamw", "keras3-nadam", "keras3-rmsprop", "keras3-adagrad",
+                                  "keras3-sgd"])
+def test_a_keras_3_optimizers_element_wise_update_is_copied_onto_each_workers_parts(name):
     from parallax.tf2.trace import trace_step
     from tests.tf2.programs import build
 
-    step, _ = build("keras3-adam")
-    traced = trace_step(step)
-    with pytest.raises(RewriteError, match=r"a Keras 3 or tf_keras non-legacy optimizer writes it with plain assign "
-                                           r"ops, which ZeRO does not shard yet: use a tf.compat.v1.train"):
+    traced = trace_step(build(name)[0])
+    plan = plan_of(traced, 1)
+    sharded = [v for v in plan.variables if v.sharded and v.slot_of is None]
+    assert sharded
+    meta = rewrite_for_task(export(traced.graph), plan, TaskSpec(1))
+    nodes = nodes_of(meta)
+    for v in sharded:
+        scope = f"parallax_zero/{v.name}/"
+        copies = [n for n in meta.graph_def.node if n.name.startswith(scope + "region/")]
+        handles = {n.input[0] for n in copies if n.op == "ReadVariableOp" or n.op.endswith("VariableOp")
+                   and n.op != "ReadVariableOp"}
+        assert scope + "part" in handles and handles <= {scope + "part"} | {f"{scope}slot_{i}" for i in range(4)}
+        # the original update: its writes wait for the gathered value, nothing reads the whole slots any more
+        writes = [n for n in meta.graph_def.node if f"update_{v.name}/" in n.name and n.op.startswith("Assign")]
+        assert not writes
+        assert nodes[scope + "assign"].input[0] == v.name
+    slots = {s.name for s in plan.variables if s.sharded and s.slot_of is not None}
+    for node in meta.graph_def.node:  # the updates' reads of the whole slots are gone (waits for the new value)
+        assert not (node.op == "ReadVariableOp" and node.input[0] in slots and "/update_" in node.name), node.name
+
+
+def test_a_keras_3_update_inside_a_loss_scale_conditional_is_refused_naming_it():
+    from parallax.tf2.trace import trace_step
+    from tests.tf2.programs import build
+
+    traced = trace_step(build("keras3-lso-adam")[0])
+    with pytest.raises(RewriteError, match=r"cannot be cut into parts: .* reaches it through a conditional"):
+        rewrite_for_task(export(traced.graph), plan_of(traced, 1), TaskSpec(0))
+
+
+def _keras3_step(optimizer):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((5,), dtype="int32"), keras.layers.Embedding(100, 8),
+                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 5], tf.int32), tf.TensorSpec([None, 1], tf.float32)])
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x, training=True) - y) ** 2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    return step
+
+
+def test_a_table_whose_keras_3_update_makes_its_sparse_gradient_whole_is_sharded():
+    import keras
+
+    from parallax.tf2.trace import trace_step
+
+    traced = trace_step(_keras3_step(keras.optimizers.Adam(0.01)))
+    analysis = analyse_graph(traced.graph)
+    name = next(v.name for v in analysis.variables if v.name.endswith("embeddings"))
+    table = analysis.gradient(name)
+    assert table.sparse and table.densified  # Keras 3 sums its rows into a table-shaped tensor, then updates all
+    plan = plan_of(traced, 1)
+    assert plan.variable(name).sharded
+    meta = rewrite_for_task(export(traced.graph), plan, TaskSpec(0))
+    # the rows summed into the whole table as one device sums them, then cut: this worker's part of it
+    grad_parts = [n for n in meta.graph_def.node if n.name.startswith(f"parallax_zero/{name}/grad_part")]
+    assert len(grad_parts) == 2  # Adam's two sums: of the rows, of their squares
+
+
+def test_an_update_that_reduces_over_the_variable_stays_refused_naming_the_op():
+    import keras
+
+    from parallax.tf2.trace import trace_step
+
+    traced = trace_step(_keras3_step(keras.optimizers.Lamb(0.01)))  # the trust ratio: a norm of the variable
+    with pytest.raises(RewriteError, match=r"cannot be cut into parts: .*\((Sum|Max|Mean|Norm|EuclideanNorm)\) is "
+                                           r"no element-wise op"):
         rewrite_for_task(export(traced.graph), plan_of(traced, 1), TaskSpec(0))

@@ -89,8 +89,6 @@ FIT = [  # (id, arguments beside the model, the error, a pattern its message sta
      r"parallax.fit: validation_data: y must have one entry per example of x \(8\), got 2"),
     ("class-and-sample-weights", dict(x=X, y=Y, class_weight={0: 1.0}, sample_weight=np.ones(8)), ValueError,
      r"parallax.fit: class_weight goes with arrays x, y and no sample_weight"),
-    ("zero_stage-with-a-keras-3-optimizer", dict(x=X, y=Y, parallax_config=parallax.Config(zero_stage=1)), ValueError,
-     r"parallax.fit: zero_stage=1 shards the slots of optimizers that update through Apply\* ops"),
     ("config-not-a-config", dict(x=X, y=Y, parallax_config={"run_option": "MPI"}), TypeError,
      r"parallel_run: parallax_config must be a parallax.Config, got dict"),
 ]

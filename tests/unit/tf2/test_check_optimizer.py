@@ -28,6 +28,15 @@ def test_gradient_accumulation_with_a_table_is_refused_in_ps_alone():
     check_optimizer(_model(table=False), parallax.Config(run_option="PS"))  # trains: equal to one device
 
 
-def test_zero_stage_with_an_optimizer_that_assigns_its_slots_is_refused():
-    with pytest.raises(ValueError, match="zero_stage=1 shards the slots of optimizers that update through Apply"):
-        check_optimizer(_model(table=False), parallax.Config(zero_stage=1))
+def test_zero_stage_takes_keras_3_optimizers_and_refuses_tf_keras_new_ones():
+    check_optimizer(_model(table=True), parallax.Config(zero_stage=1))  # element-wise updates: sharded
+    import tf_keras
+
+    model = tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(3,))])
+    model.compile(tf_keras.optimizers.Adam(0.1), "mse")
+    with pytest.raises(ValueError, match=r"zero_stage=1 shards the slots of Keras 3's optimizers and of "
+                                         r"tf_keras.optimizers.legacy.\*; Adam \(tf_keras"):
+        check_optimizer(model, parallax.Config(zero_stage=1))
+    legacy = tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(3,))])
+    legacy.compile(tf_keras.optimizers.legacy.Adam(0.1), "mse")
+    check_optimizer(legacy, parallax.Config(zero_stage=1))
