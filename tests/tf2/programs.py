@@ -57,11 +57,11 @@ MORE_OPTIMIZERS = ("keras3-rmsprop", "keras3-adagrad", "keras3-adamw", "keras3-n
 MIXED = tuple(c for c in CASES if c not in PLAIN and c not in MORE_OPTIMIZERS)
 
 
-def squared_error_step(model, optimizer):
-    """The plainest step: ``x`` of 4 features, ``y`` of 1, the mean squared error, ``optimizer`` applying the
-    tape's gradients of ``model``'s trainable variables; it returns the loss."""
+def squared_error_step(model, optimizer, x_spec=None):
+    """The plainest step: ``x`` of 4 features (or ``x_spec``), ``y`` of 1, the mean squared error, ``optimizer``
+    applying the tape's gradients of ``model``'s trainable variables; it returns the loss."""
 
-    @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None, 1])])
+    @tf.function(input_signature=[x_spec or tf.TensorSpec([None, 4]), tf.TensorSpec([None, 1])])
     def step(x, y):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean((model(x, training=True) - y) ** 2)

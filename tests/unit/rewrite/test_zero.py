@@ -216,18 +216,12 @@ def test_a_keras_3_update_inside_a_loss_scale_conditional_is_refused_naming_it()
 def _keras3_step(optimizer):
     import keras
 
+    from tests.tf2.programs import squared_error_step
+
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((5,), dtype="int32"), keras.layers.Embedding(100, 8),
                               keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
-
-    @tf.function(input_signature=[tf.TensorSpec([None, 5], tf.int32), tf.TensorSpec([None, 1], tf.float32)])
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean((model(x, training=True) - y) ** 2)
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
-    return step
+    return squared_error_step(model, optimizer, tf.TensorSpec([None, 5], tf.int32))
 
 
 def test_a_table_whose_keras_3_update_makes_its_sparse_gradient_whole_is_sharded():
