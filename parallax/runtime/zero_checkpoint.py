@@ -113,7 +113,7 @@ class ShardedSlots:
             comm.Gather(part, whole, root=0)
             if chief:
                 shape = self._shapes[slot][0]
-                self.joined[slot] = whole[:int(np.prod(shape, dtype=np.int64))].reshape(shape)
+                self.joined[slot] = _joined(whole, shape)
 
     def scatter(self, session: Any) -> None:
         """Every worker, right after the session starts: take its part of each slot the chief restored."""
@@ -149,18 +149,15 @@ def whole_slots(session: Any, graph: tf.Graph, pairs: list[tuple[str, str]], sha
     of ``graph``, the rewritten graph ``session`` runs; ``shapes`` each slot's shape."""
     from parallax.runtime.hooks import run_past_hooks
 
-    reads = []
-    for _, part in pairs:  # a read that waits for nothing (the update's own reads wait for its writes)
-        handle = graph.get_operation_by_name(part).outputs[0]
-        reads.append(next(c.outputs[0] for c in handle.consumers()
-                          if c.type == "ReadVariableOp" and not c.control_inputs))
-    mine = [np.asarray(p) for p in run_past_hooks(session, reads)]
-    every = group.gather(mine)
-    out = {}
-    for k, (slot, _) in enumerate(pairs):
-        shape = tuple(shapes[slot])
-        out[slot] = np.concatenate([parts[k] for parts in every])[:int(np.prod(shape, dtype=np.int64))].reshape(shape)
-    return out
+    reads = [graph.get_tensor_by_name(_read_name(graph, part)) for _, part in pairs]
+    every = group.gather([np.asarray(p) for p in run_past_hooks(session, reads)])
+    return {slot: _joined(np.concatenate([parts[k] for parts in every]), shapes[slot])
+            for k, (slot, _) in enumerate(pairs)}
+
+
+def _joined(flat: np.ndarray, shape) -> np.ndarray:
+    """Every worker's part of a slot, in worker order (``flat``), as the slot: the padding dropped."""
+    return flat[:int(np.prod(shape, dtype=np.int64))].reshape(tuple(shape))
 
 
 def _read_name(graph: tf.Graph, variable: str) -> str:
@@ -168,7 +165,9 @@ def _read_name(graph: tf.Graph, variable: str) -> str:
     op = graph.get_operation_by_name(variable)
     if op.outputs[0].dtype != tf.resource:
         return op.outputs[0].name
-    reads = [c for c in op.outputs[0].consumers() if c.type == "ReadVariableOp"]
+    # a read that waits for nothing: an update's own reads wait for its writes (zero_stage's copies of a Keras 3
+    # update read the parts), and running one would run the update
+    reads = [c for c in op.outputs[0].consumers() if c.type == "ReadVariableOp" and not c.control_inputs]
     if reads:
         return reads[0].outputs[0].name
     with graph.as_default():
