@@ -55,11 +55,17 @@ def pytest_collection_modifyitems(items):
     ``make test`` runs the core: in each mode and for each kind of program, one job that trains equal to one
     device and the failures a job must end on (a killed or raising process), so that it stays under 15 minutes on
     two cores; ``make test-extended`` (in CI) runs every other multi-process case. A new multi-process test is
-    extended until someone decides it belongs to the core. The virtual cluster's tests have suites of their own."""
+    extended until someone decides it belongs to the core. The virtual cluster's tests have suites of their own.
+
+    A multi-process test's own jobs are bounded by timeouts of their own (a shared job's 420 s, harness.py), which
+    pytest's must exceed, with the single-device reference the test trains after it: 600 s unless marked."""
     for item in items:
-        if item.get_closest_marker("multiprocess") and not item.get_closest_marker("core") \
-                and not item.get_closest_marker("cluster"):
+        if not item.get_closest_marker("multiprocess"):
+            continue
+        if not item.get_closest_marker("core") and not item.get_closest_marker("cluster"):
             item.add_marker(pytest.mark.extended)
+        if not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(600))
 
 
 @pytest.fixture

@@ -89,6 +89,10 @@ def finish_command(proc: subprocess.Popen, timeout: float, out_dir: str, started
         os.killpg(proc.pid, 9)
         output, _ = proc.communicate()
         raise AssertionError(f"job did not finish in {timeout}s:\n{output[-4000:]}") from None
+    except BaseException:  # pytest's own timeout, ^C: the job must not run on beside the next test
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        raise
     return Run(proc.returncode, output, time.monotonic() - start, str(out_dir), time.time())
 
 
@@ -221,24 +225,39 @@ class ScriptJobs:
     ``<out>/<case>`` (``:`` in a case's name becomes ``-``). ``groups`` maps a group to its resource text and
     the script's options; the script takes ``--resource_info``, ``--out``, those options and the cases."""
 
-    def __init__(self, factory, script: str, groups: dict[str, tuple[str, list[str]]], cases: list[str],
-                 timeout: float = 420) -> None:
+    def __init__(self, factory, script: str, groups: dict[str, tuple[str, list[str]]],
+                 cases: list[str] | dict[str, list[str]], timeout: float = 420) -> None:
         self._factory = factory
         self._script = script
         self._groups = groups
-        self._cases = cases
+        self._cases = cases if isinstance(cases, dict) else {group: cases for group in groups}
         self._timeout = timeout
-        self._runs: dict[str, tuple[Run, str]] = {}
+        self._runs: dict[str, tuple[Run, str] | AssertionError] = {}
 
     def case(self, group: str, case: str) -> str:
-        """The directory case ``case`` of ``group`` wrote into (the group's job having succeeded)."""
+        """The directory case ``case`` of ``group`` wrote into (the group's job having succeeded). A job that
+        failed or ran past its timeout fails every case of its group, run once."""
         if group not in self._runs:
             text, options = self._groups[group]
             tmp = self._factory.mktemp(group)
             (tmp / "resource_info").write_text(text)
-            run = run_command(tmp, [sys.executable, self._script, "--resource_info", str(tmp / "resource_info"),
-                                    "--out", str(tmp / "out"), *options, *self._cases], timeout=self._timeout)
-            self._runs[group] = (run, str(tmp / "out"))
+            try:
+                run = run_command(tmp, [sys.executable, self._script, "--resource_info", str(tmp / "resource_info"),
+                                        "--out", str(tmp / "out"), *options, *self._cases[group]],
+                                  timeout=self._timeout)
+                self._runs[group] = (run, str(tmp / "out"))
+            except AssertionError as timed_out:
+                self._runs[group] = timed_out
+        if isinstance(self._runs[group], AssertionError):
+            raise self._runs[group]
         run, out = self._runs[group]
         assert run.returncode == 0, run.output[-4000:]
         return os.path.join(out, case.replace(":", "-"))
+
+
+def selected(request, *names: str) -> list[tuple]:
+    """The values of parameters ``names`` of the tests of ``request``'s module that this session runs (``-m``
+    having chosen): a shared job trains the cases of its group that run, ``make test``'s in one launch and
+    ``make test-extended``'s in another."""
+    return [tuple(item.callspec.params[n] for n in names) for item in request.session.items
+            if item.module is request.module and hasattr(item, "callspec")]

@@ -4,8 +4,9 @@ a masked LSTM, a custom ``train_step``, a GAN, an image classifier whose batch n
 synchronises, a timeseries classifier whose batch norms ask for it themselves, a keras-hub BERT classifier built
 from a config) moved onto Parallax with the one-line change (and the config line), against the same program's
 ``model.fit`` as written (shuffled by Keras): every epoch's logs and every trained weight, on every worker, in
-MPI, PS, HYBRID and AUTO on 2 processes and with 2 replicas in one process. ``make test`` runs MPI, and the
-Transformer in HYBRID."""
+MPI, PS, HYBRID and AUTO on 2 processes and with 2 replicas in one process. ``make test`` runs six programs in
+MPI (one job) and the Transformer in HYBRID; ``make test-extended`` the rest, MPI's other programs in a job of
+their own."""
 
 from __future__ import annotations
 
@@ -16,14 +17,18 @@ import os
 import numpy as np
 import pytest
 
-from tests.multiprocess.harness import LAYOUTS, ROOT, ScriptJobs
+from tests.multiprocess.harness import LAYOUTS, ROOT, ScriptJobs, selected
 from tests.tf2.keras_programs import PROGRAMS
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 SCRIPT = os.path.join(ROOT, "tests", "tf2", "keras_script.py")
 GROUPS = {g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "HYBRID-2", "AUTO-2", "local-2-replicas")}
-CORE = ("MPI-2", "HYBRID-2-transformer")  # make test's jobs (its TF2 PS job: test_keras_fit_text.py)
+# make test's cases (its TF2 PS job: test_keras_fit_text.py): in MPI, a program of each kind (position embeddings,
+# several tables on a dict input, a custom train_step, synchronised batch norms, a keras-hub model, a split
+# fit's input); all 15 in one job took over 300 s in CI beside the other lane
+CORE = tuple(f"MPI-2-{name}" for name in ("transformer", "recommender", "custom-step", "cnn", "bert",
+                                          "shared-split")) + ("HYBRID-2-transformer",)
 
 
 # HYBRID and AUTO choose the job's processes from each program's graph: a job per program (of those with tables;
@@ -38,8 +43,10 @@ def _groups(names) -> dict:
 
 
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
-    shared = ScriptJobs(tmp_path_factory, SCRIPT, _groups(g for g in GROUPS if g not in ALONE), list(PROGRAMS))
+def jobs(tmp_path_factory, request):
+    running = selected(request, "group", "name")
+    shared = ScriptJobs(tmp_path_factory, SCRIPT, _groups(g for g in GROUPS if g not in ALONE),
+                        {g: [n for group, n in running if group == g] for g in GROUPS if g not in ALONE})
     alone = {name: ScriptJobs(tmp_path_factory, SCRIPT, _groups(g for g in ALONE if g != "AUTO-2" or name in AUTO_TOO),
                               [name]) for name in WITH_TABLES}
     return shared, alone
@@ -51,7 +58,7 @@ def _cases():
             if group in ALONE and name not in WITH_TABLES or group == "AUTO-2" and name not in AUTO_TOO:
                 continue
             marks = [pytest.mark.xdist_group(f"tf2-keras-{group}" + (f"-{name}" if group in ALONE else ""))]
-            core = group in CORE or f"{group}-{name}" in CORE
+            core = f"{group}-{name}" in CORE
             yield pytest.param(group, name, marks=marks + [pytest.mark.core] * core, id=f"{group}-{name}")
 
 

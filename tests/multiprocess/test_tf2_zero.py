@@ -14,7 +14,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.multiprocess.harness import LAYOUTS, ROOT, ScriptJobs
+from tests.multiprocess.harness import LAYOUTS, ROOT, ScriptJobs, selected
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -24,10 +24,10 @@ CORE = ("transformer",)
 
 
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
+def jobs(tmp_path_factory, request):
     text, run_option = LAYOUTS["MPI-2"][:2]
     return ScriptJobs(tmp_path_factory, SCRIPT, {"zero": (text, ["--run_option", run_option, "--zero_stage", "1"])},
-                      list(PROGRAMS))
+                      [name for name, in selected(request, "name")])  # make test's: the Transformer alone
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.xdist_group("tf2-zero")]
