@@ -193,3 +193,31 @@ def _refuse_sharded_slots(model: Any, config: Any) -> None:
         raise ValueError(f"parallax.fit: zero_stage={stage} shards the slots of Keras 3's optimizers and of "
                          f"tf_keras.optimizers.legacy.*; {type(optimizer).__name__} ({module}) writes its slots in "
                          "another way: use one of those, or zero_stage=0")
+    if stage and keras3:
+        _refuse_keras3_whole(optimizer, stage)
+
+
+#: Keras 3 optimizers whose update of a variable reads all of it (Lamb's trust ratio: norms of the variable and
+#: of its update; Adafactor's factored moments: means over rows and columns; Muon: an orthogonalisation of the
+#: whole matrix): no worker can update its part alone
+_WHOLE_UPDATES = {"Lamb": "a norm of each variable", "Adafactor": "means over each variable's rows and columns",
+                  "Muon": "an orthogonalisation of each whole matrix"}
+
+
+def _refuse_keras3_whole(optimizer: Any, stage: int) -> None:
+    """What the workers' rewrite (:mod:`parallax.rewrite.zero_regions`) would refuse after launch, refused here:
+    stage 2, an update inside a conditional, an update that reads the whole variable."""
+    name = type(optimizer).__name__
+    if stage == 2:
+        raise ValueError(f"parallax.fit: zero_stage=2 with {name}, a Keras 3 optimizer: its update is made of "
+                         "element-wise ops, whose gradients are all-reduced whole; use zero_stage=1, which shards "
+                         "its slots and its update")
+    if name == "LossScaleOptimizer" or getattr(optimizer, "gradient_accumulation_steps", None):
+        why = ("skips the update on a step whose scaled gradients overflow" if name == "LossScaleOptimizer" else
+               f"applies the gradients every {optimizer.gradient_accumulation_steps} steps")
+        raise ValueError(f"parallax.fit: zero_stage={stage} with {name}, which {why}: the update runs inside a "
+                         "conditional, which zero_stage cannot cut into parts; use zero_stage=0")
+    inner = type(getattr(optimizer, "inner_optimizer", optimizer)).__name__
+    if inner in _WHOLE_UPDATES:
+        raise ValueError(f"parallax.fit: zero_stage={stage} with {inner}, whose update reads "
+                         f"{_WHOLE_UPDATES[inner]}: no worker can update its part alone; use zero_stage=0")

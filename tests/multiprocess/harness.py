@@ -255,9 +255,10 @@ class ScriptJobs:
         return os.path.join(out, case.replace(":", "-"))
 
 
-def selected(request, *names: str) -> list[tuple]:
-    """The values of parameters ``names`` of the tests of ``request``'s module that this session runs (``-m``
-    having chosen): a shared job trains the cases of its group that run, ``make test``'s in one launch and
-    ``make test-extended``'s in another."""
-    return [tuple(item.callspec.params[n] for n in names) for item in request.session.items
-            if item.module is request.module and hasattr(item, "callspec")]
+def selected(request, groups, case: str = "name") -> dict[str, list[str]]:
+    """Of each of ``groups``, the cases (parameter ``case``, beside parameter ``group``) of the tests of
+    ``request``'s module that this session runs (``-m`` having chosen): a shared job trains the cases of its group
+    that run, ``make test``'s in one launch and ``make test-extended``'s in another."""
+    running = [(item.callspec.params["group"], item.callspec.params[case]) for item in request.session.items
+               if hasattr(item, "callspec") and item.module is request.module]
+    return {g: [c for group, c in running if group == g] for g in groups}

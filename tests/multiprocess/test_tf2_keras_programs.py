@@ -44,9 +44,8 @@ def _groups(names) -> dict:
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory, request):
-    running = selected(request, "group", "name")
-    shared = ScriptJobs(tmp_path_factory, SCRIPT, _groups(g for g in GROUPS if g not in ALONE),
-                        {g: [n for group, n in running if group == g] for g in GROUPS if g not in ALONE})
+    together = [g for g in GROUPS if g not in ALONE]
+    shared = ScriptJobs(tmp_path_factory, SCRIPT, _groups(together), selected(request, together))
     alone = {name: ScriptJobs(tmp_path_factory, SCRIPT, _groups(g for g in ALONE if g != "AUTO-2" or name in AUTO_TOO),
                               [name]) for name in WITH_TABLES}
     return shared, alone

@@ -9,13 +9,13 @@ import parallax
 from parallax.tf2.arguments import check_optimizer
 
 
-def _model(table: bool):
+def _model(table: bool, optimizer=None):
     import keras
 
     layers = [keras.Input((3,), dtype="int32"), keras.layers.Embedding(10, 4, name="ids"),
               keras.layers.GlobalAveragePooling1D()] if table else [keras.Input((3,))]
     model = keras.Sequential(layers + [keras.layers.Dense(1)])
-    model.compile(keras.optimizers.SGD(0.1, gradient_accumulation_steps=2), "mse")
+    model.compile(optimizer or keras.optimizers.SGD(0.1, gradient_accumulation_steps=2), "mse")
     return model
 
 
@@ -29,7 +29,10 @@ def test_gradient_accumulation_with_a_table_is_refused_in_ps_alone():
 
 
 def test_zero_stage_takes_keras_3_optimizers_and_refuses_tf_keras_new_ones():
-    check_optimizer(_model(table=True), parallax.Config(zero_stage=1))  # element-wise updates: sharded
+    import keras
+
+    for optimizer in (keras.optimizers.Adam(0.1), keras.optimizers.Lion(0.1), keras.optimizers.Ftrl(0.1)):
+        check_optimizer(_model(True, optimizer), parallax.Config(zero_stage=1))  # element-wise updates: sharded
     import tf_keras
 
     model = tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(3,))])
@@ -40,3 +43,22 @@ def test_zero_stage_takes_keras_3_optimizers_and_refuses_tf_keras_new_ones():
     legacy = tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(3,))])
     legacy.compile(tf_keras.optimizers.legacy.Adam(0.1), "mse")
     check_optimizer(legacy, parallax.Config(zero_stage=1))
+
+
+@pytest.mark.parametrize("optimizer, stage, message", [
+    ("Adam", 2, r"zero_stage=2 with Adam, a Keras 3 optimizer: .* use zero_stage=1"),
+    ("loss-scaled", 1, r"zero_stage=1 with LossScaleOptimizer, which skips the update on a step whose scaled "
+                       r"gradients overflow: the update runs inside a conditional"),
+    ("accumulating", 1, r"zero_stage=1 with SGD, which applies the gradients every 2 steps: the update runs inside "
+                        r"a conditional"),
+    ("Lamb", 1, r"zero_stage=1 with Lamb, whose update reads a norm of each variable"),
+    ("Adafactor", 1, r"zero_stage=1 with Adafactor, whose update reads means over each variable's rows"),
+])
+def test_zero_stage_refuses_before_launch_a_keras_3_update_the_workers_could_not_cut(optimizer, stage, message):
+    """What each worker's rewrite refuses after launch (tests/unit/rewrite/test_zero.py), said before it."""
+    import keras
+
+    made = {"loss-scaled": lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.1)),
+            "accumulating": lambda: None}.get(optimizer, lambda: getattr(keras.optimizers, optimizer)(0.1))()
+    with pytest.raises(ValueError, match=message):
+        check_optimizer(_model(True, made), parallax.Config(zero_stage=stage))
