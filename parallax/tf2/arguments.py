@@ -217,7 +217,6 @@ def _refuse_keras3_whole(optimizer: Any, stage: int) -> None:
                f"applies the gradients every {optimizer.gradient_accumulation_steps} steps")
         raise ValueError(f"parallax.fit: zero_stage={stage} with {name}, which {why}: the update runs inside a "
                          "conditional, which zero_stage cannot cut into parts; use zero_stage=0")
-    inner = type(getattr(optimizer, "inner_optimizer", optimizer)).__name__
-    if inner in _WHOLE_UPDATES:
-        raise ValueError(f"parallax.fit: zero_stage={stage} with {inner}, whose update reads "
-                         f"{_WHOLE_UPDATES[inner]}: no worker can update its part alone; use zero_stage=0")
+    if name in _WHOLE_UPDATES:
+        raise ValueError(f"parallax.fit: zero_stage={stage} with {name}, whose update reads "
+                         f"{_WHOLE_UPDATES[name]}: no worker can update its part alone; use zero_stage=0")

@@ -220,10 +220,11 @@ class SharedJobs:
 
 
 class ScriptJobs:
-    """One job per group: ``script`` run once over every case (a ``parallel_run`` call each, as a program that
-    trains several models would), when a test first asks for one of them; each case's results land in
+    """One job per group: ``script`` run once over the group's cases (a ``parallel_run`` call each, as a program
+    that trains several models would), when a test first asks for one of them; each case's results land in
     ``<out>/<case>`` (``:`` in a case's name becomes ``-``). ``groups`` maps a group to its resource text and
-    the script's options; the script takes ``--resource_info``, ``--out``, those options and the cases."""
+    the script's options; ``cases`` is every group's list, or a list per group (:func:`selected`); the script
+    takes ``--resource_info``, ``--out``, those options and the cases."""
 
     def __init__(self, factory, script: str, groups: dict[str, tuple[str, list[str]]],
                  cases: list[str] | dict[str, list[str]], timeout: float = 420) -> None:
