@@ -143,9 +143,12 @@ $(HVD_STAMP): $(HVD_BUILT) setup.py
 
 horovod-venv: $(HVD_STAMP)
 
-# (the output redirection tests do not depend on the backend: the main venv runs them)
+# The core of the MPI and HYBRID suites (2 and 3 ranks, dense and sparse, buckets, clipping by the global norm, a
+# rank that dies, raises or stops early): their other cases vary what happens before or after the backend's call
+# (compression, the collective backend, more layouts), which the main venv tests. (The output redirection tests do
+# not depend on the backend either.)
 test-horovod: $(HVD_STAMP)
-	PARALLAX_TEST_BACKEND=horovod $(HVD_BIN)/python -m pytest tests/multiprocess/test_mpi_mode.py \
+	PARALLAX_TEST_BACKEND=horovod $(HVD_BIN)/python -m pytest -m core tests/multiprocess/test_mpi_mode.py \
 	    tests/multiprocess/test_hybrid_mode.py -k "not redirect_path" $(PYTEST_ARGS)
 
 clean-horovod:

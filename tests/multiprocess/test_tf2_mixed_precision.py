@@ -38,7 +38,7 @@ STEPS = 4
 # group: (resource file, run option, processes that write results, replicas each); micro-batches: MPI-2's layout
 # (AUTO-2, PS-3, HYBRID-2 and MPI-3 repeated MPI-2's and PS-2's mechanisms, the loss scale agreed over the
 # workers and the gradients pushed to servers: out, for CI's time on a 2-core machine; parallax.fit's mixed
-# precision runs in MPI-2, PS-2, HYBRID-2, MPI-3 and 2 local replicas: tests/multiprocess/test_keras_fit.py)
+# precision runs in MPI-2, PS-2 and 2 local replicas: tests/multiprocess/test_keras_fit.py)
 GROUPS = {**{g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "local-2-replicas")},
           "MPI-2-micro-batches": LAYOUTS["MPI-2"]}
 CONFIG = {"MPI-2-micro-batches": '{"micro_batches": 3}'}  # more Config fields of a group (JSON)
