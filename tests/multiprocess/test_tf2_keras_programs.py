@@ -5,7 +5,7 @@ synchronises, a timeseries classifier whose batch norms ask for it themselves, a
 from a config) moved onto Parallax with the one-line change (and the config line), against the same program's
 ``model.fit`` as written (shuffled by Keras): every epoch's logs and every trained weight, on every worker, in
 MPI on 2 processes (all of them), and in PS, HYBRID, AUTO and with 2 replicas in one process (those whose graphs
-differ there, IN_PART, WITH_TABLES). ``make test`` runs six programs in
+differ there: TRAINED). ``make test`` runs six programs in
 MPI (one job) and the Transformer in HYBRID; ``make test-extended`` the rest, MPI's other programs in a job of
 their own."""
 
@@ -32,16 +32,20 @@ CORE = tuple(f"MPI-2-{name}" for name in ("transformer", "recommender", "custom-
                                           "shared-split")) + ("HYBRID-2-transformer",)
 
 
-# PS and the local replicas train the programs whose graphs differ where those layouts differ from MPI (tables on
-# servers or summed in one process, a train_step of the model's own, two optimizers, synchronised batch norms, a
-# per-time-step loss, a split fit's input); the other programs' runs there repeated these, for CI's time
-IN_PART = {"PS-2": ("transformer", "recommender", "masked", "structured", "custom-step", "gan", "cnn", "shared-split"),
-           "local-2-replicas": ("transformer", "recommender", "seq2seq", "custom-step", "gan", "cnn")}
 # HYBRID and AUTO choose the job's processes from each program's graph: a job per program (of those with tables;
 # the others run as MPI there)
 ALONE = ("HYBRID-2", "AUTO-2")
 WITH_TABLES = ("transformer", "recommender", "masked", "structured", "bert")
-AUTO_TOO = ("transformer", "structured")  # AUTO's choice is HYBRID's or MPI's: two of them in AUTO
+# the programs each layout trains: all of them in MPI; in PS and with the local replicas those whose graphs differ
+# where those layouts differ from MPI (tables on servers or summed in one process, a train_step of the model's own,
+# two optimizers, synchronised batch norms, a per-time-step loss, a split fit's input: the other programs' runs
+# there repeated these, out for CI's time); in HYBRID those with tables; in AUTO, whose choice is HYBRID's or
+# MPI's, two of them
+TRAINED = {"MPI-2": tuple(PROGRAMS),
+           "PS-2": ("transformer", "recommender", "masked", "structured", "custom-step", "gan", "cnn", "shared-split"),
+           "HYBRID-2": WITH_TABLES,
+           "AUTO-2": ("transformer", "structured"),
+           "local-2-replicas": ("transformer", "recommender", "seq2seq", "custom-step", "gan", "cnn")}
 
 
 def _groups(names) -> dict:
@@ -52,16 +56,15 @@ def _groups(names) -> dict:
 def jobs(tmp_path_factory, request):
     together = [g for g in GROUPS if g not in ALONE]
     shared = ScriptJobs(tmp_path_factory, SCRIPT, _groups(together), selected(request, together))
-    alone = {name: ScriptJobs(tmp_path_factory, SCRIPT, _groups(g for g in ALONE if g != "AUTO-2" or name in AUTO_TOO),
-                              [name]) for name in WITH_TABLES}
+    alone = {name: ScriptJobs(tmp_path_factory, SCRIPT, _groups(g for g in ALONE if name in TRAINED[g]), [name])
+             for name in WITH_TABLES}
     return shared, alone
 
 
 def _cases():
     for group in GROUPS:
         for name in PROGRAMS:
-            if group in ALONE and name not in WITH_TABLES or group == "AUTO-2" and name not in AUTO_TOO \
-                    or name not in IN_PART.get(group, PROGRAMS):
+            if name not in TRAINED[group]:
                 continue
             marks = [pytest.mark.xdist_group(f"tf2-keras-{group}" + (f"-{name}" if group in ALONE else ""))]
             core = f"{group}-{name}" in CORE
