@@ -104,15 +104,17 @@ def block_parts(block: tuple, examples: int, replicas: int, here: int, real: int
     (array([0., 0., 0., 0.]), array([1., 0., 0., 0.], dtype=float32), 2)
     """
     x, y, weights = block
-    w = np.ones(real, np.float32) if weights is None else np.asarray(weights, np.float32)[:real]
+    w = np.ones(real, np.float32) if weights is None else \
+        tf.nest.map_structure(lambda a: np.asarray(a, np.float32)[:real], weights)  # a structure: one per output
     size = -(-examples // replicas)
     if size * replicas == examples:
         return (x, y, w), size
     padding = size * here - real
     order = np.concatenate([np.arange(real), np.zeros(padding, np.int64)])
-    weights = np.concatenate([w, np.zeros((padding, *w.shape[1:]), np.float32)])
+    zeros = functools.partial(tf.nest.map_structure, lambda a: np.concatenate(
+        [a, np.zeros((padding, *a.shape[1:]), np.float32)]))
     pad = functools.partial(tf.nest.map_structure, lambda a: np.asarray(a)[order])
-    return (pad(x), pad(y), weights.astype(np.float32)), size
+    return (pad(x), None if y is None else pad(y), zeros(w)), size
 
 
 def _per_leaf(per_replica: list, structure: Any) -> Any:
@@ -149,7 +151,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
 
     Raises:
         TypeError: the model is no Keras model, or ``x`` is missing.
-        ValueError: the model is not compiled; it has several targets; a batch does not split into the
+        ValueError: the model is not compiled; a batch does not split into the
             replicas' parts; a ``BackupAndRestore`` callback; weights or a split asked of a dataset.
     """
     flavor = flavor_of(model, "parallax.fit")
@@ -172,10 +174,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     if x is None:
         raise TypeError("parallax.fit: x is missing (arrays, or a tf.data.Dataset of (inputs, targets) batches)")
     batches = FitBatches(flavor.module.__name__.split(".")[0], model, x, y, sample_weight, batch_size,
-                         steps_per_epoch, shuffle, class_weight, initial_epoch, epochs, seed, targets=not own)
-    if not own and len(tf.nest.flatten(batches.signature[1])) > 1:
-        raise ValueError("parallax.fit: the model has several targets (a loss each, logged as metrics of their "
-                         "own): not yet supported; train it with a tf.function step and parallel_run")
+                         steps_per_epoch, shuffle, class_weight, initial_epoch, epochs, seed,
+                         targets=not own and flavor.takes_targets(model))
     outputs: dict = {}  # the structure of the model's predictions, seen when the step is traced
     sources: dict = {}  # the metric whose result each log of the model's own train_step is
     step_fn = own_train_step(model, batches.signature, batches.has_targets, batches.weighted, sources) if own \
@@ -259,7 +259,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
             if validating is None:  # as model.fit: that Keras's own iterator, made at the first validation, kept
                 validating = FitBatches(flavor.module.__name__.split(".")[0], model, *_triple(validation_data),
-                                        validation_batch_size or batch_size, validation_steps, False, None, 0, 1, seed)
+                                        validation_batch_size or batch_size, validation_steps, False, None, 0, 1, seed,
+                                        targets=False)
             val = evaluate_on(model, flavor, group, validating.one_epoch(), callback_list)
             logs.update({f"val_{k}": v for k, v in val.items()})
         callback_list.on_epoch_end(epoch, logs)
@@ -283,11 +284,11 @@ def _one_step(step: Any, model: Any, flavor: Flavor, batch: tuple, num_workers: 
     learning rate ``rate``: ``batch`` the global batch, or, where this worker reads only its share of the data,
     its block of a global batch of ``examples``."""
     fed, size, first, examples = _block(batch, num_workers, worker_id, num_replicas, examples)
-    mine = [parts(a, 1, 0, num_replicas) for a in fed]  # a part per replica each
+    mine = [None if a is None else parts(a, 1, 0, num_replicas) for a in fed]  # a part per replica each
     share = np.float32(examples / (num_workers * num_replicas))
     starts = [(worker_id * num_replicas + k) * size for k in range(num_replicas)]  # of this worker's parts
     real = [np.int32(min(max(examples - at, 0), size)) for at in starts]  # their examples; the rest: padding
-    got = step(*[_per_leaf(m, a) for m, a in zip(mine, fed)], [share] * num_replicas, real,
+    got = step(*[_per_leaf(m, a) for m, a in zip(mine, fed) if a is not None], [share] * num_replicas, real,
                [rate] * num_replicas)
     if not flavor.metrics_in_step:  # else updated in the step, summed over the workers (parallax.tf2.summed)
         at = [first + k * size for k in range(num_replicas)]  # in ``batch``
@@ -303,7 +304,8 @@ def _block(batch: tuple, num_workers: int, worker_id: int, num_replicas: int,
         examples = len(tf.nest.flatten(batch[0])[0])
         whole, size = block_parts(batch, examples, replicas, replicas, examples)
         first = worker_id * num_replicas * size
-        return tuple(parts(a, num_workers, worker_id, 1)[0] for a in whole), size, first, examples
+        return tuple(None if a is None else parts(a, num_workers, worker_id, 1)[0] for a in whole), size, first, \
+            examples
     size = -(-examples // replicas)
     real = min(max(examples - worker_id * num_replicas * size, 0), num_replicas * size)
     block, size = block_parts(batch, examples, replicas, num_replicas, real)
@@ -319,8 +321,10 @@ def _host_metrics(model: Any, flavor: Flavor, got: tuple, batch: tuple, mine: li
     losses, predicted, regularization = got
     for k, (at, n) in enumerate(parts_at):
         prediction = tf.nest.pack_sequence_as(structure, [tf.convert_to_tensor(leaf[k][:n]) for leaf in predicted])
-        part_x, part_y = (tf.nest.map_structure(lambda a, n=n: tf.convert_to_tensor(a[:n]), m[k]) for m in mine[:2])
-        part_w = None if batch[2] is None else tf.convert_to_tensor(batch[2][at:at + n])
+        part_x, part_y = (None if m is None else tf.nest.map_structure(lambda a, n=n: tf.convert_to_tensor(a[:n]), m[k])
+                          for m in mine[:2])
+        part_w = None if batch[2] is None else \
+            tf.nest.map_structure(lambda w, at=at, n=n: tf.convert_to_tensor(w[at:at + n]), batch[2])
         flavor.record_loss(model, losses[k], tf.constant(regularization[k]), part_x, part_y, part_w, prediction,
                            float(share))
         if n:
@@ -344,7 +348,8 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
             prediction = model(x, training=True)
             if not batches.weighted:  # Parallax's own weights (ones, 0 for padding): over every loss of an example
                 sample_weight = per_example(sample_weight, prediction)
-            loss = part_loss(flavor.loss(model, x, y, prediction, sample_weight), real, share)
+            loss = part_loss(flavor.part_loss(model, x, y, prediction, sample_weight, _counts(real, share)),
+                             real, share)
             scaled = flavor.scaled(model, loss)  # as that Keras's step: a loss scale (mixed precision) applied
         flavor.apply(model, tape, scaled)
         if flavor.metrics_in_step:  # on the part's real examples (a padded batch's padding cut off), as the host did
@@ -356,8 +361,20 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
         outputs["structure"] = prediction
         return loss, tf.nest.flatten(prediction), flavor.regularization(model)
 
+    def without_targets(x, sample_weight, share, real, rate_now):  # a model whose loss is its own (add_loss)
+        return step(x, None, sample_weight, share, real, rate_now)
+
     scalar = tf.TensorSpec([], tf.float32)
-    return tf.function(step, input_signature=[*batches.signature, scalar, tf.TensorSpec([], tf.int32), scalar])
+    x_spec, y_spec, w_spec = batches.signature
+    if not batches.has_targets:
+        return tf.function(without_targets, input_signature=[x_spec, w_spec, scalar, tf.TensorSpec([], tf.int32),
+                                                             scalar])
+    return tf.function(step, input_signature=[x_spec, y_spec, w_spec, scalar, tf.TensorSpec([], tf.int32), scalar])
+
+
+def _counts(real: tf.Tensor, share: tf.Tensor) -> tf.Tensor:
+    """How much a replica's part counts for against its ``share`` of the batch: its ``real`` examples over it."""
+    return tf.cast(real, tf.float32) / share
 
 
 def part_loss(loss: tf.Tensor, real: tf.Tensor, share: tf.Tensor) -> tf.Tensor:
@@ -369,7 +386,7 @@ def part_loss(loss: tf.Tensor, real: tf.Tensor, share: tf.Tensor) -> tf.Tensor:
     >>> float(part_loss(tf.constant(2.0), tf.constant(1), tf.constant(4.0)))
     0.5
     """
-    return loss * tf.cast(tf.cast(real, tf.float32) / share, loss.dtype)
+    return loss * tf.cast(_counts(real, share), loss.dtype)
 
 
 def _rows(count: tf.Tensor, structure: Any) -> Any:
@@ -391,8 +408,16 @@ def _first(count: tf.Tensor, tensor: tf.Tensor) -> tf.Tensor:
 def per_example(weights: tf.Tensor, prediction: Any) -> tf.Tensor:
     """Weights of one value per example shaped to weigh every loss value of its example: ``(batch, 1, ...)`` to
     the rank of the loss (the prediction's less its last axis), so that a loss per time step, ``(batch, time)``,
-    takes them as Keras takes weights of its own rank (``model.fit`` without weights weighs nothing)."""
-    rank = tf.nest.flatten(prediction)[0].shape.rank
+    takes them as Keras takes weights of its own rank (``model.fit`` without weights weighs nothing). A model
+    whose outputs have other ranks gets weights shaped for each output, in the predictions' structure."""
+    outputs = tf.nest.flatten(prediction)
+    if len({p.shape.rank for p in outputs}) > 1:
+        return tf.nest.map_structure(lambda p: _shaped(weights, p.shape.rank), prediction)
+    return _shaped(weights, outputs[0].shape.rank)
+
+
+def _shaped(weights: tf.Tensor, rank: int | None) -> tf.Tensor:
+    """Weights of one value per example, ``(batch, 1, ...)`` to weigh a loss of an output of ``rank``."""
     if rank is None or rank <= 2:
         return weights
     return tf.reshape(weights, [-1] + [1] * (rank - 2))

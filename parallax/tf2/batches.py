@@ -73,9 +73,9 @@ class FitBatches:
         #: the step's arguments: the inputs' and targets' specs (any batch size), and the weights'
         #: whether the data has weights of its own (sample_weight, class_weight, a dataset's third element)
         self.weighted = w_spec is not None
-        weights = [None] if w_spec is None else [None, *w_spec.shape[1:]]  # per example, or per time step
-        self.signature = [_any_batch(x_spec), None if y_spec is None else _any_batch(y_spec),
-                          tf.TensorSpec(weights, tf.float32)]
+        weights = tf.TensorSpec([None], tf.float32) if w_spec is None else \
+            tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape[1:]], tf.float32), w_spec)  # or per step
+        self.signature = [_any_batch(x_spec), None if y_spec is None else _any_batch(y_spec), weights]
 
     def _make(self, x: Any, *, model: Any, y: Any, sample_weight: Any, batch_size: int | None,
               steps_per_epoch: int | None, shuffle: Any, class_weight: dict | None, initial_epoch: int, epochs: int,

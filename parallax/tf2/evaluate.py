@@ -130,7 +130,7 @@ def evaluate_on(model: Any, flavor: Flavor, group: WorkerGroup, batches: Iterato
             model.reset_metrics()
         sizes.append(size)
         if len(tf.nest.flatten(mine[0])[0]):
-            flavor.test_batch(model, *mine)
+            flavor.test_batch(model, *mine, counts=len(tf.nest.flatten(mine[0])[0]) / size)
         callback_list.on_test_batch_end(index, numbers(model.get_metrics_result()))
     agree(group, sizes, "parallax.evaluate")
     sum_metrics(model, group)

@@ -33,12 +33,12 @@ TOLERANCE = 1e-3
 FLOOR = 1e-4
 
 
-def compare(part: dict[str, Any], halves: tuple[dict[str, Any], dict[str, Any]], sizes: tuple[int, int]
-            ) -> dict[str, float]:
-    """Each gradient's relative difference between ``part`` and the mean of ``halves`` weighted by ``sizes``
-    (dense arrays, or ``(values, indices)`` of a sparse one, summed by row first). A gradient much smaller than
-    the largest (one that is zero in exact arithmetic, as an attention layer's key bias) is measured against
-    :data:`FLOOR` times the largest, not against its own rounding noise.
+def compare(part: dict[str, Any], halves: tuple[dict[str, Any], dict[str, Any]], sizes: tuple[int, int],
+            summed: bool = False) -> dict[str, float]:
+    """Each gradient's relative difference between ``part`` and the mean of ``halves`` weighted by ``sizes`` (or
+    their sum: ``summed``) (dense arrays, or ``(values, indices)`` of a sparse one, summed by row first). A
+    gradient much smaller than the largest (one that is zero in exact arithmetic, as an attention layer's key
+    bias) is measured against :data:`FLOOR` times the largest, not against its own rounding noise.
 
     >>> compare({"w": np.array([2.0, 4.0])}, ({"w": np.array([1.0, 4.0])}, {"w": np.array([3.0, 4.0])}), (1, 1))
     {'w': 0.0}
@@ -46,7 +46,7 @@ def compare(part: dict[str, Any], halves: tuple[dict[str, Any], dict[str, Any]],
     total = sum(sizes)
     pairs = {}
     for name, whole in part.items():
-        mean = sum(_dense(h[name]) * (n / total) for h, n in zip(halves, sizes))
+        mean = sum(_dense(h[name]) * (1.0 if summed else n / total) for h, n in zip(halves, sizes))
         mine = _dense(whole)
         if isinstance(mean, dict) or isinstance(mine, dict):
             mine, mean = _aligned(mine, mean)
@@ -189,7 +189,14 @@ def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: i
     if off:
         named = ", ".join(f"{v} ({d:.1%})" for d, v in off[:5]) + (f" and {len(off) - 5} more" if len(off) > 5 else "")
         draws = random_draws(graph) if graph is not None else []
-        if draws:
+        as_sum = compare(whole, halves, (cut, n - cut), summed=True)
+        if all(as_sum[v] <= tolerance[v] for _, v in off):
+            named += (". The part's gradient is the sum of its halves': the loss sums over the batch's examples (Keras "
+                      "3 sums what a layer gives add_loss, so a loss of one value per example, as keras-io's CTC layer "
+                      "adds, is a sum), and Parallax averages the replicas' gradients as every data-parallel system "
+                      "does, so each update is a fraction of one device's: make it a mean over the examples "
+                      "(ops.mean), with a learning rate to match")
+        elif draws:
             named += (". The step draws random numbers in " + ", ".join(draws[:5])
                       + (f" and {len(draws) - 5} more" if len(draws) > 5 else "")
                       + ": each replica draws its own, one device draws once for the whole batch")

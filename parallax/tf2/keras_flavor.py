@@ -38,6 +38,11 @@ class Flavor:
     def compiled(self, model: Any) -> bool:
         return getattr(model, "optimizer", None) is not None and bool(getattr(model, "compiled", False))
 
+    def takes_targets(self, model: Any) -> bool:
+        """Whether the model was compiled with a loss, which takes targets (without, its loss is what its layers
+        add, ``add_loss``, and ``fit`` may be given inputs alone)."""
+        return getattr(model, "_compile_loss", None) is not None
+
     def loss(self, model: Any, x: Any, y: Any, prediction: Any, sample_weight: Any) -> Any:
         """The model's loss as its ``train_step`` computes it: through Keras's own call of ``compute_loss``, which
         passes ``training`` only to an override that takes it (one written before Keras 3.3 does not)."""
@@ -45,6 +50,35 @@ class Flavor:
         if compute is None:
             return model.compute_loss(x=x, y=y, y_pred=prediction, sample_weight=sample_weight, training=True)
         return compute(x=x, y=y, y_pred=prediction, sample_weight=sample_weight, training=True)
+
+    @tf.autograph.experimental.do_not_convert  # Python that runs while the step is traced, on the graph made
+    def part_loss(self, model: Any, x: Any, y: Any, prediction: Any, sample_weight: Any, counts: Any) -> Any:
+        """:meth:`loss` on one replica's part, whose examples ``counts`` for that many times its share of the batch.
+        A model of several outputs keeps a loss metric per output in its compiled loss, which ``model.fit``'s step
+        updates with the batch's loss of that output, counted once a step (the batch's size, unknown when the
+        step is traced, is no weight there): each replica's part adds ``counts - 1`` times what the compiled loss
+        added to a metric's total, so that the replicas' parts add up to one of the batch's loss per replica (an
+        add, which the replicas of one process make to one variable without losing either's)."""
+        trackers = self._output_losses(model)
+        graph = tf.compat.v1.get_default_graph()
+        first = len(graph.get_operations())
+        loss = self.loss(model, x, y, prediction, sample_weight)
+        if not trackers or tf.executing_eagerly():
+            return loss
+        made = graph.get_operations()[first:]
+        for tracker in trackers:
+            added = _added_to(made, graph.capture(tracker.total.value.handle).name)
+            if added is None:
+                raise ValueError(f"parallax.fit: the compiled loss's metric {tracker.name!r} is updated in a way this "
+                                 f"version of Parallax does not know (Keras {self.module.__version__}); train with "
+                                 "a tf.function step and parallel_run")
+            tracker.total.assign_add(added * tf.cast(counts - 1.0, added.dtype))
+        return loss
+
+    def _output_losses(self, model: Any) -> list:
+        """The loss metric of each output that a compiled loss of several outputs keeps (its ``Mean`` trackers)."""
+        return [t for t in getattr(getattr(model, "_compile_loss", None), "metrics", None) or []
+                if isinstance(getattr(t, "total", None), self.module.Variable)]
 
     def scaled(self, model: Any, loss: Any) -> Any:
         """The loss the gradients are taken of: Keras 3's ``train_step`` scales it by the optimizer's loss
@@ -84,14 +118,16 @@ class Flavor:
         tracker.update_state(loss, sample_weight=share)
         model.compute_metrics(x, y, prediction, sample_weight=weight)
 
-    def test_batch(self, model: Any, x: Any, y: Any, sample_weight: Any) -> None:
+    def test_batch(self, model: Any, x: Any, y: Any, sample_weight: Any, counts: float = 1.0) -> None:
         """The model's own ``test_step`` on one batch (the metrics updated, not reset), compiled as Keras
-        compiles it (``jit_compile`` as the model says), once per model."""
+        compiles it (``jit_compile`` as the model says), once per model; the batch a worker's part of a global
+        batch, of which its examples are ``counts``. ``model.evaluate`` adds each global batch's loss of each
+        output to that output's loss metric once (:meth:`part_loss`): a part adds that share of its own."""
         step = self._test_steps.get(model)
         if step is None:
             step = tf.function(model.test_step, reduce_retracing=True, jit_compile=bool(model.jit_compile))
             self._test_steps[model] = step
-        step((x, y, sample_weight))
+        _counted(self._output_losses(model), counts, lambda: step((x, y, sample_weight)))
 
     def in_order(self, model: Any, logs: dict) -> Any:
         """``logs`` as ``model.evaluate(..., return_dict=False)`` returns them."""
@@ -108,8 +144,15 @@ class TfKerasFlavor(Flavor):
     def compiled(self, model: Any) -> bool:
         return getattr(model, "optimizer", None) is not None and bool(getattr(model, "_is_compiled", False))
 
+    def takes_targets(self, model: Any) -> bool:
+        return getattr(getattr(model, "compiled_loss", None), "_user_losses", None) is not None
+
     def loss(self, model: Any, x: Any, y: Any, prediction: Any, sample_weight: Any) -> Any:
         return model.compute_loss(x, y, prediction, sample_weight)
+
+    def part_loss(self, model: Any, x: Any, y: Any, prediction: Any, sample_weight: Any, counts: Any) -> Any:
+        """:meth:`loss`: the loss metrics are updated on the host (:meth:`record_loss`)."""
+        return self.loss(model, x, y, prediction, sample_weight)
 
     def scaled(self, model: Any, loss: Any) -> Any:
         """tf_keras' ``minimize`` scales the loss itself (its ``LossScaleOptimizer``)."""
@@ -136,19 +179,54 @@ class TfKerasFlavor(Flavor):
         replica's own): it runs again on the host, on the replica's predictions, with the regularization
         losses the step computed, so its loss metrics (the total, and one per output) are updated as its
         ``train_step`` updates them."""
-        del loss, share
-        if not len(tf.nest.flatten(x)[0]):  # a part of padding only
+        del loss
+        examples = len(tf.nest.flatten(x)[0])
+        if not examples:  # a part of padding only
             return
         model.compiled_loss(y, prediction, sample_weight,
                             regularization_losses=[regularization] if model.losses else None)
+        if y is None:  # no compiled loss: its loss metric counts each batch's loss (its layers') once, by weight 1;
+            # here each part by its examples over its share instead (a batch's parts then count by the replicas)
+            model.compiled_loss._total_loss_mean.update_state(regularization, sample_weight=examples / share - 1.0)
 
-    def test_batch(self, model: Any, x: Any, y: Any, sample_weight: Any) -> None:
-        model.test_on_batch(x, y, sample_weight=sample_weight, reset_metrics=False)
+    def test_batch(self, model: Any, x: Any, y: Any, sample_weight: Any, counts: float = 1.0) -> None:
+        """``test_on_batch``: its loss metrics weigh each batch by its examples, but for a model without a compiled
+        loss (its layers' losses alone), whose loss metric counts each batch once (:meth:`Flavor.test_batch`)."""
+        trackers = [model.compiled_loss._total_loss_mean] if y is None else []
+        _counted(trackers, counts, lambda: model.test_on_batch(x, y, sample_weight=sample_weight, reset_metrics=False))
 
     def in_order(self, model: Any, logs: dict) -> Any:
         names = model.metrics_names
         results = [logs[n] for n in names if n in logs] + [logs[k] for k in sorted(logs) if k not in names]
         return results[0] if len(results) == 1 else results
+
+
+def _counted(trackers: list, counts: float, run: Any) -> None:
+    """``run()``, after which each of the ``Mean`` ``trackers`` that it updated once (by weight 1, or by the examples
+    where Keras knew their number) holds that value counted ``counts`` times instead (a worker's part of a batch)."""
+    before = [(t.total.numpy(), t.count.numpy()) for t in trackers]
+    run()
+    for tracker, (total, count) in zip(trackers, before):
+        times = tracker.count.numpy() - count
+        if times:
+            tracker.total.assign(total + (tracker.total.numpy() - total) / times * counts)
+            tracker.count.assign(count + counts)
+
+
+def _added_to(made: list, handle: str) -> tf.Tensor | None:
+    """What the ops ``made`` add to the variable of ``handle``: an ``assign_add``'s value, or ``x`` of an
+    ``assign(v, read(v) + x)`` (how a Keras 3 metric adds to its state); ``None`` where they add nothing so."""
+    for op in made:
+        if not op.inputs or op.inputs[0].name != handle:
+            continue
+        if op.type == "AssignAddVariableOp":
+            return op.inputs[1]
+        if op.type == "AssignVariableOp" and op.inputs[1].op.type in ("AddV2", "Add"):
+            a, b = op.inputs[1].op.inputs
+            for mine, other in ((a, b), (b, a)):
+                if mine.op.type == "ReadVariableOp" and mine.op.inputs[0].name == handle:
+                    return other
+    return None
 
 
 _FLAVORS: dict[str, Flavor] = {}

@@ -2,12 +2,11 @@
 an LSTM sequence-to-sequence model with a loss per time step, a recommender of several tables on a dict input,
 a masked LSTM, a custom ``train_step``, a GAN, an image classifier whose batch norms ``Config(sync_batch_norm=True)``
 synchronises, a timeseries classifier whose batch norms ask for it themselves, a keras-hub BERT classifier built
-from a config) moved onto Parallax with the one-line change (and the config line), against the same program's
-``model.fit`` as written (shuffled by Keras): every epoch's logs and every trained weight, on every worker, in
-MPI on 2 processes (all of them), and in PS, HYBRID, AUTO and with 2 replicas in one process (those whose graphs
-differ there: TRAINED). ``make test`` runs six programs in
-MPI (one job) and the Transformer in HYBRID; ``make test-extended`` the rest, MPI's other programs in a job of
-their own."""
+from a config, models of several outputs in Keras 3 and tf_keras) moved onto Parallax with the one-line change
+(and the config line), against the same program's ``model.fit`` as written (shuffled by Keras): every epoch's logs
+and every trained weight, on every worker, in MPI on 2 processes (all of them), and in PS, HYBRID, AUTO and with 2
+replicas in one process (those whose graphs differ there: TRAINED). ``make test`` runs seven programs in MPI (one
+job) and the Transformer in HYBRID; ``make test-extended`` the rest, MPI's other programs in a job of their own."""
 
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ GROUPS = {g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "HYBRID-2", "AUTO-2", "local-
 # several tables on a dict input, a custom train_step, synchronised batch norms, a keras-hub model, a split
 # fit's input); all 15 in one job took over 300 s in CI beside the other lane
 CORE = tuple(f"MPI-2-{name}" for name in ("transformer", "recommender", "custom-step", "cnn", "bert",
-                                          "shared-split")) + ("HYBRID-2-transformer",)
+                                          "shared-split", "tickets")) + ("HYBRID-2-transformer",)
 
 
 # HYBRID and AUTO choose the job's processes from each program's graph: a job per program (of those with tables;
@@ -38,14 +37,15 @@ ALONE = ("HYBRID-2", "AUTO-2")
 WITH_TABLES = ("transformer", "recommender", "masked", "structured", "bert")
 # the programs each layout trains: all of them in MPI; in PS and with the local replicas those whose graphs differ
 # where those layouts differ from MPI (tables on servers or summed in one process, a train_step of the model's own,
-# two optimizers, synchronised batch norms, a per-time-step loss, a split fit's input: the other programs' runs
+# two optimizers, synchronised batch norms, a per-time-step loss, a split fit's input, outputs' loss metrics that
+# two replicas of one process add to: the other programs' runs
 # there repeated these, out for CI's time); in HYBRID those with tables; in AUTO, whose choice is HYBRID's or
 # MPI's, two of them
 TRAINED = {"MPI-2": tuple(PROGRAMS),
            "PS-2": ("transformer", "recommender", "masked", "structured", "custom-step", "gan", "cnn", "shared-split"),
            "HYBRID-2": WITH_TABLES,
            "AUTO-2": ("transformer", "structured"),
-           "local-2-replicas": ("transformer", "recommender", "seq2seq", "custom-step", "gan", "cnn")}
+           "local-2-replicas": ("transformer", "recommender", "seq2seq", "custom-step", "gan", "cnn", "tagger")}
 
 
 def _groups(names) -> dict:

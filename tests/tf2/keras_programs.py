@@ -60,6 +60,8 @@ by ``keras.utils.set_random_seed``): the reference ``parallax.fit(model, <the sa
   ``total_loss`` and returns it as ``"loss"``, with the batch's own loss beside it, so that ``model.fit``'s
   History holds the last step's logs, and an ``EarlyStopping`` on ``"loss"`` that stops after 2 of 3 epochs.
 
+* ``tickets``, ``tagger``, ``tf_keras-tickets``: models of several outputs (tests/tf2/loss_programs.py).
+
 ``build(name)`` makes the compiled model (seeded); ``data(name)`` its ``(x, y)``; ``FIT`` the fit arguments;
 ``CONFIGS`` what a program adds to its ``parallax.Config``; ``fit_arguments(name)`` what its ``fit`` takes;
 ``weights(name, model)`` the weights compared (every weight, the moving statistics too, where the model
@@ -72,9 +74,11 @@ import functools
 
 import numpy as np
 
+from tests.tf2 import loss_programs
+
 PROGRAMS = ("transformer", "seq2seq", "recommender", "masked", "structured", "custom-step", "gan", "cnn",
             "timeseries", "bert", "distiller", "regularized", "ema",
-            "shared-split", "renamed-logs")
+            "shared-split", "renamed-logs", *loss_programs.PROGRAMS)
 CONFIGS = {"cnn": {"sync_batch_norm": True}}
 FITS = {"bert": {"shuffle": False}}
 UNEVEN = ("distiller", "regularized")  # 29 examples: the last batch of 5 does not split into equal parts
@@ -86,6 +90,8 @@ NOTES = ("chest", "pain", "at", "rest", "after", "exercise", "none", "mild", "se
 
 
 def data(name: str):
+    if name in loss_programs.PROGRAMS:
+        return loss_programs.data(name)
     rng = np.random.RandomState(7)
     if name == "transformer":
         return rng.randint(0, VOCAB, (EXAMPLES, MAXLEN)).astype(np.int32), rng.randint(0, 2, EXAMPLES)
@@ -130,6 +136,8 @@ def data(name: str):
 
 
 def build(name: str):
+    if name in loss_programs.PROGRAMS:
+        return loss_programs.build(name)
     import keras
     from keras import layers, ops
 
@@ -294,6 +302,8 @@ def _image_classifier(keras):
 
 
 def fit_arguments(name: str) -> dict:
+    if name in loss_programs.PROGRAMS:
+        return loss_programs.fit_arguments(name, FIT)
     if name == "ema":  # lowers the rate at every epoch's end from the second on (no loss falls by 10)
         import keras
 

@@ -116,6 +116,19 @@ def test_a_batch_that_does_not_split_evenly_is_padded_with_examples_of_weight_ze
     assert size == 2 and fed_x.shape == (4, 1) and fed_w.tolist() == [1, 1, 1, 1]
 
 
+def test_weights_per_output_are_padded_each_and_ones_are_shaped_for_each_outputs_rank():
+    from parallax.keras_fit import even_parts, per_example
+
+    weights = {"score": np.array([1, 2, 3], np.float32), "tags": np.ones((3, 4), np.float32)}
+    (_, _, fed), size, _ = even_parts((np.arange(3.0), np.arange(3.0), weights), 2)
+    assert size == 2 and fed["score"].tolist() == [1, 2, 3, 0] and fed["tags"].shape == (4, 4)
+    assert fed["tags"][3].tolist() == [0] * 4
+    ones = tf.ones([2])
+    shaped = per_example(ones, [tf.zeros([2, 1]), tf.zeros([2, 4, 3])])  # a score, and a tag per time step
+    assert shaped[0].shape == (2,) and shaped[1].shape == (2, 1)
+    assert per_example(ones, {"a": tf.zeros([2, 1]), "b": tf.zeros([2, 3])}).shape == (2,)  # alike: one for all
+
+
 @pytest.mark.parametrize("examples, workers", [(10, 2), (7, 3), (2, 3), (0, 2), (5, 1)],
                          ids=["even", "uneven", "fewer-than-workers", "empty", "one-worker"])
 def test_the_workers_parts_of_a_batch_hold_every_example_once_in_order(examples, workers):

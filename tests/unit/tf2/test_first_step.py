@@ -25,15 +25,21 @@ def _fit(kind: str, tmp_path, **config) -> None:
         def call(self, a):
             return a + ops.tensordot(a, a, 2)
 
+    class AddsALossPerExample(keras.layers.Layer):  # keras-io's CTCLayer: Keras 3 sums what add_loss is given
+        def call(self, a):
+            self.add_loss(ops.square(a))
+            return a
+
     keras.utils.set_random_seed(0)
     layers = [keras.Input((4,)), keras.layers.Dense(3)]
     layers += {"plain": [], "dot": [AddsTheBatchsDot()], "batch-norm": [keras.layers.BatchNormalization()],
-               "dropout": [keras.layers.Dropout(0.5, name="drops")]}[kind]
+               "dropout": [keras.layers.Dropout(0.5, name="drops")], "summed": [AddsALossPerExample()]}[kind]
     model = keras.Sequential(layers + [keras.layers.Dense(1)])
-    model.compile(optimizer="sgd", loss="mse")
+    model.compile(optimizer="sgd", loss=None if kind == "summed" else "mse")  # summed: its layer's loss alone
     rng = np.random.RandomState(0)
     (tmp_path / "resource_info").write_text("localhost: cpu:0,cpu:1\n")
-    parallax.fit(model, rng.randn(16, 4).astype("float32"), rng.randn(16, 1).astype("float32"), batch_size=8,
+    targets = None if kind == "summed" else rng.randn(16, 1).astype("float32")
+    parallax.fit(model, rng.randn(16, 4).astype("float32"), targets, batch_size=8,
                  verbose=0, resource_info=str(tmp_path / "resource_info"),
                  parallax_config=parallax.Config(run_option="PS", **config))
 
@@ -53,7 +59,7 @@ def warnings(monkeypatch):
     logging.getLogger(LOGGER_NAME).removeHandler(handler)
 
 
-@pytest.mark.parametrize("kind", ["dot", "batch-norm", "dropout"])
+@pytest.mark.parametrize("kind", ["dot", "batch-norm", "dropout", "summed"])
 def test_a_step_whose_gradient_is_no_mean_over_its_examples_is_named_at_warning(kind, tmp_path, warnings):
     _fit(kind, tmp_path)
     said = [w for w in warnings if "the first step's check" in w]
@@ -61,6 +67,8 @@ def test_a_step_whose_gradient_is_no_mean_over_its_examples_is_named_at_warning(
     assert "ops.tensordot(a, b, 2)" in said[0] and "Config(check_first_step=False)" in said[0]
     # the random draws named by their layer (Keras's dropout: stateless draws in the layer's scope)
     assert bool(re.search(r"The step draws random numbers in sequential\w*/drops", said[0])) == (kind == "dropout")
+    # a loss that sums over the batch: the part's gradient is its halves' sum, said so
+    assert ("the loss sums over the batch's examples" in said[0]) == (kind == "summed")
 
 
 def test_a_step_whose_gradient_is_a_mean_over_its_examples_trains_without_a_word(tmp_path, warnings):
