@@ -69,6 +69,8 @@ def parts(batch: Any, num_workers: int, worker_id: int, num_replicas: int) -> li
     >>> parts(np.arange(6), 3, 1, 1)
     [array([2, 3])]
     """
+    if batch is None:  # no targets, or no weights: none in any part
+        return [None] * num_replicas
     n = num_workers * num_replicas
     cut = [np.split(np.asarray(a), n) for a in tf.nest.flatten(batch)]
     first = worker_id * num_replicas
@@ -284,7 +286,7 @@ def _one_step(step: Any, model: Any, flavor: Flavor, batch: tuple, num_workers: 
     learning rate ``rate``: ``batch`` the global batch, or, where this worker reads only its share of the data,
     its block of a global batch of ``examples``."""
     fed, size, first, examples = _block(batch, num_workers, worker_id, num_replicas, examples)
-    mine = [None if a is None else parts(a, 1, 0, num_replicas) for a in fed]  # a part per replica each
+    mine = [parts(a, 1, 0, num_replicas) for a in fed]  # a part per replica each
     share = np.float32(examples / (num_workers * num_replicas))
     starts = [(worker_id * num_replicas + k) * size for k in range(num_replicas)]  # of this worker's parts
     real = [np.int32(min(max(examples - at, 0), size)) for at in starts]  # their examples; the rest: padding
@@ -304,8 +306,7 @@ def _block(batch: tuple, num_workers: int, worker_id: int, num_replicas: int,
         examples = len(tf.nest.flatten(batch[0])[0])
         whole, size = block_parts(batch, examples, replicas, replicas, examples)
         first = worker_id * num_replicas * size
-        return tuple(None if a is None else parts(a, num_workers, worker_id, 1)[0] for a in whole), size, first, \
-            examples
+        return tuple(parts(a, num_workers, worker_id, 1)[0] for a in whole), size, first, examples
     size = -(-examples // replicas)
     real = min(max(examples - worker_id * num_replicas * size, 0), num_replicas * size)
     block, size = block_parts(batch, examples, replicas, num_replicas, real)
@@ -321,8 +322,8 @@ def _host_metrics(model: Any, flavor: Flavor, got: tuple, batch: tuple, mine: li
     losses, predicted, regularization = got
     for k, (at, n) in enumerate(parts_at):
         prediction = tf.nest.pack_sequence_as(structure, [tf.convert_to_tensor(leaf[k][:n]) for leaf in predicted])
-        part_x, part_y = (None if m is None else tf.nest.map_structure(lambda a, n=n: tf.convert_to_tensor(a[:n]), m[k])
-                          for m in mine[:2])
+        part_x, part_y = (None if m[k] is None else
+                          tf.nest.map_structure(lambda a, n=n: tf.convert_to_tensor(a[:n]), m[k]) for m in mine[:2])
         part_w = None if batch[2] is None else \
             tf.nest.map_structure(lambda w, at=at, n=n: tf.convert_to_tensor(w[at:at + n]), batch[2])
         flavor.record_loss(model, losses[k], tf.constant(regularization[k]), part_x, part_y, part_w, prediction,
@@ -366,10 +367,10 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
 
     scalar = tf.TensorSpec([], tf.float32)
     x_spec, y_spec, w_spec = batches.signature
+    rest = [w_spec, scalar, tf.TensorSpec([], tf.int32), scalar]
     if not batches.has_targets:
-        return tf.function(without_targets, input_signature=[x_spec, w_spec, scalar, tf.TensorSpec([], tf.int32),
-                                                             scalar])
-    return tf.function(step, input_signature=[x_spec, y_spec, w_spec, scalar, tf.TensorSpec([], tf.int32), scalar])
+        return tf.function(without_targets, input_signature=[x_spec, *rest])
+    return tf.function(step, input_signature=[x_spec, y_spec, *rest])
 
 
 def _counts(real: tf.Tensor, share: tf.Tensor) -> tf.Tensor:

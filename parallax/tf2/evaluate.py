@@ -129,8 +129,9 @@ def evaluate_on(model: Any, flavor: Flavor, group: WorkerGroup, batches: Iterato
             flavor.test_batch(model, *tf.nest.map_structure(lambda a: None if a is None else np.asarray(a)[:1], batch))
             model.reset_metrics()
         sizes.append(size)
-        if len(tf.nest.flatten(mine[0])[0]):
-            flavor.test_batch(model, *mine, counts=len(tf.nest.flatten(mine[0])[0]) / size)
+        examples = len(tf.nest.flatten(mine[0])[0])
+        if examples:
+            flavor.test_batch(model, *mine, counts=examples / size)
         callback_list.on_test_batch_end(index, numbers(model.get_metrics_result()))
     agree(group, sizes, "parallax.evaluate")
     sum_metrics(model, group)

@@ -60,11 +60,11 @@ class Flavor:
         added to a metric's total, so that the replicas' parts add up to one of the batch's loss per replica (an
         add, which the replicas of one process make to one variable without losing either's)."""
         trackers = self._output_losses(model)
+        if not trackers or tf.executing_eagerly():
+            return self.loss(model, x, y, prediction, sample_weight)
         graph = tf.compat.v1.get_default_graph()
         first = len(graph.get_operations())
         loss = self.loss(model, x, y, prediction, sample_weight)
-        if not trackers or tf.executing_eagerly():
-            return loss
         made = graph.get_operations()[first:]
         for tracker in trackers:
             added = _added_to(made, graph.capture(tracker.total.value.handle).name)
@@ -183,17 +183,21 @@ class TfKerasFlavor(Flavor):
         examples = len(tf.nest.flatten(x)[0])
         if not examples:  # a part of padding only
             return
-        model.compiled_loss(y, prediction, sample_weight,
-                            regularization_losses=[regularization] if model.losses else None)
-        if y is None:  # no compiled loss: its loss metric counts each batch's loss (its layers') once, by weight 1;
-            # here each part by its examples over its share instead (a batch's parts then count by the replicas)
-            model.compiled_loss._total_loss_mean.update_state(regularization, sample_weight=examples / share - 1.0)
+        # no compiled loss (y None): its loss metric counts each batch's loss (its layers') once, by weight 1; here
+        # each part by its examples over its share instead (a batch's parts then count by the replicas)
+        _counted(self._counted_once(model, y), examples / share, lambda: model.compiled_loss(
+            y, prediction, sample_weight, regularization_losses=[regularization] if model.losses else None))
 
     def test_batch(self, model: Any, x: Any, y: Any, sample_weight: Any, counts: float = 1.0) -> None:
         """``test_on_batch``: its loss metrics weigh each batch by its examples, but for a model without a compiled
         loss (its layers' losses alone), whose loss metric counts each batch once (:meth:`Flavor.test_batch`)."""
-        trackers = [model.compiled_loss._total_loss_mean] if y is None else []
-        _counted(trackers, counts, lambda: model.test_on_batch(x, y, sample_weight=sample_weight, reset_metrics=False))
+        _counted(self._counted_once(model, y), counts,
+                 lambda: model.test_on_batch(x, y, sample_weight=sample_weight, reset_metrics=False))
+
+    @staticmethod
+    def _counted_once(model: Any, y: Any) -> list:
+        """The loss metric that counts each batch once, whatever its examples: the total's, without targets."""
+        return [model.compiled_loss._total_loss_mean] if y is None else []
 
     def in_order(self, model: Any, logs: dict) -> Any:
         names = model.metrics_names
