@@ -44,17 +44,18 @@ __all__ = ["launch_env", "find_mpirun", "current_program", "launch", "job_comman
 
 
 def launch_env(ranks: tuple[RankSpec, ...], job: dict, job_dir: str, monitor: str | None = None,
-               stall_timeout: float | None = None, log_level: str | None = None) -> dict[str, str]:
+               stall_timeout: float | None = None, log_level: str | None = None, tuned: dict | None = None
+               ) -> dict[str, str]:
     """The environment variables the launcher gives every rank (``job``: see
     :attr:`RankContext.job`; ``monitor``: the stall monitor's ``host:port`` and
     ``stall_timeout`` its stall time, see :mod:`parallax.launch.monitor`; ``log_level``: the launcher's
-    ``PARALLAX_LOG_LEVEL``, else INFO)."""
+    ``PARALLAX_LOG_LEVEL``, else INFO; ``tuned``: the tuned choice the ranks apply, :mod:`parallax.tuning.cache`)."""
     identity = LaunchIdentity(layout_to_json(ranks), job.get("layout"), job.get("digest"), job.get("gpus"),
                               job.get("allocation"), bool(job.get("staggered", False)))
     channel = RankChannel(job_dir, monitor or None, float(stall_timeout) if monitor and stall_timeout else None)
     return Invocation(launch=identity, channel=channel, elastic_ckpt=job.get("checkpoints"),
                       # launched processes log at INFO unless told otherwise, as the original Parallax's did
-                      log_level=log_level or str(logging.INFO)).to_env()
+                      log_level=log_level or str(logging.INFO), tuned=tuned).to_env()
 
 
 def resource_override(resource_info: str | os.PathLike | None, invocation: Invocation
@@ -130,10 +131,12 @@ def job_command(ranks: tuple[RankSpec, ...], job: dict, program: list[str], mpir
     choice the ranks apply, :mod:`parallax.tuning.cache`).
 
     The ranks' environment is this process's (the variables of :data:`parallax.invocation.FORWARDED` set
-    here, handed through), with the variables of the launch and of ``tuned`` (removed when ``None``)."""
+    here, handed through; a tuned choice of its own not), with the variables of the launch and of ``tuned``, which
+    the command sets (:attr:`LaunchCommand.env`): ``mpirun`` hands on only what its own environment holds."""
     local = local_host_names() | {r.host for r in ranks if is_local_host(r.host)}
-    environ = env_with(dict(os.environ), tuned=tuned)  # the launcher's environment, handed through to the ranks
-    parallax_env = launch_env(ranks, job, job_dir, monitor, stall_timeout, (invocation or Invocation()).log_level)
+    environ = env_with(dict(os.environ), tuned=None)  # the launcher's environment, handed through to the ranks
+    parallax_env = launch_env(ranks, job, job_dir, monitor, stall_timeout, (invocation or Invocation()).log_level,
+                              tuned)
     command = build_mpirun_command(
         find_mpirun(), sys.executable, program, ranks, local_hosts=local, cpu_count=os.cpu_count() or 1,
         is_root=hasattr(os, "geteuid") and os.geteuid() == 0, user_options=mpirun_options,

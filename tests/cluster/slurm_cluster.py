@@ -81,7 +81,7 @@ class SlurmCluster:
             self._start("slurmctld", self.controller, ["/usr/sbin/slurmctld", "-D", "-i"])
             for host in self.cluster.hosts:
                 self._start(f"slurmd on {host}", host, ["/usr/sbin/slurmd", "-D"])
-            self._wait(self._all_idle, timeout, "the nodes did not become idle")
+            self._wait(self.all_idle, timeout, "the nodes did not become idle")
             for host in self.cluster.hosts:  # the daemons' own helpers too (slurmctld's slurmscriptd)
                 self._helpers.update(self.cluster.job_pids(host))
             self.cluster.daemons.update(self._helpers)
@@ -181,7 +181,8 @@ class SlurmCluster:
         self._daemons.append((what, proc))
         self.cluster.daemons.add(proc.pid)
 
-    def _all_idle(self) -> bool:
+    def all_idle(self) -> bool:
+        """Every node idle: no job on it, none completing (a daemon that ended raises)."""
         for what, proc in self._daemons:
             if proc.poll() is not None:
                 raise RuntimeError(f"{what} ended with exit code {proc.returncode}\n{self.logs()}")

@@ -50,6 +50,7 @@ def test_in_place_sums_are_right_and_leave_shared_buffers_alone(tmp_path, monkey
         total = 3.0  # 1 + 2
         factors = [1.0, 1.0, 1.5, 2.0, 3.0, 3.0, 3.0, 3.0, 4.0, 1.0, 1.0, 1.0, 2.0, 5.0, 1.0]
         for step in seen["steps"]:  # the second step is the same: nothing accumulated in a reused buffer
+            # (each sum as its least and greatest element)
             for values, factor in zip(step["sums"], factors):
                 np.testing.assert_allclose(values, total * factor)
             assert len(step["sums"]) == len(factors)

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from parallax.errors import LaunchError
@@ -151,3 +153,21 @@ def test_each_job_has_its_own_session_directory_unless_the_user_chose_one():
     assert env() == {SESSION_DIR_ENV: "/tmp/parallax_job_x/mpi"}
     assert env(user_options="--prtemca prte_tmpdir_base /scratch") == {}
     assert env(environ={"PRTE_MCA_prte_tmpdir_base": "/scratch"}) == {}
+
+
+@pytest.mark.parametrize("tuned", [{"run_option": "MPI", "fusion_bytes": 67108864, "backend": "mpi"}, None])
+def test_the_ranks_environment_holds_the_tuned_choice_the_launcher_hands_them(monkeypatch, tuned):
+    """mpirun's ``-x NAME`` passes on what mpirun's own environment holds (the launcher's, with the command's
+    variables: :func:`parallax.launch.runner.run_job`): a tuned choice only in the list of names reached no rank,
+    whose job plan then differed from the launcher's (the tuned MPI layout of tests/trials/test_tune.py)."""
+    from parallax.invocation import TUNED_ENV, Invocation
+    from parallax.launch.launcher import job_command
+
+    monkeypatch.setenv(TUNED_ENV, '{"run_option": "PS"}')  # the launcher's own (a rank's, say): not handed on
+    command, _ = job_command(ranks("localhost: cpu:0,cpu:1\n"), {"layout": "MPI"}, ["/x/train.py"], "", "/j",
+                             tuned=tuned)
+    argv = list(command.argv)
+    forwarded = {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
+    assert (TUNED_ENV in forwarded) == (tuned is not None)
+    if tuned is not None:  # the rank's environment as mpirun starts it
+        assert Invocation.from_env({**os.environ, **command.env}).tuned == tuned
