@@ -53,9 +53,11 @@ from parallax.tf2.arguments import check_fit, check_optimizer, is_dataset_like
 from parallax.tf2.batch_hooks import BEGINS, ENDS, BatchLogs, batch_hooks
 from parallax.tf2.batches import FitBatches, check_same
 from parallax.tf2.evaluate import HostSums, chief_or_shared, evaluate_on, numbers, use_job
+from parallax.tf2.exhausted import counted_optimizer, counting, warn_uncounted
 from parallax.tf2.host_edits import HostEdits
 from parallax.tf2.keras_flavor import Flavor, flavor_of
 from parallax.tf2.own_step import check_even, epoch_logs, overrides_train_step, own_train_step, warn_own_fit
+from parallax.tf2.part_loss import counts, part_loss, per_example, rows
 from parallax.tf2.replica_sums import synchronised_statistics
 
 __all__ = ["fit", "parts", "split_validation"]
@@ -182,12 +184,15 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     sources: dict = {}  # the metric whose result each log of the model's own train_step is
     step_fn = own_train_step(model, batches.signature, batches.has_targets, batches.weighted, sources) if own \
         else _train_step(model, flavor, batches, outputs)
+    counted = counted_optimizer(model, batches.counts_exhausted)  # Keras 3's count of an epoch's exhausted step
+    if counted is not None:
+        step_fn = counting(step_fn, counted)
     with synchronised_statistics(model, getattr(parallax_config, "sync_batch_norm", False)):
         step, num_workers, worker_id, num_replicas = parallel_run(step_fn, resource_info, sync=sync,
                                                                   parallax_config=parallax_config)
     if worker_id == 0:  # said once a job
         warn_own_fit(model, flavor.module)
-        batches.warn_unknown_length()
+        warn_uncounted(model, batches.counts_exhausted)
     deferred = not own and flavor.metrics_in_step
     if deferred:
         step.defer_sums()  # summed over the workers where the logs are read (BatchLogs) and at each epoch's end
@@ -225,7 +230,9 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                            workers=num_workers, read_alike=stops_in_epochs or verbose != 0)
     logs: dict = {}
     validating: FitBatches | None = None
+    behind = 0  # the optimizer steps model.fit counted that the job has not (parallax.tf2.exhausted)
     for epoch, epoch_batches in batches.epochs(initial_epoch, epochs):
+        ran_out = True  # the epoch's data ran out (no callback stopped it within)
         model.reset_metrics()
         last = None  # the logs of the epoch's last step of the model's own train_step
         if host:
@@ -239,16 +246,20 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
             callback_list.on_train_batch_begin(index)
             if index == 0 or rate_in_epochs:  # what a callback set: once an epoch, or before each batch where one may
                 rate = learning_rate(model, flavor)
+            count = [[np.int64(behind)] * num_replicas] if counted is not None else []  # counting's argument
+            behind = 0
             if own:
-                last = _own_step(step, batch, num_workers, worker_id, num_replicas, examples)
+                last = _own_step(step, batch, num_workers, worker_id, num_replicas, examples, count)
                 callback_list.on_train_batch_end(index, last)
             else:
-                _one_step(step, model, flavor, batch, num_workers, worker_id, num_replicas, rate, outputs, examples)
+                _one_step(step, model, flavor, batch, num_workers, worker_id, num_replicas, rate, outputs, examples,
+                          count)
                 if saves_in_epochs:  # a ModelCheckpoint(save_freq=<batches>) saves the weights trained so far
                     _sync(step, model)
                 callback_list.on_train_batch_end(index, batch_logs.after(index))
             if stops_in_epochs and group.any(bool(model.stop_training)):  # a callback stopped it: as model.fit,
                 model.stop_training = True  # after this batch (every worker: a worker that went on would wait)
+                ran_out = False
                 break
         epoch_batches.close()  # the thread drawing ahead ends here, also when training stopped within the epoch
         if flush:  # what the steps added since the last flush, summed over the workers
@@ -257,6 +268,9 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         if own:  # as model.fit: the last step's logs where they name other than the metrics
             logs = epoch_logs(group, logs, last, sources)
         _sync(step, model)  # the callbacks and the validation see the trained weights
+        if counted is not None and ran_out:  # as model.fit's step that found the data exhausted; the job's next
+            counted.iterations.assign_add(1)
+            behind = 1
         edits.agree()
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
             if validating is None:  # as model.fit: that Keras's own iterator, made at the first validation, kept
@@ -281,17 +295,18 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
 
 
 def _one_step(step: Any, model: Any, flavor: Flavor, batch: tuple, num_workers: int, worker_id: int,
-              num_replicas: int, rate: np.float32, outputs: dict, examples: int | None = None) -> None:
+              num_replicas: int, rate: np.float32, outputs: dict, examples: int | None = None,
+              count: list = ()) -> None:
     """One step of ``parallax.fit``'s own step on this worker's parts of ``batch`` (padded to split evenly), at
     learning rate ``rate``: ``batch`` the global batch, or, where this worker reads only its share of the data,
-    its block of a global batch of ``examples``."""
+    its block of a global batch of ``examples``; ``count``: :func:`parallax.tf2.exhausted.counting`'s argument."""
     fed, size, first, examples = _block(batch, num_workers, worker_id, num_replicas, examples)
     mine = [parts(a, 1, 0, num_replicas) for a in fed]  # a part per replica each
     share = np.float32(examples / (num_workers * num_replicas))
     starts = [(worker_id * num_replicas + k) * size for k in range(num_replicas)]  # of this worker's parts
     real = [np.int32(min(max(examples - at, 0), size)) for at in starts]  # their examples; the rest: padding
     got = step(*[_per_leaf(m, a) for m, a in zip(mine, fed) if a is not None], [share] * num_replicas, real,
-               [rate] * num_replicas)
+               [rate] * num_replicas, *count)
     if not flavor.metrics_in_step:  # else updated in the step, summed over the workers (parallax.tf2.summed)
         at = [first + k * size for k in range(num_replicas)]  # in ``batch``
         _host_metrics(model, flavor, got, batch, mine, zip(at, real), share, outputs["structure"])
@@ -344,17 +359,17 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
         if rate is not None:  # what a callback set between steps, as model.fit's step reads it
             rate.assign(tf.cast(rate_now, rate.dtype))
         # the part's real examples (a part of padding only: one row, whose loss counts for nothing)
-        x, y, sample_weight = _rows(tf.maximum(real, 1), (x, y, sample_weight))
+        x, y, sample_weight = rows(tf.maximum(real, 1), (x, y, sample_weight))
         with tf.GradientTape() as tape:
             prediction = model(x, training=True)
             if not batches.weighted:  # Parallax's own weights (ones, 0 for padding): over every loss of an example
                 sample_weight = per_example(sample_weight, prediction)
-            loss = part_loss(flavor.part_loss(model, x, y, prediction, sample_weight, _counts(real, share)),
+            loss = part_loss(flavor.part_loss(model, x, y, prediction, sample_weight, counts(real, share)),
                              real, share)
             scaled = flavor.scaled(model, loss)  # as that Keras's step: a loss scale (mixed precision) applied
         flavor.apply(model, tape, scaled)
         if flavor.metrics_in_step:  # on the part's real examples (a padded batch's padding cut off), as the host did
-            cut = functools.partial(_rows, real)
+            cut = functools.partial(rows, real)
             flavor.update_metrics(model, cut(x), cut(y), cut(prediction),
                                   cut(sample_weight) if batches.weighted else None, loss, share)
             # their state after the update, fetched with the step (parallax.tf2.summed: no second run to read it)
@@ -373,57 +388,6 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
     return tf.function(step, input_signature=[x_spec, y_spec, *rest])
 
 
-def _counts(real: tf.Tensor, share: tf.Tensor) -> tf.Tensor:
-    """How much a replica's part counts for against its ``share`` of the batch: its ``real`` examples over it."""
-    return tf.cast(real, tf.float32) / share
-
-
-def part_loss(loss: tf.Tensor, real: tf.Tensor, share: tf.Tensor) -> tf.Tensor:
-    """A replica's whole loss on the ``real`` examples of its part, weighed by them against its ``share`` of the
-    batch (the batch's examples over the replicas): the replicas' mean is then the batch's loss as one device
-    computes it, whatever the part's loss is made of (a mean over its examples, a regularization counted once,
-    an activity regularization), and for a padded batch too (a part of padding only counts for nothing).
-
-    >>> float(part_loss(tf.constant(2.0), tf.constant(1), tf.constant(4.0)))
-    0.5
-    """
-    return loss * tf.cast(_counts(real, share), loss.dtype)
-
-
-def _rows(count: tf.Tensor, structure: Any) -> Any:
-    """The first ``count`` rows of every tensor of ``structure`` (:func:`_first`)."""
-    return tf.nest.map_structure(functools.partial(_first, count), structure)
-
-
-def _first(count: tf.Tensor, tensor: tf.Tensor) -> tf.Tensor:
-    """The first ``count`` rows of ``tensor``, with those of its Keras mask (a masked model's prediction)."""
-    if tensor is None:
-        return None
-    rows = tensor[:count]
-    mask = getattr(tensor, "_keras_mask", None)
-    if mask is not None:
-        rows._keras_mask = mask[:count]
-    return rows
-
-
-def per_example(weights: tf.Tensor, prediction: Any) -> tf.Tensor:
-    """Weights of one value per example shaped to weigh every loss value of its example: ``(batch, 1, ...)`` to
-    the rank of the loss (the prediction's less its last axis), so that a loss per time step, ``(batch, time)``,
-    takes them as Keras takes weights of its own rank (``model.fit`` without weights weighs nothing). A model
-    whose outputs have other ranks gets weights shaped for each output, in the predictions' structure."""
-    outputs = tf.nest.flatten(prediction)
-    if len({p.shape.rank for p in outputs}) > 1:
-        return tf.nest.map_structure(lambda p: _shaped(weights, p.shape.rank), prediction)
-    return _shaped(weights, outputs[0].shape.rank)
-
-
-def _shaped(weights: tf.Tensor, rank: int | None) -> tf.Tensor:
-    """Weights of one value per example, ``(batch, 1, ...)`` to weigh a loss of an output of ``rank``."""
-    if rank is None or rank <= 2:
-        return weights
-    return tf.reshape(weights, [-1] + [1] * (rank - 2))
-
-
 def _saves_within_epochs(callbacks: list) -> bool:
     """Whether a callback saves the weights after some batches (``ModelCheckpoint(save_freq=<int>)``): the
     model's variables must then hold the trained values after every batch, not only at each epoch's end."""
@@ -439,7 +403,7 @@ def learning_rate(model: Any, flavor: Flavor) -> np.float32:
 
 
 def _own_step(step: Any, batch: tuple, num_workers: int, worker_id: int, num_replicas: int,
-              examples: int | None = None) -> dict:
+              examples: int | None = None, count: list = ()) -> dict:
     """One step of the model's own ``train_step`` on this worker's parts of ``batch`` (the global batch, or this
     worker's block of a global batch of ``examples``); the mean of its replicas' logs (:mod:`parallax.tf2.own_step`)."""
     given = [a for a in batch if a is not None]
@@ -449,7 +413,7 @@ def _own_step(step: Any, batch: tuple, num_workers: int, worker_id: int, num_rep
     if whole:
         given = [parts(a, num_workers, worker_id, 1)[0] for a in given]
     mine = [parts(a, 1, 0, num_replicas) for a in given]
-    logs = step(*[_per_leaf(m, a) for m, a in zip(mine, given)])
+    logs = step(*[_per_leaf(m, a) for m, a in zip(mine, given)], *count)
     return {k: float(np.mean([np.asarray(part).mean() for part in v])) for k, v in logs.items()}
 
 

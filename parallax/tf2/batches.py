@@ -132,18 +132,15 @@ class FitBatches:
         for epoch in range(initial_epoch, epochs):
             yield epoch, ahead(self._kept(self._epoch()))
 
-    def warn_unknown_length(self) -> None:
-        """Say at WARNING that Keras 3's ``model.fit`` counts one optimizer step more than it trains at each epoch's
-        end where the data's length is unknown (its step that finds the data exhausted still increments
-        ``optimizer.iterations``: 15 after 3 epochs of 4 batches), which ``parallax.fit`` does not copy."""
-        if self._legacy or self.steps is not None or self._steps_per_epoch:
-            return
-        log.warning("parallax.fit: the data's length is unknown (a generator, or a tf.data pipeline of unknown "
-                    "cardinality, e.g. after filter()): Keras 3's model.fit then counts one optimizer step more than "
-                    "it trains at each epoch's end (optimizer.iterations), which an optimizer that reads the count "
-                    "(Adam's bias correction, a learning-rate schedule) sees from the second epoch on; parallax.fit "
-                    "counts the steps it trains, so the two differ. Give steps_per_epoch, or the dataset's length "
-                    "(dataset.apply(tf.data.experimental.assert_cardinality(n))), for the same training in both")
+    @property
+    def counts_exhausted(self) -> bool:
+        """Whether ``model.fit`` counts one optimizer step more than it trains at the end of each epoch that runs
+        out of data: Keras 3's, where the data's length is unknown (a generator, a ``tf.data`` pipeline after
+        ``filter()``): the step that finds the data exhausted still increments ``optimizer.iterations`` (15 after 3
+        epochs of 4 batches, 5 in the first epoch's ``on_epoch_end``), which an optimizer that reads the count
+        (Adam's bias correction, a learning-rate schedule) sees from the second epoch on. ``parallax.fit`` counts
+        it too (:mod:`parallax.keras_fit`)."""
+        return not self._legacy and self.steps is None and not self._steps_per_epoch
 
     def one_epoch(self) -> Iterator[tuple]:
         """The batches of one pass, drawn here (no thread): ``parallax.fit``'s validation, each evaluation from this

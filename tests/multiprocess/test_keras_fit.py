@@ -27,10 +27,10 @@ SCRIPT = os.path.join(ROOT, "tests", "tf2", "fit_script.py")
 KERAS_3 = ["ordered", "shuffled", "dataset", "positions"]
 
 # tf_keras, sample weights with validation_split, batches that do not split evenly, a learning rate set by a
-# callback: in the local replicas' job, beside the Keras 3 cases; elsewhere, a job of their own
+# callback, data of unknown length: in the local replicas' job, beside the Keras 3 cases; elsewhere, a job of their own
 MORE = ["tf_keras-legacy", "tf_keras-new", "weighted", "tf_keras-weighted", "ragged", "ragged-dataset",
         "tf_keras-dataset", "tf_keras-ragged", "scheduled", "tf_keras-scheduled", "early-stopping",
-        "tf_keras-early-stopping"]
+        "tf_keras-early-stopping", "unknown-dataset"]
 # group: (resource file, run option, workers, replicas each)
 GROUPS = {
     "MPI-2": ("localhost: cpu:0,cpu:1\n", "MPI", 2),
@@ -66,10 +66,13 @@ def _out(jobs, group: str, case: str) -> str:
 
 def _mapped(case: str, workers: int, worker: int) -> int:
     """The examples worker ``worker`` of ``workers`` (one replica each) maps in the epochs of ``dataset(case)``: its
-    block of each global batch, as parallax.fit cuts it (all of them on one worker)."""
+    block of each global batch, as parallax.fit cuts it (all of them on one worker; every one of a dataset of
+    unknown length, which every worker reads whole)."""
     from tests.tf2.fit_programs import BATCH, EPOCHS, EXAMPLES, RAGGED_DATASET
 
     examples = RAGGED_DATASET if "ragged" in case else EXAMPLES
+    if "unknown" in case:
+        return EPOCHS * examples
     batches = [min(BATCH, examples - start) for start in range(0, examples, BATCH)]
     return EPOCHS * sum(min(max(m - worker * -(-m // workers), 0), -(-m // workers)) for m in batches)
 

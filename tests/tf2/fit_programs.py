@@ -17,7 +17,8 @@ CASES = {"ordered": "keras", "shuffled": "keras", "dataset": "keras", "tf_keras-
          "ragged": "keras", "ragged-dataset": "keras", "tf_keras-dataset": "tf_keras-new",
          "tf_keras-ragged": "tf_keras-new",
          "scheduled": "keras", "tf_keras-scheduled": "tf_keras-legacy", "mixed-float16": "keras-mixed",
-         "early-stopping": "keras", "tf_keras-early-stopping": "tf_keras-new", "positions": "keras-positions"}
+         "early-stopping": "keras", "tf_keras-early-stopping": "tf_keras-new", "positions": "keras-positions",
+         "unknown-dataset": "keras"}
 # cases that fit as a user calls model.fit, shuffled by Keras (build() seeds it)
 SHUFFLED = ("shuffled", "positions")
 # the "ragged" cases' batch: batches of 9 and a last of 3, none of which splits evenly over 2 replicas
@@ -140,7 +141,8 @@ def dataset(case: str = "dataset", mapped=None):
     epoch), a per-example map (the input work: a cast; counted into the variable ``mapped`` where given), batched,
     prefetched. Workers read only their share of it (parallax/tf2/input_split.py). The "ragged" one has
     ``RAGGED_DATASET`` examples in batches of ``BATCH``: a last batch of one, which leaves a worker's block (and a
-    replica's part) empty."""
+    replica's part) empty. The "unknown" one is of unknown length (a ``filter()`` that keeps every example), where
+    Keras 3 counts a step more at each epoch's end (parallax/tf2/exhausted.py); every worker reads it whole."""
     import tensorflow as tf
 
     x, y, _ = data()
@@ -152,8 +154,10 @@ def dataset(case: str = "dataset", mapped=None):
             mapped.assign_add(1)
         return tf.cast(ids, tf.int32), tf.cast(target, tf.float32)
 
-    return (tf.data.Dataset.from_tensor_slices((x.astype(np.int64), y)).shuffle(len(x), seed=5)
-            .map(parse, num_parallel_calls=2).batch(BATCH).prefetch(2))
+    examples = tf.data.Dataset.from_tensor_slices((x.astype(np.int64), y)).shuffle(len(x), seed=5)
+    if "unknown" in case:
+        examples = examples.filter(lambda ids, target: True)
+    return examples.map(parse, num_parallel_calls=2).batch(BATCH).prefetch(2)
 
 
 def single_device(case: str) -> tuple[dict, list, dict, np.ndarray]:

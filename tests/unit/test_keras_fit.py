@@ -94,7 +94,8 @@ def test_a_reshuffling_dataset_is_not_iterated_outside_the_epochs():
 
 
 def test_a_batch_that_does_not_split_evenly_is_padded_with_examples_of_weight_zero():
-    from parallax.keras_fit import even_parts, part_loss
+    from parallax.keras_fit import even_parts
+    from parallax.tf2.part_loss import part_loss
 
     x, y, w = np.arange(5.0)[:, None], np.arange(5.0), np.array([1, 1, 1, 1, 2], np.float32)
     (px, py, pw), size, examples = even_parts((x, y, w), 4)
@@ -117,7 +118,8 @@ def test_a_batch_that_does_not_split_evenly_is_padded_with_examples_of_weight_ze
 
 
 def test_weights_per_output_are_padded_each_and_ones_are_shaped_for_each_outputs_rank():
-    from parallax.keras_fit import even_parts, per_example
+    from parallax.keras_fit import even_parts
+    from parallax.tf2.part_loss import per_example
 
     weights = {"score": np.array([1, 2, 3], np.float32), "tags": np.ones((3, 4), np.float32)}
     (_, _, fed), size, _ = even_parts((np.arange(3.0), np.arange(3.0), weights), 2)
@@ -458,25 +460,49 @@ def test_the_batch_logs_are_computed_where_something_reads_them(every_batch, bar
                                              for i in range(4)])
 
 
-def test_data_of_unknown_length_is_said_where_keras_counts_a_step_more_each_epoch(monkeypatch):
-    """Keras 3's model.fit on data of unknown length counts one optimizer step more than it trains at each epoch's
-    end (optimizer.iterations 15 after 3 epochs of 4 batches): said, with what makes the two alike."""
+def _counted_fit(fit, model, data) -> tuple[list, int]:
+    """``fit`` of ``model`` on ``data`` for 3 epochs, Adam's count at each epoch's end and after."""
+    seen: list[int] = []
     import keras
 
-    from parallax.tf2 import batches as module
+    counts = keras.callbacks.LambdaCallback(on_epoch_end=lambda *_: seen.append(int(model.optimizer.iterations)))
+    fit(model, data, epochs=3, verbose=0, callbacks=[counts])
+    return seen, int(model.optimizer.iterations)
 
-    said: list[str] = []
-    monkeypatch.setattr(module.log, "warning", lambda message, *args: said.append(message % args))
-    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-    model.compile("adam", "mse")
-    x, y = np.zeros((8, 1), np.float32), np.zeros((8, 1), np.float32)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True).batch(4)
-    FitBatches("keras", model, dataset, None, None, None, None, False, None, 0, 2, 0).warn_unknown_length()
-    assert len(said) == 1 and "assert_cardinality" in said[0] and "steps_per_epoch" in said[0]
-    known = dataset.apply(tf.data.experimental.assert_cardinality(2))
-    FitBatches("keras", model, known, None, None, None, None, False, None, 0, 2, 0).warn_unknown_length()
-    FitBatches("keras", model, x, y, None, 4, None, False, None, 0, 2, 0).warn_unknown_length()
-    assert len(said) == 1
+
+@pytest.mark.parametrize("own", [False, True], ids=["compiled-step", "own-train-step"])
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_data_of_unknown_length_counts_the_step_that_finds_it_exhausted_as_keras_does(tmp_path, own, replicas):
+    """Keras 3's model.fit on data of unknown length (a dataset after filter()) counts one optimizer step more than
+    it trains at each epoch's end (15 after 3 epochs of 4 batches, 5 in the first on_epoch_end), which Adam's bias
+    correction reads from the second epoch on: parallax.fit counts it too, for the compiled step and a model's own
+    train_step, with one replica and two; the weights equal model.fit's."""
+    import keras
+
+    def build():
+        keras.utils.set_random_seed(3)
+        if own:
+            model = _custom_model(keras)
+            model.compile(optimizer=keras.optimizers.Adam(0.1), loss="mse", metrics=["mae"])
+            return model
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.Adam(0.1), "mse")
+        return model
+
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(16, 2).astype(np.float32), rng.randn(16, 1).astype(np.float32)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True).batch(4)
+    reference = build()
+    expected = _counted_fit(lambda m, d, **kw: m.fit(d, **kw), reference, data)
+    assert expected == ([5, 10, 15], 15)  # Keras's own count: if it changes, so must parallax.fit
+    (tmp_path / "resource_info").write_text(f"localhost: {','.join(f'cpu:{i}' for i in range(replicas))}\n")
+    model = build()
+    got = _counted_fit(lambda m, d, **kw: parallax.fit(m, d, resource_info=str(tmp_path / "resource_info"),
+                                                       parallax_config=parallax.Config(run_option="PS"), **kw),
+                       model, data)  # PS: the replicas in this process
+    assert got == expected
+    for a, b in zip(model.trainable_variables, reference.trainable_variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_arrays_whose_last_batch_a_models_own_train_step_cannot_split_are_refused_before_any_step(tmp_path):
