@@ -24,7 +24,9 @@ STALL = 10.0
 STEPS = 24
 
 
-@pytest.mark.parametrize("mode", ["MPI", "PS"])
+# (PS out for CI's time, 2026-12-04: 99 s; PS's restart on the hosts left: tests/multiprocess/test_elastic.py's
+# worker killed twice, and a vanished host ends a PS job in tests/cluster/test_multihost.py)
+@pytest.mark.parametrize("mode", ["MPI"])
 def test_a_host_cut_off_mid_run_restarts_the_job_on_the_hosts_left(cluster, tmp_path, mode):
     proc, out = start(cluster, tmp_path, ONE_EACH, "--run_option", mode, "--steps", str(STEPS), "--batch",
                       str(BATCH), "--max_restarts", "2", "--save_steps", "3", "--step_sleep", "0.4",

@@ -48,7 +48,9 @@ def restarts(output: str) -> list[str]:
     return re.findall(r"Parallax elastic: restart \d+ of \d+: .*", output)
 
 
-@pytest.mark.parametrize("run_option", ["MPI", pytest.param("PS", marks=pytest.mark.core), "HYBRID"])
+# (HYBRID out for CI's time, 2026-12-04: 108 s; its restart is the launcher's as in MPI and PS, and HYBRID's SIGTERM
+# case below resumes its job from a checkpoint as a restart does)
+@pytest.mark.parametrize("run_option", ["MPI", pytest.param("PS", marks=pytest.mark.core)])
 def test_a_worker_killed_twice_restarts_twice_from_the_checkpoint_and_ends_as_one_device(tmp_path, run_option):
     run = run_script(tmp_path, LAYOUTS[run_option], "--run_option", run_option, "--max_restarts", "2",
                      "--save_steps", "2", "--kill", "1:3,0:5", script=SCRIPT, timeout=400)

@@ -4,7 +4,7 @@ variable with optimizer slots and of the slots, against the same program's ``mod
 every trained weight and every optimizer variable (the slots gathered back into the model at each epoch's end),
 on both workers. Adam on tables looked up by ids (a Transformer's position embedding, a recommender's several
 tables, a BERT classifier), RMSprop on an LSTM, SGD with momentum and weight averaging (``use_ema``), a custom
-``compute_loss`` and two optimizers of a GAN; on 3 processes (uneven parts) a Transformer and a recommender."""
+``compute_loss`` and two optimizers of a GAN; on 3 processes (uneven parts) a recommender."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 SCRIPT = os.path.join(ROOT, "tests", "tf2", "keras_script.py")
 PROGRAMS = ("transformer", "seq2seq", "recommender", "bert", "ema", "distiller", "gan")
-# on 3 workers the parts are uneven and a table's part ends inside a row (the whole row sum made, then cut)
-GROUPS = {"MPI-2": PROGRAMS, "MPI-3": ("transformer", "recommender")}
+# on 3 workers the parts are uneven and a table's part ends inside a row (the whole row sum made, then cut): the
+# recommender's tables (the Transformer's there out for CI's time, 2026-12-04: the job took 135 s with both)
+GROUPS = {"MPI-2": PROGRAMS, "MPI-3": ("recommender",)}
 CORE = ("MPI-2", "transformer")
 
 
