@@ -192,7 +192,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                                                                   parallax_config=parallax_config)
     if worker_id == 0:  # said once a job
         warn_own_fit(model, flavor.module)
-        warn_uncounted(model, batches.counts_exhausted)
+        warn_uncounted(batches.counts_exhausted, counted)
     deferred = not own and flavor.metrics_in_step
     if deferred:
         step.defer_sums()  # summed over the workers where the logs are read (BatchLogs) and at each epoch's end

@@ -30,10 +30,10 @@ def counted_optimizer(model: Any, counts_exhausted: bool) -> Any:
     return optimizer if getattr(optimizer, "iterations", None) is not None else None
 
 
-def warn_uncounted(model: Any, counts_exhausted: bool) -> None:
+def warn_uncounted(counts_exhausted: bool, counted: Any) -> None:
     """Say at WARNING where Keras 3 counts a step more at each epoch's end that ``parallax.fit`` cannot: a model
-    of no single compiled optimizer."""
-    if counts_exhausted and counted_optimizer(model, counts_exhausted) is None:
+    of no single compiled optimizer (``counted``: :func:`counted_optimizer`'s answer)."""
+    if counts_exhausted and counted is None:
         log.warning("parallax.fit: the data's length is unknown (a generator, or a tf.data pipeline of unknown "
                     "cardinality, e.g. after filter()): Keras 3's model.fit then counts one optimizer step more than "
                     "it trains at each epoch's end, which parallax.fit copies for the model's compiled optimizer; "
@@ -55,4 +55,3 @@ def counting(step: Any, optimizer: Any) -> Any:
         return step.python_function(*args[:-1])
 
     return tf.function(counted, input_signature=[*step.input_signature, tf.TensorSpec([], tf.int64)])
-

@@ -37,11 +37,11 @@ def first(count: tf.Tensor, tensor: tf.Tensor) -> tf.Tensor:
     """The first ``count`` rows of ``tensor``, with those of its Keras mask (a masked model's prediction)."""
     if tensor is None:
         return None
-    rows = tensor[:count]
+    kept = tensor[:count]
     mask = getattr(tensor, "_keras_mask", None)
     if mask is not None:
-        rows._keras_mask = mask[:count]
-    return rows
+        kept._keras_mask = mask[:count]
+    return kept
 
 
 def per_example(weights: tf.Tensor, prediction: Any) -> tf.Tensor:

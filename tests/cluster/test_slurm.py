@@ -144,8 +144,10 @@ def test_the_recipe_saves_at_slurms_sigterm_requeues_and_resumes(slurm, tmp_path
 
     def failed(what: str) -> str:
         controller = slurm.path("log", "slurmctld.log")  # the lines on this job (the logs' tails are munge's noise)
-        lines = [line for line in open(controller, errors="replace") if f"JobId={job}" in line or f"job {job}" in
-                 line] if os.path.exists(controller) else []
+        lines = []
+        if os.path.exists(controller):
+            with open(controller, errors="replace") as f:
+                lines = [line for line in f if f"JobId={job}" in line or f"job {job}" in line]
         return (f"{what}; the job's states (seconds, state, reason): {seen}; its record: {job_state()}\n"
                 f"{job_output(output)}\n--- slurmctld.log on job {job}\n{''.join(lines[-40:])}\n{slurm.logs()}")
 

@@ -460,6 +460,32 @@ def test_the_batch_logs_are_computed_where_something_reads_them(every_batch, bar
                                              for i in range(4)])
 
 
+def test_only_keras_3_data_of_unknown_length_is_counted_and_a_model_of_no_single_optimizer_is_said(monkeypatch):
+    """Keras 3 counts a step more at each epoch's end only where the data's length is unknown (not a dataset of
+    known cardinality, not arrays); where the model has no compiled optimizer to count it in, it is said."""
+    import keras
+
+    from parallax.tf2 import exhausted
+
+    said: list[str] = []
+    monkeypatch.setattr(exhausted.log, "warning", lambda message, *args: said.append(message % args))
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile("adam", "mse")
+    x, y = np.zeros((8, 1), np.float32), np.zeros((8, 1), np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True).batch(4)
+    assert FitBatches("keras", model, dataset, None, None, None, None, False, None, 0, 2, 0).counts_exhausted
+    known = dataset.apply(tf.data.experimental.assert_cardinality(2))
+    assert not FitBatches("keras", model, known, None, None, None, None, False, None, 0, 2, 0).counts_exhausted
+    assert not FitBatches("keras", model, x, y, None, 4, None, False, None, 0, 2, 0).counts_exhausted
+    assert exhausted.counted_optimizer(model, True) is model.optimizer
+    assert exhausted.counted_optimizer(model, False) is None
+    exhausted.warn_uncounted(True, model.optimizer)
+    exhausted.warn_uncounted(False, None)
+    assert not said
+    exhausted.warn_uncounted(True, None)  # a GAN compiled with optimizers of its own
+    assert len(said) == 1 and "assert_cardinality" in said[0] and "steps_per_epoch" in said[0]
+
+
 def _counted_fit(fit, model, data) -> tuple[list, int]:
     """``fit`` of ``model`` on ``data`` for 3 epochs, Adam's count at each epoch's end and after."""
     seen: list[int] = []
