@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.multiprocess, pytest.mark.slow]
 
 # Four jobs of 4 workers on the virtual cluster (2 per host, where host aggregation and HYBRID's saving show; the
 # 2-worker jobs of make bench-scale added 2 minutes and nothing the 4-worker ones do not check): about 140 s
-# alone, more beside the extended suite (.ci/run). It counts bytes, which the load does not change.
+# alone. It counts bytes, which the load does not change.
 @pytest.mark.timeout(1300)
 def test_bytes_between_hosts_match_the_model_and_hybrid_sends_the_fewest(tmp_path, cluster_possible):
     out = tmp_path / "results"

@@ -19,7 +19,7 @@ STEPS = 6  # 1 warm-up + 2 timed steps per trial, then the real run
 def search_run(tmp_path, monkeypatch, resource_text, run_option):
     monkeypatch.setenv("PARALLAX_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("PARALLAX_SEARCH_STEPS", "1,2")
-    # up to 4 trial jobs and the real run, one after the other: 180 s was too little beside CI's other lane
+    # up to 4 trial jobs and the real run, one after the other: 180 s was too little in CI beside another suite
     return run_script(tmp_path, resource_text, "--run_option", run_option, "--model", "sequence",
                       "--average_sparse", "--steps", str(STEPS), "--batch", str(BATCH), "--search_partitions",
                       timeout=420)

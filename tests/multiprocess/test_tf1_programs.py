@@ -137,8 +137,8 @@ def test_a_sleeping_rank_is_named_by_its_waiting_peer_and_the_job_still_ends_wel
 
 @pytest.mark.parametrize("mode, resources, sleeper", [
     pytest.param("MPI", "localhost: cpu:0,cpu:1\n", 1, marks=pytest.mark.core),
-    ("PS", TWO["PS"], 1), ("PS", TWO["PS"], 0), ("HYBRID", "localhost: cpu:0,cpu:1\n", 1),
-], ids=["mpi", "ps-worker-hangs", "ps-chief-hangs", "hybrid"])
+    ("PS", TWO["PS"], 1), ("HYBRID", "localhost: cpu:0,cpu:1\n", 1),
+], ids=["mpi", "ps-worker-hangs", "hybrid"])  # (a hanging chief, until 2026-12-04: the same shutdown, for CI's time)
 def test_a_hung_job_ends_after_stall_shutdown_with_the_stall_report_and_nothing_left(tmp_path, mode, resources,
                                                                                      sleeper):
     import time
@@ -178,11 +178,11 @@ def test_a_forward_only_program_runs_every_replica_in_every_mode(tmp_path, mode,
     assert tuple(run_values) == {"PS": (2, 2)}.get(mode, (2, 1))
 
 
-@pytest.mark.parametrize("idiom", ["everything", "alternating"])
+@pytest.mark.parametrize("idiom", ["everything"])
 def test_async_ps_applies_every_update_of_every_idiom_and_ends(tmp_path, idiom):
     """Asynchronous training cannot equal one device: every worker's every update lands on the servers
-    and every variable moves (check_async_training). In ``alternating`` only the discriminator's steps (every
-    other one) increment the global step.
+    and every variable moves (check_async_training). (``alternating``, whose discriminator's steps alone increment
+    the global step, ran too until 2026-12-04: out for CI's time; ``everything`` holds two optimizers.)
 
     Whether the loss falls is asserted by test_ps_mode's 30-step case, not here: these idioms' second optimizer
     (momentum 0.9) trained on each worker's part of 4 examples does not lower it reliably even without staleness
@@ -192,4 +192,4 @@ def test_async_ps_applies_every_update_of_every_idiom_and_ends(tmp_path, idiom):
 
     run = train(tmp_path, idiom, "PS", THREE["PS"], "--async", "--count_gradients")
     check_async_training(run, idiom, OPTIMIZER.get(idiom, "adam"), workers=3, steps=STEPS,
-                         counted_steps=(STEPS + 1) // 2 if idiom == "alternating" else STEPS, loss_falls=False)
+                         counted_steps=STEPS, loss_falls=False)

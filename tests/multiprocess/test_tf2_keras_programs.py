@@ -26,7 +26,7 @@ SCRIPT = os.path.join(ROOT, "tests", "tf2", "keras_script.py")
 GROUPS = {g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "HYBRID-2", "AUTO-2", "local-2-replicas")}
 # make test's cases (its TF2 PS job: test_keras_fit_text.py): in MPI, a program of each kind (position embeddings,
 # several tables on a dict input, a custom train_step, synchronised batch norms, a keras-hub model, a split
-# fit's input); all 15 in one job took over 300 s in CI beside the other lane
+# fit's input); all 15 in one job took over 300 s in CI beside another suite
 CORE = tuple(f"MPI-2-{name}" for name in ("transformer", "recommender", "custom-step", "cnn", "bert",
                                           "shared-split", "tickets")) + ("HYBRID-2-transformer",)
 

@@ -38,9 +38,10 @@ STEPS = 4
 # group: (resource file, run option, processes that write results, replicas each); micro-batches: MPI-2's layout
 # (AUTO-2, PS-3, HYBRID-2 and MPI-3 repeated MPI-2's and PS-2's mechanisms, the loss scale agreed over the
 # workers and the gradients pushed to servers: out, for CI's time on a 2-core machine; parallax.fit's mixed
-# precision runs in MPI-2, PS-2 and 2 local replicas: tests/multiprocess/test_keras_fit.py)
-GROUPS = {**{g: LAYOUTS[g] for g in ("MPI-2", "PS-2", "local-2-replicas")},
-          "MPI-2-micro-batches": LAYOUTS["MPI-2"]}
+# precision runs in MPI-2 and 2 local replicas: tests/multiprocess/test_keras_fit.py). MPI-2 without micro-batches
+# until 2026-12-04: the micro-batches' job all-reduces the same scaled gradients (once, after the last micro-batch),
+# parallax.fit's and the optimizer matrix's loss scales run in MPI-2 without them.
+GROUPS = {**{g: LAYOUTS[g] for g in ("PS-2", "local-2-replicas")}, "MPI-2-micro-batches": LAYOUTS["MPI-2"]}
 CONFIG = {"MPI-2-micro-batches": '{"micro_batches": 3}'}  # more Config fields of a group (JSON)
 #: (rtol, atol) of the variables, rtol of the losses, by the type the case computes in (see the module docstring)
 TOLERANCE = {"mixed_float16": (2e-3, 1e-3, 2e-3), "mixed_bfloat16": (1e-2, 1e-2, 1e-2), None: (1e-5, 1e-6, 1e-5)}

@@ -1,6 +1,6 @@
 """Public TensorFlow 2 custom training loops (tests/tf2/public_programs.py: Keras's guide "Writing a training
 loop from scratch" and TensorFlow's "Custom training: walkthrough", rewritten small) trained by
-``parallel_run`` with their steps unchanged, in MPI, PS, HYBRID on 2 processes and with 2 replicas in one
+``parallel_run`` with their steps unchanged, in MPI and PS on 2 processes and with 2 replicas in one
 process, against one device on the union batches: every replica's loss at every step, every trained weight,
 and the accuracy each keeps (the walkthrough's from the returned logits, of every replica; the guide's metric,
 updated inside the step, every part's examples counted as on one device); then ``parallax.predict`` of held-out
@@ -23,9 +23,9 @@ SCRIPT = os.path.join(ROOT, "tests", "tf2", "public_script.py")
 STEPS = 4
 # group: (resource file, run option, processes, replicas each, whose copy of the state written in the step
 # each worker ends with)
+# (HYBRID-2 until 2026-12-04: these programs have no tables, so HYBRID ran them as MPI-2; out for CI's time)
 WHOSE = {"MPI-2": "own",
          "PS-2": "worker 0",
-         "HYBRID-2": "own",
          "local-2-replicas": "own"}
 GROUPS = {g: (*TWO_REPLICAS[g], whose) for g, whose in WHOSE.items()}
 

@@ -25,9 +25,9 @@ SCRIPT = os.path.join(ROOT, "tests", "tf2", "state_script.py")
 STEPS = 3
 # group: (resource file, run option, processes, replicas each, whose copy of the state written in the step
 # each worker ends with)
+# (HYBRID-2 until 2026-12-04: these programs have no tables, so HYBRID ran them as MPI-2; out for CI's time)
 WHOSE = {"MPI-2": "own",
          "PS-2": "worker 0",
-         "HYBRID-2": "own",
          "local-2-replicas": "replica 0"}
 GROUPS = {g: (*TWO_REPLICAS[g], whose) for g, whose in WHOSE.items()}
 
