@@ -53,7 +53,7 @@ from parallax.tf2.arguments import check_fit, check_optimizer, is_dataset_like
 from parallax.tf2.batch_hooks import BEGINS, ENDS, BatchLogs, batch_hooks
 from parallax.tf2.batches import FitBatches, check_same
 from parallax.tf2.evaluate import HostSums, chief_or_shared, evaluate_on, numbers, use_job
-from parallax.tf2.exhausted import counted_optimizer, counting, warn_uncounted
+from parallax.tf2.exhausted import counting, exhausted_step, warn_uncounted
 from parallax.tf2.host_edits import HostEdits
 from parallax.tf2.keras_flavor import Flavor, flavor_of
 from parallax.tf2.own_step import check_even, epoch_logs, overrides_train_step, own_train_step, warn_own_fit
@@ -184,15 +184,16 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     sources: dict = {}  # the metric whose result each log of the model's own train_step is
     step_fn = own_train_step(model, batches.signature, batches.has_targets, batches.weighted, sources) if own \
         else _train_step(model, flavor, batches, outputs)
-    counted = counted_optimizer(model, batches.counts_exhausted)  # Keras 3's count of an epoch's exhausted step
-    if counted is not None:
+    exhausted = exhausted_step(model, step_fn, batches.counts_exhausted)  # Keras 3's count of an exhausted step
+    counted = exhausted.counted
+    if counted:
         step_fn = counting(step_fn, counted)
     with synchronised_statistics(model, getattr(parallax_config, "sync_batch_norm", False)):
         step, num_workers, worker_id, num_replicas = parallel_run(step_fn, resource_info, sync=sync,
                                                                   parallax_config=parallax_config)
     if worker_id == 0:  # said once a job
         warn_own_fit(model, flavor.module)
-        warn_uncounted(batches.counts_exhausted, counted)
+        warn_uncounted(exhausted)
     deferred = not own and flavor.metrics_in_step
     if deferred:
         step.defer_sums()  # summed over the workers where the logs are read (BatchLogs) and at each epoch's end
@@ -246,7 +247,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
             callback_list.on_train_batch_begin(index)
             if index == 0 or rate_in_epochs:  # what a callback set: once an epoch, or before each batch where one may
                 rate = learning_rate(model, flavor)
-            count = [[np.int64(behind)] * num_replicas] if counted is not None else []  # counting's argument
+            count = [[np.int64(behind)] * num_replicas] if counted else []  # counting's argument
             behind = 0
             if own:
                 last = _own_step(step, batch, num_workers, worker_id, num_replicas, examples, count)
@@ -268,8 +269,9 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         if own:  # as model.fit: the last step's logs where they name other than the metrics
             logs = epoch_logs(group, logs, last, sources)
         _sync(step, model)  # the callbacks and the validation see the trained weights
-        if counted is not None and ran_out:  # as model.fit's step that found the data exhausted; the job's next
-            counted.iterations.assign_add(1)
+        if counted and ran_out:  # as model.fit's step that found the data exhausted; the job's next
+            for iterations in counted:
+                iterations.assign_add(1)
             behind = 1
         edits.agree()
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
