@@ -70,6 +70,9 @@ def main() -> int:
                    help="ExitCode: start again a task that exits with 128-255 (a signal's 128 + n too), as the "
                         "training operator does")
     p.add_argument("--max_restarts", type=int, default=5, help="ExitCode: at most this many restarts per task")
+    p.add_argument("--restart_delay", type=float, default=0.0,
+                   help="ExitCode: seconds from a task's end to its new start (a pod's deletion and creation, "
+                        "Kubernetes' back-off: 10 s the first time)")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -104,20 +107,26 @@ def main() -> int:
     restarts = {name: [] for name in starts}
     deadline = time.monotonic() + args.timeout
     ended: dict[str, dict] = {}
+    due: dict[str, float] = {}  # the tasks to start again, and when
     while len(ended) < len(tasks) and time.monotonic() < deadline:
+        for name, at in list(due.items()):
+            if time.monotonic() >= at:
+                del due[name]
+                tasks[name] = start(name, "a")
         for name, (proc, log) in list(tasks.items()):
-            if name not in ended and proc.poll() is not None:
+            if name not in ended and name not in due and proc.poll() is not None:
                 log.close()
                 code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode  # a container's code
                 if starts[name][3] == "ExitCode" and code >= 128 and len(restarts[name]) < args.max_restarts:
                     restarts[name].append(code)
-                    tasks[name] = start(name, "a")
+                    due[name] = time.monotonic() + args.restart_delay
                     continue
                 ended[name] = {"rc": proc.returncode, "ended": time.time(), "restarts": restarts[name]}
         time.sleep(0.05)
     for name, (proc, log) in tasks.items():
         if name not in ended:
-            os.killpg(proc.pid, signal.SIGKILL)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             ended[name] = {"rc": "timeout", "ended": time.time(), "restarts": restarts[name]}
             log.close()

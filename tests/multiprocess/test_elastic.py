@@ -191,14 +191,20 @@ def test_sigterm_saves_at_the_next_step_and_the_same_command_resumes_there(tmp_p
 def test_a_killed_task_restarted_by_its_manager_rejoins_and_the_job_ends_as_one_device(tmp_path, shape, option,
                                                                                       workers):
     """TF_CONFIG tasks under a TFJob's ``restartPolicy: ExitCode``: worker 1 is killed (137) before global step 5;
-    the other tasks end with 143, as they cannot go on without it; the manager starts all of them again, they
-    resume from the checkpoint of step 4, and the job ends equal to single-device training of every step."""
+    the other tasks end with 143, as they cannot go on without it; the manager starts all of them again (each 15 s
+    after it ended, as a pod is made again after Kubernetes' back-off of 10 s), they resume from the checkpoint of
+    step 4, and the job ends equal to single-device training of every step.
+
+    (Started again at once, the killed worker was back before the others had ended, on a machine with nothing
+    else running, 2026-12-04: in PS the job went on with it, equal to one device, and no task ended with 143; with
+    collectives it met its peers' aborted collectives, ended with 1, which a manager does not restart, and the
+    others waited for it. Issue 52's note has it.)"""
     from tests.multiprocess.test_tf_config_jobs import run_managed, tf_cluster
 
     ckpt = tmp_path / "ckpt"
     run = run_managed(tmp_path, tf_cluster(**shape), "--run_option", option, "--steps", str(STEPS), "--batch",
                       str(BATCH), "--kill", "1:5", "--ckpt_dir", str(ckpt), "--save_steps", "2",
-                      "--stall_timeout", "10", script=SCRIPT, restart_policy="ExitCode", timeout=300)
+                      "--stall_timeout", "10", script=SCRIPT, restart_policy="ExitCode", restart_delay=15, timeout=300)
     assert all(task["rc"] == 0 for task in run.tasks.values()), (run.tasks, run.output[-6000:])
     killed = next(name for name, task in run.tasks.items() if task["restarts"][:1] == [137])
     others = [name for name in run.tasks if name != killed]
@@ -234,7 +240,7 @@ def test_sigterm_to_a_task_saves_at_the_next_step_and_the_restarted_tasks_resume
     run = run_managed(tmp_path, tf_cluster(chief=1, worker=1, ps=1), "--run_option", "PS", "--steps",
                       str(PREEMPT_STEPS), "--batch", str(BATCH), "--ckpt_dir", str(tmp_path / "ckpt"),
                       "--save_steps", "1000", "--step_sleep", "0.3", "--stall_timeout", "10", script=SCRIPT,
-                      restart_policy="ExitCode", timeout=300)
+                      restart_policy="ExitCode", restart_delay=15, timeout=300)  # (see the killed task's test)
     thread.join(timeout=5)
     assert all(task["rc"] == 0 for task in run.tasks.values()), (run.tasks, run.output[-6000:])
     assert run.tasks["chief_0"]["restarts"] == [143], run.tasks

@@ -43,11 +43,11 @@ def tf_cluster(**counts: int) -> dict[str, list[str]]:
 
 def run_managed(tmp_path, cluster: dict | None, *args: str, timeout: float = 150, prefix: dict | None = None,
                 namespace: bool = True, manifest: str | None = None, script: str = SCRIPT,
-                restart_policy: str = "Never") -> ManagedRun:
+                restart_policy: str = "Never", restart_delay: float = 0.0) -> ManagedRun:
     """Start each task of ``cluster`` as a manager does (all in one loopback-only namespace when allowed
     and ``namespace``; ``prefix``: host -> the command that runs a task there; ``restart_policy``: a TFJob's,
-    ``Never`` or ``ExitCode``), or the pods of ``manifest`` (a TFJob or polyaxonfile: their commands are theirs,
-    ``args`` unused)."""
+    ``Never`` or ``ExitCode``; ``restart_delay``: seconds before a task starts again), or the pods of ``manifest``
+    (a TFJob or polyaxonfile: their commands are theirs, ``args`` unused)."""
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
@@ -57,7 +57,7 @@ def run_managed(tmp_path, cluster: dict | None, *args: str, timeout: float = 150
                                    "--steps", str(STEPS), "--batch", str(BATCH), *args]
     argv = [*(namespace_prefix() if namespace else ()), sys.executable, MANAGER, *tasks_from,
             "--out", str(out / "tasks"), "--timeout", str(timeout), "--prefix", json.dumps(prefix or {}),
-            "--restart_policy", restart_policy, "--", *command]
+            "--restart_policy", restart_policy, "--restart_delay", str(restart_delay), "--", *command]
     start = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=timeout + 60)
     with open(out / "tasks" / "tasks.json") as f:
