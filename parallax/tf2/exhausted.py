@@ -46,20 +46,14 @@ def _optimizers(model: Any) -> list:
     return found
 
 
-def _waits_for(op: Any, arguments: set) -> bool:
-    """Whether ``op`` runs only after one of the ops ``arguments`` (by data or control edges)."""
-    seen: set = set()
-    todo = [op]
-    while todo:
-        current = todo.pop()
-        if current in arguments:
-            return True
-        if current in seen:
-            continue
-        seen.add(current)
-        todo.extend(t.op for t in current.inputs)
-        todo.extend(current.control_inputs)
-    return False
+def _waiting(graph: Any, arguments: set) -> set:
+    """The ops of ``graph`` that run only after one of ``arguments`` (by data or control edges): one pass in the order
+    the ops were made, which puts every op after its inputs."""
+    waiting = set(arguments)
+    for op in graph.get_operations():
+        if any(t.op in waiting for t in op.inputs) or any(c in waiting for c in op.control_inputs):
+            waiting.add(op)
+    return waiting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,14 +79,14 @@ def exhausted_step(model: Any, step: Any, counts_exhausted: bool) -> ExhaustedSt
         return ExhaustedStep()
     graph = step.get_concrete_function().graph
     captured = {id(inside): outside for outside, inside in graph.captures}
-    arguments = {t.op for t in graph.inputs if id(t) not in captured}
+    waiting = _waiting(graph, {t.op for t in graph.inputs if id(t) not in captured})
     written = {id(captured[id(op.inputs[0])]) for op in graph.get_operations()
-               if op.type in _WRITES and id(op.inputs[0]) in captured and not _waits_for(op, arguments)}
+               if op.type in _WRITES and id(op.inputs[0]) in captured and op not in waiting}
     counts = {id(o._iterations.handle): o._iterations for o in _optimizers(model)}
     names = {id(v.handle): v.name.split(":")[0] for v in graph.variables}
     names.update((id(v.handle), v.path) for v in getattr(model, "variables", []) if hasattr(v, "path"))
-    return ExhaustedStep(counted=tuple(counts[h] for h in sorted(written & set(counts), key=list(counts).index)),
-                         others=tuple(sorted(names.get(h, "a variable of the step") for h in written - set(counts))))
+    return ExhaustedStep(counted=tuple(count for h, count in counts.items() if h in written),
+                         others=tuple(sorted(names.get(h, "a variable of the step") for h in written - counts.keys())))
 
 
 def warn_uncounted(exhausted: ExhaustedStep) -> None:

@@ -38,13 +38,12 @@ GROUPS = {
     "local-2-replicas": ("localhost: cpu:0,cpu:1\n", "PS", 1),
 }
 WITH_MORE = ("local-2-replicas",)
-# the groups that run MORE: the local replicas all of them; MPI-2 those where what crosses the processes differs
+# the cases of MORE each group runs: the local replicas all; MPI-2 those where what crosses the processes differs
 # (tf_keras' optimizer, sample weights, a last batch that does not split evenly, data every worker reads whole). PS-2's
 # and HYBRID-2's runs repeated what MPI-2 and the Keras 3 cases test in those layouts; MPI-2's of the other cases
 # (a callback's learning rate, early stopping, tf_keras' forms of the same) what the local replicas do (out, for CI's
 # time on a 2-core machine: 2026-12-04)
-MORE_IN = ("MPI-2", *WITH_MORE)
-MORE_ACROSS = ("tf_keras-legacy", "weighted", "ragged", "unknown-dataset")
+MORE_IN = {"MPI-2": ["tf_keras-legacy", "weighted", "ragged", "unknown-dataset"], **{g: MORE for g in WITH_MORE}}
 # the groups of the fit jobs (PS-2 and HYBRID-2 trained the Keras 3 cases too until 2026-12-04, 147 s and 144 s in
 # the first lane; parallax.fit in PS and HYBRID: make test's PS job of a cached text pipeline and its HYBRID
 # Transformer, the Keras programs in PS (5) and HYBRID (3); MPI-3 until 2026-12-04, its uneven parts of a batch
@@ -61,7 +60,8 @@ def _jobs(factory, groups, cases):
 def jobs(tmp_path_factory):
     return {"all": _jobs(tmp_path_factory, WITH_MORE, KERAS_3 + MORE),
             "keras": _jobs(tmp_path_factory, [g for g in FIT_IN if g not in WITH_MORE], KERAS_3),
-            "more": _jobs(tmp_path_factory, [g for g in MORE_IN if g not in WITH_MORE], list(MORE_ACROSS))}
+            "more": _jobs(tmp_path_factory, [g for g in MORE_IN if g not in WITH_MORE],
+                          {g: cases for g, cases in MORE_IN.items() if g not in WITH_MORE})}
 
 
 def _out(jobs, group: str, case: str) -> str:
@@ -92,7 +92,7 @@ def reference(case: str):
 
 def _cases():
     for group in FIT_IN:
-        for case in KERAS_3 + (MORE if group in WITH_MORE else list(MORE_ACROSS) if group in MORE_IN else []):
+        for case in KERAS_3 + MORE_IN.get(group, []):
             marks = [pytest.mark.xdist_group(f"fit-{group}")] + [pytest.mark.core] * (group == CORE and case in KERAS_3)
             yield pytest.param(group, case, marks=marks, id=f"{case}-{group}")
 
