@@ -75,6 +75,13 @@ class TaskFailedError(ParallaxError):
         self.log_path = log_path
 
 
+class PeerLost(ParallaxError):
+    """A peer this worker trains with ended or started again, and the workers hold the variables themselves
+    (all-reduce, HYBRID): a collective's executor, once aborted, fails every later op, and a session started
+    again would train from the variables' first values; the process cannot go on. A task a cluster manager
+    started ends with 143 on it, so the manager's restart resumes the job from its last checkpoint."""
+
+
 class Preempted(ParallaxError):
     """The job was asked to end with a checkpoint (SIGTERM), and worker 0 has saved what it could.
 

@@ -394,7 +394,8 @@ class Config(_ConfigBase):
             seconds while it lasts. ``None`` turns the check off. Default 30.
         stall_shutdown: (Parallax only) seconds a launched process may wait for its peers (in ``sess.run``
             or while its session starts) before the launcher ends the job, with the stall report as the reason
-            and exit code 1 (an elastic job restarts: the stall counts as a failure). Default 900: longer than
+            and exit code 1 (an elastic job restarts: the stall counts as a failure); in a job a cluster manager
+            started, worker 0 ends itself so, and the other tasks end as it has gone. Default 900: longer than
             a slow first step (XLA compiling a large model, a cold input pipeline filling its buffers) takes, so
             that only a job that truly hangs is ended. ``None``: never. Needs ``stall_timeout`` (the check
             that sees the wait).

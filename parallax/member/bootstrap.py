@@ -155,8 +155,8 @@ def _redirect(path: str, fd: int, stream) -> None:
     os.close(target)
 
 
-def end_on_exception(end: Callable[[], None]) -> None:
-    """When this process ends with an unhandled exception, call ``end`` right after the traceback
+def end_on_exception(end: Callable[[BaseException], None]) -> None:
+    """When this process ends with an unhandled exception, call ``end`` with it right after the traceback
     (once per process: a second call changes nothing), so no exit handler runs or delays the end."""
     if getattr(sys.excepthook, "_parallax", False):
         return
@@ -166,7 +166,7 @@ def end_on_exception(end: Callable[[], None]) -> None:
         previous(kind, value, traceback)
         sys.stdout.flush()
         sys.stderr.flush()
-        end()
+        end(value)
 
     hook._parallax = True  # type: ignore[attr-defined]
     sys.excepthook = hook
@@ -177,7 +177,7 @@ def _note_failures() -> None:
     traceback: exit handlers (Horovod's shutdown, say) would otherwise fail other ranks first,
     and the job would name one of them instead of this rank."""
 
-    def abort() -> None:
+    def abort(_: BaseException) -> None:
         from mpi4py import MPI
 
         MPI.COMM_WORLD.Abort(1)

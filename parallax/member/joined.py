@@ -36,13 +36,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from parallax.errors import LaunchError
+from parallax.errors import LaunchError, PeerLost
 from parallax.invocation import Invocation
 from parallax.logs import log as logger
 from parallax.managers.tf_config import ManagedJob, Task, parse_tf_config
 from parallax.member import preemption
 from parallax.member.bootstrap import end_on_exception
-from parallax.member.peer_watch import PeerWatch, _end, _reachable  # _reachable: the exit barrier's probe too
+from parallax.member.peer_watch import PeerWatch, _end, _end_for_restart, _reachable  # its ends; its probe
 from parallax.member.protocol import NoHeartbeat
 from parallax.member.servers import make_server, server_config
 from parallax.resources.cluster import Role
@@ -220,13 +220,21 @@ class _WatchBeat(NoHeartbeat):
             watch.poll(time.monotonic())
 
 
+def _stalled(_: int, report: str) -> None:
+    """End the job from worker 0: a task has waited longer than ``Config.stall_shutdown`` (exit code 1: a
+    restart would meet the same wait; the other tasks, left without worker 0, end as their watch ends them)."""
+    _end(f"Parallax job ended: it stalled ({report.removeprefix('Parallax stall: ')}), longer than "
+         "Config.stall_shutdown allows")
+
+
 def _stall_check(job: JobPlan, process: ProcessSpec, identity: int, settings: Settings,
                  identity_of: Callable[[JobPlan, ProcessSpec], int], managed: ManagedJob) -> tuple[Any, Any]:
     """The stall check of a job a cluster manager started, as a launched job's
     (:mod:`parallax.launch.monitor`): every task sends its state to worker 0, on the UDP port of the number
     its server listens on over TCP (no other port needs to be open between the tasks), and worker 0 prints who
-    waits for whom once a task has waited the stall time. Returns this task's heartbeat and, in worker 0, the
-    monitor (``None``, ``None`` when ``stall_timeout`` is off)."""
+    waits for whom once a task has waited the stall time, and ends the job once one has waited
+    ``stall_shutdown``. Returns this task's heartbeat and, in worker 0, the monitor (``None``, ``None`` when
+    ``stall_timeout`` is off)."""
     from parallax.launch.monitor import Heartbeat, StallMonitor
 
     stall = settings.timeouts.stall
@@ -238,7 +246,8 @@ def _stall_check(job: JobPlan, process: ProcessSpec, identity: int, settings: Se
         names = {identity_of(job, p): f"task {managed.name_of(p.host, p.port)} ({p.host}:{p.port})"
                  for p in job.processes}
         try:
-            monitor = StallMonitor(names, stall, bind_host="0.0.0.0", port=process.port).start()
+            monitor = StallMonitor(names, stall, bind_host="0.0.0.0", port=process.port,
+                                   shutdown=settings.timeouts.shutdown, on_stalled=_stalled).start()
         except OSError as e:
             logger.warning("Parallax: no stall check in %s: UDP port %d is taken (%s)", managed.source,
                            process.port, e)
@@ -377,13 +386,32 @@ def joined_process(invocation: Invocation) -> JoinedProcess | None:
         managed = parse_tf_config(invocation.tf_config)
         if managed is None or len(managed.tasks) < 2:
             return None
-        # an unhandled exception ends the task at once: its exit barrier would wait for peers that wait
-        # for it, while its peers, seeing its server gone, end naming it
-        end_on_exception(lambda: _end("Parallax: this task ended with an exception"))
         if not invocation.log_level:  # a task logs at INFO (its plan, its server), as a launched one
             logger.setLevel(logging.INFO)
         # SIGTERM (the pod deleted, the node drained): worker 0 saves at its next step and ends with 143; the
         # other tasks, left without it, end with 143 too (PeerWatch): a manager's restart resumes them all
         preemption.install(lambda: None)
-        _THIS_PROCESS = JoinedProcess(managed)
+        _THIS_PROCESS = process = JoinedProcess(managed)
+        # an unhandled exception ends the task at once: its exit barrier would wait for peers that wait
+        # for it, while its peers, seeing its server gone, end naming it
+        end_on_exception(lambda error: _end_after(error, process._watch))
     return _THIS_PROCESS
+
+
+def _end_after(error: BaseException, watch: PeerWatch | None) -> None:
+    """End this task after ``error``: with 143 where a peer's end or restart left it unable to go on (a manager's
+    restart resumes the job from its checkpoint), naming the peer that ended if ``watch`` sees one gone within
+    its grace, else with 1 (the program's own error, which a restart would meet again)."""
+    import tensorflow as tf
+
+    peer = isinstance(error, PeerLost | tf.errors.AbortedError | tf.errors.UnavailableError)
+    if peer and watch is not None:
+        watch.settle(watch.grace + 1.0)
+    if isinstance(error, PeerLost):
+        _end_for_restart(str(error))
+    elif isinstance(error, tf.errors.AbortedError | tf.errors.UnavailableError):
+        said = str(error.message).splitlines()[0] if error.message else ""
+        _end_for_restart(f"Parallax job failed: a call to a peer task failed ({type(error).__name__}: {said}); "
+                         "ending this task")
+    else:
+        _end("Parallax: this task ended with an exception")

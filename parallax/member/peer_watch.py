@@ -80,6 +80,15 @@ class PeerWatch(threading.Thread):
                 self._round.release()
             self._fail(gone)
 
+    def settle(self, within: float, sleep: Callable[[float], None] = time.sleep) -> None:
+        """Probe each ``interval`` for ``within`` seconds: a peer gone (unreachable for ``grace``) ends the
+        process naming it, as :meth:`run` does. For a task whose session failed because of a peer, so that the
+        peer that ended is named where it can be; returns when none has (a peer that restarted is back)."""
+        end = time.monotonic() + within
+        while time.monotonic() < end:
+            self.poll(time.monotonic())
+            sleep(self._interval)
+
     def check(self, now: float) -> str | None:
         """One round: probe every peer; the name and address of the one that went first, if one has
         been gone ``grace`` seconds. A task that ends because another did goes later, and is not named:

@@ -19,6 +19,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
 
 from parallax.comm.registry import backends_in_use
+from parallax.errors import PeerLost
 from parallax.graph.names import release_op, writes_barrier_op
 from parallax.job.paths import check_paths
 from parallax.logs import log as logger
@@ -153,7 +154,9 @@ def _start_session(meta: meta_graph_pb2.MetaGraphDef, config: config_pb2.ConfigP
         else:
             creator = _WorkerSessionCreator(scaffold, master, config, settings.timeouts.session_wait,
                                             settings.timeouts.ready_poll)
-        session = tf.compat.v1.train.MonitoredSession(session_creator=_InGraph(creator, graph), hooks=all_hooks)
+        once = setup.broadcast is not None  # the workers hold their variables: a new session would reset them
+        in_graph = _InGraph(creator, graph, once, setup.process.index)
+        session = tf.compat.v1.train.MonitoredSession(session_creator=in_graph, hooks=all_hooks)
     if setup.broadcast is not None:
         setup.broadcast.run(_PastHooks(session))  # no step of the program's: its hooks must not see it
     if ckpt.sharded is not None:
@@ -173,13 +176,27 @@ class _PastHooks:
 
 class _InGraph(tf.compat.v1.train.SessionCreator):
     """A session creator that creates in ``graph``: a ``MonitoredSession`` creates its session again
-    after a lost peer (inside ``run``, wherever the program is), and ``Scaffold.finalize`` builds ops."""
+    after a lost peer (an ``AbortedError`` or ``UnavailableError``, inside ``run``, wherever the program is),
+    and ``Scaffold.finalize`` builds ops.
 
-    def __init__(self, creator, graph: tf.Graph) -> None:
+    ``once``: the session is not created again, and :class:`~parallax.errors.PeerLost` says why: where the
+    workers hold their variables, the new session would initialise them again without worker 0's values, and
+    the collectives' executors of the peers, aborted, would fail every op anyway. (A parameter server's job
+    goes on: its variables live on the servers, and a restarted worker joins it again.)"""
+
+    def __init__(self, creator, graph: tf.Graph, once: bool = False, worker: int = 0) -> None:
         self._creator = creator
         self._graph = graph
+        self._once = once
+        self._worker = worker
+        self._created = False
 
     def create_session(self):
+        if self._created and self._once:
+            raise PeerLost(f"Parallax: a peer of worker {self._worker} ended or started again while they trained "
+                           "together (an aborted or unavailable collective): the workers hold the variables "
+                           "themselves, so the job cannot go on without all of them")
+        self._created = True
         with self._graph.as_default():
             return self._creator.create_session()
 

@@ -186,33 +186,60 @@ def test_sigterm_saves_at_the_next_step_and_the_same_command_resumes_there(tmp_p
 
 
 # --------------------------------------------------------------------------- tasks a manager restarts
-@pytest.mark.parametrize("shape, option, workers", [({"chief": 1, "worker": 1, "ps": 1}, "PS", 2),
-                                                    ({"chief": 1, "worker": 2}, "MPI", 3)])
-def test_a_killed_task_restarted_by_its_manager_rejoins_and_the_job_ends_as_one_device(tmp_path, shape, option,
-                                                                                      workers):
-    """TF_CONFIG tasks under a TFJob's ``restartPolicy: ExitCode``: worker 1 is killed (137) before global step 5;
-    the other tasks end with 143, as they cannot go on without it; the manager starts all of them again (each 15 s
-    after it ended, as a pod is made again after Kubernetes' back-off of 10 s), they resume from the checkpoint of
-    step 4, and the job ends equal to single-device training of every step.
+KILLED_TASK = pytest.mark.parametrize("shape, option, workers, delay", [
+    ({"chief": 1, "worker": 1, "ps": 1}, "PS", 2, 15), ({"chief": 1, "worker": 2}, "MPI", 3, 15),
+    ({"chief": 1, "worker": 2}, "MPI", 3, 0)], ids=["PS", "MPI", "MPI-back-at-once"])
 
-    (Started again at once, the killed worker was back before the others had ended, on a machine with nothing
-    else running, 2026-12-04: in PS the job went on with it, equal to one device, and no task ended with 143; with
-    collectives it met its peers' aborted collectives, ended with 1, which a manager does not restart, and the
-    others waited for it. Issue 52's note has it.)"""
+
+def run_killed_task(tmp_path, shape: dict, option: str, delay: float):
+    """Worker 1 of a TF_CONFIG job killed (137) before global step 5, under a TFJob's ``restartPolicy:
+    ExitCode``: the manager starts each task that ended with 128-255 again ``delay`` s after it ended."""
     from tests.multiprocess.test_tf_config_jobs import run_managed, tf_cluster
 
-    ckpt = tmp_path / "ckpt"
-    run = run_managed(tmp_path, tf_cluster(**shape), "--run_option", option, "--steps", str(STEPS), "--batch",
-                      str(BATCH), "--kill", "1:5", "--ckpt_dir", str(ckpt), "--save_steps", "2",
-                      "--stall_timeout", "10", script=SCRIPT, restart_policy="ExitCode", restart_delay=15, timeout=300)
+    return run_managed(tmp_path, tf_cluster(**shape), "--run_option", option, "--steps", str(STEPS), "--batch",
+                       str(BATCH), "--kill", "1:5", "--ckpt_dir", str(tmp_path / "ckpt"), "--save_steps", "2",
+                       "--stall_timeout", "10", script=SCRIPT, restart_policy="ExitCode", restart_delay=delay,
+                       timeout=300)
+
+
+@KILLED_TASK
+def test_a_killed_task_restarted_by_its_manager_rejoins_and_the_job_ends_as_one_device(tmp_path, shape, option,
+                                                                                      workers, delay):
+    """TF_CONFIG tasks under a TFJob's ``restartPolicy: ExitCode``: worker 1 is killed (137) before global step 5;
+    the other tasks end with 143, as they cannot go on without it; the manager starts all of them again (15 s
+    after each ended, as a pod is made again after Kubernetes' back-off of 10 s; or at once), they resume from
+    the checkpoint of step 4, and the job ends equal to single-device training of every step.
+
+    Back at once, with collectives, the killed worker meets its peers' aborted collectives: it and they end
+    with 143 (``PeerLost``: no session is started again where the workers hold the variables), not with an
+    exception's 1, which a manager does not restart while the others wait for it (so it went before issue
+    52's fix, 2026-12-04)."""
+    run = run_killed_task(tmp_path, shape, option, delay)
     assert all(task["rc"] == 0 for task in run.tasks.values()), (run.tasks, run.output[-6000:])
     killed = next(name for name, task in run.tasks.items() if task["restarts"][:1] == [137])
+    assert all(code in (137, 143) for code in run.tasks[killed]["restarts"]), run.tasks
     others = [name for name in run.tasks if name != killed]
     for name in others:
         assert run.tasks[name]["restarts"][:1] == [143], (name, run.tasks)
         assert "restart the task to resume from the last checkpoint" in run.log(name), run.log(name)[-3000:]
+    assert "ended with an exception" not in run.output, run.output[-6000:]
     assert f"worker 0 of {workers} starts at global step 4" in run.output, run.output[-6000:]
     check_ranks_match(run, single_device(), workers)
+    assert not leftover_processes(tmp_path)
+
+
+def test_a_killed_ps_worker_back_at_once_rejoins_the_job_that_goes_on(tmp_path):
+    """A parameter-server job's worker killed (137) and started again at once by its manager joins the job still
+    running, at the global step the servers hold (TensorFlow's own recovery: the variables live on the servers,
+    and the chief waits for the worker's gradient of that step); no other task ends, and the job ends equal to
+    single-device training of every step."""
+    run = run_killed_task(tmp_path, {"chief": 1, "worker": 1, "ps": 1}, "PS", 0)
+    assert all(task["rc"] == 0 for task in run.tasks.values()), (run.tasks, run.output[-6000:])
+    assert run.tasks["worker_0"]["restarts"] == [137], run.tasks
+    assert run.tasks["chief_0"]["restarts"] == run.tasks["ps_0"]["restarts"] == [], run.tasks
+    starts = re.findall(r"worker 1 of 2 starts at global step (\d+)", run.log("worker_0"))
+    assert len(starts) == 2 and starts[0] == "0" and 4 <= int(starts[1]) <= 5, run.log("worker_0")[-3000:]
+    check_ranks_match(run, single_device(), 2)
     assert not leftover_processes(tmp_path)
 
 

@@ -152,3 +152,22 @@ def test_a_live_but_stuck_task_is_named_by_worker_0_within_the_stall_time(tmp_pa
                r"worker 0 \(localhost:\d+\), which has finished \d+ sess.run calls and is in the program's own code "
                r"\(between sess.run calls\) for \d+ s")
     assert re.search(pattern, run.log("chief_0")), run.log("chief_0")[-3000:]
+
+
+def test_a_task_stuck_past_stall_shutdown_ends_the_job_from_worker_0(tmp_path):
+    """Worker 1 (the TF_CONFIG task ``worker 0``) hangs in its own code (600 s): after ``Config.stall_shutdown``
+    (6 s) worker 0 ends with exit code 1 and the stall report, as a launched job's launcher ends it, and the
+    stuck task, left without worker 0, ends with 143 within seconds: no task waits for ever."""
+    import time
+
+    began = time.monotonic()
+    run = run_managed(tmp_path, tf_cluster(chief=1, worker=1), "--run_option", "MPI", "--model", "mlp",
+                      "--sleep_rank", "1", "--sleep_seconds", "600", "--stall_timeout", "2", "--stall_shutdown", "6",
+                      timeout=120)
+    assert time.monotonic() - began < 90, run.tasks
+    assert run.tasks["chief_0"]["rc"] == 1, (run.tasks, run.log("chief_0")[-3000:])
+    assert re.search(r"Parallax job ended: it stalled \(task chief 0 \(localhost:\d+\) has waited \d+ s .*\), longer "
+                     r"than Config.stall_shutdown allows", run.log("chief_0")), run.log("chief_0")[-3000:]
+    assert run.tasks["worker_0"]["rc"] == 143, (run.tasks, run.log("worker_0")[-3000:])
+    assert "task chief 0 (localhost:" in run.log("worker_0"), run.log("worker_0")[-3000:]
+    assert not leftover_processes(tmp_path)

@@ -110,3 +110,47 @@ def test_a_session_created_again_outside_any_graph_is_created_in_its_own():
         session = creator.create_session()
         assert session.graph is graph and session.run(value) == 1.0
         session.close()
+
+
+@pytest.mark.parametrize("once", [False, True], ids=["recovers", "once"])
+def test_a_lost_peer_ends_a_session_whose_workers_hold_the_variables_and_is_recovered_elsewhere(once):
+    """A ``MonitoredSession`` meets an ``UnavailableError`` (a peer gone) in ``run``: TensorFlow creates its
+    session again and runs once more, which a parameter server's job survives (its variables live on the
+    servers); where the workers hold the variables (``once``) it is refused with ``PeerLost``: a new session
+    would start from their first values, and the peers' aborted collectives would fail every op."""
+    import tensorflow as tf
+
+    from parallax.errors import PeerLost
+    from parallax.member.startup import _InGraph
+
+    created, runs = [], []
+
+    class Flaky:  # a session whose first run meets a lost peer
+        def __init__(self, session) -> None:
+            self._session, self.graph = session, session.graph
+
+        def run(self, *args, **kwargs):
+            runs.append(1)
+            if len(runs) == 1:
+                raise tf.errors.UnavailableError(None, None, "Collective ops is aborted by: a peer went")
+            return self._session.run(*args, **kwargs)
+
+        def close(self) -> None:
+            self._session.close()
+
+    class Creator(tf.compat.v1.train.SessionCreator):
+        def create_session(self):
+            created.append(1)
+            chief = tf.compat.v1.train.ChiefSessionCreator(scaffold=tf.compat.v1.train.Scaffold())
+            return Flaky(chief.create_session())
+
+    graph = tf.Graph()
+    with graph.as_default():
+        value = tf.compat.v1.Variable(1.0, name="v").read_value()
+        session = tf.compat.v1.train.MonitoredSession(session_creator=_InGraph(Creator(), graph, once=once, worker=1))
+    if once:
+        with pytest.raises(PeerLost, match="a peer of worker 1 ended or started again"):
+            session.run(value)
+    else:
+        assert session.run(value) == 1.0
+    assert (len(created), len(runs)) == ((1, 1) if once else (2, 2))
