@@ -409,10 +409,11 @@ class Config(_ConfigBase):
             ``BatchNormalization(synchronized=True)`` asks for itself: training then equals one device's. A
             layer that asks so is synchronised whatever this says (:mod:`parallax.tf2.replica_sums`).
             Default ``False``: each replica normalises its part by its part's statistics (said at WARNING).
-        staggered_start: (Parallax only) on each host, the first process of a launched job runs the program up
-            to its training call before the host's other processes start, so that data the program downloads
-            or extracts is written once, not by every process at the same time (:mod:`parallax.member.entry`).
-            Costs that first process's way to the training call, once per host. Default ``True``.
+        staggered_start: (Parallax only) on each host, the processes of a launched job run the program up to
+            their training call one after another (each starts when the one before it has reached its call), so
+            that data the program downloads or extracts on every run is written by one process at a time, never
+            while another reads it (:mod:`parallax.member.entry`). Costs the host's processes' ways to their
+            training call one after another, once per job. Default ``True``.
     """
 
     run_option: str | None = _field(None, _run_option)

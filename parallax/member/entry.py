@@ -5,10 +5,11 @@ prepare their data as one process does: ``keras.utils.get_file`` downloads into 
 file is missing and (Keras 3, ``extract=True``) extracts it again each time, ``tfds`` and other caches write
 files once and then read them. Ranks of one host that run that at the same moment write the same files
 while others read them, and train on other data than one device would (:func:`parallax.tf2.batches.check_same`
-refuses what it sees of that, later). So, unless ``Config.staggered_start`` is off, the host's first rank
-runs the program first, alone, up to its training call (where it registers in the job's directory); the
-host's other ranks start then, together, and find the files made. The job's ranks meet in the training
-call anyway: this costs the first rank's way there, once per host.
+refuses what it sees of that, later). So, unless ``Config.staggered_start`` is off, the ranks of a host run
+the program one after another up to their training call: each starts when the host's rank before it has
+reached its own (and registered in the job's directory), and finds the files made, which no other rank of
+its host writes meanwhile. The job's ranks meet in the training call anyway: this costs the host's ranks'
+ways there, one after another, once per job.
 
 The program then runs as ``python -m mpi4py`` runs it, so that an exception in any rank aborts the whole job
 instead of leaving the others blocked in a collective.
@@ -25,22 +26,24 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from parallax.invocation import Invocation
 
-__all__ = ["main", "first_on_host", "wait_for_registration"]
+__all__ = ["main", "before_on_host", "wait_for_registration"]
 
-#: How often a waiting rank looks for the first rank's registration (seconds).
+#: How often a waiting rank looks for the registration of the rank before it (seconds).
 POLL_SECONDS = 0.2
-#: How long a rank waits for its host's first rank before it starts anyway (seconds): a program that meets
-#: its other ranks before the training call (its own MPI calls) would otherwise wait for ever.
+#: How long a rank waits for the rank before it on its host before it starts anyway (seconds): a program that
+#: meets its other ranks before the training call (its own MPI calls) would otherwise wait for ever.
 LONGEST_WAIT = 600.0
 
 
-def first_on_host(hosts: list[str], rank: int) -> int:
-    """The first rank of ``rank``'s host (``hosts``: each rank's host, in rank order).
+def before_on_host(hosts: list[str], rank: int) -> int | None:
+    """The rank before ``rank`` on its host (``hosts``: each rank's host, in rank order); ``None`` for the host's
+    first.
 
-    >>> first_on_host(["a", "a", "b", "b", "a"], 4), first_on_host(["a", "a", "b"], 2)
-    (0, 2)
+    >>> before_on_host(["a", "a", "b", "b", "a"], 4), before_on_host(["a", "a", "b"], 2)
+    (1, None)
     """
-    return hosts.index(hosts[rank])
+    earlier = [r for r in range(rank) if hosts[r] == hosts[rank]]
+    return earlier[-1] if earlier else None
 
 
 def wait_for_registration(job_dir: str, rank: int, longest: float = LONGEST_WAIT,
@@ -66,14 +69,14 @@ def _hold_until_first(rank: int, invocation: Invocation) -> None:
     identity, job_dir = invocation.launch, invocation.channel.job_dir
     if identity is None or not identity.staggered or not job_dir:
         return
-    first = first_on_host([r.host for r in layout_from_json(identity.ranks)], rank)
-    if first == rank:
+    before = before_on_host([r.host for r in layout_from_json(identity.ranks)], rank)
+    if before is None:
         return
     from mpi4py import MPI  # noqa: F401 - MPI starts here: its start is collective, the first rank's waits for ours
 
-    if not wait_for_registration(job_dir, first):
-        print(f"Parallax: rank {rank} waited {LONGEST_WAIT:.0f} s for rank {first} (the first on its host) to reach "
-              "its training call, and starts now (Config.staggered_start)", file=sys.stderr, flush=True)
+    if not wait_for_registration(job_dir, before):
+        print(f"Parallax: rank {rank} waited {LONGEST_WAIT:.0f} s for rank {before} (the one before it on its host) "
+              "to reach its training call, and starts now (Config.staggered_start)", file=sys.stderr, flush=True)
 
 
 def _world_rank(environ: Mapping[str, str]) -> int:

@@ -1,6 +1,6 @@
-"""On a host, the launched job's first process runs the program up to its training call before the others
-start (``Config.staggered_start``, :mod:`parallax.member.entry`): data a program prepares on every run (Keras
-3's ``get_file(extract=True)`` extracts its archive again each time) is then written by one process at a time,
+"""On a host, the launched job's processes run the program up to their training call one after another
+(``Config.staggered_start``, :mod:`parallax.member.entry`): data a program prepares on every run (Keras 3's
+``get_file(extract=True)`` extracts its archive again each time) is then written by one process at a time,
 and every process reads whole files."""
 
 from __future__ import annotations
@@ -24,16 +24,17 @@ def events(out: str) -> list[tuple[str, str]]:
     return [(what, who) for _, what, who in rows]
 
 
-def test_the_hosts_other_ranks_start_when_its_first_reached_the_training_call(tmp_path):
-    # 2 ranks: with 3 or more on a host, those after the first start together (docs/launching.md), and two of them
-    # rewriting the file at once read different data (CI saw it); the first and the others never do
-    run = run_script(tmp_path, "localhost: cpu:0\nlocalhost: cpu:1\n", script=SCRIPT, timeout=240)
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_hosts_ranks_run_up_to_the_training_call_one_after_another(tmp_path, ranks):
+    """Each rank starts when the one before it on the host has reached its training call: with 3 ranks, ranks 1
+    and 2 started together until 2026-12-05 and could rewrite the file while the other read it (CI saw it)."""
+    resources = "".join(f"localhost: cpu:{i}\n" for i in range(ranks))
+    run = run_script(tmp_path, resources, script=SCRIPT, timeout=240)
     assert run.returncode == 0, run.output[-3000:]
     order = events(run.out_dir)
     assert order[:2] == [("start", "launcher"), ("call", "launcher")]
-    ranks = order[2:]
-    assert ranks == [("start", "0"), ("call", "0"), ("start", "1"), ("call", "1")], order  # rank 0 alone up to its call
-    digests = {json.load(open(os.path.join(run.out_dir, f"rank_{w}.json")))["digest"] for w in range(2)}
+    assert order[2:] == [(what, str(r)) for r in range(ranks) for what in ("start", "call")], order
+    digests = {json.load(open(os.path.join(run.out_dir, f"rank_{w}.json")))["digest"] for w in range(ranks)}
     assert len(digests) == 1
 
 

@@ -6,7 +6,7 @@ import threading
 import time
 
 from parallax.invocation import LaunchIdentity
-from parallax.member.entry import first_on_host, wait_for_registration
+from parallax.member.entry import before_on_host, wait_for_registration
 
 
 def test_a_rank_waits_until_its_hosts_first_rank_registers(tmp_path):
@@ -28,9 +28,9 @@ def test_nothing_to_wait_for_where_the_job_directory_is_not_on_this_host(tmp_pat
     assert wait_for_registration(str(tmp_path / "elsewhere"), 0, longest=60)
 
 
-def test_the_first_rank_of_each_host():
-    hosts = ["a", "a", "b", "b", "b"]
-    assert [first_on_host(hosts, r) for r in range(5)] == [0, 0, 2, 2, 2]
+def test_each_rank_waits_for_the_one_before_it_on_its_host():
+    hosts = ["a", "b", "a", "b", "b", "a"]
+    assert [before_on_host(hosts, r) for r in range(6)] == [None, None, 0, 1, 3, 2]
 
 
 def test_the_launcher_tells_every_rank_whether_to_stagger():
