@@ -121,9 +121,19 @@ def evaluate_on(model: Any, flavor: Flavor, group: WorkerGroup, batches: Iterato
     model.reset_metrics()
     callback_list.on_test_begin()
     sizes: list[int] = []
+    own = type(model).test_step is not flavor.module.Model.test_step
+    uneven = False
     for index, batch in enumerate(batches):
         callback_list.on_test_batch_begin(index)
         size = len(tf.nest.flatten(batch[0])[0])
+        if own and size % group.size and group.index == 0 and not uneven:
+            uneven = True  # said once an evaluation
+            log.warning("parallax: batch %d of the evaluation has %d examples, which do not split into %d equal "
+                        "parts (one a worker), and %s's own test_step need not weigh its parts by their examples (a "
+                        "Mean of each batch's loss counts each part as a batch): its results differ from "
+                        "model.evaluate's. For the same, give a batch size (fit's validation_batch_size) and a "
+                        "number of examples that %d divides, or a dataset batched with drop_remainder=True",
+                        index, size, group.size, type(model).__name__, group.size)
         mine = worker_part(batch, group.size, group.index)
         if not sizes and len(tf.nest.flatten(mine[0])[0]) == 0:  # build the metrics as the others do, then forget
             flavor.test_batch(model, *tf.nest.map_structure(lambda a: None if a is None else np.asarray(a)[:1], batch))

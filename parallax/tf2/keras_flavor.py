@@ -123,11 +123,14 @@ class Flavor:
         compiles it (``jit_compile`` as the model says), once per model; the batch a worker's part of a global
         batch, of which its examples are ``counts``. ``model.evaluate`` adds each global batch's loss of each
         output to that output's loss metric once (:meth:`part_loss`): a part adds that share of its own."""
+        import keras
+
         step = self._test_steps.get(model)
         if step is None:
             step = tf.function(model.test_step, reduce_retracing=True, jit_compile=bool(model.jit_compile))
             self._test_steps[model] = step
-        _counted(self._output_losses(model), counts, lambda: step((x, y, sample_weight)))
+        data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)  # as Keras's iterator: (x, y) without weights
+        _counted(self._output_losses(model), counts, lambda: step(data))
 
     def in_order(self, model: Any, logs: dict) -> Any:
         """``logs`` as ``model.evaluate(..., return_dict=False)`` returns them."""

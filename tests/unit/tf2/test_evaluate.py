@@ -60,3 +60,74 @@ def test_workers_with_other_metrics_are_refused():
     sums = HostSums(_model([tf.Variable(0.0)]), _Pair(other=0.0, shapes=[(), ()]))
     with pytest.raises(ValueError, match="the workers' models keep different metrics"):
         sums.flush()
+
+
+def _guide_model(keras):
+    """Keras's guide "Customizing what happens in fit()": its own train_step and test_step, each unpacking
+    ``x, y = data`` and adding the batch's loss to a ``Mean`` tracker."""
+
+    class GuideModel(keras.Model):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.loss_tracker = keras.metrics.Mean(name="loss")
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = keras.ops.mean(keras.losses.mean_squared_error(y, self(x, training=True)))
+            self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_variables), self.trainable_variables))
+            self.loss_tracker.update_state(loss)
+            return {"loss": self.loss_tracker.result()}
+
+        def test_step(self, data):
+            x, y = data
+            self.loss_tracker.update_state(keras.ops.mean(keras.losses.mean_squared_error(y, self(x))))
+            return {"loss": self.loss_tracker.result()}
+
+        @property
+        def metrics(self):
+            return [self.loss_tracker]
+
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((4,))
+    model = GuideModel(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(keras.optimizers.SGD(0.1))
+    return model
+
+
+def test_a_models_own_test_step_gets_its_data_as_model_fit_gives_it(tmp_path):
+    """``x, y = data`` in the model's own test_step: Keras gives ``(x, y)`` where there are no sample weights
+    (keras.utils.pack_x_y_sample_weight); parallax.fit gave ``(x, y, None)`` and the program failed to unpack."""
+    import keras
+
+    import parallax
+
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(48, 4).astype("float32"), rng.randn(48, 1).astype("float32")
+    arguments = dict(batch_size=8, epochs=2, shuffle=False, verbose=0, validation_data=(x[32:], y[32:]))
+    reference = _guide_model(keras).fit(x[:32], y[:32], **arguments).history
+    (tmp_path / "resource_info").write_text("localhost: cpu:0,cpu:1\n")
+    history = parallax.fit(_guide_model(keras), x[:32], y[:32], resource_info=str(tmp_path / "resource_info"),
+                           parallax_config=parallax.Config(run_option="PS"), **arguments).history  # 2 replicas here
+    for key in ("loss", "val_loss"):
+        np.testing.assert_allclose(history[key], reference[key], rtol=1e-5)
+
+
+def test_an_own_test_step_on_a_batch_that_does_not_split_evenly_over_the_workers_is_said(monkeypatch):
+    """Each worker's part is counted as a batch by a tracker of each batch's loss: a last batch of 1 example over
+    2 workers weighs as half of a whole one, so the results differ from model.evaluate's, which is said."""
+    import keras
+
+    from parallax.tf2 import evaluate
+    from parallax.tf2.keras_flavor import flavor_of
+
+    model = _guide_model(keras)
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(17, 4).astype("float32"), rng.randn(17, 1).astype("float32")
+    batches = [(x[:16], y[:16], None), (x[16:], y[16:], None)]
+    said: list[str] = []
+    monkeypatch.setattr(evaluate.log, "warning", lambda message, *args: said.append(message % args))
+    evaluate.evaluate_on(model, flavor_of(model, "test"), _Pair(other=0.0), iter(batches),
+                         keras.callbacks.CallbackList([], model=model))
+    assert len(said) == 1 and "batch 1 of the evaluation has 1 examples" in said[0], said
+    assert "GuideModel's own test_step" in said[0]
