@@ -49,7 +49,7 @@ import tensorflow as tf
 
 from parallax.api import parallel_run
 from parallax.comm.group import Alone
-from parallax.tf2.arguments import check_fit, check_optimizer, is_dataset_like
+from parallax.tf2.arguments import check_fit, check_model, check_optimizer, is_dataset_like
 from parallax.tf2.batch_hooks import BEGINS, ENDS, BatchLogs, batch_hooks
 from parallax.tf2.batches import FitBatches, check_same
 from parallax.tf2.evaluate import HostSums, chief_or_shared, evaluate_on, numbers, use_job
@@ -162,6 +162,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     check_fit(x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data, shuffle, class_weight,
               sample_weight, initial_epoch, steps_per_epoch, validation_steps, validation_batch_size, validation_freq,
               seed)
+    check_model(model)
     check_optimizer(model, parallax_config)
     own = overrides_train_step(model, flavor.module)
     _refuse_restoring(callbacks)

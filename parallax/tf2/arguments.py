@@ -159,6 +159,24 @@ def _check_sharded(caller: str, x: Any, y: Any, sample_weight: Any, batch_size: 
     _arrays(caller, x, y, sample_weight, batch_size)
 
 
+def check_model(model: Any) -> None:
+    """Refuse a model whose layers keep state from one batch to the next (``stateful=True`` recurrent layers, for
+    a batch size fixed in their ``Input(batch_shape=...)``): each replica sees a part of each batch, and the state
+    of a whole batch cannot be carried over as one device carries it (TensorFlow's error said only "Incompatible
+    shapes" inside the loss's gradient).
+
+    Raises:
+        ValueError: naming the layer and what to do.
+    """
+    stateful = [layer.name for layer in getattr(model, "_flatten_layers", lambda: [])()
+                if getattr(layer, "stateful", False) is True]
+    if stateful:
+        raise ValueError(f"parallax.fit: {', '.join(stateful)} {'is' if len(stateful) == 1 else 'are'} stateful "
+                         "(stateful=True): it carries its state from each batch to the next, for every example of a "
+                         "batch of fixed size, while each replica trains a part of each batch; train it on one "
+                         "device (model.fit), or with stateful=False")
+
+
 def check_optimizer(model: Any, config: Any) -> None:
     """Refuse what the model's optimizer cannot do in the job ``config`` asks for, before anything starts:
     ``zero_stage`` with an optimizer that writes its slots with plain assign ops; Keras 3's

@@ -42,7 +42,7 @@ class HostEdits:
             ValueError: a weight changed; names the first ones and ``where`` (the callbacks that ran).
         """
         now = _digest(self._values())
-        changed = [w.path if hasattr(w, "path") else w.name for w, a, b in zip(self._model.weights, self._digest, now)
+        changed = [w.path if hasattr(w, "path") else w.name for w, a, b in zip(self._weights(), self._digest, now)
                    if a != b]
         if changed:
             shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
@@ -53,4 +53,13 @@ class HostEdits:
                              "them after it")
 
     def _values(self) -> list:
-        return [w.numpy() for w in self._model.weights]
+        return [w.numpy() for w in self._weights()]
+
+    def _weights(self) -> list:
+        """The model's weights but its metrics' state (tf_keras counts a metric held by the model as a layer, so
+        its totals are weights: reset and summed at each epoch, by ``parallax.fit`` itself)."""
+        metrics = [*getattr(self._model, "metrics", ()),
+                   *(layer for layer in getattr(self._model, "_flatten_layers", lambda: ())()
+                     if any(c.__name__ == "Metric" for c in type(layer).__mro__))]
+        state = {id(v) for m in metrics for v in getattr(m, "variables", ())}
+        return [w for w in self._model.weights if id(w) not in state]

@@ -81,7 +81,8 @@ def _metric_variables(model: Any) -> dict[int, str]:
     for metric in model.metrics:
         for leaf in getattr(metric, "metrics", None) or [metric]:  # Keras 3's compiled metrics: a container
             for variable in leaf.variables:
-                handle = getattr(getattr(variable, "value", variable), "handle", None)
+                inner = getattr(variable, "value", variable)  # Keras 3's: its tf.Variable; tf_keras's: a method
+                handle = getattr(variable if callable(inner) else inner, "handle", None)
                 if handle is not None:
                     owners[id(handle)] = leaf.name
     return owners

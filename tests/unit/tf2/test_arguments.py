@@ -131,3 +131,18 @@ def test_parallel_run_of_a_plain_python_function_says_to_make_it_a_tf_function()
                                         r"tf.function training step, got function \(a plain Python function: decorate "
                                         r"your training step with @tf.function\)"):
         parallax.parallel_run(train_step, "resource_info")
+
+
+def test_a_stateful_recurrent_layer_is_refused_naming_it_before_anything_starts(tmp_path):
+    """``LSTM(stateful=True)`` behind ``Input(batch_shape=(8, 5, 3))`` carries each batch's state to the next;
+    a replica's part of a batch cannot (TensorFlow failed inside the loss's gradient: "Incompatible shapes")."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input(batch_shape=(8, 5, 3))
+    model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.LSTM(4, stateful=True, name="memory")(inputs)))
+    model.compile("sgd", "mse")
+    (tmp_path / "resource_info").write_text("localhost: cpu:0,cpu:1\n")
+    with pytest.raises(ValueError, match=r"parallax.fit: memory is stateful \(stateful=True\).*train it on one device"):
+        parallax.fit(model, np.zeros((16, 5, 3), np.float32), np.zeros((16, 1), np.float32), batch_size=8,
+                     resource_info=str(tmp_path / "resource_info"))
