@@ -56,7 +56,14 @@ from parallax.tf2.evaluate import HostSums, chief_or_shared, evaluate_on, number
 from parallax.tf2.exhausted import counting, exhausted_step, warn_uncounted
 from parallax.tf2.host_edits import HostEdits
 from parallax.tf2.keras_flavor import Flavor, flavor_of
-from parallax.tf2.own_step import check_even, epoch_logs, overrides_train_step, own_train_step, warn_own_fit
+from parallax.tf2.own_step import (
+    check_even,
+    epoch_logs,
+    overrides_train_step,
+    own_train_step,
+    warn_own_fit,
+    warn_summed_trackers,
+)
 from parallax.tf2.part_loss import counts, part_loss, per_example, rows
 from parallax.tf2.replica_sums import synchronised_statistics
 
@@ -194,6 +201,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                                                                   parallax_config=parallax_config)
     if worker_id == 0:  # said once a job
         warn_own_fit(model, flavor.module)
+        if own:
+            warn_summed_trackers(model, num_workers * num_replicas)
         warn_uncounted(exhausted)
     deferred = not own and flavor.metrics_in_step
     if deferred:

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from parallax.logs import log
 
-__all__ = ["warn_own_fit", "overrides_train_step", "own_train_step", "check_even", "epoch_logs"]
+__all__ = ["warn_own_fit", "warn_summed_trackers", "overrides_train_step", "own_train_step", "check_even", "epoch_logs"]
 
 
 def overrides_train_step(model: Any, module: Any) -> bool:
@@ -42,6 +42,18 @@ def warn_own_fit(model: Any, module: Any) -> None:
                 "itself trains other batches (keras-hub's task models turn arrays into an unshuffled dataset and "
                 "preprocess it): for the same ones, pass shuffle=False, or the prepared tf.data.Dataset",
                 type(model).__name__, owner.__module__, owner.__name__)
+
+
+def warn_summed_trackers(model: Any, replicas: int) -> None:
+    """Say at WARNING which ``Sum`` metrics of a model's own ``train_step`` count each of ``replicas`` replicas'
+    values: a tracker given one value a step (the batch's loss) sums the replicas' values of their parts,
+    ``replicas`` times one device's where the value is a mean over the batch (a ``Mean`` divides it out again)."""
+    sums = [m.name for m in getattr(model, "metrics", ()) if type(m).__name__ == "Sum"]
+    if sums and replicas > 1:
+        log.warning("parallax.fit: the model's own train_step updates %s, a Sum: each of the %d replicas adds its "
+                    "own part's value, so where the step gives it one value a batch (a loss, a mean over the "
+                    "batch) its result is %d times one device's; a Mean of the same values equals one device's",
+                    ", ".join(sums), replicas, replicas)
 
 
 def own_train_step(model: Any, signature: list, has_targets: bool, weighted: bool, sources: dict | None = None

@@ -63,3 +63,19 @@ def test_trackers_of_an_own_train_step_start_each_epoch_again_as_in_model_fit(fl
     assert sorted(history) == sorted(reference) == ["kl_loss", "loss"]
     for key in reference:
         np.testing.assert_allclose(history[key], reference[key], rtol=1e-5)
+
+
+def test_a_sum_tracker_of_an_own_train_step_is_said_to_count_every_replica(monkeypatch):
+    """keras.metrics.Sum given the batch's loss in the model's own train_step sums the replicas' values of their
+    parts: N times one device's (the probe's guide program logged loss_sum x2, silently); a Mean divides it out."""
+    import keras
+
+    from parallax.tf2 import own_step
+
+    said: list[str] = []
+    monkeypatch.setattr(own_step.log, "warning", lambda message, *args: said.append(message % args))
+    model = type("Guide", (), {"metrics": [keras.metrics.Sum(name="loss_sum"), keras.metrics.Mean(name="loss")]})()
+    own_step.warn_summed_trackers(model, 1)
+    assert not said
+    own_step.warn_summed_trackers(model, 4)
+    assert len(said) == 1 and "updates loss_sum, a Sum" in said[0] and "4 times one device's" in said[0]
