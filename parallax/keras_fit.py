@@ -54,7 +54,7 @@ from parallax.tf2.batch_hooks import BEGINS, ENDS, BatchLogs, batch_hooks
 from parallax.tf2.batches import FitBatches, check_same
 from parallax.tf2.evaluate import HostSums, chief_or_shared, evaluate_on, numbers, use_job
 from parallax.tf2.exhausted import counting, exhausted_step, warn_uncounted
-from parallax.tf2.host_edits import HostEdits
+from parallax.tf2.host_edits import HostEdits, metric_state
 from parallax.tf2.keras_flavor import Flavor, flavor_of
 from parallax.tf2.own_step import (
     check_even,
@@ -444,7 +444,7 @@ def _sync(step: Any, model: Any) -> None:
     """The trained weights into the model's variables; its metrics' states stay the host's (a loss that updates
     a metric inside the step, as tf_keras's compiled loss does, updates each worker's own copy in the graph, which
     is not the epoch's)."""
-    variables = [v for m in model.metrics for v in m.variables]
+    variables = metric_state(model)
     kept = [v.numpy() for v in variables]
     step.sync_variables(whole_slots=True)  # every worker, at each epoch's end: zero_stage's slots gathered
     for variable, value in zip(variables, kept):

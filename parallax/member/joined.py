@@ -404,14 +404,14 @@ def _end_after(error: BaseException, watch: PeerWatch | None) -> None:
     its grace, else with 1 (the program's own error, which a restart would meet again)."""
     import tensorflow as tf
 
-    peer = isinstance(error, PeerLost | tf.errors.AbortedError | tf.errors.UnavailableError)
-    if peer and watch is not None:
+    if not isinstance(error, PeerLost | tf.errors.AbortedError | tf.errors.UnavailableError):
+        _end("Parallax: this task ended with an exception")
+        return
+    if watch is not None:
         watch.settle(watch.grace + 1.0)
     if isinstance(error, PeerLost):
         _end_for_restart(str(error))
-    elif isinstance(error, tf.errors.AbortedError | tf.errors.UnavailableError):
+    else:
         said = str(error.message).splitlines()[0] if error.message else ""
         _end_for_restart(f"Parallax job failed: a call to a peer task failed ({type(error).__name__}: {said}); "
                          "ending this task")
-    else:
-        _end("Parallax: this task ended with an exception")

@@ -16,11 +16,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["HostEdits"]
+__all__ = ["HostEdits", "metric_state"]
+
+
+def metric_state(model: Any) -> list:
+    """The variables of ``model``'s metrics (totals, counts): the host's own, which ``parallax.fit`` resets and sums
+    at each epoch (tf_keras also counts a metric the model holds among its weights)."""
+    return [v for m in getattr(model, "metrics", ()) for v in m.variables]
 
 
 def _digest(weights: list) -> list[int]:
-    return [zlib.crc32(np.ascontiguousarray(np.asarray(w)).view(np.uint8).reshape(-1)) for w in weights]
+    return [zlib.crc32(np.ascontiguousarray(w.numpy()).view(np.uint8).reshape(-1)) for w in weights]
 
 
 class HostEdits:
@@ -33,7 +39,7 @@ class HostEdits:
 
     def agree(self) -> None:
         """The model's weights are the job's now (the job just started from them, or wrote them back)."""
-        self._digest = _digest(self._values())
+        self._digest = _digest(self._weights())
 
     def check(self, where: str) -> None:
         """Refuse weights a callback changed since the model and the job last agreed.
@@ -41,9 +47,9 @@ class HostEdits:
         Raises:
             ValueError: a weight changed; names the first ones and ``where`` (the callbacks that ran).
         """
-        now = _digest(self._values())
-        changed = [w.path if hasattr(w, "path") else w.name for w, a, b in zip(self._weights(), self._digest, now)
-                   if a != b]
+        weights = self._weights()
+        now = _digest(weights)
+        changed = [w.path if hasattr(w, "path") else w.name for w, a, b in zip(weights, self._digest, now) if a != b]
         if changed:
             shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
             raise ValueError(f"parallax.fit: a callback changed the model's weights ({shown}) in {where}; the job "
@@ -52,14 +58,7 @@ class HostEdits:
                              "changed weights): set weights before parallax.fit (and pass initial_epoch), or change "
                              "them after it")
 
-    def _values(self) -> list:
-        return [w.numpy() for w in self._weights()]
-
     def _weights(self) -> list:
-        """The model's weights but its metrics' state (tf_keras counts a metric held by the model as a layer, so
-        its totals are weights: reset and summed at each epoch, by ``parallax.fit`` itself)."""
-        metrics = [*getattr(self._model, "metrics", ()),
-                   *(layer for layer in getattr(self._model, "_flatten_layers", lambda: ())()
-                     if any(c.__name__ == "Metric" for c in type(layer).__mro__))]
-        state = {id(v) for m in metrics for v in getattr(m, "variables", ())}
+        """The model's weights but its metrics' state (:func:`metric_state`)."""
+        state = {id(v) for v in metric_state(self._model)}
         return [w for w in self._model.weights if id(w) not in state]
