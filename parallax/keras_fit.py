@@ -59,7 +59,7 @@ from parallax.tf2.keras_flavor import Flavor, flavor_of
 from parallax.tf2.own_step import (
     check_even,
     epoch_logs,
-    overrides_train_step,
+    overrides,
     own_train_step,
     warn_own_fit,
     warn_summed_trackers,
@@ -171,7 +171,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
               seed)
     check_model(model)
     check_optimizer(model, parallax_config)
-    own = overrides_train_step(model, flavor.module)
+    own = overrides(model, flavor.module)
     _refuse_restoring(callbacks)
     if class_weight is not None and sample_weight is not None:
         raise ValueError("parallax.fit: class_weight goes with arrays x, y and no sample_weight (as in model.fit)")

@@ -33,6 +33,7 @@ from parallax.comm.group import Alone, WorkerGroup
 from parallax.logs import log
 from parallax.tf2.arguments import check_evaluate, check_predict
 from parallax.tf2.keras_flavor import Flavor, flavor_of
+from parallax.tf2.own_step import overrides
 
 __all__ = ["evaluate", "predict", "worker_part", "in_order", "use_job", "job_group", "evaluate_on", "global_batches",
            "sum_metrics", "check_same_metrics", "HostSums", "numbers", "CHIEF_ONLY", "chief_or_shared"]
@@ -121,7 +122,7 @@ def evaluate_on(model: Any, flavor: Flavor, group: WorkerGroup, batches: Iterato
     model.reset_metrics()
     callback_list.on_test_begin()
     sizes: list[int] = []
-    own = type(model).test_step is not flavor.module.Model.test_step
+    own = overrides(model, flavor.module, "test_step")
     uneven = False
     for index, batch in enumerate(batches):
         callback_list.on_test_batch_begin(index)

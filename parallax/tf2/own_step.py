@@ -22,19 +22,19 @@ import tensorflow as tf
 
 from parallax.logs import log
 
-__all__ = ["warn_own_fit", "warn_summed_trackers", "overrides_train_step", "own_train_step", "check_even", "epoch_logs"]
+__all__ = ["warn_own_fit", "warn_summed_trackers", "overrides", "own_train_step", "check_even", "epoch_logs"]
 
 
-def overrides_train_step(model: Any, module: Any) -> bool:
-    """Whether ``model``'s class overrides its Keras's ``Model.train_step``."""
-    return type(model).train_step is not module.Model.train_step
+def overrides(model: Any, module: Any, method: str = "train_step") -> bool:
+    """Whether ``model``'s class overrides its Keras's ``Model.<method>`` (``train_step``, ``test_step``, ``fit``)."""
+    return getattr(type(model), method) is not getattr(module.Model, method)
 
 
 def warn_own_fit(model: Any, module: Any) -> None:
     """Say at WARNING that ``model``'s class overrides ``fit``, which ``parallax.fit`` does not run (it trains on the
     batches Keras's own ``fit`` draws from the same arguments): a program comparing with its ``model.fit`` may see
     other batches."""
-    if type(model).fit is module.Model.fit:
+    if not overrides(model, module, "fit"):
         return
     owner = next(c for c in type(model).__mro__ if "fit" in vars(c))
     log.warning("parallax.fit: %s overrides model.fit (%s.%s.fit), which parallax.fit does not run: it trains on the "

@@ -2,7 +2,8 @@
 an LSTM sequence-to-sequence model with a loss per time step, a recommender of several tables on a dict input,
 a masked LSTM, a custom ``train_step``, a GAN, an image classifier whose batch norms ``Config(sync_batch_norm=True)``
 synchronises, a timeseries classifier whose batch norms ask for it themselves, a keras-hub BERT classifier built
-from a config, models of several outputs in Keras 3 and tf_keras) moved onto Parallax with the one-line change
+from a config, models of several outputs in Keras 3 and tf_keras, a VAE, a ``test_step`` of the model's own, class
+weights, a weather forecast on a windowed dataset, a normalised regression) moved onto Parallax with the one-line change
 (and the config line), against the same program's ``model.fit`` as written (shuffled by Keras): every epoch's logs
 and every trained weight, on every worker, in MPI on 2 processes (all of them), and in PS, HYBRID, AUTO and with 2
 replicas in one process (those whose graphs differ there: TRAINED). ``make test`` runs seven programs in MPI (one
@@ -43,10 +44,11 @@ WITH_TABLES = ("transformer", "recommender", "masked", "structured", "bert")
 # MPI's, one of them. (Out of PS and AUTO for CI's time, 2026-12-04: the masked LSTM, the GAN and the split fit's
 # input in PS, which MPI and the local replicas train; the structured-data program in AUTO, which HYBRID trains.)
 TRAINED = {"MPI-2": tuple(PROGRAMS),
-           "PS-2": ("transformer", "recommender", "structured", "custom-step", "cnn"),
+           "PS-2": ("transformer", "recommender", "structured", "custom-step", "cnn", "vae", "own-test-step"),
            "HYBRID-2": WITH_TABLES,
            "AUTO-2": ("transformer",),
-           "local-2-replicas": ("transformer", "recommender", "seq2seq", "custom-step", "gan", "cnn", "tagger")}
+           "local-2-replicas": ("transformer", "recommender", "seq2seq", "custom-step", "gan", "cnn", "tagger", "vae",
+                                "tf_keras-vae", "own-test-step", "class-weights")}
 
 
 def _groups(names) -> dict:

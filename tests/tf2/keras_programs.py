@@ -60,7 +60,8 @@ by ``keras.utils.set_random_seed``): the reference ``parallax.fit(model, <the sa
   ``total_loss`` and returns it as ``"loss"``, with the batch's own loss beside it, so that ``model.fit``'s
   History holds the last step's logs, and an ``EarlyStopping`` on ``"loss"`` that stops after 2 of 3 epochs.
 
-* ``tickets``, ``tagger``, ``tf_keras-tickets``: models of several outputs (tests/tf2/loss_programs.py).
+* ``tickets``, ``tagger``, ``tf_keras-tickets``: models of several outputs (tests/tf2/loss_programs.py);
+* ``vae``, ``own-test-step``, ``weather`` and others of the guides' shapes (tests/tf2/guide_programs.py).
 
 ``build(name)`` makes the compiled model (seeded); ``data(name)`` its ``(x, y)``; ``FIT`` the fit arguments;
 ``CONFIGS`` what a program adds to its ``parallax.Config``; ``fit_arguments(name)`` what its ``fit`` takes;
@@ -74,11 +75,12 @@ import functools
 
 import numpy as np
 
-from tests.tf2 import loss_programs
+from tests.tf2 import guide_programs, loss_programs
 
 PROGRAMS = ("transformer", "seq2seq", "recommender", "masked", "structured", "custom-step", "gan", "cnn",
             "timeseries", "bert", "distiller", "regularized", "ema",
-            "shared-split", "renamed-logs", *loss_programs.PROGRAMS)
+            "shared-split", "renamed-logs", *loss_programs.PROGRAMS, *guide_programs.PROGRAMS)
+PARTS = {name: part for part in (loss_programs, guide_programs) for name in part.PROGRAMS}  # programs kept apart
 CONFIGS = {"cnn": {"sync_batch_norm": True}}
 FITS = {"bert": {"shuffle": False}}
 UNEVEN = ("distiller", "regularized")  # 29 examples: the last batch of 5 does not split into equal parts
@@ -90,8 +92,8 @@ NOTES = ("chest", "pain", "at", "rest", "after", "exercise", "none", "mild", "se
 
 
 def data(name: str):
-    if name in loss_programs.PROGRAMS:
-        return loss_programs.data(name)
+    if name in PARTS:
+        return PARTS[name].data(name)
     rng = np.random.RandomState(7)
     if name == "transformer":
         return rng.randint(0, VOCAB, (EXAMPLES, MAXLEN)).astype(np.int32), rng.randint(0, 2, EXAMPLES)
@@ -136,8 +138,8 @@ def data(name: str):
 
 
 def build(name: str):
-    if name in loss_programs.PROGRAMS:
-        return loss_programs.build(name)
+    if name in PARTS:
+        return PARTS[name].build(name)
     import keras
     from keras import layers, ops
 
@@ -302,8 +304,8 @@ def _image_classifier(keras):
 
 
 def fit_arguments(name: str) -> dict:
-    if name in loss_programs.PROGRAMS:
-        return loss_programs.fit_arguments(name, FIT)
+    if name in PARTS:
+        return PARTS[name].fit_arguments(name, FIT)
     if name == "ema":  # lowers the rate at every epoch's end from the second on (no loss falls by 10)
         import keras
 
@@ -331,7 +333,7 @@ def _shared_split():
 def weights(name: str, model) -> list:
     """The weights compared: every one where the model has moving statistics, else the trainable ones (and the
     learning rate the callbacks left)."""
-    if name == "ema":
+    if name in ("ema", "normalized"):
         return [v.numpy() for v in model.trainable_variables] + [np.asarray(model.optimizer.learning_rate)]
     return [v.numpy() for v in (model.weights if name in NORMALISED else model.trainable_variables)]
 
