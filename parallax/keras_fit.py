@@ -64,7 +64,7 @@ from parallax.tf2.own_step import (
     warn_own_fit,
     warn_summed_trackers,
 )
-from parallax.tf2.part_loss import counts, part_loss, per_example, rows
+from parallax.tf2.part_loss import counts, part_loss, per_example, rows, warn_masked_loss
 from parallax.tf2.replica_sums import synchronised_statistics
 
 __all__ = ["fit", "parts", "split_validation"]
@@ -201,9 +201,11 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                                                                   parallax_config=parallax_config)
     if worker_id == 0:  # said once a job
         warn_own_fit(model, flavor.module)
+        warn_masked_loss(model, num_workers * num_replicas)
         if own:
             warn_summed_trackers(model, num_workers * num_replicas)
         warn_uncounted(exhausted)
+    step.weighs_parts()  # a batch's parts are padded to one size, the padding weighed 0
     deferred = not own and flavor.metrics_in_step
     if deferred:
         step.defer_sums()  # summed over the workers where the logs are read (BatchLogs) and at each epoch's end
@@ -229,7 +231,9 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         kept, add_history=True, add_progbar=chief and verbose != 0, model=model,
         verbose=1 if verbose == "auto" else verbose, epochs=epochs, steps=steps)
     model.stop_training = False
-    edits = HostEdits(model)  # the weights the job starts from
+    if flavor.learning_rate(model) is not None:
+        step.fed(flavor.learning_rate(model))  # set by callbacks between steps: fed to every step
+    edits = HostEdits(step.host)  # the variables the job started from
     callback_list.on_train_begin()
     edits.check("on_train_begin")
     saves_in_epochs = chief and _saves_within_epochs(kept)

@@ -1,22 +1,28 @@
-"""Weights a callback changes in the model while ``parallax.fit`` trains: refused, never lost silently.
+"""Variables the program changes while the job trains: refused or said at WARNING, never lost silently.
 
-``parallax.fit`` trains the job's own copies of the model's variables, made from the model when the job starts,
-and writes the trained values back into the model at each epoch's end (for the callbacks and the validation).
-A callback that sets weights itself (``model.set_weights`` in ``on_train_begin``, ``on_epoch_end`` or
-``on_epoch_begin``, as weight averaging or a restore does) would change the model and not the job, which trains
-on from its own copies: ``model.fit`` on one device would train from the changed weights. :class:`HostEdits`
-keeps a digest of the model's weights where the model and the job agree, and :meth:`HostEdits.check` compares
-before the job trains again. The cost is one pass over the weights' bytes at each check (``zlib.crc32``).
+A step's job trains its own copies of the variables the step uses, made from the program's when the step was
+traced, and writes the trained values back into the program's (``parallax.fit``: at each epoch's end, for the
+callbacks and the validation; a loop: at ``step.close()``). What the program assigns to its variables meanwhile
+(a callback's ``model.set_weights`` or a KL-annealing weight set ``on_epoch_begin``; a loop's
+``optimizer.learning_rate.assign(...)`` between steps) would change its variables and not the job's, which
+trains on from its own copies, where one device would train with the change.
+
+:class:`HostWatch` keeps a digest of the variables where the program and the job agree and names those that
+changed since; the step's own (:meth:`parallax.tf2.step.DistributedStep.sync_variables`) says at WARNING what
+it is about to write over, and :class:`HostEdits` refuses what a callback of ``parallax.fit`` changed before the
+job trains again. A metric's state (the host's own, summed over the workers) and a learning rate ``parallax.fit``
+feeds each step are not watched. The cost is one pass over the variables' bytes at each check (``zlib.crc32``).
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["HostEdits", "metric_state"]
+__all__ = ["HostWatch", "HostEdits", "metric_state", "shown"]
 
 
 def metric_state(model: Any) -> list:
@@ -25,40 +31,66 @@ def metric_state(model: Any) -> list:
     return [v for m in getattr(model, "metrics", ()) for v in m.variables]
 
 
-def _digest(weights: list) -> list[int]:
-    return [zlib.crc32(np.ascontiguousarray(w.numpy()).view(np.uint8).reshape(-1)) for w in weights]
+def _digest(value: Any) -> int:
+    return zlib.crc32(np.ascontiguousarray(np.asarray(value)).view(np.uint8).reshape(-1))
+
+
+class HostWatch:
+    """The program's variables as the job holds them.
+
+    Args:
+        reads: a function reading each watched variable's value now, by its name.
+        start: the values the job started from, by name (those the step was traced with).
+    """
+
+    def __init__(self, reads: dict[str, Callable[[], Any]], start: dict[str, Any]) -> None:
+        self._reads = dict(reads)
+        self._digest = {name: _digest(start[name]) for name in self._reads}
+
+    def ignore(self, names: set[str]) -> None:
+        """Stop watching ``names`` (a variable the job is told of another way)."""
+        for name in names:
+            self._reads.pop(name, None)
+            self._digest.pop(name, None)
+
+    def agree(self) -> None:
+        """The program's variables are the job's now (written back from it)."""
+        self._digest = {name: _digest(read()) for name, read in self._reads.items()}
+
+    def changed(self) -> list[str]:
+        """The variables the program changed since it and the job last agreed, by name."""
+        return [name for name, read in self._reads.items() if _digest(read()) != self._digest[name]]
 
 
 class HostEdits:
-    """The model's weights as the job holds them (:meth:`agree`), checked before the job trains again."""
+    """What a callback of ``parallax.fit`` changes in the step's variables, checked before the job trains again.
 
-    def __init__(self, model: Any) -> None:
-        self._model = model
-        self._digest: list[int] = []
-        self.agree()
+    Args:
+        watch: the step's :class:`HostWatch`.
+    """
+
+    def __init__(self, watch: HostWatch) -> None:
+        self._watch = watch
 
     def agree(self) -> None:
-        """The model's weights are the job's now (the job just started from them, or wrote them back)."""
-        self._digest = _digest(self._weights())
+        """The model's variables are the job's now (written back from it)."""
+        self._watch.agree()
 
     def check(self, where: str) -> None:
-        """Refuse weights a callback changed since the model and the job last agreed.
+        """Refuse variables a callback changed since the model and the job last agreed.
 
         Raises:
-            ValueError: a weight changed; names the first ones and ``where`` (the callbacks that ran).
+            ValueError: a variable changed; names the first ones and ``where`` (the callbacks that ran).
         """
-        weights = self._weights()
-        now = _digest(weights)
-        changed = [w.path if hasattr(w, "path") else w.name for w, a, b in zip(weights, self._digest, now) if a != b]
+        changed = self._watch.changed()
         if changed:
-            shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
-            raise ValueError(f"parallax.fit: a callback changed the model's weights ({shown}) in {where}; the job "
-                             "trains its own copies of them, made when parallax.fit started and written back into the "
-                             "model at each epoch's end, and would not see the change (model.fit would train from the "
-                             "changed weights): set weights before parallax.fit (and pass initial_epoch), or change "
-                             "them after it")
+            raise ValueError(f"parallax.fit: a callback changed the model's weights or a variable the step uses "
+                             f"({shown(changed)}) in {where}; the job trains its own copies of them, made when "
+                             "parallax.fit started and written back into the model at each epoch's end, and would "
+                             "not see the change (model.fit would train with it): set them before parallax.fit (and "
+                             "pass initial_epoch), or change them after it")
 
-    def _weights(self) -> list:
-        """The model's weights but its metrics' state (:func:`metric_state`)."""
-        state = {id(v) for v in metric_state(self._model)}
-        return [w for w in self._model.weights if id(w) not in state]
+
+def shown(names: list[str]) -> str:
+    """The first three of ``names`` and how many more."""
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")

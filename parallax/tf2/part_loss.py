@@ -8,7 +8,9 @@ from typing import Any
 
 import tensorflow as tf
 
-__all__ = ["counts", "part_loss", "rows", "first", "per_example"]
+from parallax.logs import log
+
+__all__ = ["counts", "part_loss", "rows", "first", "per_example", "warn_masked_loss"]
 
 
 def counts(real: tf.Tensor, share: tf.Tensor) -> tf.Tensor:
@@ -60,3 +62,26 @@ def _shaped(weights: tf.Tensor, rank: int | None) -> tf.Tensor:
     if rank is None or rank <= 2:
         return weights
     return tf.reshape(weights, [-1] + [1] * (rank - 2))
+
+
+def warn_masked_loss(model: Any, replicas: int) -> None:
+    """Say at WARNING where a model's compiled loss averages over the batch's unmasked time steps (a mask carried
+    to an output, an ``Embedding(mask_zero=True)``'s; a loss with ``ignore_class``): Keras 3 and tf_keras divide a
+    masked loss by the batch's own count of unmasked steps, so each replica divides by its part's, and their mean
+    is the batch's loss only where the parts hold as many unmasked steps."""
+    if replicas < 2:
+        return
+    try:
+        outputs = list(getattr(model, "outputs", None) or [])
+    except (AttributeError, ValueError):  # a subclassed model: no symbolic outputs
+        outputs = []
+    masked = [f"output {i} is masked" for i, out in enumerate(outputs) if getattr(out, "_keras_mask", None) is not None]
+    losses = tf.nest.flatten(getattr(model, "loss", None))
+    masked += [f"{type(loss).__name__}(ignore_class={loss.ignore_class!r})" for loss in losses
+               if getattr(loss, "ignore_class", None) is not None]
+    if masked:
+        log.warning("parallax.fit: the loss averages over the unmasked time steps of each batch (%s): Keras divides "
+                    "it by the batch's own count of them, so each of the %d replicas divides by its part's, and where "
+                    "the parts of a batch hold different numbers of unmasked steps the replicas' mean is not the "
+                    "batch's loss: training differs from one device's (as in every data-parallel system). The first "
+                    "step's check says by how much", "; ".join(masked), replicas)

@@ -26,6 +26,7 @@ from parallax.errors import Preempted
 from parallax.logs import log as logger
 from parallax.tf2.checkpoints import StepCheckpoints
 from parallax.tf2.first_step import check_first_step
+from parallax.tf2.host_edits import HostWatch, shown
 from parallax.tf2.summed import SummedState
 from parallax.tf2.trace import TracedStep
 
@@ -50,6 +51,9 @@ class DistributedStep:
     def __init__(self, session: Any, traced: TracedStep, checkpoints: StepCheckpoints | None = None,
                  worker_id: int = 0, check: list | None = None, preemption: Any = None) -> None:
         self._check = check
+        self._chief = worker_id == 0
+        self._part: int | None = None  # the examples of a replica's part at the first step
+        self._parts_told = False
         self._session = session
         self._traced = traced
         self._checkpoints = checkpoints
@@ -62,6 +66,8 @@ class DistributedStep:
         self._fetches = ([t for t in self._leaves if isinstance(t, tf.Tensor)], traced.train_op)
         self._ranks = [t.shape.rank for t in traced.inputs]
         self._summed = SummedState(session, traced.variables, traced.graph, self._fetches[0])
+        kept = {n: e for n, e in traced.variables.items() if not e.summed}  # the program's metrics: summed here
+        self._host = HostWatch({n: e.read for n, e in kept.items()}, {n: e.value for n, e in kept.items()})
 
     @property
     def session(self) -> Any:
@@ -109,6 +115,8 @@ class DistributedStep:
                  for placeholder, value, rank in zip(self._traced.inputs, flat, self._ranks)}
         for position, (placeholder, value) in enumerate(feeds.items()):
             _check_fits(placeholder, value, position)
+        if not self._parts_told:
+            self._check_parts(feeds)
         if self._check is not None:
             gradients, self._check = self._check, None
             try:
@@ -127,6 +135,28 @@ class DistributedStep:
                 raise Preempted(f"saved the step's checkpoint at step {self._checkpoints.step} in "
                                 f"{self._checkpoints.directory}")
         return outputs
+
+    def weighs_parts(self) -> None:
+        """The caller weighs each part by its examples (``parallax.fit``): parts of other sizes are not told of."""
+        self._parts_told = True
+
+    def _check_parts(self, feeds: dict) -> None:
+        """Say once at WARNING where this worker's parts of a batch differ in size from each other or from the first
+        step's: the replicas' gradients are averaged with equal weights (a worker sees its own parts only)."""
+        batched = next((value for placeholder, value in feeds.items() if placeholder.shape.rank), None)
+        if batched is None:
+            return
+        sizes = sorted({int(np.shape(part)[0]) for part in batched})
+        self._part = self._part or sizes[-1]
+        if sizes != [self._part]:
+            self._parts_told = True
+            logger.warning("Parallax: this worker's parts of a batch have %s examples where the first step's had %d "
+                           "(a worker sees its own parts only). The replicas' gradients are averaged with equal "
+                           "weights: where the parts of one global batch differ in size (a last batch that does not "
+                           "divide, cut with np.array_split), the step trains otherwise than one device; cut global "
+                           "batches that divide evenly (drop_remainder=True), or weigh each part's loss by its "
+                           "examples. Where they are equal (a last batch that divides), it trains as one device",
+                           " and ".join(map(str, sizes)), self._part)
 
     def leave_metrics(self) -> None:
         """Keep the program's metric variables out of the step's reach: no sums after each step, and
@@ -151,10 +181,30 @@ class DistributedStep:
             return [value]
         return value
 
+    @property
+    def host(self) -> HostWatch:
+        """The program's variables as the job holds them (:mod:`parallax.tf2.host_edits`)."""
+        return self._host
+
+    def fed(self, variable: Any) -> None:
+        """``variable`` (the program's) reaches the job another way (``parallax.fit`` feeds the learning rate each
+        step): its changes are not the program's to be told of."""
+        backing = variable if isinstance(variable, tf.Variable) else getattr(variable, "value", variable)
+        self._host.ignore({n for n, e in self._traced.variables.items() if e.variable is backing})
+
     def sync_variables(self, whole_slots: bool = False) -> None:
-        """Write this worker's values of the step's variables into the program's eager variables. Optimizer
-        slots that ``zero_stage`` keeps in parts stay as they were, or with ``whole_slots`` (every worker must
-        call it then: the parts are gathered from every worker) are written whole."""
+        """Write this worker's values of the step's variables into the program's eager variables, saying at WARNING
+        which of them the program changed since they last agreed (the job did not see it). Optimizer slots that
+        ``zero_stage`` keeps in parts stay as they were, or with ``whole_slots`` (every worker must call it then:
+        the parts are gathered from every worker) are written whole."""
+        changed = self._host.changed()
+        if changed and self._chief:
+            logger.warning("Parallax: the program changed %s while the job trained (between steps, or in a callback "
+                           "within an epoch); the job trains its own copies of the step's variables, made from the "
+                           "program's when the step was traced, and did not see the change (one device would have "
+                           "trained with it); the program's variables now get the job's values. Set such a value "
+                           "before parallel_run, or pass it to the step as an argument",
+                           shown([self._traced.variables[n].name for n in changed]))
         held = self._session.held_in_parts
         graph = self._traced.graph
         kept = set(self._summed.names)  # the program's metrics: already summed after each step
@@ -172,6 +222,7 @@ class DistributedStep:
             shapes = {n: variables[n].shape.as_list() for n, _ in pairs}
             for name, value in gather(raw, raw.graph, pairs, shapes, self._session.group).items():
                 self._traced.variables[name].write(value)
+        self._host.agree()
 
     def should_stop(self) -> bool:
         return self._session.should_stop()

@@ -15,6 +15,11 @@ added until then, and one all-reduce adds the steps since the last. Each worker 
 plan puts no such variable on a parameter server: :func:`parallax.plan.policies.build_plan`), and each of its
 replicas adds its part to it (:mod:`parallax.rewrite.classify`, :mod:`parallax.rewrite.replicate`). Should a copy
 be on a server after all, only worker 0 writes it, and the metrics count its examples: said at WARNING once.
+
+A sum of what each replica added equals one device's state only where the step adds to it. A metric whose state
+is not a running sum (a running maximum, ``assign(v, max(v, x))``; the last batch's value, ``assign(v, x)``; a
+reset inside the step) is named at WARNING when the step is made (:func:`not_added`): its value differs from one
+device's, the training does not.
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ import numpy as np
 import tensorflow as tf
 
 from parallax.comm.group import Alone
+from parallax.graph.graph_ops import parse_input, variable_behind, written_variable
 from parallax.logs import log as logger
+from parallax.tf2.trace import STEP_OP
 
-__all__ = ["SummedState"]
+__all__ = ["SummedState", "not_added"]
 
 
 class SummedState:
@@ -52,6 +59,14 @@ class SummedState:
         self._shared = [n for n in self._names if session.on_server(n)]
         self._in_step = _reads_among(fetched, self._names) if session.num_replicas == 1 else None
         self._base = self._read() if self._names else []  # the job's copies as the first step finds them
+        odd = not_added(graph, self._names) if self._group.index == 0 else {}
+        if odd:
+            logger.warning("Parallax: the step writes the metric state %s other than by adding to it (Keras sums a "
+                           "metric's state over replicas); Parallax adds what each replica's step added to its copy, "
+                           "which equals one device's state only for sums (totals, counts): these metrics' values "
+                           "differ from one device's (the training does not). Keep a metric's state in sums, or "
+                           "compute it from the trained model after training",
+                           ", ".join(f"{n} ({op})" for n, op in odd.items()))
         self._warned = False
         self._deferred = False
         self._pending: np.ndarray | None = None  # deferred: what the steps since the last flush added here
@@ -141,3 +156,38 @@ def _reads_among(tensors: list | tuple, names: list[str]) -> list[int] | None:
     at = [found.get(name) for name in names]
     return None if None in at else at
 
+
+def not_added(graph: tf.Graph, names: list[str]) -> dict[str, str]:
+    """Of the variables ``names``, those the step of ``graph`` (the ops its :data:`~parallax.tf2.trace.STEP_OP`
+    runs) writes other than by adding to them (``assign_add``, or ``assign(v, v + x)`` as Keras 3's metrics
+    write), each with the type of the op whose value it writes."""
+    nodes = {node.name: node for node in graph.as_graph_def().node}
+    wanted, odd = set(names), {}
+    for node in _ancestors(nodes, STEP_OP):
+        variable = written_variable(node, nodes)
+        if variable not in wanted or variable in odd or node.op in ("AssignAddVariableOp", "AssignSubVariableOp"):
+            continue
+        value = nodes.get(parse_input(node.input[1])[0]) if node.op == "AssignVariableOp" else None
+        if value is not None and value.op in ("AddV2", "Add") and any(
+                _reads(nodes.get(parse_input(i)[0]), variable, nodes) for i in value.input):
+            continue
+        odd[variable] = value.op if value is not None else node.op
+    return odd
+
+
+def _ancestors(nodes: dict, root: str) -> list:
+    """The nodes ``root`` runs (through data and control inputs), ``root`` among them."""
+    seen, todo = set(), [root]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in nodes:
+            continue
+        seen.add(name)
+        todo.extend(parse_input(i)[0] for i in nodes[name].input)
+    return [nodes[n] for n in seen]
+
+
+def _reads(node: Any, variable: str, nodes: dict) -> bool:
+    """Whether ``node`` reads ``variable`` (a ``ReadVariableOp`` of its handle)."""
+    return node is not None and node.op == "ReadVariableOp" and \
+        variable_behind(parse_input(node.input[0])[0], nodes) == variable

@@ -61,3 +61,42 @@ def test_deferred_steps_are_kept_here_and_summed_in_one_call_with_the_flags():
     assert _values(eager) == {"total": 18.0, "count": 13.0}
     assert list(flags) == [2.0] and len(group.calls) == 1
     assert list(state.flush()) == [] and _values(eager) == {"total": 18.0, "count": 13.0}  # nothing new to add
+
+
+def test_a_metric_state_the_step_writes_other_than_by_adding_is_named():
+    """A running maximum and the last batch's value are not sums: a sum of the replicas' additions is not one
+    device's state (Keras's own metrics, which add, are not named)."""
+    import keras
+
+    from parallax.tf2.summed import not_added
+    from parallax.tf2.trace import trace_step
+
+    class Largest(keras.metrics.Metric):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.largest = self.add_variable(shape=(), initializer="zeros", name="largest")
+
+        def update_state(self, values):
+            self.largest.assign(keras.ops.maximum(self.largest, keras.ops.max(values)))
+
+        def result(self):
+            return self.largest + 0.0
+
+    class Last(Largest):
+        def update_state(self, values):
+            self.largest.assign(keras.ops.mean(values))
+
+    metrics = [keras.metrics.Mean(name="mean"), keras.metrics.AUC(name="auc"), Largest(name="max"), Last(name="last")]
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+    def step(values):
+        for metric in metrics[2:] + metrics[:1]:
+            metric.update_state(values)
+        metrics[1].update_state(values > 0.5, values)
+        return tf.constant(0.0)
+
+    traced = trace_step(step)
+    summed = sorted(n for n, v in traced.variables.items() if v.summed)
+    assert len(summed) == 8
+    assert not_added(traced.graph, summed) == {"max/largest": "Maximum", "last/largest": "Mean"}
+
