@@ -231,8 +231,9 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         kept, add_history=True, add_progbar=chief and verbose != 0, model=model,
         verbose=1 if verbose == "auto" else verbose, epochs=epochs, steps=steps)
     model.stop_training = False
-    if flavor.learning_rate(model) is not None:
-        step.fed(flavor.learning_rate(model))  # set by callbacks between steps: fed to every step
+    for variable in [flavor.learning_rate(model), *metric_state(model)]:  # fed to every step; the host's own
+        if variable is not None:
+            step.unwatch(variable)
     edits = HostEdits(step.host)  # the variables the job started from
     callback_list.on_train_begin()
     edits.check("on_train_begin")

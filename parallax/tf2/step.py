@@ -66,7 +66,8 @@ class DistributedStep:
         self._fetches = ([t for t in self._leaves if isinstance(t, tf.Tensor)], traced.train_op)
         self._ranks = [t.shape.rank for t in traced.inputs]
         self._summed = SummedState(session, traced.variables, traced.graph, self._fetches[0])
-        kept = {n: e for n, e in traced.variables.items() if not e.summed}  # the program's metrics: summed here
+        # the program's variables it may set (a slot made in the step comes as a bare handle); its metrics: summed
+        kept = {n: e for n, e in traced.variables.items() if e.variable is not None and not e.summed}
         self._host = HostWatch({n: e.read for n, e in kept.items()}, {n: e.value for n, e in kept.items()})
 
     @property
@@ -186,9 +187,9 @@ class DistributedStep:
         """The program's variables as the job holds them (:mod:`parallax.tf2.host_edits`)."""
         return self._host
 
-    def fed(self, variable: Any) -> None:
-        """``variable`` (the program's) reaches the job another way (``parallax.fit`` feeds the learning rate each
-        step): its changes are not the program's to be told of."""
+    def unwatch(self, variable: Any) -> None:
+        """``variable``'s changes in the program lose nothing: it reaches the job another way (``parallax.fit``
+        feeds the learning rate each step), or it is the host's own (the metrics' state ``parallax.fit`` keeps)."""
         backing = variable if isinstance(variable, tf.Variable) else getattr(variable, "value", variable)
         self._host.ignore({n for n, e in self._traced.variables.items() if e.variable is backing})
 
