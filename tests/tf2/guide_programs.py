@@ -24,22 +24,19 @@ layout (Apache-2.0, keras-io and keras-team/keras); part of tests/tf2/keras_prog
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import numpy as np
+
+from tests.tf2.loss_programs import keras_of
 
 PROGRAMS = ("vae", "tf_keras-vae", "own-test-step", "class-weights", "weather", "normalized")
 IMAGE, LATENT = 8, 2
 FEATURES, PAST, RATE = 5, 6, 2  # the weather's features, a window's steps and its sampling rate
 
 
-def _keras(name: str):
-    return importlib.import_module("tf_keras" if name.startswith("tf_keras") else "keras")
-
-
 def build(name: str):
-    keras = _keras(name)
+    keras = keras_of(name)
     layers = keras.layers
     keras.utils.set_random_seed(3)
     if name.endswith("vae"):
@@ -83,7 +80,7 @@ def data(name: str):
 
 def fit_arguments(name: str, fit: dict) -> dict:
     """What the program's ``fit`` takes beside ``x`` and ``y`` (``fit``: the programs' common arguments)."""
-    keras = _keras(name)
+    keras = keras_of(name)
     if name == "own-test-step":
         rng = np.random.RandomState(12)
         x = rng.randn(16, 8).astype(np.float32)

@@ -30,12 +30,13 @@ PROGRAMS = ("tickets", "tagger", "tf_keras-tickets", "captcha", "tf_keras-captch
 WORDS, TAGS, DEPARTMENTS = 30, 4, 3
 
 
-def _keras(name: str):
+def keras_of(name: str):
+    """The Keras a program is written for: ``tf_keras`` for a name so prefixed, else Keras 3."""
     return importlib.import_module("tf_keras" if name.startswith("tf_keras") else "keras")
 
 
 def build(name: str):
-    keras = _keras(name)
+    keras = keras_of(name)
     layers = keras.layers
     keras.utils.set_random_seed(1)
     if name.endswith("captcha"):
