@@ -254,6 +254,23 @@ def variable_behind(name: str, nodes: dict[str, node_def_pb2.NodeDef]) -> str:
     return name
 
 
+def added_to_itself(node: node_def_pb2.NodeDef, nodes: dict[str, node_def_pb2.NodeDef]) -> str | None:
+    """Where ``node`` is ``assign(v, read(v) + x)`` of a resource variable (how a Keras 3 metric adds to its
+    state), the input ``x`` (as the add names it); else ``None``."""
+    if node.op != "AssignVariableOp" or len(node.input) < 2:
+        return None
+    value = nodes.get(parse_input(node.input[1])[0])
+    if value is None or value.op not in ("AddV2", "Add"):
+        return None
+    variable = variable_behind(parse_input(node.input[0])[0], nodes)
+    for mine, other in ((0, 1), (1, 0)):
+        read = nodes.get(parse_input(value.input[mine])[0])
+        if read is not None and read.op == "ReadVariableOp" and \
+                variable_behind(parse_input(read.input[0])[0], nodes) == variable:
+            return value.input[other]
+    return None
+
+
 def make_no_op(graph_def: graph_pb2.GraphDef, names: set[str], device: str, what: str,
                values: Mapping[str, str] | None = None, after: Mapping[str, str] | None = None) -> None:
     """Make the ops ``names`` run nothing on ``device``, still waiting for what they waited for (their

@@ -41,6 +41,7 @@ from parallax.errors import RewriteError
 from parallax.graph.graph_ops import (
     STATEFUL_DRAWS,
     add_nodes,
+    added_to_itself,
     consumers,
     copy_op,
     descendants,
@@ -257,19 +258,13 @@ def _adds_to_summed(nodes: dict, summed: frozenset[str], names: list[str]) -> No
     (an add is atomic; a read then an assign would lose one of two)."""
     for name in names:
         node = nodes.get(name)
-        if node is None or node.op != "AssignVariableOp" or written_variable(node, nodes) not in summed:
+        if node is None or written_variable(node, nodes) not in summed:
             continue
-        value = nodes.get(parse_input(node.input[1])[0])
-        if value is None or value.op not in ("AddV2", "Add"):
-            continue
-        for mine, other in ((0, 1), (1, 0)):
-            read = nodes.get(parse_input(value.input[mine])[0])
-            if read is not None and read.op == "ReadVariableOp" and \
-                    parse_input(read.input[0])[0] == parse_input(node.input[0])[0]:
-                node.op = "AssignAddVariableOp"
-                node.input[1] = value.input[other]
-                node.attr.pop("validate_shape", None)
-                break
+        delta = added_to_itself(node, nodes)
+        if delta is not None:
+            node.op = "AssignAddVariableOp"
+            node.input[1] = delta
+            node.attr.pop("validate_shape", None)
 
 
 def _write_from_first_replica(meta_graph: meta_graph_pb2.MetaGraphDef, replicated: frozenset[str],

@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallax.comm.group import Alone
-from parallax.graph.graph_ops import parse_input, variable_behind, written_variable
+from parallax.graph.graph_ops import added_to_itself, ancestors, parse_input, written_variable
 from parallax.logs import log as logger
 from parallax.tf2.trace import STEP_OP
 
@@ -163,31 +163,12 @@ def not_added(graph: tf.Graph, names: list[str]) -> dict[str, str]:
     write), each with the type of the op whose value it writes."""
     nodes = {node.name: node for node in graph.as_graph_def().node}
     wanted, odd = set(names), {}
-    for node in _ancestors(nodes, STEP_OP):
+    for name in ancestors(nodes, [STEP_OP]) if STEP_OP in nodes else ():
+        node = nodes[name]
         variable = written_variable(node, nodes)
-        if variable not in wanted or variable in odd or node.op in ("AssignAddVariableOp", "AssignSubVariableOp"):
+        if variable not in wanted or variable in odd or node.op in ("AssignAddVariableOp", "AssignSubVariableOp") \
+                or added_to_itself(node, nodes) is not None:
             continue
         value = nodes.get(parse_input(node.input[1])[0]) if node.op == "AssignVariableOp" else None
-        if value is not None and value.op in ("AddV2", "Add") and any(
-                _reads(nodes.get(parse_input(i)[0]), variable, nodes) for i in value.input):
-            continue
         odd[variable] = value.op if value is not None else node.op
     return odd
-
-
-def _ancestors(nodes: dict, root: str) -> list:
-    """The nodes ``root`` runs (through data and control inputs), ``root`` among them."""
-    seen, todo = set(), [root]
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in nodes:
-            continue
-        seen.add(name)
-        todo.extend(parse_input(i)[0] for i in nodes[name].input)
-    return [nodes[n] for n in seen]
-
-
-def _reads(node: Any, variable: str, nodes: dict) -> bool:
-    """Whether ``node`` reads ``variable`` (a ``ReadVariableOp`` of its handle)."""
-    return node is not None and node.op == "ReadVariableOp" and \
-        variable_behind(parse_input(node.input[0])[0], nodes) == variable
