@@ -283,12 +283,12 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         logs = numbers(model.get_metrics_result())
         if own:  # as model.fit: the last step's logs where they name other than the metrics
             logs = epoch_logs(group, logs, last, sources)
-        _sync(step, model)  # the callbacks and the validation see the trained weights
+        _sync(step, model)  # the callbacks and the validation see the trained weights (and the watch agrees)
         if counted and ran_out:  # as model.fit's step that found the data exhausted; the job's next
             for iterations in counted:
                 iterations.assign_add(1)
             behind = 1
-        edits.agree()
+            edits.agree()
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
             if validating is None:  # as model.fit: that Keras's own iterator, made at the first validation, kept
                 validating = FitBatches(flavor.module.__name__.split(".")[0], model, *_triple(validation_data),

@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallax.comm.group import Alone
-from parallax.graph.graph_ops import added_to_itself, ancestors, parse_input, written_variable
+from parallax.graph.graph_ops import added_to_itself, ancestors, node_map, parse_input, written_variable
 from parallax.logs import log as logger
 from parallax.tf2.trace import STEP_OP
 
@@ -59,7 +59,7 @@ class SummedState:
         self._shared = [n for n in self._names if session.on_server(n)]
         self._in_step = _reads_among(fetched, self._names) if session.num_replicas == 1 else None
         self._base = self._read() if self._names else []  # the job's copies as the first step finds them
-        odd = not_added(graph, self._names) if self._group.index == 0 else {}
+        odd = not_added(graph, self._names) if self._names and self._group.index == 0 else {}
         if odd:
             logger.warning("Parallax: the step writes the metric state %s other than by adding to it (Keras sums a "
                            "metric's state over replicas); Parallax adds what each replica's step added to its copy, "
@@ -161,7 +161,7 @@ def not_added(graph: tf.Graph, names: list[str]) -> dict[str, str]:
     """Of the variables ``names``, those the step of ``graph`` (the ops its :data:`~parallax.tf2.trace.STEP_OP`
     runs) writes other than by adding to them (``assign_add``, or ``assign(v, v + x)`` as Keras 3's metrics
     write), each with the type of the op whose value it writes."""
-    nodes = {node.name: node for node in graph.as_graph_def().node}
+    nodes = node_map(graph.as_graph_def())
     wanted, odd = set(names), {}
     for name in ancestors(nodes, [STEP_OP]) if STEP_OP in nodes else ():
         node = nodes[name]
