@@ -201,7 +201,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                                                                   parallax_config=parallax_config)
     if worker_id == 0:  # said once a job
         warn_own_fit(model, flavor.module)
-        warn_masked_loss(model, num_workers * num_replicas)
+        warn_masked_loss(model, num_workers * num_replicas, step.sums_masked_counts, logged=flavor.metrics_in_step)
         if own:
             warn_summed_trackers(model, num_workers * num_replicas)
         warn_uncounted(exhausted)
@@ -234,12 +234,15 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     for variable in [flavor.learning_rate(model), *metric_state(model)]:  # fed to every step; the host's own
         if variable is not None:
             step.unwatch(variable)
-    edits = HostEdits(step.host)  # the variables the job started from
+    edits = HostEdits(step, group)  # what the callbacks set, carried into the job (parallax.tf2.host_edits)
+    scalars = step.set_between_steps
+    step.leave_edits()
     callback_list.on_train_begin()
-    edits.check("on_train_begin")
+    edits.carry("on_train_begin")
     saves_in_epochs = chief and _saves_within_epochs(kept)
     stops_in_epochs = batch_hooks(callbacks or [], flavor, ENDS)  # the program's list: alike on every worker
     rate_in_epochs = batch_hooks(kept, flavor, BEGINS + ENDS)  # may set the learning rate between batches
+    sets_in_epochs = scalars and batch_hooks(callbacks or [], flavor, BEGINS + ENDS)  # alike on every worker
     host = HostSums(model, group) if not own and not deferred and num_workers > 1 else None  # tf_keras
     flush = step.flush_sums if deferred else host.flush if host else None  # the metrics summed over the workers
     batch_logs = BatchLogs(model, batch_hooks(kept, flavor, ENDS), chief and verbose != 0, steps, flush=flush,
@@ -254,12 +257,14 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         if host:
             host.restart()
         callback_list.on_epoch_begin(epoch)
-        edits.check("on_epoch_begin" if epoch == initial_epoch else "on_epoch_end or on_epoch_begin")
+        edits.carry("on_epoch_begin" if epoch == initial_epoch else "on_epoch_end or on_epoch_begin")
         for index, batch in enumerate(epoch_batches):
             examples = batches.share.examples_at(index) if batches.share else None  # else: batch is global
             if index == 0 and num_workers > 1 and not batches.share:
                 check_same(group, batch, epoch)
             callback_list.on_train_batch_begin(index)
+            if sets_in_epochs:  # a scalar a batch's callback set (a loss's weight, annealed)
+                edits.carry("on_train_batch_end or on_train_batch_begin", scalars)
             if index == 0 or rate_in_epochs:  # what a callback set: once an epoch, or before each batch where one may
                 rate = learning_rate(model, flavor)
             count = [[np.int64(behind)] * num_replicas] if counted else []  # counting's argument
@@ -347,13 +352,14 @@ def _block(batch: tuple, num_workers: int, worker_id: int, num_replicas: int,
 
 def _host_metrics(model: Any, flavor: Flavor, got: tuple, batch: tuple, mine: list, parts_at: Any, share: float,
                   structure: Any) -> None:
-    """Update the compiled metrics on the host from what the step returned (its losses, predictions and
-    regularization; tf_keras, whose compiled loss keeps loss metrics of its own): replica ``k``'s real examples,
-    ``parts_at[k] = (where its part starts in the batch, how many are real)``; each one's loss counts for
+    """Update the compiled metrics on the host from what the step returned (its losses, predictions, regularization
+    and the predictions' masks; tf_keras, whose compiled loss keeps loss metrics of its own): replica ``k``'s real
+    examples, ``parts_at[k] = (where its part starts in the batch, how many are real)``; each one's loss counts for
     ``share`` examples."""
-    losses, predicted, regularization = got
+    losses, predicted, regularization, masks = got
     for k, (at, n) in enumerate(parts_at):
-        prediction = tf.nest.pack_sequence_as(structure, [tf.convert_to_tensor(leaf[k][:n]) for leaf in predicted])
+        prediction = tf.nest.pack_sequence_as(structure, [_masked(leaf[k][:n], None if mask is None else mask[k][:n])
+                                                          for leaf, mask in zip(predicted, masks)])
         part_x, part_y = (None if m[k] is None else
                           tf.nest.map_structure(lambda a, n=n: tf.convert_to_tensor(a[:n]), m[k]) for m in mine[:2])
         part_w = None if batch[2] is None else \
@@ -362,6 +368,14 @@ def _host_metrics(model: Any, flavor: Flavor, got: tuple, batch: tuple, mine: li
                            float(share))
         if n:
             model.compute_metrics(part_x, part_y, prediction, part_w)
+
+
+def _masked(value: Any, mask: Any) -> tf.Tensor:
+    """A replica's prediction on the host, with its Keras mask (the metrics and the loss leave masked values out)."""
+    tensor = tf.convert_to_tensor(value)
+    if mask is not None:
+        tensor._keras_mask = tf.convert_to_tensor(mask)
+    return tensor
 
 
 def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) -> Any:
@@ -392,7 +406,8 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
             # their state after the update, fetched with the step (parallax.tf2.summed: no second run to read it)
             return loss, [tf.identity(v.value) for v in model.metrics_variables]
         outputs["structure"] = prediction
-        return loss, tf.nest.flatten(prediction), flavor.regularization(model)
+        masks = [getattr(p, "_keras_mask", None) for p in tf.nest.flatten(prediction)]  # a masked output's
+        return loss, tf.nest.flatten(prediction), flavor.regularization(model), masks
 
     def without_targets(x, sample_weight, share, real, rate_now):  # a model whose loss is its own (add_loss)
         return step(x, None, sample_weight, share, real, rate_now)

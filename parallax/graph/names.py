@@ -10,7 +10,7 @@ __all__ = ["REPLICA_PREFIX", "replica_op_name", "copy_replica", "replica_tensor_
            "replica_frame_name", "replica_function_name", "aggregate_outputs", "SYNC_PREFIX", "LOCAL_COPY_PREFIX",
            "sync_scope", "unsynchronised_train_op", "aggregate_step_scope", "variable_sync_scope", "local_copy_scope",
            "is_parallax_op", "packed_reads_scope", "MICRO_PREFIX", "PIPELINE_PREFIX", "micro_op_name",
-           "WRITES_SCOPE", "writes_barrier_op", "INITIAL_VALUE_PREFIX", "replica_seed_ops"]
+           "WRITES_SCOPE", "writes_barrier_op", "INITIAL_VALUE_PREFIX", "HOST_WRITES_PREFIX", "replica_seed_ops"]
 
 REPLICA_PREFIX = "parallax_replica_"
 AGGREGATE_PREFIX = "parallax_aggregate"
@@ -23,6 +23,10 @@ PIPELINE_PREFIX = "parallax_pipeline"
 #: A traced step's initial values read from the program's eager variables (:mod:`parallax.tf2.trace`): they run
 #: in a worker's process, whose Python holds those variables, wherever the variable they initialise lives.
 INITIAL_VALUE_PREFIX = "parallax_initial"
+#: A traced step's writes of the program's values into the job's variables between steps (a callback's
+#: ``beta.assign(...)``, a loop's new learning rate; :mod:`parallax.tf2.trace`): each a placeholder of the
+#: variable's shape assigned to it, run alone (under PS, after the chief's, by the writes barrier).
+HOST_WRITES_PREFIX = "parallax_host"
 
 
 def micro_op_name(name: str, micro_batch: int) -> str:

@@ -40,7 +40,7 @@ from parallax.graph.graph_ops import (
     parse_input,
     written_variable,
 )
-from parallax.graph.names import SYNC_PREFIX, WRITES_SCOPE
+from parallax.graph.names import HOST_WRITES_PREFIX, SYNC_PREFIX, WRITES_SCOPE
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.aggregate import build_subgraph
 
@@ -66,6 +66,8 @@ def written_after(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, train_op:
 
     While there are none, the chief may release the others as soon as the update is done: a
     worker that reads any server variable after its step sees the chief's whole step all the same.
+    A traced step's writes of the program's values (under :data:`HOST_WRITES_PREFIX`) run alone, in a run the
+    writes barrier orders, never beside a step: they are not counted.
     """
     nodes = node_map(meta_graph.graph_def)
     step = ancestors(nodes, [train_op])
@@ -74,6 +76,7 @@ def written_after(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, train_op:
     restores = _restore_writes(meta_graph.graph_def, nodes)
     return sorted({written_variable(n, nodes) for n in meta_graph.graph_def.node
                    if n.name not in step and n.name not in initializers and n.name not in restores
+                   and not n.name.startswith(HOST_WRITES_PREFIX + "/")
                    and not (saver_scope and n.name.startswith(saver_scope))} & on_servers)
 
 

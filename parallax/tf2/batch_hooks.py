@@ -28,8 +28,13 @@ def batch_hooks(callbacks: list, flavor: Flavor, hooks: tuple[str, ...]) -> bool
     after that batch, and the workers agree after every batch whether to), or the learning rate between batches
     (else it is read once an epoch)."""
     base, quiet = flavor.callbacks.Callback, (flavor.callbacks.History, flavor.callbacks.ProgbarLogger)
-    return any(not isinstance(c, quiet) and any(getattr(type(c), h, None) is not getattr(base, h) for h in hooks)
-               for c in callbacks)
+    return any(not isinstance(c, quiet) and any(_own(c, h) is not getattr(base, h) for h in hooks) for c in callbacks)
+
+
+def _own(callback: Any, hook: str) -> Any:
+    """The function ``callback`` runs at ``hook``: its class's, or one set on the instance (a ``LambdaCallback``'s)."""
+    found = getattr(callback, hook, None)
+    return getattr(found, "__func__", found)
 
 
 class BatchLogs:

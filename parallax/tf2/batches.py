@@ -146,11 +146,14 @@ class FitBatches:
         """The batches of one pass, drawn here (no thread): ``parallax.fit``'s validation, each evaluation from this
         same object, as ``model.fit`` keeps its evaluation iterator across epochs (Keras makes the next pass's
         iterator at the end of each: a dataset that reshuffles, also one the training data is taken from, draws
-        its orders in ``model.fit``'s sequence)."""
+        its orders in ``model.fit``'s sequence). Keras 3's ``evaluate`` resets that iterator first, so a pass of
+        ``validation_steps`` batches of a repeated dataset starts from its beginning each time; tf_keras's data
+        handler goes on where the last pass stopped."""
         if self._legacy:
             for _, iterator in self._handler.enumerate_epochs():
                 yield from self._legacy_epoch(iterator)
             return
+        self._iterator.reset()
         yield from self._epoch()
 
     def _kept(self, batches: Iterator[tuple]) -> Iterator[tuple]:

@@ -34,6 +34,7 @@ from parallax.logs import log
 from parallax.tf2.arguments import check_evaluate, check_predict
 from parallax.tf2.keras_flavor import Flavor, flavor_of
 from parallax.tf2.own_step import overrides
+from parallax.tf2.part_loss import masked_losses
 
 __all__ = ["evaluate", "predict", "worker_part", "in_order", "use_job", "job_group", "evaluate_on", "global_batches",
            "sum_metrics", "check_same_metrics", "HostSums", "numbers", "CHIEF_ONLY", "chief_or_shared"]
@@ -69,6 +70,11 @@ def worker_part(batch: Any, num_workers: int, worker_id: int) -> Any:
     """
     return tf.nest.map_structure(lambda a: None if a is None else np.array_split(np.asarray(a), num_workers)[worker_id],
                                  batch)
+
+
+def _none_of(batch: Any) -> Any:
+    """No example of ``batch`` (each array cut to its first 0)."""
+    return tf.nest.map_structure(lambda a: None if a is None else np.asarray(a)[:0], batch)
 
 
 def in_order(per_worker: list[list[Any]]) -> Any:
@@ -117,17 +123,19 @@ def evaluate(model: Any, x: Any = None, y: Any = None, batch_size: int | None = 
 
 def evaluate_on(model: Any, flavor: Flavor, group: WorkerGroup, batches: Iterator[tuple], callback_list: Any) -> dict:
     """The metrics of every example of ``batches`` (global batches of ``(x, y, sample_weight)``), each
-    worker evaluating its parts; ``callback_list`` hears the ``on_test_*`` calls (``parallax.fit``'s
-    validation passes its own)."""
+    worker evaluating its parts (of a model whose loss averages over a batch's unmasked values, whole batches in
+    turn: the average of a batch's parts is not the batch's); ``callback_list`` hears the ``on_test_*`` calls
+    (``parallax.fit``'s validation passes its own)."""
     model.reset_metrics()
     callback_list.on_test_begin()
     sizes: list[int] = []
     own = overrides(model, flavor.module, "test_step")
+    whole = bool(masked_losses(model)) and group.size > 1
     uneven = False
     for index, batch in enumerate(batches):
         callback_list.on_test_batch_begin(index)
         size = len(tf.nest.flatten(batch[0])[0])
-        if own and size % group.size and group.index == 0 and not uneven:
+        if own and not whole and size % group.size and group.index == 0 and not uneven:
             uneven = True  # said once an evaluation
             log.warning("parallax: batch %d of the evaluation has %d examples, which do not split into %d equal "
                         "parts (one a worker), and %s's own test_step need not weigh its parts by their examples (a "
@@ -135,7 +143,8 @@ def evaluate_on(model: Any, flavor: Flavor, group: WorkerGroup, batches: Iterato
                         "model.evaluate's. For the same, give a batch size (fit's validation_batch_size) and a "
                         "number of examples that %d divides, or a dataset batched with drop_remainder=True",
                         index, size, group.size, type(model).__name__, group.size)
-        mine = worker_part(batch, group.size, group.index)
+        mine = worker_part(batch, group.size, group.index) if not whole else \
+            worker_part(batch, 1, 0) if index % group.size == group.index else _none_of(batch)
         if not sizes and len(tf.nest.flatten(mine[0])[0]) == 0:  # build the metrics as the others do, then forget
             flavor.test_batch(model, *tf.nest.map_structure(lambda a: None if a is None else np.asarray(a)[:1], batch))
             model.reset_metrics()

@@ -155,7 +155,8 @@ def _computed_gradient(tensors: tuple[str, str | None], graph: Any) -> list[str]
     return [t.name for t in found]
 
 
-def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: int, graph: Any = None) -> None:
+def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: int, graph: Any = None,
+                     counts: list[tuple[str, str]] = ()) -> None:
     """Compare, on this worker's first replica, the gradient of its part with its halves' (see the module
     docstring); say at WARNING where they differ.
 
@@ -165,6 +166,10 @@ def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: i
         feeds: the step's feeds (placeholder -> one value per replica), as for the first step.
         num_replicas: the local replicas.
         graph: the single-device graph, whose random draws the WARNING names.
+        counts: the counts a masked loss divides by, each the part's own (a tensor of the single-device graph) and
+            the job's total the step reads instead (:func:`parallax.tf2.masked_means.own_counts`): the part's are
+            read and fed for the total in every pass, so that the halves' losses are weighed as the part's and
+            no other worker is waited for.
     """
     first = {p: np.asarray(v[0]) for p, v in feeds.items()}
     batch = [len(v) for p, v in first.items() if np.ndim(v) >= 1]
@@ -175,9 +180,13 @@ def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: i
 
     fetches = [_computed_gradient(g.aggregation_tensors, graph) for g in gradients]
 
+    def fed(part: slice) -> dict[Any, Any]:
+        return {p: [v[part] if np.ndim(v) >= 1 else v] * num_replicas for p, v in first.items()}
+
+    totals = dict(zip([total for _, total in counts], session.read([own for own, _ in counts], fed(slice(None)))))
+
     def grads(part: slice) -> dict[str, Any]:
-        fed = {p: [v[part] if np.ndim(v) >= 1 else v] * num_replicas for p, v in first.items()}
-        fetched = session.read(fetches, fed)
+        fetched = session.read(fetches, {**fed(part), **totals})
         return {g.variable: (tuple(values) if len(values) == 2 else values[0]) for g, values in zip(gradients, fetched)}
 
     began = time.monotonic()

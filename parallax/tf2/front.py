@@ -23,6 +23,7 @@ from parallax.config import CheckPointConfig, Config
 from parallax.tf2.checkpoints import StepCheckpoints, step_checkpoints
 from parallax.tf2.deferred import DeferredStep
 from parallax.tf2.evaluate import use_job
+from parallax.tf2.masked_means import is_masked_count, own_counts
 from parallax.tf2.step import DistributedStep
 from parallax.tf2.trace import TracedStep, is_step_function, trace_step
 
@@ -51,11 +52,14 @@ class PreparedStep:
             use_job(session.group)  # parallax.evaluate and parallax.predict shard over this job's workers
         several = rest[0] * rest[2] > 1  # one replica in all trains as one device, whatever the step
         # a step that sums its statistics over the replicas is not one device's on each half of a batch: not checked
-        synced = bool(replica_sums_of(self.traced.graph))
+        sums = replica_sums_of(self.traced.graph)
+        synced = any(not is_masked_count(name) for name in sums)
         checked = analyse_graph(self.traced.graph).gradients \
             if self.check_first_step and several and rest[1] == 0 and not synced else None
+        counts = own_counts(self.traced.graph, session.raw_session.graph, [n for n in sums if is_masked_count(n)]) \
+            if checked else []
         return (DistributedStep(session, self.traced, self.checkpoints, worker_id=rest[1], check=checked,
-                                preemption=session.preemption), *rest)
+                                preemption=session.preemption, counts=counts), *rest)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from parallax.logs import log
 
-__all__ = ["counts", "part_loss", "rows", "first", "per_example", "warn_masked_loss"]
+__all__ = ["counts", "part_loss", "rows", "first", "per_example", "masked_losses", "warn_masked_loss"]
 
 
 def counts(real: tf.Tensor, share: tf.Tensor) -> tf.Tensor:
@@ -64,24 +64,39 @@ def _shaped(weights: tf.Tensor, rank: int | None) -> tf.Tensor:
     return tf.reshape(weights, [-1] + [1] * (rank - 2))
 
 
-def warn_masked_loss(model: Any, replicas: int) -> None:
-    """Say at WARNING where a model's compiled loss averages over the batch's unmasked time steps (a mask carried
-    to an output, an ``Embedding(mask_zero=True)``'s; a loss with ``ignore_class``): Keras 3 and tf_keras divide a
-    masked loss by the batch's own count of unmasked steps, so each replica divides by its part's, and their mean
-    is the batch's loss only where the parts hold as many unmasked steps."""
-    if replicas < 2:
-        return
+def masked_losses(model: Any) -> list[str]:
+    """What makes ``model``'s compiled loss an average over each batch's unmasked values, described: its masked
+    outputs (a mask carried to them, an ``Embedding(mask_zero=True)``'s) and its losses with ``ignore_class``."""
     try:
         outputs = list(getattr(model, "outputs", None) or [])
     except (AttributeError, ValueError):  # a subclassed model: no symbolic outputs
         outputs = []
     masked = [f"output {i} is masked" for i, out in enumerate(outputs) if getattr(out, "_keras_mask", None) is not None]
     losses = tf.nest.flatten(getattr(model, "loss", None))
-    masked += [f"{type(loss).__name__}(ignore_class={loss.ignore_class!r})" for loss in losses
-               if getattr(loss, "ignore_class", None) is not None]
-    if masked:
-        log.warning("parallax.fit: the loss averages over the unmasked time steps of each batch (%s): Keras divides "
-                    "it by the batch's own count of them, so each of the %d replicas divides by its part's, and where "
-                    "the parts of a batch hold different numbers of unmasked steps the replicas' mean is not the "
-                    "batch's loss: training differs from one device's (as in every data-parallel system). The first "
-                    "step's check says by how much", "; ".join(masked), replicas)
+    return masked + [f"{type(loss).__name__}(ignore_class={loss.ignore_class!r})" for loss in losses
+                     if getattr(loss, "ignore_class", None) is not None]
+
+
+def warn_masked_loss(model: Any, replicas: int, summed: bool, logged: bool) -> None:
+    """Say at WARNING where a model's compiled loss averages over the batch's unmasked values (a mask carried to an
+    output, an ``Embedding(mask_zero=True)``'s; a loss with ``ignore_class``) and the job cannot make it the union
+    batch's: Keras divides a masked loss by the batch's own count of unmasked values, which the step makes the
+    job's count where it finds the division (``summed``, :mod:`parallax.tf2.masked_means`); tf_keras's loss
+    metrics, which the host updates from each replica's part, are ``logged`` otherwise (not ``logged``)."""
+    if replicas < 2 or (summed and logged):
+        return
+    masked = masked_losses(model)
+    if not masked:
+        return
+    if summed:
+        log.warning("parallax.fit: the loss averages over the unmasked values of each batch (%s): the job trains as "
+                    "one device does (each replica divides by the whole batch's count of them), but tf_keras's loss "
+                    "in the logs is computed on the host from each of the %d replicas' parts, each averaged over its "
+                    "own unmasked values: the logged loss differs from model.fit's where the parts hold different "
+                    "numbers of them (the metrics do not)", "; ".join(masked), replicas)
+        return
+    log.warning("parallax.fit: the loss averages over the unmasked time steps of each batch (%s), and Parallax did not "
+                "find where Keras divides by their count (a loss computed in a function the step calls): each of "
+                "the %d replicas divides by its part's count, and where the parts of a batch hold different "
+                "numbers of unmasked steps the replicas' mean is not the batch's loss: training differs from one "
+                "device's. The first step's check says by how much", "; ".join(masked), replicas)

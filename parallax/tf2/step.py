@@ -22,11 +22,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from parallax.analysis.batch_statistics import replica_sums_of
 from parallax.errors import Preempted
 from parallax.logs import log as logger
 from parallax.tf2.checkpoints import StepCheckpoints
 from parallax.tf2.first_step import check_first_step
 from parallax.tf2.host_edits import HostWatch, shown
+from parallax.tf2.masked_means import is_masked_count
 from parallax.tf2.summed import SummedState
 from parallax.tf2.trace import TracedStep
 
@@ -46,11 +48,15 @@ class DistributedStep:
         preemption: the job's preemption state (the session's, :class:`parallax.member.preemption.Preemption`),
             or ``None`` (a process that does not take SIGTERM). Worker 0 of a job with ``checkpoints`` saves them
             when the job is asked to end, and its call ends the process.
+        counts: for the first step's check, the counts a masked loss divides by
+            (:func:`parallax.tf2.masked_means.own_counts`).
     """
 
     def __init__(self, session: Any, traced: TracedStep, checkpoints: StepCheckpoints | None = None,
-                 worker_id: int = 0, check: list | None = None, preemption: Any = None) -> None:
+                 worker_id: int = 0, check: list | None = None, preemption: Any = None,
+                 counts: list[tuple[str, str]] = ()) -> None:
         self._check = check
+        self._counts = list(counts)
         self._chief = worker_id == 0
         self._part: int | None = None  # the examples of a replica's part at the first step
         self._parts_told = False
@@ -69,6 +75,10 @@ class DistributedStep:
         # the program's variables it may set (a slot made in the step comes as a bare handle); its metrics: summed
         kept = {n: e for n, e in traced.variables.items() if e.variable is not None and not e.summed}
         self._host = HostWatch({n: e.read for n, e in kept.items()}, {n: e.value for n, e in kept.items()})
+        # what a loop sets between steps and the next step takes (a learning rate, a loss's weight): looked at
+        # before each step (one element each: a cheap look); the others, when the program and the job agree
+        self._each_step = [n for n in traced.host_writes if n in kept and not kept[n].trainable
+                           and kept[n].value.size == 1]
 
     @property
     def session(self) -> Any:
@@ -79,6 +89,12 @@ class DistributedStep:
     def graph(self) -> tf.Graph:
         """The step's single-device graph."""
         return self._traced.graph
+
+    @property
+    def sums_masked_counts(self) -> bool:
+        """Whether the step sums the counts a masked loss divides by over the replicas
+        (:mod:`parallax.tf2.masked_means`)."""
+        return any(is_masked_count(name) for name in replica_sums_of(self._traced.graph))
 
     @property
     def num_replicas(self) -> int:
@@ -118,10 +134,15 @@ class DistributedStep:
             _check_fits(placeholder, value, position)
         if not self._parts_told:
             self._check_parts(feeds)
+        if self._each_step:
+            changed = self._host.changed(self._each_step)
+            if changed:
+                self.write_host({name: self._host.read(name) for name in changed})
         if self._check is not None:
             gradients, self._check = self._check, None
             try:
-                check_first_step(self._session, gradients, feeds, self.num_replicas, self._traced.graph)
+                check_first_step(self._session, gradients, feeds, self.num_replicas, self._traced.graph,
+                                 self._counts)
             except Exception as e:  # noqa: BLE001 - a check that cannot run says so and trains on
                 logger.info("Parallax: the first step's check did not run (%s: %s)", type(e).__name__, e)
         fetched, _ = self._session.run(self._fetches, feed_dict=feeds)
@@ -183,6 +204,34 @@ class DistributedStep:
         return value
 
     @property
+    def set_between_steps(self) -> list[str]:
+        """The variables a step looks at before it runs, and writes into the job where the program set them (the
+        step's scalars that are not trained, which a loop sets between steps: a learning rate, a loss's weight)."""
+        return list(self._each_step)
+
+    def leave_edits(self) -> None:
+        """Leave the program's writes between steps to the caller (``parallax.fit``'s
+        :class:`parallax.tf2.host_edits.HostEdits`, which agrees over the workers on what its callbacks set)."""
+        self._each_step = []
+
+    def can_write(self, name: str) -> bool:
+        """Whether the program's value of variable ``name`` can be written into the job (not a slot, nor kept in
+        parts by ``zero_stage``)."""
+        return name in self._traced.host_writes and name not in self._session.held_in_parts
+
+    def write_host(self, values: dict[str, Any]) -> None:
+        """Write ``values`` (by variable name) into the program's variables and the job's, before the next step
+        (every worker of the job writes the same: in PS only the chief's write runs, the others wait for it)."""
+        feeds, writes = {}, []
+        for name, value in sorted(values.items()):
+            self._traced.variables[name].write(value)
+            placeholder, write = self._traced.host_writes[name]
+            feeds[placeholder] = [value] * self.num_replicas
+            writes.append(write)
+        self._session.run(writes, feed_dict=feeds)
+        self._host.agree(values)
+
+    @property
     def host(self) -> HostWatch:
         """The program's variables as the job holds them (:mod:`parallax.tf2.host_edits`)."""
         return self._host
@@ -204,7 +253,8 @@ class DistributedStep:
                            "within an epoch); the job trains its own copies of the step's variables, made from the "
                            "program's when the step was traced, and did not see the change (one device would have "
                            "trained with it); the program's variables now get the job's values. Set such a value "
-                           "before parallel_run, or pass it to the step as an argument",
+                           "before parallel_run, or pass it to the step as an argument (a scalar that is not "
+                           "trained, such as a learning rate, reaches the job before the next step)",
                            shown([self._traced.variables[n].name for n in changed]))
         held = self._session.held_in_parts
         graph = self._traced.graph

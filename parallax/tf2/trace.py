@@ -24,7 +24,11 @@ builds a ``tf.Graph`` that Parallax analyses and rewrites like any TF1 program's
 4. the step's side effects (its updates, counters, moving statistics) are grouped in
    one training op, ``parallax_step``, put in the ``train_op`` collection;
 5. the sums over replicas the step asks for (a ``BatchNormalization(synchronized=True)``'s statistics)
-   are named in the ``parallax_replica_sums`` collection (:mod:`parallax.tf2.replica_sums`).
+   and the counts a masked loss divides by (:mod:`parallax.tf2.masked_means`) are named in the
+   ``parallax_replica_sums`` collection (:mod:`parallax.tf2.replica_sums`);
+6. each variable the program may set between steps (a KL-annealing weight a callback assigns, a loop's learning
+   rate) gets a placeholder of its shape and an assignment from it (:attr:`TracedStep.host_writes`): one of the
+   program's writes outside a step, as a TF1 program's ``lr.assign(new_lr)``, which every mode orders.
 
 The step's outputs keep its return value's structure (:attr:`TracedStep.outputs`).
 Nothing downstream learns where the graph came from.
@@ -34,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -45,8 +49,9 @@ from parallax.analysis import is_summed
 from parallax.analysis.batch_statistics import REPLICA_SUMS
 from parallax.errors import AnalysisError
 from parallax.graph.graph_ops import colocated_with, colocation_group, format_input, parse_input
-from parallax.graph.names import INITIAL_VALUE_PREFIX
+from parallax.graph.names import HOST_WRITES_PREFIX, INITIAL_VALUE_PREFIX
 from parallax.tf2.conds import lower_conds
+from parallax.tf2.masked_means import COUNTS_SUFFIX, masked_means, sum_masked_counts
 from parallax.tf2.regions import update_regions
 from parallax.tf2.replica_sums import replica_sums
 from parallax.tf2.tables import build_table, captured_table
@@ -75,6 +80,9 @@ class TracedStep:
         signature: the arguments' ``tf.TensorSpec`` structure.
         initializers: the graph the variables were made in, which holds the callbacks of their
             ``py_function`` initializers (TensorFlow drops a callback with its graph).
+        host_writes: for each variable the program may set between steps (one it shows as a ``tf.Variable``,
+            neither a slot nor a metric's state), the names of a placeholder of its shape and of the op that
+            assigns it to the variable (under :data:`parallax.graph.names.HOST_WRITES_PREFIX`).
     """
 
     graph: tf.Graph
@@ -84,6 +92,7 @@ class TracedStep:
     variables: dict
     signature: Any
     initializers: tf.Graph
+    host_writes: dict = field(default_factory=dict)
 
 
 def is_step_function(obj: Any) -> bool:
@@ -133,6 +142,7 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
                 "step's arguments")
     sums = replica_sums(func_graph)  # synchronised batch statistics (parallax.tf2.replica_sums)
     step_def, cond_outputs = lower_conds(func_graph.as_graph_def())  # a LossScaleOptimizer's updates, out of its cond
+    sums = _in_order(func_graph, sums, step_def)  # with a masked loss's counts (parallax.tf2.masked_means)
     primary = _slot_owners(step_def, {c for c, _ in captures})
     captures = [(name, value) for name, value in captures if name not in tables]
     held = {name for name, value in captures if value.dtype == tf.resource}
@@ -143,6 +153,7 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
     scratch = tf.Graph()  # the variables and constants that stand for the captures
     bindings: dict[str, str] = {}  # capture placeholder -> op that stands for it
     variables: dict[str, Any] = {}
+    writes: dict[str, tuple[str, str]] = {}
     with scratch.as_default():
         for name, table in sorted(tables.items()):
             bindings[name] = build_table(table, f"parallax_table/{name.replace('/', '_')}")
@@ -161,6 +172,8 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
                 made = _graph_variable(eager, taken)
             variables[made.op.name] = eager
             bindings[name] = made.op.name
+            if owner is None and eager.variable is not None and not eager.summed:  # the program may set it
+                writes[made.op.name] = _host_write(made, eager)
     with scratch.as_default():
         meta = tf.compat.v1.train.export_meta_graph(graph=scratch)
     step_def = _bound(step_def, bindings)
@@ -191,7 +204,7 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
         lambda t: graph.get_tensor_by_name(mine(t.name)) if isinstance(t, tf.Tensor) else t,
         func_graph.structured_outputs)
     train_op = graph.get_operation_by_name(STEP_OP)
-    return TracedStep(graph, tuple(args), outputs, train_op, variables, signature, scratch)
+    return TracedStep(graph, tuple(args), outputs, train_op, variables, signature, scratch, writes)
 
 
 @dataclass(frozen=True)
@@ -270,6 +283,26 @@ def _graph_variable(variable: _Eager, taken: set[str]) -> tf.Variable:
     if made.op.name != name:
         raise AnalysisError(f"variable {variable.name!r} could not keep its name in the step's graph ({made.op.name})")
     return made
+
+
+def _in_order(func_graph: Any, sums: list[str], step_def: graph_pb2.GraphDef) -> list[str]:
+    """``sums`` (a synchronised batch normalisation's) and the counts of the step's masked losses, made sums in
+    ``step_def``, in the order of the graph (every worker issues the sums in it, one waiting for the one before)."""
+    divisions = masked_means(func_graph)
+    made = set(sum_masked_counts(step_def, [name for _, name in divisions]))
+    position = {op.name: k for k, op in enumerate(func_graph.get_operations())}
+    found = [(position[name], name) for name in sums]
+    found += [(k, f"{name}/{COUNTS_SUFFIX}") for k, name in divisions if f"{name}/{COUNTS_SUFFIX}" in made]
+    return [name for _, name in sorted(found)]
+
+
+def _host_write(made: tf.Variable, variable: _Eager) -> tuple[str, str]:
+    """A placeholder of ``made``'s shape and the op that assigns it to ``made``: how the program's value of the
+    eager ``variable``, set between steps, reaches the job (fed the same on every replica)."""
+    scope = f"{HOST_WRITES_PREFIX}/{made.op.name}"
+    value = tf.compat.v1.placeholder(variable.dtype, variable.value.shape, name=f"{scope}/value")
+    write = made.assign(value, read_value=False, name=f"{scope}/write")
+    return value.name, write.name
 
 
 def _name_regions(graph_def: graph_pb2.GraphDef, regions: list, bindings: dict[str, str]) -> dict[str, str]:

@@ -19,7 +19,11 @@ layout (Apache-2.0, keras-io and keras-team/keras); part of tests/tf2/keras_prog
   ``ModelCheckpoint`` beside it writes files, left out);
 * ``normalized``: TensorFlow's "Basic regression" tutorial in Keras 3: a ``Normalization`` layer adapted to the
   features before ``fit``, two ``Dense(16)``, mean absolute error, an MSE metric, ``validation_split`` and a
-  ``LearningRateScheduler`` that lowers the rate from the second epoch on (the rate left is compared too).
+  ``LearningRateScheduler`` that lowers the rate from the second epoch on (the rate left is compared too);
+* ``annealed``: the KL-annealing idiom of VAE posts and keras-io's callbacks guide: a penalty's weight ``beta``,
+  a variable no gradient trains, set by a callback ``on_epoch_begin`` (0, 0.5, 1), a warm-up weight ``gamma`` set
+  ``on_train_batch_begin``, and a max-norm callback that rescales the first kernel with ``assign`` at each epoch's
+  end: the job trains with what the callbacks set, as ``model.fit`` does (every weight compared, ``beta`` too).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import numpy as np
 
 from tests.tf2.loss_programs import keras_of
 
-PROGRAMS = ("vae", "tf_keras-vae", "own-test-step", "class-weights", "weather", "normalized")
+PROGRAMS = ("vae", "tf_keras-vae", "own-test-step", "class-weights", "weather", "normalized", "annealed")
 IMAGE, LATENT = 8, 2
 FEATURES, PAST, RATE = 5, 6, 2  # the weather's features, a window's steps and its sampling rate
 
@@ -49,6 +53,8 @@ def build(name: str):
         model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="sparse_categorical_crossentropy",
                       metrics=["accuracy"], weighted_metrics=["accuracy"])
         return model
+    if name == "annealed":
+        return _annealed(keras)
     if name == "weather":
         inputs = keras.Input((PAST, FEATURES))
         model = keras.Model(inputs, layers.Dense(1)(layers.LSTM(8)(inputs)))
@@ -66,7 +72,7 @@ def data(name: str):
     rng = np.random.RandomState(11)
     if name.endswith("vae"):  # binarised images, fit's x alone
         return (rng.rand(32, IMAGE, IMAGE, 1) > 0.7).astype(np.float32), None
-    if name == "own-test-step":
+    if name in ("own-test-step", "annealed"):
         x = rng.randn(32, 8).astype(np.float32)
         return x, (x[:, :2].sum(1, keepdims=True) ** 2).astype(np.float32)
     if name == "class-weights":
@@ -90,6 +96,8 @@ def fit_arguments(name: str, fit: dict) -> dict:
     if name == "weather":
         return {"epochs": 3, "validation_data": _windows(60, 84),
                 "callbacks": [keras.callbacks.EarlyStopping(monitor="val_loss", min_delta=0, patience=5)]}
+    if name == "annealed":
+        return {**fit, "epochs": 3, "callbacks": _annealing(keras)}
     if name == "normalized":
         def scheduler(epoch, rate):
             return rate if epoch < 1 else rate * math.exp(-0.5)
@@ -201,3 +209,39 @@ def _own_test_step(keras):
     model = CustomModel(inputs, keras.layers.Dense(1)(keras.layers.Dense(8, activation="tanh")(inputs)))
     model.compile(optimizer=keras.optimizers.Adam(1e-2))
     return model
+
+
+def _annealed(keras):
+    class Penalty(keras.layers.Layer):
+        """A VAE's KL term in small: ``beta * gamma * mean(h**2)`` added to the loss, its weights set by callbacks."""
+
+        def build(self, _):
+            self.beta = self.add_weight(shape=(), initializer="zeros", trainable=False, name="beta")
+            self.gamma = self.add_weight(shape=(), initializer="zeros", trainable=False, name="gamma")
+
+        def call(self, h):
+            self.add_loss(self.beta * self.gamma * keras.ops.mean(keras.ops.square(h)))
+            return h
+
+    inputs = keras.Input((8,))
+    hidden = Penalty(name="penalty")(keras.layers.Dense(8, activation="tanh", name="first")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    return model
+
+
+def _annealing(keras) -> list:
+    class Anneal(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.model.get_layer("penalty").beta.assign(min(1.0, 0.5 * epoch))
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.model.get_layer("penalty").gamma.assign(min(1.0, (batch + 1) / 3))
+
+    class MaxNorm(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            kernel = self.model.get_layer("first").kernel
+            norms = np.linalg.norm(kernel.numpy(), axis=0, keepdims=True)
+            kernel.assign(kernel.numpy() * np.minimum(1.0, 0.8 / norms))
+
+    return [Anneal(), MaxNorm()]

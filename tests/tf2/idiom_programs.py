@@ -18,7 +18,8 @@ under SGD where Adam hides it):
 * ``norm``: none, or a ``BatchNormalization(synchronized=True)`` (after a ``Dense`` without a bias: a bias the
   batch norm subtracts again has a gradient of rounding noise only, which Adam makes into full steps);
 * ``front``: ``model.fit``; a ``tf.function`` step with an ``input_signature`` returning the loss, one without
-  a signature (traced at its first call), one returning a dict, one returning nothing.
+  a signature (traced at its first call), one returning a dict, one returning nothing; a loop halves its
+  optimizer's learning rate between epochs (``optimizer.learning_rate = ...``), which the job must train with.
 
 A combination is named ``<optimizer>.<scaling>.<embedding>.<inputs>.<norm>.<front>`` (:func:`name_of`); its layout
 is where it runs. :func:`run` trains it, on one device (``job=None``) or through Parallax, and returns every
@@ -198,7 +199,9 @@ def run(name: str, job: dict | None = None) -> tuple[list, list]:
         step, workers, worker, replicas = parallax.parallel_run(step, job["resource_info"],
                                                                 parallax_config=job["config"])
         pieces = workers * replicas
-    for batches in _epochs(idiom, inputs, y):
+    for epoch, batches in enumerate(_epochs(idiom, inputs, y)):
+        if epoch:  # the loop's own decay of the rate between epochs, set on the program's optimizer
+            optimizer.learning_rate = float(optimizer.learning_rate) * 0.5
         for xb, yb in batches:
             if job is None:
                 step(xb, yb)

@@ -61,7 +61,8 @@ by ``keras.utils.set_random_seed``): the reference ``parallax.fit(model, <the sa
   History holds the last step's logs, and an ``EarlyStopping`` on ``"loss"`` that stops after 2 of 3 epochs.
 
 * ``tickets``, ``tagger``, ``tf_keras-tickets``: models of several outputs (tests/tf2/loss_programs.py);
-* ``vae``, ``own-test-step``, ``weather`` and others of the guides' shapes (tests/tf2/guide_programs.py).
+* ``vae``, ``own-test-step``, ``weather`` and others of the guides' shapes (tests/tf2/guide_programs.py);
+* learning-rate schedules with clipping, a ``PyDataset``, built-in metrics (tests/tf2/probe_programs.py).
 
 ``build(name)`` makes the compiled model (seeded); ``data(name)`` its ``(x, y)``; ``FIT`` the fit arguments;
 ``CONFIGS`` what a program adds to its ``parallax.Config``; ``fit_arguments(name)`` what its ``fit`` takes;
@@ -75,16 +76,21 @@ import functools
 
 import numpy as np
 
-from tests.tf2 import guide_programs, loss_programs
+from tests.tf2 import guide_programs, loss_programs, probe_programs
 
 PROGRAMS = ("transformer", "seq2seq", "recommender", "masked", "structured", "custom-step", "gan", "cnn",
             "timeseries", "bert", "distiller", "regularized", "ema",
-            "shared-split", "renamed-logs", *loss_programs.PROGRAMS, *guide_programs.PROGRAMS)
-PARTS = {name: part for part in (loss_programs, guide_programs) for name in part.PROGRAMS}  # programs kept apart
+            "shared-split", "renamed-logs", *loss_programs.PROGRAMS, *guide_programs.PROGRAMS,
+            *probe_programs.PROGRAMS)
+# programs kept apart
+PARTS = {name: part for part in (loss_programs, guide_programs, probe_programs) for name in part.PROGRAMS}
 CONFIGS = {"cnn": {"sync_batch_norm": True}}
 FITS = {"bert": {"shuffle": False}}
 UNEVEN = ("distiller", "regularized")  # 29 examples: the last batch of 5 does not split into equal parts
-NORMALISED = ("cnn", "timeseries")
+NORMALISED = ("cnn", "timeseries", "annealed")  # compared with every weight (moving statistics, set ones)
+#: logs a program's job gives otherwise than its model.fit, said at WARNING (tf_keras's loss of a masked output,
+#: computed on the host from each part: parallax/tf2/part_loss.warn_masked_loss); its weights are compared
+WARNED_LOGS = {"tf_keras-ner": ("loss",)}
 FIT = {"batch_size": 8, "epochs": 2}
 EXAMPLES = 32
 MAXLEN, VOCAB = 6, 20

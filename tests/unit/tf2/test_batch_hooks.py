@@ -51,3 +51,20 @@ def test_several_workers_that_nothing_reads_within_an_epoch_sum_at_its_end_only(
     logs = BatchLogs(model, False, False, steps=None, flush=model.flush, workers=3, read_alike=False)
     assert [logs.after(index) for index in range(5)] == [{}] * 5
     assert model.flushes == 0 and model.reads == []  # parallax.fit sums once, after the epoch's last batch
+
+
+@pytest.mark.parametrize("module", ["keras", "tf_keras"])
+def test_a_lambda_callbacks_batch_hook_is_its_own(module):
+    """A ``LambdaCallback`` sets its hooks on the instance: one given ``on_train_batch_begin`` has a batch hook
+    (it may set a loss's weight or the rate before each batch), one given only epoch hooks has none."""
+    import importlib
+
+    from parallax.tf2.batch_hooks import BEGINS, ENDS, batch_hooks
+    from parallax.tf2.keras_flavor import flavor_of
+
+    keras = importlib.import_module(module)
+    flavor = flavor_of(keras.Sequential(), "parallax.fit", compiled=False)
+    batch = keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: None)
+    epoch = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: None)
+    assert batch_hooks([epoch, batch], flavor, BEGINS + ENDS)
+    assert not batch_hooks([epoch, keras.callbacks.History()], flavor, BEGINS + ENDS)

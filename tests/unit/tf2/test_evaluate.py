@@ -131,3 +131,65 @@ def test_an_own_test_step_on_a_batch_that_does_not_split_evenly_over_the_workers
                          keras.callbacks.CallbackList([], model=model))
     assert len(said) == 1 and "batch 1 of the evaluation has 1 examples" in said[0], said
     assert "GuideModel's own test_step" in said[0]
+
+
+def test_a_masked_loss_is_evaluated_by_whole_batches_in_turn():
+    """The average of a batch's parts over their own unmasked values is not the batch's: a model whose loss is
+    masked is evaluated batch by batch, batch ``i`` whole on worker ``i % n`` (here worker 1 of 2)."""
+    import keras
+
+    from parallax.tf2 import evaluate
+    from parallax.tf2.keras_flavor import flavor_of
+
+    ids = keras.Input((5,), dtype="int32")
+    states = keras.layers.LSTM(3, return_sequences=True)(keras.layers.Embedding(10, 4, mask_zero=True)(ids))
+    model = keras.Model(ids, keras.layers.Dense(2)(states))
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    flavor = flavor_of(model, "test")
+    taken = []
+
+    class Recorded:
+        def __getattr__(self, name):
+            return getattr(flavor, name)
+
+        def test_batch(self, model, x, y, sample_weight, counts=None):
+            taken.append((len(x), counts))
+            flavor.test_batch(model, x, y, sample_weight, 1.0 if counts is None else counts)
+
+    class Second(_Pair):
+        index = 1
+
+    rng = np.random.RandomState(0)
+    x, y = rng.randint(0, 10, (10, 5)).astype("int32"), rng.randint(0, 2, (10, 5)).astype("int32")
+    batches = [(x[:4], y[:4], None), (x[4:8], y[4:8], None), (x[8:], y[8:], None)]
+    evaluate.evaluate_on(model, Recorded(), Second(other=0.0), iter(batches), keras.callbacks.CallbackList([]))
+    assert taken == [(1, None), (4, 1.0)]  # the metrics built on one example (then reset), then batch 1 whole
+
+
+@pytest.mark.parametrize("module", ["keras", "tf_keras"])
+def test_validation_steps_of_a_repeated_dataset_are_taken_as_model_fit_takes_them(tmp_path, module):
+    """Keras 3's ``evaluate`` resets the validation iterator ``model.fit`` keeps: each epoch validates on the first
+    ``validation_steps`` batches again; tf_keras's data handler goes on where the last pass stopped."""
+    import importlib
+
+    import parallax
+
+    keras = importlib.import_module(module)
+    rng = np.random.RandomState(0)
+    x = rng.randn(64, 5).astype("float32")
+    y = (x[:, :2].sum(1, keepdims=True) > 0).astype("float32")
+
+    def run(fit):
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="relu"),
+                                  keras.layers.Dense(1, activation="sigmoid")])
+        model.compile(keras.optimizers.Adam(0.01), "binary_crossentropy", metrics=["accuracy"])
+        batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+        return fit(model, batches, epochs=3, verbose=0, validation_data=batches.repeat(), validation_steps=2).history
+
+    (tmp_path / "resource_info").write_text("localhost: cpu:0\n")
+    expected = run(lambda model, *args, **kwargs: model.fit(*args, **kwargs))
+    got = run(lambda model, *args, **kwargs: parallax.fit(model, *args, resource_info=str(tmp_path / "resource_info"),
+                                                          **kwargs))
+    for key, values in expected.items():
+        np.testing.assert_allclose(got[key], values, rtol=1e-5, err_msg=key)

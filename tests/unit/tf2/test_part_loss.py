@@ -1,7 +1,10 @@
-"""parallax.tf2.part_loss: a loss averaged over each batch's unmasked time steps is named at WARNING."""
+"""A loss averaged over each batch's unmasked time steps: its counts made sums over the replicas where the step
+divides by them (parallax/tf2/masked_means.py), and named at WARNING where the job cannot make it the union
+batch's (parallax/tf2/part_loss.py)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from parallax.tf2.part_loss import warn_masked_loss
@@ -15,29 +18,95 @@ def _tagger(keras, mask_zero: bool, loss):
     return model
 
 
-@pytest.mark.parametrize("mask_zero, loss, said", [
-    (True, "sparse_categorical_crossentropy", "output 0 is masked"),
-    (False, "ignore", "SparseCategoricalCrossentropy(ignore_class=0)"),
-    (False, "sparse_categorical_crossentropy", None),
-])
-def test_a_loss_over_the_unmasked_steps_is_named(parallax_warnings, mask_zero, loss, said):
-    import keras
-
+def _loss(keras, mask_zero: bool, loss):
     if loss == "ignore":
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0)
-    model = _tagger(keras, mask_zero, loss)
-    warn_masked_loss(model, 1)
+    return _tagger(keras, mask_zero, loss)
+
+
+CASES = [(True, "sparse_categorical_crossentropy", "output 0 is masked"),
+         (False, "ignore", "SparseCategoricalCrossentropy(ignore_class=0)"),
+         (False, "sparse_categorical_crossentropy", None)]
+
+
+@pytest.mark.parametrize("mask_zero, loss, said", CASES)
+def test_a_loss_over_the_unmasked_steps_the_job_cannot_sum_is_named(parallax_warnings, mask_zero, loss, said):
+    import keras
+
+    model = _loss(keras, mask_zero, loss)
+    warn_masked_loss(model, 1, summed=False, logged=True)
+    warn_masked_loss(model, 2, summed=True, logged=True)  # trained and logged as one device
     assert parallax_warnings == []
-    warn_masked_loss(model, 2)
+    warn_masked_loss(model, 2, summed=False, logged=True)
     if said is None:
         assert parallax_warnings == []
     else:
         assert len(parallax_warnings) == 1 and said in parallax_warnings[0]
-        assert "each of the 2 replicas divides by its part's" in parallax_warnings[0]
+        assert "each of the 2 replicas divides by its part's count" in parallax_warnings[0]
 
 
-def test_tf_keras_which_divides_so_too_is_told(parallax_warnings):
+def test_tf_keras_whose_loss_metrics_the_host_updates_is_told_of_its_logged_loss(parallax_warnings):
     import tf_keras
 
-    warn_masked_loss(_tagger(tf_keras, True, "sparse_categorical_crossentropy"), 2)
+    warn_masked_loss(_tagger(tf_keras, True, "sparse_categorical_crossentropy"), 2, summed=True, logged=False)
     assert len(parallax_warnings) == 1 and "output 0 is masked" in parallax_warnings[0]
+    assert "the job trains as one device does" in parallax_warnings[0]
+
+
+def _traced(keras, mask_zero: bool, loss):
+    """The traced step of a tagger's compiled loss and SGD (the counts' division found and summed)."""
+    import tensorflow as tf
+
+    from parallax.tf2.trace import trace_step
+
+    model = _loss(keras, mask_zero, loss)
+    optimizer = model.optimizer
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 5], tf.int32), tf.TensorSpec([None, 5], tf.int32)])
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            if hasattr(model, "compute_loss"):
+                loss_value = model.compute_loss(x, y, model(x, training=True))
+            else:
+                loss_value = model.compiled_loss(y, model(x, training=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss_value, model.trainable_variables),
+                                      model.trainable_variables))
+        return loss_value
+
+    return trace_step(step)
+
+
+@pytest.mark.parametrize("module, mask_zero, loss", [("keras", True, "sparse_categorical_crossentropy"),
+                                                     ("keras", False, "ignore"),
+                                                     ("tf_keras", True, "sparse_categorical_crossentropy")])
+def test_the_counts_a_masked_loss_divides_by_are_summed_over_the_replicas(module, mask_zero, loss):
+    """The division ``total / valid`` (Keras 3's ``divide_no_nan``, tf_keras's ``truediv``) reads an ``IdentityN``
+    of the counts, named among the graph's sums over the replicas; one replica computes the loss as before."""
+    import importlib
+
+    import tensorflow as tf
+
+    from parallax.analysis.batch_statistics import replica_sums_of
+    from parallax.tf2.masked_means import is_masked_count
+
+    keras = importlib.import_module(module)
+    traced = _traced(keras, mask_zero, loss)
+    sums = replica_sums_of(traced.graph)
+    assert len(sums) == 1 and is_masked_count(sums[0])
+    counts = traced.graph.get_operation_by_name(sums[0])
+    assert counts.type == "IdentityN" and [c.type for c in counts.outputs[0].consumers()] in (["DivNoNan"],
+                                                                                                  ["RealDiv"])
+    ids = np.array([[1, 2, 0, 0, 0], [3, 0, 0, 0, 0]], np.int32)  # 3 of 10 unmasked (mask_zero); tags 0: ignored
+    tags = np.array([[1, 1, 0, 0, 0], [1, 0, 0, 0, 0]], np.int32)
+    with tf.compat.v1.Session(graph=traced.graph) as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        total, valid = session.run(counts.outputs[:2], {traced.inputs[0]: ids, traced.inputs[1]: tags})
+    assert (float(total), float(valid)) == (10.0, 3.0)
+
+
+def test_a_loss_without_a_mask_has_no_counts_to_sum():
+    import keras
+
+    from parallax.analysis.batch_statistics import replica_sums_of
+
+    assert replica_sums_of(_traced(keras, False, "sparse_categorical_crossentropy").graph) == ()
