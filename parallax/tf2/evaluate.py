@@ -72,9 +72,9 @@ def worker_part(batch: Any, num_workers: int, worker_id: int) -> Any:
                                  batch)
 
 
-def _none_of(batch: Any) -> Any:
-    """No example of ``batch`` (each array cut to its first 0)."""
-    return tf.nest.map_structure(lambda a: None if a is None else np.asarray(a)[:0], batch)
+def _first(batch: Any, examples: int) -> Any:
+    """The first ``examples`` of ``batch`` (each array cut so)."""
+    return tf.nest.map_structure(lambda a: None if a is None else np.asarray(a)[:examples], batch)
 
 
 def in_order(per_worker: list[list[Any]]) -> Any:
@@ -144,9 +144,9 @@ def evaluate_on(model: Any, flavor: Flavor, group: WorkerGroup, batches: Iterato
                         "number of examples that %d divides, or a dataset batched with drop_remainder=True",
                         index, size, group.size, type(model).__name__, group.size)
         mine = worker_part(batch, group.size, group.index) if not whole else \
-            worker_part(batch, 1, 0) if index % group.size == group.index else _none_of(batch)
+            batch if index % group.size == group.index else _first(batch, 0)
         if not sizes and len(tf.nest.flatten(mine[0])[0]) == 0:  # build the metrics as the others do, then forget
-            flavor.test_batch(model, *tf.nest.map_structure(lambda a: None if a is None else np.asarray(a)[:1], batch))
+            flavor.test_batch(model, *_first(batch, 1))
             model.reset_metrics()
         sizes.append(size)
         examples = len(tf.nest.flatten(mine[0])[0])
