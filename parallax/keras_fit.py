@@ -50,7 +50,7 @@ import tensorflow as tf
 from parallax.api import parallel_run
 from parallax.comm.group import Alone
 from parallax.tf2.arguments import check_fit, check_model, check_optimizer, is_dataset_like
-from parallax.tf2.batch_hooks import BEGINS, ENDS, BatchLogs, batch_hooks
+from parallax.tf2.batch_hooks import BEGINS, ENDS, BatchLogs, batch_hooks, reads_logs
 from parallax.tf2.batches import FitBatches, check_same
 from parallax.tf2.evaluate import HostSums, chief_or_shared, evaluate_on, numbers, use_job
 from parallax.tf2.exhausted import counting, exhausted_step, warn_uncounted
@@ -172,6 +172,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     check_model(model)
     check_optimizer(model, parallax_config)
     own = overrides(model, flavor.module)
+    flavor.ready(model)  # the optimizer's variables a callback may set (the learning rate), made before the trace
     _refuse_restoring(callbacks)
     if class_weight is not None and sample_weight is not None:
         raise ValueError("parallax.fit: class_weight goes with arrays x, y and no sample_weight (as in model.fit)")
@@ -231,9 +232,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         kept, add_history=True, add_progbar=chief and verbose != 0, model=model,
         verbose=1 if verbose == "auto" else verbose, epochs=epochs, steps=steps)
     model.stop_training = False
-    for variable in [flavor.learning_rate(model), *metric_state(model)]:  # fed to every step; the host's own
-        if variable is not None:
-            step.unwatch(variable)
+    for variable in metric_state(model):  # the host's own
+        step.unwatch(variable)
     edits = HostEdits(step, group)  # what the callbacks set, carried into the job (parallax.tf2.host_edits)
     scalars = step.set_between_steps
     step.leave_edits()
@@ -241,12 +241,13 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     edits.carry("on_train_begin")
     saves_in_epochs = chief and _saves_within_epochs(kept)
     stops_in_epochs = batch_hooks(callbacks or [], flavor, ENDS)  # the program's list: alike on every worker
-    rate_in_epochs = batch_hooks(kept, flavor, BEGINS + ENDS)  # may set the learning rate between batches
-    sets_in_epochs = scalars and batch_hooks(callbacks or [], flavor, BEGINS + ENDS)  # alike on every worker
+    sets_within = batch_hooks(callbacks or [], flavor, BEGINS + ENDS)  # may set variables: alike on every worker
+    sets_in_epochs = scalars and sets_within
     host = HostSums(model, group) if not own and not deferred and num_workers > 1 else None  # tf_keras
     flush = step.flush_sums if deferred else host.flush if host else None  # the metrics summed over the workers
-    batch_logs = BatchLogs(model, batch_hooks(kept, flavor, ENDS), chief and verbose != 0, steps, flush=flush,
-                           workers=num_workers, read_alike=stops_in_epochs or verbose != 0)
+    reads = reads_logs(callbacks or [], flavor, ENDS)  # a batch's logs: the program's list, alike on every worker
+    batch_logs = BatchLogs(model, reads_logs(kept, flavor, ENDS), chief and verbose != 0, steps, flush=flush,
+                           workers=num_workers, read_alike=reads or verbose != 0)
     logs: dict = {}
     validating: FitBatches | None = None
     behind = 0  # the optimizer steps model.fit counted that the job has not (parallax.tf2.exhausted)
@@ -263,18 +264,16 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
             if index == 0 and num_workers > 1 and not batches.share:
                 check_same(group, batch, epoch)
             callback_list.on_train_batch_begin(index)
-            if sets_in_epochs:  # a scalar a batch's callback set (a loss's weight, annealed)
+            if sets_in_epochs:  # a scalar a batch's callback set (the learning rate, a loss's weight, annealed)
                 edits.carry("on_train_batch_end or on_train_batch_begin", scalars)
-            if index == 0 or rate_in_epochs:  # what a callback set: once an epoch, or before each batch where one may
-                rate = learning_rate(model, flavor)
             count = [[np.int64(behind)] * num_replicas] if counted else []  # counting's argument
             behind = 0
+            epoch_batches.running()  # the next batch is drawn while the step runs, not beside the work between steps
             if own:
                 last = _own_step(step, batch, num_workers, worker_id, num_replicas, examples, count)
                 callback_list.on_train_batch_end(index, last)
             else:
-                _one_step(step, model, flavor, batch, num_workers, worker_id, num_replicas, rate, outputs, examples,
-                          count)
+                _one_step(step, model, flavor, batch, num_workers, worker_id, num_replicas, outputs, examples, count)
                 if saves_in_epochs:  # a ModelCheckpoint(save_freq=<batches>) saves the weights trained so far
                     _sync(step, model)
                 callback_list.on_train_batch_end(index, batch_logs.after(index))
@@ -288,7 +287,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         logs = numbers(model.get_metrics_result())
         if own:  # as model.fit: the last step's logs where they name other than the metrics
             logs = epoch_logs(group, logs, last, sources)
-        _sync(step, model)  # the callbacks and the validation see the trained weights (and the watch agrees)
+        # the callbacks and the validation see the trained weights (and the watch agrees)
+        _sync(step, model, look=sets_within)
         if counted and ran_out:  # as model.fit's step that found the data exhausted; the job's next
             for iterations in counted:
                 iterations.assign_add(1)
@@ -317,18 +317,17 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
 
 
 def _one_step(step: Any, model: Any, flavor: Flavor, batch: tuple, num_workers: int, worker_id: int,
-              num_replicas: int, rate: np.float32, outputs: dict, examples: int | None = None,
-              count: list = ()) -> None:
-    """One step of ``parallax.fit``'s own step on this worker's parts of ``batch`` (padded to split evenly), at
-    learning rate ``rate``: ``batch`` the global batch, or, where this worker reads only its share of the data,
-    its block of a global batch of ``examples``; ``count``: :func:`parallax.tf2.exhausted.counting`'s argument."""
+              num_replicas: int, outputs: dict, examples: int | None = None, count: list = ()) -> None:
+    """One step of ``parallax.fit``'s own step on this worker's parts of ``batch`` (padded to split evenly):
+    ``batch`` the global batch, or, where this worker reads only its share of the data, its block of a global batch
+    of ``examples``; ``count``: :func:`parallax.tf2.exhausted.counting`'s argument."""
     fed, size, first, examples = _block(batch, num_workers, worker_id, num_replicas, examples)
     mine = [parts(a, 1, 0, num_replicas) for a in fed]  # a part per replica each
     share = np.float32(examples / (num_workers * num_replicas))
     starts = [(worker_id * num_replicas + k) * size for k in range(num_replicas)]  # of this worker's parts
     real = [np.int32(min(max(examples - at, 0), size)) for at in starts]  # their examples; the rest: padding
     got = step(*[_per_leaf(m, a) for m, a in zip(mine, fed) if a is not None], [share] * num_replicas, real,
-               [rate] * num_replicas, *count)
+               *count)
     if not flavor.metrics_in_step:  # else updated in the step, summed over the workers (parallax.tf2.summed)
         at = [first + k * size for k in range(num_replicas)]  # in ``batch``
         _host_metrics(model, flavor, got, batch, mine, zip(at, real), share, outputs["structure"])
@@ -384,11 +383,7 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
     loss (:meth:`~parallax.tf2.keras_flavor.Flavor.record_loss`). It takes ``(x, y, sample_weight)``
     (:func:`even_parts` makes the weights)."""
 
-    rate = flavor.learning_rate(model)
-
-    def step(x, y, sample_weight, share, real, rate_now):
-        if rate is not None:  # what a callback set between steps, as model.fit's step reads it
-            rate.assign(tf.cast(rate_now, rate.dtype))
+    def step(x, y, sample_weight, share, real):
         # the part's real examples (a part of padding only: one row, whose loss counts for nothing)
         x, y, sample_weight = rows(tf.maximum(real, 1), (x, y, sample_weight))
         with tf.GradientTape() as tape:
@@ -409,12 +404,12 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
         masks = [getattr(p, "_keras_mask", None) for p in tf.nest.flatten(prediction)]  # a masked output's
         return loss, tf.nest.flatten(prediction), flavor.regularization(model), masks
 
-    def without_targets(x, sample_weight, share, real, rate_now):  # a model whose loss is its own (add_loss)
-        return step(x, None, sample_weight, share, real, rate_now)
+    def without_targets(x, sample_weight, share, real):  # a model whose loss is its own (add_loss)
+        return step(x, None, sample_weight, share, real)
 
     scalar = tf.TensorSpec([], tf.float32)
     x_spec, y_spec, w_spec = batches.signature
-    rest = [w_spec, scalar, tf.TensorSpec([], tf.int32), scalar]
+    rest = [w_spec, scalar, tf.TensorSpec([], tf.int32)]
     if not batches.has_targets:
         return tf.function(without_targets, input_signature=[x_spec, *rest])
     return tf.function(step, input_signature=[x_spec, y_spec, *rest])
@@ -425,13 +420,6 @@ def _saves_within_epochs(callbacks: list) -> bool:
     model's variables must then hold the trained values after every batch, not only at each epoch's end."""
     return any(type(c).__name__ == "ModelCheckpoint" and getattr(c, "save_freq", "epoch") != "epoch"
                for c in callbacks)
-
-
-def learning_rate(model: Any, flavor: Flavor) -> np.float32:
-    """The learning rate the program's optimizer holds now (a callback may have set it), which the step
-    assigns before its update; 0 when it is a schedule (the step then assigns nothing)."""
-    rate = flavor.learning_rate(model)
-    return np.float32(0.0 if rate is None else np.asarray(rate.numpy() if hasattr(rate, "numpy") else rate))
 
 
 def _own_step(step: Any, batch: tuple, num_workers: int, worker_id: int, num_replicas: int,
@@ -460,13 +448,13 @@ def _refuse_restoring(callbacks: list | None) -> None:
                              "pass initial_epoch, and save with ModelCheckpoint")
 
 
-def _sync(step: Any, model: Any) -> None:
+def _sync(step: Any, model: Any, look: bool = True) -> None:
     """The trained weights into the model's variables; its metrics' states stay the host's (a loss that updates
     a metric inside the step, as tf_keras's compiled loss does, updates each worker's own copy in the graph, which
-    is not the epoch's)."""
+    is not the epoch's). ``look``: whether a callback may have set a variable within the epoch (said at WARNING)."""
     variables = metric_state(model)
     kept = [v.numpy() for v in variables]
-    step.sync_variables(whole_slots=True)  # every worker, at each epoch's end: zero_stage's slots gathered
+    step.sync_variables(whole_slots=True, look=look)  # every worker, at each epoch's end: zero_stage's slots gathered
     for variable, value in zip(variables, kept):
         variable.assign(value)
 

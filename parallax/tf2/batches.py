@@ -127,10 +127,10 @@ class FitBatches:
         """``(epoch, its batches)`` for each epoch, as ``model.fit``'s loop draws them."""
         if self._legacy:
             for epoch, iterator in self._handler.enumerate_epochs():
-                yield epoch, ahead(self._kept(self._legacy_epoch(iterator)))
+                yield epoch, Ahead(self._kept(self._legacy_epoch(iterator)))
             return
         for epoch in range(initial_epoch, epochs):
-            yield epoch, ahead(self._kept(self._epoch()))
+            yield epoch, Ahead(self._kept(self._epoch()))
 
     @property
     def counts_exhausted(self) -> bool:
@@ -182,54 +182,84 @@ class FitBatches:
                 yield _numpy(next(iterator))
 
 
-def ahead(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
-    """``items`` in their order, each drawn by a thread of its own up to ``depth`` items before it is taken: the
-    next batch is read and converted while the step runs (the session lets go of the interpreter), not after it.
-    What drawing raises is raised here, at that item; a consumer that stops early (``close``, an exception) stops
-    the thread after the item it is drawing, and the generator ``items`` is closed in it.
+class Ahead:
+    """``items`` in their order, each drawn by a thread of its own before it is taken: the next batch is read and
+    converted while the step runs (the session lets go of the interpreter), not after it. The thread draws up to
+    ``depth`` items ahead; where the consumer says when its step runs (:meth:`running`), it draws the next item
+    only then, so that its Python work does not hold the interpreter while the consumer's host work between steps
+    needs it. What drawing raises is raised at that item; a consumer that stops early (:meth:`close`, an exception)
+    stops the thread after the item it is drawing, and the generator ``items`` is closed in it.
 
-    >>> list(ahead(iter(range(5))))
+    >>> list(Ahead(iter(range(5))))
     [0, 1, 2, 3, 4]
     """
-    drawn: queue.Queue = queue.Queue(depth)
-    stop = threading.Event()
-    end = object()
 
-    def put(entry: tuple) -> bool:
-        while not stop.is_set():
+    _END = object()
+
+    def __init__(self, items: Iterator[Any], depth: int = 2) -> None:
+        self._items = items
+        self._drawn: queue.Queue = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._gate: threading.Semaphore | None = None
+        self._done = False
+        self._thread = threading.Thread(target=self._draw, name="parallax-batches", daemon=True)
+        self._thread.start()
+
+    def running(self) -> None:
+        """The consumer's step runs now: the thread may draw one more item (from the first call on, it draws an
+        item only after each call)."""
+        if self._gate is None:
+            self._gate = threading.Semaphore(0)
+        self._gate.release()
+
+    def _put(self, entry: tuple) -> bool:
+        while not self._stop.is_set():
             try:
-                drawn.put(entry, timeout=0.1)
+                self._drawn.put(entry, timeout=0.1)
                 return True
             except queue.Full:
                 continue
         return False
 
-    def draw() -> None:
+    def _let(self) -> bool:
+        """Wait until the consumer lets the thread draw (or stops); whether to go on."""
+        while self._gate is not None and not self._stop.is_set():
+            if self._gate.acquire(timeout=0.1):
+                return True
+        return not self._stop.is_set()
+
+    def _draw(self) -> None:
         try:
-            for item in items:
-                if not put((item, None)):
+            for item in self._items:
+                if not self._put((item, None)) or not self._let():
                     return
-            put((end, None))
+            self._put((self._END, None))
         except BaseException as error:  # noqa: BLE001 - raised in the consumer, where it belongs
-            put((end, error))
+            self._put((self._END, error))
         finally:
-            close = getattr(items, "close", None)
+            close = getattr(self._items, "close", None)
             if close is not None:
                 close()
 
-    thread = threading.Thread(target=draw, name="parallax-batches", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item, error = drawn.get()
-            if item is end:
-                if error is not None:
-                    raise error
-                return
-            yield item
-    finally:
-        stop.set()
-        thread.join(10.0)  # done at once, unless a consumer left while an item was being drawn
+    def __iter__(self) -> Ahead:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        item, error = self._drawn.get()
+        if item is self._END:
+            self.close()
+            if error is not None:
+                raise error
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        """Stop the thread (done at once, unless it is drawing an item) and close ``items``."""
+        self._done = True
+        self._stop.set()
+        self._thread.join(10.0)
 
 
 def check_same(group: WorkerGroup, batch: tuple, epoch: int) -> None:

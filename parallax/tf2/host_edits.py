@@ -12,16 +12,16 @@ changed since. What changed is written into the job before the next step (the tr
 :attr:`parallax.tf2.trace.TracedStep.host_writes`):
 
 * ``parallax.fit``: :class:`HostEdits`, after ``on_train_begin`` and each ``on_epoch_begin`` (every variable the
-  step uses), and, where a callback has batch hooks, before each batch (the scalars that are not trained); the
-  workers agree on what changed and take worker 0's values;
+  step uses), and, where a callback has batch hooks that may reach past itself, before each batch (the scalars that
+  are not trained: the learning rate, a loss's weight); the workers agree on what changed and take worker 0's
+  values;
 * a loop: before each step, the scalars that are not trained (a learning rate, a loss's weight)
   (:class:`parallax.tf2.step.DistributedStep`).
 
 What changed elsewhere (a loop's new weights between steps; a callback's within an epoch) the step's
 :meth:`~parallax.tf2.step.DistributedStep.sync_variables` says at WARNING before it writes the job's values over
 it; an optimizer's slot a callback changed is refused. A metric's state (the host's own, summed over the workers)
-and a learning rate ``parallax.fit`` feeds each step are not watched. The cost is one pass over the watched
-variables' bytes at each look (``zlib.crc32``).
+is not watched. The cost is one pass over the watched variables' bytes at each look (``zlib.crc32``).
 """
 
 from __future__ import annotations
@@ -65,10 +65,12 @@ class HostWatch:
             self._reads.pop(name, None)
             self._digest.pop(name, None)
 
-    def agree(self, names: Iterable[str] | None = None) -> None:
-        """The program's variables (or those of ``names``) are the job's now (written back from it, or into it)."""
+    def agree(self, names: Iterable[str] | None = None, values: dict[str, Any] | None = None) -> None:
+        """The program's variables (or those of ``names``) are the job's now (written back from it, or into it);
+        ``values``: what was just written into some of them, by name (not read again)."""
+        values = values or {}
         for name in self._reads if names is None else [n for n in names if n in self._reads]:
-            self._digest[name] = _digest(self._reads[name]())
+            self._digest[name] = _digest(values[name] if name in values else self._reads[name]())
 
     def changed(self, names: Iterable[str] | None = None) -> list[str]:
         """The variables (of ``names``, where given) the program changed since it and the job last agreed."""

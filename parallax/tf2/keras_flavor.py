@@ -89,11 +89,10 @@ class Flavor:
         variables = model.trainable_weights
         model.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
 
-    def learning_rate(self, model: Any) -> Any:
-        """The optimizer's learning rate when it is a variable that callbacks may set between steps
-        (``ReduceLROnPlateau``, ``LearningRateScheduler``), or ``None`` (a schedule)."""
-        rate = getattr(model.optimizer, "_learning_rate", None)
-        return rate if isinstance(rate, (self.module.Variable, tf.Variable)) else None
+    def ready(self, model: Any) -> None:
+        """Make what the optimizer makes at its first update and the program may set between steps before the step
+        is traced, as variables of its own (Keras 3's optimizer holds its learning rate in a variable from the
+        start: nothing to make)."""
 
     def regularization(self, model: Any) -> Any:
         """What the step returns beside the loss for :meth:`record_loss`: nothing Keras 3 needs."""
@@ -164,14 +163,10 @@ class TfKerasFlavor(Flavor):
     def apply(self, model: Any, tape: tf.GradientTape, loss: Any) -> None:
         model.optimizer.minimize(loss, model.trainable_variables, tape=tape)
 
-    def learning_rate(self, model: Any) -> Any:
-        optimizer = model.optimizer
-        if hasattr(optimizer, "_hyper"):  # a legacy optimizer: its hyper-parameters become variables when made
-            optimizer._create_hypers()
-            rate = optimizer._hyper.get("learning_rate")
-        else:
-            rate = getattr(optimizer, "_learning_rate", None)
-        return rate if isinstance(rate, tf.Variable) else None
+    def ready(self, model: Any) -> None:
+        optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+        if hasattr(optimizer, "_create_hypers"):  # a legacy optimizer: its hyper-parameters become variables when
+            optimizer._create_hypers()  # made, which callbacks then set (the learning rate)
 
     def regularization(self, model: Any) -> Any:
         return tf.add_n(model.losses) if model.losses else tf.zeros([])

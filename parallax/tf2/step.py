@@ -237,17 +237,18 @@ class DistributedStep:
         return self._host
 
     def unwatch(self, variable: Any) -> None:
-        """``variable``'s changes in the program lose nothing: it reaches the job another way (``parallax.fit``
-        feeds the learning rate each step), or it is the host's own (the metrics' state ``parallax.fit`` keeps)."""
+        """``variable``'s changes in the program lose nothing: it is the host's own (the metrics' state
+        ``parallax.fit`` keeps)."""
         backing = variable if isinstance(variable, tf.Variable) else getattr(variable, "value", variable)
         self._host.ignore({n for n, e in self._traced.variables.items() if e.variable is backing})
 
-    def sync_variables(self, whole_slots: bool = False) -> None:
+    def sync_variables(self, whole_slots: bool = False, look: bool = True) -> None:
         """Write this worker's values of the step's variables into the program's eager variables, saying at WARNING
-        which of them the program changed since they last agreed (the job did not see it). Optimizer slots that
-        ``zero_stage`` keeps in parts stay as they were, or with ``whole_slots`` (every worker must call it then:
-        the parts are gathered from every worker) are written whole."""
-        changed = self._host.changed()
+        which of them the program changed since they last agreed (the job did not see it; ``look=False``: the caller
+        knows nothing did, and the look is spared). Optimizer slots that ``zero_stage`` keeps in parts stay as they
+        were, or with ``whole_slots`` (every worker must call it then: the parts are gathered from every worker) are
+        written whole."""
+        changed = self._host.changed() if look else []
         if changed and self._chief:
             logger.warning("Parallax: the program changed %s while the job trained (between steps, or in a callback "
                            "within an epoch); the job trains its own copies of the step's variables, made from the "
@@ -261,9 +262,7 @@ class DistributedStep:
         kept = set(self._summed.names)  # the program's metrics: already summed after each step
         names = [n for n in sorted(self._traced.variables) if n not in held and n not in kept]
         variables = {v.op.name: v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
-        values = self._session.read([variables[n] for n in names])
-        for name, value in zip(names, values):
-            self._traced.variables[name].write(value)
+        written = dict(zip(names, self._session.read([variables[n] for n in names])))
         if whole_slots and held and self._session.group is not None:
             from parallax.rewrite.zero import sharded_slots
             from parallax.runtime.zero_checkpoint import whole_slots as gather
@@ -271,9 +270,10 @@ class DistributedStep:
             raw = self._session.raw_session
             pairs = sorted(sharded_slots(raw.graph))
             shapes = {n: variables[n].shape.as_list() for n, _ in pairs}
-            for name, value in gather(raw, raw.graph, pairs, shapes, self._session.group).items():
-                self._traced.variables[name].write(value)
-        self._host.agree()
+            written.update(gather(raw, raw.graph, pairs, shapes, self._session.group))
+        for name, value in written.items():
+            self._traced.variables[name].write(value)
+        self._host.agree(values=written)  # the values read from the job: of the program's variables' dtypes
 
     def should_stop(self) -> bool:
         return self._session.should_stop()

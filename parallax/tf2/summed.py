@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import gen_resource_variable_ops
 
 from parallax.comm.group import Alone
 from parallax.graph.graph_ops import added_to_itself, ancestors, node_map, parse_input, written_variable
@@ -125,8 +126,9 @@ class SummedState:
             size = base.size
             step = (flat if name in shared else total)[at:at + size].reshape(base.shape)
             at += size
-            if step.any():
-                eager.variable.assign_add(step.astype(eager.dtype.as_numpy_dtype))  # one eager op
+            if step.any():  # the op alone: Variable.assign_add's Python layers cost several times it, each step
+                gen_resource_variable_ops.assign_add_variable_op(eager.variable.handle,
+                                                                 tf.constant(step.astype(eager.dtype.as_numpy_dtype)))
         self._warn_once()
 
     def _read(self) -> list[np.ndarray]:

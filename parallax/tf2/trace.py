@@ -225,8 +225,10 @@ class _Eager:
 
     @classmethod
     def of(cls, variable: Any) -> _Eager:
+        dtype = variable.dtype.base_dtype
         return cls(variable.name.split(":")[0], variable.dtype, variable.numpy(), bool(variable.trainable),
-                   variable.read_value, variable.assign, is_summed(variable) and not variable.trainable, variable)
+                   _reader(variable.handle, dtype), variable.assign, is_summed(variable) and not variable.trainable,
+                   variable)
 
     @classmethod
     def of_handle(cls, handle: Any, name: str) -> _Eager | None:
@@ -236,9 +238,7 @@ class _Eager:
         if data is None or not data.is_set or len(data.shape_and_type) != 1:
             return None
         dtype = tf.dtypes.as_dtype(data.shape_and_type[0].dtype)
-
-        def read() -> tf.Tensor:
-            return gen_resource_variable_ops.read_variable_op(handle, dtype)
+        read = _reader(handle, dtype)
 
         def write(value: Any) -> None:
             gen_resource_variable_ops.assign_variable_op(handle, tf.convert_to_tensor(value, dtype))
@@ -248,6 +248,17 @@ class _Eager:
         except tf.errors.OpError:  # not a variable's handle after all
             return None
         return cls(name, dtype, value, False, read, write)
+
+
+def _reader(handle: Any, dtype: tf.DType) -> Any:
+    """A read of the eager variable of ``handle``: the op alone (the host reads the step's variables between steps,
+    where ``Variable.read_value``'s Python layers cost several times the op)."""
+    from tensorflow.python.ops import gen_resource_variable_ops
+
+    def read() -> tf.Tensor:
+        return gen_resource_variable_ops.read_variable_op(handle, dtype)
+
+    return read
 
 
 def _graph_variable(variable: _Eager, taken: set[str]) -> tf.Variable:

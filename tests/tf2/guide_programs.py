@@ -10,7 +10,9 @@ layout (Apache-2.0, keras-io and keras-team/keras); part of tests/tf2/keras_prog
 * ``tf_keras-vae``: the same program as the tf_keras-era guide writes it (trackers kept as attributes and listed
   by a ``metrics`` property, ``apply_gradients``);
 * ``own-test-step``: Keras's guide "Customizing what happens in fit()": a ``train_step`` and a ``test_step`` of
-  the model's own (a ``Mean`` tracker of each batch's loss, a ``MeanAbsoluteError``), with ``validation_data``;
+  the model's own (a ``Mean`` tracker of each batch's loss, a ``MeanAbsoluteError``), with ``validation_data``
+  and a ``LearningRateScheduler`` halving the rate from the second epoch on (the model's own step reads the
+  optimizer's rate, which the callback sets: the job must train with it);
 * ``class-weights``: ``fit`` on arrays with ``class_weight``, ``validation_split`` and ``weighted_metrics`` beside
   the plain ones; 45 examples: the last training batch (4) and the last validation batch (1) do not split evenly;
 * ``weather``: keras-io "Timeseries forecasting for weather prediction": windows of normalised features made by
@@ -90,7 +92,8 @@ def fit_arguments(name: str, fit: dict) -> dict:
     if name == "own-test-step":
         rng = np.random.RandomState(12)
         x = rng.randn(16, 8).astype(np.float32)
-        return {**fit, "validation_data": (x, (x[:, :2].sum(1, keepdims=True) ** 2).astype(np.float32))}
+        return {**fit, "epochs": 3, "validation_data": (x, (x[:, :2].sum(1, keepdims=True) ** 2).astype(np.float32)),
+                "callbacks": [keras.callbacks.LearningRateScheduler(lambda epoch, rate: rate * 0.5 if epoch else rate)]}
     if name == "class-weights":
         return {**fit, "epochs": 3, "class_weight": {0: 1.0, 1: 3.0, 2: 0.5}, "validation_split": 0.2}
     if name == "weather":

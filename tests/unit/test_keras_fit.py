@@ -359,7 +359,7 @@ def test_the_workers_batches_are_compared_by_their_values_strings_too():
 
 
 def test_batches_drawn_ahead_come_in_order_and_an_error_comes_at_its_batch():
-    from parallax.tf2.batches import ahead
+    from parallax.tf2.batches import Ahead
 
     def draws():
         yield from range(3)
@@ -367,7 +367,7 @@ def test_batches_drawn_ahead_come_in_order_and_an_error_comes_at_its_batch():
 
     got = []
     with pytest.raises(OSError, match="file 4 unreadable"):
-        for item in ahead(draws()):
+        for item in Ahead(draws()):
             got.append(item)
     assert got == [0, 1, 2]
 
@@ -375,7 +375,7 @@ def test_batches_drawn_ahead_come_in_order_and_an_error_comes_at_its_batch():
 def test_a_consumer_that_stops_early_stops_the_drawing_thread_and_closes_the_batches():
     import threading
 
-    from parallax.tf2.batches import ahead
+    from parallax.tf2.batches import Ahead
 
     closed = []
 
@@ -385,7 +385,7 @@ def test_a_consumer_that_stops_early_stops_the_drawing_thread_and_closes_the_bat
         finally:
             closed.append(True)
 
-    items = ahead(draws(), depth=2)
+    items = Ahead(draws(), depth=2)
     assert [next(items), next(items)] == [0, 1]
     items.close()
     assert closed == [True]
@@ -631,3 +631,31 @@ def test_arrays_whose_last_batch_a_models_own_train_step_cannot_split_are_refuse
     assert int(model.optimizer.iterations) == 0  # refused before the first step
     for a, b in zip(model.trainable_variables, before):
         np.testing.assert_array_equal(a.numpy(), b)
+
+
+def test_batches_drawn_while_the_step_runs_come_one_a_step_in_order():
+    """Once the consumer says when its step runs, the thread draws the next batch only then (its Python work does not
+    hold the interpreter while the work between steps needs it), and every batch still comes, in order."""
+    import time
+
+    from parallax.tf2.batches import Ahead
+
+    drawn = []
+
+    def draws():
+        for item in range(6):
+            drawn.append(item)
+            yield item
+
+    items = Ahead(draws(), depth=2)
+    got = [next(items)]
+    items.running()
+    time.sleep(0.2)
+    before = len(drawn)  # the first ones ahead, then one for the step that runs
+    time.sleep(0.2)
+    assert len(drawn) == before  # no more until the next step runs
+    for item in items:
+        got.append(item)
+        items.running()
+    assert got == list(range(6))
+    items.close()

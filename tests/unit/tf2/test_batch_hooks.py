@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import tensorflow as tf
 
 from parallax.tf2.batch_hooks import BatchLogs
 
@@ -64,7 +67,63 @@ def test_a_lambda_callbacks_batch_hook_is_its_own(module):
 
     keras = importlib.import_module(module)
     flavor = flavor_of(keras.Sequential(), "parallax.fit", compiled=False)
-    batch = keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: None)
-    epoch = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: None)
+    weight = tf.Variable(1.0)
+    batch = keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: weight.assign(0.5))
+    epoch = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: weight.assign(0.5))
+    quiet = keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: None)  # touches nothing
     assert batch_hooks([epoch, batch], flavor, BEGINS + ENDS)
-    assert not batch_hooks([epoch, keras.callbacks.History()], flavor, BEGINS + ENDS)
+    assert not batch_hooks([epoch, quiet, keras.callbacks.History()], flavor, BEGINS + ENDS)
+
+
+@pytest.mark.parametrize("module", ["keras", "tf_keras"])
+def test_a_hook_that_reads_neither_its_logs_nor_the_model_is_seen_so_and_every_other_is_taken_to_read(module):
+    """The batch logs are read from the model's metrics on the host (about a millisecond a batch): a timer's hook
+    that counts batches is seen to read neither them nor the model, so parallax.fit skips them; a hook that uses its
+    logs, the model, another method of its own, or takes ``**kwargs`` is taken to read them, as are Keras's own."""
+    import importlib
+
+    from parallax.tf2.batch_hooks import ENDS, reads_logs
+    from parallax.tf2.keras_flavor import flavor_of
+
+    keras = importlib.import_module(module)
+    flavor = flavor_of(keras.Sequential(), "parallax.fit", compiled=False)
+    base = keras.callbacks.Callback
+
+    class Timer(base):
+        steps = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps += 1
+            self.last = [time.perf_counter() for _ in range(1)]
+
+    class Logger(base):
+        def on_train_batch_end(self, batch, logs=None):
+            self.seen = {k: v for k, v in (logs or {}).items()}
+
+    class Closure(base):
+        def on_train_batch_end(self, batch, logs=None):
+            self.later = lambda: logs
+
+    class Metrics(base):
+        def on_train_batch_end(self, batch, logs=None):
+            self.accuracy = self.model.metrics[-1].result()
+
+    class Helper(base):
+        def on_train_batch_end(self, batch, logs=None):
+            self.keep()
+
+        def keep(self):
+            self.kept = self.model.get_metrics_result()
+
+    class Anything(base):
+        def on_train_batch_end(self, batch, **kwargs):
+            self.kwargs = kwargs
+
+    def readers(*callbacks):
+        return reads_logs(list(callbacks), flavor, ENDS)
+
+    assert not readers(Timer(), keras.callbacks.History(), keras.callbacks.EarlyStopping())
+    assert not readers(keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: None))
+    for reader in (Logger(), Closure(), Metrics(), Helper(), Anything(), keras.callbacks.TerminateOnNaN(),
+                   keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: print(logs["loss"]))):
+        assert readers(Timer(), reader), type(reader).__name__
