@@ -50,7 +50,15 @@ import tensorflow as tf
 from parallax.api import parallel_run
 from parallax.comm.group import Alone
 from parallax.tf2.arguments import check_fit, check_model, check_optimizer, is_dataset_like
-from parallax.tf2.batch_hooks import BEGINS, ENDS, BatchLogs, batch_hooks, reads_logs
+from parallax.tf2.batch_hooks import (
+    BEGINS,
+    ENDS,
+    BatchLogs,
+    batch_hooks,
+    reads_logs,
+    saves_after,
+    saves_within_epochs,
+)
 from parallax.tf2.batches import FitBatches, check_same
 from parallax.tf2.evaluate import HostSums, chief_or_shared, evaluate_on, numbers, use_job
 from parallax.tf2.exhausted import counting, exhausted_step, warn_uncounted
@@ -239,7 +247,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     step.leave_edits()
     callback_list.on_train_begin()
     edits.carry("on_train_begin")
-    saves_in_epochs = chief and _saves_within_epochs(kept)
+    saves_in_epochs = saves_within_epochs(callbacks or [])  # the program's list: alike on every worker
     stops_in_epochs = batch_hooks(callbacks or [], flavor, ENDS)  # the program's list: alike on every worker
     sets_within = batch_hooks(callbacks or [], flavor, BEGINS + ENDS)  # may set variables: alike on every worker
     sets_in_epochs = scalars and sets_within
@@ -274,7 +282,9 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                 callback_list.on_train_batch_end(index, last)
             else:
                 _one_step(step, model, flavor, batch, num_workers, worker_id, num_replicas, outputs, examples, count)
-                if saves_in_epochs:  # a ModelCheckpoint(save_freq=<batches>) saves the weights trained so far
+                # a ModelCheckpoint(save_freq=<batches>) that saves after this batch (on worker 0) saves the weights
+                # trained so far: every worker brings them into the model (zero_stage's slots are gathered by all)
+                if saves_in_epochs and group.any(chief and saves_after(kept, index)):
                     _sync(step, model)
                 callback_list.on_train_batch_end(index, batch_logs.after(index))
             if stops_in_epochs and group.any(bool(model.stop_training)):  # a callback stopped it: as model.fit,
@@ -413,13 +423,6 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
     if not batches.has_targets:
         return tf.function(without_targets, input_signature=[x_spec, *rest])
     return tf.function(step, input_signature=[x_spec, y_spec, *rest])
-
-
-def _saves_within_epochs(callbacks: list) -> bool:
-    """Whether a callback saves the weights after some batches (``ModelCheckpoint(save_freq=<int>)``): the
-    model's variables must then hold the trained values after every batch, not only at each epoch's end."""
-    return any(type(c).__name__ == "ModelCheckpoint" and getattr(c, "save_freq", "epoch") != "epoch"
-               for c in callbacks)
 
 
 def _own_step(step: Any, batch: tuple, num_workers: int, worker_id: int, num_replicas: int,

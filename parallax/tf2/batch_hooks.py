@@ -20,7 +20,7 @@ from typing import Any
 from parallax.tf2.evaluate import numbers
 from parallax.tf2.keras_flavor import Flavor
 
-__all__ = ["BEGINS", "ENDS", "batch_hooks", "reads_logs", "BatchLogs"]
+__all__ = ["BEGINS", "ENDS", "batch_hooks", "reads_logs", "saves_within_epochs", "saves_after", "BatchLogs"]
 
 BEGINS = ("on_train_batch_begin", "on_batch_begin")
 ENDS = ("on_train_batch_end", "on_batch_end")
@@ -41,6 +41,31 @@ def reads_logs(callbacks: list, flavor: Flavor, hooks: tuple[str, ...]) -> bool:
     batches) leaves ``parallax.fit`` to skip the logs of its batches, which ``model.fit`` has for free from its
     compiled step and Parallax reads from the model's metrics on the host (about a millisecond a batch)."""
     return any(not _contained(c, h) or _loads_logs(c, h) for c, h in _hooks(callbacks, flavor, hooks))
+
+
+def saves_within_epochs(callbacks: list) -> bool:
+    """Whether a callback saves the weights after some batches (``ModelCheckpoint(save_freq=<int>)``): the model's
+    variables must then hold the trained values after those batches, not only at each epoch's end."""
+    return any(_saves_in_batches(c) for c in callbacks)
+
+
+def saves_after(callbacks: list, batch: int) -> bool:
+    """Whether a ``ModelCheckpoint(save_freq=<int>)`` of ``callbacks`` saves at the end of ``batch`` (of an epoch,
+    from 0), as its own count of batches since it last saved says (Keras 3's and tf_keras's alike); where that
+    count cannot be read, it is taken to."""
+    for callback in filter(_saves_in_batches, callbacks):
+        seen = getattr(callback, "_batches_seen_since_last_saving", None)
+        last = getattr(callback, "_last_batch_seen", 0)
+        if not isinstance(seen, int) or not isinstance(last, (int, type(None))):
+            return True
+        added = batch + 1 if last is None or batch <= last else batch - last  # a new epoch counts from its start
+        if seen + added >= callback.save_freq:
+            return True
+    return False
+
+
+def _saves_in_batches(callback: Any) -> bool:
+    return type(callback).__name__ == "ModelCheckpoint" and isinstance(getattr(callback, "save_freq", "epoch"), int)
 
 
 def _hooks(callbacks: list, flavor: Flavor, hooks: tuple[str, ...]) -> list[tuple[Any, str]]:

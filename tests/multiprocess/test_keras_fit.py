@@ -36,7 +36,11 @@ MORE = ["tf_keras-legacy", "tf_keras-new", "weighted", "tf_keras-weighted", "rag
 GROUPS = {
     "MPI-2": ("localhost: cpu:0,cpu:1\n", "MPI", 2),
     "local-2-replicas": ("localhost: cpu:0,cpu:1\n", "PS", 1),
+    "MPI-2-zero": ("localhost: cpu:0,cpu:1\n", "MPI", 2),  # zero_stage=1: the ordered case alone
 }
+# zero_stage=1 with a ModelCheckpoint that saves within epochs: every worker gathers the slots for worker 0's save
+# (a save on worker 0 alone waited for the other worker for ever until 2026-12-05)
+ZERO = "MPI-2-zero"
 WITH_MORE = ("local-2-replicas",)
 # the cases of MORE each group runs: the local replicas all; MPI-2 those where what crosses the processes differs
 # (tf_keras' optimizer, sample weights, a last batch that does not split evenly, data every worker reads whole). PS-2's
@@ -53,18 +57,22 @@ CORE = "MPI-2"  # its Keras 3 cases: make test's job
 
 
 def _jobs(factory, groups, cases):
-    return ScriptJobs(factory, SCRIPT, {g: (GROUPS[g][0], ["--run_option", GROUPS[g][1]]) for g in groups}, cases)
+    return ScriptJobs(factory, SCRIPT, {g: (GROUPS[g][0], ["--run_option", GROUPS[g][1]]
+                                            + ["--zero_stage", "1"] * (g == ZERO)) for g in groups}, cases)
 
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     return {"all": _jobs(tmp_path_factory, WITH_MORE, KERAS_3 + MORE),
             "keras": _jobs(tmp_path_factory, [g for g in FIT_IN if g not in WITH_MORE], KERAS_3),
+            "zero": _jobs(tmp_path_factory, [ZERO], ["ordered"]),
             "more": _jobs(tmp_path_factory, [g for g in MORE_IN if g not in WITH_MORE],
                           {g: cases for g, cases in MORE_IN.items() if g not in WITH_MORE})}
 
 
 def _out(jobs, group: str, case: str) -> str:
+    if group == ZERO:
+        return jobs["zero"].case(group, case)
     if group in WITH_MORE:
         return jobs["all"].case(group, case)
     return jobs["keras" if case in KERAS_3 else "more"].case(group, case)
@@ -95,6 +103,7 @@ def _cases():
         for case in KERAS_3 + MORE_IN.get(group, []):
             marks = [pytest.mark.xdist_group(f"fit-{group}")] + [pytest.mark.core] * (group == CORE and case in KERAS_3)
             yield pytest.param(group, case, marks=marks, id=f"{case}-{group}")
+    yield pytest.param(ZERO, "ordered", marks=[pytest.mark.xdist_group(f"fit-{ZERO}")], id=f"ordered-{ZERO}")
 
 
 @pytest.mark.parametrize("group, case", list(_cases()))
@@ -142,7 +151,7 @@ def test_parallax_fit_evaluate_and_predict_equal_keras_on_one_device(jobs, group
 
 
 @pytest.mark.parametrize("group", [pytest.param(g, marks=[pytest.mark.xdist_group(f"fit-{g}")]
-                                                + [pytest.mark.core] * (g == CORE)) for g in FIT_IN])
+                                                + [pytest.mark.core] * (g == CORE)) for g in (*FIT_IN, ZERO)])
 def test_a_checkpoint_saved_within_an_epoch_holds_the_weights_trained_so_far(jobs, group, tmp_path):
     from tests.tf2.fit_programs import saved_within_epochs, single_device_within_epochs
 

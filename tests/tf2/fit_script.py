@@ -1,7 +1,7 @@
 """A user's Keras program trained with ``parallax.fit``, then evaluated and asked for predictions with
 ``parallax.evaluate`` / ``parallax.predict``: ``python fit_script.py --resource_info R --run_option M --out D
-CASE...``; each rank writes its History, trained weights, evaluation and predictions (and ``model.evaluate`` /
-``model.predict`` of its own trained model on one device) to ``D/<case>/rank_<id>``."""
+[--zero_stage N] CASE...``; each rank writes its History, trained weights, evaluation and predictions (and
+``model.evaluate`` / ``model.predict`` of its own trained model on one device) to ``D/<case>/rank_<id>``."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from tests.tf2.scripts import parser  # noqa: E402
 
 def main() -> None:
     p = parser(__doc__)
+    p.add_argument("--zero_stage", type=int, default=0)
     p.add_argument("cases", nargs="+")
     args = p.parse_args()
     for case in args.cases:
@@ -51,7 +52,8 @@ def main() -> None:
         if case == "ordered":  # saves within epochs too: the weights of steps 3, 6 (and 12)
             callbacks.append(within_epochs(keras, out))
         callbacks += scheduled(case)
-        config = parallax.Config(run_option=args.run_option, average_sparse=True, stall_timeout=60)
+        config = parallax.Config(run_option=args.run_option, average_sparse=True, stall_timeout=60,
+                                 zero_stage=args.zero_stage)
         mapped = tf.Variable(0, dtype=tf.int64)  # the examples this worker's input pipeline mapped
         source = dict(x=dataset(case, mapped)) if case.endswith("dataset") else \
             dict(x=x, y=y, batch_size=batch_size(case), shuffle=case in SHUFFLED)

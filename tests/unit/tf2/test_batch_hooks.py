@@ -127,3 +127,24 @@ def test_a_hook_that_reads_neither_its_logs_nor_the_model_is_seen_so_and_every_o
     for reader in (Logger(), Closure(), Metrics(), Helper(), Anything(), keras.callbacks.TerminateOnNaN(),
                    keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: print(logs["loss"]))):
         assert readers(Timer(), reader), type(reader).__name__
+
+
+@pytest.mark.parametrize("module", ["keras", "tf_keras"])
+def test_a_checkpoint_that_saves_within_epochs_is_foreseen_at_the_batches_it_saves(module, tmp_path):
+    """``parallax.fit`` brings the trained weights into the model (every worker, collectively) only before the batches
+    after which a ``ModelCheckpoint(save_freq=<int>)`` saves: foreseen from the checkpoint's own count, batch by batch,
+    as the checkpoint then decides, across epochs of 5 batches; one that saves at each epoch's end is none."""
+    import importlib
+
+    from parallax.tf2.batch_hooks import saves_after, saves_within_epochs
+
+    keras = importlib.import_module(module)
+    every_epoch = keras.callbacks.ModelCheckpoint(str(tmp_path / "e.weights.h5"), save_weights_only=True)
+    checkpoint = keras.callbacks.ModelCheckpoint(str(tmp_path / "b.weights.h5"), save_weights_only=True, save_freq=3)
+    assert not saves_within_epochs([every_epoch]) and saves_within_epochs([every_epoch, checkpoint])
+    foreseen, decided = [], []
+    for _ in range(3):
+        for batch in range(5):
+            foreseen.append(saves_after([every_epoch, checkpoint], batch))
+            decided.append(checkpoint._should_save_on_batch(batch))
+    assert foreseen == decided and sum(decided) == 5
