@@ -10,14 +10,12 @@ and for the progress bar alone only as often as it draws (:class:`BatchLogs`).
 
 from __future__ import annotations
 
-import builtins
-import dis
-import inspect
 import time
 from collections.abc import Callable
 from typing import Any
 
 from parallax.tf2.evaluate import numbers
+from parallax.tf2.hook_code import contained, loads_logs
 from parallax.tf2.keras_flavor import Flavor
 
 __all__ = ["BEGINS", "ENDS", "batch_hooks", "reads_logs", "saves_within_epochs", "saves_after", "BatchLogs"]
@@ -29,10 +27,11 @@ ENDS = ("on_train_batch_end", "on_batch_end")
 def batch_hooks(callbacks: list, flavor: Flavor, hooks: tuple[str, ...]) -> bool:
     """Whether a callback has batch ``hooks`` of its own that may reach past the callback itself (Keras's ``History``
     and progress bar aside, which set nothing; a hook whose code shows that it touches only its own state, a timer
-    counting batches, aside: :func:`_contained`): one that may set ``model.stop_training`` after a batch
-    (``TerminateOnNaN``; ``model.fit`` then stops after that batch, and the workers agree after every batch whether
-    to), or the learning rate or another variable of the step between batches (else read once an epoch)."""
-    return any(not _contained(c, h) for c, h in _hooks(callbacks, flavor, hooks))
+    counting batches, aside: :func:`parallax.tf2.hook_code.contained`): one that may set ``model.stop_training``
+    after a batch (``TerminateOnNaN``; ``model.fit`` then stops after that batch, and the workers agree after every
+    batch whether to), or the learning rate or another variable of the step between batches (else read once an
+    epoch)."""
+    return any(not contained(c, _own(c, h)) for c, h in _hooks(callbacks, flavor, hooks))
 
 
 def reads_logs(callbacks: list, flavor: Flavor, hooks: tuple[str, ...]) -> bool:
@@ -40,7 +39,7 @@ def reads_logs(callbacks: list, flavor: Flavor, hooks: tuple[str, ...]) -> bool:
     :func:`batch_hooks`, and a contained one that loads its ``logs``. A hook that reads neither (a timer counting
     batches) leaves ``parallax.fit`` to skip the logs of its batches, which ``model.fit`` has for free from its
     compiled step and Parallax reads from the model's metrics on the host (about a millisecond a batch)."""
-    return any(not _contained(c, h) or _loads_logs(c, h) for c, h in _hooks(callbacks, flavor, hooks))
+    return any(not contained(c, _own(c, h)) or loads_logs(_own(c, h)) for c, h in _hooks(callbacks, flavor, hooks))
 
 
 def saves_within_epochs(callbacks: list) -> bool:
@@ -72,55 +71,6 @@ def _hooks(callbacks: list, flavor: Flavor, hooks: tuple[str, ...]) -> list[tupl
     """The callbacks' own batch ``hooks``, ``(callback, hook)`` (Keras's ``History`` and progress bar aside)."""
     base, quiet = flavor.callbacks.Callback, (flavor.callbacks.History, flavor.callbacks.ProgbarLogger)
     return [(c, h) for c in callbacks if not isinstance(c, quiet) for h in hooks if _own(c, h) is not getattr(base, h)]
-
-
-#: attributes through which a hook's code may reach the model, its optimizer and metrics, variables, or frames
-_REACH = frozenset({"model", "_model", "optimizer", "metrics", "get_metrics_result", "stop_training", "set_weights",
-                    "assign", "assign_add", "assign_sub", "_getframe", "currentframe", "f_back", "f_locals",
-                    "get_objects", "get_referrers"})
-#: built-ins that touch nothing but their arguments
-_PURE = frozenset({abs, all, any, bool, dict, enumerate, float, format, int, isinstance, len, list, max, min, print,
-                   range, repr, round, set, sorted, str, sum, tuple, zip})
-
-
-def _contained(callback: Any, hook: str) -> bool:
-    """Whether ``callback``'s ``hook`` touches only its arguments and the callback's own data, as its code shows: no
-    ``*args`` or ``**kwargs``, no closure, no attribute of :data:`_REACH` nor method of the callback's class, and
-    no global but modules and :data:`_PURE` built-ins (``self.steps += 1; self.times.append(time.time())``). A
-    hook whose code cannot be seen (a built-in) is not."""
-    function = _own(callback, hook)
-    code = getattr(function, "__code__", None)
-    if code is None or code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS) or code.co_freevars:
-        return False
-    if "logs" not in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
-        return False  # Keras passes logs=...: a hook without the argument takes it some other way
-    codes = _codes(code)
-    names = {n for c in codes for n in c.co_names}
-    if names & _REACH or any(callable(getattr(type(callback), n, None)) for n in names):
-        return False
-    found = getattr(function, "__globals__", {})
-    for instruction in (i for c in codes for i in dis.get_instructions(c) if i.opname == "LOAD_GLOBAL"):
-        value = found.get(instruction.argval, getattr(builtins, instruction.argval, None))
-        if not inspect.ismodule(value) and not any(value is pure for pure in _PURE):
-            return False
-    return True
-
-
-def _loads_logs(callback: Any, hook: str) -> bool:
-    """Whether ``callback``'s ``hook`` (a :func:`_contained` one) reads its ``logs`` argument."""
-    code = _own(callback, hook).__code__
-    return "logs" in code.co_cellvars or any(
-        i.opname.startswith("LOAD") and "logs" in (i.argval if isinstance(i.argval, tuple) else (i.argval,))
-        for i in dis.get_instructions(code))
-
-
-def _codes(code: Any) -> list:
-    """``code`` and the code of the functions, lambdas and comprehensions within it."""
-    found = [code]
-    for constant in code.co_consts:
-        if inspect.iscode(constant):
-            found.extend(_codes(constant))
-    return found
 
 
 def _own(callback: Any, hook: str) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -148,3 +149,53 @@ def test_a_checkpoint_that_saves_within_epochs_is_foreseen_at_the_batches_it_sav
             foreseen.append(saves_after([every_epoch, checkpoint], batch))
             decided.append(checkpoint._should_save_on_batch(batch))
     assert foreseen == decided and sum(decided) == 5
+
+
+def _helper_step():  # a function of the program's: may set anything
+    pass
+
+
+def test_a_hook_that_calls_past_its_own_plain_data_is_taken_to_reach_anything():
+    """A hook is known to touch nothing else only where every call it makes is a container's or a string's method, a
+    plain built-in or a function of a module that reaches no variable (time, math, numpy...), and every attribute of
+    its callback it names holds plain data: a helper object's method, TensorFlow's ``set_value`` on a variable the
+    callback keeps, a function of the program's or one kept in an attribute may set the learning rate."""
+    import keras
+
+    from parallax.tf2.hook_code import contained
+
+    rate = tf.Variable(0.1)
+
+    class Scheduler:
+        def step(self):
+            rate.assign(rate * 0.5)
+
+    class Hooks(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.times, self.seen, self.scheduler, self.rate, self.later = [0.5], {"a": np.zeros(2)}, Scheduler(), \
+                rate, _helper_step
+
+        def timer(self, batch, logs=None):
+            self.times.append(time.perf_counter() - self.times[0])
+            self.seen.update(b=np.mean(self.seen["a"]))
+
+        def helper(self, batch, logs=None):
+            self.scheduler.step()
+
+        def set_value(self, batch, logs=None):
+            tf.identity(self.times)  # TensorFlow: may reach a variable (tf.keras.backend.set_value)
+
+        def kept_variable(self, batch, logs=None):
+            self.last = self.rate
+
+        def program_function(self, batch, logs=None):
+            _helper_step()
+
+        def kept_function(self, batch, logs=None):
+            self.later(batch)
+
+    hooks = Hooks()
+    assert contained(hooks, Hooks.timer)
+    for reaching in (Hooks.helper, Hooks.set_value, Hooks.kept_variable, Hooks.program_function, Hooks.kept_function):
+        assert not contained(hooks, reaching), reaching.__name__

@@ -1,0 +1,111 @@
+"""What a Keras callback's hook can reach, as its code shows (:func:`contained`).
+
+``parallax.fit`` does work after every batch for a callback with batch hooks of its own, because such a hook may
+read the batch logs or the model's metrics, set the learning rate or another variable of the step, or stop training
+(:mod:`parallax.tf2.batch_hooks`). A hook whose code touches only its own callback's plain data (a timer:
+``self.steps += 1; self.times.append(time.perf_counter())``) can do none of that, and ``model.fit``'s batch work is
+then Parallax's to skip. The reading is of the hook's bytecode (``dis``) and of the values of the callback's
+attributes it names; whatever it cannot see through is taken to reach anything.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import dis
+import inspect
+import itertools
+from typing import Any
+
+import numpy as np
+
+__all__ = ["contained", "loads_logs"]
+
+#: attributes through which a hook's code may reach the model, its optimizer and metrics, variables, or frames
+_REACH = frozenset({"model", "_model", "optimizer", "metrics", "get_metrics_result", "stop_training", "set_weights",
+                    "assign", "assign_add", "assign_sub", "_getframe", "currentframe", "f_back", "f_locals",
+                    "get_objects", "get_referrers"})
+#: built-ins that touch nothing but their arguments
+_PURE = frozenset({abs, all, any, bool, dict, enumerate, float, format, int, isinstance, len, list, max, min, print,
+                   range, repr, round, set, sorted, str, sum, tuple, zip})
+#: modules whose functions a contained hook may call (none of them reaches a TensorFlow variable)
+_MODULES = frozenset({"time", "math", "numpy", "datetime", "statistics", "random", "logging", "sys", "os", "json",
+                      "collections", "itertools", "operator"})
+#: the methods a contained hook may call: those of Python's containers, strings and NumPy's arrays
+_METHODS = frozenset({"append", "extend", "insert", "pop", "clear", "copy", "add", "update", "discard", "remove",
+                      "get", "setdefault", "items", "keys", "values", "count", "index", "sort", "format", "join",
+                      "split", "strip", "lower", "upper", "startswith", "endswith", "replace", "item", "tolist",
+                      "mean", "total_seconds"})
+
+
+def contained(callback: Any, function: Any) -> bool:
+    """Whether ``function``, a hook of ``callback`` (Keras passes ``(batch, logs=...)``), touches only its arguments
+    and the callback's own plain data, as its code shows: no ``*args`` or ``**kwargs``, no closure; no attribute of
+    :data:`_REACH`, nor a method of the callback's class; an attribute of the callback it names holds plain data
+    (numbers, strings, arrays, containers of them); the methods it calls are those of :data:`_METHODS`; its globals
+    are modules of :data:`_MODULES` and :data:`_PURE` built-ins. A hook whose code cannot be seen (a built-in) is not.
+    """
+    code = getattr(function, "__code__", None)
+    if code is None or code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS) or code.co_freevars:
+        return False
+    if "logs" not in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
+        return False  # Keras passes logs=...: a hook without the argument takes it some other way
+    codes = _codes(code)
+    names = {n for c in codes for n in c.co_names}
+    if names & _REACH or any(callable(getattr(type(callback), n, None)) for n in names):
+        return False
+    own = vars(callback)
+    if not all(_plain(own[n]) for n in names if n in own):
+        return False
+    found = getattr(function, "__globals__", {})
+    for instruction in (i for c in codes for i in dis.get_instructions(c)):
+        if _calls_method(instruction) and instruction.argval not in _METHODS:
+            return False
+        if instruction.opname == "LOAD_GLOBAL":
+            value = found.get(instruction.argval, getattr(builtins, instruction.argval, None))
+            if inspect.ismodule(value):
+                if value.__name__.split(".")[0] not in _MODULES:
+                    return False
+            elif not any(value is pure for pure in _PURE):
+                return False
+    return True
+
+
+def loads_logs(function: Any) -> bool:
+    """Whether the hook ``function`` (a :func:`contained` one) reads its ``logs`` argument."""
+    code = function.__code__
+    return "logs" in code.co_cellvars or any(
+        i.opname.startswith("LOAD") and "logs" in (i.argval if isinstance(i.argval, tuple) else (i.argval,))
+        for i in dis.get_instructions(code))
+
+
+def _calls_method(instruction: dis.Instruction) -> bool:
+    """Whether ``instruction`` loads a method to call (Python 3.11's ``LOAD_METHOD``; 3.12's ``LOAD_ATTR`` that
+    pushes the object beside it)."""
+    return instruction.opname == "LOAD_METHOD" or (
+        instruction.opname == "LOAD_ATTR" and "NULL|self" in (instruction.argrepr or ""))
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is plain data: ``None``, a number, a string, a NumPy value or array of numbers, or (to
+    three levels, their first thousand items) a container of plain data."""
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes, np.generic)):
+        return True
+    if isinstance(value, np.ndarray):
+        return value.dtype != object
+    if depth >= 3:
+        return False
+    if isinstance(value, dict):
+        return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in itertools.islice(value.items(), 1000))
+    if isinstance(value, (list, tuple, set, frozenset, collections.deque)):
+        return all(_plain(v, depth + 1) for v in itertools.islice(value, 1000))
+    return False
+
+
+def _codes(code: Any) -> list:
+    """``code`` and the code of the functions, lambdas and comprehensions within it."""
+    found = [code]
+    for constant in code.co_consts:
+        if inspect.iscode(constant):
+            found.extend(_codes(constant))
+    return found
