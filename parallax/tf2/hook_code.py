@@ -31,6 +31,8 @@ _PURE = frozenset({abs, all, any, bool, dict, enumerate, float, format, int, isi
 #: modules whose functions a contained hook may call (none of them reaches a TensorFlow variable)
 _MODULES = frozenset({"time", "math", "numpy", "datetime", "statistics", "random", "logging", "sys", "os", "json",
                       "collections", "itertools", "operator"})
+#: how a class makes an attribute access run code of its own, beside its properties
+_ACCESS = ("__getattr__", "__getattribute__", "__setattr__", "__delattr__")
 #: the methods a contained hook may call: those of Python's containers, strings and NumPy's arrays
 _METHODS = frozenset({"append", "extend", "insert", "pop", "clear", "copy", "add", "update", "discard", "remove",
                       "get", "setdefault", "items", "keys", "values", "count", "index", "sort", "format", "join",
@@ -41,9 +43,10 @@ _METHODS = frozenset({"append", "extend", "insert", "pop", "clear", "copy", "add
 def contained(callback: Any, function: Any) -> bool:
     """Whether ``function``, a hook of ``callback`` (Keras passes ``(batch, logs=...)``), touches only its arguments
     and the callback's own plain data, as its code shows: no ``*args`` or ``**kwargs``, no closure; no attribute of
-    :data:`_REACH`, nor a method of the callback's class; an attribute of the callback it names holds plain data
-    (numbers, strings, arrays, containers of them); the methods it calls are those of :data:`_METHODS`; its globals
-    are modules of :data:`_MODULES` and :data:`_PURE` built-ins. A hook whose code cannot be seen (a built-in) is not.
+    :data:`_REACH`; an attribute of the callback (or of its class) it names holds plain data (numbers, strings,
+    arrays, containers of them: not a method, nor a property), and its class makes no attribute access its own; the
+    methods it calls are those of :data:`_METHODS`; its globals are modules of :data:`_MODULES` and :data:`_PURE`
+    built-ins. A hook whose code cannot be seen (a built-in) is not.
     """
     code = getattr(function, "__code__", None)
     if code is None or code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS) or code.co_freevars:
@@ -52,10 +55,11 @@ def contained(callback: Any, function: Any) -> bool:
         return False  # Keras passes logs=...: a hook without the argument takes it some other way
     codes = _codes(code)
     names = {n for c in codes for n in c.co_names}
-    if names & _REACH or any(callable(getattr(type(callback), n, None)) for n in names):
-        return False
-    own = vars(callback)
-    if not all(_plain(own[n]) for n in names if n in own):
+    if names & _REACH or any(getattr(type(callback), a, None) is not getattr(object, a, None) for a in _ACCESS):
+        return False  # an attribute access of the callback's class's own runs code of its own
+    kind, own = type(callback), vars(callback)
+    # what it names on the callback: plain data (a method or a property of its class runs code of its own)
+    if not all(_plain(own[n] if n in own else getattr(kind, n)) for n in names if n in own or hasattr(kind, n)):
         return False
     found = getattr(function, "__globals__", {})
     for instruction in (i for c in codes for i in dis.get_instructions(c)):

@@ -159,7 +159,8 @@ def test_a_hook_that_calls_past_its_own_plain_data_is_taken_to_reach_anything():
     """A hook is known to touch nothing else only where every call it makes is a container's or a string's method, a
     plain built-in or a function of a module that reaches no variable (time, math, numpy...), and every attribute of
     its callback it names holds plain data: a helper object's method, TensorFlow's ``set_value`` on a variable the
-    callback keeps, a function of the program's or one kept in an attribute may set the learning rate."""
+    callback keeps, a function of the program's or one kept in an attribute, a property's setter or a class's own
+    ``__setattr__`` may set the learning rate."""
     import keras
 
     from parallax.tf2.hook_code import contained
@@ -195,7 +196,30 @@ def test_a_hook_that_calls_past_its_own_plain_data_is_taken_to_reach_anything():
         def kept_function(self, batch, logs=None):
             self.later(batch)
 
+        @property
+        def warmup(self):
+            return float(rate.numpy())
+
+        @warmup.setter
+        def warmup(self, value):
+            rate.assign(value)
+
+        def property_setter(self, batch, logs=None):
+            self.warmup = 0.01 * (batch + 1)
+
+    class Watched(keras.callbacks.Callback):
+        steps = 0
+
+        def __setattr__(self, name, value):
+            super().__setattr__(name, value)
+            rate.assign(0.5)
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps += 1
+
     hooks = Hooks()
     assert contained(hooks, Hooks.timer)
-    for reaching in (Hooks.helper, Hooks.set_value, Hooks.kept_variable, Hooks.program_function, Hooks.kept_function):
+    for reaching in (Hooks.helper, Hooks.set_value, Hooks.kept_variable, Hooks.program_function, Hooks.kept_function,
+                     Hooks.property_setter):
         assert not contained(hooks, reaching), reaching.__name__
+    assert not contained(Watched(), Watched.on_train_batch_end)
