@@ -49,6 +49,7 @@ import tensorflow as tf
 
 from parallax.api import parallel_run
 from parallax.comm.group import Alone
+from parallax.tf2 import part_loss as parts_of
 from parallax.tf2.arguments import check_fit, check_model, check_optimizer, is_dataset_like
 from parallax.tf2.batch_hooks import (
     BEGINS,
@@ -337,10 +338,10 @@ def _one_step(step: Any, model: Any, flavor: Flavor, batch: tuple, num_workers: 
     starts = [(worker_id * num_replicas + k) * size for k in range(num_replicas)]  # of this worker's parts
     real = [np.int32(min(max(examples - at, 0), size)) for at in starts]  # their examples; the rest: padding
     got = step(*[_per_leaf(m, a) for m, a in zip(mine, fed) if a is not None], [share] * num_replicas, real,
-               *count)
+               [np.float32(examples)] * num_replicas, *count)
     if not flavor.metrics_in_step:  # else updated in the step, summed over the workers (parallax.tf2.summed)
         at = [first + k * size for k in range(num_replicas)]  # in ``batch``
-        _host_metrics(model, flavor, got, batch, mine, zip(at, real), share, outputs["structure"])
+        _host_metrics(model, flavor, got, batch, mine, zip(at, real), share, outputs["structure"], examples)
 
 
 def _block(batch: tuple, num_workers: int, worker_id: int, num_replicas: int,
@@ -360,12 +361,14 @@ def _block(batch: tuple, num_workers: int, worker_id: int, num_replicas: int,
 
 
 def _host_metrics(model: Any, flavor: Flavor, got: tuple, batch: tuple, mine: list, parts_at: Any, share: float,
-                  structure: Any) -> None:
+                  structure: Any, examples: int) -> None:
     """Update the compiled metrics on the host from what the step returned (its losses, predictions, regularization
     and the predictions' masks; tf_keras, whose compiled loss keeps loss metrics of its own): replica ``k``'s real
     examples, ``parts_at[k] = (where its part starts in the batch, how many are real)``; each one's loss counts for
-    ``share`` examples."""
+    ``share`` examples (a loss that sums over the batch of ``examples``: its parts' sum,
+    :func:`~parallax.tf2.part_loss.summed_weights`)."""
     losses, predicted, regularization, masks = got
+    summed = parts_of.sums_over_batch(model)
     for k, (at, n) in enumerate(parts_at):
         prediction = tf.nest.pack_sequence_as(structure, [_masked(leaf[k][:n], None if mask is None else mask[k][:n])
                                                           for leaf, mask in zip(predicted, masks)])
@@ -373,7 +376,9 @@ def _host_metrics(model: Any, flavor: Flavor, got: tuple, batch: tuple, mine: li
                           tf.nest.map_structure(lambda a, n=n: tf.convert_to_tensor(a[:n]), m[k]) for m in mine[:2])
         part_w = None if batch[2] is None else \
             tf.nest.map_structure(lambda w, at=at, n=n: tf.convert_to_tensor(w[at:at + n]), batch[2])
-        flavor.record_loss(model, losses[k], tf.constant(regularization[k]), part_x, part_y, part_w, prediction,
+        loss_w = parts_of.summed_weights(per_example(tf.ones([n]), prediction) if part_w is None else part_w,
+                                tf.constant(examples, tf.float32), part_x) if summed and n else part_w
+        flavor.record_loss(model, losses[k], tf.constant(regularization[k]), part_x, part_y, loss_w, prediction,
                            float(share))
         if n:
             model.compute_metrics(part_x, part_y, prediction, part_w)
@@ -393,15 +398,17 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
     loss (:meth:`~parallax.tf2.keras_flavor.Flavor.record_loss`). It takes ``(x, y, sample_weight)``
     (:func:`even_parts` makes the weights)."""
 
-    def step(x, y, sample_weight, share, real):
+    summed = parts_of.sums_over_batch(model)
+
+    def step(x, y, sample_weight, share, real, examples):
         # the part's real examples (a part of padding only: one row, whose loss counts for nothing)
         x, y, sample_weight = rows(tf.maximum(real, 1), (x, y, sample_weight))
         with tf.GradientTape() as tape:
             prediction = model(x, training=True)
             if not batches.weighted:  # Parallax's own weights (ones, 0 for padding): over every loss of an example
                 sample_weight = per_example(sample_weight, prediction)
-            loss = part_loss(flavor.part_loss(model, x, y, prediction, sample_weight, counts(real, share)),
-                             real, share)
+            weighed = parts_of.summed_weights(sample_weight, examples, x) if summed else sample_weight
+            loss = part_loss(flavor.part_loss(model, x, y, prediction, weighed, counts(real, share)), real, share)
             scaled = flavor.scaled(model, loss)  # as that Keras's step: a loss scale (mixed precision) applied
         flavor.apply(model, tape, scaled)
         if flavor.metrics_in_step:  # on the part's real examples (a padded batch's padding cut off), as the host did
@@ -414,12 +421,12 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
         masks = [getattr(p, "_keras_mask", None) for p in tf.nest.flatten(prediction)]  # a masked output's
         return loss, tf.nest.flatten(prediction), flavor.regularization(model), masks
 
-    def without_targets(x, sample_weight, share, real):  # a model whose loss is its own (add_loss)
-        return step(x, None, sample_weight, share, real)
+    def without_targets(x, sample_weight, share, real, examples):  # a model whose loss is its own (add_loss)
+        return step(x, None, sample_weight, share, real, examples)
 
     scalar = tf.TensorSpec([], tf.float32)
     x_spec, y_spec, w_spec = batches.signature
-    rest = [w_spec, scalar, tf.TensorSpec([], tf.int32)]
+    rest = [w_spec, scalar, tf.TensorSpec([], tf.int32), scalar]
     if not batches.has_targets:
         return tf.function(without_targets, input_signature=[x_spec, *rest])
     return tf.function(step, input_signature=[x_spec, y_spec, *rest])

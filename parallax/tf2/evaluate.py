@@ -34,7 +34,7 @@ from parallax.logs import log
 from parallax.tf2.arguments import check_evaluate, check_predict
 from parallax.tf2.keras_flavor import Flavor, flavor_of
 from parallax.tf2.own_step import overrides
-from parallax.tf2.part_loss import masked_losses
+from parallax.tf2.part_loss import masked_losses, sums_over_batch
 
 __all__ = ["evaluate", "predict", "worker_part", "in_order", "use_job", "job_group", "evaluate_on", "global_batches",
            "sum_metrics", "check_same_metrics", "HostSums", "numbers", "CHIEF_ONLY", "chief_or_shared"]
@@ -123,14 +123,14 @@ def evaluate(model: Any, x: Any = None, y: Any = None, batch_size: int | None = 
 
 def evaluate_on(model: Any, flavor: Flavor, group: WorkerGroup, batches: Iterator[tuple], callback_list: Any) -> dict:
     """The metrics of every example of ``batches`` (global batches of ``(x, y, sample_weight)``), each
-    worker evaluating its parts (of a model whose loss averages over a batch's unmasked values, whole batches in
-    turn: the average of a batch's parts is not the batch's); ``callback_list`` hears the ``on_test_*`` calls
-    (``parallax.fit``'s validation passes its own)."""
+    worker evaluating its parts (of a model whose loss averages over a batch's unmasked values or sums over its
+    examples, whole batches in turn: the average of a batch's parts is not the batch's); ``callback_list`` hears
+    the ``on_test_*`` calls (``parallax.fit``'s validation passes its own)."""
     model.reset_metrics()
     callback_list.on_test_begin()
     sizes: list[int] = []
     own = overrides(model, flavor.module, "test_step")
-    whole = bool(masked_losses(model)) and group.size > 1
+    whole = (bool(masked_losses(model)) or sums_over_batch(model)) and group.size > 1
     uneven = False
     for index, batch in enumerate(batches):
         callback_list.on_test_batch_begin(index)

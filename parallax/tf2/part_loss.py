@@ -10,7 +10,8 @@ import tensorflow as tf
 
 from parallax.logs import log
 
-__all__ = ["counts", "part_loss", "rows", "first", "per_example", "masked_losses", "warn_masked_loss"]
+__all__ = ["counts", "part_loss", "rows", "first", "per_example", "masked_losses", "warn_masked_loss",
+           "sums_over_batch", "summed_weights"]
 
 
 def counts(real: tf.Tensor, share: tf.Tensor) -> tf.Tensor:
@@ -28,6 +29,27 @@ def part_loss(loss: tf.Tensor, real: tf.Tensor, share: tf.Tensor) -> tf.Tensor:
     0.5
     """
     return loss * tf.cast(counts(real, share), loss.dtype)
+
+
+def sums_over_batch(model: Any) -> bool:
+    """Whether every loss ``model`` is compiled with sums over the batch's examples (``reduction="sum"``, Keras 3's
+    and tf_keras's alike): then one device's loss is the sum of its parts' losses, not their mean."""
+    losses = [loss for loss in tf.nest.flatten(getattr(model, "loss", None)) if loss is not None]
+    return bool(losses) and all(getattr(loss, "reduction", None) == "sum" for loss in losses)
+
+
+def summed_weights(weights: Any, examples: tf.Tensor, x: Any) -> Any:
+    """The per-example ``weights`` of a part ``x`` of a batch of ``examples`` for a loss that sums over the batch
+    (:func:`sums_over_batch`), each scaled by ``examples`` over the part's rows: the part's loss, which
+    :func:`part_loss` then weighs by its real examples against its share, is that many of the replicas' mean, so
+    the replicas' mean is the sum over the batch (one device's loss), and the mean of a part's two halves is the
+    part's (the first step's check).
+
+    >>> float(summed_weights(tf.ones([2]), tf.constant(8.0), tf.zeros([2, 3]))[0])
+    4.0
+    """
+    part = tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
+    return tf.nest.map_structure(lambda w: w * tf.cast(examples / part, w.dtype), weights)
 
 
 def rows(count: tf.Tensor, structure: Any) -> Any:

@@ -167,7 +167,7 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
             owner = primary[name]
             if owner is not None and eager.name == name:  # a slot made in the step: named after its variable
                 eager = replace(eager, name=f"{bindings[owner]}/{name.rsplit('/', 1)[-1]}")
-            with tf.compat.v1.colocate_with(scratch.get_operation_by_name(bindings[owner])) if owner in bindings \
+            with scratch.colocate_with(scratch.get_operation_by_name(bindings[owner])) if owner in bindings \
                     else contextlib.nullcontext():
                 made = _graph_variable(eager, taken)
             variables[made.op.name] = eager
@@ -281,7 +281,8 @@ def _graph_variable(variable: _Eager, taken: set[str]) -> tf.Variable:
         # made apart from the variable (no colocation with it, nor with a slot's variable), so that it runs in the
         # worker's process, whose Python holds the eager variable, wherever the variable lives (a parameter
         # server's process has no such Python)
-        with tf.compat.v1.colocate_with(None, ignore_existing=True), tf.name_scope(f"{INITIAL_VALUE_PREFIX}/{name}/"):
+        graph = tf.compat.v1.get_default_graph()
+        with graph.colocate_with(None, ignore_existing=True), tf.name_scope(f"{INITIAL_VALUE_PREFIX}/{name}/"):
             read = tf.ensure_shape(tf.py_function(variable.read, [], variable.dtype), value.shape)
 
         def initial() -> tf.Tensor:

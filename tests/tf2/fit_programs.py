@@ -18,9 +18,12 @@ CASES = {"ordered": "keras", "shuffled": "keras", "dataset": "keras", "tf_keras-
          "tf_keras-ragged": "tf_keras-new",
          "scheduled": "keras", "tf_keras-scheduled": "tf_keras-legacy", "mixed-float16": "keras-mixed",
          "early-stopping": "keras", "tf_keras-early-stopping": "tf_keras-new", "positions": "keras-positions",
-         "unknown-dataset": "keras"}
+         "unknown-dataset": "keras", "summed-ragged": "keras-summed", "tf_keras-summed-ragged": "tf_keras-summed"}
 # cases that fit as a user calls model.fit, shuffled by Keras (build() seeds it)
 SHUFFLED = ("shuffled", "positions")
+# the "summed" cases' models: compiled with a loss that sums over the batch (reduction="sum"), trained by SGD (whose
+# steps show a gradient's scale, which Adam's hide)
+SUMMED = ("keras-summed", "tf_keras-summed")
 # the "ragged" cases' batch: batches of 9 and a last of 3, none of which splits evenly over 2 replicas
 RAGGED = 9
 # the "ragged-dataset" case's examples: 3 batches of BATCH and a last of 1
@@ -108,7 +111,7 @@ def _token_and_position(k):
 
 
 def build(flavor: str = "keras"):
-    if flavor in ("keras", "keras-mixed", "keras-positions"):
+    if flavor in ("keras", "keras-mixed", "keras-positions", "keras-summed"):
         import keras as k
 
         optimizer = k.optimizers.Adam(0.05)
@@ -132,7 +135,10 @@ def build(flavor: str = "keras"):
     finally:
         if flavor == "keras-mixed":
             k.mixed_precision.set_global_policy("float32")
-    model.compile(optimizer=optimizer, loss="mse", metrics=["mae"])
+    loss = "mse"
+    if flavor in SUMMED:
+        optimizer, loss = k.optimizers.SGD(0.002), k.losses.MeanSquaredError(reduction="sum")
+    model.compile(optimizer=optimizer, loss=loss, metrics=["mae"])
     return model
 
 

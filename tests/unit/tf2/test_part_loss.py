@@ -110,3 +110,49 @@ def test_a_loss_without_a_mask_has_no_counts_to_sum():
     from parallax.analysis.batch_statistics import replica_sums_of
 
     assert replica_sums_of(_traced(keras, False, "sparse_categorical_crossentropy").graph) == ()
+
+
+@pytest.mark.parametrize("module", ["keras", "tf_keras"])
+def test_a_loss_compiled_to_sum_over_the_batch_is_found_only_where_every_loss_sums(module):
+    import importlib
+
+    from parallax.tf2.part_loss import sums_over_batch
+
+    keras = importlib.import_module(module)
+
+    def compiled(loss):
+        inputs = keras.Input((3,))
+        model = keras.Model(inputs, {"a": keras.layers.Dense(1, name="a")(inputs),
+                                     "b": keras.layers.Dense(1, name="b")(inputs)})
+        model.compile(optimizer="sgd", loss=loss)
+        return model
+
+    summed = keras.losses.MeanSquaredError(reduction="sum")
+    assert sums_over_batch(compiled({"a": summed, "b": keras.losses.MeanAbsoluteError(reduction="sum")}))
+    assert not sums_over_batch(compiled({"a": summed, "b": "mse"}))  # the first step's check names the other
+    assert not sums_over_batch(compiled("mse"))
+    assert not sums_over_batch(compiled(keras.losses.MeanSquaredError()))
+
+
+def test_a_summed_loss_on_a_part_is_its_share_of_the_batch_and_the_mean_of_its_halves():
+    """The replicas' mean of the parts' weighed losses is one device's sum over the batch, and the first step's
+    check, which feeds a part's halves as the part, finds their mean equal to the part's."""
+    import keras
+    import tensorflow as tf
+
+    from parallax.tf2.part_loss import counts, part_loss, summed_weights
+
+    loss = keras.losses.MeanSquaredError(reduction="sum")
+    rng = np.random.RandomState(0)
+    y, p = rng.randn(8, 1).astype(np.float32), rng.randn(8, 1).astype(np.float32)
+    examples, share = tf.constant(8.0), tf.constant(4.0)
+
+    def weighed(rows: slice, real: int) -> float:
+        w = summed_weights(tf.ones([len(y[rows])]), examples, y[rows])
+        return float(part_loss(loss(y[rows], p[rows], w), tf.constant(real), share))
+
+    parts = [weighed(slice(0, 4), 4), weighed(slice(4, 8), 4)]
+    np.testing.assert_allclose(np.mean(parts), float(loss(y, p)), rtol=1e-6)  # one device's sum
+    halves = [weighed(slice(0, 2), 4), weighed(slice(2, 4), 4)]  # the check: the part's feeds, half its rows
+    np.testing.assert_allclose(np.mean(halves), parts[0], rtol=1e-6)
+    assert float(counts(tf.constant(4), share)) == 1.0
