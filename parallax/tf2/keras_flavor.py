@@ -15,6 +15,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from parallax.graph.graph_ops import added_to_itself, parse_input
+
 __all__ = ["Flavor", "flavor_of"]
 
 
@@ -217,17 +219,19 @@ def _counted(trackers: list, counts: float, run: Any) -> None:
 
 def _added_to(made: list, handle: str) -> tf.Tensor | None:
     """What the ops ``made`` add to the variable of ``handle``: an ``assign_add``'s value, or ``x`` of an
-    ``assign(v, read(v) + x)`` (how a Keras 3 metric adds to its state); ``None`` where they add nothing so."""
+    ``assign(v, read(v) + x)`` (how a Keras 3 metric adds to its state, :func:`~parallax.graph.graph_ops.
+    added_to_itself`); ``None`` where they add nothing so."""
+    nodes = None
     for op in made:
         if not op.inputs or op.inputs[0].name != handle:
             continue
         if op.type == "AssignAddVariableOp":
             return op.inputs[1]
-        if op.type == "AssignVariableOp" and op.inputs[1].op.type in ("AddV2", "Add"):
-            a, b = op.inputs[1].op.inputs
-            for mine, other in ((a, b), (b, a)):
-                if mine.op.type == "ReadVariableOp" and mine.op.inputs[0].name == handle:
-                    return other
+        nodes = nodes or {o.name: o.node_def for o in op.graph.get_operations()}
+        added = added_to_itself(op.node_def, nodes)
+        if added is not None:
+            name, index, _ = parse_input(added)
+            return op.graph.get_tensor_by_name(f"{name}:{index}")
     return None
 
 
