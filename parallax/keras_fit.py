@@ -59,6 +59,7 @@ from parallax.tf2.batch_hooks import (
     reads_logs,
     saves_after,
     saves_within_epochs,
+    weighs_within_epochs,
 )
 from parallax.tf2.batches import FitBatches, check_same
 from parallax.tf2.evaluate import HostSums, chief_or_shared, evaluate_on, numbers, use_job
@@ -249,6 +250,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     callback_list.on_train_begin()
     edits.carry("on_train_begin")
     saves_in_epochs = saves_within_epochs(callbacks or [])  # the program's list: alike on every worker
+    weighs = weighs_within_epochs(callbacks or [], flavor)  # a batch hook may read the weights: alike everywhere
     stops_in_epochs = batch_hooks(callbacks or [], flavor, ENDS)  # the program's list: alike on every worker
     sets_within = batch_hooks(callbacks or [], flavor, BEGINS + ENDS)  # may set variables: alike on every worker
     sets_in_epochs = scalars and sets_within
@@ -283,10 +285,11 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                 callback_list.on_train_batch_end(index, last)
             else:
                 _one_step(step, model, flavor, batch, num_workers, worker_id, num_replicas, outputs, examples, count)
-                # a ModelCheckpoint(save_freq=<batches>) that saves after this batch (on worker 0) saves the weights
-                # trained so far: every worker brings them into the model (zero_stage's slots are gathered by all)
-                if saves_in_epochs and group.any(chief and saves_after(kept, index)):
-                    _sync(step, model)
+                # a batch hook that may read the weights, or a ModelCheckpoint(save_freq=<batches>) that saves after
+                # this batch (on worker 0), gets the weights trained so far: every worker brings them into the model
+                # (zero_stage's slots are gathered by all)
+                if weighs or saves_in_epochs and group.any(chief and saves_after(kept, index)):
+                    _sync(step, model, look=sets_within)
                 callback_list.on_train_batch_end(index, batch_logs.after(index))
             if stops_in_epochs and group.any(bool(model.stop_training)):  # a callback stopped it: as model.fit,
                 model.stop_training = True  # after this batch (every worker: a worker that went on would wait)

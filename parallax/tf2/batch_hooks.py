@@ -15,10 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 from parallax.tf2.evaluate import numbers
-from parallax.tf2.hook_code import contained, loads_logs
+from parallax.tf2.hook_code import contained, loads_logs, reads_weights
 from parallax.tf2.keras_flavor import Flavor
 
-__all__ = ["BEGINS", "ENDS", "batch_hooks", "reads_logs", "saves_within_epochs", "saves_after", "BatchLogs"]
+__all__ = ["BEGINS", "ENDS", "batch_hooks", "reads_logs", "weighs_within_epochs", "saves_within_epochs", "saves_after",
+           "BatchLogs"]
 
 BEGINS = ("on_train_batch_begin", "on_batch_begin")
 ENDS = ("on_train_batch_end", "on_batch_end")
@@ -40,6 +41,19 @@ def reads_logs(callbacks: list, flavor: Flavor, hooks: tuple[str, ...]) -> bool:
     batches) leaves ``parallax.fit`` to skip the logs of its batches, which ``model.fit`` has for free from its
     compiled step and Parallax reads from the model's metrics on the host (about a millisecond a batch)."""
     return any(not contained(c, _own(c, h)) or loads_logs(_own(c, h)) for c, h in _hooks(callbacks, flavor, hooks))
+
+
+def weighs_within_epochs(callbacks: list, flavor: Flavor) -> bool:
+    """Whether a callback's own batch hooks may read the model's weights (a norm logged after every batch, a
+    prediction made every few: :func:`parallax.tf2.hook_code.reads_weights`): the model's variables must then hold
+    the trained values after every batch, as in ``model.fit``, not only at each epoch's end."""
+    prefix = f"{flavor.module.__name__.split('.')[0]}."
+    # Keras's own callbacks (but a LambdaCallback's functions) read none between batches, but a ModelCheckpoint
+    # that saves within epochs, which saves_after foresees
+    theirs = [c for c in callbacks if not type(c).__module__.startswith(prefix)
+              or isinstance(c, flavor.callbacks.LambdaCallback)]
+    return any(not contained(c, _own(c, h)) and reads_weights(c, _own(c, h))
+               for c, h in _hooks(theirs, flavor, BEGINS + ENDS))
 
 
 def saves_within_epochs(callbacks: list) -> bool:

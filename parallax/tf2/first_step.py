@@ -206,11 +206,13 @@ def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: i
         named = ", ".join(f"{v} ({d:.1%})" for d, v in off[:5]) + (f" and {len(off) - 5} more" if len(off) > 5 else "")
         as_sum = compare(whole, halves, (cut, n - cut), summed=True)
         if all(as_sum[v] <= tolerance[v] for _, v in off):
-            named += (". The part's gradient is the sum of its halves': the loss sums over the batch's examples (Keras "
-                      "3 sums what a layer gives add_loss, so a loss of one value per example, as keras-io's CTC layer "
-                      "adds, is a sum), and Parallax averages the replicas' gradients as every data-parallel system "
-                      "does, so each update is a fraction of one device's: make it a mean over the examples "
-                      "(ops.mean), with a learning rate to match")
+            named += (". The part's gradient is the sum of its halves': the loss sums over the batch's examples (a "
+                      "sum divided by a fixed batch size, as tf.nn.compute_average_loss(..., global_batch_size=...); "
+                      "Keras 3 sums what a layer gives add_loss, so a loss of one value per example, as keras-io's CTC "
+                      "layer adds, is a sum), and Parallax averages the replicas' gradients as every data-parallel "
+                      "system does, so each update is a fraction of one device's: make it a mean over the part's "
+                      "examples (tf.reduce_mean, ops.mean), with a learning rate to match (parallax.fit weighs a "
+                      "compiled loss with reduction=\"sum\" itself)")
         elif draws:
             named += (". The step draws random numbers in " + ", ".join(draws[:5])
                       + (f" and {len(draws) - 5} more" if len(draws) > 5 else "")

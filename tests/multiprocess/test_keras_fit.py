@@ -165,6 +165,21 @@ def test_a_checkpoint_saved_within_an_epoch_holds_the_weights_trained_so_far(job
             np.testing.assert_allclose(got[name][i], value, rtol=1e-5, atol=1e-6, err_msg=f"{group} {name}: {i}")
 
 
+@pytest.mark.parametrize("group", [pytest.param(g, marks=[pytest.mark.xdist_group(f"fit-{g}")]
+                                                + [pytest.mark.core] * (g == CORE)) for g in (*FIT_IN, ZERO)])
+def test_a_batch_hook_that_reads_the_weights_sees_those_trained_so_far(jobs, group):
+    """A callback that keeps a kernel of the model and logs its norm after every batch (a hook that reads the
+    weights) logs what it logs under model.fit, on every worker: the weights are brought into the model after every
+    batch for it (before 2026-12-05, those of the epoch's start)."""
+    from tests.tf2.fit_programs import single_device_norms
+
+    want = single_device_norms()
+    assert len(want) == 12
+    for worker in range(GROUPS[group][2]):
+        with open(os.path.join(_out(jobs, group, "ordered"), f"rank_{worker}.json")) as f:
+            np.testing.assert_allclose(json.load(f)["norms"], want, rtol=1e-5, err_msg=f"{group} worker {worker}")
+
+
 # mixed precision's layouts: HYBRID runs a dynamic loss scale's step as MPI, MPI-3 repeated MPI-2's loss scale
 # agreed over the workers, PS-2 what the mixed-precision TF2 steps and the optimizer matrix train in PS (out, for
 # CI's time on a 2-core machine; the optimizer matrix scales the loss of every optimizer in MPI and PS:

@@ -210,6 +210,36 @@ def within_epochs(keras, directory: str):
                                            save_freq=3)
 
 
+def kernel_norms(keras):
+    """A callback that logs the norm of the output layer's kernel after every batch, kept from the model when
+    training begins (``self.kernel``): a batch hook that reads the weights trained so far."""
+
+    class KernelNorms(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.norms: list[float] = []
+
+        def on_train_begin(self, logs=None):
+            self.kernel = self.model.trainable_weights[-2]
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.norms.append(float(np.linalg.norm(self.kernel)))
+
+    return KernelNorms()
+
+
+def single_device_norms() -> list[float]:
+    """``model.fit`` of the ordered case on one device with :func:`kernel_norms`: the norms it logged."""
+    import keras
+
+    model = build()
+    x, y, validation = data()
+    norms = kernel_norms(keras)
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, validation_data=validation, verbose=0,
+              callbacks=[norms])
+    return norms.norms
+
+
 def saved_within_epochs(directory: str) -> dict[str, list]:
     """The weights each file of :func:`within_epochs` holds."""
     import os

@@ -28,6 +28,7 @@ from tests.tf2.fit_programs import (  # noqa: E402
     data,
     dataset,
     held_out,
+    kernel_norms,
     weights,
     within_epochs,
 )
@@ -49,8 +50,8 @@ def main() -> None:
         out = os.path.join(args.out, case)
         os.makedirs(out, exist_ok=True)
         callbacks = [keras.callbacks.ModelCheckpoint(os.path.join(out, "model.weights.h5"), save_weights_only=True)]
-        if case == "ordered":  # saves within epochs too: the weights of steps 3, 6 (and 12)
-            callbacks.append(within_epochs(keras, out))
+        if case == "ordered":  # saves within epochs too (the weights of steps 3, 6, 12) and logs a kernel's norm
+            callbacks += [within_epochs(keras, out), kernel_norms(keras)]
         callbacks += scheduled(case)
         config = parallax.Config(run_option=args.run_option, average_sparse=True, stall_timeout=60,
                                  zero_stage=args.zero_stage)
@@ -71,7 +72,8 @@ def main() -> None:
             json.dump({"history": history.history, "evaluate": evaluated,
                        "evaluate_alone": {k: float(v) for k, v in alone.items()},
                        "evaluate_list": parallax.evaluate(model, test_x, test_y, batch_size=EVAL_BATCH, verbose=0),
-                       "mapped": int(mapped.numpy()), "batch_logs": batch_logs_seen(callbacks)},
+                       "mapped": int(mapped.numpy()), "batch_logs": batch_logs_seen(callbacks),
+                       "norms": [n for c in callbacks for n in getattr(c, "norms", [])]},
                       f, default=float)
         np.savez(os.path.join(out, f"rank_{rank}.npz"),
                  predict=parallax.predict(model, test_x, batch_size=EVAL_BATCH, verbose=0),

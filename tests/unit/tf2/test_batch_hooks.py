@@ -223,3 +223,99 @@ def test_a_hook_that_calls_past_its_own_plain_data_is_taken_to_reach_anything():
                      Hooks.property_setter):
         assert not contained(hooks, reaching), reaching.__name__
     assert not contained(Watched(), Watched.on_train_batch_end)
+
+
+def test_an_attribute_a_callback_holds_only_later_is_as_plain_as_what_sets_it():
+    """An attribute a hook names that the callback does not hold when ``fit`` reads the hooks (set in
+    ``on_epoch_begin`` or ``on_train_begin``) is plain data where every method of the callback's class that sets it
+    sets plain data (a timer's start and count); one set from the model (a kernel the hook then reads) may hold
+    anything, and the hook then reads the model between steps."""
+    import keras
+
+    from parallax.tf2.hook_code import contained
+
+    class EpochTimer(keras.callbacks.Callback):  # benchmarks/tf2_runs.py's, and the common timing callback's shape
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start, self.steps = time.perf_counter(), 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps += 1
+            self.last = time.perf_counter() - self.start
+
+    class KernelNorms(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.norms: list = []
+
+        def on_train_begin(self, logs=None):
+            self.kernel = self.model.trainable_weights[0]
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.norms.append(float(np.linalg.norm(self.kernel)))
+
+    class Stored(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.step = tf.Variable(0)  # TensorFlow: not plain
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.count = self.step
+
+    assert contained(EpochTimer(), EpochTimer.on_train_batch_end)
+    assert not contained(KernelNorms(), KernelNorms.on_train_batch_end)
+    assert not contained(Stored(), Stored.on_train_batch_end)
+
+
+def _weights_norm(model):  # a function of the program's that reads the weights
+    return float(np.linalg.norm(model.get_weights()[0]))
+
+
+def test_a_batch_hook_that_may_read_the_weights_is_found_by_its_code():
+    """A hook needs the weights trained so far where its code, a method of its callback's it calls, a function of the
+    program's or a closure's it calls, or the code that set an attribute it reads names how a model's weights are
+    read (``get_weights``, ``trainable_weights``, ``layers``, ``kernel``, ``predict``...); TensorBoard, a timer, and
+    a callback that sets the learning rate each batch do not (the model is brought up to date only for the first)."""
+    import keras
+
+    from parallax.tf2.batch_hooks import weighs_within_epochs
+    from parallax.tf2.hook_code import reads_weights
+    from parallax.tf2.keras_flavor import flavor_of
+
+    class Direct(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            self.last = self.model.get_weights()
+
+    class Helper(keras.callbacks.Callback):
+        def _log(self):
+            return [layer.name for layer in self.model.layers]
+
+        def on_train_batch_end(self, batch, logs=None):
+            self._log()
+
+    class Program(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            self.norm = _weights_norm(self.model)
+
+    class Kept(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.table = self.model.trainable_weights[0]
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.last = float(np.sum(self.table))
+
+    class Rate(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            self.model.optimizer.learning_rate.assign(0.1 / (batch + 1))
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    seen = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: print(model.get_weights()))
+    for reading in (Direct(), Helper(), Program(), Kept()):
+        hook = "on_train_batch_begin" if isinstance(reading, Program) else "on_train_batch_end"
+        assert reads_weights(reading, getattr(type(reading), hook)), type(reading).__name__
+    assert reads_weights(seen, seen.on_train_batch_end)
+    assert not reads_weights(Rate(), Rate.on_train_batch_begin)
+    board = keras.callbacks.TensorBoard(update_freq="batch")
+    assert not reads_weights(board, type(board).on_train_batch_end)
+    flavor = flavor_of(model, "test", compiled=False)
+    assert weighs_within_epochs([board, Rate(), Kept()], flavor)
+    saving = keras.callbacks.ModelCheckpoint("m.weights.h5", save_weights_only=True)  # saves_after's
+    assert not weighs_within_epochs([board, Rate(), keras.callbacks.TerminateOnNaN(), saving], flavor)
