@@ -209,8 +209,9 @@ def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: i
             named += (". The part's gradient is the sum of its halves': the loss sums over the batch's examples (a "
                       "sum divided by a fixed batch size, as tf.nn.compute_average_loss(..., global_batch_size=...); "
                       "Keras 3 sums what a layer gives add_loss, so a loss of one value per example, as keras-io's CTC "
-                      "layer adds, is a sum), and Parallax averages the replicas' gradients as every data-parallel "
-                      "system does, so each update is a fraction of one device's: make it a mean over the part's "
+                      "layer adds, is a sum), and Parallax averages the replicas' gradients (as Horovod does; "
+                      "tf.distribute sums them, which its loops' division by the global batch expects), so each "
+                      "update is a fraction of one device's: make it a mean over the part's "
                       "examples (tf.reduce_mean, ops.mean), with a learning rate to match (parallax.fit weighs a "
                       "compiled loss with reduction=\"sum\" itself)")
         elif draws:
