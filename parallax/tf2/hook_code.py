@@ -74,7 +74,7 @@ def _plain_code(callback: Any, codes: list, found: dict, seen: frozenset) -> boo
         return False
     kind, own = type(callback), vars(callback)
     for name in names - seen:
-        if name in own or hasattr(kind, name):  # on the callback now: plain data (a method or a property runs code)
+        if _held(callback, name):  # on the callback now: plain data (a method or a property runs code of its own)
             if not _plain(own[name] if name in own else getattr(kind, name)):
                 return False
         elif not all(_plain_code(callback, _codes(f.__code__), f.__globals__, seen | {name})
@@ -91,6 +91,12 @@ def _plain_code(callback: Any, codes: list, found: dict, seen: frozenset) -> boo
             elif not any(value is pure for pure in _PURE):
                 return False
     return True
+
+
+def _held(callback: Any, name: str) -> bool:
+    """Whether ``callback`` (or its class) holds an attribute ``name`` now; else its class's :func:`_setters` may set
+    it later (``on_train_begin``, ``on_epoch_begin``)."""
+    return name in vars(callback) or hasattr(type(callback), name)
 
 
 def _setters(kind: type, name: str) -> list:
@@ -116,7 +122,7 @@ def reads_weights(callback: Any, function: Any, depth: int = 3) -> bool:
     if depth == 0:
         return False
     kind = type(callback)
-    setters = [f for n in names if n not in vars(callback) and not hasattr(kind, n) for f in _setters(kind, n)]
+    setters = [f for n in names if not _held(callback, n) for f in _setters(kind, n)]
     if any(names_of(f) & _WEIGHTS for f in setters):  # the setter's own code: what it calls may set other things
         return True
     called = [getattr(kind, n) for n in names if inspect.isfunction(getattr(kind, n, None))]
