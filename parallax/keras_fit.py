@@ -12,8 +12,8 @@ and returns a Keras ``History`` on every worker. Under it:
   data handling made with the same arguments (arrays and their shuffle, ``class_weight``, a dataset, a
   generator, a ``PyDataset``: :mod:`parallax.tf2.batches`); every worker draws them all alike, and
   replica ``k`` of worker ``w`` takes part ``w * replicas + k`` of equal parts of each batch
-  (:func:`parts`). So one step's union is the batch ``model.fit`` trains at that step. A batch that does
-  not split into equal parts is padded to equal parts (:func:`even_parts`), and the step cuts the padding off
+  (:mod:`parallax.tf2.batch_parts`). So one step's union is the batch ``model.fit`` trains at that step. A batch
+  that does not split into equal parts is padded to equal parts, and the step cuts the padding off
   before the forward pass: each replica trains on its part's real examples, and its whole loss (the compiled
   loss, the model's own losses: regularization, ``add_loss``, a ``compute_loss`` of its own) counts for its
   share of the batch's examples, so that the replicas' mean loss is the batch's, as on one device;
@@ -28,8 +28,8 @@ and returns a Keras ``History`` on every worker. Under it:
   ``val_`` logs, those of every validation example;
 * **callbacks**: run on every worker with the trained weights in the model (so ``EarlyStopping`` decides
   alike everywhere; a stop asked on any worker stops all), except those that write files
-  (``ModelCheckpoint``, ``TensorBoard``, ``CSVLogger``), which run on worker 0; ``BackupAndRestore`` is
-  refused (its restore, on worker 0 after the job's variables are made, would be lost);
+  (``ModelCheckpoint``, ``TensorBoard``, ``CSVLogger``, ``BackupAndRestore``), which run on worker 0; Keras 3's
+  ``BackupAndRestore`` restores on every worker before the job's variables are made (:mod:`parallax.tf2.backup`);
 * **weights**: ``sample_weight`` (or ``class_weight``, turned into sample weights as Keras does) is cut into
   the replicas' parts with the examples; ``validation_split`` holds out the last examples, as Keras does.
 
@@ -49,8 +49,8 @@ import tensorflow as tf
 
 from parallax.api import parallel_run
 from parallax.comm.group import Alone
-from parallax.tf2 import part_loss as parts_of
 from parallax.tf2.arguments import check_fit, check_model, check_optimizer, is_dataset_like
+from parallax.tf2.backup import check_restored_alike, restore_backups
 from parallax.tf2.batch_hooks import (
     BEGINS,
     ENDS,
@@ -61,6 +61,7 @@ from parallax.tf2.batch_hooks import (
     saves_within_epochs,
     weighs_within_epochs,
 )
+from parallax.tf2.batch_parts import parts, per_leaf, worker_block
 from parallax.tf2.batches import FitBatches, check_same
 from parallax.tf2.evaluate import HostSums, chief_or_shared, evaluate_on, numbers, use_job
 from parallax.tf2.exhausted import counting, exhausted_step, warn_uncounted
@@ -74,74 +75,18 @@ from parallax.tf2.own_step import (
     warn_own_fit,
     warn_summed_trackers,
 )
-from parallax.tf2.part_loss import counts, part_loss, per_example, rows, warn_masked_loss
+from parallax.tf2.part_loss import (
+    counts,
+    part_loss,
+    per_example,
+    rows,
+    summed_weights,
+    sums_over_batch,
+    warn_masked_loss,
+)
 from parallax.tf2.replica_sums import synchronised_statistics
 
-__all__ = ["fit", "parts", "split_validation"]
-
-
-def parts(batch: Any, num_workers: int, worker_id: int, num_replicas: int) -> list:
-    """This worker's replicas' parts of a global ``batch`` (an array, or a structure of arrays), in replica
-    order: the batch cut in ``num_workers * num_replicas`` equal parts, part ``worker_id * num_replicas + k``
-    for replica ``k``.
-
-    >>> parts(np.arange(6), 3, 1, 1)
-    [array([2, 3])]
-    """
-    if batch is None:  # no targets, or no weights: none in any part
-        return [None] * num_replicas
-    n = num_workers * num_replicas
-    cut = [np.split(np.asarray(a), n) for a in tf.nest.flatten(batch)]
-    first = worker_id * num_replicas
-    return [tf.nest.pack_sequence_as(batch, [pieces[first + k] for pieces in cut]) for k in range(num_replicas)]
-
-
-def even_parts(batch: tuple, replicas: int) -> tuple[tuple, int, int]:
-    """A global ``batch`` ``(x, y, sample_weight or None)`` made ready to cut into ``replicas`` equal parts:
-    ``(fed, size, examples)``. A batch of ``examples`` that does not split evenly (the last of an epoch) is
-    padded at its end, by repeats of its first example, to ``replicas * size`` (``size`` the examples a part
-    takes, rounded up); the weights fed are the user's (or ones) for the real examples and 0 for the padding.
-    The step cuts each part to its real examples and scales its loss by them (:func:`part_loss`).
-
-    >>> fed, size, examples = even_parts((np.arange(5.0), np.arange(5.0), None), 2)
-    >>> fed[0], fed[2], size, examples
-    (array([0., 1., 2., 3., 4., 0.]), array([1., 1., 1., 1., 1., 0.], dtype=float32), 3, 5)
-    """
-    examples = len(tf.nest.flatten(batch[0])[0])
-    fed, size = block_parts(batch, examples, replicas, replicas, examples)
-    return fed, size, examples
-
-
-def block_parts(block: tuple, examples: int, replicas: int, here: int, real: int) -> tuple[tuple, int]:
-    """A worker's ``here`` parts of a global batch of ``examples`` cut into ``replicas`` equal parts of ``size``
-    (rounded up), from ``block`` ``(x, y, sample_weight or None)``, whose first ``real`` rows are the
-    examples of those parts (the rest of the parts, past the batch's end, padding): ``(fed, size)``, ``fed``
-    ``here * size`` rows, padded by repeats of ``block``'s first row, and the weights as :func:`even_parts`
-    makes them. The whole batch is the block of all parts (``here == replicas``); a worker that reads only its
-    share of the data (:mod:`parallax.tf2.input_split`) has its block alone.
-
-    >>> fed, size = block_parts((np.arange(2.0), np.arange(2.0), None), 5, 4, 2, 1)
-    >>> fed[0], fed[2], size
-    (array([0., 0., 0., 0.]), array([1., 0., 0., 0.], dtype=float32), 2)
-    """
-    x, y, weights = block
-    w = np.ones(real, np.float32) if weights is None else \
-        tf.nest.map_structure(lambda a: np.asarray(a, np.float32)[:real], weights)  # a structure: one per output
-    size = -(-examples // replicas)
-    if size * replicas == examples:
-        return (x, y, w), size
-    padding = size * here - real
-    order = np.concatenate([np.arange(real), np.zeros(padding, np.int64)])
-    zeros = functools.partial(tf.nest.map_structure, lambda a: np.concatenate(
-        [a, np.zeros((padding, *a.shape[1:]), np.float32)]))
-    pad = functools.partial(tf.nest.map_structure, lambda a: np.asarray(a)[order])
-    return (pad(x), None if y is None else pad(y), zeros(w)), size
-
-
-def _per_leaf(per_replica: list, structure: Any) -> Any:
-    """``structure`` with each leaf the list of that leaf's value on every replica (what a step takes)."""
-    flat = [tf.nest.flatten(part) for part in per_replica]
-    return tf.nest.pack_sequence_as(structure, [[f[i] for f in flat] for i in range(len(flat[0]))])
+__all__ = ["fit", "split_validation"]
 
 
 def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None, epochs: int = 1,
@@ -160,8 +105,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         batch_size: the global batch (arrays; default 32).
         epochs, verbose, callbacks, validation_split, validation_data, shuffle, class_weight, sample_weight,
             initial_epoch, steps_per_epoch, validation_steps, validation_batch_size, validation_freq: as
-            ``model.fit`` takes them (``validation_freq`` an int; ``BackupAndRestore`` is refused: restore
-            before ``fit`` and pass ``initial_epoch``).
+            ``model.fit`` takes them (``validation_freq`` an int; Keras 3's ``BackupAndRestore`` restores before
+            the job is made, tf_keras's is refused).
         resource_info, sync, parallax_config: as :func:`parallax.parallel_run` takes them.
         seed: the global seed the shuffle of arrays is drawn with where the program set none
             (``keras.utils.set_random_seed``), so that every worker draws the same batches.
@@ -173,7 +118,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     Raises:
         TypeError: the model is no Keras model, or ``x`` is missing.
         ValueError: the model is not compiled; a batch does not split into the
-            replicas' parts; a ``BackupAndRestore`` callback; weights or a split asked of a dataset.
+            replicas' parts; tf_keras's ``BackupAndRestore``, or a backup that the workers read otherwise; weights
+            or a split asked of a dataset.
     """
     flavor = flavor_of(model, "parallax.fit")
     check_fit(x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data, shuffle, class_weight,
@@ -183,7 +129,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     check_optimizer(model, parallax_config)
     own = overrides(model, flavor.module)
     flavor.ready(model)  # the optimizer's variables a callback may set (the learning rate), made before the trace
-    _refuse_restoring(callbacks)
+    keras_3 = not flavor.module.__name__.startswith("tf_keras")
+    backups = restore_backups(model, callbacks, legacy=not keras_3)  # before the job's variables are made
     if class_weight is not None and sample_weight is not None:
         raise ValueError("parallax.fit: class_weight goes with arrays x, y and no sample_weight (as in model.fit)")
     if validation_split:
@@ -229,6 +176,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                          "starts (TF_CONFIG) cannot do; launch the job with parallel_run's launcher (python train.py "
                          "or parallax-run), or train with a tf.function step and parallel_run")
     group = group or Alone()
+    check_restored_alike(group, model, backups)  # a BackupAndRestore's backup read alike by every worker
     use_job(group)  # parallax.evaluate and parallax.predict shard over this job's workers from now on
     batches.split(group, num_workers, worker_id, num_replicas)  # a dataset: each worker reads its share, if it can
     if own and not is_dataset_like(x) and steps_per_epoch is None:  # arrays: every batch's size known before a step
@@ -249,6 +197,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     step.leave_edits()
     callback_list.on_train_begin()
     edits.carry("on_train_begin")
+    if keras_3:  # as Keras 3's model.fit: the epoch a callback restored (BackupAndRestore) goes first
+        initial_epoch = getattr(model, "_initial_epoch", None) or initial_epoch
     saves_in_epochs = saves_within_epochs(callbacks or [])  # the program's list: alike on every worker
     weighs = weighs_within_epochs(callbacks or [], flavor)  # a batch hook may read the weights: alike everywhere
     stops_in_epochs = batch_hooks(callbacks or [], flavor, ENDS)  # the program's list: alike on every worker
@@ -335,32 +285,16 @@ def _one_step(step: Any, model: Any, flavor: Flavor, batch: tuple, num_workers: 
     """One step of ``parallax.fit``'s own step on this worker's parts of ``batch`` (padded to split evenly):
     ``batch`` the global batch, or, where this worker reads only its share of the data, its block of a global batch
     of ``examples``; ``count``: :func:`parallax.tf2.exhausted.counting`'s argument."""
-    fed, size, first, examples = _block(batch, num_workers, worker_id, num_replicas, examples)
+    fed, size, first, examples = worker_block(batch, num_workers, worker_id, num_replicas, examples)
     mine = [parts(a, 1, 0, num_replicas) for a in fed]  # a part per replica each
     share = np.float32(examples / (num_workers * num_replicas))
     starts = [(worker_id * num_replicas + k) * size for k in range(num_replicas)]  # of this worker's parts
     real = [np.int32(min(max(examples - at, 0), size)) for at in starts]  # their examples; the rest: padding
-    got = step(*[_per_leaf(m, a) for m, a in zip(mine, fed) if a is not None], [share] * num_replicas, real,
+    got = step(*[per_leaf(m, a) for m, a in zip(mine, fed) if a is not None], [share] * num_replicas, real,
                [np.float32(examples)] * num_replicas, *count)
     if not flavor.metrics_in_step:  # else updated in the step, summed over the workers (parallax.tf2.summed)
         at = [first + k * size for k in range(num_replicas)]  # in ``batch``
         _host_metrics(model, flavor, got, batch, mine, zip(at, real), share, outputs["structure"], examples)
-
-
-def _block(batch: tuple, num_workers: int, worker_id: int, num_replicas: int,
-           examples: int | None) -> tuple[tuple, int, int, int]:
-    """This worker's block of the global batch, padded (:func:`block_parts`: its weights, 0 for the padding, are
-    also the metrics'): ``(fed, size of a part, where the block starts in batch, examples of the global batch)``."""
-    replicas = num_workers * num_replicas
-    if examples is None:  # the global batch
-        examples = len(tf.nest.flatten(batch[0])[0])
-        whole, size = block_parts(batch, examples, replicas, replicas, examples)
-        first = worker_id * num_replicas * size
-        return tuple(parts(a, num_workers, worker_id, 1)[0] for a in whole), size, first, examples
-    size = -(-examples // replicas)
-    real = min(max(examples - worker_id * num_replicas * size, 0), num_replicas * size)
-    block, size = block_parts(batch, examples, replicas, num_replicas, real)
-    return block, size, 0, examples
 
 
 def _host_metrics(model: Any, flavor: Flavor, got: tuple, batch: tuple, mine: list, parts_at: Any, share: float,
@@ -371,7 +305,7 @@ def _host_metrics(model: Any, flavor: Flavor, got: tuple, batch: tuple, mine: li
     ``share`` examples (a loss that sums over the batch of ``examples``: its parts' sum,
     :func:`~parallax.tf2.part_loss.summed_weights`)."""
     losses, predicted, regularization, masks = got
-    summed = parts_of.sums_over_batch(model)
+    summed = sums_over_batch(model)
     for k, (at, n) in enumerate(parts_at):
         prediction = tf.nest.pack_sequence_as(structure, [_masked(leaf[k][:n], None if mask is None else mask[k][:n])
                                                           for leaf, mask in zip(predicted, masks)])
@@ -379,7 +313,7 @@ def _host_metrics(model: Any, flavor: Flavor, got: tuple, batch: tuple, mine: li
                           tf.nest.map_structure(lambda a, n=n: tf.convert_to_tensor(a[:n]), m[k]) for m in mine[:2])
         part_w = None if batch[2] is None else \
             tf.nest.map_structure(lambda w, at=at, n=n: tf.convert_to_tensor(w[at:at + n]), batch[2])
-        loss_w = parts_of.summed_weights(per_example(tf.ones([n]), prediction) if part_w is None else part_w,
+        loss_w = summed_weights(per_example(tf.ones([n]), prediction) if part_w is None else part_w,
                                 tf.constant(examples, tf.float32), part_x) if summed and n else part_w
         flavor.record_loss(model, losses[k], tf.constant(regularization[k]), part_x, part_y, loss_w, prediction,
                            float(share))
@@ -399,9 +333,9 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
     """The model's ``train_step`` for one replica, its metrics left to the host: the loss, the predictions
     (flattened; their structure goes into ``outputs["structure"]``) and what the flavor needs to record the
     loss (:meth:`~parallax.tf2.keras_flavor.Flavor.record_loss`). It takes ``(x, y, sample_weight)``
-    (:func:`even_parts` makes the weights)."""
+    (:func:`parallax.tf2.batch_parts.even_parts` makes the weights)."""
 
-    summed = parts_of.sums_over_batch(model)
+    summed = sums_over_batch(model)
 
     def step(x, y, sample_weight, share, real, examples):
         # the part's real examples (a part of padding only: one row, whose loss counts for nothing)
@@ -410,7 +344,7 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
             prediction = model(x, training=True)
             if not batches.weighted:  # Parallax's own weights (ones, 0 for padding): over every loss of an example
                 sample_weight = per_example(sample_weight, prediction)
-            weighed = parts_of.summed_weights(sample_weight, examples, x) if summed else sample_weight
+            weighed = summed_weights(sample_weight, examples, x) if summed else sample_weight
             loss = part_loss(flavor.part_loss(model, x, y, prediction, weighed, counts(real, share)), real, share)
             scaled = flavor.scaled(model, loss)  # as that Keras's step: a loss scale (mixed precision) applied
         flavor.apply(model, tape, scaled)
@@ -446,19 +380,8 @@ def _own_step(step: Any, batch: tuple, num_workers: int, worker_id: int, num_rep
     if whole:
         given = [parts(a, num_workers, worker_id, 1)[0] for a in given]
     mine = [parts(a, 1, 0, num_replicas) for a in given]
-    logs = step(*[_per_leaf(m, a) for m, a in zip(mine, given)], *count)
+    logs = step(*[per_leaf(m, a) for m, a in zip(mine, given)], *count)
     return {k: float(np.mean([np.asarray(part).mean() for part in v])) for k, v in logs.items()}
-
-
-def _refuse_restoring(callbacks: list | None) -> None:
-    """``BackupAndRestore`` restores the weights when training begins: into the model, after Parallax has made
-    the job's variables from it (and on worker 0 alone), so every worker would train on without it."""
-    for callback in callbacks or []:
-        if type(callback).__name__ == "BackupAndRestore":
-            raise ValueError("parallax.fit: a BackupAndRestore callback restores the weights when training begins, "
-                             "after the job's variables were made from the model (on worker 0 alone), so the restore "
-                             "would be lost; restore before parallax.fit on every worker (model.load_weights) and "
-                             "pass initial_epoch, and save with ModelCheckpoint")
 
 
 def _sync(step: Any, model: Any, look: bool = True) -> None:

@@ -57,14 +57,16 @@ def weighs_within_epochs(callbacks: list, flavor: Flavor) -> bool:
 
 
 def saves_within_epochs(callbacks: list) -> bool:
-    """Whether a callback saves the weights after some batches (``ModelCheckpoint(save_freq=<int>)``): the model's
+    """Whether a callback saves the weights after some batches (``ModelCheckpoint(save_freq=<int>)``,
+    ``BackupAndRestore(save_freq=<int>)``): the model's
     variables must then hold the trained values after those batches, not only at each epoch's end."""
     return any(_saves_in_batches(c) for c in callbacks)
 
 
 def saves_after(callbacks: list, batch: int) -> bool:
-    """Whether a ``ModelCheckpoint(save_freq=<int>)`` of ``callbacks`` saves at the end of ``batch`` (of an epoch,
-    from 0), as its own count of batches since it last saved says (Keras 3's and tf_keras's alike); where that
+    """Whether a ``ModelCheckpoint`` or ``BackupAndRestore`` of ``callbacks`` with ``save_freq=<int>`` saves at the
+    end of ``batch`` (of an epoch, from 0), as its own count of batches since it last saved says (Keras 3's and
+    tf_keras's alike); where that
     count cannot be read, it is taken to."""
     for callback in filter(_saves_in_batches, callbacks):
         seen = getattr(callback, "_batches_seen_since_last_saving", None)
@@ -78,7 +80,8 @@ def saves_after(callbacks: list, batch: int) -> bool:
 
 
 def _saves_in_batches(callback: Any) -> bool:
-    return type(callback).__name__ == "ModelCheckpoint" and isinstance(getattr(callback, "save_freq", "epoch"), int)
+    return type(callback).__name__ in ("ModelCheckpoint", "BackupAndRestore") and \
+        isinstance(getattr(callback, "save_freq", "epoch"), int)
 
 
 def _hooks(callbacks: list, flavor: Flavor, hooks: tuple[str, ...]) -> list[tuple[Any, str]]:

@@ -158,7 +158,7 @@ class FitBatches:
 
     def _kept(self, batches: Iterator[tuple]) -> Iterator[tuple]:
         """``batches``; where this worker reads its share, a block it has no example of (the end of a short last
-        batch) replaced by the first example of its last block: the padding :func:`parallax.keras_fit.block_parts`
+        batch) replaced by the first example of its last block: the padding :func:`parallax.tf2.batch_parts.block_parts`
         repeats, weighing 0."""
         if self.share is None:
             yield from batches

@@ -302,7 +302,7 @@ def _callbacks(flavor: Flavor, callbacks: list | None, group: WorkerGroup, verbo
 
 
 #: Callbacks that write files: run on worker 0 alone (their subclasses too).
-CHIEF_ONLY = ("ModelCheckpoint", "TensorBoard", "CSVLogger")
+CHIEF_ONLY = ("ModelCheckpoint", "TensorBoard", "CSVLogger", "BackupAndRestore")
 
 
 def chief_or_shared(callbacks: list | None, flavor: Flavor, chief: bool) -> list:

@@ -13,9 +13,9 @@ only on the examples of that worker's block of each global batch:
       -> batch(B / N) [-> the same tail]
 
 Global batch ``k`` is the examples ``k*B ... k*B + B - 1`` of what the maps are applied to, as on one device;
-worker ``w`` keeps the block ``parallax.fit`` gives it from that batch (:func:`parallax.keras_fit.parts`: the
+worker ``w`` keeps the block ``parallax.fit`` gives it from that batch (:func:`parallax.tf2.batch_parts.parts`: the
 batch cut in ``N * replicas`` equal parts, worker ``w`` taking parts ``w * replicas`` on; the last, short batch
-as :func:`~parallax.keras_fit.block_parts` cuts it). So each step's union is the batch ``model.fit`` trains,
+as :func:`~parallax.tf2.batch_parts.block_parts` cuts it). So each step's union is the batch ``model.fit`` trains,
 and every replica trains the same examples as when each worker read everything: the result is the same.
 
 What is before the maps (the source, a shuffle, a cache, a filter) still runs whole on every worker: it is

@@ -105,7 +105,7 @@ class Flavor:
         """Update the model's loss metric on the host with one replica's part, as its ``train_step`` does:
         Keras 3 averages the step's loss, weighted by the batch's examples; a replica's ``loss`` counts for
         its ``share`` of them (the batch's examples over the replicas: the losses of a padded batch's parts
-        are scaled so that their mean is the batch's, :func:`parallax.keras_fit.even_parts`)."""
+        are scaled so that their mean is the batch's, :func:`parallax.tf2.batch_parts.even_parts`)."""
         tracker = next(m for m in model.metrics if m.name == "loss")
         tracker.update_state(loss, sample_weight=share)
 

@@ -10,7 +10,7 @@ progress bar shows the mean of what the step returned on this worker's replicas.
 model's metrics, else the last step's logs.
 
 A batch that does not split evenly over the replicas is refused: Parallax pads such a batch with examples of
-weight 0 (:func:`parallax.keras_fit.even_parts`), and a step of the program's own need not weigh them.
+weight 0 (:func:`parallax.tf2.batch_parts.even_parts`), and a step of the program's own need not weigh them.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ import pytest
 import tensorflow as tf
 
 import parallax
-from parallax.keras_fit import parts, split_validation
+from parallax.keras_fit import split_validation
+from parallax.tf2.batch_parts import parts
 from parallax.tf2.batches import FitBatches
 from parallax.tf2.evaluate import global_batches, in_order, worker_part
 
@@ -94,7 +95,7 @@ def test_a_reshuffling_dataset_is_not_iterated_outside_the_epochs():
 
 
 def test_a_batch_that_does_not_split_evenly_is_padded_with_examples_of_weight_zero():
-    from parallax.keras_fit import even_parts
+    from parallax.tf2.batch_parts import even_parts
     from parallax.tf2.part_loss import part_loss
 
     x, y, w = np.arange(5.0)[:, None], np.arange(5.0), np.array([1, 1, 1, 1, 2], np.float32)
@@ -118,7 +119,7 @@ def test_a_batch_that_does_not_split_evenly_is_padded_with_examples_of_weight_ze
 
 
 def test_weights_per_output_are_padded_each_and_ones_are_shaped_for_each_outputs_rank():
-    from parallax.keras_fit import even_parts
+    from parallax.tf2.batch_parts import even_parts
     from parallax.tf2.part_loss import per_example
 
     weights = {"score": np.array([1, 2, 3], np.float32), "tags": np.ones((3, 4), np.float32)}
@@ -215,13 +216,13 @@ def _tiny(keras_module=None):
     return model
 
 
-def test_a_backup_and_restore_callback_is_refused_saying_how_to_restore(tmp_path):
-    import keras
+def test_tf_keras_backup_and_restore_is_refused_saying_how_to_restore(tmp_path):
+    import tf_keras
 
-    callback = keras.callbacks.BackupAndRestore(str(tmp_path))
-    with pytest.raises(ValueError, match=r"^parallax.fit: a BackupAndRestore callback restores the weights when "
-                                         r"training begins, .* \(model.load_weights\) and pass initial_epoch"):
-        parallax.fit(_tiny(), np.zeros((4, 2)), np.zeros((4,)), callbacks=[callback], resource_info="unused")
+    callback = tf_keras.callbacks.BackupAndRestore(str(tmp_path))
+    with pytest.raises(ValueError, match=r"^parallax.fit: tf_keras's BackupAndRestore keeps its state through "
+                                         r"tf.distribute's .* \(model.load_weights\) and pass initial_epoch"):
+        parallax.fit(_tiny(tf_keras), np.zeros((4, 2)), np.zeros((4,)), callbacks=[callback], resource_info="unused")
 
 
 @pytest.mark.parametrize("arguments, message", [

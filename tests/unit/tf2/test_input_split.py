@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from parallax.keras_fit import block_parts
+from parallax.tf2.batch_parts import block_parts
 from parallax.tf2.input_split import _fingerprint, share_of
 
 
