@@ -83,6 +83,7 @@ from parallax.tf2.part_loss import (
     summed_weights,
     sums_over_batch,
     warn_masked_loss,
+    with_added_sums,
 )
 from parallax.tf2.replica_sums import synchronised_statistics
 
@@ -345,7 +346,9 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
             if not batches.weighted:  # Parallax's own weights (ones, 0 for padding): over every loss of an example
                 sample_weight = per_example(sample_weight, prediction)
             weighed = summed_weights(sample_weight, examples, x) if summed else sample_weight
-            loss = part_loss(flavor.part_loss(model, x, y, prediction, weighed, counts(real, share)), real, share)
+            loss = flavor.part_loss(model, x, y, prediction, weighed, counts(real, share))
+            # a sum over the part's examples (keras-io's CTC layer's add_loss): weighed as the batch's sum
+            loss = part_loss(with_added_sums(loss, flavor.added_per_example(model), examples, x), real, share)
             scaled = flavor.scaled(model, loss)  # as that Keras's step: a loss scale (mixed precision) applied
         flavor.apply(model, tape, scaled)
         if flavor.metrics_in_step:  # on the part's real examples (a padded batch's padding cut off), as the host did

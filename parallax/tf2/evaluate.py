@@ -124,15 +124,19 @@ def evaluate(model: Any, x: Any = None, y: Any = None, batch_size: int | None = 
 def evaluate_on(model: Any, flavor: Flavor, group: WorkerGroup, batches: Iterator[tuple], callback_list: Any) -> dict:
     """The metrics of every example of ``batches`` (global batches of ``(x, y, sample_weight)``), each
     worker evaluating its parts (of a model whose loss averages over a batch's unmasked values or sums over its
-    examples, whole batches in turn: the average of a batch's parts is not the batch's); ``callback_list`` hears
+    examples, a compiled loss's or what a layer adds one value per example, whole batches in turn: the average of a
+    batch's parts is not the batch's); ``callback_list`` hears
     the ``on_test_*`` calls (``parallax.fit``'s validation passes its own)."""
     model.reset_metrics()
     callback_list.on_test_begin()
     sizes: list[int] = []
     own = overrides(model, flavor.module, "test_step")
-    whole = (bool(masked_losses(model)) or sums_over_batch(model)) and group.size > 1
+    whole = None
     uneven = False
     for index, batch in enumerate(batches):
+        if whole is None:  # at the first batch, which every worker has whole: alike everywhere
+            whole = group.size > 1 and (bool(masked_losses(model)) or sums_over_batch(model)
+                                        or flavor.adds_per_example(model, batch[0]))
         callback_list.on_test_batch_begin(index)
         size = len(tf.nest.flatten(batch[0])[0])
         if own and not whole and size % group.size and group.index == 0 and not uneven:

@@ -213,7 +213,7 @@ def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: i
                       "tf.distribute sums them, which its loops' division by the global batch expects), so each "
                       "update is a fraction of one device's: make it a mean over the part's "
                       "examples (tf.reduce_mean, ops.mean), with a learning rate to match (parallax.fit weighs a "
-                      "compiled loss with reduction=\"sum\" itself)")
+                      "compiled loss with reduction=\"sum\", and what a Keras 3 layer adds per example, itself)")
         elif draws:
             named += (". The step draws random numbers in " + ", ".join(draws[:5])
                       + (f" and {len(draws) - 5} more" if len(draws) > 5 else "")

@@ -96,6 +96,30 @@ class Flavor:
         is traced, as variables of its own (Keras 3's optimizer holds its learning rate in a variable from the
         start: nothing to make)."""
 
+    def added_per_example(self, model: Any, traced: bool = True) -> list:
+        """What the model's layers added with ``add_loss`` as one value per example (a tensor whose first axis is the
+        batch's: unknown in the step's trace (``traced``), the batch's rows after an eager call), which Keras 3's
+        ``compute_loss`` sums (``_aggregate_additional_loss``): a sum over the batch, as keras-io's CTC layer adds.
+        None where the model computes its loss its own way (its ``compute_loss`` or the aggregation overridden)."""
+        own = any(getattr(type(model), m, None) is not getattr(self.module.Model, m, None)
+                  for m in ("compute_loss", "_aggregate_additional_loss"))
+        if own:
+            return []
+        return [loss for loss in model.losses if loss.shape.rank and (loss.shape[0] is None) == traced]
+
+    def adds_per_example(self, model: Any, x: Any) -> bool:
+        """Whether ``model`` called on inputs ``x`` (a batch) adds a loss of one value per example
+        (:meth:`added_per_example`): its first rows, called eagerly without training (a model that cannot be called
+        on them, one of a fixed batch size, is taken to add none)."""
+        rows = min(len(tf.nest.flatten(x)[0]), 2)
+        if not rows:
+            return False
+        try:
+            model(tf.nest.map_structure(lambda a: a[:rows], x), training=False)
+        except Exception:  # noqa: BLE001 - any model's own error: it is evaluated by parts, as before
+            return False
+        return any(loss.shape[0] == rows for loss in self.added_per_example(model, traced=False))
+
     def regularization(self, model: Any) -> Any:
         """What the step returns beside the loss for :meth:`record_loss`: nothing Keras 3 needs."""
         return tf.zeros([])
@@ -169,6 +193,13 @@ class TfKerasFlavor(Flavor):
         optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
         if hasattr(optimizer, "_create_hypers"):  # a legacy optimizer: its hyper-parameters become variables when
             optimizer._create_hypers()  # made, which callbacks then set (the learning rate)
+
+    def added_per_example(self, model: Any, traced: bool = True) -> list:
+        """tf_keras adds a loss of one value per example to the compiled loss as it is (no sum Parallax weighs)."""
+        return []
+
+    def adds_per_example(self, model: Any, x: Any) -> bool:
+        return False
 
     def regularization(self, model: Any) -> Any:
         return tf.add_n(model.losses) if model.losses else tf.zeros([])

@@ -11,7 +11,7 @@ import tensorflow as tf
 from parallax.logs import log
 
 __all__ = ["counts", "part_loss", "rows", "first", "per_example", "masked_losses", "warn_masked_loss",
-           "sums_over_batch", "summed_weights"]
+           "sums_over_batch", "summed_weights", "with_added_sums"]
 
 
 def counts(real: tf.Tensor, share: tf.Tensor) -> tf.Tensor:
@@ -50,6 +50,22 @@ def summed_weights(weights: Any, examples: tf.Tensor, x: Any) -> Any:
     """
     part = tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
     return tf.nest.map_structure(lambda w: w * tf.cast(examples / part, w.dtype), weights)
+
+
+def with_added_sums(loss: tf.Tensor, added: list, examples: tf.Tensor, x: Any) -> tf.Tensor:
+    """A part ``x``'s ``loss`` with what its layers ``added`` as one value per example, which Keras 3 sums into the
+    loss, counted ``examples`` (the batch's) over the part's rows times, as :func:`summed_weights` counts a compiled
+    loss that sums: the replicas' mean is then the sum over the batch, as one device's loss has it, and the mean of
+    a part's two halves is the part's.
+
+    >>> float(with_added_sums(tf.constant(5.0), [tf.constant([[1.0], [2.0]])], tf.constant(8.0), tf.zeros([2, 1])))
+    14.0
+    """
+    if not added:
+        return loss
+    total = tf.add_n([tf.reduce_sum(tf.cast(a, loss.dtype)) for a in added])
+    part = tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], loss.dtype)
+    return loss + total * (tf.cast(examples, loss.dtype) / part - 1)
 
 
 def rows(count: tf.Tensor, structure: Any) -> Any:

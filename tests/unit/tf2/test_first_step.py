@@ -30,16 +30,23 @@ def _fit(kind: str, tmp_path, **config) -> None:
             self.add_loss(ops.square(a))
             return a
 
+    class AddsASum(keras.layers.Layer):  # a sum made in the layer: a scalar, which Parallax cannot tell from a mean
+        def call(self, a):
+            self.add_loss(ops.sum(ops.square(a)))
+            return a
+
     keras.utils.set_random_seed(0)
     layers = [keras.Input((4,)), keras.layers.Dense(3)]
     layers += {"plain": [], "dot": [AddsTheBatchsDot()], "batch-norm": [keras.layers.BatchNormalization()],
-               "dropout": [keras.layers.Dropout(0.5, name="drops")], "summed": [AddsALossPerExample()],
+               "dropout": [keras.layers.Dropout(0.5, name="drops")], "summed": [AddsASum()],
+               "per-example": [AddsALossPerExample()],
                "small-noise": [keras.layers.GaussianNoise(1e-6, name="noise")]}[kind]
     model = keras.Sequential(layers + [keras.layers.Dense(1)])
-    model.compile(optimizer="sgd", loss=None if kind == "summed" else "mse")  # summed: its layer's loss alone
+    alone = kind in ("summed", "per-example")  # its layer's loss alone
+    model.compile(optimizer="sgd", loss=None if alone else "mse")
     rng = np.random.RandomState(0)
     (tmp_path / "resource_info").write_text("localhost: cpu:0,cpu:1\n")
-    targets = None if kind == "summed" else rng.randn(16, 1).astype("float32")
+    targets = None if alone else rng.randn(16, 1).astype("float32")
     parallax.fit(model, rng.randn(16, 4).astype("float32"), targets, batch_size=8,
                  verbose=0, resource_info=str(tmp_path / "resource_info"),
                  parallax_config=parallax.Config(run_option="PS", **config))
@@ -72,8 +79,9 @@ def test_a_step_whose_gradient_is_no_mean_over_its_examples_is_named_at_warning(
     assert ("the loss sums over the batch's examples" in said[0]) == (kind == "summed")
 
 
-def test_a_step_whose_gradient_is_a_mean_over_its_examples_trains_without_a_word(tmp_path, warnings):
-    _fit("plain", tmp_path)
+@pytest.mark.parametrize("kind", ["plain", "per-example"])  # per-example: parallax.fit weighs the layer's sum
+def test_a_step_whose_gradient_is_a_mean_over_its_examples_trains_without_a_word(kind, tmp_path, warnings):
+    _fit(kind, tmp_path)
     assert not [w for w in warnings if "the first step's check" in w]
 
 

@@ -156,3 +156,61 @@ def test_a_summed_loss_on_a_part_is_its_share_of_the_batch_and_the_mean_of_its_h
     halves = [weighed(slice(0, 2), 4), weighed(slice(2, 4), 4)]  # the check: the part's feeds, half its rows
     np.testing.assert_allclose(np.mean(halves), parts[0], rtol=1e-6)
     assert float(counts(tf.constant(4), share)) == 1.0
+
+
+def _adding(keras, per_example: bool, own_compute_loss: bool = False):
+    """A model whose layer adds a loss with ``add_loss``: one value per example (keras-io's CTC layer), or their
+    mean; its class computes its loss its own way where ``own_compute_loss``."""
+
+    class Adds(keras.layers.Layer):
+        def call(self, x):
+            values = keras.ops.sum(keras.ops.square(x), axis=-1, keepdims=True)  # (batch, 1)
+            self.add_loss(values if per_example else keras.ops.mean(values))
+            return x
+
+    class Own(keras.Model):
+        def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+            return keras.ops.mean(y_pred)
+
+    inputs = keras.Input((3,))
+    model = (Own if own_compute_loss else keras.Model)(inputs, Adds()(keras.layers.Dense(2)(inputs)))
+    model.compile(optimizer="sgd")
+    return model
+
+
+@pytest.mark.parametrize("per_example, own, found", [(True, False, True), (False, False, False), (True, True, False)],
+                         ids=["per-example", "a-mean", "own-compute-loss"])
+def test_a_loss_a_layer_adds_per_example_is_found_where_keras_sums_it(per_example, own, found):
+    import keras
+    import tensorflow as tf
+
+    from parallax.tf2.keras_flavor import flavor_of
+
+    model = _adding(keras, per_example, own)
+    flavor = flavor_of(model, "test")
+    assert flavor.adds_per_example(model, np.ones((5, 3), np.float32)) is found  # eager: parallax.evaluate's look
+    traced = []
+    tf.function(lambda x: (model(x), traced.extend(flavor.added_per_example(model)))[0],
+                input_signature=[tf.TensorSpec([None, 3], tf.float32)]).get_concrete_function()
+    assert len(traced) == found  # in fit's step, where the batch's size is unknown
+
+
+def test_what_a_layer_adds_per_example_on_a_part_is_its_share_of_the_batch_and_the_mean_of_its_halves():
+    """As a compiled loss that sums: the replicas' mean of the parts' weighed losses is one device's loss (the
+    compiled mean plus the added sum over the batch), and the mean of a part's halves is the part's."""
+    import tensorflow as tf
+
+    from parallax.tf2.part_loss import part_loss, with_added_sums
+
+    rng = np.random.RandomState(1)
+    added, mean = rng.rand(8, 1).astype(np.float32), rng.rand(8).astype(np.float32)  # per example; a compiled loss
+    examples, share = tf.constant(8.0), tf.constant(4.0)
+
+    def weighed(rows: slice, real: int) -> float:
+        loss = tf.constant(mean[rows].mean() + added[rows].sum())  # Keras 3's: the added values summed in
+        return float(part_loss(with_added_sums(loss, [tf.constant(added[rows])], examples, added[rows]),
+                               tf.constant(real), share))
+
+    parts = [weighed(slice(0, 4), 4), weighed(slice(4, 8), 4)]
+    np.testing.assert_allclose(np.mean(parts), mean.mean() + added.sum(), rtol=1e-6)  # one device's loss
+    np.testing.assert_allclose(np.mean([weighed(slice(0, 2), 4), weighed(slice(2, 4), 4)]), parts[0], rtol=1e-6)
