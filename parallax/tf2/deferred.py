@@ -7,6 +7,10 @@ its first call takes the signature from the arguments it is given (each tensor's
 dimension left open, of one replica's part), traces the step into the graph and starts what ``parallel_run``
 starts for a step with a signature (in the process the user ran, that launches the job and exits with its exit
 code). A later call whose arguments do not fit that signature is refused, naming the argument.
+
+An argument that is neither a tensor nor numbers (TensorFlow's VAE tutorial calls ``train_step(model, x,
+optimizer)``; a flag ``training=True``; a string; ``None``) is traced as ``tf.function`` traces it, as the Python
+value it is (:func:`static`), and every later call must pass that same value: the job's graph is traced once.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["DeferredStep", "signature_of"]
+__all__ = ["DeferredStep", "signature_of", "static"]
 
 
 def signature_of(args: tuple, num_replicas: int) -> list:
@@ -29,11 +33,24 @@ def signature_of(args: tuple, num_replicas: int) -> list:
     [TensorSpec(shape=(None, 3), dtype=tf.float32, name=None), TensorSpec(shape=(None,), dtype=tf.int64, name=None)]
     >>> signature_of(({"ids": [np.zeros((2, 5), np.int32)] * 2, "x": [np.zeros((2, 3))] * 2},), 2)[0]["ids"]
     TensorSpec(shape=(None, 5), dtype=tf.int32, name=None)
+    >>> signature_of((print, np.zeros(3), True), 1)  # Python values: in the signature as they are (static)
+    [<built-in function print>, TensorSpec(shape=(None,), dtype=tf.float64, name=None), True]
     """
     return [_specs(arg, num_replicas) for arg in args]
 
 
+def static(value: Any) -> bool:
+    """Whether a step's argument is a Python value ``tf.function`` traces as it is, not a tensor: neither a
+    tensor, an array nor a number (a bool is a value, as ``tf.function`` takes it), nor a list, tuple or dict
+    (whose items are looked at one by one): a model, an optimizer, a flag, a string, ``None``."""
+    if isinstance(value, (bool, np.bool_)):
+        return True
+    return not isinstance(value, (tf.Tensor, tf.Variable, np.ndarray, np.generic, int, float, list, tuple, dict))
+
+
 def _specs(value: Any, num_replicas: int) -> Any:
+    if static(value):
+        return value
     if isinstance(value, (list, tuple)) and len(value) == num_replicas and all(
             isinstance(v, (np.ndarray, tf.Tensor)) for v in value):
         return _spec(value[0])  # a tensor's batch on each replica

@@ -26,6 +26,7 @@ from parallax.analysis.batch_statistics import replica_sums_of
 from parallax.errors import Preempted
 from parallax.logs import log as logger
 from parallax.tf2.checkpoints import StepCheckpoints
+from parallax.tf2.deferred import static
 from parallax.tf2.first_step import check_first_step
 from parallax.tf2.host_edits import HostWatch, shown
 from parallax.tf2.masked_means import is_masked_count
@@ -127,7 +128,8 @@ class DistributedStep:
         flat = _flatten_up_to(list(self._traced.signature), list(args))
         if flat is None or len(flat) != len(self._traced.inputs):
             raise ValueError(f"the step takes arguments shaped as its input_signature ({self._traced.signature}), "
-                             f"each tensor one batch per replica; got {len(args)} argument(s) shaped otherwise")
+                             f"each tensor one batch per replica, and each argument that is no tensor (a model, a "
+                             f"flag) the value it was traced with; got {len(args)} argument(s) shaped otherwise")
         feeds = {placeholder: self._per_replica(value, rank)
                  for placeholder, value, rank in zip(self._traced.inputs, flat, self._ranks)}
         for position, (placeholder, value) in enumerate(feeds.items()):
@@ -317,6 +319,10 @@ def _flatten_up_to(structure: Any, value: Any) -> list | None:
     list stays a list); ``None`` when ``value`` is not shaped as ``structure``."""
     if isinstance(structure, tf.TensorSpec):
         return [value]
+    if static(structure):  # a Python value the step was traced with (a model, a flag): that one at every call
+        same = value is structure or (type(value) is type(structure) and isinstance(value, (bool, str, bytes))
+                                      and value == structure)
+        return [] if same else None
     if isinstance(structure, dict):
         if not isinstance(value, dict) or set(value) != set(structure):
             return None

@@ -14,7 +14,14 @@ of the downloads), each a ``tf.function`` step ``parallel_run`` takes unchanged 
 * ``gan``: TensorFlow's DCGAN tutorial's step, small: a generator and a discriminator, two tapes, two Adam
   optimizers, a dict of the two losses returned (the noise is the step's argument, drawn by the loop: noise
   drawn inside the step at the batch's size would differ per replica, which no data-parallel training can
-  make equal to one device).
+  make equal to one device);
+* ``tf-cvae``: TensorFlow's tutorial "Convolutional Variational Autoencoder", small: an encoder (``Conv2D``,
+  ``Flatten``, ``Dense``) and a decoder (``Dense``, ``Reshape``, ``Conv2DTranspose``) in a subclassed model, its
+  ``log_normal_pdf`` and ``compute_loss`` (a mean over the batch of each example's sums), and its
+  ``@tf.function def train_step(model, x, optimizer)``, whose model and optimizer are arguments (traced as the
+  Python values they are), returning nothing, Adam. Adapted: ``reparameterize`` scales its ``tf.random.normal``
+  noise by 0 (each replica draws its own, which no data-parallel training makes equal to one device; the draw is
+  still in the step, and said at WARNING).
 
 ``build(name)`` makes a program (seeded); ``eager(name, steps)`` is one device on the union batches: each
 step's loss of every part (the replicas' losses), the trained weights and the accuracy counts per part."""
@@ -24,12 +31,13 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-PROGRAMS = ["keras-guide-loop", "tf-walkthrough", "tf-quickstart", "gan"]
+PROGRAMS = ["keras-guide-loop", "tf-walkthrough", "tf-quickstart", "gan", "tf-cvae"]
 #: the programs whose step returns no loss per replica (nothing, or a dict): compared by their weights
-WITHOUT_LOSS = ("tf-quickstart", "gan")
+WITHOUT_LOSS = ("tf-quickstart", "gan", "tf-cvae")
 BATCH = 12  # the union batch: 2 workers or 2 replicas take 6 examples each
 SHAPES = {"keras-guide-loop": (16, 10), "tf-walkthrough": (4, 3), "tf-quickstart": ((6, 6, 1), 10),
-          "gan": (8, 4)}  # features, classes (the GAN: image width, noise width)
+          "gan": (8, 4), "tf-cvae": ((8, 8, 1), 2)}  # features, classes (GAN: width, noise; VAE: image, latent)
+_OPTIMIZERS: dict = {}  # the VAE tutorial's optimizer, the step's argument beside its model (by the model's id)
 
 
 def batches(name: str, steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -37,6 +45,9 @@ def batches(name: str, steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
     rng = np.random.RandomState(11)
     if name == "tf-quickstart":
         return [(rng.rand(BATCH, *features).astype(np.float32), rng.randint(0, classes, BATCH).astype(np.int64))
+                for _ in range(steps)]
+    if name == "tf-cvae":  # binarised images, as the tutorial's MNIST (no labels)
+        return [((rng.rand(BATCH, *features) > 0.5).astype(np.float32), np.zeros(BATCH, np.int64))
                 for _ in range(steps)]
     if name == "gan":  # (images, noise)
         return [(rng.randn(BATCH, features).astype(np.float32), rng.randn(BATCH, classes).astype(np.float32))
@@ -77,6 +88,8 @@ def build(name: str):
         return _quickstart(keras, classes)
     if name == "gan":
         return _gan(keras, features, classes)
+    if name == "tf-cvae":
+        return _cvae(features, classes)
     model = keras.Sequential([keras.Input(shape=(features,)), keras.layers.Dense(10, activation=tf.nn.relu),
                               keras.layers.Dense(10, activation=tf.nn.relu), keras.layers.Dense(classes)])
     loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -157,6 +170,64 @@ def _gan(keras, width: int, noise_width: int):
     return train_step, both, None
 
 
+def _cvae(shape: tuple, latent_dim: int):
+    class CVAE(tf.keras.Model):
+        def __init__(self, latent_dim):
+            super().__init__()
+            self.latent_dim = latent_dim
+            self.encoder = tf.keras.Sequential([
+                tf.keras.layers.InputLayer(shape=shape),
+                tf.keras.layers.Conv2D(filters=4, kernel_size=3, strides=(2, 2), activation="relu"),
+                tf.keras.layers.Flatten(), tf.keras.layers.Dense(latent_dim + latent_dim)])
+            self.decoder = tf.keras.Sequential([
+                tf.keras.layers.InputLayer(shape=(latent_dim,)),
+                tf.keras.layers.Dense(units=4 * 4 * 4, activation=tf.nn.relu),
+                tf.keras.layers.Reshape(target_shape=(4, 4, 4)),
+                tf.keras.layers.Conv2DTranspose(filters=1, kernel_size=3, strides=2, padding="same")])
+
+        def encode(self, x):
+            mean, logvar = tf.split(self.encoder(x), num_or_size_splits=2, axis=1)
+            return mean, logvar
+
+        def reparameterize(self, mean, logvar):
+            eps = tf.random.normal(shape=tf.shape(mean)) * 0.0  # the tutorial's noise, scaled by 0 (above)
+            return eps * tf.exp(logvar * .5) + mean
+
+        def decode(self, z):
+            return self.decoder(z)
+
+    def log_normal_pdf(sample, mean, logvar, raxis=1):
+        log2pi = tf.math.log(2. * np.pi)
+        return tf.reduce_sum(-.5 * ((sample - mean) ** 2. * tf.exp(-logvar) + logvar + log2pi), axis=raxis)
+
+    def compute_loss(model, x):
+        mean, logvar = model.encode(x)
+        z = model.reparameterize(mean, logvar)
+        x_logit = model.decode(z)
+        cross_ent = tf.nn.sigmoid_cross_entropy_with_logits(logits=x_logit, labels=x)
+        logpx_z = -tf.reduce_sum(cross_ent, axis=[1, 2, 3])
+        logpz = log_normal_pdf(z, 0., 0.)
+        logqz_x = log_normal_pdf(z, mean, logvar)
+        return -tf.reduce_mean(logpx_z + logpz - logqz_x)
+
+    @tf.function
+    def train_step(model, x, optimizer):
+        with tf.GradientTape() as tape:
+            loss = compute_loss(model, x)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+
+    model = CVAE(latent_dim)
+    _OPTIMIZERS[id(model)] = tf.keras.optimizers.Adam(1e-3)
+    return train_step, model, None
+
+
+def arguments(name: str, model, x, y) -> tuple:
+    """What the program's loop passes its step: the batch (each tensor one per replica, or the whole batch), and
+    the VAE tutorial's model and optimizer around its images."""
+    return (model, x, _OPTIMIZERS[id(model)]) if name == "tf-cvae" else (x, y)
+
+
 def correct(logits: np.ndarray, y: np.ndarray) -> int:
     return int(np.sum(np.argmax(logits, axis=-1) == y))
 
@@ -169,7 +240,7 @@ def eager(name: str, steps: int, parts: int = 2) -> tuple[np.ndarray, list[np.nd
     losses, right = [], np.zeros(parts, np.int64)
     if name in WITHOUT_LOSS:
         for x, y in batches(name, steps):
-            train_step(x, y)
+            train_step(*arguments(name, model, x, y))
         return None, [v.numpy() for v in model.trainable_variables], right
     for x, y in batches(name, steps):
         cut = list(zip(np.split(x, parts), np.split(y, parts)))

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import numpy as np  # noqa: E402
 
 import parallax  # noqa: E402
-from tests.tf2.public_programs import WITHOUT_LOSS, batches, build, correct  # noqa: E402
+from tests.tf2.public_programs import WITHOUT_LOSS, arguments, batches, build, correct  # noqa: E402
 from tests.tf2.scripts import parser  # noqa: E402
 
 
@@ -31,9 +31,9 @@ def main() -> None:
         losses, right = [], np.zeros(num_replicas, np.int64)
         for x, y in batches(name, args.steps):
             xs, ys = np.split(x, parts)[mine], np.split(y, parts)[mine]
-            out = step(xs, ys)
-            if name in WITHOUT_LOSS:  # nothing (the quickstart), or a dict of one loss per replica each (the GAN)
-                assert out is None if name == "tf-quickstart" else sorted(out) == ["disc_loss", "gen_loss"], out
+            out = step(*arguments(name, model, xs, ys))
+            if name in WITHOUT_LOSS:  # nothing (the quickstart, the VAE), or a dict of one loss per replica each (GAN)
+                assert out is None if name != "gan" else sorted(out) == ["disc_loss", "gen_loss"], out
                 continue
             if accuracy is None:  # the walkthrough: the loop keeps the accuracy, from the logits the step returns
                 out, logits = out
@@ -43,11 +43,12 @@ def main() -> None:
         if accuracy is not None:  # the guide: the step's own metric (this worker's first replica's, see the docs)
             right[0] = int(round(float(accuracy.variables[0].numpy())))
         held_out = batches(name, 1)[0][1 if name == "gan" else 0][:11]  # the GAN's model takes noise
-        predicted = parallax.predict(model, held_out, batch_size=5, verbose=0)  # sharded over the job's workers
+        predictor = model.encoder if name == "tf-cvae" else model  # the VAE: a model without a call of its own
+        predicted = parallax.predict(predictor, held_out, batch_size=5, verbose=0)  # sharded over the job's workers
         out_dir = os.path.join(args.out, name)
         os.makedirs(out_dir, exist_ok=True)
         np.savez(os.path.join(out_dir, f"rank_{worker_id}.npz"), losses=np.array(losses), correct=right,
-                 predict=predicted, predict_alone=model.predict(held_out, batch_size=5, verbose=0),
+                 predict=predicted, predict_alone=predictor.predict(held_out, batch_size=5, verbose=0),
                  **{f"v{i}": v.numpy() for i, v in enumerate(model.trainable_variables)})
 
 

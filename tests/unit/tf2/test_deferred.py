@@ -55,3 +55,48 @@ def test_a_step_without_a_signature_is_traced_at_its_first_call_and_trains_as_on
     step.close()
     for got, want in zip(model.trainable_variables, reference.trainable_variables):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+
+
+def _tutorial_vae_shape():
+    """TensorFlow's VAE tutorial's way: the model and the optimizer are the step's arguments, beside the batch, and
+    a Python flag says whether it trains."""
+    import keras
+
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="relu"), keras.layers.Dense(4)])
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def train_step(model, x, optimizer, scaled=False):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x, training=True) - x) ** 2) * (2.0 if scaled else 1.0)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+
+    return train_step, model, optimizer
+
+
+def test_arguments_that_are_no_tensors_are_traced_as_the_values_they_are_and_must_stay_those(tmp_path):
+    from parallax.tf2.deferred import static
+
+    assert [static(v) for v in (np.zeros(2), 3, 2.5, [np.zeros(2)], {"a": 1}, True, "x", None, object())] == \
+        [False] * 5 + [True] * 4
+    rng = np.random.RandomState(1)
+    data = [rng.randn(6, 4).astype(np.float32) for _ in range(3)]
+    step_fn, reference, optimizer = _tutorial_vae_shape()
+    for x in data:
+        step_fn(reference, x, optimizer, True)
+    train_step, model, optimizer = _tutorial_vae_shape()
+    resources = tmp_path / "resource_info"
+    resources.write_text("localhost: cpu:0\n")
+    step, *_ = parallax.parallel_run(train_step, str(resources))
+    for x in data:
+        step(model, x, optimizer, True)
+    for changed in [(reference, data[0], optimizer, True), (model, data[0], optimizer, False)]:
+        with pytest.raises(ValueError, match=r"^the step takes arguments shaped as its input_signature .* and each "
+                                             r"argument that is no tensor \(a model, a flag\) the value it was traced "
+                                             r"with; got 4 argument\(s\) shaped otherwise"):
+            step(*changed)
+    step.close()
+    for got, want in zip(model.trainable_variables, reference.trainable_variables):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
