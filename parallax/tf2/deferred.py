@@ -15,13 +15,14 @@ value it is (:func:`static`), and every later call must pass that same value: th
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["DeferredStep", "signature_of", "static"]
+__all__ = ["DeferredStep", "signature_of", "static", "positional"]
 
 
 def signature_of(args: tuple, num_replicas: int) -> list:
@@ -37,6 +38,32 @@ def signature_of(args: tuple, num_replicas: int) -> list:
     [<built-in function print>, TensorSpec(shape=(None,), dtype=tf.float64, name=None), True]
     """
     return [_specs(arg, num_replicas) for arg in args]
+
+
+def positional(fn: Any, args: tuple, kwargs: dict) -> tuple:
+    """A call's ``args`` and ``kwargs`` as the positional arguments of the ``tf.function`` ``fn`` (its Python
+    function's parameters bind them: ``step(x=xs, y=ys)`` is ``step(xs, ys)``), as the step is traced and fed.
+
+    >>> def train_step(x, y, training=True): ...
+    >>> positional(train_step, (1,), {"y": 2})
+    (1, 2)
+
+    Raises:
+        TypeError: arguments the function does not take, or a keyword-only one (the step takes its arguments by
+            position), named.
+    """
+    if not kwargs:
+        return args
+    python = getattr(fn, "python_function", fn)
+    try:
+        bound = inspect.signature(python).bind(*args, **kwargs)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"the step {getattr(python, '__name__', python)!r} was called with arguments it does not "
+                        f"take: {e}") from None
+    if bound.kwargs:
+        raise TypeError(f"the step {python.__name__!r} takes {', '.join(bound.kwargs)} by keyword only; Parallax "
+                        "feeds a step's arguments by position: make them positional parameters")
+    return bound.args
 
 
 def static(value: Any) -> bool:
@@ -90,7 +117,8 @@ class DeferredStep:
         self._numbers = numbers
         self._step: Any = None
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        args = positional(self._fn, args, kwargs)
         if self._step is None:
             signature = signature_of(args, self._numbers[2])
             step, *numbers = self._start(signature)

@@ -26,7 +26,7 @@ from parallax.analysis.batch_statistics import replica_sums_of
 from parallax.errors import Preempted
 from parallax.logs import log as logger
 from parallax.tf2.checkpoints import StepCheckpoints
-from parallax.tf2.deferred import static
+from parallax.tf2.deferred import positional, static
 from parallax.tf2.first_step import check_first_step
 from parallax.tf2.host_edits import HostWatch, shown
 from parallax.tf2.masked_means import is_masked_count
@@ -101,8 +101,9 @@ class DistributedStep:
     def num_replicas(self) -> int:
         return self._session.num_replicas
 
-    def __call__(self, *args: Any) -> Any:
-        """One training step: ``args`` as the ``tf.function`` takes them, each tensor one batch per replica.
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """One training step: ``args`` (and ``kwargs``) as the ``tf.function`` takes them, each tensor one batch per
+        replica.
 
         On worker 0 of a job asked to end with a checkpoint (SIGTERM), the step saves the step's checkpoint
         and does not return: the process ends here with the preempted exit code
@@ -113,7 +114,7 @@ class DistributedStep:
                 per replica.
         """
         try:
-            return self._step(args)
+            return self._step(positional(self._traced.function, args, kwargs))
         except Preempted as preempted:  # the step saved: the process ends here, where the program's call returns
             if self._preemption is None:
                 raise

@@ -83,6 +83,7 @@ class TracedStep:
         host_writes: for each variable the program may set between steps (one it shows as a ``tf.Variable``,
             neither a slot nor a metric's state), the names of a placeholder of its shape and of the op that
             assigns it to the variable (under :data:`parallax.graph.names.HOST_WRITES_PREFIX`).
+        function: the ``tf.function`` traced (whose parameters bind a call's keyword arguments).
     """
 
     graph: tf.Graph
@@ -93,6 +94,7 @@ class TracedStep:
     signature: Any
     initializers: tf.Graph
     host_writes: dict = field(default_factory=dict)
+    function: Any = None
 
 
 def is_step_function(obj: Any) -> bool:
@@ -204,7 +206,7 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
         lambda t: graph.get_tensor_by_name(mine(t.name)) if isinstance(t, tf.Tensor) else t,
         func_graph.structured_outputs)
     train_op = graph.get_operation_by_name(STEP_OP)
-    return TracedStep(graph, tuple(args), outputs, train_op, variables, signature, scratch, writes)
+    return TracedStep(graph, tuple(args), outputs, train_op, variables, signature, scratch, writes, fn)
 
 
 @dataclass(frozen=True)

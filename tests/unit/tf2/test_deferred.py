@@ -100,3 +100,30 @@ def test_arguments_that_are_no_tensors_are_traced_as_the_values_they_are_and_mus
     step.close()
     for got, want in zip(model.trainable_variables, reference.trainable_variables):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+
+
+def test_a_step_called_with_keywords_takes_them_as_its_parameters_bind_them(tmp_path):
+    from parallax.tf2.deferred import positional
+
+    rng = np.random.RandomState(2)
+    data = [(rng.randn(6, 4).astype(np.float32), rng.randn(6, 2).astype(np.float32)) for _ in range(2)]
+    step_fn, reference = _program()
+    for x, y in data:
+        step_fn(x, y)
+    train_step, model = _program()
+    (tmp_path / "resource_info").write_text("localhost: cpu:0\n")
+    step, *_ = parallax.parallel_run(train_step, str(tmp_path / "resource_info"))
+    step(y=data[0][1], x=data[0][0])  # traced from keywords
+    step(data[1][0], y=data[1][1])
+    with pytest.raises(TypeError, match=r"^the step 'train_step' was called with arguments it does not take: "):
+        step(data[1][0], z=data[1][1])
+    step.close()
+    for got, want in zip(model.trainable_variables, reference.trainable_variables):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+
+    def keyword_only(x, *, training):
+        return x
+
+    with pytest.raises(TypeError, match=r"'keyword_only' takes training by keyword only; Parallax feeds a step's "
+                                        r"arguments by position"):
+        positional(keyword_only, (1,), {"training": True})
