@@ -295,18 +295,19 @@ def _one_step(step: Any, model: Any, flavor: Flavor, batch: tuple, num_workers: 
                [np.float32(examples)] * num_replicas, *count)
     if not flavor.metrics_in_step:  # else updated in the step, summed over the workers (parallax.tf2.summed)
         at = [first + k * size for k in range(num_replicas)]  # in ``batch``
-        _host_metrics(model, flavor, got, batch, mine, zip(at, real), share, outputs["structure"], examples)
+        _host_metrics(model, flavor, got, batch, mine, zip(at, real), share, outputs, examples)
 
 
 def _host_metrics(model: Any, flavor: Flavor, got: tuple, batch: tuple, mine: list, parts_at: Any, share: float,
-                  structure: Any, examples: int) -> None:
+                  outputs: dict, examples: int) -> None:
     """Update the compiled metrics on the host from what the step returned (its losses, predictions, regularization
     and the predictions' masks; tf_keras, whose compiled loss keeps loss metrics of its own): replica ``k``'s real
     examples, ``parts_at[k] = (where its part starts in the batch, how many are real)``; each one's loss counts for
     ``share`` examples (a loss that sums over the batch of ``examples``: its parts' sum,
-    :func:`~parallax.tf2.part_loss.summed_weights`)."""
+    :func:`~parallax.tf2.part_loss.summed_weights`); ``outputs``: what the step's trace found (the predictions'
+    structure, whether the loss sums over the batch)."""
     losses, predicted, regularization, masks = got
-    summed = sums_over_batch(model)
+    structure, summed = outputs["structure"], outputs["summed"]
     for k, (at, n) in enumerate(parts_at):
         prediction = tf.nest.pack_sequence_as(structure, [_masked(leaf[k][:n], None if mask is None else mask[k][:n])
                                                           for leaf, mask in zip(predicted, masks)])
@@ -332,11 +333,12 @@ def _masked(value: Any, mask: Any) -> tf.Tensor:
 
 def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) -> Any:
     """The model's ``train_step`` for one replica, its metrics left to the host: the loss, the predictions
-    (flattened; their structure goes into ``outputs["structure"]``) and what the flavor needs to record the
+    (flattened; their structure goes into ``outputs["structure"]``, whether the loss sums over the batch into
+    ``outputs["summed"]``) and what the flavor needs to record the
     loss (:meth:`~parallax.tf2.keras_flavor.Flavor.record_loss`). It takes ``(x, y, sample_weight)``
     (:func:`parallax.tf2.batch_parts.even_parts` makes the weights)."""
 
-    summed = sums_over_batch(model)
+    summed = outputs["summed"] = sums_over_batch(model)
 
     def step(x, y, sample_weight, share, real, examples):
         # the part's real examples (a part of padding only: one row, whose loss counts for nothing)
