@@ -36,16 +36,21 @@ def _program():
     return train_step, model
 
 
-def test_a_step_without_a_signature_is_traced_at_its_first_call_and_trains_as_on_one_device(tmp_path):
-    rng = np.random.RandomState(0)
-    data = [(rng.randn(6, 4).astype(np.float32), rng.randn(6, 2).astype(np.float32)) for _ in range(3)]
+def _alone_and_job(tmp_path, seed: int, steps: int) -> tuple:
+    """``steps`` batches, the program trained on them eagerly, and ``parallel_run`` of a second copy of it on one
+    worker in this process: ``(data, trained model, (step, numbers...), model of the job)``."""
+    rng = np.random.RandomState(seed)
+    data = [(rng.randn(6, 4).astype(np.float32), rng.randn(6, 2).astype(np.float32)) for _ in range(steps)]
     step_fn, reference = _program()
     for x, y in data:
         step_fn(x, y)
     train_step, model = _program()
-    resources = tmp_path / "resource_info"
-    resources.write_text("localhost: cpu:0\n")
-    step, num_workers, worker_id, num_replicas = parallax.parallel_run(train_step, str(resources))
+    (tmp_path / "resource_info").write_text("localhost: cpu:0\n")
+    return data, reference, parallax.parallel_run(train_step, str(tmp_path / "resource_info")), model
+
+
+def test_a_step_without_a_signature_is_traced_at_its_first_call_and_trains_as_on_one_device(tmp_path):
+    data, reference, (step, num_workers, worker_id, num_replicas), model = _alone_and_job(tmp_path, 0, 3)
     assert (num_workers, worker_id, num_replicas) == (1, 0, 1)
     for x, y in data:
         assert step(x, y) is None
@@ -105,14 +110,7 @@ def test_arguments_that_are_no_tensors_are_traced_as_the_values_they_are_and_mus
 def test_a_step_called_with_keywords_takes_them_as_its_parameters_bind_them(tmp_path):
     from parallax.tf2.deferred import positional
 
-    rng = np.random.RandomState(2)
-    data = [(rng.randn(6, 4).astype(np.float32), rng.randn(6, 2).astype(np.float32)) for _ in range(2)]
-    step_fn, reference = _program()
-    for x, y in data:
-        step_fn(x, y)
-    train_step, model = _program()
-    (tmp_path / "resource_info").write_text("localhost: cpu:0\n")
-    step, *_ = parallax.parallel_run(train_step, str(tmp_path / "resource_info"))
+    data, reference, (step, *_), model = _alone_and_job(tmp_path, 2, 2)
     step(y=data[0][1], x=data[0][0])  # traced from keywords
     step(data[1][0], y=data[1][1])
     with pytest.raises(TypeError, match=r"^the step 'train_step' was called with arguments it does not take: "):
