@@ -63,6 +63,7 @@ from parallax.tf2.batch_hooks import (
 )
 from parallax.tf2.batch_parts import parts, per_leaf, worker_block
 from parallax.tf2.batches import FitBatches, check_same
+from parallax.tf2.draws import mark_part
 from parallax.tf2.evaluate import HostSums, chief_or_shared, evaluate_on, numbers, use_job
 from parallax.tf2.exhausted import counting, exhausted_step, warn_uncounted
 from parallax.tf2.host_edits import HostEdits, metric_state
@@ -292,7 +293,7 @@ def _one_step(step: Any, model: Any, flavor: Flavor, batch: tuple, num_workers: 
     starts = [(worker_id * num_replicas + k) * size for k in range(num_replicas)]  # of this worker's parts
     real = [np.int32(min(max(examples - at, 0), size)) for at in starts]  # their examples; the rest: padding
     got = step(*[per_leaf(m, a) for m, a in zip(mine, fed) if a is not None], [share] * num_replicas, real,
-               [np.float32(examples)] * num_replicas, *count)
+               [np.float32(examples)] * num_replicas, [np.int32(at) for at in starts], *count)
     if not flavor.metrics_in_step:  # else updated in the step, summed over the workers (parallax.tf2.summed)
         at = [first + k * size for k in range(num_replicas)]  # in ``batch``
         _host_metrics(model, flavor, got, batch, mine, zip(at, real), share, outputs, examples)
@@ -340,9 +341,10 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
 
     summed = outputs["summed"] = sums_over_batch(model)
 
-    def step(x, y, sample_weight, share, real, examples):
+    def step(x, y, sample_weight, share, real, examples, start):
         # the part's real examples (a part of padding only: one row, whose loss counts for nothing)
         x, y, sample_weight = rows(tf.maximum(real, 1), (x, y, sample_weight))
+        mark_part(examples, start, tf.shape(tf.nest.flatten(x)[0])[0])  # its random draws: one device's rows
         with tf.GradientTape() as tape:
             prediction = model(x, training=True)
             if not batches.weighted:  # Parallax's own weights (ones, 0 for padding): over every loss of an example
@@ -363,12 +365,12 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
         masks = [getattr(p, "_keras_mask", None) for p in tf.nest.flatten(prediction)]  # a masked output's
         return loss, tf.nest.flatten(prediction), flavor.regularization(model), masks
 
-    def without_targets(x, sample_weight, share, real, examples):  # a model whose loss is its own (add_loss)
-        return step(x, None, sample_weight, share, real, examples)
+    def without_targets(x, sample_weight, share, real, examples, start):  # a model whose loss is its own (add_loss)
+        return step(x, None, sample_weight, share, real, examples, start)
 
-    scalar = tf.TensorSpec([], tf.float32)
+    scalar, index = tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32)
     x_spec, y_spec, w_spec = batches.signature
-    rest = [w_spec, scalar, tf.TensorSpec([], tf.int32), scalar]
+    rest = [w_spec, scalar, index, scalar, index]
     if not batches.has_targets:
         return tf.function(without_targets, input_signature=[x_spec, *rest])
     return tf.function(step, input_signature=[x_spec, y_spec, *rest])

@@ -28,6 +28,10 @@ INITIAL_VALUE_PREFIX = "parallax_initial"
 #: variable's shape assigned to it, run alone (under PS, after the chief's, by the writes barrier).
 HOST_WRITES_PREFIX = "parallax_host"
 
+#: The collection of the stateless draws (and the ops that key them) whose seeds every replica keeps as one device
+#: has them: each takes its part's rows of the union batch's draw (:mod:`parallax.tf2.draws`).
+EXACT_DRAWS = "parallax_exact_draws"
+
 
 def micro_op_name(name: str, micro_batch: int) -> str:
     """The copy of op ``name`` for micro-batch ``micro_batch`` (every micro-batch's copy is renamed:

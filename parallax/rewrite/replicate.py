@@ -53,6 +53,7 @@ from parallax.graph.graph_ops import (
     written_variable,
 )
 from parallax.graph.names import (
+    EXACT_DRAWS,
     REPLICA_PREFIX,
     copy_replica,
     replica_frame_name,
@@ -224,9 +225,11 @@ def _own_random_streams(meta_graph: meta_graph_pb2.MetaGraphDef, replicated: fro
     from tensorflow.python.framework import tensor_util
 
     added = []
+    exact = set(meta_graph.collection_def[EXACT_DRAWS].node_list.value) if EXACT_DRAWS in meta_graph.collection_def \
+        else set()  # draws of the union batch's shape, each replica taking its rows: one device's seed
     for node in meta_graph.graph_def.node:
         original = node.name.split("/", 1)[1] if node.name.startswith(REPLICA_PREFIX) else node.name
-        if original not in replicated:
+        if original not in replicated or original in exact:
             continue
         index = first_replica + copy_replica(node.name)
         if index == 0:

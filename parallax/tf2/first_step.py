@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 
 from parallax.graph.graph_ops import STATEFUL_DRAWS, STATELESS_DRAWS
+from parallax.graph.names import EXACT_DRAWS
 from parallax.logs import log as logger
+from parallax.tf2.draws import PART_MARKS
 from parallax.tf2.regions import GRADIENT_SCOPE
 
 __all__ = ["check_first_step", "compare", "TOLERANCE", "FLOOR"]
@@ -102,7 +104,8 @@ _DRAW_SCOPES = ("stateless_", "truncated")  # TensorFlow's own scopes of a draw 
 
 
 def random_draws(graph: Any) -> list[str]:
-    """The name scopes (a layer's, where Keras names them) of the ops of ``graph`` that draw random numbers.
+    """The name scopes (a layer's, where Keras names them) of the ops of ``graph`` that draw random numbers, but those
+    that take their part's rows of one device's draw (:mod:`parallax.tf2.draws`).
 
     >>> import tensorflow as tf
     >>> with tf.Graph().as_default() as g, tf.name_scope("vae/sampling"):
@@ -111,8 +114,9 @@ def random_draws(graph: Any) -> list[str]:
     ['vae/sampling']
     """
     scopes: list[str] = []
+    exact = {getattr(op, "name", op) for op in graph.get_collection(EXACT_DRAWS)}  # one device's numbers
     for op in graph.get_operations():
-        if op.type in STATEFUL_DRAWS or op.type in STATELESS_DRAWS:
+        if (op.type in STATEFUL_DRAWS or op.type in STATELESS_DRAWS) and op.name not in exact:
             parts = op.name.split("/")[:-1]
             while len(parts) > 1 and ("random" in parts[-1].lower() or parts[-1].startswith(_DRAW_SCOPES)):
                 parts.pop()  # TensorFlow's own scopes of the draw, up to the layer's
@@ -155,6 +159,17 @@ def _computed_gradient(tensors: tuple[str, str | None], graph: Any) -> list[str]
     return [t.name for t in found]
 
 
+def _part_start(graph: Any) -> str | None:
+    """The input of ``parallax.fit``'s step that says where the part starts in the global batch (marked by
+    :func:`parallax.tf2.draws.mark_part`), by its tensor's name; ``None`` where the step has no such mark."""
+    if graph is None:
+        return None
+    try:
+        return graph.get_operation_by_name(PART_MARKS[1]).inputs[0].name
+    except (KeyError, IndexError):
+        return None
+
+
 def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: int, graph: Any = None,
                      counts: list[tuple[str, str]] = ()) -> None:
     """Compare, on this worker's first replica, the gradient of its part with its halves' (see the module
@@ -180,8 +195,11 @@ def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: i
 
     fetches = [_computed_gradient(g.aggregation_tensors, graph) for g in gradients]
 
+    start = _part_start(graph)  # parallax.fit's part's first row: a half's is the part's plus where it starts
+
     def fed(part: slice) -> dict[Any, Any]:
-        return {p: [v[part] if np.ndim(v) >= 1 else v] * num_replicas for p, v in first.items()}
+        return {p: [v[part] if np.ndim(v) >= 1 else v + (part.start or 0) if getattr(p, "name", p) == start else v]
+                * num_replicas for p, v in first.items()}
 
     totals = dict(zip([total for _, total in counts], session.read([own for own, _ in counts], fed(slice(None)))))
 

@@ -49,8 +49,9 @@ from parallax.analysis import is_summed
 from parallax.analysis.batch_statistics import REPLICA_SUMS
 from parallax.errors import AnalysisError
 from parallax.graph.graph_ops import colocated_with, colocation_group, format_input, parse_input
-from parallax.graph.names import HOST_WRITES_PREFIX, INITIAL_VALUE_PREFIX
+from parallax.graph.names import EXACT_DRAWS, HOST_WRITES_PREFIX, INITIAL_VALUE_PREFIX
 from parallax.tf2.conds import lower_conds
+from parallax.tf2.draws import exact_draws
 from parallax.tf2.masked_means import COUNTS_SUFFIX, masked_means, sum_masked_counts
 from parallax.tf2.regions import update_regions
 from parallax.tf2.replica_sums import replica_sums
@@ -144,6 +145,7 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
                 "step's arguments")
     sums = replica_sums(func_graph)  # synchronised batch statistics (parallax.tf2.replica_sums)
     step_def, cond_outputs = lower_conds(func_graph.as_graph_def())  # a LossScaleOptimizer's updates, out of its cond
+    exact = exact_draws(step_def)  # parallax.fit's random draws: each replica its rows of one device's draw
     sums = _in_order(func_graph, sums, step_def)  # with a masked loss's counts (parallax.tf2.masked_means)
     primary = _slot_owners(step_def, {c for c, _ in captures})
     captures = [(name, value) for name, value in captures if name not in tables]
@@ -197,6 +199,8 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
     meta.collection_def[tf.compat.v1.GraphKeys.TRAIN_OP].node_list.value.append(STEP_OP)
     if sums:
         meta.collection_def[REPLICA_SUMS].node_list.value.extend(mine(name) for name in sums)
+    if exact:
+        meta.collection_def[EXACT_DRAWS].node_list.value.extend(mine(name) for name in exact)
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.train.import_meta_graph(meta)

@@ -47,13 +47,13 @@ WITH_TABLES = ("transformer", "recommender", "masked", "structured", "bert", "ne
 # input in PS, which MPI and the local replicas train; the structured-data program in AUTO, which HYBRID trains.)
 TRAINED = {"MPI-2": tuple(PROGRAMS),
            "PS-2": ("transformer", "recommender", "structured", "custom-step", "cnn", "vae", "own-test-step",
-                    "annealed", "cosine-clipnorm", "ner", "ocr-ctc"),
+                    "annealed", "cosine-clipnorm", "ner", "ocr-ctc", "augmented"),
            "HYBRID-2": WITH_TABLES,
            "AUTO-2": ("transformer",),
            "local-2-replicas": ("transformer", "recommender", "seq2seq", "custom-step", "gan", "cnn", "tagger", "vae",
                                 "tf_keras-vae", "own-test-step", "class-weights", "annealed",
                                 "cosine-clipnorm", "pydataset-gru", "ner", "tf_keras-ner", "ignore-class",
-                                "translator", "ocr-ctc")}
+                                "translator", "ocr-ctc", "augmented")}
 
 
 def _groups(names) -> dict:

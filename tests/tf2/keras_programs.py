@@ -63,7 +63,8 @@ by ``keras.utils.set_random_seed``): the reference ``parallax.fit(model, <the sa
 * ``tickets``, ``tagger``, ``tf_keras-tickets``: models of several outputs (tests/tf2/loss_programs.py);
 * ``vae``, ``own-test-step``, ``weather`` and others of the guides' shapes (tests/tf2/guide_programs.py);
 * learning-rate schedules with clipping, a ``PyDataset``, built-in metrics (tests/tf2/probe_programs.py);
-* ``ocr-ctc``: keras-io's captcha OCR, whose CTC loss a layer adds per example (tests/tf2/ctc_programs.py).
+* ``ocr-ctc``: keras-io's captcha OCR, whose CTC loss a layer adds per example (tests/tf2/ctc_programs.py);
+* ``mnist-convnet``, ``augmented``: dropout and augmentation layers, as written (tests/tf2/random_programs.py).
 
 ``build(name)`` makes the compiled model (seeded); ``data(name)`` its ``(x, y)``; ``FIT`` the fit arguments;
 ``CONFIGS`` what a program adds to its ``parallax.Config``; ``fit_arguments(name)`` what its ``fit`` takes;
@@ -77,13 +78,12 @@ import functools
 
 import numpy as np
 
-from tests.tf2 import ctc_programs, guide_programs, loss_programs, probe_programs
+from tests.tf2 import ctc_programs, guide_programs, loss_programs, probe_programs, random_programs
 
+PARTS = {n: part for part in (loss_programs, guide_programs, probe_programs, ctc_programs, random_programs)
+         for n in part.PROGRAMS}
 PROGRAMS = ("transformer", "seq2seq", "recommender", "masked", "structured", "custom-step", "gan", "cnn",
-            "timeseries", "bert", "distiller", "regularized", "ema",
-            "shared-split", "renamed-logs", *loss_programs.PROGRAMS, *guide_programs.PROGRAMS,
-            *probe_programs.PROGRAMS, *ctc_programs.PROGRAMS)
-PARTS = {n: part for part in (loss_programs, guide_programs, probe_programs, ctc_programs) for n in part.PROGRAMS}
+            "timeseries", "bert", "distiller", "regularized", "ema", "shared-split", "renamed-logs", *PARTS)
 CONFIGS = {"cnn": {"sync_batch_norm": True}}
 FITS = {"bert": {"shuffle": False}}
 UNEVEN = ("distiller", "regularized")  # 29 examples: the last batch of 5 does not split into equal parts

@@ -30,6 +30,18 @@ def _fit(kind: str, tmp_path, **config) -> None:
             self.add_loss(ops.square(a))
             return a
 
+    class DropsItself(keras.layers.Layer):  # a TF1-style seeded stateful draw: each replica draws its own
+        def __init__(self, stddev=None, **kwargs):
+            super().__init__(**kwargs)
+            self.stddev = stddev
+
+        def call(self, a):
+            import tensorflow as tf
+
+            if self.stddev is not None:
+                return a + tf.random.normal(tf.shape(a), stddev=self.stddev, seed=3)
+            return a * tf.cast(tf.random.uniform(tf.shape(a), seed=7) > 0.5, a.dtype) * 2.0
+
     class AddsASum(keras.layers.Layer):  # a sum made in the layer: a scalar, which Parallax cannot tell from a mean
         def call(self, a):
             self.add_loss(ops.sum(ops.square(a)))
@@ -38,9 +50,10 @@ def _fit(kind: str, tmp_path, **config) -> None:
     keras.utils.set_random_seed(0)
     layers = [keras.Input((4,)), keras.layers.Dense(3)]
     layers += {"plain": [], "dot": [AddsTheBatchsDot()], "batch-norm": [keras.layers.BatchNormalization()],
-               "dropout": [keras.layers.Dropout(0.5, name="drops")], "summed": [AddsASum()],
+               "dropout": [DropsItself(name="drops")], "summed": [AddsASum()],
+               "keras-draws": [keras.layers.Dropout(0.5), keras.layers.GaussianNoise(0.3)],
                "per-example": [AddsALossPerExample()],
-               "small-noise": [keras.layers.GaussianNoise(1e-6, name="noise")]}[kind]
+               "small-noise": [DropsItself(1e-6, name="noise")]}[kind]
     model = keras.Sequential(layers + [keras.layers.Dense(1)])
     alone = kind in ("summed", "per-example")  # its layer's loss alone
     model.compile(optimizer="sgd", loss=None if alone else "mse")
@@ -73,16 +86,18 @@ def test_a_step_whose_gradient_is_no_mean_over_its_examples_is_named_at_warning(
     said = [w for w in warnings if "the first step's check" in w]
     assert len(said) == 1 and re.search(r"is not the mean of its two halves' for sequential\w*/\w+/\w+ \(\d", said[0])
     assert "ops.tensordot(a, b, 2)" in said[0] and "Config(check_first_step=False)" in said[0]
-    # the random draws named by their layer (Keras's dropout: stateless draws in the layer's scope)
+    # the random draws named by their layer (a seeded tf.random.uniform in the layer's scope)
     assert bool(re.search(r"The step draws random numbers in sequential\w*/drops", said[0])) == (kind == "dropout")
     # a loss that sums over the batch: the part's gradient is its halves' sum, said so
     assert ("the loss sums over the batch's examples" in said[0]) == (kind == "summed")
 
 
-@pytest.mark.parametrize("kind", ["plain", "per-example"])  # per-example: parallax.fit weighs the layer's sum
+# per-example: parallax.fit weighs the layer's sum; keras-draws: Keras's Dropout and GaussianNoise take their rows
+# of one device's draws (parallax/tf2/draws.py)
+@pytest.mark.parametrize("kind", ["plain", "per-example", "keras-draws"])
 def test_a_step_whose_gradient_is_a_mean_over_its_examples_trains_without_a_word(kind, tmp_path, warnings):
     _fit(kind, tmp_path)
-    assert not [w for w in warnings if "the first step's check" in w]
+    assert not [w for w in warnings if "the first step's check" in w or "draws random numbers" in w], warnings
 
 
 @pytest.mark.parametrize("batch_norm", [True, False])
@@ -108,7 +123,8 @@ def test_a_step_that_accumulates_its_gradients_is_checked_too(batch_norm, tmp_pa
 
 
 def test_random_draws_too_small_to_move_the_gradients_are_said_still(tmp_path, warnings):
-    """A ``GaussianNoise(1e-6)`` moves the first step's gradients less than the check's tolerance: training differs
+    """A noise of stddev 1e-6 (a seeded stateful draw: each replica its own) moves the first step's gradients less
+    than the check's tolerance: training differs
     from one device all the same (by little), and the draws are named (the probe of 2026-12-05 found 1e-4 in
     the weights, said nowhere)."""
     _fit("small-noise", tmp_path)

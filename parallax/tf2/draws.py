@@ -1,0 +1,115 @@
+"""Random draws of one device in ``parallax.fit``: each replica takes its rows of the union batch's draw.
+
+A Keras 3 layer that draws at random in training (``Dropout``, ``GaussianNoise``, ``RandomFlip``, a VAE's sampling)
+draws with a stateless op (``StatelessRandomUniformV2``...) whose seed its ``SeedGenerator`` keeps in a variable,
+for a shape whose first axis is the batch's (``tf.shape(x)``). Those draws are counter-based: the value at a
+position of a draw depends on the seed and the position alone, so a draw of the union batch's shape holds, in the
+rows of a replica's part, what one device draws for those examples. Every replica reads the same seed (the
+variable advances alike everywhere), so where each replica draws the union batch's shape and keeps its own rows,
+its part gets exactly one device's numbers: dropout trains as on one device, not only alike in distribution.
+
+``parallax.fit``'s step names where its part lies in the global batch (:func:`mark_part`: the batch's examples,
+the part's first row, the part's rows); :func:`exact_draws` then rewrites, in the traced step's graph, every
+stateless draw of a shape ``[n, ...]``: where ``n`` is the part's rows, the draw is made for
+``[max(examples, start + n), ...]`` and its rows ``start .. start + n`` are taken; any other ``n`` (a draw of a
+shape that is no batch's, as a per-time-step noise) is drawn as it is, with the seed one device has, so every
+replica draws what one device draws once for all its examples. The rewrite of the replicas
+(:mod:`parallax.rewrite.replicate`) leaves the seeds of those draws as they are
+(:data:`parallax.graph.names.EXACT_DRAWS`), where it gives every other stateless draw a seed of each replica's own.
+A step traced without the marks (a custom loop, a model's own ``train_step``) is not rewritten.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2, node_def_pb2
+
+from parallax.graph.graph_ops import consumers, format_input, parse_input
+
+__all__ = ["mark_part", "exact_draws", "PART_MARKS"]
+
+#: The names of the step's marks of its part: the global batch's examples, the part's first row, its rows.
+PART_MARKS = ("parallax_part/examples", "parallax_part/start", "parallax_part/rows")
+
+#: Stateless draws whose first input is the shape drawn (V1 ops take the seed as their second input; V2 ops a key
+#: and a counter, made from the seed by ``StatelessRandomGetKeyCounter``).
+_SHAPED = frozenset({
+    "StatelessRandomUniform", "StatelessRandomNormal", "StatelessTruncatedNormal", "StatelessRandomUniformInt",
+    "StatelessRandomUniformFullInt", "StatelessRandomUniformV2", "StatelessRandomNormalV2",
+    "StatelessTruncatedNormalV2", "StatelessRandomUniformIntV2", "StatelessRandomUniformFullIntV2"})
+_KEY_OPS = ("StatelessRandomGetKeyCounter", "StatelessRandomGetKeyCounterAlg")
+
+
+def mark_part(examples: tf.Tensor, start: tf.Tensor, rows: tf.Tensor) -> None:
+    """Name, in the step being traced, the global batch's ``examples``, the first row of this replica's part in it
+    (``start``) and the part's ``rows`` (int32 scalars), for :func:`exact_draws`."""
+    for name, value in zip(PART_MARKS, (examples, start, rows)):
+        tf.identity(tf.cast(value, tf.int32), name=name)
+
+
+def exact_draws(graph_def: graph_pb2.GraphDef) -> list[str]:
+    """Rewrite ``graph_def`` in place (see the module docstring) where it holds :data:`PART_MARKS`; the names of
+    the draws rewritten and of the ops that make their keys from their seeds (whose seeds every replica keeps)."""
+    names = {n.name for n in graph_def.node}
+    if not all(mark in names for mark in PART_MARKS):
+        return []
+    nodes = {n.name: n for n in graph_def.node}
+    users = consumers(graph_def)
+    draws = [n for n in graph_def.node if n.op in _SHAPED]
+    added: list[node_def_pb2.NodeDef] = []
+    kept: list[str] = []
+    for draw in draws:
+        scope = f"parallax_exact/{draw.name}"
+        made = _sliced(scope, draw, nodes)
+        for user in users.get(draw.name, []):  # the draw's value, read by its users as the part's rows
+            node = nodes[user]
+            for i, name in enumerate(node.input):
+                op, index, control = parse_input(name)
+                if op == draw.name and not control:
+                    node.input[i] = format_input(f"{scope}/part", index, False)
+        draw.input[0] = f"{scope}/shape"
+        added.extend(made)
+        kept.append(draw.name)
+        if draw.op.endswith("V2"):  # its key and counter: made from the seed by an op of its own
+            key, _, _ = parse_input(draw.input[1])
+            if nodes.get(key) is not None and nodes[key].op in _KEY_OPS and \
+                    all(nodes[u].op in _SHAPED for u in users.get(key, [])):
+                kept.append(key)
+    graph_def.node.extend(added)
+    return kept
+
+
+def _sliced(scope: str, draw: node_def_pb2.NodeDef, nodes: dict[str, Any]) -> list[node_def_pb2.NodeDef]:
+    """The ops that give ``draw`` the union batch's shape and take the part's rows of it, under ``scope``: made in
+    a graph of their own from stand-ins for the draw's shape and value and the part's marks, then bound to them."""
+    shape_type = tf.as_dtype(draw.attr["Tshape" if "Tshape" in draw.attr else "T"].type)  # V2's name; V1's
+    value_type = tf.as_dtype(draw.attr["dtype"].type)
+    graph = tf.Graph()
+    with graph.as_default():
+        shape = tf.compat.v1.placeholder(shape_type, [None], name="SHAPE")
+        drawn = tf.compat.v1.placeholder(value_type, None, name="DRAWN")
+        examples, start, rows = (tf.compat.v1.placeholder(tf.int32, [], name=f"MARK{i}") for i in range(3))
+        with tf.name_scope(scope):
+            n = shape[0]
+            examples, start, rows = (tf.cast(t, shape_type) for t in (examples, start, rows))
+            batch = tf.equal(n, rows)  # a draw of the part's rows: drawn for the whole batch
+            first = tf.where(batch, start, tf.zeros_like(start))
+            whole = tf.where(batch, tf.maximum(examples, start + n), n)
+            tf.concat([tf.reshape(whole, [1]), shape[1:]], 0, name="shape")
+            tf.identity(drawn[first:first + n], name="part")
+    bound = {"SHAPE": draw.input[0], "DRAWN": draw.name,
+             **{f"MARK{i}": mark for i, mark in enumerate(PART_MARKS)}}
+    made = []
+    for node in graph.as_graph_def().node:
+        if node.op == "Placeholder":
+            continue
+        for i, name in enumerate(node.input):
+            op, index, control = parse_input(name)
+            if op in bound:
+                real, real_index, _ = parse_input(bound[op])
+                node.input[i] = format_input(real, real_index if op != "DRAWN" else index, control)
+        node.device = draw.device
+        made.append(node)
+    return made
