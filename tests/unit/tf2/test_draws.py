@@ -20,7 +20,8 @@ def _step_def(marked: bool):
         if marked:
             mark_part(examples, start, tf.shape(x)[0])
         mask = tf.random.stateless_uniform(tf.shape(x), seed=SEED)
-        return tf.identity(x * mask, name="masked"), tf.identity(tf.random.stateless_uniform([5], seed=SEED), name="own")
+        own = tf.random.stateless_uniform([5], seed=SEED)
+        return tf.identity(x * mask, name="masked"), tf.identity(own, name="own")
 
     concrete = tf.function(step).get_concrete_function(tf.TensorSpec([None, 3], tf.float32),
                                                        tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32))
