@@ -79,7 +79,7 @@ def block_parts(block: tuple, examples: int, replicas: int, here: int, real: int
 
 
 def worker_block(batch: tuple, num_workers: int, worker_id: int, num_replicas: int,
-           examples: int | None) -> tuple[tuple, int, int, int]:
+                 examples: int | None) -> tuple[tuple, int, int, int]:
     """This worker's block of the global batch, padded (:func:`block_parts`: its weights, 0 for the padding, are
     also the metrics'): ``(fed, size of a part, where the block starts in batch, examples of the global batch)``."""
     replicas = num_workers * num_replicas

@@ -26,7 +26,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
-from parallax.graph.graph_ops import consumers, format_input, parse_input
+from parallax.graph.graph_ops import consumers, format_input, node_map, parse_input
 
 __all__ = ["mark_part", "exact_draws", "PART_MARKS"]
 
@@ -52,10 +52,9 @@ def mark_part(examples: tf.Tensor, start: tf.Tensor, rows: tf.Tensor) -> None:
 def exact_draws(graph_def: graph_pb2.GraphDef) -> list[str]:
     """Rewrite ``graph_def`` in place (see the module docstring) where it holds :data:`PART_MARKS`; the names of
     the draws rewritten and of the ops that make their keys from their seeds (whose seeds every replica keeps)."""
-    names = {n.name for n in graph_def.node}
-    if not all(mark in names for mark in PART_MARKS):
+    nodes = node_map(graph_def)
+    if not all(mark in nodes for mark in PART_MARKS):
         return []
-    nodes = {n.name: n for n in graph_def.node}
     users = consumers(graph_def)
     draws = [n for n in graph_def.node if n.op in _SHAPED]
     added: list[node_def_pb2.NodeDef] = []

@@ -197,9 +197,15 @@ def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: i
 
     start = _part_start(graph)  # parallax.fit's part's first row: a half's is the part's plus where it starts
 
+    def part_of(placeholder: Any, value: Any, part: slice) -> Any:
+        if np.ndim(value) >= 1:
+            return value[part]
+        if getattr(placeholder, "name", placeholder) == start:
+            return value + (part.start or 0)
+        return value
+
     def fed(part: slice) -> dict[Any, Any]:
-        return {p: [v[part] if np.ndim(v) >= 1 else v + (part.start or 0) if getattr(p, "name", p) == start else v]
-                * num_replicas for p, v in first.items()}
+        return {p: [part_of(p, v, part)] * num_replicas for p, v in first.items()}
 
     totals = dict(zip([total for _, total in counts], session.read([own for own, _ in counts], fed(slice(None)))))
 
