@@ -13,11 +13,14 @@ Wiring:
   inputs of the update ops are rewired later by the aggregation pass);
 * colocation (``_class``) and v1 while-loop frame names follow the copy;
 * ``parallax.shard`` ids become constants: the global replica index and the
-  total number of replicas;
+  total number of replicas; so do a custom loop's marks of its part
+  (:data:`~parallax.graph.names.REPLICA_INDEX`, ``REPLICA_COUNT``);
 * a replicated op that writes a shared variable outside the optimizer (the
   moving statistics of batch norm in ``UPDATE_OPS``) writes it from replica 0
   only: the copies of other replicas become ``NoOp``s that wait for the same
-  inputs. So such a variable is updated once per step, from replica 0's
+  inputs and replica 0's write, which waits for every replica's copies of
+  what it waits for (a ``SeedGenerator``'s reads of its state before it
+  advances it). So such a variable is updated once per step, from replica 0's
   batch, as each process does under Horovod;
 * each replica draws its own random numbers (dropout masks, augmentation):
   the copy for the replica of global index ``g > 0`` of a stateless random
@@ -25,7 +28,10 @@ Wiring:
   keeps its seeds below 933199, or advances the second element only), and
   of a seeded stateful op (a TF1 ``tf.random.uniform(seed=...)``) has
   ``seed2 + g * 7919``: otherwise every replica, each worker's first too,
-  would draw the same numbers from the same seed.
+  would draw the same numbers from the same seed. A traced step's draws of
+  the union batch's rows (:data:`~parallax.graph.names.EXACT_DRAWS`,
+  :mod:`parallax.tf2.draws`) keep one device's seed: each replica takes its
+  rows of one device's draw.
 
 Devices: a replica's ops go on its device (an op the user pinned to the CPU
 stays on the CPU when the replica is a GPU); shared ops without a device go
@@ -54,6 +60,8 @@ from parallax.graph.graph_ops import (
 )
 from parallax.graph.names import (
     EXACT_DRAWS,
+    REPLICA_COUNT,
+    REPLICA_INDEX,
     REPLICA_PREFIX,
     copy_replica,
     replica_frame_name,
@@ -76,6 +84,13 @@ def shard_op_names(meta_graph: meta_graph_pb2.MetaGraphDef) -> tuple[str | None,
         values = meta_graph.collection_def[key].node_list.value
         return parse_input(values[0])[0] if values else None
     return first(NUM_SHARDS_COLLECTION), first(SHARD_ID_COLLECTION)
+
+
+def _collected(meta_graph: meta_graph_pb2.MetaGraphDef, key: str) -> frozenset[str]:
+    """The op names of collection ``key`` (empty where the graph has none)."""
+    if key not in meta_graph.collection_def:
+        return frozenset()
+    return frozenset(parse_input(v)[0] for v in meta_graph.collection_def[key].node_list.value)
 
 
 def _set_const(node: node_def_pb2.NodeDef, value: int) -> None:
@@ -119,8 +134,10 @@ def replicate_graph(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
                 "parallax.shard() was used, but no op of the graph reads its shard id, not even a one-shot "
                 "iterator's dataset function, so every replica would read the same data. Build the iterator "
                 "from the sharded dataset (tf.compat.v1.data.make_initializable_iterator or make_one_shot_iterator)")
-    roles = classify(meta_graph.graph_def, plan, extra_inputs=shard_ops)
-    replicated = roles.replicated | shard_ops
+    indices = _collected(meta_graph, REPLICA_INDEX) | ({shard_id_op} if shard_id_op else set())
+    counts = _collected(meta_graph, REPLICA_COUNT) | ({num_shards_op} if num_shards_op else set())
+    roles = classify(meta_graph.graph_def, plan, extra_inputs=shard_ops | indices | counts)
+    replicated = roles.replicated | shard_ops | indices | counts
     first_replica = plan.first_replica(task.worker_index)
     stage_devices = plan.stage_devices(task.worker_index)
     # with pipeline stages, an op on stage s of replica 0 goes to stage s of its replica
@@ -153,9 +170,9 @@ def replicate_graph(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: T
                            lambda op: replica_op_name(op, r) if op in replicated else None,  # noqa: B023 (used now)
                            lambda frame: replica_frame_name(frame, r))  # noqa: B023
             copy.device = stage_maps[r].get(node.device) or replica_device(node.device, device)
-            if node.name == num_shards_op:
+            if node.name in counts:
                 _set_const(copy, plan.num_replicas)
-            elif node.name == shard_id_op:
+            elif node.name in indices:
                 _set_const(copy, first_replica + r)
             new_nodes.append(copy)
     del out.graph_def.node[:]
@@ -225,8 +242,7 @@ def _own_random_streams(meta_graph: meta_graph_pb2.MetaGraphDef, replicated: fro
     from tensorflow.python.framework import tensor_util
 
     added = []
-    exact = set(meta_graph.collection_def[EXACT_DRAWS].node_list.value) if EXACT_DRAWS in meta_graph.collection_def \
-        else set()  # draws of the union batch's shape, each replica taking its rows: one device's seed
+    exact = _collected(meta_graph, EXACT_DRAWS)  # draws of the union batch's shape, each replica its rows: one seed
     for node in meta_graph.graph_def.node:
         original = node.name.split("/", 1)[1] if node.name.startswith(REPLICA_PREFIX) else node.name
         if original not in replicated or original in exact:
@@ -288,6 +304,11 @@ def _write_from_first_replica(meta_graph: meta_graph_pb2.MetaGraphDef, replicate
         make_no_op(meta_graph.graph_def, {replica_op_name(name, r) for name in writers}, devices[r],
                    "a write of a shared variable that only replica 0 runs; read the variable instead",
                    after={replica_op_name(name, r): name for name in writers})
+    for name in writers:  # and replica 0's write waits for what every replica's would wait for (their reads)
+        node = nodes[name]
+        waited = [op for op, _, control in map(parse_input, node.input) if control and op in replicated]
+        node.input.extend(format_input(replica_op_name(op, r), 0, True)
+                          for op in waited for r in range(1, len(devices)))
 
 
 def _extend_table_initializers(meta_graph: meta_graph_pb2.MetaGraphDef, replicated: frozenset[str],

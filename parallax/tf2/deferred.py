@@ -8,6 +8,11 @@ dimension left open, of one replica's part), traces the step into the graph and 
 starts for a step with a signature (in the process the user ran, that launches the job and exits with its exit
 code). A later call whose arguments do not fit that signature is refused, naming the argument.
 
+A step that cannot be traced with its batch dimension open (TensorFlow's VAE tutorial draws
+``tf.random.normal(shape=mean.shape)``, a shape it needs whole) is traced with the first call's shapes, as
+``tf.function`` itself traces a first call: every later call must then give parts of that size, and one that does
+not is refused (a last batch that does not divide: ``drop_remainder=True``); the INFO log says why.
+
 An argument that is neither a tensor nor numbers (TensorFlow's VAE tutorial calls ``train_step(model, x,
 optimizer)``; a flag ``training=True``; a string; ``None``) is traced as ``tf.function`` traces it, as the Python
 value it is (:func:`static`), and every later call must pass that same value: the job's graph is traced once.
@@ -22,10 +27,12 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["DeferredStep", "signature_of", "static", "positional"]
+from parallax.logs import log as logger
+
+__all__ = ["DeferredStep", "signature_of", "traceable", "static", "positional"]
 
 
-def signature_of(args: tuple, num_replicas: int) -> list:
+def signature_of(args: tuple, num_replicas: int, open_batch: bool = True) -> list:
     """The ``tf.TensorSpec`` structure of one replica's arguments, the batch dimension open, from arguments shaped
     as the step takes them: each tensor (a leaf of an argument's structure) one batch per replica (a list or
     tuple of ``num_replicas`` of them), or the batch itself.
@@ -37,7 +44,30 @@ def signature_of(args: tuple, num_replicas: int) -> list:
     >>> signature_of((print, np.zeros(3), True), 1)  # Python values: in the signature as they are (static)
     [<built-in function print>, TensorSpec(shape=(None,), dtype=tf.float64, name=None), True]
     """
-    return [_specs(arg, num_replicas) for arg in args]
+    return [_specs(arg, num_replicas, open_batch) for arg in args]
+
+
+def traceable(fn: Any, args: tuple, num_replicas: int) -> list:
+    """The signature to trace ``fn`` with for a first call with ``args``: the batch dimension open, or, where the
+    step cannot be traced so (it needs a static batch size), the first call's shapes (see the module docstring).
+
+    Raises:
+        Exception: what tracing with the first call's shapes raises (the step's own error), where that fails too.
+    """
+    signature = signature_of(args, num_replicas)
+    try:
+        fn.get_concrete_function(*signature)
+        return signature
+    except (TypeError, ValueError) as e:
+        fixed = signature_of(args, num_replicas, open_batch=False)
+        # traced by a tf.function of its own first: what the failed trace left unmade (an optimizer's slots) is
+        # made there, so that the step's own trace makes no variable on what is no longer its first call
+        tf.function(fn.python_function).get_concrete_function(*fixed)
+        logger.info("Parallax: the step %r is traced with its first call's shapes: with the batch dimension open it "
+                    "fails (%s: %s); every call must give parts of the first call's size",
+                    getattr(fn, "python_function", fn).__name__, type(e).__name__, str(e).splitlines()[0] if str(e)
+                    else "")
+        return fixed
 
 
 def positional(fn: Any, args: tuple, kwargs: dict) -> tuple:
@@ -75,21 +105,21 @@ def static(value: Any) -> bool:
     return not isinstance(value, (tf.Tensor, tf.Variable, np.ndarray, np.generic, int, float, list, tuple, dict))
 
 
-def _specs(value: Any, num_replicas: int) -> Any:
+def _specs(value: Any, num_replicas: int, open_batch: bool) -> Any:
     if static(value):
         return value
     if isinstance(value, (list, tuple)) and len(value) == num_replicas and all(
             isinstance(v, (np.ndarray, tf.Tensor)) for v in value):
-        return _spec(value[0])  # a tensor's batch on each replica
+        return _spec(value[0], open_batch)  # a tensor's batch on each replica
     if isinstance(value, dict):
-        return {k: _specs(v, num_replicas) for k, v in value.items()}
+        return {k: _specs(v, num_replicas, open_batch) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        items = [_specs(v, num_replicas) for v in value]
+        items = [_specs(v, num_replicas, open_batch) for v in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-    return _spec(value)
+    return _spec(value, open_batch)
 
 
-def _spec(value: Any) -> tf.TensorSpec:
+def _spec(value: Any, open_batch: bool) -> tf.TensorSpec:
     if isinstance(value, tf.Tensor):
         shape, dtype = value.shape.as_list(), value.dtype
     else:
@@ -97,7 +127,7 @@ def _spec(value: Any) -> tf.TensorSpec:
         shape, dtype = list(array.shape), tf.as_dtype(array.dtype)
     if not shape:
         return tf.TensorSpec([], dtype)
-    return tf.TensorSpec([None, *shape[1:]], dtype)
+    return tf.TensorSpec([None if open_batch else shape[0], *shape[1:]], dtype)
 
 
 class DeferredStep:
@@ -120,7 +150,7 @@ class DeferredStep:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args = positional(self._fn, args, kwargs)
         if self._step is None:
-            signature = signature_of(args, self._numbers[2])
+            signature = traceable(self._fn, args, self._numbers[2])
             step, *numbers = self._start(signature)
             if tuple(numbers) != tuple(self._numbers):
                 step.close()

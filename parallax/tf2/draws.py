@@ -16,7 +16,16 @@ shape that is no batch's, as a per-time-step noise) is drawn as it is, with the 
 replica draws what one device draws once for all its examples. The rewrite of the replicas
 (:mod:`parallax.rewrite.replicate`) leaves the seeds of those draws as they are
 (:data:`parallax.graph.names.EXACT_DRAWS`), where it gives every other stateless draw a seed of each replica's own.
-A step traced without the marks (a custom loop, a model's own ``train_step``) is not rewritten.
+A step traced without those marks (a custom loop's ``tf.function``, a model's own ``train_step``) is marked by
+:func:`mark_replica_parts` where it draws: its parts are taken to be equal, the ``g``-th of the union batch for the
+replica of global index ``g`` (``worker_id * num_replicas + k``, as :func:`parallax.shard` deals them), so the
+union has ``replicas x rows`` examples and the part starts at ``g x rows``; the replicate rewrite sets ``g`` and the
+replicas in each replica's copy (:data:`parallax.graph.names.REPLICA_INDEX`, ``REPLICA_COUNT``).
+
+A seeded stateful draw (``tf.random.normal(...)`` after ``tf.random.set_seed``: its kernel keeps a counter that
+each draw advances by what it draws) is rewritten alike: every replica draws what one device draws, so its kernel
+advances as one device's does, and takes its rows. An unseeded one draws from a seed of its process: nothing to
+be equal to, left as it is.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 from parallax.graph.graph_ops import consumers, format_input, node_map, parse_input
 
-__all__ = ["mark_part", "exact_draws", "PART_MARKS"]
+__all__ = ["mark_part", "mark_replica_parts", "exact_draws", "PART_MARKS"]
 
 #: The names of the step's marks of its part: the global batch's examples, the part's first row, its rows.
 PART_MARKS = ("parallax_part/examples", "parallax_part/start", "parallax_part/rows")
@@ -40,6 +49,8 @@ _SHAPED = frozenset({
     "StatelessRandomUniformFullInt", "StatelessRandomUniformV2", "StatelessRandomNormalV2",
     "StatelessTruncatedNormalV2", "StatelessRandomUniformIntV2", "StatelessRandomUniformFullIntV2"})
 _KEY_OPS = ("StatelessRandomGetKeyCounter", "StatelessRandomGetKeyCounterAlg")
+#: Stateful draws whose first input is the shape drawn: rewritten where their ``seed`` or ``seed2`` is set.
+_STATEFUL_SHAPED = frozenset({"RandomUniform", "RandomStandardNormal", "TruncatedNormal", "RandomUniformInt"})
 
 
 def mark_part(examples: tf.Tensor, start: tf.Tensor, rows: tf.Tensor) -> None:
@@ -49,6 +60,33 @@ def mark_part(examples: tf.Tensor, start: tf.Tensor, rows: tf.Tensor) -> None:
         tf.identity(tf.cast(value, tf.int32), name=name)
 
 
+def _draws(graph_def: graph_pb2.GraphDef) -> list[node_def_pb2.NodeDef]:
+    """The draws of ``graph_def`` whose rows can be one device's: stateless ones, and stateful ones with a seed."""
+    return [n for n in graph_def.node if n.op in _SHAPED or (
+        n.op in _STATEFUL_SHAPED and (n.attr["seed"].i or n.attr["seed2"].i))]
+
+
+def mark_replica_parts(graph_def: graph_pb2.GraphDef, batch: str) -> tuple[str, str] | None:
+    """Mark, in ``graph_def`` (a custom loop's step, in place), where a replica's part lies in the union batch
+    (see the module docstring), from the rows of its input ``batch`` (an op's name); the names of the constants
+    that hold the replica's global index and the job's replicas (0 and 1 here, one device's). ``None``, and
+    nothing marked, where the step has marks already or no draw that could take them."""
+    nodes = node_map(graph_def)
+    if any(mark in nodes for mark in PART_MARKS) or not _draws(graph_def):
+        return None
+    graph = tf.Graph()
+    with graph.as_default():
+        rows_of = tf.compat.v1.placeholder(tf.as_dtype(nodes[batch].attr["dtype"].type), None, name="BATCH")
+        with tf.name_scope("parallax_part/"):
+            rows = tf.shape(rows_of, out_type=tf.int32)[0]
+            index = tf.constant(0, tf.int32, name="replica")
+            count = tf.constant(1, tf.int32, name="replicas")
+            examples, start = count * rows, index * rows
+        mark_part(examples, start, rows)
+    graph_def.node.extend(_bound(graph, {"BATCH": batch}, nodes[batch].device))
+    return index.op.name, count.op.name
+
+
 def exact_draws(graph_def: graph_pb2.GraphDef) -> list[str]:
     """Rewrite ``graph_def`` in place (see the module docstring) where it holds :data:`PART_MARKS`; the names of
     the draws rewritten and of the ops that make their keys from their seeds (whose seeds every replica keeps)."""
@@ -56,7 +94,7 @@ def exact_draws(graph_def: graph_pb2.GraphDef) -> list[str]:
     if not all(mark in nodes for mark in PART_MARKS):
         return []
     users = consumers(graph_def)
-    draws = [n for n in graph_def.node if n.op in _SHAPED]
+    draws = _draws(graph_def)
     added: list[node_def_pb2.NodeDef] = []
     kept: list[str] = []
     for draw in draws:
@@ -84,7 +122,7 @@ def _sliced(scope: str, draw: node_def_pb2.NodeDef, nodes: dict[str, Any]) -> li
     """The ops that give ``draw`` the union batch's shape and take the part's rows of it, under ``scope``: made in
     a graph of their own from stand-ins for the draw's shape and value and the part's marks, then bound to them."""
     shape_type = tf.as_dtype(draw.attr["Tshape" if "Tshape" in draw.attr else "T"].type)  # V2's name; V1's
-    value_type = tf.as_dtype(draw.attr["dtype"].type)
+    value_type = tf.as_dtype(draw.attr["Tout" if "Tout" in draw.attr else "dtype"].type)  # RandomUniformInt's
     graph = tf.Graph()
     with graph.as_default():
         shape = tf.compat.v1.placeholder(shape_type, [None], name="SHAPE")
@@ -98,8 +136,13 @@ def _sliced(scope: str, draw: node_def_pb2.NodeDef, nodes: dict[str, Any]) -> li
             whole = tf.where(batch, tf.maximum(examples, start + n), n)
             tf.concat([tf.reshape(whole, [1]), shape[1:]], 0, name="shape")
             tf.identity(drawn[first:first + n], name="part")
-    bound = {"SHAPE": draw.input[0], "DRAWN": draw.name,
-             **{f"MARK{i}": mark for i, mark in enumerate(PART_MARKS)}}
+    return _bound(graph, {"SHAPE": draw.input[0], "DRAWN": draw.name,
+                          **{f"MARK{i}": mark for i, mark in enumerate(PART_MARKS)}}, draw.device)
+
+
+def _bound(graph: tf.Graph, bound: dict[str, str], device: str) -> list[node_def_pb2.NodeDef]:
+    """The ops of ``graph`` but its placeholders, each placeholder's uses bound to the tensor ``bound`` names for
+    it (a placeholder ``DRAWN`` keeps the output index its users read), on ``device``."""
     made = []
     for node in graph.as_graph_def().node:
         if node.op == "Placeholder":
@@ -109,6 +152,6 @@ def _sliced(scope: str, draw: node_def_pb2.NodeDef, nodes: dict[str, Any]) -> li
             if op in bound:
                 real, real_index, _ = parse_input(bound[op])
                 node.input[i] = format_input(real, real_index if op != "DRAWN" else index, control)
-        node.device = draw.device
+        node.device = device
         made.append(node)
     return made

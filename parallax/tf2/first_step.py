@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from parallax.graph.graph_ops import STATEFUL_DRAWS, STATELESS_DRAWS
+from parallax.graph.graph_ops import STATEFUL_DRAWS, STATELESS_DRAWS, is_variable_write
 from parallax.graph.names import EXACT_DRAWS
 from parallax.logs import log as logger
 from parallax.tf2.draws import PART_MARKS
@@ -160,14 +160,65 @@ def _computed_gradient(tensors: tuple[str, str | None], graph: Any) -> list[str]
 
 
 def _part_start(graph: Any) -> str | None:
-    """The input of ``parallax.fit``'s step that says where the part starts in the global batch (marked by
-    :func:`parallax.tf2.draws.mark_part`), by its tensor's name; ``None`` where the step has no such mark."""
+    """The tensor that says where the step's part starts in the union batch (marked by
+    :mod:`parallax.tf2.draws`: ``parallax.fit``'s step, a loop's that draws), by its name; ``None`` where the step
+    has no such mark."""
     if graph is None:
         return None
     try:
-        return graph.get_operation_by_name(PART_MARKS[1]).inputs[0].name
-    except (KeyError, IndexError):
+        return graph.get_operation_by_name(PART_MARKS[1]).outputs[0].name
+    except KeyError:
         return None
+
+
+def _kernel_draws(graph: Any) -> list[Any]:
+    """The seeded stateful draws of ``graph`` that take their rows of one device's draw, in the graph's order (a
+    draw's shape may depend on an earlier draw): their kernels advance with every run, so the check feeds them
+    stand-ins instead (the replicas' kernels must stay in step with one device's)."""
+    if graph is None:
+        return []
+    exact = {getattr(op, "name", op) for op in graph.get_collection(EXACT_DRAWS)}
+    return [op for op in graph.get_operations() if op.name in exact and op.type in STATEFUL_DRAWS]  # in order
+
+
+def _reads_after_writes(graph: Any, fetches: list[str]) -> tuple[dict[str, str], list[str]]:
+    """What ``fetches`` reach that waits for a write of a variable (a ``SeedGenerator`` drawn from twice in a step
+    reads its state after its first draw advanced it): each such read of a variable, with a read of it that waits
+    for nothing (its value as the step starts, which the check feeds for it, so that the check writes nothing: the
+    replicas' state must stay one device's); and the names of the ops that wait for a write but are no such read."""
+    queue = [graph.get_tensor_by_name(name).op for name in fetches]
+    seen: set[str] = set()
+    reads: dict[str, str] = {}
+    other: list[str] = []
+    while queue:
+        op = queue.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if any(is_variable_write(c.type) for c in op.control_inputs):
+            plain = next((u for u in op.inputs[0].consumers() if u.type == "ReadVariableOp" and not u.control_inputs),
+                         None) if op.type == "ReadVariableOp" else None
+            if plain is None:
+                other.append(op.name)
+            else:
+                reads[op.outputs[0].name] = plain.outputs[0].name
+            continue
+        queue.extend(t.op for t in op.inputs)
+        queue.extend(op.control_inputs)
+    return reads, other
+
+
+def _stand_in(op: Any, shape: Any, bounds: tuple = ()) -> np.ndarray:
+    """Numbers of a stateful draw ``op``'s kind and ``shape``, from a fixed seed (a larger draw's leading rows are
+    a smaller one's, as a counter-based draw's are)."""
+    rng = np.random.RandomState(0)
+    dtype = op.outputs[0].dtype.as_numpy_dtype
+    if op.type == "RandomUniformInt":
+        return rng.randint(int(bounds[0]), int(bounds[1]), size=shape).astype(dtype)
+    if op.type == "RandomUniform":
+        return rng.random_sample(shape).astype(dtype)
+    normal = rng.standard_normal(shape)
+    return (np.clip(normal, -2.0, 2.0) if op.type == "TruncatedNormal" else normal).astype(dtype)
 
 
 def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: int, graph: Any = None,
@@ -195,17 +246,30 @@ def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: i
 
     fetches = [_computed_gradient(g.aggregation_tensors, graph) for g in gradients]
 
-    start = _part_start(graph)  # parallax.fit's part's first row: a half's is the part's plus where it starts
-
-    def part_of(placeholder: Any, value: Any, part: slice) -> Any:
-        if np.ndim(value) >= 1:
-            return value[part]
-        if getattr(placeholder, "name", placeholder) == start:
-            return value + (part.start or 0)
-        return value
+    if graph is not None:
+        reads, other = _reads_after_writes(graph, [t for names in fetches for t in names]
+                                           + [own for own, _ in counts])
+        if other:
+            logger.info("Parallax: the first step's check did not run: %s wait for a write of a variable in the "
+                        "step, which the check would make", ", ".join(other[:3]))
+            return
+        kept = dict(zip(reads, session.read(list(reads.values())))) if reads else {}
+    else:
+        kept = {}
+    start = _part_start(graph)  # the part's first row in the union batch: a half's is the part's plus its own
+    kernels = _kernel_draws(graph)
+    plain = {**{p: [v] * num_replicas for p, v in first.items()}, **{t: [v] * num_replicas for t, v in kept.items()}}
+    began = int(session.read(start, plain)) if start else 0
 
     def fed(part: slice) -> dict[Any, Any]:
-        return {p: [part_of(p, v, part)] * num_replicas for p, v in first.items()}
+        feeds = {p: [v[part] if np.ndim(v) >= 1 else v] * num_replicas for p, v in first.items()}
+        feeds.update({t: [v] * num_replicas for t, v in kept.items()})
+        if start:
+            feeds[start] = [np.int32(began + (part.start or 0))] * num_replicas
+        for op in kernels:  # each draw's shape (and an int draw's bounds) for this part, the draws before it fed
+            shape, *bounds = session.read([t.name for t in op.inputs], feeds)
+            feeds[op.outputs[0].name] = [_stand_in(op, tuple(shape), tuple(bounds))] * num_replicas
+        return feeds
 
     totals = dict(zip([total for _, total in counts], session.read([own for own, _ in counts], fed(slice(None)))))
 
@@ -213,10 +277,10 @@ def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: i
         fetched = session.read(fetches, {**fed(part), **totals})
         return {g.variable: (tuple(values) if len(values) == 2 else values[0]) for g, values in zip(gradients, fetched)}
 
-    began = time.monotonic()
+    timer = time.monotonic()
     whole, halves = grads(slice(None)), (grads(slice(0, cut)), grads(slice(cut, None)))
     differences = compare(whole, halves, (cut, n - cut))
-    logger.info("Parallax: the first step's check took %.3f s", time.monotonic() - began)
+    logger.info("Parallax: the first step's check took %.3f s", time.monotonic() - timer)
     tolerance = {g.variable: TOLERANCE * (100 if g.dtype in ("float16", "bfloat16") else 1) for g in gradients}
     off = sorted(((d, v) for v, d in differences.items() if d > tolerance[v]), reverse=True)
     draws = random_draws(graph) if graph is not None else []

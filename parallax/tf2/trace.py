@@ -49,12 +49,13 @@ from parallax.analysis import is_summed
 from parallax.analysis.batch_statistics import REPLICA_SUMS
 from parallax.errors import AnalysisError
 from parallax.graph.graph_ops import colocated_with, colocation_group, format_input, parse_input
-from parallax.graph.names import EXACT_DRAWS, HOST_WRITES_PREFIX, INITIAL_VALUE_PREFIX
+from parallax.graph.names import EXACT_DRAWS, HOST_WRITES_PREFIX, INITIAL_VALUE_PREFIX, REPLICA_COUNT, REPLICA_INDEX
 from parallax.tf2.conds import lower_conds
-from parallax.tf2.draws import exact_draws
+from parallax.tf2.draws import exact_draws, mark_replica_parts
 from parallax.tf2.masked_means import COUNTS_SUFFIX, masked_means, sum_masked_counts
 from parallax.tf2.regions import update_regions
 from parallax.tf2.replica_sums import replica_sums
+from parallax.tf2.state_reads import read_assigned_values
 from parallax.tf2.tables import build_table, captured_table
 
 __all__ = ["TracedStep", "trace_step", "is_step_function", "STEP_OP"]
@@ -145,7 +146,12 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
                 "step's arguments")
     sums = replica_sums(func_graph)  # synchronised batch statistics (parallax.tf2.replica_sums)
     step_def, cond_outputs = lower_conds(func_graph.as_graph_def())  # a LossScaleOptimizer's updates, out of its cond
-    exact = exact_draws(step_def)  # parallax.fit's random draws: each replica its rows of one device's draw
+    # a read after the step's own assign: the value assigned (a SeedGenerator drawn from twice)
+    read_assigned_values(step_def, {op.name for op in func_graph.control_outputs})
+    num_args = len(func_graph.inputs) - len(func_graph.internal_captures)
+    batch = next((t.op.name for t in func_graph.inputs[:num_args] if t.shape.rank), None)  # a loop's first batch
+    replica_marks = mark_replica_parts(step_def, batch) if batch is not None else None
+    exact = exact_draws(step_def)  # random draws of the part's rows: each replica its rows of one device's draw
     sums = _in_order(func_graph, sums, step_def)  # with a masked loss's counts (parallax.tf2.masked_means)
     primary = _slot_owners(step_def, {c for c, _ in captures})
     captures = [(name, value) for name, value in captures if name not in tables]
@@ -201,10 +207,12 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
         meta.collection_def[REPLICA_SUMS].node_list.value.extend(mine(name) for name in sums)
     if exact:
         meta.collection_def[EXACT_DRAWS].node_list.value.extend(mine(name) for name in exact)
+    if replica_marks:
+        for key, name in zip((REPLICA_INDEX, REPLICA_COUNT), replica_marks):
+            meta.collection_def[key].node_list.value.append(mine(name))
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.train.import_meta_graph(meta)
-    num_args = len(func_graph.inputs) - len(func_graph.internal_captures)
     args = [graph.get_tensor_by_name(mine(t.name)) for t in func_graph.inputs[:num_args]]
     outputs = tf.nest.map_structure(
         lambda t: graph.get_tensor_by_name(mine(t.name)) if isinstance(t, tf.Tensor) else t,

@@ -11,17 +11,18 @@ of the downloads), each a ``tf.function`` step ``parallel_run`` takes unchanged 
 * ``tf-quickstart``: TensorFlow's "advanced quickstart": a subclassed model (Conv2D, Flatten, two Dense) built
   inside the step's first trace, ``@tf.function def train_step(images, labels)`` that returns nothing and
   updates its ``train_loss`` / ``train_accuracy`` metrics, Adam;
-* ``gan``: TensorFlow's DCGAN tutorial's step, small: a generator and a discriminator, two tapes, two Adam
-  optimizers, a dict of the two losses returned (the noise is the step's argument, drawn by the loop: noise
-  drawn inside the step at the batch's size would differ per replica, which no data-parallel training can
-  make equal to one device);
+* ``gan``: TensorFlow's DCGAN tutorial's step, small: a generator (``BatchNormalization``, ``LeakyReLU``) and a
+  discriminator (``LeakyReLU``, ``Dropout(0.3)``, called on the real and on the generated images), two tapes, two
+  Adam optimizers, a dict of the two losses returned, and its noise drawn inside the step at the global batch's
+  fixed size, ``tf.random.normal([BATCH_SIZE, noise_dim])``, as the tutorial draws it (every replica draws one
+  device's noise, and its rows of one device's dropout masks: parallax/tf2/draws.py);
 * ``tf-cvae``: TensorFlow's tutorial "Convolutional Variational Autoencoder", small: an encoder (``Conv2D``,
   ``Flatten``, ``Dense``) and a decoder (``Dense``, ``Reshape``, ``Conv2DTranspose``) in a subclassed model, its
   ``log_normal_pdf`` and ``compute_loss`` (a mean over the batch of each example's sums), and its
   ``@tf.function def train_step(model, x, optimizer)``, whose model and optimizer are arguments (traced as the
-  Python values they are), returning nothing, Adam. Adapted: ``reparameterize`` scales its ``tf.random.normal``
-  noise by 0 (each replica draws its own, which no data-parallel training makes equal to one device; the draw is
-  still in the step, and said at WARNING).
+  Python values they are), returning nothing, Adam; its ``reparameterize`` draws ``tf.random.normal(shape=
+  mean.shape)``, a static shape (the step is traced with its first call's shapes), and each replica takes its rows
+  of one device's draw.
 
 ``build(name)`` makes a program (seeded); ``eager(name, steps)`` is one device on the union batches: each
 step's loss of every part (the replicas' losses), the trained weights and the accuracy counts per part."""
@@ -49,7 +50,7 @@ def batches(name: str, steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
     if name == "tf-cvae":  # binarised images, as the tutorial's MNIST (no labels)
         return [((rng.rand(BATCH, *features) > 0.5).astype(np.float32), np.zeros(BATCH, np.int64))
                 for _ in range(steps)]
-    if name == "gan":  # (images, noise)
+    if name == "gan":  # (images, noise: what the held-out predictions of the two models take)
         return [(rng.randn(BATCH, features).astype(np.float32), rng.randn(BATCH, classes).astype(np.float32))
                 for _ in range(steps)]
     return [(rng.randn(BATCH, features).astype(np.float32), rng.randint(0, classes, BATCH).astype(np.int64))
@@ -144,15 +145,18 @@ def _quickstart(keras, classes: int):
 
 
 def _gan(keras, width: int, noise_width: int):
-    generator = keras.Sequential([keras.Input((noise_width,)), keras.layers.Dense(8, activation="relu"),
-                                  keras.layers.Dense(width, activation="tanh")])
-    discriminator = keras.Sequential([keras.Input((width,)), keras.layers.Dense(8, activation="relu"),
-                                      keras.layers.Dense(1)])
+    layers = keras.layers
+    generator = keras.Sequential([keras.Input((noise_width,)), layers.Dense(8, use_bias=False),
+                                  layers.BatchNormalization(), layers.LeakyReLU(),
+                                  layers.Dense(width, activation="tanh")])
+    discriminator = keras.Sequential([keras.Input((width,)), layers.Dense(8), layers.LeakyReLU(),
+                                      layers.Dropout(0.3), layers.Dense(1)])
     cross_entropy = keras.losses.BinaryCrossentropy(from_logits=True)
     generator_optimizer, discriminator_optimizer = keras.optimizers.Adam(1e-3), keras.optimizers.Adam(1e-3)
 
     @tf.function
-    def train_step(images, noise):
+    def train_step(images):
+        noise = tf.random.normal([BATCH, noise_width])
         with tf.GradientTape() as gen_tape, tf.GradientTape() as disc_tape:
             generated_images = generator(noise, training=True)
             real_output = discriminator(images, training=True)
@@ -190,7 +194,7 @@ def _cvae(shape: tuple, latent_dim: int):
             return mean, logvar
 
         def reparameterize(self, mean, logvar):
-            eps = tf.random.normal(shape=tf.shape(mean)) * 0.0  # the tutorial's noise, scaled by 0 (above)
+            eps = tf.random.normal(shape=mean.shape)
             return eps * tf.exp(logvar * .5) + mean
 
         def decode(self, z):
@@ -223,8 +227,10 @@ def _cvae(shape: tuple, latent_dim: int):
 
 
 def arguments(name: str, model, x, y) -> tuple:
-    """What the program's loop passes its step: the batch (each tensor one per replica, or the whole batch), and
-    the VAE tutorial's model and optimizer around its images."""
+    """What the program's loop passes its step: the batch (each tensor one per replica, or the whole batch), the
+    VAE tutorial's model and optimizer around its images, the GAN's images alone."""
+    if name == "gan":  # the images alone: the step draws its noise
+        return (x,)
     return (model, x, _OPTIMIZERS[id(model)]) if name == "tf-cvae" else (x, y)
 
 

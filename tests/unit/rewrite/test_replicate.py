@@ -121,13 +121,16 @@ def _workers_plan(traced, workers: int, replicas: int):
     return build_plan(analyse_graph(traced.graph), layout, run_option="MPI", sync=True, average_sparse=False)
 
 
-def test_each_replica_draws_its_own_dropout_masks():
+def test_each_replica_draws_its_own_dropout_masks_where_they_take_no_rows_of_one_devices_draw():
+    from parallax.graph.names import EXACT_DRAWS
     from parallax.plan import TaskSpec
 
     traced = _dropout_step()
     plan = _workers_plan(traced, workers=2, replicas=2)
     for worker, first in ((0, 0), (1, 2)):
-        nodes = nodes_of(replicate_graph(export(traced.graph), plan, TaskSpec(worker)))
+        meta = export(traced.graph)
+        del meta.collection_def[EXACT_DRAWS]  # as a step whose draws are not marked exact
+        nodes = nodes_of(replicate_graph(meta, plan, TaskSpec(worker)))
         keys = sorted(n for n, node in nodes.items() if node.op == "StatelessRandomGetKeyCounter")
         assert len(keys) == 2  # replica 0's (the original name) and replica 1's copy
         for name in keys:
@@ -139,6 +142,24 @@ def test_each_replica_draws_its_own_dropout_masks():
             assert seed == f"{name}/parallax_seed"
             offset = tf.make_ndarray(nodes[f"{name}/parallax_seed_offset"].attr["value"].tensor)
             assert list(offset) == [index * 933199, 0]
+
+
+def test_a_traced_loops_dropout_keeps_one_devices_seed_and_each_replica_knows_its_part():
+    # parallax/tf2/draws.py: the loop's step is marked with the replica's global index and the job's replicas,
+    # which each replica's copy sets; every replica draws with one device's seed and takes its rows
+    from parallax.plan import TaskSpec
+
+    traced = _dropout_step()
+    plan = _workers_plan(traced, workers=2, replicas=2)
+    for worker, first in ((0, 0), (1, 2)):
+        nodes = nodes_of(replicate_graph(export(traced.graph), plan, TaskSpec(worker)))
+        keys = sorted(n for n, node in nodes.items() if node.op == "StatelessRandomGetKeyCounter")
+        assert len(keys) == 2 and not any(nodes[k].input[0].endswith("/parallax_seed") for k in keys)
+        for r in (0, 1):
+            prefix = "parallax_replica_1/" if r else ""
+            index = tf.make_ndarray(nodes[f"{prefix}parallax_part/replica"].attr["value"].tensor)
+            count = tf.make_ndarray(nodes[f"{prefix}parallax_part/replicas"].attr["value"].tensor)
+            assert (int(index), int(count)) == (first + r, 4)
 
 
 def test_each_replica_of_a_seeded_tf1_random_op_draws_its_own_numbers():

@@ -125,3 +125,38 @@ def test_a_step_called_with_keywords_takes_them_as_its_parameters_bind_them(tmp_
     with pytest.raises(TypeError, match=r"'keyword_only' takes training by keyword only; Parallax feeds a step's "
                                         r"arguments by position"):
         positional(keyword_only, (1,), {"training": True})
+
+
+def test_a_step_that_needs_its_batchs_static_size_is_traced_with_the_first_calls_shapes(tmp_path):
+    # TensorFlow's VAE tutorial draws tf.random.normal(shape=mean.shape): with the batch dimension open the trace
+    # fails, so the step is traced as tf.function traces a first call, and a part of another size is refused
+    import keras
+
+    def program():
+        keras.utils.set_random_seed(7)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        optimizer = keras.optimizers.Adam(0.1)  # its slots are made in the step's first trace
+
+        @tf.function
+        def train_step(x):
+            with tf.GradientTape() as tape:
+                mean = model(x, training=True)
+                loss = tf.reduce_mean((mean + tf.random.normal(shape=mean.shape) - 1.0) ** 2)
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+        return train_step, model
+
+    batches = [np.random.RandomState(i).randn(6, 4).astype(np.float32) for i in range(3)]
+    step_fn, reference = program()
+    for x in batches:
+        step_fn(x)
+    train_step, model = program()
+    (tmp_path / "resource_info").write_text("localhost: cpu:0\n")
+    step, *_ = parallax.parallel_run(train_step, str(tmp_path / "resource_info"))
+    for x in batches:
+        step(x)
+    with pytest.raises(ValueError, match=r"has shape \[5, 4\] on a replica, and its signature takes \(6, 4\)"):
+        step(batches[0][:5])
+    step.close()
+    for got, want in zip(model.trainable_variables, reference.trainable_variables):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)

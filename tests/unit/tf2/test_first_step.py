@@ -30,7 +30,7 @@ def _fit(kind: str, tmp_path, **config) -> None:
             self.add_loss(ops.square(a))
             return a
 
-    class DropsItself(keras.layers.Layer):  # a TF1-style seeded stateful draw: each replica draws its own
+    class DropsItself(keras.layers.Layer):  # a seeded gamma draw: each replica draws its own (no rows of a whole)
         def __init__(self, stddev=None, **kwargs):
             super().__init__(**kwargs)
             self.stddev = stddev
@@ -39,8 +39,15 @@ def _fit(kind: str, tmp_path, **config) -> None:
             import tensorflow as tf
 
             if self.stddev is not None:
-                return a + tf.random.normal(tf.shape(a), stddev=self.stddev, seed=3)
-            return a * tf.cast(tf.random.uniform(tf.shape(a), seed=7) > 0.5, a.dtype) * 2.0
+                return a + tf.random.gamma(tf.shape(a), 1.0, seed=3) * self.stddev
+            return a * tf.random.gamma(tf.shape(a), 1.0, seed=7)
+
+    class DrawsSeeded(keras.layers.Layer):  # TF1-style seeded stateful draws: each replica its rows of one device's
+        def call(self, a):
+            import tensorflow as tf
+
+            kept = tf.cast(tf.random.uniform(tf.shape(a), seed=7) > 0.5, a.dtype) * 2.0
+            return a * kept + tf.random.normal(tf.shape(a), stddev=0.3, seed=3)
 
     class AddsASum(keras.layers.Layer):  # a sum made in the layer: a scalar, which Parallax cannot tell from a mean
         def call(self, a):
@@ -52,6 +59,7 @@ def _fit(kind: str, tmp_path, **config) -> None:
     layers += {"plain": [], "dot": [AddsTheBatchsDot()], "batch-norm": [keras.layers.BatchNormalization()],
                "dropout": [DropsItself(name="drops")], "summed": [AddsASum()],
                "keras-draws": [keras.layers.Dropout(0.5), keras.layers.GaussianNoise(0.3)],
+               "seeded-draws": [DrawsSeeded()],
                "per-example": [AddsALossPerExample()],
                "small-noise": [DropsItself(1e-6, name="noise")]}[kind]
     model = keras.Sequential(layers + [keras.layers.Dense(1)])
@@ -86,15 +94,16 @@ def test_a_step_whose_gradient_is_no_mean_over_its_examples_is_named_at_warning(
     said = [w for w in warnings if "the first step's check" in w]
     assert len(said) == 1 and re.search(r"is not the mean of its two halves' for sequential\w*/\w+/\w+ \(\d", said[0])
     assert "ops.tensordot(a, b, 2)" in said[0] and "Config(check_first_step=False)" in said[0]
-    # the random draws named by their layer (a seeded tf.random.uniform in the layer's scope)
+    # the random draws named by their layer (a seeded tf.random.gamma in the layer's scope)
     assert bool(re.search(r"The step draws random numbers in sequential\w*/drops", said[0])) == (kind == "dropout")
     # a loss that sums over the batch: the part's gradient is its halves' sum, said so
     assert ("the loss sums over the batch's examples" in said[0]) == (kind == "summed")
 
 
 # per-example: parallax.fit weighs the layer's sum; keras-draws: Keras's Dropout and GaussianNoise take their rows
-# of one device's draws (parallax/tf2/draws.py)
-@pytest.mark.parametrize("kind", ["plain", "per-example", "keras-draws"])
+# of one device's draws (parallax/tf2/draws.py), seeded-draws: a seeded tf.random.uniform and normal too (the check
+# draws none of them: it feeds the kernels' numbers, so that every replica's kernel stays in step with one device's)
+@pytest.mark.parametrize("kind", ["plain", "per-example", "keras-draws", "seeded-draws"])
 def test_a_step_whose_gradient_is_a_mean_over_its_examples_trains_without_a_word(kind, tmp_path, warnings):
     _fit(kind, tmp_path)
     assert not [w for w in warnings if "the first step's check" in w or "draws random numbers" in w], warnings
@@ -123,7 +132,7 @@ def test_a_step_that_accumulates_its_gradients_is_checked_too(batch_norm, tmp_pa
 
 
 def test_random_draws_too_small_to_move_the_gradients_are_said_still(tmp_path, warnings):
-    """A noise of stddev 1e-6 (a seeded stateful draw: each replica its own) moves the first step's gradients less
+    """A noise of scale 1e-6 (a seeded gamma draw: each replica its own) moves the first step's gradients less
     than the check's tolerance: training differs
     from one device all the same (by little), and the draws are named (the probe of 2026-12-05 found 1e-4 in
     the weights, said nowhere)."""
