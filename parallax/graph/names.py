@@ -11,7 +11,7 @@ __all__ = ["REPLICA_PREFIX", "replica_op_name", "copy_replica", "replica_tensor_
            "sync_scope", "unsynchronised_train_op", "aggregate_step_scope", "variable_sync_scope", "local_copy_scope",
            "is_parallax_op", "packed_reads_scope", "MICRO_PREFIX", "PIPELINE_PREFIX", "micro_op_name",
            "WRITES_SCOPE", "writes_barrier_op", "INITIAL_VALUE_PREFIX", "HOST_WRITES_PREFIX", "replica_seed_ops",
-           "EXACT_DRAWS", "REPLICA_INDEX", "REPLICA_COUNT"]
+           "EXACT_DRAWS", "REPLICA_INDEX", "REPLICA_COUNT", "PART_MARKS"]
 
 REPLICA_PREFIX = "parallax_replica_"
 AGGREGATE_PREFIX = "parallax_aggregate"
@@ -32,6 +32,9 @@ HOST_WRITES_PREFIX = "parallax_host"
 #: The collection of the stateless draws (and the ops that key them) whose seeds every replica keeps as one device
 #: has them: each takes its part's rows of the union batch's draw (:mod:`parallax.tf2.draws`).
 EXACT_DRAWS = "parallax_exact_draws"
+#: The names of a traced step's marks of where its part lies in the union batch (int32 scalars): the union's
+#: examples, the part's first row in it, the part's rows (:mod:`parallax.tf2.draws`).
+PART_MARKS = ("parallax_part/examples", "parallax_part/start", "parallax_part/rows")
 #: The collections of the constants a replica's copy sets to its own global index and to the job's replicas (a
 #: custom loop's marks of where its part lies in the union batch: :func:`parallax.tf2.draws.mark_replica_parts`).
 REPLICA_INDEX, REPLICA_COUNT = "parallax_replica_index", "parallax_replica_count"

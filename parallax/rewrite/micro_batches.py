@@ -32,6 +32,12 @@ batch's value as before:
 * another floating-point tensor: their mean (a loss, an accuracy);
 * anything else (shapes, counts, handles): micro-batch 0's value.
 
+A traced step's random draws that take their part's rows of one device's draw
+(:mod:`parallax.tf2.draws`) take, in micro-batch ``j``, its own rows: from the
+part's first row plus ``j`` times the micro-batch's rows, of the whole batch's
+examples (the part's marks by their original names, which the first step's
+check feeds).
+
 Ops inside a ``tf.while_loop`` get no combiner (nothing outside a loop may
 read them). The copies of micro-batches ``1 .. m-1`` of an op that writes a
 shared variable (batch-norm moving statistics) become ``NoOp``s: micro-batch
@@ -55,6 +61,7 @@ from tensorflow.python.framework import tensor_util
 from parallax.analysis import VARIABLE_OP_TYPES
 from parallax.errors import RewriteError
 from parallax.graph.graph_ops import (
+    add_nodes,
     ancestors,
     colocated_with,
     consumers,
@@ -68,7 +75,7 @@ from parallax.graph.graph_ops import (
     replica_device,
     written_variable,
 )
-from parallax.graph.names import PIPELINE_PREFIX, micro_op_name
+from parallax.graph.names import PART_MARKS, PIPELINE_PREFIX, micro_op_name
 from parallax.logs import log as logger
 from parallax.plan.model import Plan, TaskSpec
 from parallax.plan.stages import stage_of
@@ -136,6 +143,7 @@ def split_micro_batches(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, tas
     del graph_def.node[:]
     graph_def.node.extend(split_nodes + new_nodes)
     _check_loop_readers(graph_def, copied & loops)
+    _micro_parts(out, copied, m, devices[0])
     _write_from_first_micro_batch(graph_def, writers, m)
     if spec.schedule == "1f1b" and spec.stages > 1:
         _one_forward_one_backward(graph_def, copied, stages, loops, spec.stages, m)
@@ -300,17 +308,52 @@ def _combiner(node, info, m: int, batch: set, means: set[str], values: set[str],
     return made
 
 
+def _op(name: str, op_type: str, inputs: list[str], device: str, **types) -> node_def_pb2.NodeDef:
+    node = node_def_pb2.NodeDef(name=name, op=op_type, device=device, input=inputs)
+    for key, value in types.items():
+        node.attr[key].type = value
+    return node
+
+
+def _const(name: str, value, dtype: tf.DType, device: str) -> node_def_pb2.NodeDef:
+    node = _op(name, "Const", [], device, dtype=dtype.as_datatype_enum)
+    node.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(np.array(value, dtype.as_numpy_dtype)))
+    return node
+
+
+def _micro_parts(meta_graph: meta_graph_pb2.MetaGraphDef, copied: set[str], m: int, device: str) -> None:
+    """Each micro-batch's copies of the part's random draws read its own start and the whole batch's examples
+    (see the module docstring), in place; nothing where the step has no marks of its part."""
+    examples, start, rows = PART_MARKS
+    if not all(mark in copied for mark in PART_MARKS):
+        return
+    graph_def = meta_graph.graph_def
+    int32 = types_pb2.DT_INT32
+    made, rewire = [], {}
+    for j in range(m):
+        scope = micro_op_name(f"{PIPELINE_PREFIX}/part", j)
+        index = _const(f"{scope}/index", j, tf.int32, device)
+        ahead = _op(f"{scope}/ahead", "Mul", [micro_op_name(rows, j), index.name], device, T=int32)
+        mine = _op(f"{scope}/start", "AddV2", [start, ahead.name], device, T=int32)
+        made.extend([index, ahead, mine])
+        rewire[micro_op_name(start, j)] = mine.name
+        rewire[micro_op_name(examples, j)] = examples
+    prefixes = tuple(micro_op_name("", j) for j in range(m))
+    for node in graph_def.node:
+        if node.name.startswith(prefixes):
+            for i, text in enumerate(node.input):
+                op, index, control = parse_input(text)
+                if op in rewire:
+                    node.input[i] = format_input(rewire[op], index, control)
+    add_nodes(graph_def, made)
+
+
 def _combine(name: str, how: str, copies: list[str], dtype: tf.DType, device: str) -> list:
     def op(op_name: str, op_type: str, inputs: list[str], **types) -> node_def_pb2.NodeDef:
-        n = node_def_pb2.NodeDef(name=op_name, op=op_type, device=device, input=inputs)
-        for key, value in types.items():
-            n.attr[key].type = value
-        return n
+        return _op(op_name, op_type, inputs, device, **types)
 
     def const(op_name: str, value, const_dtype: tf.DType) -> node_def_pb2.NodeDef:
-        n = op(op_name, "Const", [], dtype=const_dtype.as_datatype_enum)
-        n.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(np.array(value, const_dtype.as_numpy_dtype)))
-        return n
+        return _const(op_name, value, const_dtype, device)
 
     t = dtype.as_datatype_enum
     m = len(copies)

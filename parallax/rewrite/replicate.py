@@ -60,6 +60,7 @@ from parallax.graph.graph_ops import (
 )
 from parallax.graph.names import (
     EXACT_DRAWS,
+    MICRO_PREFIX,
     REPLICA_COUNT,
     REPLICA_INDEX,
     REPLICA_PREFIX,
@@ -245,7 +246,8 @@ def _own_random_streams(meta_graph: meta_graph_pb2.MetaGraphDef, replicated: fro
     exact = _collected(meta_graph, EXACT_DRAWS)  # draws of the union batch's shape, each replica its rows: one seed
     for node in meta_graph.graph_def.node:
         original = node.name.split("/", 1)[1] if node.name.startswith(REPLICA_PREFIX) else node.name
-        if original not in replicated or original in exact:
+        drawn = original.split("/", 1)[1] if original.startswith(MICRO_PREFIX) else original  # a micro-batch's copy
+        if original not in replicated or drawn in exact:
             continue
         index = first_replica + copy_replica(node.name)
         if index == 0:

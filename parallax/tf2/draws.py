@@ -20,7 +20,8 @@ A step traced without those marks (a custom loop's ``tf.function``, a model's ow
 :func:`mark_replica_parts` where it draws: its parts are taken to be equal, the ``g``-th of the union batch for the
 replica of global index ``g`` (``worker_id * num_replicas + k``, as :func:`parallax.shard` deals them), so the
 union has ``replicas x rows`` examples and the part starts at ``g x rows``; the replicate rewrite sets ``g`` and the
-replicas in each replica's copy (:data:`parallax.graph.names.REPLICA_INDEX`, ``REPLICA_COUNT``).
+replicas in each replica's copy (:data:`parallax.graph.names.REPLICA_INDEX`, ``REPLICA_COUNT``), and the step
+feeds the part's rows (:attr:`parallax.tf2.trace.TracedStep.part_rows`).
 
 A seeded stateful draw (``tf.random.normal(...)`` after ``tf.random.set_seed``: its kernel keeps a counter that
 each draw advances by what it draws) is rewritten alike: every replica draws what one device draws, so its kernel
@@ -36,11 +37,10 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 from parallax.graph.graph_ops import consumers, format_input, node_map, parse_input
+from parallax.graph.names import PART_MARKS
 
 __all__ = ["mark_part", "mark_replica_parts", "exact_draws", "PART_MARKS"]
 
-#: The names of the step's marks of its part: the global batch's examples, the part's first row, its rows.
-PART_MARKS = ("parallax_part/examples", "parallax_part/start", "parallax_part/rows")
 
 #: Stateless draws whose first input is the shape drawn (V1 ops take the seed as their second input; V2 ops a key
 #: and a counter, made from the seed by ``StatelessRandomGetKeyCounter``).
@@ -66,25 +66,27 @@ def _draws(graph_def: graph_pb2.GraphDef) -> list[node_def_pb2.NodeDef]:
         n.op in _STATEFUL_SHAPED and (n.attr["seed"].i or n.attr["seed2"].i))]
 
 
-def mark_replica_parts(graph_def: graph_pb2.GraphDef, batch: str) -> tuple[str, str] | None:
+def mark_replica_parts(graph_def: graph_pb2.GraphDef, batch: str) -> tuple[str, str, str] | None:
     """Mark, in ``graph_def`` (a custom loop's step, in place), where a replica's part lies in the union batch
-    (see the module docstring), from the rows of its input ``batch`` (an op's name); the names of the constants
-    that hold the replica's global index and the job's replicas (0 and 1 here, one device's). ``None``, and
-    nothing marked, where the step has marks already or no draw that could take them."""
+    (see the module docstring): its rows are its input ``batch``'s (an op's name), and the part's first row and
+    the union's examples are the replica's global index and the job's replicas times the part's rows as the step
+    is given them (a scalar placeholder the step feeds: a micro-batch's rows are fewer). The names of the
+    constants that hold the index and the replicas (0 and 1 here, one device's) and of that placeholder. ``None``,
+    and nothing marked, where the step has marks already or no draw that could take them."""
     nodes = node_map(graph_def)
     if any(mark in nodes for mark in PART_MARKS) or not _draws(graph_def):
         return None
     graph = tf.Graph()
     with graph.as_default():
         rows_of = tf.compat.v1.placeholder(tf.as_dtype(nodes[batch].attr["dtype"].type), None, name="BATCH")
+        given = tf.compat.v1.placeholder(tf.int32, [], name="parallax_part/given_rows")
         with tf.name_scope("parallax_part/"):
-            rows = tf.shape(rows_of, out_type=tf.int32)[0]
             index = tf.constant(0, tf.int32, name="replica")
             count = tf.constant(1, tf.int32, name="replicas")
-            examples, start = count * rows, index * rows
+            examples, start, rows = count * given, index * given, tf.shape(rows_of, out_type=tf.int32)[0]
         mark_part(examples, start, rows)
-    graph_def.node.extend(_bound(graph, {"BATCH": batch}, nodes[batch].device))
-    return index.op.name, count.op.name
+    graph_def.node.extend(_bound(graph, {"BATCH": batch}, nodes[batch].device, keep=given.op.name))
+    return index.op.name, count.op.name, given.op.name
 
 
 def exact_draws(graph_def: graph_pb2.GraphDef) -> list[str]:
@@ -140,12 +142,12 @@ def _sliced(scope: str, draw: node_def_pb2.NodeDef, nodes: dict[str, Any]) -> li
                           **{f"MARK{i}": mark for i, mark in enumerate(PART_MARKS)}}, draw.device)
 
 
-def _bound(graph: tf.Graph, bound: dict[str, str], device: str) -> list[node_def_pb2.NodeDef]:
-    """The ops of ``graph`` but its placeholders, each placeholder's uses bound to the tensor ``bound`` names for
-    it (a placeholder ``DRAWN`` keeps the output index its users read), on ``device``."""
+def _bound(graph: tf.Graph, bound: dict[str, str], device: str, keep: str = "") -> list[node_def_pb2.NodeDef]:
+    """The ops of ``graph`` but its placeholders (other than ``keep``), each placeholder's uses bound to the tensor
+    ``bound`` names for it (a placeholder ``DRAWN`` keeps the output index its users read), on ``device``."""
     made = []
     for node in graph.as_graph_def().node:
-        if node.op == "Placeholder":
+        if node.op == "Placeholder" and node.name != keep:
             continue
         for i, name in enumerate(node.input):
             op, index, control = parse_input(name)

@@ -26,7 +26,7 @@ from parallax.logs import log as logger
 from parallax.tf2.draws import PART_MARKS
 from parallax.tf2.regions import GRADIENT_SCOPE
 
-__all__ = ["check_first_step", "compare", "TOLERANCE", "FLOOR"]
+__all__ = ["check_first_step", "compare", "kernel_draws", "TOLERANCE", "FLOOR"]
 
 #: The relative difference (largest element over the largest magnitude) above which a gradient is no mean over
 #: its examples: float32 sums of a few hundred terms stay far below it; float16 gradients get 100 times more.
@@ -171,7 +171,7 @@ def _part_start(graph: Any) -> str | None:
         return None
 
 
-def _kernel_draws(graph: Any) -> list[Any]:
+def kernel_draws(graph: Any) -> list[Any]:
     """The seeded stateful draws of ``graph`` that take their rows of one device's draw, in the graph's order (a
     draw's shape may depend on an earlier draw): their kernels advance with every run, so the check feeds them
     stand-ins instead (the replicas' kernels must stay in step with one device's)."""
@@ -257,7 +257,7 @@ def check_first_step(session: Any, gradients: list, feeds: dict, num_replicas: i
     else:
         kept = {}
     start = _part_start(graph)  # the part's first row in the union batch: a half's is the part's plus its own
-    kernels = _kernel_draws(graph)
+    kernels = kernel_draws(graph)
     plain = {**{p: [v] * num_replicas for p, v in first.items()}, **{t: [v] * num_replicas for t, v in kept.items()}}
     began = int(session.read(start, plain)) if start else 0
 

@@ -20,9 +20,11 @@ from typing import Any
 from parallax.analysis import analyse_graph
 from parallax.analysis.batch_statistics import replica_sums_of
 from parallax.config import CheckPointConfig, Config
+from parallax.logs import log as logger
 from parallax.tf2.checkpoints import StepCheckpoints, step_checkpoints
 from parallax.tf2.deferred import DeferredStep
 from parallax.tf2.evaluate import use_job
+from parallax.tf2.first_step import kernel_draws
 from parallax.tf2.masked_means import is_masked_count, own_counts
 from parallax.tf2.step import DistributedStep
 from parallax.tf2.trace import TracedStep, is_step_function, trace_step
@@ -125,7 +127,13 @@ def prepare(fn: Any, config: Config, signature: Any = None) -> tuple[PreparedSte
     traced = trace_step(fn, signature)
     if checkpoints is not None:
         checkpoints.check_restored()
-    return PreparedStep(traced, checkpoints, config.check_first_step), config
+    check = config.check_first_step
+    kernels = kernel_draws(traced.graph) if check and config.micro_batches > 1 else []
+    if kernels:  # each micro-batch's copy of a kernel would draw in the check, and run out of step with one device
+        logger.info("Parallax: the first step's check does not run with micro_batches=%d: it would draw from the "
+                    "kernels of %s", config.micro_batches, ", ".join(op.name for op in kernels[:3]))
+        check = False
+    return PreparedStep(traced, checkpoints, check), config
 
 
 def graph_of(fn: Any) -> Any:

@@ -11,9 +11,11 @@ every worker has read the variable for its step (:mod:`parallax.rewrite.ps_sync`
 draw takes the seed one device takes.
 
 Only a plain ``AssignVariableOp`` of the same handle, the latest write of it the read waits for, that the step
-runs in any case (one of the function's own side effects, which its training op waits for), is read so; an
-``assign_add``, a write through another op, and a write that runs only because a later read waits for it (in a
-conditional's branch: a momentum an update assigns, then adds to its variable) are left as they are.
+runs in any case (one of the function's own side effects, which its training op waits for) and whose value does
+not depend on the step's arguments (a random state advanced by a constant: every replica writes the same), is
+read so. Left as they are: an ``assign_add``, a write through another op, a write that runs only because a later
+read waits for it (in a conditional's branch), and a write of a value computed from the batch (a metric's total
+every replica adds to, a momentum its update assigns and then adds to its variable).
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from parallax.graph.graph_ops import format_input, is_variable_write, node_map, 
 __all__ = ["read_assigned_values"]
 
 
-def read_assigned_values(graph_def: graph_pb2.GraphDef, effects: set[str]) -> list[str]:
+def read_assigned_values(graph_def: graph_pb2.GraphDef, effects: set[str], arguments: set[str]) -> list[str]:
     """Rewrite ``graph_def`` in place (see the module docstring) where the write is one of ``effects`` (the ops the
-    step runs in any case, by name); the names of the reads made ``Identity``."""
+    step runs in any case, by name) and its value is computed from none of ``arguments`` (the step's argument
+    placeholders, by name); the names of the reads made ``Identity``."""
     nodes = node_map(graph_def)
     made = []
     for node in graph_def.node:
@@ -41,6 +44,8 @@ def read_assigned_values(graph_def: graph_pb2.GraphDef, effects: set[str]) -> li
                 len(nodes[writes[0]].input) < 2:
             continue
         value, index, _ = parse_input(nodes[writes[0]].input[1])
+        if _computed_from(nodes, value, arguments):
+            continue
         dtype = node.attr["dtype"].type
         del node.input[:]
         node.input.extend([format_input(value, index, False)]
@@ -51,3 +56,17 @@ def read_assigned_values(graph_def: graph_pb2.GraphDef, effects: set[str]) -> li
         node.attr["T"].type = dtype
         made.append(node.name)
     return made
+
+
+def _computed_from(nodes: dict, name: str, sources: set[str]) -> bool:
+    """Whether op ``name``'s value is computed from any of ``sources`` (walking data inputs)."""
+    seen, stack = set(), [name]
+    while stack:
+        op = stack.pop()
+        if op in sources:
+            return True
+        if op in seen or op not in nodes:
+            continue
+        seen.add(op)
+        stack.extend(parse_input(t)[0] for t in nodes[op].input if not t.startswith("^"))
+    return False

@@ -133,6 +133,9 @@ class DistributedStep:
                              f"flag) the value it was traced with; got {len(args)} argument(s) shaped otherwise")
         feeds = {placeholder: self._per_replica(value, rank)
                  for placeholder, value, rank in zip(self._traced.inputs, flat, self._ranks)}
+        if self._traced.part_rows is not None:  # the rows of each replica's part, where its draws are one device's
+            batched = next((value for placeholder, value in feeds.items() if placeholder.shape.rank), [])
+            feeds[self._traced.part_rows] = [np.int32(np.shape(part)[0]) for part in batched]
         for position, (placeholder, value) in enumerate(feeds.items()):
             _check_fits(placeholder, value, position)
         if not self._parts_told:

@@ -86,6 +86,8 @@ class TracedStep:
             neither a slot nor a metric's state), the names of a placeholder of its shape and of the op that
             assigns it to the variable (under :data:`parallax.graph.names.HOST_WRITES_PREFIX`).
         function: the ``tf.function`` traced (whose parameters bind a call's keyword arguments).
+        part_rows: where the step draws random numbers of its part's rows, a scalar placeholder the step is fed
+            each replica's part's rows with (:func:`parallax.tf2.draws.mark_replica_parts`), else ``None``.
     """
 
     graph: tf.Graph
@@ -97,6 +99,7 @@ class TracedStep:
     initializers: tf.Graph
     host_writes: dict = field(default_factory=dict)
     function: Any = None
+    part_rows: Any = None
 
 
 def is_step_function(obj: Any) -> bool:
@@ -146,9 +149,10 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
                 "step's arguments")
     sums = replica_sums(func_graph)  # synchronised batch statistics (parallax.tf2.replica_sums)
     step_def, cond_outputs = lower_conds(func_graph.as_graph_def())  # a LossScaleOptimizer's updates, out of its cond
-    # a read after the step's own assign: the value assigned (a SeedGenerator drawn from twice)
-    read_assigned_values(step_def, {op.name for op in func_graph.control_outputs})
     num_args = len(func_graph.inputs) - len(func_graph.internal_captures)
+    arguments = [t.op.name for t in func_graph.inputs[:num_args]]
+    # a read after the step's own assign: the value assigned (a SeedGenerator drawn from twice)
+    read_assigned_values(step_def, {op.name for op in func_graph.control_outputs}, set(arguments))
     batch = next((t.op.name for t in func_graph.inputs[:num_args] if t.shape.rank), None)  # a loop's first batch
     replica_marks = mark_replica_parts(step_def, batch) if batch is not None else None
     exact = exact_draws(step_def)  # random draws of the part's rows: each replica its rows of one device's draw
@@ -218,7 +222,8 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
         lambda t: graph.get_tensor_by_name(mine(t.name)) if isinstance(t, tf.Tensor) else t,
         func_graph.structured_outputs)
     train_op = graph.get_operation_by_name(STEP_OP)
-    return TracedStep(graph, tuple(args), outputs, train_op, variables, signature, scratch, writes, fn)
+    part_rows = graph.get_tensor_by_name(f"{mine(replica_marks[2])}:0") if replica_marks else None
+    return TracedStep(graph, tuple(args), outputs, train_op, variables, signature, scratch, writes, fn, part_rows)
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,7 @@ MECHANISMS = {
                     ["module-v1-adam", "tfkeras-legacy-adam"]),
     "MPI-2-pipeline": ("localhost: cpu:0,cpu:1,cpu:2,cpu:3\n",
                        ["--run_option", "MPI", "--config", '{"pipeline_stages": 2, "micro_batches": 3}'],
-                       ["keras3-adam", "module-v1-adam"]),
+                       ["keras3-adam", "module-v1-adam", "keras3-draws"]),
 }
 
 

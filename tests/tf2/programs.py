@@ -17,6 +17,10 @@ CASES = {
     "keras3-sgd": ("keras3", "sgd"),
     "tfkeras-legacy-adam": ("tfkeras", "legacy-adam"),
     "tfkeras-adam": ("tfkeras", "adam"),
+    # random draws in the step: a Dropout, and noise of a seeded tf.random.normal (Keras 3) or tf_keras's
+    # GaussianNoise: every replica its rows of one device's draws (parallax/tf2/draws.py), SGD
+    "keras3-draws": ("keras3", "sgd-draws"),
+    "tfkeras-draws": ("tfkeras", "sgd-draws"),
     # mixed precision (tests/multiprocess/test_tf2_mixed_precision.py)
     "keras3-lso-adam": ("keras3", "lso-adam"),
     "keras3-lso-overflow": ("keras3", "lso-adam"),
@@ -49,7 +53,8 @@ OVERFLOW = {"keras3-lso-overflow", "tfkeras-lso-overflow"}
 DYNAMIC_SCALE = frozenset({"keras3-lso-adam", "keras3-lso-overflow", "keras3-lso-clip-sgd", "keras3-f16-lso-adam",
                            "tfkeras-lso-adam", "tfkeras-lso-overflow", "tfkeras-f16-lso-adam"})
 #: the first (main) cases of tests/multiprocess/test_tf2_steps.py
-PLAIN = ("module-v1-adam", "keras3-adam", "keras3-sgd", "tfkeras-legacy-adam", "tfkeras-adam")
+PLAIN = ("module-v1-adam", "keras3-adam", "keras3-sgd", "tfkeras-legacy-adam", "tfkeras-adam", "keras3-draws",
+         "tfkeras-draws")
 #: the other optimizers' cases (keras3-adamw: its decoupled weight decay writes the whole table before the update,
 #: in the step, before the other workers' gradients are in: on a server the chief's waits for them)
 MORE_OPTIMIZERS = ("keras3-rmsprop", "keras3-adagrad", "keras3-adamw", "keras3-nadam", "tfkeras-legacy-adagrad",
@@ -95,9 +100,12 @@ class _Module(tf.Module):
         return tf.matmul(rows, self.w) + self.b
 
 
-def _keras_model(keras, **embedding):
+def _keras_model(keras, draws: bool = False, **embedding):
+    noise = keras.layers.GaussianNoise(0.1) if keras.__name__ == "tf_keras" else \
+        keras.layers.Lambda(lambda t: t + tf.random.normal(tf.shape(t), stddev=0.1))  # a seeded stateful draw
     layers = [keras.layers.Embedding(VOCAB, WIDTH, **embedding), keras.layers.Flatten(),
-              keras.layers.Dense(4, activation="relu"), keras.layers.Dense(1)]
+              keras.layers.Dense(4, activation="relu"), *([keras.layers.Dropout(0.5), noise] if draws else []),
+              keras.layers.Dense(1)]
     model = keras.Sequential(layers)
     model.build((None, 3))
     return model
@@ -131,9 +139,10 @@ def _build(family: str, optimizer: str):
         keras.utils.set_random_seed(1)
         # clipping inside the loss scale's cond makes a sparse gradient dense there, where Parallax cannot
         # aggregate it (refused: tests/unit/tf2/test_trace.py): the clipped case's embedding is frozen
-        model = _keras_model(keras, trainable=optimizer != "lso-clip-sgd")
+        model = _keras_model(keras, draws=optimizer == "sgd-draws", trainable=optimizer != "lso-clip-sgd")
         opt = {"adam": lambda: keras.optimizers.Adam(0.05),
                "sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+               "sgd-draws": lambda: keras.optimizers.SGD(0.1),
                "rmsprop": lambda: keras.optimizers.RMSprop(0.01, momentum=0.5),
                "adagrad": lambda: keras.optimizers.Adagrad(0.1),
                "adamw": lambda: keras.optimizers.AdamW(0.05, weight_decay=0.01),
@@ -151,8 +160,9 @@ def _build(family: str, optimizer: str):
         import tf_keras
 
         tf_keras.utils.set_random_seed(1)
-        model = _keras_model(tf_keras, input_length=3)
+        model = _keras_model(tf_keras, draws=optimizer == "sgd-draws", input_length=3)
         opt = {"legacy-adam": lambda: tf_keras.optimizers.legacy.Adam(0.05),
+               "sgd-draws": lambda: tf_keras.optimizers.SGD(0.1),
                "legacy-adagrad": lambda: tf_keras.optimizers.legacy.Adagrad(0.1),
                "rmsprop": lambda: tf_keras.optimizers.RMSprop(0.01),
                "adam": lambda: tf_keras.optimizers.Adam(0.05),

@@ -76,7 +76,7 @@ def _set(graph_def, name: str, value: int) -> None:
 
 def test_a_loops_part_is_marked_by_the_replicas_index_and_takes_its_rows_of_one_devices_draw():
     graph_def, batch = _loop_def(stateful=False)
-    index, count = mark_replica_parts(graph_def, batch)
+    index, count, given = mark_replica_parts(graph_def, batch)
     assert len(exact_draws(graph_def)) == 2
     whole = tf.random.stateless_uniform([6, 3], seed=SEED).numpy()
     for replica in range(3):  # 3 replicas of 2 examples each: the replica's copy sets its index and the count
@@ -87,14 +87,14 @@ def test_a_loops_part_is_marked_by_the_replicas_index_and_takes_its_rows_of_one_
         with tf.Graph().as_default() as graph:
             tf.graph_util.import_graph_def(part, name="")
             with tf.compat.v1.Session(graph=graph) as session:
-                masked = session.run("masked:0", {f"{batch}:0": np.ones((2, 3), np.float32)})
+                masked = session.run("masked:0", {f"{batch}:0": np.ones((2, 3), np.float32), f"{given}:0": 2})
         np.testing.assert_array_equal(masked, whole[2 * replica:2 * replica + 2])
 
 
 def test_a_seeded_stateful_draw_is_drawn_whole_so_that_its_kernel_advances_as_one_devices():
     graph_def, batch = _loop_def(stateful=True)
     alone_def = _loop_def(stateful=True)[0]  # traced here, as the other (in a graph's scope its seeds would differ)
-    index, count = mark_replica_parts(graph_def, batch)
+    index, count, given = mark_replica_parts(graph_def, batch)
     assert len(exact_draws(graph_def)) == 1  # the draw (its seed is an attribute: no key op)
     with tf.Graph().as_default() as graph:  # one device: two steps of 4 examples
         tf.graph_util.import_graph_def(alone_def, name="")
@@ -106,7 +106,7 @@ def test_a_seeded_stateful_draw_is_drawn_whole_so_that_its_kernel_advances_as_on
         tf.graph_util.import_graph_def(graph_def, name="")
         with tf.compat.v1.Session(graph=graph) as session:
             for step in range(2):
-                masked = session.run("masked:0", {f"{batch}:0": np.ones((2, 3), np.float32)})
+                masked = session.run("masked:0", {f"{batch}:0": np.ones((2, 3), np.float32), f"{given}:0": 2})
                 np.testing.assert_array_equal(masked, alone[step][2:])
 
 

@@ -22,7 +22,7 @@ def test_a_read_after_the_steps_own_assign_is_the_value_assigned_and_waits_for_n
 
     concrete = step.get_concrete_function()
     graph_def = concrete.graph.as_graph_def()
-    made = read_assigned_values(graph_def, {op.name for op in concrete.graph.control_outputs})
+    made = read_assigned_values(graph_def, {op.name for op in concrete.graph.control_outputs}, set())
     nodes = node_map(graph_def)
     assert len(made) == 1 and nodes[made[0]].op == "Identity"
     assert not any(nodes[parse_input(t)[0]].op == "AssignVariableOp" for t in nodes[made[0]].input if t[0] == "^")
@@ -42,7 +42,7 @@ def test_a_write_that_runs_only_for_the_read_after_it_is_left_as_it_is():
     concrete = step.get_concrete_function()
     graph_def = concrete.graph.as_graph_def()
     before = graph_def.SerializeToString()
-    assert read_assigned_values(graph_def, set()) == [] and graph_def.SerializeToString() == before
+    assert read_assigned_values(graph_def, set(), set()) == [] and graph_def.SerializeToString() == before
 
 
 def test_a_dropout_layer_called_twice_in_a_traced_step_draws_what_the_eager_step_draws():
@@ -67,5 +67,22 @@ def test_a_dropout_layer_called_twice_in_a_traced_step_draws_what_the_eager_step
                    for op in traced.graph.get_operations())
     with tf.compat.v1.Session(graph=traced.graph) as session:
         session.run(tf.compat.v1.variables_initializer(traced.graph.get_collection("variables")))
-        got = [session.run([traced.outputs, traced.train_op], {traced.inputs[0]: x})[0] for _ in range(2)]
+        feeds = {traced.inputs[0]: x, traced.part_rows: 4}  # one device: the part is the batch
+        got = [session.run([traced.outputs, traced.train_op], feeds)[0] for _ in range(2)]
     np.testing.assert_array_equal(got, eager)
+
+
+def test_a_value_computed_from_the_batch_is_read_back_from_the_variable():
+    # a metric's total every replica adds to (an optimizer's momentum too): the read stays a read of the variable
+    total = tf.Variable(0.0)
+
+    @tf.function
+    def step(x):
+        total.assign(total + tf.reduce_sum(x))
+        return tf.identity(total.read_value(), name="read")
+
+    concrete = step.get_concrete_function(tf.TensorSpec([None], tf.float32))
+    graph_def = concrete.graph.as_graph_def()
+    effects = {op.name for op in concrete.graph.control_outputs}
+    assert read_assigned_values(graph_def, effects, {concrete.inputs[0].op.name}) == []
+    assert len(read_assigned_values(graph_def, effects, set())) == 1  # as if x were no argument

@@ -20,7 +20,8 @@ from tests.tf2.programs import MIXED, MORE_OPTIMIZERS, PLAIN, batches, build, ea
 def run_traced(traced, steps: int) -> list[float]:
     with tf.compat.v1.Session(graph=traced.graph) as sess:
         sess.run(tf.compat.v1.variables_initializer(traced.graph.get_collection("variables")))
-        return [float(sess.run([traced.outputs, traced.train_op], dict(zip(traced.inputs, batch)))[0])
+        rows = {} if traced.part_rows is None else {traced.part_rows: len(batches(1)[0][0])}  # one device's part
+        return [float(sess.run([traced.outputs, traced.train_op], {**dict(zip(traced.inputs, batch)), **rows})[0])
                 for batch in batches(steps)]
 
 
