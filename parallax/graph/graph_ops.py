@@ -180,6 +180,22 @@ def ancestors(nodes: dict[str, node_def_pb2.NodeDef], starts: Iterable[str],
     return seen
 
 
+def computed_from(nodes: dict[str, node_def_pb2.NodeDef], tensor: str, found: Callable[[str], bool]) -> bool:
+    """Whether the value ``tensor`` (an op's or a tensor's name) is computed from an op for which ``found`` holds
+    (walking data inputs only, ``tensor``'s own op included; ops not in ``nodes`` are looked at, not walked)."""
+    seen, stack = set(), [parse_input(tensor)[0]]
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if found(name):
+            return True
+        if name in nodes:
+            stack.extend(parse_input(t)[0] for t in nodes[name].input if not t.startswith("^"))
+    return False
+
+
 def descendants(consumer_map: dict[str, list[str]], starts: Iterable[str],
                 stop: frozenset[str] | set[str] = frozenset()) -> set[str]:
     """Ops reachable forwards from ``starts`` (included) over data and control edges.

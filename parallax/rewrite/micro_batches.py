@@ -322,9 +322,10 @@ def _const(name: str, value, dtype: tf.DType, device: str) -> node_def_pb2.NodeD
 
 
 def _micro_parts(meta_graph: meta_graph_pb2.MetaGraphDef, copied: set[str], m: int, device: str) -> None:
-    """Each micro-batch's copies of the part's random draws read its own start and the whole batch's examples
-    (see the module docstring), in place; nothing where the step has no marks of its part."""
-    examples, start, rows = PART_MARKS
+    """Each micro-batch's copies of the part's random draws read its own start (see the module docstring), in
+    place; nothing where the step has no marks of its part. (Every copy of the union's examples is the whole
+    batch's already: a scalar no split reaches.)"""
+    _, start, rows = PART_MARKS
     if not all(mark in copied for mark in PART_MARKS):
         return
     graph_def = meta_graph.graph_def
@@ -337,7 +338,6 @@ def _micro_parts(meta_graph: meta_graph_pb2.MetaGraphDef, copied: set[str], m: i
         mine = _op(f"{scope}/start", "AddV2", [start, ahead.name], device, T=int32)
         made.extend([index, ahead, mine])
         rewire[micro_op_name(start, j)] = mine.name
-        rewire[micro_op_name(examples, j)] = examples
     prefixes = tuple(micro_op_name("", j) for j in range(m))
     for node in graph_def.node:
         if node.name.startswith(prefixes):

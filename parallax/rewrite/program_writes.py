@@ -32,6 +32,7 @@ from parallax.analysis import VARIABLE_OP_TYPES, update_scope_owner
 from parallax.graph.graph_ops import (
     add_nodes,
     ancestors,
+    computed_from,
     consumers,
     descendants,
     is_variable_write,
@@ -148,7 +149,8 @@ def drop_server_writes(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, devi
     for name in sorted(outside):
         node = nodes[name]
         value = node.input[1] if node.op in ("Assign", "AssignVariableOp") and len(node.input) > 1 else None
-        if value is not None and not _reads_a_variable(nodes, value):
+        if value is not None and not computed_from(
+                nodes, value, lambda op: op in nodes and nodes[op].op in VARIABLE_OP_TYPES):
             values[name] = value
         else:
             unsynchronised.append(name)
@@ -170,20 +172,6 @@ def drop_server_writes(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, devi
             unsynchronised.append(read)
     if unsynchronised:
         meta_graph.collection_def[UNSYNCHRONISED].bytes_list.value.extend(n.encode() for n in sorted(unsynchronised))
-
-
-def _reads_a_variable(nodes: dict, tensor: str) -> bool:
-    """Whether the value ``tensor`` is computed from a variable (walking its data inputs)."""
-    seen, stack = set(), [parse_input(tensor)[0]]
-    while stack:
-        name = stack.pop()
-        if name in seen or name not in nodes:
-            continue
-        seen.add(name)
-        if nodes[name].op in VARIABLE_OP_TYPES:
-            return True
-        stack.extend(parse_input(t)[0] for t in nodes[name].input if not t.startswith("^"))
-    return False
 
 
 def _read_values(graph_def, nodes: dict, writes: set[str]) -> dict[str, str]:

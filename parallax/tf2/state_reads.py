@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from tensorflow.core.framework import graph_pb2
 
-from parallax.graph.graph_ops import format_input, is_variable_write, node_map, parse_input
+from parallax.graph.graph_ops import computed_from, format_input, is_variable_write, node_map, parse_input
 
 __all__ = ["read_assigned_values"]
 
@@ -44,7 +44,7 @@ def read_assigned_values(graph_def: graph_pb2.GraphDef, effects: set[str], argum
                 len(nodes[writes[0]].input) < 2:
             continue
         value, index, _ = parse_input(nodes[writes[0]].input[1])
-        if _computed_from(nodes, value, arguments):
+        if computed_from(nodes, value, arguments.__contains__):
             continue
         dtype = node.attr["dtype"].type
         del node.input[:]
@@ -57,16 +57,3 @@ def read_assigned_values(graph_def: graph_pb2.GraphDef, effects: set[str], argum
         made.append(node.name)
     return made
 
-
-def _computed_from(nodes: dict, name: str, sources: set[str]) -> bool:
-    """Whether op ``name``'s value is computed from any of ``sources`` (walking data inputs)."""
-    seen, stack = set(), [name]
-    while stack:
-        op = stack.pop()
-        if op in sources:
-            return True
-        if op in seen or op not in nodes:
-            continue
-        seen.add(op)
-        stack.extend(parse_input(t)[0] for t in nodes[op].input if not t.startswith("^"))
-    return False
