@@ -83,14 +83,17 @@ HOROVOD_PYTHON = os.path.join(ROOT, ".venv-horovod", "bin", "python")
 
 def _mpirun(python: str, hosts: list[str], program: list[str], session_dir: str) -> tuple[list[str], dict]:
     """An mpirun command (the one beside ``python``) for one rank on each of ``hosts`` (in rank order; the
-    first is where it starts), as Parallax builds its own (Open MPI's session files in ``session_dir``)."""
+    first is where it starts), as Parallax builds its own (Open MPI's session files in ``session_dir``), but with
+    the ranks not bound to cores, as the peers' users start them (``horovodrun``'s default ``-bind-to none``; TF's
+    own parameter servers are processes started by hand)."""
     from parallax.launch.command import build_mpirun_command
     from parallax.launch.layout import RankSpec
 
     command = build_mpirun_command(
         os.path.join(os.path.dirname(python), "mpirun"), python, program,
         tuple(RankSpec(host, None, 0) for host in hosts), local_hosts=frozenset({hosts[0]}),
-        cpu_count=os.cpu_count() or 1, is_root=os.geteuid() == 0, user_options=MPI_TCP, environ=dict(os.environ),
+        cpu_count=os.cpu_count() or 1, is_root=os.geteuid() == 0, user_options=f"{MPI_TCP} --bind-to none",
+        environ=dict(os.environ),
         session_dir=session_dir)
     return list(command.argv), dict(command.env)
 

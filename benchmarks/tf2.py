@@ -100,6 +100,9 @@ def run_one(run: str, model: str, form: str, args, work: str, round_: int) -> di
     best = max(later, key=lambda e: e["steps"] / e["seconds"])
     row.update(workers=result.get("workers"), epochs=result["epochs"], steps=best["steps"],
                steps_per_sec=best["steps"] / best["seconds"], loss_last=result["epochs"][-1]["loss"])
+    within = [(e["steps"] - 1) / e["within"] for e in later if e.get("within")]
+    if within:  # the steps between an epoch's first and last: without its start and end (TensorFlow's iterators)
+        row["within_steps_per_sec"] = max(within)
     return row
 
 
@@ -116,16 +119,21 @@ def summarize(rows: list[dict], rounds: int) -> list[dict]:
             entry["error"] = mine[-1]["error"]
             summary.append(entry)
             continue
-        ratios = []
+        ratios, within_ratios = [], []
         for r in ok:
             ref = next((s for s in rows if (s["model"], s["input"], s["run"], s["round"]) ==
                         (model, form, REFERENCE, r["round"]) and "error" not in s), None)
             if ref is not None:
                 r["ratio"] = r["steps_per_sec"] / ref["steps_per_sec"]
                 ratios.append(r["ratio"])
+                if "within_steps_per_sec" in r and "within_steps_per_sec" in ref:
+                    r["within_ratio"] = r["within_steps_per_sec"] / ref["within_steps_per_sec"]
+                    within_ratios.append(r["within_ratio"])
         entry.update(steps_per_sec=statistics.median(r["steps_per_sec"] for r in ok),
                      steps_per_sec_rounds=[r["steps_per_sec"] for r in ok], ratios=ratios,
-                     ratio=statistics.median(ratios) if ratios else None)
+                     ratio=statistics.median(ratios) if ratios else None,
+                     within_ratios=within_ratios,
+                     within_ratio=statistics.median(within_ratios) if within_ratios else None)
         if len(ok) < len(mine):
             entry["errors"] = [r["error"] for r in mine if "error" in r]
         summary.append(entry)
@@ -140,17 +148,21 @@ def table(data: dict) -> str:
             if not entries:
                 continue
             lines += [f"### Model {model} ({MODELS[model]}), {INPUTS[form]}", "",
-                      "| run | steps/s | vs model.fit |", "|---|---|---|"]
+                      "| run | steps/s | vs model.fit | within epochs, vs model.fit |", "|---|---|---|---|"]
             for e in entries:
                 if "error" in e:
-                    lines.append(f"| {e['label']} | {e['error'].splitlines()[0][:160]} | |")
+                    lines.append(f"| {e['label']} | {e['error'].splitlines()[0][:160]} | | |")
                     continue
-                ratio = "n/a" if e["ratio"] is None else f"{e['ratio']:.2f}x"
-                if len(e["ratios"]) > 1:
-                    ratio += f" ({', '.join(f'{x:.2f}' for x in e['ratios'])})"
-                lines.append(f"| {e['label']} | {e['steps_per_sec']:.1f} | {ratio} |")
+                ratio, within = (_ratios(e.get(k), e.get(f"{k}s", [])) for k in ("ratio", "within_ratio"))
+                lines.append(f"| {e['label']} | {e['steps_per_sec']:.1f} | {ratio} | {within} |")
             lines.append("")
     return "\n".join(lines)
+
+
+def _ratios(median: float | None, rounds: list[float]) -> str:
+    """``0.91x (0.95, 0.87)``: the median ratio and each round's."""
+    text = "n/a" if median is None else f"{median:.2f}x"
+    return text + (f" ({', '.join(f'{x:.2f}' for x in rounds)})" if len(rounds) > 1 else "")
 
 
 def plot(data: dict, path: str) -> None:

@@ -117,7 +117,8 @@ def build(model: str, compile_it: bool = True, flavor: str = "keras3"):
 
 
 def epoch_timer(flavor: str = "keras3"):
-    """A Keras callback keeping each epoch's seconds, steps and loss in ``.epochs``."""
+    """A Keras callback keeping each epoch's seconds, steps and loss in ``.epochs``, and ``within``: the seconds
+    from its first batch's end to its last's (the steps between, without the epoch's start and end)."""
     keras = keras_module(flavor)
 
     class EpochTimes(keras.callbacks.Callback):
@@ -126,14 +127,17 @@ def epoch_timer(flavor: str = "keras3"):
             self.epochs: list[dict] = []
 
         def on_epoch_begin(self, epoch, logs=None):
-            self.start, self.steps = time.perf_counter(), 0
+            self.start, self.steps, self.first, self.last = time.perf_counter(), 0, None, None
 
         def on_train_batch_end(self, batch, logs=None):
             self.steps += 1
+            self.last = time.perf_counter()
+            self.first = self.first or self.last
 
         def on_epoch_end(self, epoch, logs=None):
             loss = (logs or {}).get("loss")
             self.epochs.append({"seconds": time.perf_counter() - self.start, "steps": self.steps,
+                                "within": self.last - self.first if self.steps > 1 else None,
                                 "loss": None if loss is None else float(loss)})
 
     return EpochTimes()
@@ -209,7 +213,7 @@ def run_loop(args) -> None:
             batches = ((x[order[i:i + BATCH]], y[order[i:i + BATCH]]) for i in range(0, len(x), BATCH))
         else:
             batches = iter(data.as_numpy_iterator())
-        start, steps, waited = time.perf_counter(), 0, 0.0
+        start, steps, waited, first = time.perf_counter(), 0, 0.0, None
         while True:
             before = time.perf_counter()
             ids, labels = next(batches, (None, None))
@@ -217,9 +221,10 @@ def run_loop(args) -> None:
             if ids is None:
                 break
             losses = step(np.split(ids, parts)[mine], np.split(labels, parts)[mine])
-            steps += 1
+            steps, last = steps + 1, time.perf_counter()
+            first = first or last
         epochs.append({"seconds": time.perf_counter() - start, "steps": steps, "loss": float(np.mean(losses)),
-                       "input_seconds": waited})
+                       "input_seconds": waited, "within": last - first if steps > 1 else None})
     step.close()
     _write(args.out if worker_id == 0 else f"{args.out}.worker{worker_id}", epochs, workers=num_workers)
 

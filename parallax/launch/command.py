@@ -28,7 +28,7 @@ from parallax.invocation import FORWARDED
 from parallax.launch.layout import RankSpec
 from parallax.launch.output import LEVEL_ENV, QUIET_LEVEL
 
-__all__ = ["LaunchCommand", "build_mpirun_command", "rank_gpus", "SESSION_DIR_ENV", "GPUS_ENV"]
+__all__ = ["LaunchCommand", "build_mpirun_command", "placement", "rank_gpus", "SESSION_DIR_ENV", "GPUS_ENV"]
 
 
 #: Open MPI 5's variable for the base of its session directories (read by mpirun and its daemons).
@@ -61,8 +61,9 @@ def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tu
             ``-m module ...``.
         ranks: one entry per rank, in rank order.
         local_hosts: host names that mean this machine.
-        cpu_count: cores of this machine (more local ranks than cores need
-            ``--oversubscribe``; as many or more, ``mpi_yield_when_idle``).
+        cpu_count: cores of this machine the job may use (more local ranks than cores need
+            ``--oversubscribe``; as many or more, ``mpi_yield_when_idle``; a job of this machine alone
+            with no more ranks than cores has them bound to cores: :func:`placement`).
         is_root: running as root (Open MPI refuses without two variables).
         user_options: ``MPIConfig.mpirun_options``, appended as given.
         parallax_env: ``PARALLAX_*`` variables for the ranks.
@@ -87,10 +88,10 @@ def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tu
     gpus = rank_gpus(ranks, environ.get(GPUS_ENV))
     slots = Counter(r.host for r in ranks)
     hosts = ",".join(f"{h}:{n}" for h, n in slots.items())
-    argv = [mpirun] + (["-np", str(len(ranks))] if gpus is None else []) + \
-        ["--host", hosts, "--map-by", "slot", "--bind-to", "none"]
     local = all(h in local_hosts for h in slots)
     busiest = max((n for h, n in slots.items() if h in local_hosts), default=0)
+    argv = [mpirun] + (["-np", str(len(ranks))] if gpus is None else []) + ["--host", hosts] + \
+        placement(cpu_count // busiest if local and busiest <= cpu_count else 0, user_options)
     if busiest > cpu_count or any(n > (allocated or {}).get(h, n) for h, n in slots.items()):
         argv += ["--oversubscribe"]
     if busiest >= cpu_count:
@@ -123,6 +124,31 @@ def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tu
         extra.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     extra.update(env)
     return LaunchCommand(tuple(argv), extra)
+
+
+def placement(cores_per_rank: int, user_options: str = "") -> list[str]:
+    """How ``mpirun`` places the ranks and binds them to cores, unless the user's options say it
+    (``--map-by`` / ``--bind-to`` in ``MPIConfig.mpirun_options``: theirs alone, the other one ours).
+
+    ``cores_per_rank`` > 0 (a job on this machine alone, with no more ranks than cores): each rank
+    is bound to that many cores of its own (``--map-by slot:PE=k --bind-to core``), as its share of
+    the cores is what its TensorFlow thread pools are sized to
+    (:meth:`parallax.job.settings.Settings.threads_per_process`); the scheduler then no longer
+    moves a rank's threads onto the core another rank computes on (measured on 2 cores, 2 ranks of
+    ``parallax.fit``: 11-12 ms a step bound against 15 unbound, docs/benchmarks.md). Otherwise
+    (other hosts, whose cores this machine does not know; more ranks than cores) ranks are not
+    bound (``--bind-to none``) and the operating system shares the cores.
+
+    >>> placement(1), placement(0)
+    (['--map-by', 'slot:PE=1', '--bind-to', 'core'], ['--map-by', 'slot', '--bind-to', 'none'])
+    >>> placement(2, "--bind-to numa")
+    ['--map-by', 'slot']
+    """
+    given = {word.lstrip("-").split("=")[0] for word in shlex.split(user_options) if word.startswith("-")}
+    bound = cores_per_rank > 0 and "map-by" not in given and "bind-to" not in given
+    mapping = [] if "map-by" in given else ["--map-by", f"slot:PE={cores_per_rank}" if bound else "slot"]
+    binding = [] if "bind-to" in given else ["--bind-to", "core" if bound else "none"]
+    return mapping + binding
 
 
 def rank_gpus(ranks: tuple[RankSpec, ...], inherited: str | None = None) -> tuple[str, ...] | None:

@@ -34,7 +34,7 @@ from parallax.launch.layout import RankSpec, layout_to_json
 from parallax.launch.runner import JobResult, LostRank, Preemption, run_job
 from parallax.logs import log as logger
 from parallax.resources import slurm
-from parallax.resources.cluster import Role, is_local_host, local_host_names
+from parallax.resources.cluster import Role, is_local_host, local_host_names, usable_cores
 
 __all__ = ["launch_env", "find_mpirun", "current_program", "launch", "job_command", "local_host_names", "is_local_host",
            "RESOURCE_ENV", "RUN_OPTION_ENV", "run_option_override", "MPIRUN_OPTIONS_ENV", "DRY_RUN_ENV", "PLAN_ENV",
@@ -138,7 +138,7 @@ def job_command(ranks: tuple[RankSpec, ...], job: dict, program: list[str], mpir
     parallax_env = launch_env(ranks, job, job_dir, monitor, stall_timeout, (invocation or Invocation()).log_level,
                               tuned)
     command = build_mpirun_command(
-        find_mpirun(), sys.executable, program, ranks, local_hosts=local, cpu_count=os.cpu_count() or 1,
+        find_mpirun(), sys.executable, program, ranks, local_hosts=local, cpu_count=usable_cores(),
         is_root=hasattr(os, "geteuid") and os.geteuid() == 0, user_options=mpirun_options,
         parallax_env=parallax_env, environ=environ, allocated=slurm.tasks_per_node(environ),
         session_dir=os.path.join(job_dir, "mpi"))

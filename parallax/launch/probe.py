@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from parallax.errors import LaunchError
 from parallax.launch.command import build_mpirun_command
 from parallax.launch.layout import RankSpec
-from parallax.resources.cluster import is_local_host, local_host_names
+from parallax.resources.cluster import is_local_host, local_host_names, usable_cores
 
 __all__ = ["LinkMeasurement", "probe", "measure", "MARKER"]
 
@@ -96,7 +96,7 @@ def probe(hosts: tuple[str, str], mpirun: str, *, mpirun_options: str = "", time
         with tempfile.TemporaryDirectory(prefix="parallax_probe_") as session_dir:
             command = build_mpirun_command(
                 mpirun, sys.executable, ["-m", "parallax.launch.probe", "--rank", "--large", str(large)], ranks,
-                local_hosts=local, cpu_count=os.cpu_count() or 1,
+                local_hosts=local, cpu_count=usable_cores(),
                 is_root=hasattr(os, "geteuid") and os.geteuid() == 0, user_options=mpirun_options,
                 environ=dict(os.environ), session_dir=session_dir)
             done = subprocess.run(list(command.argv), env={**os.environ, **command.env}, capture_output=True,

@@ -6,12 +6,13 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass, replace
 from enum import Enum
 
 __all__ = ["Role", "Device", "WorkerTask", "ServerTask", "Cluster", "LOCAL_HOSTS", "is_local_host",
-           "local_host_names"]
+           "local_host_names", "usable_cores"]
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
@@ -134,6 +135,15 @@ class Cluster:
 def local_host_names() -> frozenset[str]:
     """The names that certainly mean this machine (loopback names and its own names)."""
     return frozenset(LOCAL_HOSTS | {socket.gethostname(), socket.getfqdn()})
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container's or a batch system's cpuset
+    narrows), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
 
 
 def is_local_host(host: str) -> bool:

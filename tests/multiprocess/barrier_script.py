@@ -1,6 +1,6 @@
 """A job without TensorFlow, started by :func:`parallax.launch.launcher.launch`: each rank
 meets the others at a barrier and writes ``rank_<r>.json`` (what launching alone costs), with the
-``CUDA_VISIBLE_DEVICES`` it was started with."""
+``CUDA_VISIBLE_DEVICES`` it was started with and the cores it may run on."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def main() -> None:
         comm.Barrier()
         with open(os.path.join(args.out, f"rank_{comm.rank}.json"), "w") as f:
             json.dump({"rank": comm.rank, "size": comm.size, "pid": os.getpid(),
-                       "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}, f)
+                       "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "cores": sorted(os.sched_getaffinity(0))}, f)
         return
     from parallax.launch.launcher import launch
     from parallax.launch.layout import ranks_per_device

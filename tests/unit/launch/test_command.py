@@ -171,3 +171,29 @@ def test_the_ranks_environment_holds_the_tuned_choice_the_launcher_hands_them(mo
     assert (TUNED_ENV in forwarded) == (tuned is not None)
     if tuned is not None:  # the rank's environment as mpirun starts it
         assert Invocation.from_env({**os.environ, **command.env}).tuned == tuned
+
+
+@pytest.mark.parametrize("text, cores, expected", [
+    ("localhost: cpu:0,cpu:1\n", 2, ["--map-by", "slot:PE=1", "--bind-to", "core"]),  # a core each
+    ("localhost: cpu:0,cpu:1\n", 8, ["--map-by", "slot:PE=4", "--bind-to", "core"]),  # its share of the cores
+    ("localhost: cpu:0\n", 2, ["--map-by", "slot:PE=2", "--bind-to", "core"]),
+    ("localhost: cpu:0,cpu:1,cpu:2\n", 2, ["--map-by", "slot", "--bind-to", "none"]),  # more ranks than cores
+    ("h1: 0,1\nh2: 0\n", 8, ["--map-by", "slot", "--bind-to", "none"]),  # other hosts' cores are not known here
+], ids=["one-core-each", "shares", "alone", "oversubscribed", "other-hosts"])
+def test_ranks_of_a_job_on_this_machine_are_bound_to_their_share_of_its_cores(text, cores, expected):
+    argv = list(build_mpirun_command("mpirun", "python", ["t.py"], ranks(text), local_hosts=LOCAL,
+                                     cpu_count=cores, is_root=False).argv)
+    at = argv.index("--map-by")
+    assert argv[at:at + 4] == expected and argv.count("--bind-to") == 1
+
+
+@pytest.mark.parametrize("options, ours, theirs", [
+    ("--bind-to numa", ["--map-by", "slot"], "--bind-to"),
+    ("--map-by ppr:1:core", ["--bind-to", "none"], "--map-by"),
+    ("-bind-to=socket --report-bindings", ["--map-by", "slot"], "-bind-to=socket"),
+])
+def test_a_placement_the_user_gives_replaces_ours(options, ours, theirs):
+    argv = list(build_mpirun_command("mpirun", "python", ["t.py"], ranks("localhost: cpu:0,cpu:1\n"),
+                                     local_hosts=LOCAL, cpu_count=2, is_root=False, user_options=options).argv)
+    assert argv[argv.index(ours[0]):argv.index(ours[0]) + 2] == ours
+    assert argv.count(ours[0]) == 1 and argv.count(theirs) == 1  # theirs once, as given
