@@ -31,7 +31,7 @@ from parallax.tf2.first_step import check_first_step
 from parallax.tf2.host_edits import HostWatch, shown
 from parallax.tf2.masked_means import is_masked_count
 from parallax.tf2.summed import SummedState
-from parallax.tf2.trace import TracedStep
+from parallax.tf2.trace import TracedStep, first_batched
 
 __all__ = ["DistributedStep"]
 
@@ -134,8 +134,7 @@ class DistributedStep:
         feeds = {placeholder: self._per_replica(value, rank)
                  for placeholder, value, rank in zip(self._traced.inputs, flat, self._ranks)}
         if self._traced.part_rows is not None:  # the rows of each replica's part, where its draws are one device's
-            batched = next((value for placeholder, value in feeds.items() if placeholder.shape.rank), [])
-            feeds[self._traced.part_rows] = [np.int32(np.shape(part)[0]) for part in batched]
+            feeds[self._traced.part_rows] = [np.int32(np.shape(part)[0]) for part in first_batched(feeds.items()) or []]
         for position, (placeholder, value) in enumerate(feeds.items()):
             _check_fits(placeholder, value, position)
         if not self._parts_told:
@@ -171,7 +170,7 @@ class DistributedStep:
     def _check_parts(self, feeds: dict) -> None:
         """Say once at WARNING where this worker's parts of a batch differ in size from each other or from the first
         step's: the replicas' gradients are averaged with equal weights (a worker sees its own parts only)."""
-        batched = next((value for placeholder, value in feeds.items() if placeholder.shape.rank), None)
+        batched = first_batched(feeds.items())
         if batched is None:
             return
         sizes = sorted({int(np.shape(part)[0]) for part in batched})

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -58,7 +59,7 @@ from parallax.tf2.replica_sums import replica_sums
 from parallax.tf2.state_reads import read_assigned_values
 from parallax.tf2.tables import build_table, captured_table
 
-__all__ = ["TracedStep", "trace_step", "is_step_function", "STEP_OP"]
+__all__ = ["TracedStep", "trace_step", "is_step_function", "first_batched", "STEP_OP"]
 
 #: The name of the training op that runs a traced step's side effects.
 STEP_OP = "parallax_step"
@@ -107,6 +108,16 @@ def is_step_function(obj: Any) -> bool:
     return callable(getattr(obj, "get_concrete_function", None)) and hasattr(obj, "python_function")
 
 
+def first_batched(pairs: Iterable[tuple[Any, Any]]) -> Any:
+    """The value paired with the first tensor of a known rank above 0 (``(tensor, value)`` pairs): a step's first
+    batched argument, whose rows are its part's (a scalar argument, such as a flag, has none); ``None`` if none is.
+
+    >>> first_batched([(tf.TensorSpec([]), "flag"), (tf.TensorSpec([None, 3]), "x")])
+    'x'
+    """
+    return next((value for tensor, value in pairs if tensor.shape.rank), None)
+
+
 def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
     """Trace ``fn`` (a ``tf.function``) into a single-device graph (see the module docstring).
 
@@ -153,7 +164,7 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
     arguments = [t.op.name for t in func_graph.inputs[:num_args]]
     # a read after the step's own assign: the value assigned (a SeedGenerator drawn from twice)
     read_assigned_values(step_def, {op.name for op in func_graph.control_outputs}, set(arguments))
-    batch = next((t.op.name for t in func_graph.inputs[:num_args] if t.shape.rank), None)  # a loop's first batch
+    batch = first_batched((t, t.op.name) for t in func_graph.inputs[:num_args])  # a loop's first batch
     replica_marks = mark_replica_parts(step_def, batch) if batch is not None else None
     exact = exact_draws(step_def)  # random draws of the part's rows: each replica its rows of one device's draw
     sums = _in_order(func_graph, sums, step_def)  # with a masked loss's counts (parallax.tf2.masked_means)
