@@ -17,8 +17,11 @@ recorded as not measured. The runs are in benchmarks/tf2_runs.py.
 
 Each run is a process of its own (this script again, with the run's name), killed after ``--timeout``, in a
 private network namespace when one can be made (``benchmarks/common.py``). Its figure is the steps per second
-of its fastest epoch after the first (which pays for tracing and starting the job); its ratio is to
-``model.fit`` of the same model and input in the same round, and the result is the median over ``--rounds``.
+of its fastest epoch after the first (which pays for tracing and starting the job), and beside it the steps
+within its epochs (from an epoch's first batch's end to its last's: without the epoch's start and end, where
+TensorFlow sometimes pauses about 0.5 s replacing the epoch's ``tf.data`` iterator, ``model.fit`` as much as
+Parallax); each ratio is to ``model.fit`` of the same model and input in the same round, and the result is the
+median over ``--rounds``.
 A run that fails (a crash, or Parallax refusing the program) is recorded with its error, and the
 benchmark goes on. On a 2-core machine the two workers of a job share the two cores that ``model.fit`` has to
 itself: read the ratios as overhead, not scaling.
