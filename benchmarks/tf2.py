@@ -156,7 +156,7 @@ def table(data: dict) -> str:
                 if "error" in e:
                     lines.append(f"| {e['label']} | {e['error'].splitlines()[0][:160]} | | |")
                     continue
-                ratio, within = (_ratios(e.get(k), e.get(f"{k}s", [])) for k in ("ratio", "within_ratio"))
+                ratio, within = _ratios(e["ratio"], e["ratios"]), _ratios(e["within_ratio"], e["within_ratios"])
                 lines.append(f"| {e['label']} | {e['steps_per_sec']:.1f} | {ratio} | {within} |")
             lines.append("")
     return "\n".join(lines)
