@@ -54,6 +54,7 @@ from parallax.tf2.backup import check_restored_alike, restore_backups
 from parallax.tf2.batch_hooks import (
     BEGINS,
     ENDS,
+    EPOCHS,
     BatchLogs,
     batch_hooks,
     reads_logs,
@@ -206,6 +207,9 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     stops_in_epochs = batch_hooks(callbacks or [], flavor, ENDS)  # the program's list: alike on every worker
     sets_within = batch_hooks(callbacks or [], flavor, BEGINS + ENDS)  # may set variables: alike on every worker
     sets_in_epochs = scalars and sets_within
+    # between epochs only contained hooks run (a timer) and nothing set a variable within: the model's variables
+    # need the trained values only where something reads them (a validation, the end of training)
+    quiet_between = not sets_within and not batch_hooks(callbacks or [], flavor, EPOCHS) and not counted
     host = HostSums(model, group) if not own and not deferred and num_workers > 1 else None  # tf_keras
     flush = step.flush_sums if deferred else host.flush if host else None  # the metrics summed over the workers
     reads = reads_logs(callbacks or [], flavor, ENDS)  # a batch's logs: the program's list, alike on every worker
@@ -213,6 +217,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                            workers=num_workers, read_alike=reads or verbose != 0)
     logs: dict = {}
     validating: FitBatches | None = None
+    behind_host = False  # the model's variables are behind the job's (quiet_between)
     behind = 0  # the optimizer steps model.fit counted that the job has not (parallax.tf2.exhausted)
     for epoch, epoch_batches in batches.epochs(initial_epoch, epochs):
         ran_out = True  # the epoch's data ran out (no callback stopped it within)
@@ -221,7 +226,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         if host:
             host.restart()
         callback_list.on_epoch_begin(epoch)
-        edits.carry("on_epoch_begin" if epoch == initial_epoch else "on_epoch_end or on_epoch_begin")
+        if epoch == initial_epoch or not quiet_between:
+            edits.carry("on_epoch_begin" if epoch == initial_epoch else "on_epoch_end or on_epoch_begin")
         for index, batch in enumerate(epoch_batches):
             examples = batches.share.examples_at(index) if batches.share else None  # else: batch is global
             if index == 0 and num_workers > 1 and not batches.share:
@@ -253,14 +259,16 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         logs = numbers(model.get_metrics_result())
         if own:  # as model.fit: the last step's logs where they name other than the metrics
             logs = epoch_logs(group, logs, last, sources)
-        # the callbacks and the validation see the trained weights (and the watch agrees)
-        _sync(step, model, look=sets_within)
+        validates = validation_data is not None and (epoch + 1) % validation_freq == 0
+        behind_host = quiet_between and not validates
+        if not behind_host:  # the callbacks and the validation see the trained weights (and the watch agrees)
+            _sync(step, model, look=sets_within)
         if counted and ran_out:  # as model.fit's step that found the data exhausted; the job's next
             for iterations in counted:
                 iterations.assign_add(1)
             behind = 1
             edits.agree()
-        if validation_data is not None and (epoch + 1) % validation_freq == 0:
+        if validates:
             if validating is None:  # as model.fit: that Keras's own iterator, made at the first validation, kept
                 validating = FitBatches(flavor.module.__name__.split(".")[0], model, *_triple(validation_data),
                                         validation_batch_size or batch_size, validation_steps, False, None, 0, 1, seed,
@@ -272,6 +280,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
             model.stop_training = True
         if model.stop_training:
             break
+    if behind_host:  # every worker alike: zero_stage's slots are gathered by all
+        _sync(step, model, look=False)
     # the model has the trained weights since the last epoch's end: what a callback set since then stays
     step.close(write_back=False)
     if getattr(model.optimizer, "finalize_variable_values", None) is not None and epochs > 0:

@@ -112,6 +112,8 @@ class LaunchIdentity:
             allocation), which a rank's own environment does not describe.
         staggered: the host's first rank runs the program up to its training call before the host's other
             ranks start (``Config.staggered_start``, :mod:`parallax.member.entry`).
+        bound_cores: the cores ``mpirun`` binds each rank to, its own (:func:`parallax.launch.command.placement`);
+            ``None``: the ranks are not bound and share their host's cores.
     """
 
     ranks: str
@@ -120,6 +122,7 @@ class LaunchIdentity:
     gpus: int | None = None
     allocation: dict | None = None
     staggered: bool = False
+    bound_cores: int | None = None
 
     @classmethod
     def from_json(cls, text: str) -> LaunchIdentity:
@@ -127,13 +130,14 @@ class LaunchIdentity:
             data = json.loads(text)
             job = data.get("job") or {}
             return cls(data["ranks"], job.get("layout"), job.get("digest"), job.get("gpus"), job.get("allocation"),
-                       bool(job.get("staggered", False)))
+                       bool(job.get("staggered", False)), job.get("bound_cores"))
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise ValueError(f"{LAUNCH_ENV}: expected the launcher's JSON, got {text[:200]!r}") from e
 
     def to_json(self) -> str:
         job = {k: v for k, v in (("layout", self.layout), ("digest", self.digest), ("gpus", self.gpus),
-                                 ("allocation", self.allocation), ("staggered", self.staggered or None))
+                                 ("allocation", self.allocation), ("staggered", self.staggered or None),
+                                 ("bound_cores", self.bound_cores))
                if v is not None}
         return json.dumps({"job": job, "ranks": self.ranks}, sort_keys=True)
 

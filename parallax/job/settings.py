@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -24,7 +23,7 @@ from parallax.config import CheckPointConfig, Config, MPIConfig, ProfileConfig, 
 from parallax.errors import LaunchError
 from parallax.invocation import CommTuning, Invocation
 from parallax.plan.model import CommSpec, Layout, PSSpec
-from parallax.resources.cluster import Cluster, is_local_host
+from parallax.resources.cluster import Cluster, is_local_host, usable_cores
 
 __all__ = ["Settings", "PipelineSettings", "Timeouts", "derive", "STOCK_PROTOCOLS"]
 
@@ -91,7 +90,10 @@ class Settings:
         ps: the parameter servers' settings (``PSConfig``).
         gpus: GPUs of this machine, which a bare host line of the resource
             file stands for (every host of a job is taken to be alike).
-        cpu_count: cores of this machine.
+        cpu_count: cores of this machine the job may use (this process's CPU affinity, which a container's or a
+            batch system's cpuset narrows).
+        bound_cores: the cores ``mpirun`` bound this rank to, its own (``None``: not bound; its host's
+            ``cpu_count`` cores are shared by the processes there).
         local_hosts: the hosts of the resource file that are this machine.
         mpirun_options: ``MPIConfig.mpirun_options`` and those given to ``parallax-run``.
         timeouts: every bound on waiting.
@@ -128,6 +130,7 @@ class Settings:
     ps: PSSpec
     gpus: int
     cpu_count: int
+    bound_cores: int | None = None
     local_hosts: frozenset[str] = frozenset()
     mpirun_options: str = ""
     timeouts: Timeouts = field(default_factory=Timeouts)
@@ -151,16 +154,19 @@ class Settings:
 
     def threads_per_process(self, processes_on_host: int) -> int:
         """TensorFlow threads per pool for each of ``processes_on_host`` training processes
-        sharing this host's cores (0: TensorFlow's default, for a process alone on its host).
+        sharing this host's cores (0: TensorFlow's default, for a process alone on its host); a process bound
+        to cores of its own has those.
 
         >>> from parallax.plan.model import CommSpec, Layout, PSSpec
         >>> s = Settings("MPI", True, False, {}, CommSpec(), CommSpec(), PSSpec(), gpus=0, cpu_count=8)
         >>> s.threads_per_process(1), s.threads_per_process(2), s.threads_per_process(16)
         (0, 4, 1)
+        >>> dataclasses.replace(s, cpu_count=4, bound_cores=4).threads_per_process(2)  # 8 cores, bound
+        4
         """
         if processes_on_host <= 1:
             return 0
-        return max(1, self.cpu_count // processes_on_host)
+        return self.bound_cores or max(1, self.cpu_count // processes_on_host)
 
     def comm_for(self, layout: Layout | str) -> CommSpec:
         """The backends of a job laid out as ``layout``: all-reduce alone (``MPI``) or beside servers.
@@ -213,7 +219,7 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         sync: ``parallel_run``'s ``sync``.
         cluster: the parsed resource file.
         gpus: GPUs of this machine (default: what TensorFlow sees).
-        cpu_count: cores of this machine (default: ``os.cpu_count()``).
+        cpu_count: cores of this machine the job may use (default: this process's CPU affinity).
         invocation: what this process's environment asked (its extra mpirun options, finish timeout and
             communication tuning; default: nothing).
         manager: what started this process when a cluster manager did (``"TF_CONFIG"``): the run
@@ -265,7 +271,8 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
                   num_servers=ps_config.num_servers or 0,
                   # with hooks, their writes are done before the others go on
                   release_in_step=not config.hooks),
-        gpus=gpus, cpu_count=cpu_count or os.cpu_count() or 1,
+        gpus=gpus, cpu_count=cpu_count or usable_cores(),
+        bound_cores=invocation.launch.bound_cores if invocation.launch is not None else None,
         local_hosts=frozenset(h for h in cluster.hosts if is_local_host(h)),
         mpirun_options=" ".join(p for p in (mpi.mpirun_options, extra_options) if p.strip()),
         timeouts=Timeouts(stall=config.stall_timeout, shutdown=config.stall_shutdown,

@@ -91,7 +91,7 @@ def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tu
     local = all(h in local_hosts for h in slots)
     busiest = max((n for h, n in slots.items() if h in local_hosts), default=0)
     argv = [mpirun] + (["-np", str(len(ranks))] if gpus is None else []) + ["--host", hosts] + \
-        placement(cpu_count // busiest if local and busiest <= cpu_count else 0, user_options)
+        placement(bound_cores(ranks, local_hosts, cpu_count), user_options)
     if busiest > cpu_count or any(n > (allocated or {}).get(h, n) for h, n in slots.items()):
         argv += ["--oversubscribe"]
     if busiest >= cpu_count:
@@ -126,6 +126,32 @@ def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tu
     return LaunchCommand(tuple(argv), extra)
 
 
+def bound_cores(ranks: tuple[RankSpec, ...], local_hosts: frozenset[str], cpu_count: int,
+                user_options: str = "") -> int:
+    """The cores ``mpirun`` binds each rank to, its own (:func:`placement`): a job on this machine alone, with no
+    more ranks than ``cpu_count`` cores, gives each rank its share; else, or where the user's ``mpirun_options``
+    place the ranks themselves (``--map-by`` / ``--bind-to``), 0: the ranks are not bound.
+
+    >>> ranks = (RankSpec("localhost", None, 0), RankSpec("localhost", None, 1))
+    >>> bound_cores(ranks, frozenset({"localhost"}), 8), bound_cores(ranks, frozenset(), 8)
+    (4, 0)
+    >>> here = frozenset({"localhost"})
+    >>> bound_cores(ranks, here, 1), bound_cores(ranks, here, 8, "--bind-to none")
+    (0, 0)
+    """
+    slots = Counter(r.host for r in ranks)
+    busiest = max(slots.values(), default=0)
+    if not busiest or busiest > cpu_count or any(h not in local_hosts for h in slots) or \
+            _given(user_options) & {"map-by", "bind-to"}:
+        return 0
+    return cpu_count // busiest
+
+
+def _given(user_options: str) -> set[str]:
+    """The options named in ``user_options``, without their dashes and values."""
+    return {word.lstrip("-").split("=")[0] for word in shlex.split(user_options) if word.startswith("-")}
+
+
 def placement(cores_per_rank: int, user_options: str = "") -> list[str]:
     """How ``mpirun`` places the ranks and binds them to cores, unless the user's options say it
     (``--map-by`` / ``--bind-to`` in ``MPIConfig.mpirun_options``: theirs alone, the other one ours).
@@ -144,7 +170,7 @@ def placement(cores_per_rank: int, user_options: str = "") -> list[str]:
     >>> placement(2, "--bind-to numa")
     ['--map-by', 'slot']
     """
-    given = {word.lstrip("-").split("=")[0] for word in shlex.split(user_options) if word.startswith("-")}
+    given = _given(user_options)
     bound = cores_per_rank > 0 and "map-by" not in given and "bind-to" not in given
     mapping = [] if "map-by" in given else ["--map-by", f"slot:PE={cores_per_rank}" if bound else "slot"]
     binding = [] if "bind-to" in given else ["--bind-to", "core" if bound else "none"]

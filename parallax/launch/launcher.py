@@ -29,7 +29,7 @@ from parallax.invocation import (
     RankChannel,
     env_with,
 )
-from parallax.launch.command import GPUS_ENV, LaunchCommand, build_mpirun_command
+from parallax.launch.command import GPUS_ENV, LaunchCommand, bound_cores, build_mpirun_command
 from parallax.launch.layout import RankSpec, layout_to_json
 from parallax.launch.runner import JobResult, LostRank, Preemption, run_job
 from parallax.logs import log as logger
@@ -44,14 +44,15 @@ __all__ = ["launch_env", "find_mpirun", "current_program", "launch", "job_comman
 
 
 def launch_env(ranks: tuple[RankSpec, ...], job: dict, job_dir: str, monitor: str | None = None,
-               stall_timeout: float | None = None, log_level: str | None = None, tuned: dict | None = None
-               ) -> dict[str, str]:
+               stall_timeout: float | None = None, log_level: str | None = None, tuned: dict | None = None,
+               bound: int = 0) -> dict[str, str]:
     """The environment variables the launcher gives every rank (``job``: see
     :attr:`RankContext.job`; ``monitor``: the stall monitor's ``host:port`` and
     ``stall_timeout`` its stall time, see :mod:`parallax.launch.monitor`; ``log_level``: the launcher's
-    ``PARALLAX_LOG_LEVEL``, else INFO; ``tuned``: the tuned choice the ranks apply, :mod:`parallax.tuning.cache`)."""
+    ``PARALLAX_LOG_LEVEL``, else INFO; ``tuned``: the tuned choice the ranks apply, :mod:`parallax.tuning.cache`;
+    ``bound``: the cores each rank is bound to, :func:`parallax.launch.command.bound_cores`)."""
     identity = LaunchIdentity(layout_to_json(ranks), job.get("layout"), job.get("digest"), job.get("gpus"),
-                              job.get("allocation"), bool(job.get("staggered", False)))
+                              job.get("allocation"), bool(job.get("staggered", False)), bound or None)
     channel = RankChannel(job_dir, monitor or None, float(stall_timeout) if monitor and stall_timeout else None)
     return Invocation(launch=identity, channel=channel, elastic_ckpt=job.get("checkpoints"),
                       # launched processes log at INFO unless told otherwise, as the original Parallax's did
@@ -135,10 +136,11 @@ def job_command(ranks: tuple[RankSpec, ...], job: dict, program: list[str], mpir
     the command sets (:attr:`LaunchCommand.env`): ``mpirun`` hands on only what its own environment holds."""
     local = local_host_names() | {r.host for r in ranks if is_local_host(r.host)}
     environ = env_with(dict(os.environ), tuned=None)  # the launcher's environment, handed through to the ranks
+    cores = usable_cores()
     parallax_env = launch_env(ranks, job, job_dir, monitor, stall_timeout, (invocation or Invocation()).log_level,
-                              tuned)
+                              tuned, bound_cores(ranks, local, cores, mpirun_options))
     command = build_mpirun_command(
-        find_mpirun(), sys.executable, program, ranks, local_hosts=local, cpu_count=usable_cores(),
+        find_mpirun(), sys.executable, program, ranks, local_hosts=local, cpu_count=cores,
         is_root=hasattr(os, "geteuid") and os.geteuid() == 0, user_options=mpirun_options,
         parallax_env=parallax_env, environ=environ, allocated=slurm.tasks_per_node(environ),
         session_dir=os.path.join(job_dir, "mpi"))

@@ -15,6 +15,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
 from parallax.errors import LaunchError
+from parallax.resources.cluster import usable_cores
 
 if TYPE_CHECKING:
     from parallax.job.plan import ProcessSpec
@@ -36,7 +37,8 @@ def session_config(user: config_pb2.ConfigProto | None, cpu_devices: int = 0, vi
     ``waiting_threads``: threads an op holds while it waits, not computes (an all-reduce overlapping
     the backward pass, :attr:`parallax.plan.model.CommSpec.overlap`, which would otherwise stop the
     pass while it waits for the other workers): the inter-op pool gets that many more than it would
-    have (``threads``, else ``TF_NUM_INTEROP_THREADS``, else a thread per core), unless the user set it.
+    have (``threads``, else ``TF_NUM_INTEROP_THREADS``, else a thread per core this process may run
+    on), unless the user set it.
     """
     proto = config_pb2.ConfigProto()
     if user is not None:
@@ -44,7 +46,7 @@ def session_config(user: config_pb2.ConfigProto | None, cpu_devices: int = 0, vi
     if threads > 0 and not proto.intra_op_parallelism_threads:
         proto.intra_op_parallelism_threads = threads
     if not proto.inter_op_parallelism_threads and (threads > 0 or waiting_threads > 0):
-        usual = threads or _positive_int(os.environ.get("TF_NUM_INTEROP_THREADS")) or os.cpu_count() or 1
+        usual = threads or _positive_int(os.environ.get("TF_NUM_INTEROP_THREADS")) or usable_cores()
         proto.inter_op_parallelism_threads = usual + waiting_threads
     proto.allow_soft_placement = True
     if cpu_devices > proto.device_count.get("CPU", 1):

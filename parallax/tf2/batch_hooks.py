@@ -18,11 +18,13 @@ from parallax.tf2.evaluate import numbers
 from parallax.tf2.hook_code import contained, loads_logs, reads_weights
 from parallax.tf2.keras_flavor import Flavor
 
-__all__ = ["BEGINS", "ENDS", "batch_hooks", "reads_logs", "weighs_within_epochs", "saves_within_epochs", "saves_after",
-           "BatchLogs"]
+__all__ = ["BEGINS", "ENDS", "EPOCHS", "batch_hooks", "reads_logs", "weighs_within_epochs", "saves_within_epochs",
+           "saves_after", "BatchLogs"]
 
 BEGINS = ("on_train_batch_begin", "on_batch_begin")
 ENDS = ("on_train_batch_end", "on_batch_end")
+#: the hooks run between epochs (their batch counterparts' analysis, :func:`batch_hooks`, applies to them alike)
+EPOCHS = ("on_epoch_begin", "on_epoch_end")
 
 
 def batch_hooks(callbacks: list, flavor: Flavor, hooks: tuple[str, ...]) -> bool:

@@ -98,6 +98,7 @@ class FitBatches:
                 shuffle=shuffle, class_weight=class_weight, distribute_strategy=tf.distribute.get_strategy(),
                 steps_per_execution=1)
             self._iterator.reset()
+            _without_autotuning(self._iterator)
             self.steps = self._iterator.num_batches
             return self._iterator._distributed_dataset.element_spec
 
@@ -260,6 +261,21 @@ class Ahead:
         self._done = True
         self._stop.set()
         self._thread.join(10.0)
+
+
+def _without_autotuning(iterator: Any) -> None:
+    """Keras's own pipeline over arrays in memory (its ``ArrayDataAdapter``: each batch's rows gathered by a
+    parallel map, prefetched) run without ``tf.data``'s autotuning, whose thread outlives the epoch: Keras makes a
+    new iterator of the pipeline at each epoch's end, and the old one's destructor waits, holding the interpreter,
+    until that thread next wakes (0.63 s, 1.27 s, ... after the iterator was made; the period doubles): an epoch of
+    0.7 s waited 0.55 s more at its end (docs/benchmarks.md), as ``model.fit``'s own epochs do once they last past
+    0.63 s. The batches stay the same; the gather then runs on a thread per core and the prefetch buffer grows
+    as the prefetch needs. A dataset of the program's own keeps its options, whatever they cost."""
+    dataset = getattr(iterator, "_distributed_dataset", None)
+    if type(iterator.data_adapter).__name__ == "ArrayDataAdapter" and isinstance(dataset, tf.data.Dataset):
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        iterator._distributed_dataset = dataset.with_options(options)
 
 
 def check_same(group: WorkerGroup, batch: tuple, epoch: int) -> None:

@@ -1,6 +1,7 @@
 """A job without TensorFlow, started by :func:`parallax.launch.launcher.launch`: each rank
 meets the others at a barrier and writes ``rank_<r>.json`` (what launching alone costs), with the
-``CUDA_VISIBLE_DEVICES`` it was started with and the cores it may run on."""
+``CUDA_VISIBLE_DEVICES`` it was started with, the cores it may run on and the cores the launcher told it it is
+bound to."""
 
 from __future__ import annotations
 
@@ -20,11 +21,14 @@ def main() -> None:
     if args.rank:
         from mpi4py import MPI
 
+        from parallax.invocation import Invocation
+
         comm = MPI.COMM_WORLD
         comm.Barrier()
         with open(os.path.join(args.out, f"rank_{comm.rank}.json"), "w") as f:
             json.dump({"rank": comm.rank, "size": comm.size, "pid": os.getpid(),
-                       "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "cores": sorted(os.sched_getaffinity(0))}, f)
+                       "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "cores": sorted(os.sched_getaffinity(0)),
+                       "bound": Invocation.from_env(dict(os.environ)).launch.bound_cores}, f)
         return
     from parallax.launch.launcher import launch
     from parallax.launch.layout import ranks_per_device

@@ -38,9 +38,11 @@ def test_each_rank_of_a_job_on_this_machine_runs_on_its_own_share_of_the_cores(t
     cores = usable_cores()
     run = run_script(tmp_path, "localhost: cpu:0,cpu:1\n", script=SCRIPT, timeout=120)
     assert run.returncode == 0, run.output[-3000:]
-    seen = [set(json.loads((tmp_path / "out" / f"rank_{r}.json").read_text())["cores"]) for r in range(2)]
+    told = [json.loads((tmp_path / "out" / f"rank_{r}.json").read_text()) for r in range(2)]
+    seen = [set(t["cores"]) for t in told]
     if cores < 2:  # more ranks than cores: not bound
-        assert seen[0] == seen[1]
-    else:
+        assert seen[0] == seen[1] and [t["bound"] for t in told] == [None, None]
+    else:  # each told how many are its own (its thread pools' size: Settings.threads_per_process)
         assert not seen[0] & seen[1] and len(seen[0]) == len(seen[1]) == cores // 2
+        assert [t["bound"] for t in told] == [cores // 2] * 2
         assert seen[0] | seen[1] <= os.sched_getaffinity(0)

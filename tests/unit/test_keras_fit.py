@@ -3,6 +3,8 @@ evaluate.py), without processes."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -660,3 +662,80 @@ def test_batches_drawn_while_the_step_runs_come_one_a_step_in_order():
         items.running()
     assert got == list(range(6))
     items.close()
+
+
+@pytest.mark.parametrize("between, syncs", [("timer", 1), ("validation", 2), ("reads-weights", 3)])
+def test_the_model_gets_the_trained_weights_between_epochs_where_something_may_read_them(tmp_path, monkeypatch,
+                                                                                          between, syncs):
+    """Bringing the trained weights (and the optimizer's slots) into the model takes about 5 % of an epoch of model
+    A of benchmarks/tf2.py: parallax.fit does it at an epoch's end where something may read them then (a callback
+    whose epoch hooks reach past its own data, a validation that epoch), and else once, when training ends. Every
+    way, each epoch's end sees what model.fit's sees and the trained weights equal model.fit's."""
+    import keras
+
+    from parallax.tf2.step import DistributedStep
+
+    class Timer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.seen.append((logs or {}).get("loss"))
+
+    class Reader(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.seen.append([w.copy() for w in self.model.get_weights()])
+
+    def build():
+        keras.utils.set_random_seed(3)
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.Adam(0.05), "mse")
+        return model
+
+    def run(train, model):
+        callback = (Reader if between == "reads-weights" else Timer)()
+        callback.seen = []
+        more = {"validation_data": (x[:8], y[:8]), "validation_freq": 2} if between == "validation" else {}
+        history = train(model, x, y, batch_size=4, epochs=3, verbose=0, callbacks=[callback], **more).history
+        return history, callback.seen
+
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(16, 2).astype(np.float32), rng.randn(16, 1).astype(np.float32)
+    reference = build()
+    expected, expected_seen = run(lambda m, *a, **kw: m.fit(*a, **kw), reference)
+    calls = []
+    sync = DistributedStep.sync_variables
+    monkeypatch.setattr(DistributedStep, "sync_variables", lambda self, *a, **kw: calls.append(1) or
+                        sync(self, *a, **kw))
+    (tmp_path / "resource_info").write_text("localhost: cpu:0,cpu:1\n")
+    model = build()
+    got, got_seen = run(lambda m, *a, **kw: parallax.fit(m, *a, resource_info=str(tmp_path / "resource_info"),
+                                                         parallax_config=parallax.Config(run_option="PS"), **kw),
+                        model)  # PS: the replicas in this process
+    assert len(calls) == syncs
+    assert sorted(got) == sorted(expected)
+    for key, values in expected.items():
+        np.testing.assert_allclose(got[key], values, rtol=1e-5, err_msg=key)
+    for mine, theirs in zip(got_seen, expected_seen, strict=True):
+        for a, b in zip(tf.nest.flatten(mine), tf.nest.flatten(theirs), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(model.weights + model.optimizer.variables, reference.weights + reference.optimizer.variables,
+                    strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6, err_msg=a.path)
+
+
+def test_keras_own_pipeline_over_arrays_runs_without_autotuning_and_a_programs_dataset_keeps_its_options():
+    """Keras makes a new iterator of its pipeline at each epoch's end, and an autotuned one's destructor waits for
+    its autotuning thread's next wake-up (up to 0.6 s an epoch, docs/benchmarks.md): parallax.fit runs the pipeline
+    Keras makes over arrays without autotuning (the batches stay model.fit's: the tests above); a dataset of the
+    program's own keeps the options it has."""
+    x, y = np.arange(10.0)[:, None], np.arange(10.0)[:, None]
+    _, batches = _parallax_batches(x, y, 4, True)
+    assert batches._iterator._distributed_dataset.options().autotune.enabled is False
+    import keras
+
+    model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    own = FitBatches("keras", model, data, None, None, None, None, False, None, 0, 1, 0)
+    assert own._iterator._distributed_dataset.options().autotune.enabled is not False

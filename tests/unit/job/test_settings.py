@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 
 import pytest
@@ -17,6 +18,7 @@ from parallax.invocation import (
     NATIVE_OPS_ENV,
     CommTuning,
     Invocation,
+    LaunchIdentity,
 )
 from parallax.job.settings import Timeouts, derive
 from parallax.launch.launcher import MPIRUN_OPTIONS_ENV
@@ -80,6 +82,19 @@ def test_collective_asked_for_beside_servers_is_noted():
 def test_threads_share_the_cores_among_the_processes_of_a_host():
     s = settings()
     assert [s.threads_per_process(n) for n in (1, 2, 3, 8)] == [0, 2, 1, 1]
+
+
+def test_the_cores_shared_are_those_the_process_may_run_on_and_a_bound_rank_takes_its_own(monkeypatch):
+    """Ranks share the cores this process may run on (its CPU affinity, which a container's cpuset narrows), not
+    every core of the machine; a rank the launcher bound to cores of its own (a job on its machine alone, which
+    the launcher tells the ranks: LaunchIdentity.bound_cores) sizes its pools to those, its affinity then."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)  # 3 of the machine's cores
+    shared = derive(parallax.Config(), True, CPU, gpus=0)
+    assert (shared.cpu_count, shared.bound_cores, shared.threads_per_process(3)) == (3, None, 1)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5}, raising=False)  # bound to 2 of 4 by mpirun
+    launched = Invocation.from_env(Invocation(launch=LaunchIdentity("[]", "MPI", bound_cores=2)).to_env())
+    bound = derive(parallax.Config(), True, CPU, gpus=0, invocation=launched)
+    assert (bound.cpu_count, bound.bound_cores, bound.threads_per_process(2)) == (2, 2, 2)
 
 
 def test_timeouts_and_mpirun_options_come_from_the_config_and_the_environment():

@@ -55,6 +55,8 @@ def test_launch_env_round_trips_the_rank_layout_and_the_job(monkeypatch):
     data = json.loads(env[LAUNCH_ENV])
     assert data["job"] == JOB
     assert layout_from_json(data["ranks"]) == RANKS
+    bound = Invocation.from_env(launch_env(RANKS, JOB, "/jobs/7", bound=3)).launch
+    assert (bound.bound_cores, Invocation.from_env(env).launch.bound_cores) == (3, None)
     assert env[JOB_DIR_ENV] == "/jobs/7"
 
 
