@@ -51,17 +51,7 @@ from parallax.api import parallel_run
 from parallax.comm.group import Alone
 from parallax.tf2.arguments import check_fit, check_model, check_optimizer, is_dataset_like
 from parallax.tf2.backup import check_restored_alike, restore_backups
-from parallax.tf2.batch_hooks import (
-    BEGINS,
-    ENDS,
-    EPOCHS,
-    BatchLogs,
-    batch_hooks,
-    reads_logs,
-    saves_after,
-    saves_within_epochs,
-    weighs_within_epochs,
-)
+from parallax.tf2.batch_hooks import ENDS, BatchLogs, CallbackReach, reads_logs, saves_after
 from parallax.tf2.batch_parts import parts, per_leaf, worker_block
 from parallax.tf2.batches import FitBatches, check_same
 from parallax.tf2.draws import mark_part
@@ -202,19 +192,15 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     edits.carry("on_train_begin")
     if keras_3:  # as Keras 3's model.fit: the epoch a callback restored (BackupAndRestore) goes first
         initial_epoch = getattr(model, "_initial_epoch", None) or initial_epoch
-    saves_in_epochs = saves_within_epochs(callbacks or [])  # the program's list: alike on every worker
-    weighs = weighs_within_epochs(callbacks or [], flavor)  # a batch hook may read the weights: alike everywhere
-    stops_in_epochs = batch_hooks(callbacks or [], flavor, ENDS)  # the program's list: alike on every worker
-    sets_within = batch_hooks(callbacks or [], flavor, BEGINS + ENDS)  # may set variables: alike on every worker
-    sets_in_epochs = scalars and sets_within
+    reach = CallbackReach.of(callbacks or [], flavor)  # the program's list: alike on every worker
+    sets_in_epochs = scalars and reach.sets
     # between epochs only contained hooks run (a timer) and nothing set a variable within: the model's variables
     # need the trained values only where something reads them (a validation, the end of training)
-    quiet_between = not sets_within and not batch_hooks(callbacks or [], flavor, EPOCHS) and not counted
+    quiet_between = not reach.sets and not reach.between_epochs and not counted
     host = HostSums(model, group) if not own and not deferred and num_workers > 1 else None  # tf_keras
     flush = step.flush_sums if deferred else host.flush if host else None  # the metrics summed over the workers
-    reads = reads_logs(callbacks or [], flavor, ENDS)  # a batch's logs: the program's list, alike on every worker
     batch_logs = BatchLogs(model, reads_logs(kept, flavor, ENDS), chief and verbose != 0, steps, flush=flush,
-                           workers=num_workers, read_alike=reads or verbose != 0)
+                           workers=num_workers, read_alike=reach.reads or verbose != 0)
     logs: dict = {}
     validating: FitBatches | None = None
     behind_host = False  # the model's variables are behind the job's (quiet_between)
@@ -246,10 +232,10 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                 # a batch hook that may read the weights, or a ModelCheckpoint(save_freq=<batches>) that saves after
                 # this batch (on worker 0), gets the weights trained so far: every worker brings them into the model
                 # (zero_stage's slots are gathered by all)
-                if weighs or saves_in_epochs and group.any(chief and saves_after(kept, index)):
-                    _sync(step, model, look=sets_within)
+                if reach.weighs or reach.saves and group.any(chief and saves_after(kept, index)):
+                    _sync(step, model, look=reach.sets)
                 callback_list.on_train_batch_end(index, batch_logs.after(index))
-            if stops_in_epochs and group.any(bool(model.stop_training)):  # a callback stopped it: as model.fit,
+            if reach.stops and group.any(bool(model.stop_training)):  # a callback stopped it: as model.fit,
                 model.stop_training = True  # after this batch (every worker: a worker that went on would wait)
                 ran_out = False
                 break
@@ -262,7 +248,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         validates = validation_data is not None and (epoch + 1) % validation_freq == 0
         behind_host = quiet_between and not validates
         if not behind_host:  # the callbacks and the validation see the trained weights (and the watch agrees)
-            _sync(step, model, look=sets_within)
+            _sync(step, model, look=reach.sets)
         if counted and ran_out:  # as model.fit's step that found the data exhausted; the job's next
             for iterations in counted:
                 iterations.assign_add(1)

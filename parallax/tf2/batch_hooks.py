@@ -12,19 +12,48 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from parallax.tf2.evaluate import numbers
 from parallax.tf2.hook_code import contained, loads_logs, reads_weights
 from parallax.tf2.keras_flavor import Flavor
 
-__all__ = ["BEGINS", "ENDS", "EPOCHS", "batch_hooks", "reads_logs", "weighs_within_epochs", "saves_within_epochs",
-           "saves_after", "BatchLogs"]
+__all__ = ["BEGINS", "ENDS", "EPOCHS", "CallbackReach", "batch_hooks", "reads_logs", "weighs_within_epochs",
+           "saves_within_epochs", "saves_after", "BatchLogs"]
 
 BEGINS = ("on_train_batch_begin", "on_batch_begin")
 ENDS = ("on_train_batch_end", "on_batch_end")
 #: the hooks run between epochs (their batch counterparts' analysis, :func:`batch_hooks`, applies to them alike)
 EPOCHS = ("on_epoch_begin", "on_epoch_end")
+
+
+@dataclass(frozen=True)
+class CallbackReach:
+    """What the program's callbacks may do between batches and between epochs, as their code shows: read once at
+    ``parallax.fit``'s start from the program's list, alike on every worker.
+
+    Attributes:
+        stops: an end-of-batch hook may stop training (:func:`batch_hooks` of :data:`ENDS`).
+        sets: a batch hook may set a variable of the step, or anything else (:func:`batch_hooks`).
+        weighs: a batch hook may read the model's weights (:func:`weighs_within_epochs`).
+        saves: a callback saves the weights after some batches (:func:`saves_within_epochs`).
+        reads: an end-of-batch hook may read the batch logs (:func:`reads_logs`).
+        between_epochs: an epoch hook (:data:`EPOCHS`) may reach past its own callback.
+    """
+
+    stops: bool
+    sets: bool
+    weighs: bool
+    saves: bool
+    reads: bool
+    between_epochs: bool
+
+    @classmethod
+    def of(cls, callbacks: list, flavor: Flavor) -> CallbackReach:
+        return cls(stops=batch_hooks(callbacks, flavor, ENDS), sets=batch_hooks(callbacks, flavor, BEGINS + ENDS),
+                   weighs=weighs_within_epochs(callbacks, flavor), saves=saves_within_epochs(callbacks),
+                   reads=reads_logs(callbacks, flavor, ENDS), between_epochs=batch_hooks(callbacks, flavor, EPOCHS))
 
 
 def batch_hooks(callbacks: list, flavor: Flavor, hooks: tuple[str, ...]) -> bool:

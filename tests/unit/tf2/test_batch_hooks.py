@@ -319,3 +319,35 @@ def test_a_batch_hook_that_may_read_the_weights_is_found_by_its_code():
     assert weighs_within_epochs([board, Rate(), Kept()], flavor)
     saving = keras.callbacks.ModelCheckpoint("m.weights.h5", save_weights_only=True)  # saves_after's
     assert not weighs_within_epochs([board, Rate(), keras.callbacks.TerminateOnNaN(), saving], flavor)
+
+
+@pytest.mark.parametrize("module", ["keras", "tf_keras"])
+def test_what_the_callbacks_may_do_between_epochs_is_read_from_their_epoch_hooks(module):
+    """parallax.fit brings the trained weights into the model at an epoch's end only where something may read
+    them then: an epoch hook that touches only its callback's own data (a timer) cannot, nor can Keras's History
+    and progress bar; one that names the model, a LambdaCallback's, and Keras's other callbacks
+    (EarlyStopping, ModelCheckpoint...) may."""
+    import importlib
+
+    from parallax.tf2.batch_hooks import CallbackReach
+    from parallax.tf2.keras_flavor import flavor_of
+
+    keras = importlib.import_module(module)
+    flavor = flavor_of(keras.Sequential(), "parallax.fit", compiled=False)
+
+    class Timer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.seconds = time.perf_counter() - self.start
+
+    class Norm(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.norm = sum(float((w ** 2).sum()) for w in self.model.get_weights())
+
+    quiet = [Timer(), keras.callbacks.History(), keras.callbacks.ProgbarLogger()]
+    assert not CallbackReach.of(quiet, flavor).between_epochs
+    assert not CallbackReach.of(quiet, flavor).sets
+    for other in (Norm(), keras.callbacks.EarlyStopping(), keras.callbacks.LambdaCallback(on_epoch_end=print)):
+        assert CallbackReach.of([*quiet, other], flavor).between_epochs, other
