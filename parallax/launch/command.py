@@ -91,7 +91,7 @@ def build_mpirun_command(mpirun: str, python: str, program: list[str], ranks: tu
     local = all(h in local_hosts for h in slots)
     busiest = max((n for h, n in slots.items() if h in local_hosts), default=0)
     argv = [mpirun] + (["-np", str(len(ranks))] if gpus is None else []) + ["--host", hosts] + \
-        placement(bound_cores(ranks, local_hosts, cpu_count), user_options)
+        placement(bound_cores(ranks, local_hosts, cpu_count, user_options), user_options)
     if busiest > cpu_count or any(n > (allocated or {}).get(h, n) for h, n in slots.items()):
         argv += ["--oversubscribe"]
     if busiest >= cpu_count:
