@@ -7,11 +7,12 @@ A worker reads only its share of a ``tf.data`` pipeline of global batches (paral
 per-example maps before ``batch()`` run on its block of each batch alone. Measured here without training, in
 one process, one worker after the other: the CPU seconds (all of the process's threads: the work, whatever
 else runs on the machine) to iterate one epoch of what a worker iterates, for one worker (the whole pipeline:
-what every worker read before) and for each worker of 2 and 3, and the examples its maps processed. Two
+what every worker read before) and for each worker of 2 and 3, and the examples its maps processed. Three
 pipelines: the one ``make bench-tf2`` trains (ids made strings, hashed back, cast, clipped:
-``benchmarks/tf2_runs.dataset``) and a text pipeline (a line of 64 words split, hashed into a vocabulary, cut
-or padded to 64 ids), both in global batches of 384 (which 2 and 3 divide). The ratio is a worker's seconds
-over one worker's, the median over the rounds; 1/N is the goal. Results:
+``benchmarks/tf2_runs.dataset``), a text pipeline (a line of 64 words split, hashed into a vocabulary, cut
+or padded to 64 ids), and the same lines read from ``TFRecord`` files (a length known only by reading them:
+each global batch's size comes with it), all in global batches of 384 (which 2 and 3 divide). The ratio is a
+worker's seconds over one worker's, the median over the rounds; 1/N is the goal. Results:
 ``benchmarks/results/input_share.{json,png}``.
 """
 
@@ -52,12 +53,46 @@ def text_dataset(n: int, mapped):
             .map(prepare, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE))
 
 
+_RECORDS: dict[int, list[str]] = {}
+
+
+def records_dataset(n: int, mapped):
+    """The text pipeline's lines as ``tf.train.Example`` records in 4 ``TFRecord`` files (written once), read by a
+    ``TFRecordDataset``: a length not known before reading; each record parsed, then prepared as above."""
+    import tempfile
+
+    import numpy as np
+    import tensorflow as tf
+
+    if n not in _RECORDS:
+        rng = np.random.default_rng(1)
+        lines = [" ".join(f"w{v}" for v in row) for row in rng.integers(0, 50000, (n, WORDS))]
+        folder = tempfile.mkdtemp(prefix="parallax-input-share-")
+        _RECORDS[n] = [os.path.join(folder, f"part-{i}.tfrecord") for i in range(4)]
+        for i, name in enumerate(_RECORDS[n]):
+            with tf.io.TFRecordWriter(name) as writer:
+                for line in lines[i::4]:
+                    feature = tf.train.Feature(bytes_list=tf.train.BytesList(value=[line.encode()]))
+                    writer.write(tf.train.Example(features=tf.train.Features(
+                        feature={"line": feature})).SerializeToString())
+
+    def prepare(record):
+        mapped.assign_add(1)
+        line = tf.io.parse_single_example(record, {"line": tf.io.FixedLenFeature([], tf.string)})["line"]
+        words = tf.strings.split(tf.strings.lower(line))
+        ids = tf.strings.to_hash_bucket_fast(words, VOCAB)[:WORDS]
+        return tf.pad(ids, [[0, WORDS - tf.shape(ids)[0]]]), 0.0
+
+    return (tf.data.TFRecordDataset(_RECORDS[n]).map(prepare, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH)
+            .prefetch(tf.data.AUTOTUNE))
+
+
 def ids_dataset(n: int, mapped):
     """``make bench-tf2``'s tf.data input (model A's ids)."""
     return dataset(*examples("A", n), batch=BATCH, mapped=mapped)
 
 
-PIPELINES = {"ids (bench-tf2)": ids_dataset, "text": text_dataset}
+PIPELINES = {"ids (bench-tf2)": ids_dataset, "text": text_dataset, "text records": records_dataset}
 
 
 def epoch_seconds(make, n: int, workers: int, worker: int) -> tuple[float, int]:

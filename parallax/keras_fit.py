@@ -214,8 +214,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         callback_list.on_epoch_begin(epoch)
         if epoch == initial_epoch or not quiet_between:
             edits.carry("on_epoch_begin" if epoch == initial_epoch else "on_epoch_end or on_epoch_begin")
-        for index, batch in enumerate(epoch_batches):
-            examples = batches.share.examples_at(index) if batches.share else None  # else: batch is global
+        for index, (batch, examples) in enumerate(epoch_batches):  # examples: where batch is this worker's share
             if index == 0 and num_workers > 1 and not batches.share:
                 check_same(group, batch, epoch)
             callback_list.on_train_batch_begin(index)

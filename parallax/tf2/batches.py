@@ -56,7 +56,7 @@ class FitBatches:
                  steps_per_epoch: int | None, shuffle: Any, class_weight: dict | None, initial_epoch: int,
                  epochs: int, seed: int, targets: bool = True) -> None:
         self._legacy = flavor_name == "tf_keras"
-        self._x, self._steps_per_epoch = x, steps_per_epoch
+        self._x, self._steps_per_epoch, self._class_weight = x, steps_per_epoch, class_weight
         self._made = functools.partial(self._make, model=model, y=y, sample_weight=sample_weight,
                                        batch_size=batch_size, steps_per_epoch=steps_per_epoch, shuffle=shuffle,
                                        class_weight=class_weight, initial_epoch=initial_epoch, epochs=epochs,
@@ -122,16 +122,22 @@ class FitBatches:
         log.info("parallax.fit: each worker reads its share of the dataset (the maps before its batch() run on "
                  "1/%d of the examples)", num_workers)
         self.share = share
-        self._made(share.dataset)
+        blocks = share.dataset
+        if self._class_weight:  # on each block's examples, as Keras maps them over whole batches
+            weigh = _class_weighing(self._legacy, self._class_weight)
+            blocks = blocks.map(lambda block, examples: (weigh(*block), examples))
+        self._made(blocks, class_weight=None)
 
-    def epochs(self, initial_epoch: int, epochs: int) -> Iterator[tuple[int, Iterator[tuple]]]:
-        """``(epoch, its batches)`` for each epoch, as ``model.fit``'s loop draws them."""
+    def epochs(self, initial_epoch: int, epochs: int) -> Iterator[tuple[int, Iterator[tuple[tuple, int | None]]]]:
+        """``(epoch, its batches)`` for each epoch, as ``model.fit``'s loop draws them: each batch ``(batch, the
+        examples of the global batch)`` where this worker reads its :attr:`share` (``batch`` its block), else
+        ``(batch, None)`` (``batch`` the global batch)."""
         if self._legacy:
             for epoch, iterator in self._handler.enumerate_epochs():
-                yield epoch, Ahead(self._kept(self._legacy_epoch(iterator)))
+                yield epoch, Ahead(self._sized(self._legacy_epoch(iterator)))
             return
         for epoch in range(initial_epoch, epochs):
-            yield epoch, Ahead(self._kept(self._epoch()))
+            yield epoch, Ahead(self._sized(self._epoch()))
 
     @property
     def counts_exhausted(self) -> bool:
@@ -152,35 +158,29 @@ class FitBatches:
         handler goes on where the last pass stopped."""
         if self._legacy:
             for _, iterator in self._handler.enumerate_epochs():
-                yield from self._legacy_epoch(iterator)
+                yield from map(_numpy, self._legacy_epoch(iterator))
             return
         self._iterator.reset()
-        yield from self._epoch()
+        yield from map(_numpy, self._epoch())
 
-    def _kept(self, batches: Iterator[tuple]) -> Iterator[tuple]:
-        """``batches``; where this worker reads its share, a block it has no example of (the end of a short last
-        batch) replaced by the first example of its last block: the padding :func:`parallax.tf2.batch_parts.block_parts`
-        repeats, weighing 0."""
-        if self.share is None:
-            yield from batches
-            return
-        first = None
-        for batch in batches:
-            if len(tf.nest.flatten(batch[0])[0]):
-                first = tuple(None if a is None else tf.nest.map_structure(lambda v: v[:1], a) for a in batch)
-                yield batch
+    def _sized(self, elements: Iterator[Any]) -> Iterator[tuple[tuple, int | None]]:
+        """The iterator's ``elements`` as ``(batch, examples of the global batch or None)`` (see :meth:`epochs`)."""
+        for element in elements:
+            if self.share is None:
+                yield _numpy(element), None
             else:
-                yield first
+                block, examples = element
+                yield _numpy(block), int(examples)
 
     def _epoch(self) -> Iterator[tuple]:
         with self._iterator.catch_stop_iteration():
             for _, _, iterator in self._iterator:
-                yield _numpy(next(iterator))
+                yield next(iterator)
 
     def _legacy_epoch(self, iterator: Any) -> Iterator[tuple]:
         with self._handler.catch_stop_iteration():
             for _ in self._handler.steps():
-                yield _numpy(next(iterator))
+                yield next(iterator)
 
 
 class Ahead:
@@ -332,6 +332,17 @@ def _unpack(data: Any) -> tuple:
     if isinstance(data, list) and 1 <= len(data) <= 3:  # Keras takes a list of 2 or 3 as (x, y[, w]) too
         return (*data, *([None] * (3 - len(data))))
     return data, None, None
+
+
+def _class_weighing(legacy: bool, class_weight: dict) -> Any:
+    """The function of ``(x, y[, sample_weight])`` the flavor's ``fit`` maps over a dataset given a ``class_weight``."""
+    if legacy:
+        from tf_keras.src.engine.data_adapter import _make_class_weight_map_fn
+
+        return _make_class_weight_map_fn(class_weight)
+    from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
+
+    return make_class_weight_map_fn(class_weight)
 
 
 def _numpy(data: Any) -> tuple:

@@ -12,6 +12,11 @@ only on the examples of that worker's block of each global batch:
     source ... -> batch(B) -> map(this worker's block of the batch) -> unbatch -> map(f) -> ... -> map(g)
       -> batch(B / N) [-> the same tail]
 
+each example carrying the size of its global batch, so that each step's block comes with the size of the batch
+it is a block of: the short last batch of a pipeline whose length is not known before iterating (files read by a
+``TFRecordDataset``, a ``filter``) is cut alike on every worker as it arrives, and a worker it leaves no example
+gets that batch's first one as padding (weighing 0), so that every worker has a block at every step.
+
 Global batch ``k`` is the examples ``k*B ... k*B + B - 1`` of what the maps are applied to, as on one device;
 worker ``w`` keeps the block ``parallax.fit`` gives it from that batch (:func:`parallax.tf2.batch_parts.parts`: the
 batch cut in ``N * replicas`` equal parts, worker ``w`` taking parts ``w * replicas`` on; the last, short batch
@@ -26,10 +31,9 @@ with no seed and no global seed) is not split.
 
 Read whole (and said at INFO, with the reason; the training is the same, only the input work is not
 divided) when: the pipeline is not of that shape (a ``map`` after ``batch``, which may look across a batch's
-examples; ``padded_batch``; ``repeat`` after the maps), the number of examples is not known before
-iterating (a generator, a file reader: ``Dataset.cardinality()``), the global batch does not split into the
-replicas' equal parts, a map draws random numbers (its draws would follow each worker's examples, not the
-one-device order), or nothing is drawn without a seed.
+examples; ``padded_batch``; ``repeat`` after the maps), it repeats without end before its maps, the global
+batch does not split into the replicas' equal parts, a map draws random numbers (its draws would follow each
+worker's examples, not the one-device order), or something before the maps draws without a seed.
 """
 
 from __future__ import annotations
@@ -58,34 +62,18 @@ class Share:
     """A worker's share of a pipeline of global batches.
 
     Attributes:
-        dataset: this worker's block of each global batch, one element a step (an empty block where the
-            last, short batch leaves this worker none); ``cardinality()`` is the steps of an epoch.
-        global_batch: ``B``, the examples of each global batch but the last.
-        examples: the examples of an epoch (before batching).
-        drop_remainder: whether the pipeline drops the last, short batch.
+        dataset: one element a step, ``(this worker's block of the global batch, the examples of that global
+            batch)``; where the last, short batch leaves this worker no example, its block is that batch's
+            first example (padding: ``parallax.fit`` weighs it 0, as it weighs the padding of any part).
         fingerprint: a hash of what comes before the maps (alike on every worker, or their orders differ).
+        steps: the global batches of an epoch (also ``dataset.cardinality()``), or ``None`` where the pipeline's
+            length is not known before iterating (a file reader, a ``filter``): each global batch's size then
+            comes with it, so that the short last one is cut alike on every worker as it arrives.
     """
 
     dataset: tf.data.Dataset
-    global_batch: int
-    examples: int
-    drop_remainder: bool
     fingerprint: int
-
-    @property
-    def steps(self) -> int:
-        """The global batches of an epoch."""
-        full, rest = divmod(self.examples, self.global_batch)
-        return full + (1 if rest and not self.drop_remainder else 0)
-
-    def examples_at(self, step: int) -> int:
-        """The examples of the epoch's global batch ``step`` (the last one may be short).
-
-        >>> Share(None, 4, 10, False, 0).examples_at(2), Share(None, 4, 10, False, 0).steps
-        (2, 3)
-        """
-        full = self.examples // self.global_batch
-        return self.global_batch if step < full else self.examples - full * self.global_batch
+    steps: int | None
 
 
 def share_of(dataset: tf.data.Dataset, num_workers: int, worker_id: int, num_replicas: int) -> Share | str:
@@ -106,20 +94,18 @@ def share_of(dataset: tf.data.Dataset, num_workers: int, worker_id: int, num_rep
     if unseeded:
         return f"{unseeded}: each worker would draw another order"
     examples = int(prefix.cardinality())
-    if examples < 0:
-        return ("the number of its examples is not known before iterating (Dataset.cardinality(): "
-                f"{'infinite' if examples == tf.data.INFINITE_CARDINALITY else 'unknown'})")
-    block = batch_size // num_workers
-    full, rest = divmod(examples, batch_size)
-    if not full:
-        return f"it has fewer examples than one global batch ({examples} < {batch_size})"
-    last_block = num_replicas * -(-rest // parts)  # the short batch: its parts rounded up, as fit pads them
+    if examples == tf.data.INFINITE_CARDINALITY:
+        return "it repeats without end before its maps (Dataset.cardinality(): infinite)"
 
     def mine(element):  # this worker's block of a global batch of raw examples, cut as fit cuts a batch
         rows = tf.shape(tf.nest.flatten(element)[0])[0]
         size = num_replicas * ((rows + parts - 1) // parts)
         start = tf.minimum(worker_id * size, rows)
-        return tf.nest.map_structure(lambda t: t[start:tf.minimum(start + size, rows)], element)
+        end = tf.minimum(start + size, rows)
+        none = start >= end  # the short last batch left this worker none: its first example, as padding
+        start, end = tf.where(none, 0, start), tf.where(none, 1, end)
+        block = tf.nest.map_structure(lambda t: t[start:end], element)
+        return block, tf.fill([end - start], tf.cast(rows, tf.int64))  # each example with its batch's size
 
     # one cut a batch, where the examples are still cheap (a filter would be a call per example)
     whole = isinstance(prefix.element_spec, tuple)  # tf.data calls a map with a tuple's items as arguments
@@ -127,14 +113,16 @@ def share_of(dataset: tf.data.Dataset, num_workers: int, worker_id: int, num_rep
     share = blocks.map(lambda *items: mine(items if whole else items[0])).unbatch()
     for ds in reversed(maps):
         share = _map_again(share, ds)
-    share = share.batch(block)
-    if rest and not drop_remainder and rest <= worker_id * last_block:  # this worker has none of the short batch
-        share = share.concatenate(tf.data.Dataset.from_tensors(_empty(share.element_spec)))
+    share = share.batch(batch_size // num_workers).map(lambda block, rows: (block, rows[0]))
     for again in reversed(tail):
         share = again(share)
-    made = Share(share.with_options(dataset.options()), batch_size, examples, drop_remainder, _fingerprint(prefix))
+    share = share.with_options(dataset.options())
+    if examples < 0:  # unknown: each batch's size comes with it
+        return Share(share, _fingerprint(prefix), None)
+    full, rest = divmod(examples, batch_size)
+    steps = full + (1 if rest and not drop_remainder else 0)
     # the steps known to Keras's iterator (its progress bar), as the batched dataset told them
-    return dataclasses.replace(made, dataset=made.dataset.apply(tf.data.experimental.assert_cardinality(made.steps)))
+    return Share(share.apply(tf.data.experimental.assert_cardinality(steps)), _fingerprint(prefix), steps)
 
 
 def _peel_tail(dataset: tf.data.Dataset) -> tuple[list, tf.data.Dataset]:
@@ -173,13 +161,18 @@ def _peel_maps(dataset: tf.data.Dataset) -> tuple[list, tf.data.Dataset]:
 
 
 def _map_again(dataset: tf.data.Dataset, like: tf.data.Dataset) -> tf.data.Dataset:
-    """``like``'s map, with its parallelism and order, applied to ``dataset``."""
+    """``like``'s map, with its parallelism and order, applied to the examples of ``dataset``'s ``(example, the
+    size of its global batch)``."""
     function = like._map_func._func
+
+    def again(example, rows):  # called as tf.data calls the map on the example alone: a tuple's items as arguments
+        return (function(*example) if isinstance(example, tuple) else function(example)), rows
+
     parallel = getattr(like, "_num_parallel_calls", None)
     if parallel is None:
-        return dataset.map(function)
+        return dataset.map(again)
     deterministic = {"true": True, "false": False}.get(like._deterministic)
-    return dataset.map(function, num_parallel_calls=int(_constant(parallel)), deterministic=deterministic)
+    return dataset.map(again, num_parallel_calls=int(_constant(parallel)), deterministic=deterministic)
 
 
 def _draws(dataset: tf.data.Dataset) -> bool:
@@ -251,11 +244,6 @@ def _unnumbered(name: str) -> str:
     '__inference_Dataset_map_lambda'
     """
     return re.sub(r"_\d+$", "", name)
-
-
-def _empty(spec: Any) -> Any:
-    """A batch of no examples of ``spec`` (unknown dimensions 0)."""
-    return tf.nest.map_structure(lambda s: tf.zeros([0, *[d or 0 for d in s.shape[1:]]], s.dtype), spec)
 
 
 def _constant(value: Any) -> Any:

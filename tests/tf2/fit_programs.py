@@ -148,11 +148,12 @@ def dataset(case: str = "dataset", mapped=None):
     prefetched. Workers read only their share of it (parallax/tf2/input_split.py). The "ragged" one has
     ``RAGGED_DATASET`` examples in batches of ``BATCH``: a last batch of one, which leaves a worker's block (and a
     replica's part) empty. The "unknown" one is of unknown length (a ``filter()`` that keeps every example), where
-    Keras 3 counts a step more at each epoch's end (parallax/tf2/exhausted.py); every worker reads it whole."""
+    Keras 3 counts a step more at each epoch's end (parallax/tf2/exhausted.py), and ragged too: each worker reads its
+    share, the short last batch's size known only as it comes."""
     import tensorflow as tf
 
     x, y, _ = data()
-    if "ragged" in case:
+    if "ragged" in case or "unknown" in case:
         x, y = x[:RAGGED_DATASET], y[:RAGGED_DATASET]
 
     def parse(ids, target):

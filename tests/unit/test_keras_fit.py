@@ -66,7 +66,7 @@ def _parallax_batches(x, y, batch_size, shuffle, epochs=2, steps_per_epoch=None)
     model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     batches = FitBatches("keras", model, x, y, None, batch_size, steps_per_epoch, shuffle, None, 0, epochs, 0)
-    return [b[0] for _, epoch in batches.epochs(0, epochs) for b in epoch], batches
+    return [b[0][0] for _, epoch in batches.epochs(0, epochs) for b in epoch], batches
 
 
 @pytest.mark.parametrize("shuffle", [False, True], ids=["in-order", "shuffled"])
@@ -244,7 +244,7 @@ def test_class_weights_are_the_sample_weights_model_fit_makes_of_them():
     model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(3)])
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     batches = FitBatches("keras", model, np.zeros((8, 1)), y, None, 4, None, False, {0: 0.5, 2: 3.0}, 0, 1, 0)
-    weights = [b[2].tolist() for _, epoch in batches.epochs(0, 1) for b in epoch]
+    weights = [b[2].tolist() for _, epoch in batches.epochs(0, 1) for b, _ in epoch]
     assert weights == [[0.5, 1, 3, 1], [0.5, 3, 3, 1]]  # class 1 weighs 1, as in model.fit
 
 

@@ -26,16 +26,20 @@ def _no_global_seed():
 
 
 def _pipeline(examples: int, batch: int, drop: bool = False, mapped: tf.Variable | None = None,
-              parallel: bool = True) -> tf.data.Dataset:
-    """A source, a seeded shuffle (a new order each epoch), two per-example maps (one counting), batch, prefetch."""
+              parallel: bool = True, unknown: bool = False) -> tf.data.Dataset:
+    """A source, a seeded shuffle (a new order each epoch), two per-example maps (one counting), batch, prefetch;
+    ``unknown``: a filter that keeps every example before the maps, so that the length is not known before
+    iterating."""
 
     def parse(ids, label):
         if mapped is not None:
             mapped.assign_add(1)
         return {"ids": tf.cast(ids, tf.int32) * 2}, label
 
-    ds = tf.data.Dataset.from_tensor_slices((np.arange(examples), np.arange(examples) % 3))
-    ds = ds.shuffle(examples, seed=3).map(parse, num_parallel_calls=2 if parallel else None)
+    ds = tf.data.Dataset.from_tensor_slices((np.arange(examples), np.arange(examples) % 3)).shuffle(examples, seed=3)
+    if unknown:
+        ds = ds.filter(lambda ids, label: ids >= 0)
+    ds = ds.map(parse, num_parallel_calls=2 if parallel else None)
     return ds.map(lambda x, y: (x, tf.cast(y, tf.float32))).batch(batch, drop_remainder=drop).prefetch(2)
 
 
@@ -43,6 +47,12 @@ def _epochs(dataset: tf.data.Dataset, epochs: int = 2) -> list[list[list[int]]]:
     return [[(x["ids"].numpy() // 2).tolist() for x, _ in dataset] for _ in range(epochs)]
 
 
+def _blocks(share: tf.data.Dataset, epochs: int = 2) -> list[list[tuple[list[int], int]]]:
+    """Each epoch's ``(block's ids, examples of its global batch)``."""
+    return [[((x["ids"].numpy() // 2).tolist(), int(n)) for (x, _), n in share] for _ in range(epochs)]
+
+
+@pytest.mark.parametrize("unknown", [False, True], ids=["known length", "unknown length"])
 @pytest.mark.parametrize("examples, batch, drop, workers, replicas", [
     (12, 4, False, 2, 1),   # even
     (11, 4, False, 2, 1),   # a last batch of 3: 2 and 1
@@ -50,26 +60,83 @@ def _epochs(dataset: tf.data.Dataset, epochs: int = 2) -> list[list[list[int]]]:
     (9, 4, False, 2, 2),    # a last batch of 1: worker 1's block empty
     (13, 4, False, 4, 1),   # three empty blocks in the last step
     (14, 6, False, 3, 1),   # 3 workers, a last batch of 2
+    (3, 4, False, 2, 1),    # one short batch alone
 ])
-def test_the_workers_blocks_are_the_global_batches_parts(examples, batch, drop, workers, replicas):
+def test_the_workers_blocks_are_the_global_batches_parts(examples, batch, drop, workers, replicas, unknown):
     one_device = _epochs(_pipeline(examples, batch, drop))
     blocks = []
     for worker in range(workers):
         mapped = tf.Variable(0, dtype=tf.int64)
-        share = share_of(_pipeline(examples, batch, drop, mapped, parallel=worker % 2 == 0), workers, worker, replicas)
+        made = _pipeline(examples, batch, drop, mapped, parallel=worker % 2 == 0, unknown=unknown)
+        share = share_of(made, workers, worker, replicas)
         assert not isinstance(share, str), share
-        assert int(share.dataset.cardinality()) == share.steps == len(one_device[0])
-        got = _epochs(share.dataset)
+        if unknown:
+            assert share.steps is None and int(share.dataset.cardinality()) == tf.data.UNKNOWN_CARDINALITY
+        else:
+            assert int(share.dataset.cardinality()) == share.steps == len(one_device[0])
+        got = _blocks(share.dataset)
         blocks.append(got)
-        assert int(mapped.numpy()) == sum(len(b) for epoch in got for b in epoch)  # its own examples alone
+        assert int(mapped.numpy()) == sum(len(b) for epoch in got for b, _ in epoch)  # its own examples alone
     for epoch, steps in enumerate(one_device):
+        assert all(len(b[epoch]) == len(steps) for b in blocks)  # every worker a block at every step
         for step, batch_ids in enumerate(steps):
             m = len(batch_ids)
-            assert m == share.examples_at(step)
             size = -(-m // (workers * replicas))
             for worker in range(workers):
                 start = worker * replicas * size
-                assert blocks[worker][epoch][step] == batch_ids[start:start + replicas * size], (epoch, step, worker)
+                got, examples_there = blocks[worker][epoch][step]
+                assert examples_there == m
+                # a block the short batch leaves empty: the batch's first example, as padding
+                assert got == (batch_ids[start:start + replicas * size] or batch_ids[:1]), (epoch, step, worker)
+
+
+def test_the_shares_of_tfrecord_files_are_the_global_batches_parts(tmp_path):
+    """``TFRecordDataset`` files, parsed by a map (the usual reading of records): a length known only by reading
+    them; each of 3 workers maps only its block's records, and each step's blocks are the parts of the batch one
+    device reads, the short last one cut as it comes (13 records in batches of 6: 6, 6, 1)."""
+    files = [str(tmp_path / f"part-{i}.tfrecord") for i in range(2)]
+    for i, name in enumerate(files):
+        with tf.io.TFRecordWriter(name) as writer:
+            for value in range(i * 7, min(i * 7 + 7, 13)):
+                feature = tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+                writer.write(tf.train.Example(features=tf.train.Features(feature={"v": feature})).SerializeToString())
+
+    def pipeline(mapped=None):
+        def parse(record):
+            if mapped is not None:
+                mapped.assign_add(1)
+            return tf.io.parse_single_example(record, {"v": tf.io.FixedLenFeature([], tf.int64)})["v"]
+
+        return tf.data.TFRecordDataset(files).map(parse, num_parallel_calls=2).batch(6)
+
+    one_device = [b.numpy().tolist() for b in pipeline()]
+    assert one_device == [list(range(6)), list(range(6, 12)), [12]]
+    for worker in range(3):
+        mapped = tf.Variable(0, dtype=tf.int64)
+        share = share_of(pipeline(mapped), 3, worker, 1)
+        assert not isinstance(share, str) and share.steps is None, share
+        got = [(b.numpy().tolist(), int(n)) for b, n in share.dataset]
+        assert got == [(one_device[0][2 * worker:2 * worker + 2], 6), (one_device[1][2 * worker:2 * worker + 2], 6),
+                       ([12], 1)]  # the short batch: worker 0's example; the others its first, as padding
+        assert int(mapped.numpy()) == 5
+
+
+@pytest.mark.parametrize("flavor", ["keras", "tf_keras"])
+def test_class_weights_weigh_each_block_as_the_whole_batch(flavor):
+    """``fit(dataset, class_weight=...)``, each worker reading its share: the weights of its block's examples are
+    those Keras gives them in the whole batch."""
+    weights = {0: 0.5, 1: 2.0, 2: 3.0}
+    whole = _fit_batches(_pipeline(11, 4), class_weight=weights, flavor=flavor)
+    batches = [(b[1].tolist(), b[2].tolist()) for _, epoch in whole.epochs(0, 1) for b, _ in epoch]
+    for worker in range(2):
+        mine = _fit_batches(_pipeline(11, 4), class_weight=weights, flavor=flavor)
+        mine.split(_Group(), 2, worker, 1)
+        assert mine.share is not None
+        blocks = [(b[1].tolist(), b[2].tolist(), n) for _, epoch in mine.epochs(0, 1) for b, n in epoch]
+        for (y, w), (y_here, w_here, n) in zip(batches, blocks):
+            size = -(-len(y) // 2)
+            rows = slice(worker * size, worker * size + size) if worker * size < len(y) else slice(0, 1)
+            assert (y_here, w_here, n) == (y[rows], w[rows], len(y))
 
 
 def test_a_block_of_the_short_batch_pads_like_the_whole_batch():
@@ -87,9 +154,7 @@ def test_a_block_of_the_short_batch_pads_like_the_whole_batch():
     (lambda: tf.data.Dataset.range(8).batch(4), "no per-example map()"),
     (lambda: tf.data.Dataset.range(8).map(lambda v: v + 1).batch(3), "does not split into 2 equal parts"),
     (lambda: tf.data.Dataset.range(8).shuffle(8).map(lambda v: v + 1).batch(4), "shuffle without a seed"),
-    (lambda: tf.data.Dataset.range(8).filter(lambda v: v > 2).map(lambda v: v + 1).batch(4), "not known"),
-    (lambda: tf.data.Dataset.range(8).repeat().map(lambda v: v + 1).batch(4), "infinite"),
-    (lambda: tf.data.Dataset.range(2).map(lambda v: v + 1).batch(4), "fewer examples than"),
+    (lambda: tf.data.Dataset.range(8).repeat().map(lambda v: v + 1).batch(4), "without end"),
 ])
 def test_a_pipeline_that_cannot_be_divided_is_read_whole_naming_why(make, reason):
     said = share_of(make(), 2, 0, 1)
@@ -138,14 +203,16 @@ class _Group:
         return [value, value + 1 if self.differ else value]
 
 
-def _fit_batches(dataset: tf.data.Dataset, steps_per_epoch: int | None = None):
-    import keras
+def _fit_batches(dataset: tf.data.Dataset, steps_per_epoch: int | None = None, class_weight: dict | None = None,
+                 flavor: str = "keras"):
+    import importlib
 
     from parallax.tf2.batches import FitBatches
 
-    model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(1)])
+    k = importlib.import_module(flavor)
+    model = k.Sequential([k.layers.Input((1,)), k.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
-    return FitBatches("keras", model, dataset, None, None, None, steps_per_epoch, True, None, 0, 2, 0)
+    return FitBatches(flavor, model, dataset, None, None, None, steps_per_epoch, True, class_weight, 0, 2, 0)
 
 
 def test_fit_reads_the_share_where_every_worker_made_the_same_pipeline_else_everything():
@@ -159,8 +226,8 @@ def test_fit_reads_the_share_where_every_worker_made_the_same_pipeline_else_ever
     batches = _fit_batches(_pipeline(11, 4))
     batches.split(_Group(), 2, 1, 1)
     assert batches.share is not None and batches.steps == 3
-    sizes = [[len(b[1]) for b in epoch] for _, epoch in batches.epochs(0, 2)]
-    assert sizes == [[2, 2, 1], [2, 2, 1]]
+    sizes = [[(len(b[1]), examples) for b, examples in epoch] for _, epoch in batches.epochs(0, 2)]
+    assert sizes == [[(2, 4), (2, 4), (1, 3)]] * 2
     said: list[str] = []
     handler = logging.Handler(logging.INFO)  # the PARALLAX logger passes nothing on to pytest's caplog
     handler.emit = lambda record: said.append(record.getMessage())
@@ -175,7 +242,8 @@ def test_fit_reads_the_share_where_every_worker_made_the_same_pipeline_else_ever
             whole.split(group, 2, 1, 1)
             assert whole.share is None
             assert why in said[-1] and "every worker reads the whole dataset" in said[-1]
-            assert [len(b[1]) for _, epoch in whole.epochs(0, 1) for b in epoch][:3] == [4, 4, 3]
+            assert [(len(b[1]), n) for _, epoch in whole.epochs(0, 1) for b, n in epoch][:3] == [(4, None)] * 2 + [
+                (3, None)]
     finally:
         log.removeHandler(handler)
         log.setLevel(level)
