@@ -12,10 +12,11 @@ only on the examples of that worker's block of each global batch:
     source ... -> batch(B) -> map(this worker's block of the batch) -> unbatch -> map(f) -> ... -> map(g)
       -> batch(B / N) [-> the same tail]
 
-each example carrying the size of its global batch, so that each step's block comes with the size of the batch
-it is a block of: the short last batch of a pipeline whose length is not known before iterating (files read by a
-``TFRecordDataset``, a ``filter``) is cut alike on every worker as it arrives, and a worker it leaves no example
-gets that batch's first one as padding (weighing 0), so that every worker has a block at every step.
+each step's block coming with the size of the global batch it is cut from: from the epoch's length where it is
+known; else each example carries it through the maps, so that the short last batch of a pipeline whose length is
+not known before iterating (files read by a ``TFRecordDataset``, a ``filter``) is cut alike on every worker as it
+arrives. A worker the short last batch leaves no example gets that batch's first one as padding (weighing 0), so
+that every worker has a block at every step.
 
 Global batch ``k`` is the examples ``k*B ... k*B + B - 1`` of what the maps are applied to, as on one device;
 worker ``w`` keeps the block ``parallax.fit`` gives it from that batch (:func:`parallax.tf2.batch_parts.parts`: the
@@ -97,6 +98,8 @@ def share_of(dataset: tf.data.Dataset, num_workers: int, worker_id: int, num_rep
     if examples == tf.data.INFINITE_CARDINALITY:
         return "it repeats without end before its maps (Dataset.cardinality(): infinite)"
 
+    known = examples >= 0  # else each example carries the size of its global batch (below)
+
     def mine(element):  # this worker's block of a global batch of raw examples, cut as fit cuts a batch
         rows = tf.shape(tf.nest.flatten(element)[0])[0]
         size = num_replicas * ((rows + parts - 1) // parts)
@@ -105,24 +108,28 @@ def share_of(dataset: tf.data.Dataset, num_workers: int, worker_id: int, num_rep
         none = start >= end  # the short last batch left this worker none: its first example, as padding
         start, end = tf.where(none, 0, start), tf.where(none, 1, end)
         block = tf.nest.map_structure(lambda t: t[start:end], element)
-        return block, tf.fill([end - start], tf.cast(rows, tf.int64))  # each example with its batch's size
+        return block if known else (block, tf.fill([end - start], tf.cast(rows, tf.int64)))
 
     # one cut a batch, where the examples are still cheap (a filter would be a call per example)
     whole = isinstance(prefix.element_spec, tuple)  # tf.data calls a map with a tuple's items as arguments
     blocks = prefix.batch(batch_size, drop_remainder=drop_remainder)
     share = blocks.map(lambda *items: mine(items if whole else items[0])).unbatch()
     for ds in reversed(maps):
-        share = _map_again(share, ds)
-    share = share.batch(batch_size // num_workers).map(lambda block, rows: (block, rows[0]))
+        share = _map_again(share, ds, sized=not known)
+    share = share.batch(batch_size // num_workers)
+    if known:  # the sizes of an epoch's global batches, known: one a step beside the blocks (cheaper than carried)
+        full, rest = divmod(examples, batch_size)
+        sizes = [batch_size] * full + ([rest] if rest and not drop_remainder else [])
+        share = tf.data.Dataset.zip((share, tf.data.Dataset.from_tensor_slices(np.array(sizes, np.int64))))
+    else:
+        share = share.map(lambda block, rows: (block, rows[0]))
     for again in reversed(tail):
         share = again(share)
     share = share.with_options(dataset.options())
-    if examples < 0:  # unknown: each batch's size comes with it
+    if not known:  # each batch's size comes with it
         return Share(share, _fingerprint(prefix), None)
-    full, rest = divmod(examples, batch_size)
-    steps = full + (1 if rest and not drop_remainder else 0)
     # the steps known to Keras's iterator (its progress bar), as the batched dataset told them
-    return Share(share.apply(tf.data.experimental.assert_cardinality(steps)), _fingerprint(prefix), steps)
+    return Share(share.apply(tf.data.experimental.assert_cardinality(len(sizes))), _fingerprint(prefix), len(sizes))
 
 
 def _peel_tail(dataset: tf.data.Dataset) -> tuple[list, tf.data.Dataset]:
@@ -160,19 +167,21 @@ def _peel_maps(dataset: tf.data.Dataset) -> tuple[list, tf.data.Dataset]:
     return maps, dataset
 
 
-def _map_again(dataset: tf.data.Dataset, like: tf.data.Dataset) -> tf.data.Dataset:
-    """``like``'s map, with its parallelism and order, applied to the examples of ``dataset``'s ``(example, the
-    size of its global batch)``."""
+def _map_again(dataset: tf.data.Dataset, like: tf.data.Dataset, sized: bool) -> tf.data.Dataset:
+    """``like``'s map, with its parallelism and order, applied to ``dataset``'s examples (``sized``: to the
+    examples of its ``(example, the size of its global batch)``)."""
     function = like._map_func._func
+    if sized:
+        mapped = function
 
-    def again(example, rows):  # called as tf.data calls the map on the example alone: a tuple's items as arguments
-        return (function(*example) if isinstance(example, tuple) else function(example)), rows
+        def function(example, rows):  # the map called as tf.data calls it on the example: a tuple's items as arguments
+            return (mapped(*example) if isinstance(example, tuple) else mapped(example)), rows
 
     parallel = getattr(like, "_num_parallel_calls", None)
     if parallel is None:
-        return dataset.map(again)
+        return dataset.map(function)
     deterministic = {"true": True, "false": False}.get(like._deterministic)
-    return dataset.map(again, num_parallel_calls=int(_constant(parallel)), deterministic=deterministic)
+    return dataset.map(function, num_parallel_calls=int(_constant(parallel)), deterministic=deterministic)
 
 
 def _draws(dataset: tf.data.Dataset) -> bool:
