@@ -35,21 +35,32 @@ WORDS, VOCAB = 64, 20000
 BATCH = 384  # a global batch 2 and 3 workers divide
 
 
+def _lines(n: int) -> list[str]:
+    """``n`` lines of ``WORDS`` words."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    return [" ".join(f"w{v}" for v in row) for row in rng.integers(0, 50000, (n, WORDS))]
+
+
+def _ids(line):
+    """A line's words, lower-cased, hashed into ``VOCAB`` ids, cut or padded to ``WORDS``."""
+    import tensorflow as tf
+
+    ids = tf.strings.to_hash_bucket_fast(tf.strings.split(tf.strings.lower(line)), VOCAB)[:WORDS]
+    return tf.pad(ids, [[0, WORDS - tf.shape(ids)[0]]])
+
+
 def text_dataset(n: int, mapped):
     """Lines of ``WORDS`` words, each split, hashed into ``VOCAB`` and made ``WORDS`` ids, batched."""
     import numpy as np
     import tensorflow as tf
 
-    rng = np.random.default_rng(1)
-    lines = [" ".join(f"w{v}" for v in row) for row in rng.integers(0, 50000, (n, WORDS))]
-
     def prepare(line, label):
         mapped.assign_add(1)
-        words = tf.strings.split(tf.strings.lower(line))
-        ids = tf.strings.to_hash_bucket_fast(words, VOCAB)[:WORDS]
-        return tf.pad(ids, [[0, WORDS - tf.shape(ids)[0]]]), label
+        return _ids(line), label
 
-    return (tf.data.Dataset.from_tensor_slices((lines, np.zeros(n, np.float32))).shuffle(n, seed=1)
+    return (tf.data.Dataset.from_tensor_slices((_lines(n), np.zeros(n, np.float32))).shuffle(n, seed=1)
             .map(prepare, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE))
 
 
@@ -61,12 +72,10 @@ def records_dataset(n: int, mapped):
     ``TFRecordDataset``: a length not known before reading; each record parsed, then prepared as above."""
     import tempfile
 
-    import numpy as np
     import tensorflow as tf
 
     if n not in _RECORDS:
-        rng = np.random.default_rng(1)
-        lines = [" ".join(f"w{v}" for v in row) for row in rng.integers(0, 50000, (n, WORDS))]
+        lines = _lines(n)
         folder = tempfile.mkdtemp(prefix="parallax-input-share-")
         _RECORDS[n] = [os.path.join(folder, f"part-{i}.tfrecord") for i in range(4)]
         for i, name in enumerate(_RECORDS[n]):
@@ -78,10 +87,7 @@ def records_dataset(n: int, mapped):
 
     def prepare(record):
         mapped.assign_add(1)
-        line = tf.io.parse_single_example(record, {"line": tf.io.FixedLenFeature([], tf.string)})["line"]
-        words = tf.strings.split(tf.strings.lower(line))
-        ids = tf.strings.to_hash_bucket_fast(words, VOCAB)[:WORDS]
-        return tf.pad(ids, [[0, WORDS - tf.shape(ids)[0]]]), 0.0
+        return _ids(tf.io.parse_single_example(record, {"line": tf.io.FixedLenFeature([], tf.string)})["line"]), 0.0
 
     return (tf.data.TFRecordDataset(_RECORDS[n]).map(prepare, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH)
             .prefetch(tf.data.AUTOTUNE))

@@ -117,19 +117,19 @@ def share_of(dataset: tf.data.Dataset, num_workers: int, worker_id: int, num_rep
     for ds in reversed(maps):
         share = _map_again(share, ds, sized=not known)
     share = share.batch(batch_size // num_workers)
+    steps = None
     if known:  # the sizes of an epoch's global batches, known: one a step beside the blocks (cheaper than carried)
         full, rest = divmod(examples, batch_size)
         sizes = [batch_size] * full + ([rest] if rest and not drop_remainder else [])
+        steps = len(sizes)
         share = tf.data.Dataset.zip((share, tf.data.Dataset.from_tensor_slices(np.array(sizes, np.int64))))
+        # the steps known to Keras's iterator (its progress bar), as the batched dataset told them
+        share = share.apply(tf.data.experimental.assert_cardinality(steps))
     else:
         share = share.map(lambda block, rows: (block, rows[0]))
     for again in reversed(tail):
         share = again(share)
-    share = share.with_options(dataset.options())
-    if not known:  # each batch's size comes with it
-        return Share(share, _fingerprint(prefix), None)
-    # the steps known to Keras's iterator (its progress bar), as the batched dataset told them
-    return Share(share.apply(tf.data.experimental.assert_cardinality(len(sizes))), _fingerprint(prefix), len(sizes))
+    return Share(share.with_options(dataset.options()), _fingerprint(prefix), steps)
 
 
 def _peel_tail(dataset: tf.data.Dataset) -> tuple[list, tf.data.Dataset]:
