@@ -36,6 +36,7 @@ setup(
         "jsonschema>=4.20",  # their validation
         "openapi-schema-validator==0.9.0",  # parallax manifest: TFJob / MPIJob against the operators' CRD schemas
         "dask[distributed]==2026.8.0",  # the trial runner's Dask back end (parallax.trials.runner); cloudpickle
+        "wrapt>=1.14",  # a launched rank seeds NumPy and TensorFlow when its program imports them (post-import hooks)
         "tqdm>=4.66",  # parallax tune / sweep: the live progress line
         "matplotlib>=3.8",  # their plots
     ],

@@ -46,6 +46,7 @@ from parallax.member.identity import numbers
 from parallax.member.joined import JoinedProcess, joined_process
 from parallax.member.rank import LaunchedProcess, launched_process
 from parallax.member.roles import check_local_devices, local_replicas, role_setup
+from parallax.member.seeds import job_seed
 from parallax.member.startup import start_worker
 from parallax.plan import Plan
 from parallax.resources.cluster import Cluster, Role
@@ -302,8 +303,9 @@ def _run_plain(call: _Call) -> tuple | int:
     if dry_run:  # parallax-run --dry_run
         text = "# one worker on this machine: the script trains in its own process, nothing is launched"
         if job.launched:
-            command, _ = job_command(job.ranks, _launch_info(job, settings, cluster, checkpoints), current_program(),
-                                     settings.mpirun_options, "<job dir>", invocation=call.invocation, tuned=tuned)
+            command, _ = job_command(job.ranks, _launch_info(job, settings, cluster, checkpoints, job_seed()),
+                                     current_program(), settings.mpirun_options, "<job dir>",
+                                     invocation=call.invocation, tuned=tuned)
             text = f"# run_option {job.layout}, {len(job.ranks)} processes\n" + " ".join(command.argv)
         with open(dry_run, "w", encoding="utf-8") as f:
             f.write(text + "\n")
@@ -331,11 +333,13 @@ def _launch_job(call: _Call, config: Config, cluster: Cluster, analysis, planned
     ckpt_dir = settings.ckpt.ckpt_dir or call.step_ckpt_dir
     program = current_program()
     preemptible = not call.in_trial  # a trial keeps nothing: a SIGTERM ends it at once
+    seed = job_seed()  # one a job: a restarted job's ranks prepare the same data as the first ones
 
     def start(resources: Cluster) -> JobResult:
         _, job = planned if resources is cluster else plan_job(config, call.sync, resources, analysis,
                                                                invocation=call.invocation)
-        return launch(job.ranks, program, _launch_info(job, settings, resources, checkpoints), settings.mpirun_options,
+        return launch(job.ranks, program, _launch_info(job, settings, resources, checkpoints, seed),
+                      settings.mpirun_options,
                       redirect_path=settings.redirect_path, stall_timeout=settings.timeouts.stall,
                       stall_shutdown=settings.timeouts.shutdown,
                       preemptible=preemptible, invocation=call.invocation, tuned=tuned)
@@ -360,9 +364,11 @@ def _launch_job(call: _Call, config: Config, cluster: Cluster, analysis, planned
     return result.returncode
 
 
-def _launch_info(job: JobPlan, settings, cluster: Cluster, checkpoints: CheckPointConfig | None) -> dict:
-    """What every launched rank learns of the job (:attr:`~parallax.member.bootstrap.RankContext.job`)."""
-    info = {"layout": job.layout, "digest": job.digest(), "gpus": settings.gpus, "staggered": settings.staggered_start}
+def _launch_info(job: JobPlan, settings, cluster: Cluster, checkpoints: CheckPointConfig | None, seed: int) -> dict:
+    """What every launched rank learns of the job (:attr:`~parallax.member.bootstrap.RankContext.job`); ``seed``:
+    its random generators' (:mod:`parallax.member.seeds`)."""
+    info = {"layout": job.layout, "digest": job.digest(), "gpus": settings.gpus, "staggered": settings.staggered_start,
+            "seed": seed}
     if cluster.from_environment:  # the launched processes' environment does not describe the job
         info["allocation"] = {"text": cluster.text, "source": cluster.source}
     if checkpoints is not None:

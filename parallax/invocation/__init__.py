@@ -53,7 +53,7 @@ __all__ = ["Control", "CONTROLS", "FORWARDED", "Invocation", "Kind", "PlanReques
            "USE_TUNED_ENV", "PARTITIONS_ENV", "SEARCH_STEPS_ENV", "CACHE_ENV", "TRIAL_BACKEND_ENV", "SCHEDULER_ENV",
            "TRIAL_TIMEOUT_ENV", "FINISH_TIMEOUT_ENV", "ARRIVAL_SPIN_ENV", "NATIVE_OPS_ENV", "HUGE_PAGES_ENV",
            "SLOT_DEVICE_ENV", "TF_CONFIG_ENV", "RERUN_ENV", "ELASTIC_ENV", "ELASTIC_CKPT_ENV", "STALL_SHUTDOWN_ENV",
-           "STAGGERED_ENV"]
+           "STAGGERED_ENV", "HASH_SEED_ENV"]
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,9 @@ ELASTIC_ENV = "PARALLAX_ELASTIC"
 STALL_SHUTDOWN_ENV = "PARALLAX_STALL_SHUTDOWN"
 ELASTIC_CKPT_ENV = "PARALLAX_ELASTIC_CKPT"
 STAGGERED_ENV = "PARALLAX_STAGGERED_START"
+#: Python's own: its string hashing's seed, read when the interpreter starts; the launcher gives every rank one
+#: (:mod:`parallax.member.seeds`).
+HASH_SEED_ENV = "PYTHONHASHSEED"
 
 #: Every control variable, by name.
 CONTROLS: dict[str, Control] = {c.name: c for c in (
@@ -212,6 +215,8 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
             "the launcher of an elastic job, to every rank: JSON of the CheckPointConfig elastic mode saves with"),
     Control(TF_CONFIG_ENV, "tf_config", False,
             "a cluster manager (a TFJob, Polyaxon, by hand): the cluster and this task (JSON)"),
+    Control(HASH_SEED_ENV, "hash_seed", False,
+            "Python's string hashing's seed: the launcher gives every rank its own, else the job's seed"),
 )}
 
 
@@ -258,6 +263,7 @@ class Invocation:
     stall_shutdown: float | str | None = None
     staggered_start: bool | None = None
     tf_config: str | None = None
+    hash_seed: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Invocation:

@@ -114,6 +114,8 @@ class LaunchIdentity:
             ranks start (``Config.staggered_start``, :mod:`parallax.member.entry`).
         bound_cores: the cores ``mpirun`` binds each rank to, its own (:func:`parallax.launch.command.placement`);
             ``None``: the ranks are not bound and share their host's cores.
+        seed: the seed every rank's Python, NumPy and TensorFlow random generators start from, drawn once a job
+            (:mod:`parallax.member.seeds`); ``None``: left as they are.
     """
 
     ranks: str
@@ -123,6 +125,7 @@ class LaunchIdentity:
     allocation: dict | None = None
     staggered: bool = False
     bound_cores: int | None = None
+    seed: int | None = None
 
     @classmethod
     def from_json(cls, text: str) -> LaunchIdentity:
@@ -130,14 +133,14 @@ class LaunchIdentity:
             data = json.loads(text)
             job = data.get("job") or {}
             return cls(data["ranks"], job.get("layout"), job.get("digest"), job.get("gpus"), job.get("allocation"),
-                       bool(job.get("staggered", False)), job.get("bound_cores"))
+                       bool(job.get("staggered", False)), job.get("bound_cores"), job.get("seed"))
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise ValueError(f"{LAUNCH_ENV}: expected the launcher's JSON, got {text[:200]!r}") from e
 
     def to_json(self) -> str:
         job = {k: v for k, v in (("layout", self.layout), ("digest", self.digest), ("gpus", self.gpus),
                                  ("allocation", self.allocation), ("staggered", self.staggered or None),
-                                 ("bound_cores", self.bound_cores))
+                                 ("bound_cores", self.bound_cores), ("seed", self.seed))
                if v is not None}
         return json.dumps({"job": job, "ranks": self.ranks}, sort_keys=True)
 

@@ -45,16 +45,19 @@ __all__ = ["launch_env", "find_mpirun", "current_program", "launch", "job_comman
 
 def launch_env(ranks: tuple[RankSpec, ...], job: dict, job_dir: str, monitor: str | None = None,
                stall_timeout: float | None = None, log_level: str | None = None, tuned: dict | None = None,
-               bound: int = 0) -> dict[str, str]:
+               bound: int = 0, hash_seed: str | None = None) -> dict[str, str]:
     """The environment variables the launcher gives every rank (``job``: see
     :attr:`RankContext.job`; ``monitor``: the stall monitor's ``host:port`` and
     ``stall_timeout`` its stall time, see :mod:`parallax.launch.monitor`; ``log_level``: the launcher's
     ``PARALLAX_LOG_LEVEL``, else INFO; ``tuned``: the tuned choice the ranks apply, :mod:`parallax.tuning.cache`;
-    ``bound``: the cores each rank is bound to, :func:`parallax.launch.command.bound_cores`)."""
+    ``bound``: the cores each rank is bound to, :func:`parallax.launch.command.bound_cores`; ``hash_seed``: the
+    launcher's own ``PYTHONHASHSEED``, which every rank gets, else the job's ``seed``, :mod:`parallax.member.seeds`)."""
     identity = LaunchIdentity(layout_to_json(ranks), job.get("layout"), job.get("digest"), job.get("gpus"),
-                              job.get("allocation"), bool(job.get("staggered", False)), bound or None)
+                              job.get("allocation"), bool(job.get("staggered", False)), bound or None, job.get("seed"))
     channel = RankChannel(job_dir, monitor or None, float(stall_timeout) if monitor and stall_timeout else None)
-    return Invocation(launch=identity, channel=channel, elastic_ckpt=job.get("checkpoints"),
+    if hash_seed is None and job.get("seed") is not None:  # sets of strings in one order in every rank
+        hash_seed = str(job["seed"])
+    return Invocation(launch=identity, channel=channel, elastic_ckpt=job.get("checkpoints"), hash_seed=hash_seed,
                       # launched processes log at INFO unless told otherwise, as the original Parallax's did
                       log_level=log_level or str(logging.INFO), tuned=tuned).to_env()
 
@@ -137,8 +140,9 @@ def job_command(ranks: tuple[RankSpec, ...], job: dict, program: list[str], mpir
     local = local_host_names() | {r.host for r in ranks if is_local_host(r.host)}
     environ = env_with(dict(os.environ), tuned=None)  # the launcher's environment, handed through to the ranks
     cores = usable_cores()
-    parallax_env = launch_env(ranks, job, job_dir, monitor, stall_timeout, (invocation or Invocation()).log_level,
-                              tuned, bound_cores(ranks, local, cores, mpirun_options))
+    invocation = invocation or Invocation()
+    parallax_env = launch_env(ranks, job, job_dir, monitor, stall_timeout, invocation.log_level, tuned,
+                              bound_cores(ranks, local, cores, mpirun_options), invocation.hash_seed)
     command = build_mpirun_command(
         find_mpirun(), sys.executable, program, ranks, local_hosts=local, cpu_count=cores,
         is_root=hasattr(os, "geteuid") and os.geteuid() == 0, user_options=mpirun_options,

@@ -11,7 +11,8 @@ reached its own (and registered in the job's directory), and finds the files mad
 its host writes meanwhile. The job's ranks meet in the training call anyway: this costs the host's ranks'
 ways there, one after another, once per job.
 
-The program then runs as ``python -m mpi4py`` runs it, so that an exception in any rank aborts the whole job
+Its random generators are then seeded as every other rank's (:mod:`parallax.member.seeds`), and the program
+runs as ``python -m mpi4py`` runs it, so that an exception in any rank aborts the whole job
 instead of leaving the others blocked in a collective.
 """
 
@@ -92,7 +93,12 @@ def main() -> None:
     ``python -m mpi4py`` does: the door of a launched rank, which reads its environment here."""
     from parallax.invocation import current
 
-    _hold_until_first(_world_rank(os.environ), current())
+    invocation = current()
+    _hold_until_first(_world_rank(os.environ), invocation)
+    if invocation.launch is not None and invocation.launch.seed is not None:
+        from parallax.member.seeds import seed_alike
+
+        seed_alike(invocation.launch.seed)
     from mpi4py.run import main as run_program
 
     sys.argv[:] = ["mpi4py", *sys.argv[1:]]

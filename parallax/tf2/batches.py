@@ -12,8 +12,9 @@ object ``model.fit`` itself iterates, made with the same arguments (:class:`FitB
 
 Every worker iterates the same batches and takes its replicas' parts of each. Where the program set no
 seed (``tf.random.set_seed`` / ``keras.utils.set_random_seed``), the shuffle of arrays is drawn with
-``seed`` (every worker alike); a dataset or generator that yields other batches on other workers (an
-unseeded ``Dataset.shuffle``) is found at the first batch of each epoch and refused (:func:`check_same`).
+``seed`` (every worker alike; a launched job's processes have their generators seeded alike anyway,
+:mod:`parallax.member.seeds`); a dataset or generator that yields other batches on other workers (drawn from
+the operating system's entropy) is found at the first batch of each epoch and refused (:func:`check_same`).
 
 The shapes of the step's arguments come from the pipeline's ``element_spec``: nothing is drawn from the
 user's dataset outside the epochs (an iteration drawn for a peek would shift every later epoch's shuffle).
@@ -302,8 +303,10 @@ def check_same(group: WorkerGroup, batch: tuple, epoch: int) -> None:
         raise ValueError(
             f"parallax.fit: the workers' data gave different global batches at the start of epoch {epoch} (each "
             "worker reads the whole pipeline and trains its part of each batch, so every worker must read the same "
-            "batches): a Dataset.shuffle, a generator or a PyDataset drawing without a seed (give the shuffle a seed, "
-            "Dataset.shuffle(n, seed=...), or call keras.utils.set_random_seed(...) at the program's start), or files "
+            "batches): data drawn from the operating system's entropy (np.random.default_rng() without a seed, "
+            "tf.random.Generator.from_non_deterministic_state()), or in a job a cluster manager started (the launcher "
+            "seeds the processes it starts alike) a Dataset.shuffle, a generator or a PyDataset drawing without a seed "
+            "(give it a seed, or call keras.utils.set_random_seed(...) at the program's start), or files "
             "that one worker writes while another reads them (every worker runs the program's data preparation: "
             "keras.utils.get_file(extract=True) into one shared directory rewrites it; prepare the data once, "
             "before the job)")
