@@ -1,10 +1,10 @@
-"""A program that seeds nothing (tests/tf2/unseeded_script.py: TensorFlow's "Load NumPy data" shape, synthetic
-arrays from ``np.random``, an unseeded ``Dataset.shuffle``, a vocabulary read from a ``set`` of words, weights
-initialised without seeds) trained by ``parallax.fit`` on 2 processes: every rank seeds its generators with
-the job's seed before the program runs (parallax/member/seeds.py), so both workers prepare the same data and
-draw the same order, and the job equals ``model.fit`` of the same program on one device with its generators so
-seeded (History and weights, rtol 1e-5). Until 2026-12-06 ``parallax.fit`` refused such data at its first
-batch: each worker had shuffled its own order."""
+"""A program that seeds nothing (tests/tf2/unseeded_script.py: TensorFlow's "Load NumPy data" shape, synthetic arrays
+from ``np.random``, an unseeded ``Dataset.shuffle``, a vocabulary read from a ``set`` of words, weights initialised
+without seeds) trained by ``parallax.fit`` on 2 processes (MPI in ``make test``, PS and HYBRID in the extended
+suite): every rank seeds its generators with the job's seed before the program runs (parallax/member/seeds.py), so
+both workers prepare the same data and draw the same order, and the job equals ``model.fit`` of the same program on
+one device with its generators so seeded (History and weights, rtol 1e-5). Until 2026-12-06 ``parallax.fit`` refused
+such data at its first batch: each worker had shuffled its own order."""
 
 from __future__ import annotations
 
@@ -22,10 +22,9 @@ SCRIPT = f"{ROOT}/tests/tf2/unseeded_script.py"
 RESOURCES = "localhost: cpu:0\nlocalhost: cpu:1\n"
 
 
-@pytest.mark.core
-@pytest.mark.xdist_group("unseeded")
-def test_a_program_that_seeds_nothing_trains_as_one_device_with_the_jobs_seed(tmp_path):
-    job = run_script(tmp_path / "job", RESOURCES, "--run_option", "MPI", timeout=240, script=SCRIPT)
+@pytest.mark.parametrize("mode", [pytest.param("MPI", marks=pytest.mark.core), "PS", "HYBRID"])
+def test_a_program_that_seeds_nothing_trains_as_one_device_with_the_jobs_seed(tmp_path, mode):
+    job = run_script(tmp_path / "job", RESOURCES, "--run_option", mode, timeout=240, script=SCRIPT)
     assert job.returncode == 0, job.output[-4000:]
     ranks = [json.loads((tmp_path / "job" / "out" / f"rank_{r}.json").read_text()) for r in range(2)]
     seed, hash_seed = ranks[0]["seed"], ranks[0]["hash_seed"]
