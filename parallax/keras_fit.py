@@ -25,7 +25,8 @@ and returns a Keras ``History`` on every worker. Under it:
   the workers at each epoch's end;
 * **validation**: ``validation_data`` is evaluated after each epoch on the trained weights, sharded over
   the workers as :func:`parallax.evaluate` does (:mod:`parallax.tf2.evaluate`): every worker has the same
-  ``val_`` logs, those of every validation example;
+  ``val_`` logs, those of every validation example; a ``tf.data`` pipeline each worker reads its share of, as
+  the training data (unless the model's loss needs whole batches in turn);
 * **callbacks**: run on every worker with the trained weights in the model (so ``EarlyStopping`` decides
   alike everywhere; a stop asked on any worker stops all), except those that write files
   (``ModelCheckpoint``, ``TensorBoard``, ``CSVLogger``, ``BackupAndRestore``), which run on worker 0; Keras 3's
@@ -55,7 +56,7 @@ from parallax.tf2.batch_hooks import ENDS, BatchLogs, CallbackReach, reads_logs,
 from parallax.tf2.batch_parts import parts, per_leaf, worker_block
 from parallax.tf2.batches import FitBatches, check_same
 from parallax.tf2.draws import mark_part
-from parallax.tf2.evaluate import HostSums, chief_or_shared, evaluate_on, numbers, use_job
+from parallax.tf2.evaluate import HostSums, chief_or_shared, evaluate_on, evaluated_whole, numbers, use_job
 from parallax.tf2.exhausted import counting, exhausted_step, warn_uncounted
 from parallax.tf2.host_edits import HostEdits, metric_state
 from parallax.tf2.keras_flavor import Flavor, flavor_of
@@ -203,6 +204,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                            workers=num_workers, read_alike=reach.reads or verbose != 0)
     logs: dict = {}
     validating: FitBatches | None = None
+    inputs = whole = None  # a training batch's inputs; whether the validation evaluates whole batches in turn
     behind_host = False  # the model's variables are behind the job's (quiet_between)
     behind = 0  # the optimizer steps model.fit counted that the job has not (parallax.tf2.exhausted)
     for epoch, epoch_batches in batches.epochs(initial_epoch, epochs):
@@ -217,6 +219,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         for index, (batch, examples) in enumerate(epoch_batches):  # examples: where batch is this worker's share
             if index == 0 and num_workers > 1 and not batches.share:
                 check_same(group, batch, epoch)
+            if index == 0:
+                inputs = batch[0]  # the validation's way is decided on such inputs (evaluated_whole)
             callback_list.on_train_batch_begin(index)
             if sets_in_epochs:  # a scalar a batch's callback set (the learning rate, a loss's weight, annealed)
                 edits.carry("on_train_batch_end or on_train_batch_begin", scalars)
@@ -258,7 +262,10 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                 validating = FitBatches(flavor.module.__name__.split(".")[0], model, *_triple(validation_data),
                                         validation_batch_size or batch_size, validation_steps, False, None, 0, 1, seed,
                                         targets=False)
-            val = evaluate_on(model, flavor, group, validating.one_epoch(), callback_list)
+                whole = None if inputs is None else evaluated_whole(model, flavor, group, inputs)
+                if whole is False:  # each worker evaluates its part of every batch: it may read only that
+                    validating.split(group, num_workers, worker_id, 1)
+            val = evaluate_on(model, flavor, group, validating.one_epoch(), callback_list, whole)
             logs.update({f"val_{k}": v for k, v in val.items()})
         callback_list.on_epoch_end(epoch, logs)
         if group.any(bool(model.stop_training)):

@@ -150,19 +150,19 @@ class FitBatches:
         it too (:mod:`parallax.keras_fit`)."""
         return not self._legacy and self.steps is None and not self._steps_per_epoch
 
-    def one_epoch(self) -> Iterator[tuple]:
-        """The batches of one pass, drawn here (no thread): ``parallax.fit``'s validation, each evaluation from this
-        same object, as ``model.fit`` keeps its evaluation iterator across epochs (Keras makes the next pass's
-        iterator at the end of each: a dataset that reshuffles, also one the training data is taken from, draws
-        its orders in ``model.fit``'s sequence). Keras 3's ``evaluate`` resets that iterator first, so a pass of
-        ``validation_steps`` batches of a repeated dataset starts from its beginning each time; tf_keras's data
-        handler goes on where the last pass stopped."""
+    def one_epoch(self) -> Iterator[tuple[tuple, int | None]]:
+        """The batches of one pass, drawn here (no thread), each as :meth:`epochs` gives it: ``parallax.fit``'s
+        validation, each evaluation from this same object, as ``model.fit`` keeps its evaluation iterator across
+        epochs (Keras makes the next pass's iterator at the end of each: a dataset that reshuffles, also one the
+        training data is taken from, draws its orders in ``model.fit``'s sequence). Keras 3's ``evaluate`` resets
+        that iterator first, so a pass of ``validation_steps`` batches of a repeated dataset starts from its
+        beginning each time; tf_keras's data handler goes on where the last pass stopped."""
         if self._legacy:
             for _, iterator in self._handler.enumerate_epochs():
-                yield from map(_numpy, self._legacy_epoch(iterator))
+                yield from self._sized(self._legacy_epoch(iterator))
             return
         self._iterator.reset()
-        yield from map(_numpy, self._epoch())
+        yield from self._sized(self._epoch())
 
     def _sized(self, elements: Iterator[Any]) -> Iterator[tuple[tuple, int | None]]:
         """The iterator's ``elements`` as ``(batch, examples of the global batch or None)`` (see :meth:`epochs`)."""

@@ -36,8 +36,9 @@ from parallax.tf2.keras_flavor import Flavor, flavor_of
 from parallax.tf2.own_step import overrides
 from parallax.tf2.part_loss import masked_losses, sums_over_batch
 
-__all__ = ["evaluate", "predict", "worker_part", "in_order", "use_job", "job_group", "evaluate_on", "global_batches",
-           "sum_metrics", "check_same_metrics", "HostSums", "numbers", "CHIEF_ONLY", "chief_or_shared"]
+__all__ = ["evaluate", "predict", "worker_part", "in_order", "use_job", "job_group", "evaluate_on", "evaluated_whole",
+           "global_batches", "sum_metrics", "check_same_metrics", "HostSums", "numbers", "CHIEF_ONLY",
+           "chief_or_shared"]
 
 #: The workers of the job of this process's last ``parallax.fit`` (set by :func:`use_job`).
 _JOB: list[WorkerGroup] = []
@@ -117,28 +118,31 @@ def evaluate(model: Any, x: Any = None, y: Any = None, batch_size: int | None = 
     check_evaluate(x, y, batch_size, verbose, sample_weight, steps)
     group = job_group("parallax.evaluate")
     count, batches = global_batches(x, y, sample_weight, batch_size, steps, "parallax.evaluate")
-    logs = evaluate_on(model, flavor, group, batches, _callbacks(flavor, callbacks, group, verbose, count, model))
+    logs = evaluate_on(model, flavor, group, ((batch, None) for batch in batches),
+                       _callbacks(flavor, callbacks, group, verbose, count, model))
     return logs if return_dict else flavor.in_order(model, logs)
 
 
-def evaluate_on(model: Any, flavor: Flavor, group: WorkerGroup, batches: Iterator[tuple], callback_list: Any) -> dict:
-    """The metrics of every example of ``batches`` (global batches of ``(x, y, sample_weight)``), each
-    worker evaluating its parts (of a model whose loss averages over a batch's unmasked values or sums over its
-    examples, a compiled loss's or what a layer adds one value per example, whole batches in turn: the average of a
-    batch's parts is not the batch's); ``callback_list`` hears
-    the ``on_test_*`` calls (``parallax.fit``'s validation passes its own)."""
+def evaluate_on(model: Any, flavor: Flavor, group: WorkerGroup, batches: Iterator[tuple], callback_list: Any,
+                whole: bool | None = None) -> dict:
+    """The metrics of every example of ``batches``, each worker evaluating its parts (of a model whose loss averages
+    over a batch's unmasked values or sums over its examples, a compiled loss's or what a layer adds one value per
+    example, whole batches in turn: the average of a batch's parts is not the batch's, :func:`evaluated_whole`,
+    decided at the first batch where ``whole`` is ``None``). Each of ``batches`` is ``(global batch, None)``, or,
+    where the worker reads its share of the data (:meth:`parallax.tf2.batches.FitBatches.split`, one part a worker,
+    never with ``whole``), ``(its block, the examples of the global batch)``: the block of a worker that the short
+    last batch leaves none is padding, not evaluated. ``callback_list`` hears the ``on_test_*`` calls
+    (``parallax.fit``'s validation passes its own)."""
     model.reset_metrics()
     callback_list.on_test_begin()
     sizes: list[int] = []
     own = overrides(model, flavor.module, "test_step")
-    whole = None
     uneven = False
-    for index, batch in enumerate(batches):
+    for index, (batch, examples) in enumerate(batches):
         if whole is None:  # at the first batch, which every worker has whole: alike everywhere
-            whole = group.size > 1 and (bool(masked_losses(model)) or sums_over_batch(model)
-                                        or flavor.adds_per_example(model, batch[0]))
+            whole = evaluated_whole(model, flavor, group, batch[0])
         callback_list.on_test_batch_begin(index)
-        size = len(tf.nest.flatten(batch[0])[0])
+        size = len(tf.nest.flatten(batch[0])[0]) if examples is None else examples
         if own and not whole and size % group.size and group.index == 0 and not uneven:
             uneven = True  # said once an evaluation
             log.warning("parallax: batch %d of the evaluation has %d examples, which do not split into %d equal "
@@ -147,21 +151,35 @@ def evaluate_on(model: Any, flavor: Flavor, group: WorkerGroup, batches: Iterato
                         "model.evaluate's. For the same, give a batch size (fit's validation_batch_size) and a "
                         "number of examples that %d divides, or a dataset batched with drop_remainder=True",
                         index, size, group.size, type(model).__name__, group.size)
-        mine = worker_part(batch, group.size, group.index) if not whole else \
-            batch if index % group.size == group.index else _first(batch, 0)
+        if examples is not None:  # this worker's block, cut as its share cuts a batch (padding where it has none)
+            per = -(-size // group.size)
+            mine = _first(batch, max(0, min(per, size - group.index * per)))
+        elif whole:
+            mine = batch if index % group.size == group.index else _first(batch, 0)
+        else:
+            mine = worker_part(batch, group.size, group.index)
         if not sizes and len(tf.nest.flatten(mine[0])[0]) == 0:  # build the metrics as the others do, then forget
             flavor.test_batch(model, *_first(batch, 1))
             model.reset_metrics()
         sizes.append(size)
-        examples = len(tf.nest.flatten(mine[0])[0])
-        if examples:
-            flavor.test_batch(model, *mine, counts=examples / size)
+        part = len(tf.nest.flatten(mine[0])[0])
+        if part:
+            flavor.test_batch(model, *mine, counts=part / size)
         callback_list.on_test_batch_end(index, numbers(model.get_metrics_result()))
     agree(group, sizes, "parallax.evaluate")
     sum_metrics(model, group)
     logs = numbers(model.get_metrics_result())
     callback_list.on_test_end(logs)
     return logs
+
+
+def evaluated_whole(model: Any, flavor: Flavor, group: WorkerGroup, x: Any) -> bool:
+    """Whether a job of ``group``'s workers evaluates ``model`` by whole batches in turn rather than each its part
+    of every batch: where the model's loss averages over a batch's unmasked values, sums over its examples, or a
+    layer adds a loss of one value per example (seen by calling it on ``x``, inputs of at least one example: the
+    answer is the model's, not the data's)."""
+    return group.size > 1 and (bool(masked_losses(model)) or sums_over_batch(model)
+                               or flavor.adds_per_example(model, x))
 
 
 def predict(model: Any, x: Any, batch_size: int | None = None, verbose: Any = "auto", steps: int | None = None,

@@ -81,15 +81,19 @@ def _out(jobs, group: str, case: str) -> str:
     return jobs["keras" if case in KERAS_3 else "more"].case(group, case)
 
 
-def _mapped(case: str, workers: int, worker: int) -> int:
-    """The examples worker ``worker`` of ``workers`` (one replica each) maps in the epochs of ``dataset(case)``: its
-    block of each global batch, as parallax.fit cuts it (all of them on one worker), and the one example of padding
-    where the short last batch leaves it none; of unknown length or not."""
-    from tests.tf2.fit_programs import BATCH, EPOCHS, EXAMPLES, RAGGED_DATASET
+def _mapped(case: str, workers: int, worker: int) -> tuple[int, int]:
+    """The examples worker ``worker`` of ``workers`` (one replica each) maps in the epochs of ``dataset(case)`` and
+    in the validations of ``validation_data(case)``: its block of each global batch, as parallax.fit cuts it (all of
+    them on one worker), and the one example of padding where the short last batch leaves it none; of unknown length
+    or not."""
+    from tests.tf2.fit_programs import BATCH, EPOCHS, EXAMPLES, RAGGED_DATASET, VALIDATION_BATCH, VALIDATION_EXAMPLES
+
+    def share(examples: int, batch: int) -> int:
+        batches = [min(batch, examples - start) for start in range(0, examples, batch)]
+        return EPOCHS * sum(max(min(max(m - worker * -(-m // workers), 0), -(-m // workers)), 1) for m in batches)
 
     examples = RAGGED_DATASET if "ragged" in case or "unknown" in case else EXAMPLES
-    batches = [min(BATCH, examples - start) for start in range(0, examples, BATCH)]
-    return EPOCHS * sum(max(min(max(m - worker * -(-m // workers), 0), -(-m // workers)), 1) for m in batches)
+    return share(examples, BATCH), share(VALIDATION_EXAMPLES, VALIDATION_BATCH)
 
 
 @functools.cache
@@ -122,8 +126,9 @@ def test_parallax_fit_evaluate_and_predict_equal_keras_on_one_device(jobs, group
         assert logged <= set(history) <= logged | {"learning_rate", "lr"}  # the scheduled cases log the rate
         for key, values in history.items():
             np.testing.assert_allclose(got["history"][key], values, rtol=1e-5, err_msg=f"{where}: {key}")
-        if case.endswith("dataset"):  # each worker mapped the examples of its blocks alone (input_split.py)
-            assert got["mapped"] == _mapped(case, workers, worker), where
+        if case.endswith("dataset"):  # each worker mapped the examples of its blocks alone (input_split.py), of the
+            # training data and of the validation's
+            assert (got["mapped"], got["validated"]) == _mapped(case, workers, worker), where
         if "early-stopping" in case:  # every worker stopped where model.fit did: after the second epoch
             assert len(got["history"]["loss"]) == len(history["loss"]) == 2, where
             # its callback, which has batch hooks, saw every batch's own logs: the metrics summed over the workers

@@ -167,6 +167,30 @@ def dataset(case: str = "dataset", mapped=None):
     return examples.map(parse, num_parallel_calls=2).batch(BATCH).prefetch(2)
 
 
+#: the dataset cases' validation data: 9 of data()'s 12 validation examples, in batches of 4 (on 2 workers the last
+#: batch of one leaves worker 1 padding)
+VALIDATION_EXAMPLES, VALIDATION_BATCH = 9, 4
+
+
+def validation_data(case: str, validated=None):
+    """What ``case`` validates on: data()'s arrays; for the dataset cases, a pipeline of the training one's shape (a
+    per-example map, counted into the variable ``validated`` where given, batched, prefetched), which each worker
+    reads its share of (parallax/tf2/input_split.py)."""
+    import tensorflow as tf
+
+    _, _, (x, y) = data()
+    if not case.endswith("dataset"):
+        return x, y
+
+    def parse(ids, target):
+        if validated is not None:
+            validated.assign_add(1)
+        return tf.cast(ids, tf.int32), target
+
+    examples = tf.data.Dataset.from_tensor_slices((x[:VALIDATION_EXAMPLES].astype(np.int64), y[:VALIDATION_EXAMPLES]))
+    return examples.map(parse).batch(VALIDATION_BATCH).prefetch(1)
+
+
 def single_device(case: str) -> tuple[dict, list, dict, np.ndarray]:
     """``model.fit`` on one device, called as a user calls it for ``case``: its History and
     weights, then ``model.evaluate`` (a dict) and ``model.predict`` of the held-out examples."""
@@ -175,7 +199,7 @@ def single_device(case: str) -> tuple[dict, list, dict, np.ndarray]:
     if case in SHUFFLED:  # as a user calls it: shuffled by Keras, seeded by build()'s set_random_seed
         history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, validation_data=validation, verbose=0).history
     elif case.endswith("dataset"):
-        history = model.fit(dataset(case), epochs=EPOCHS, validation_data=validation, verbose=0).history
+        history = model.fit(dataset(case), epochs=EPOCHS, validation_data=validation_data(case), verbose=0).history
     elif case.endswith("weighted"):
         history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, sample_weight=weights(),
                             validation_split=SPLIT, verbose=0).history

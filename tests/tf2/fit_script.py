@@ -29,6 +29,7 @@ from tests.tf2.fit_programs import (  # noqa: E402
     dataset,
     held_out,
     kernel_norms,
+    validation_data,
     weights,
     within_epochs,
 )
@@ -46,7 +47,7 @@ def main() -> None:
     for case in args.cases:
         model = build(CASES[case])
         keras = importlib.import_module("tf_keras" if CASES[case].startswith("tf_keras") else "keras")
-        x, y, validation = data()
+        x, y, _ = data()
         out = os.path.join(args.out, case)
         os.makedirs(out, exist_ok=True)
         callbacks = [keras.callbacks.ModelCheckpoint(os.path.join(out, "model.weights.h5"), save_weights_only=True)]
@@ -56,12 +57,13 @@ def main() -> None:
         config = parallax.Config(run_option=args.run_option, average_sparse=True, stall_timeout=60,
                                  zero_stage=args.zero_stage)
         mapped = tf.Variable(0, dtype=tf.int64)  # the examples this worker's input pipeline mapped
+        validated = tf.Variable(0, dtype=tf.int64)  # and its validation data's
         source = dict(x=dataset(case, mapped)) if case.endswith("dataset") else \
             dict(x=x, y=y, batch_size=batch_size(case), shuffle=case in SHUFFLED)
         if case.endswith("weighted"):
             source.update(sample_weight=weights(), validation_split=SPLIT)
         else:
-            source.update(validation_data=validation)
+            source.update(validation_data=validation_data(case, validated))
         history = parallax.fit(model, **source, epochs=EPOCHS, callbacks=callbacks, verbose=0,
                                resource_info=args.resource_info, parallax_config=config)
         test_x, test_y = held_out()
@@ -72,7 +74,8 @@ def main() -> None:
             json.dump({"history": history.history, "evaluate": evaluated,
                        "evaluate_alone": {k: float(v) for k, v in alone.items()},
                        "evaluate_list": parallax.evaluate(model, test_x, test_y, batch_size=EVAL_BATCH, verbose=0),
-                       "mapped": int(mapped.numpy()), "batch_logs": batch_logs_seen(callbacks),
+                       "mapped": int(mapped.numpy()), "validated": int(validated.numpy()),
+                       "batch_logs": batch_logs_seen(callbacks),
                        "norms": [n for c in callbacks for n in getattr(c, "norms", [])]},
                       f, default=float)
         np.savez(os.path.join(out, f"rank_{rank}.npz"),
