@@ -127,7 +127,7 @@ def test_an_own_test_step_on_a_batch_that_does_not_split_evenly_over_the_workers
     batches = [(x[:16], y[:16], None), (x[16:], y[16:], None)]
     said: list[str] = []
     monkeypatch.setattr(evaluate.log, "warning", lambda message, *args: said.append(message % args))
-    evaluate.evaluate_on(model, flavor_of(model, "test"), _Pair(other=0.0), iter(batches),
+    evaluate.evaluate_on(model, flavor_of(model, "test"), _Pair(other=0.0), ((b, None) for b in batches),
                          keras.callbacks.CallbackList([], model=model))
     assert len(said) == 1 and "batch 1 of the evaluation has 1 examples" in said[0], said
     assert "GuideModel's own test_step" in said[0]
@@ -162,8 +162,49 @@ def test_a_masked_loss_is_evaluated_by_whole_batches_in_turn():
     rng = np.random.RandomState(0)
     x, y = rng.randint(0, 10, (10, 5)).astype("int32"), rng.randint(0, 2, (10, 5)).astype("int32")
     batches = [(x[:4], y[:4], None), (x[4:8], y[4:8], None), (x[8:], y[8:], None)]
-    evaluate.evaluate_on(model, Recorded(), Second(other=0.0), iter(batches), keras.callbacks.CallbackList([]))
+    evaluate.evaluate_on(model, Recorded(), Second(other=0.0), ((b, None) for b in batches),
+                         keras.callbacks.CallbackList([]))
     assert taken == [(1, None), (4, 1.0)]  # the metrics built on one example (then reset), then batch 1 whole
+
+
+def test_each_worker_evaluates_the_block_of_its_share_and_not_its_padding():
+    """Where each worker reads its share of the validation data (parallax/tf2/input_split.py), it gets its block of
+    every global batch and the batch's examples; a worker the short last batch leaves none gets padding, which it
+    must not count. Two workers' evaluations (the second's sums added to the first's) equal model.evaluate's."""
+    import keras
+
+    from parallax.tf2 import evaluate
+    from parallax.tf2.keras_flavor import flavor_of
+
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(9, 3).astype("float32"), rng.randn(9, 2).astype("float32")
+    expected = model.evaluate(x, y, batch_size=4, verbose=0, return_dict=True)
+
+    class Worker(_Pair):
+        def __init__(self, index: int, other) -> None:
+            super().__init__(other)
+            self.index, self.summed = index, None
+
+        def sum(self, values):
+            self.summed = np.array(values)
+            return values + self.other
+
+    def blocks(worker: int):  # batches of 4, 4 and 1: blocks of 2, 2 and 1 (worker 1: the padding x[8:9])
+        for start, size in ((0, 4), (4, 4), (8, 1)):
+            begin = start + min(worker * 2, size - 1) if size > worker * 2 else start
+            yield (x[begin:begin + min(2, size)], y[begin:begin + min(2, size)], None), size
+
+    second = Worker(1, other=0.0)
+    evaluate.evaluate_on(model, flavor_of(model, "test"), second, blocks(1), keras.callbacks.CallbackList([]),
+                         whole=False)
+    got = evaluate.evaluate_on(model, flavor_of(model, "test"), Worker(0, other=second.summed), blocks(0),
+                               keras.callbacks.CallbackList([]), whole=False)
+    assert sorted(got) == sorted(expected)
+    for key, value in expected.items():
+        np.testing.assert_allclose(got[key], value, rtol=1e-6, err_msg=key)
 
 
 @pytest.mark.parametrize("module", ["keras", "tf_keras"])
