@@ -262,7 +262,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                 validating = FitBatches(flavor.module.__name__.split(".")[0], model, *_triple(validation_data),
                                         validation_batch_size or batch_size, validation_steps, False, None, 0, 1, seed,
                                         targets=False)
-                whole = None if inputs is None else evaluated_whole(model, flavor, group, inputs)
+                # decided on each worker's own inputs, which every worker takes (a split reads collectively)
+                whole = None if inputs is None else group.any(evaluated_whole(model, flavor, group, inputs))
                 if whole is False:  # each worker evaluates its part of every batch: it may read only that
                     validating.split(group, num_workers, worker_id, 1)
             val = evaluate_on(model, flavor, group, validating.one_epoch(), callback_list, whole)
