@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import random
 import secrets
-from typing import Any
 
 import wrapt
 
@@ -39,13 +38,5 @@ def seed_alike(seed: int) -> None:
     """Seed this process's Python ``random`` now, and NumPy's global generator and TensorFlow's global seed
     when each is imported (at once if it already is), with ``seed`` (``0 <= seed < 2**31``)."""
     random.seed(seed)
-    wrapt.register_post_import_hook(lambda numpy: _seed_numpy(numpy, seed), "numpy")
-    wrapt.register_post_import_hook(lambda tensorflow: _seed_tensorflow(tensorflow, seed), "tensorflow")
-
-
-def _seed_numpy(numpy: Any, seed: int) -> None:
-    numpy.random.seed(seed)
-
-
-def _seed_tensorflow(tensorflow: Any, seed: int) -> None:
-    tensorflow.random.set_seed(seed)
+    wrapt.register_post_import_hook(lambda numpy: numpy.random.seed(seed), "numpy")
+    wrapt.register_post_import_hook(lambda tensorflow: tensorflow.random.set_seed(seed), "tensorflow")

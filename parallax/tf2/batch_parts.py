@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["parts", "even_parts", "block_parts", "worker_block", "per_leaf"]
+__all__ = ["parts", "even_parts", "block_parts", "worker_block", "block_rows", "per_leaf"]
 
 
 def parts(batch: Any, num_workers: int, worker_id: int, num_replicas: int) -> list:
@@ -88,10 +88,21 @@ def worker_block(batch: tuple, num_workers: int, worker_id: int, num_replicas: i
         whole, size = block_parts(batch, examples, replicas, replicas, examples)
         first = worker_id * num_replicas * size
         return tuple(parts(a, num_workers, worker_id, 1)[0] for a in whole), size, first, examples
-    size = -(-examples // replicas)
-    real = min(max(examples - worker_id * num_replicas * size, 0), num_replicas * size)
+    real = block_rows(examples, num_workers, worker_id, num_replicas)
     block, size = block_parts(batch, examples, replicas, num_replicas, real)
     return block, size, 0, examples
+
+
+def block_rows(examples: int, num_workers: int, worker_id: int, num_replicas: int = 1) -> int:
+    """The examples in worker ``worker_id``'s block of a global batch of ``examples`` cut into ``num_workers *
+    num_replicas`` equal parts (rounded up), as a worker's share of the data holds them: 0 where the batch ends
+    before its block (its block is then padding).
+
+    >>> [block_rows(5, 2, w) for w in range(2)], [block_rows(1, 2, w) for w in range(2)], block_rows(5, 2, 1, 2)
+    ([3, 2], [1, 0], 1)
+    """
+    size = -(-examples // (num_workers * num_replicas))
+    return min(max(examples - worker_id * num_replicas * size, 0), num_replicas * size)
 
 
 def per_leaf(per_replica: list, structure: Any) -> Any:

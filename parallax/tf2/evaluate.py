@@ -32,6 +32,7 @@ import tensorflow as tf
 from parallax.comm.group import Alone, WorkerGroup
 from parallax.logs import log
 from parallax.tf2.arguments import check_evaluate, check_predict
+from parallax.tf2.batch_parts import block_rows
 from parallax.tf2.keras_flavor import Flavor, flavor_of
 from parallax.tf2.own_step import overrides
 from parallax.tf2.part_loss import masked_losses, sums_over_batch
@@ -152,8 +153,7 @@ def evaluate_on(model: Any, flavor: Flavor, group: WorkerGroup, batches: Iterato
                         "number of examples that %d divides, or a dataset batched with drop_remainder=True",
                         index, size, group.size, type(model).__name__, group.size)
         if examples is not None:  # this worker's block, cut as its share cuts a batch (padding where it has none)
-            per = -(-size // group.size)
-            mine = _first(batch, max(0, min(per, size - group.index * per)))
+            mine = _first(batch, block_rows(size, group.size, group.index))
         elif whole:
             mine = batch if index % group.size == group.index else _first(batch, 0)
         else:
