@@ -13,6 +13,10 @@ and Open MPI (``g++``, or ``$CXX``; ~10 s), into ``$PARALLAX_CACHE_DIR/native/<k
 environment; ``make`` builds it when it installs (``python -m parallax.comm.native``). When it
 cannot be built (no compiler, no ``mpi.h``), or with ``PARALLAX_NATIVE_OPS=0``, the ``PyFunc``
 stays, and a warning says why once.
+
+The same build makes the library of the fused optimizer update (``parallax/rewrite/fused_update.cc``, no MPI:
+:func:`update_ops`) and compiles the loops it runs (:func:`build_loop`: plain C++, a fraction of a second each,
+kept by their source's hash under ``native/loops/``).
 """
 
 from __future__ import annotations
@@ -32,11 +36,17 @@ from functools import lru_cache
 from parallax.invocation import NATIVE_OPS_ENV, Invocation
 from parallax.logs import log
 
-__all__ = ["NativeOps", "native_ops", "build", "library_path", "OP_NAME"]
+__all__ = ["NativeOps", "native_ops", "build", "build_loop", "build_update_op", "update_ops", "library_path", "OP_NAME"]
 
 OP_NAME = "ParallaxMpiAllreduce"
 #: ``0``: keep the Python all-reduce (the compiled op is neither built nor used).
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "allreduce.cc")
+#: The fused optimizer update's op (parallax/rewrite/fused_updates.py).
+UPDATE_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rewrite",
+                             "fused_update.cc")
+#: What the loops are compiled with: every operation IEEE's, no fused multiply-add (TensorFlow's kernels
+#: round each operation), sqrt without errno (so it is vectorised; the same instruction).
+LOOP_FLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=off")
 
 
 @dataclass(frozen=True)
@@ -91,20 +101,22 @@ def _tf_flags() -> tuple[list[str], list[str], str]:
     return list(tf.sysconfig.get_compile_flags()), list(tf.sysconfig.get_link_flags()), tf.__version__
 
 
-def library_path(cache_root: str | None = None) -> str:
-    """Where this environment's library is (or will be) built, under ``cache_root`` (``PARALLAX_CACHE_DIR``;
-    ``None``: the default cache, ``~/.cache/parallax``)."""
+def library_path(cache_root: str | None = None, source: str = SOURCE) -> str:
+    """Where this environment's library of ``source`` is (or will be) built, under ``cache_root``
+    (``PARALLAX_CACHE_DIR``; ``None``: the default cache, ``~/.cache/parallax``)."""
     _, _, version = _tf_flags()
-    with open(SOURCE, "rb") as f:
-        source = f.read()
-    key = hashlib.sha256(b"\0".join([source, version.encode(), sys.prefix.encode(),
+    with open(source, "rb") as f:
+        text = f.read()
+    key = hashlib.sha256(b"\0".join([text, version.encode(), sys.prefix.encode(),
                                      sysconfig.get_config_var("SOABI").encode()])).hexdigest()[:16]
     root = cache_root or Invocation().cache_root()
-    return os.path.join(root, "native", key, "parallax_ops.so")
+    name = "parallax_ops.so" if source == SOURCE else os.path.splitext(os.path.basename(source))[0] + ".so"
+    return os.path.join(root, "native", key, name)
 
 
 def build(path: str | None = None) -> str:
-    """Compile the library to ``path`` (default :func:`library_path`) unless it is there; returns the path.
+    """Compile the all-reduce library to ``path`` (default :func:`library_path`) unless it is there; returns the
+    path.
 
     Safe when several processes of a host build at once (a lock; the file appears whole).
 
@@ -112,6 +124,36 @@ def build(path: str | None = None) -> str:
         RuntimeError: no compiler, no MPI, or the compiler failed (its last lines).
     """
     path = path or library_path()
+
+    def argv(compiler: list[str], partial: str) -> list[str]:
+        tf_compile, tf_link, _ = _tf_flags()
+        mpi_compile, mpi_link = _mpi_flags()
+        return [*compiler, "-shared", "-fPIC", "-O2", "-w", SOURCE, "-o", partial, *tf_compile, *mpi_compile,
+                *tf_link, *mpi_link]
+
+    return _compiled(path, argv)
+
+
+def build_loop(source: str, cache_root: str | None = None) -> str:
+    """The shared library of a fused update's loop (C++ ``source``, :mod:`parallax.rewrite.fused_programs`),
+    compiled under ``cache_root`` unless it is there; returns its path.
+
+    Raises:
+        RuntimeError: no compiler, or the compiler failed.
+    """
+    key = hashlib.sha256("\0".join([source, *LOOP_FLAGS]).encode()).hexdigest()[:16]
+    path = os.path.join(cache_root or Invocation().cache_root(), "native", "loops", key + ".so")
+
+    def argv(compiler: list[str], partial: str) -> list[str]:
+        with open(partial + ".cc", "w", encoding="utf-8") as f:
+            f.write(source)
+        return [*compiler, "-shared", "-fPIC", *LOOP_FLAGS, partial + ".cc", "-o", partial]
+
+    return _compiled(path, argv)
+
+
+def _compiled(path: str, argv) -> str:
+    """``path``, compiled by the command ``argv(compiler, partial)`` writes to ``partial`` unless it is there."""
     if os.path.exists(path):
         return path
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -123,17 +165,58 @@ def build(path: str | None = None) -> str:
         compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
         if not compiler:
             raise RuntimeError("no C++ compiler (g++ or $CXX)")
-        tf_compile, tf_link, _ = _tf_flags()
-        mpi_compile, mpi_link = _mpi_flags()
         partial = f"{path}.{os.getpid()}.tmp"
-        argv = [*shlex.split(compiler), "-shared", "-fPIC", "-O2", "-w", SOURCE, "-o", partial, *tf_compile,
-                *mpi_compile, *tf_link, *mpi_link]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        command = argv(shlex.split(compiler), partial)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        finally:
+            if os.path.exists(partial + ".cc"):
+                os.remove(partial + ".cc")
         if done.returncode != 0:
             tail = "\n  ".join((done.stdout + done.stderr).strip().splitlines()[-8:])
-            raise RuntimeError(f"{' '.join(argv[:1])} failed (exit code {done.returncode}):\n  {tail}")
+            raise RuntimeError(f"{' '.join(command[:1])} failed (exit code {done.returncode}):\n  {tail}")
         os.replace(partial, path)
     return path
+
+
+_update_library: str | None = None  # the one loaded in this process
+
+
+def build_update_op(path: str | None = None) -> str:
+    """Compile the fused update's op library (``parallax/rewrite/fused_update.cc``) to ``path`` unless it is
+    there; returns the path.
+
+    Raises:
+        RuntimeError: no compiler, or the compiler failed.
+    """
+    path = path or library_path(source=UPDATE_SOURCE)
+
+    def argv(compiler: list[str], partial: str) -> list[str]:
+        tf_compile, tf_link, _ = _tf_flags()
+        return [*compiler, "-shared", "-fPIC", "-O2", "-w", UPDATE_SOURCE, "-o", partial, *tf_compile, *tf_link,
+                "-ldl"]
+
+    return _compiled(path, argv)
+
+
+@lru_cache(maxsize=4)
+def update_ops(cache_root: str | None = None) -> str | None:
+    """Load the fused update's op (built if need be under ``cache_root``; once a process: a second library of
+    the op would register its kernel twice); its library's path, or ``None`` (logged once) where it cannot be
+    had: the updates then run as TensorFlow's ops."""
+    import tensorflow as tf
+
+    global _update_library
+    if _update_library is not None:
+        return _update_library
+    try:
+        path = build_update_op(library_path(cache_root, UPDATE_SOURCE))
+        tf.load_op_library(path)
+        _update_library = path
+        return path
+    except (RuntimeError, OSError, subprocess.SubprocessError, tf.errors.OpError) as e:
+        log.info("Parallax: the fused optimizer update is not available (%s); updates run op by op.", e)
+        return None
 
 
 @lru_cache(maxsize=4)
@@ -162,13 +245,15 @@ def main() -> int:
     ``PARALLAX_CACHE_DIR`` says: the door of its own process."""
     from parallax.invocation import current
 
-    try:
-        path = build(library_path(current().cache_root()))
-    except RuntimeError as e:
-        print(f"parallax: the compiled all-reduce op was not built: {e}", file=sys.stderr)
-        return 1
-    print(f"parallax: compiled all-reduce op at {path}")
-    return 0
+    root = current().cache_root()
+    code = 0
+    for what, make, source in (("all-reduce op", build, SOURCE), ("fused update op", build_update_op, UPDATE_SOURCE)):
+        try:
+            print(f"parallax: compiled {what} at {make(library_path(root, source))}")
+        except RuntimeError as e:
+            print(f"parallax: the compiled {what} was not built: {e}", file=sys.stderr)
+            code = 1
+    return code
 
 
 if __name__ == "__main__":

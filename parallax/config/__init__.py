@@ -414,6 +414,10 @@ class Config(_ConfigBase):
             that data the program downloads or extracts on every run is written by one process at a time, never
             while another reads it (:mod:`parallax.member.entry`). Costs the host's processes' ways to their
             training call one after another, once per job. Default ``True``.
+        fuse_updates: (Parallax only) each optimizer update made of element-wise ops (Keras 3's optimizers) that
+            runs in a worker is one op: one pass over the variable, its slots and its gradient instead of a dozen,
+            compiled on first use, the same numbers to the bit (what TensorFlow's graph optimizer would compute
+            otherwise is left as it is): :mod:`parallax.rewrite.fused_updates`. Default ``True``.
     """
 
     run_option: str | None = _field(None, _run_option)
@@ -440,6 +444,7 @@ class Config(_ConfigBase):
     stall_shutdown: float | None = _field(900.0, _positive_number_or_none)
     staggered_start: bool = _field(True, _bool)
     sync_batch_norm: bool = _field(False, _bool)
+    fuse_updates: bool = _field(True, _bool)
 
     @property
     def stages(self) -> int:

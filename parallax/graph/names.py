@@ -19,6 +19,8 @@ SYNC_PREFIX = "parallax_sync"
 LOCAL_COPY_PREFIX = "parallax_local"
 READS_PREFIX = "parallax_reads"
 ZERO_PREFIX = "parallax_zero"
+#: The fused optimizer updates (parallax/rewrite/fused_updates.py).
+FUSED_PREFIX = "parallax_fused"
 MICRO_PREFIX = "parallax_micro_"
 PIPELINE_PREFIX = "parallax_pipeline"
 #: A traced step's initial values read from the program's eager variables (:mod:`parallax.tf2.trace`): they run

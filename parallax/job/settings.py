@@ -104,6 +104,7 @@ class Settings:
         redirect_path: ``Config.redirect_path``.
         staggered_start: ``Config.staggered_start``.
         sync_batch_norm: ``Config.sync_batch_norm``.
+        fuse_updates: ``Config.fuse_updates``.
         export_graph_path: ``Config.export_graph_path``.
         search_partitions: ``Config.search_partitions``.
         zero_stage: ``Config.zero_stage``.
@@ -141,6 +142,7 @@ class Settings:
     redirect_path: str | None = None
     staggered_start: bool = True
     sync_batch_norm: bool = False
+    fuse_updates: bool = True
     export_graph_path: str | None = None
     search_partitions: bool = False
     zero_stage: int = 0
@@ -280,7 +282,7 @@ def derive(config: Config, sync: bool, cluster: Cluster, *, gpus: int | None = N
         sess_config=copy.deepcopy(config.sess_config), hooks=tuple(config.hooks),
         ckpt=copy.deepcopy(config.ckpt_config), profile=copy.deepcopy(config.profile_config),
         redirect_path=config.redirect_path, staggered_start=config.staggered_start,
-        sync_batch_norm=config.sync_batch_norm,
+        sync_batch_norm=config.sync_batch_norm, fuse_updates=config.fuse_updates,
         export_graph_path=config.export_graph_path,
         search_partitions=config.search_partitions, notes=notes, zero_stage=config.zero_stage,
         pipeline=PipelineSettings(config.stages, config.micro_batches, tuple(config.pipeline_cuts),

@@ -27,6 +27,7 @@ from parallax.member import preemption
 from parallax.member.servers import session_config
 from parallax.plan import Plan, TaskSpec
 from parallax.rewrite.classify import classify
+from parallax.rewrite.fused_updates import fused_graph
 from parallax.rewrite.pipeline import rewrite_for_task, wait_points
 from parallax.rewrite.ps_sync import PROGRAM_WRITES, UNSYNCHRONISED
 from parallax.rewrite.replicate import shard_op_names
@@ -61,6 +62,8 @@ def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: t
     if begin_hooks(settings.hooks, graph):  # what the hooks built in begin() is part of the graph rewritten
         meta_graph = export_graph(graph)
     rewritten = rewrite_for_task(meta_graph, plan, task)
+    if settings.fuse_updates:
+        rewritten = fused_graph(rewritten, plan, settings.cache_root)
     if settings.export_graph_path:
         os.makedirs(settings.export_graph_path, exist_ok=True)
         path = os.path.join(settings.export_graph_path, f"worker-{task.worker_index}_metagraph")

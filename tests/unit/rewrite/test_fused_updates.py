@@ -1,0 +1,108 @@
+"""Keras 3 optimizers' updates fused into one op each (parallax/rewrite/fused_updates.py): a traced step's graph with
+its updates fused trains every variable and slot to the same bits as the same graph without, run in the same kind of
+session (TensorFlow's graph optimizer on); an update the optimizer rewrites (Adagrad's ``x / sqrt(y)`` into
+``x * rsqrt(y)``), one inside a loss scale's conditional, and one of another kind of op (Lion's ``Sign``) keep their
+ops; where the op cannot be built nothing changes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from parallax.analysis import analyse_graph
+from parallax.comm import native
+from parallax.plan import build_plan
+from parallax.rewrite.fused_updates import OP_NAME, fuse_updates, fused_graph, optimized_nodes
+from parallax.tf2.trace import trace_step
+from tests.tf2.optimizer_matrix import batches, build
+from tests.unit.rewrite.helpers import export
+
+#: case -> whether every trainable variable's update is fused (else none is)
+CASES = {"sgd-nesterov": True, "rmsprop": True, "rmsprop-centered": True, "adamax": True,
+         "sgd-global-clipnorm": True, "adagrad": False, "lion": False, "lso-rmsprop": False}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("native"))
+    if native.update_ops(root) is None:
+        pytest.skip("no C++ compiler here")
+    return root
+
+
+def _plan(graph):
+    return build_plan(analyse_graph(graph), [("localhost", ("/device:CPU:0",), "/device:CPU:0")], run_option="MPI",
+                      sync=True, average_sparse=True)
+
+
+def _trained(meta, graph_def, traced, feeds) -> dict[str, np.ndarray]:
+    """Every variable after a step on each of ``feeds``, the graph being ``meta`` with ``graph_def``."""
+    copy = tf.compat.v1.MetaGraphDef()
+    copy.CopyFrom(meta)
+    copy.graph_def.CopyFrom(graph_def)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.train.import_meta_graph(copy)
+        variables = graph.get_collection("variables")
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.variables_initializer(variables))
+            for feed in feeds:
+                sess.run(traced.train_op.name, {t.name: value for t, value in zip(traced.inputs, feed)})
+            return {v.op.name: np.atleast_1d(sess.run(v.read_value())) for v in variables}
+
+
+def _fused_and_trained(step, feeds, cache):
+    traced = trace_step(step)
+    meta = export(traced.graph)
+    plan = _plan(traced.graph)
+    graph_def, fused = fuse_updates(meta.graph_def, plan, lambda source: native.build_loop(source, cache),
+                                    optimized_nodes(meta))
+    assert sum(n.op == OP_NAME for n in graph_def.node) == len(fused)
+    before, after = _trained(meta, meta.graph_def, traced, feeds), _trained(meta, graph_def, traced, feeds)
+    differ = [k for k in before if not np.array_equal(before[k].view(np.uint8), after[k].view(np.uint8))]
+    return fused, differ, {v.name for v in plan.variables if v.trainable and v.gradient is not None}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_fused_update_trains_to_the_same_bits(case, cache):
+    step, _ = build(case)
+    fused, differ, trained = _fused_and_trained(step, batches(3), cache)
+    assert not differ, f"{case}: fused {fused}, differ {differ}"
+    assert set(fused) == (trained if CASES[case] else set()), case
+
+
+def test_an_embeddings_sparse_gradient_and_its_adam_update_fused_train_to_the_same_bits(cache):
+    """Keras 3's Adam sums the table's sparse gradient into a dense one (``UnsortedSegmentSum``) and its squares
+    into another; ids repeated in a batch, rows never looked up (their moments decay all the same)."""
+    import keras
+
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((4,), dtype="int32"), keras.layers.Embedding(50, 8),
+                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+    opt = keras.optimizers.Adam(0.05)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.int32), tf.TensorSpec([None, 1], tf.float32)])
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    rng = np.random.RandomState(0)
+    feeds = [(rng.randint(0, 20, (6, 4)).astype(np.int32), rng.randn(6, 1).astype(np.float32)) for _ in range(4)]
+    fused, differ, trained = _fused_and_trained(step, feeds, cache)
+    assert not differ and set(fused) == trained, (fused, differ)
+
+
+def test_without_the_op_the_graph_is_left_as_it_is(tmp_path, monkeypatch):
+    native.update_ops.cache_clear()
+    monkeypatch.setenv("CXX", "false")
+    monkeypatch.setattr(native, "_update_library", None)  # as in a process that has not loaded it yet
+    try:
+        step, _ = build("sgd-nesterov")
+        traced = trace_step(step)
+        meta = export(traced.graph)
+        assert fused_graph(meta, _plan(traced.graph), str(tmp_path)) is meta
+    finally:
+        native.update_ops.cache_clear()
