@@ -45,8 +45,9 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "allreduce.cc"
 UPDATE_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rewrite",
                              "fused_update.cc")
 #: What the loops are compiled with: every operation IEEE's, no fused multiply-add (TensorFlow's kernels
-#: round each operation), sqrt without errno (so it is vectorised; the same instruction).
-LOOP_FLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=off")
+#: round each operation), sqrt without errno (so it is vectorised; the same instruction), for this host's
+#: processor's vector instructions (the cache keeps a loop per processor: :func:`_processor`).
+LOOP_FLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=off", "-march=native")
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ def build_loop(source: str, cache_root: str | None = None) -> str:
     Raises:
         RuntimeError: no compiler, or the compiler failed.
     """
-    key = hashlib.sha256("\0".join([source, *LOOP_FLAGS]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([source, *LOOP_FLAGS, _processor()]).encode()).hexdigest()[:16]
     path = os.path.join(cache_root or Invocation().cache_root(), "native", "loops", key + ".so")
 
     def argv(compiler: list[str], partial: str) -> list[str]:
@@ -150,6 +151,20 @@ def build_loop(source: str, cache_root: str | None = None) -> str:
         return [*compiler, "-shared", "-fPIC", *LOOP_FLAGS, partial + ".cc", "-o", partial]
 
     return _compiled(path, argv)
+
+
+@lru_cache(maxsize=1)
+def _processor() -> str:
+    """What this host's processor is, as far as a compiler's ``-march=native`` goes: its model and its features
+    (a cache shared by hosts of other processors keeps a loop for each)."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags", "Features", "CPU part"))]
+    except OSError:
+        lines = []
+    return platform.machine() + "\0" + "".join(sorted(set(lines)))
 
 
 def _compiled(path: str, argv) -> str:

@@ -57,28 +57,37 @@ class Program:
         dtype: ``"float"`` or ``"double"``.
         handles: each variable's handle (the graph tensor its state ops take), the updated variable first.
         inputs: the graph tensors the loop reads besides the variables.
-        whole: for each input, whether it has the variable's number of elements (else one: a scalar).
+        kinds: for each input, ``"x"`` where it has the variable's number of elements, ``"c"`` where it has one
+            (a scalar), ``"s"`` where it is the rows of a sparse gradient that the graph sums into a tensor of the
+            variable's shape (``UnsortedSegmentSum``): the loop sums them itself, as that op does (each element
+            from zero, the rows in their order), into a row at a time.
         body: the loop's statements, after the loads of the variables and whole inputs.
         writes: ``(variable, expression)``: the variables (indices into ``handles``) the loop writes, and their
             new values.
         ops: the graph's ops the loop computes (the region's state ops, and the element-wise ops on the gradient
             before them).
+        ids: the row indices of the ``"s"`` inputs (graph tensors, each once).
+        sparse: for each ``"s"`` input, in their order, its ``ids`` index.
+        index_type: the ``ids``' dtype (``"int32"``, ``"int64"``).
     """
 
     dtype: str
     handles: tuple[str, ...]
     inputs: tuple[str, ...]
-    whole: tuple[bool, ...]
+    kinds: tuple[str, ...]
     body: tuple[str, ...]
     writes: tuple[tuple[int, str], ...]
     ops: tuple[str, ...] = ()
+    ids: tuple[str, ...] = ()
+    sparse: tuple[int, ...] = ()
+    index_type: str = "int32"
 
     def source(self) -> str:
-        """The C++ of the loop: ``parallax_update(sources, targets, begin, end)`` (see fused_update.cc).
+        """The C++ of the loop: ``parallax_update(sources, targets, rows, width, begin, end)`` (see
+        fused_update.cc): elements ``[begin, end)``, whole rows of ``width`` where the loop sums sparse rows.
 
-        >>> p = Program("float", ("v",), ("g", "lr"), (True, False), ("const T r0 = x0 * c1;",), ((0, "v0 - r0"),))
-        >>> print(p.source().split("extern")[1])  # doctest: +NORMALIZE_WHITESPACE
-         "C" void parallax_update(const void* const* sources, void* const* targets, int64_t begin, int64_t end) {
+        >>> p = Program("float", ("v",), ("g", "lr"), ("x", "c"), ("const T r0 = x0 * c1;",), ((0, "v0 - r0"),))
+        >>> print(p.source().split("{", 3)[3])  # doctest: +NORMALIZE_WHITESPACE
           const T* s0 = static_cast<const T*>(sources[0]);
           const T* s1 = static_cast<const T*>(sources[1]);
           const T c1 = static_cast<const T*>(sources[2])[0];
@@ -94,30 +103,49 @@ class Program:
         """
         k = len(self.handles)
         setup = [f"  const T* s{v} = static_cast<const T*>(sources[{v}]);" for v in range(k)]
-        loads = [f"    const T v{v} = s{v}[i];" for v in range(k)]
-        for i, whole in enumerate(self.whole):
-            if whole:
-                setup.append(f"  const T* s{k + i} = static_cast<const T*>(sources[{k + i}]);")
-                loads.append(f"    const T x{i} = s{k + i}[i];")
-            else:
+        loads = [f"const T v{v} = s{v}[i];" for v in range(k)]
+        sums = []
+        for i, kind in enumerate(self.kinds):
+            if kind == "c":
                 setup.append(f"  const T c{i} = static_cast<const T*>(sources[{k + i}])[0];")
+                continue
+            setup.append(f"  const T* s{k + i} = static_cast<const T*>(sources[{k + i}]);")
+            if kind == "x":
+                loads.append(f"const T x{i} = s{k + i}[i];")
+                continue
+            j = self.kinds[:i].count("s")  # the j-th sparse input: its rows' sums, a row at a time, in b<i>
+            setup += [f"  const int64_t* o{i} = rows[{2 * j}];  // where each row's positions start",
+                      f"  const int64_t* p{i} = rows[{2 * j + 1}];  // the positions summed into each row",
+                      f"  std::vector<T> b{i}(width);"]
+            sums += [f"    std::fill(b{i}.begin(), b{i}.end(), T(0));",
+                     f"    for (int64_t q = o{i}[row]; q < o{i}[row + 1]; ++q) {{",
+                     f"      const T* d = s{k + i} + p{i}[q] * width;",
+                     f"      for (int64_t c = 0; c < width; ++c) b{i}[c] += d[c];",
+                     "    }"]
+            loads.append(f"const T x{i} = b{i}[c];")
         setup += [f"  T* t{j} = static_cast<T*>(targets[{j}]);" for j in range(len(self.writes))]
-        stores = [f"    t{j}[i] = {value};" for j, (_, value) in enumerate(self.writes)]
+        step = [*loads, *self.body, *(f"t{j}[i] = {value};" for j, (_, value) in enumerate(self.writes))]
+        if sums:  # a row at a time
+            loop = ["  for (int64_t row = begin / width; row < end / width; ++row) {", *sums,
+                    "#pragma GCC ivdep",
+                    "    for (int64_t c = 0; c < width; ++c) {", "      const int64_t i = row * width + c;",
+                    *(f"      {line}" for line in step), "    }", "  }"]
+        else:
+            loop = ["#pragma GCC ivdep", "  for (int64_t i = begin; i < end; ++i) {",
+                    *(f"    {line}" for line in step), "  }"]
         return "\n".join([
             "// Written by parallax/rewrite/fused_programs.py: one optimizer update, element by element.",
-            "#include <cmath>", "#include <cstdint>", f"typedef {self.dtype} T;",
+            "#include <algorithm>", "#include <cmath>", "#include <cstdint>", "#include <vector>",
+            f"typedef {self.dtype} T;",
             "static inline T parallax_max(T a, T b) {",
             "  return std::isnan(a) ? a : std::isnan(b) ? b : (a < b ? b : a);", "}",
             "static inline T parallax_min(T a, T b) {",
             "  return std::isnan(a) ? a : std::isnan(b) ? b : (b < a ? b : a);", "}",
-            f'extern "C" void {SYMBOL}(const void* const* sources, void* const* targets, int64_t begin,'
-            " int64_t end) {",
+            f'extern "C" void {SYMBOL}(const void* const* sources, void* const* targets,',
+            "                          const int64_t* const* rows, int64_t width, int64_t begin, int64_t end) {",
             *setup,
             # each element's sources are loaded before its targets are stored: in place is safe
-            "#pragma GCC ivdep",
-            "  for (int64_t i = begin; i < end; ++i) {",
-            *loads, *(f"    {line}" for line in self.body), *stores,
-            "  }", "}", ""])
+            *loop, "}", ""])
 
     def key(self) -> str:
         """A name for the compiled loop: the same for every variable whose update is the same chain.
@@ -146,7 +174,10 @@ def compile_region(u: RegionUpdate, nodes: dict[str, node_def_pb2.NodeDef], shap
     handles: dict[str, int] = {}
     handle_inputs: list[str] = []
     inputs: dict[str, int] = {}
-    kinds: dict[str, str | None] = {}  # "x": a whole tensor, "c": a scalar
+    kinds: dict[str, str | None] = {}  # "x": a whole tensor, "c": a scalar, "s": sparse rows summed
+    ids: dict[str, int] = {}
+    sparse: list[int] = []
+    index_types: set[int] = set()
     current: dict[str, str] = {}  # each variable's value so far
     values: dict[str, str] = {}  # each tensor's expression in the loop
     body: list[str] = []
@@ -199,8 +230,23 @@ def compile_region(u: RegionUpdate, nodes: dict[str, node_def_pb2.NodeDef], shap
             if kind(tensor) is None:
                 raise Unfused(f'"{tensor}" is neither of the variable\'s shape nor one element')
             same = tensor
+            summed = u.summed.get(tensor)
+            if summed is not None and _TYPES.get(nodes[op].attr["T"].type) == dtype:  # rows the loop sums
+                rows, indices = summed
+                if rows in inputs:  # the same rows summed twice
+                    if kinds[rows] != "s" or sparse[[t for t in inputs if kinds[t] == "s"].index(rows)] != ids.get(
+                            indices):
+                        raise Unfused(f'"{rows}" is summed by two sets of indices')
+                    values[tensor] = f"x{inputs[rows]}"
+                    return values[tensor]
+                inputs[rows] = len(inputs)
+                kinds[rows] = "s"
+                sparse.append(ids.setdefault(indices, len(ids)))
+                index_types.add(nodes[op].attr["Tindices"].type)
+                values[tensor] = f"x{inputs[rows]}"
+                return values[tensor]
             inputs[tensor] = len(inputs)
-        values[tensor] = f"{kinds[same]}{inputs[same]}"
+        values[tensor] = f"{'c' if kinds[same] == 'c' else 'x'}{inputs[same]}"
         return values[tensor]
 
     variable(nodes[u.writes[0]])  # the updated variable's own first: the op takes its size
@@ -223,8 +269,11 @@ def compile_region(u: RegionUpdate, nodes: dict[str, node_def_pb2.NodeDef], shap
             raise Unfused(f'"{name}" ({node.op}) is not one of the exact element-wise ops')
     writes = tuple((handles[v], current[v]) for v in handles if current[v] != f"v{handles[v]}")
     ordered = sorted(inputs, key=inputs.get)
-    return Program(dtype, tuple(handle_inputs), tuple(ordered), tuple(kinds[t] == "x" for t in ordered),
-                   tuple(body), writes, tuple(compiled))
+    if len(index_types) > 1:
+        raise Unfused("its sparse gradients' indices are of two types")
+    index_type = types_pb2.DataType.Name(index_types.pop()).removeprefix("DT_").lower() if index_types else "int32"
+    return Program(dtype, tuple(handle_inputs), tuple(ordered), tuple(kinds[t] for t in ordered), tuple(body), writes,
+                   tuple(compiled), tuple(sorted(ids, key=ids.get)), tuple(sparse), index_type)
 
 
 def same_value(a: str, b: str, nodes: dict[str, node_def_pb2.NodeDef], others: dict[str, node_def_pb2.NodeDef],

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
@@ -166,11 +167,14 @@ def _unchanged(name: str, nodes: dict[str, node_def_pb2.NodeDef], optimized: dic
 def _fused_op(name: str, program: Program, u: RegionUpdate, carried: list[str], library: str, device: str
               ) -> node_def_pb2.NodeDef:
     node = node_def_pb2.NodeDef(name=name, op=OP_NAME, device=device)
-    node.input.extend([*program.handles, *program.inputs, *("^" + c for c in carried)])
+    node.input.extend([*program.handles, *program.inputs, *program.ids, *("^" + c for c in carried)])
     node.attr["T"].type = u.dtype.as_datatype_enum
+    node.attr["Tindices"].type = tf.as_dtype(program.index_type).as_datatype_enum
     node.attr["K"].i = len(program.handles)
     node.attr["N"].i = len(program.inputs)
-    node.attr["whole"].list.i.extend(int(w) for w in program.whole)
+    node.attr["M"].i = len(program.ids)
+    node.attr["kinds"].list.i.extend({"c": 0, "x": 1, "s": 2}[k] for k in program.kinds)
+    node.attr["sparse"].list.i.extend(program.sparse)
     node.attr["writes"].list.i.extend(k for k, _ in program.writes)
     node.attr["library"].s = library.encode()
     node.attr["symbol"].s = SYMBOL.encode()
