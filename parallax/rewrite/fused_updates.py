@@ -24,6 +24,7 @@ logged at DEBUG. Where the op cannot be built (no compiler), nothing is fused (l
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import tensorflow as tf
@@ -51,11 +52,18 @@ def fused_graph(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, cache_root:
 
     if update_ops(cache_root) is None:
         return meta_graph
+    started = time.monotonic()
+    try:
+        optimized = optimized_nodes(meta_graph)
+    except Exception as e:  # noqa: BLE001 - TensorFlow's own optimizer, whatever it raises: nothing is fused
+        log.info("Parallax: no update is fused: TensorFlow's graph optimizer failed on the graph (%s)", e)
+        return meta_graph
     graph_def, fused = fuse_updates(meta_graph.graph_def, plan, lambda source: build_loop(source, cache_root),
-                                    optimized_nodes(meta_graph))
+                                    optimized)
+    log.debug("Parallax: fused the updates of %d variables in %.2f s: %s", len(fused), time.monotonic() - started,
+              ", ".join(fused))
     if not fused:
         return meta_graph
-    log.debug("Parallax: fused the updates of %d variables: %s", len(fused), ", ".join(fused))
     out = meta_graph_pb2.MetaGraphDef()
     out.CopyFrom(meta_graph)
     out.graph_def.CopyFrom(graph_def)
