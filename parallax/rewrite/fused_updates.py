@@ -16,10 +16,11 @@ TensorFlow's graph optimizer (grappler) rewrites some such chains before they ru
 session. So the graph is first optimized as the session would (:func:`optimized_nodes`), and a region whose
 state ops the optimizer changes (another op, other inputs) keeps its ops: what runs is then what would have run.
 
-Only updates that run in this process are fused (not a parameter server's, not a ZeRO part's: each keeps its
-ops), on CPUs, of ``float32``/``float64`` variables. An update the loop cannot say exactly (another kind of op:
-``Rsqrt``, ``Pow``, ``Sign``, a ``Select``; an update inside a loss scale's conditional) keeps its ops, which is
-logged at DEBUG. Where the op cannot be built (no compiler), nothing is fused (logged at INFO).
+Only updates that run in this process are fused (not a parameter server's or a pipeline stage server's, not a
+ZeRO part's: each keeps its ops), on CPUs, of ``float32``/``float64`` variables. An update the loop cannot say
+exactly (another kind of op: ``Rsqrt``, ``Pow``, ``Sign``, a ``Select``; an update inside a loss scale's
+conditional) keeps its ops, which is logged at DEBUG. Where the op cannot be built (no compiler), nothing is
+fused (logged at INFO).
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ def fuse_updates(graph_def: graph_pb2.GraphDef, plan: Plan, build: Callable[[str
             device = nodes[region.writes[0]].device
             if "GPU" in device.upper():
                 raise Unfused("it runs on a GPU")
+            if "/job:stage" in device:  # a pipeline stage's server, which has not loaded the op
+                raise Unfused("it runs in a pipeline stage's process")
             carried = _carried(region, nodes, users)
             library = build(program.source())
         except (RewriteError, Unfused, RuntimeError) as e:
