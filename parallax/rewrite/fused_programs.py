@@ -15,7 +15,6 @@ op, another dtype, reads and writes of one variable that the graph does not orde
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,7 +23,7 @@ import tensorflow as tf
 from tensorflow.core.framework import node_def_pb2, types_pb2
 from tensorflow.python.framework import op_def_registry
 
-from parallax.graph.graph_ops import parse_input, variable_behind
+from parallax.graph.graph_ops import canonical, parse_input, variable_behind
 from parallax.rewrite.zero_regions import RegionUpdate
 
 __all__ = ["Program", "Unfused", "compile_region", "same_value", "same_inputs", "data_inputs", "EXPRESSIONS", "SYMBOL"]
@@ -147,15 +146,6 @@ class Program:
             # each element's sources are loaded before its targets are stored: in place is safe
             *loop, "}", ""])
 
-    def key(self) -> str:
-        """A name for the compiled loop: the same for every variable whose update is the same chain.
-
-        >>> p = Program("float", ("a",), (), (), (), ((0, "v0"),))
-        >>> p.key() == Program("float", ("b",), (), (), (), ((0, "v0"),)).key()
-        True
-        """
-        return hashlib.sha256(self.source().encode()).hexdigest()[:16]
-
 
 def compile_region(u: RegionUpdate, nodes: dict[str, node_def_pb2.NodeDef], shapes: dict[str, tuple | None],
                    absorb: Callable[[str], bool] = lambda op: True) -> Program:
@@ -201,7 +191,7 @@ def compile_region(u: RegionUpdate, nodes: dict[str, node_def_pb2.NodeDef], shap
             elif shape is not None and None not in shape and int(np.prod(shape)) == 1:
                 kinds[tensor] = "c"
             elif op in u.ops and nodes[op].op in EXPRESSIONS:
-                found = {kind(_tensor(t)) for t in nodes[op].input if not t.startswith("^")}
+                found = {kind(canonical(t)) for t in nodes[op].input if not t.startswith("^")}
                 kinds[tensor] = "x" if "x" in found and None not in found else None
             else:
                 kinds[tensor] = None
@@ -213,7 +203,7 @@ def compile_region(u: RegionUpdate, nodes: dict[str, node_def_pb2.NodeDef], shap
         return name
 
     def operand(text: str) -> str:
-        tensor = _tensor(text)
+        tensor = canonical(text)
         if tensor in values:
             return values[tensor]
         op = parse_input(tensor)[0]
@@ -341,11 +331,6 @@ def _constant(node: node_def_pb2.NodeDef) -> tuple:
 def _typed(node: node_def_pb2.NodeDef, dtype: str) -> bool:
     key = "dtype" if node.op == _READ or node.op in _WRITES else "T"
     return _TYPES.get(node.attr[key].type) == dtype
-
-
-def _tensor(text: str) -> str:
-    op, index, _ = parse_input(text)
-    return f"{op}:{index}"
 
 
 def _check_order(u: RegionUpdate, nodes: dict[str, node_def_pb2.NodeDef]) -> None:
