@@ -102,14 +102,16 @@ def fuse_updates(graph_def: graph_pb2.GraphDef, plan: Plan, build: Callable[[str
     nodes = node_map(out)
     users = consumers(out)
     shapes = None
-    fused = []
+    fused: list[str] = []
+    made: list[node_def_pb2.NodeDef] = []
     for v in plan.variables:
         if v.gradient is None or v.server is not None or v.sharded or v.slot_of is not None:
             continue
         if shapes is None:
             shapes = static_shapes(out)  # before the first op of ours is in the graph: it imports it
         try:
-            region = find_region(out, nodes, v, [s.name for s in plan.variables if s.slot_of == v.name], shapes)
+            region = find_region(out, nodes, v, [s.name for s in plan.variables if s.slot_of == v.name], shapes,
+                                 users)
             if region is None:
                 continue
             program = compile_region(region, nodes, shapes,
@@ -127,13 +129,14 @@ def fuse_updates(graph_def: graph_pb2.GraphDef, plan: Plan, build: Callable[[str
             log.debug('Parallax: the update of "%s" keeps its ops: %s', v.name, e)
             continue
         node = _fused_op(f"{FUSED_PREFIX}/{v.name}/update", program, region, carried, library, device)
-        retire_region(region, out, node.name)
-        add_nodes(out, [node])
+        retire_region(region, nodes, node.name)
+        made.append(node)
         nodes[node.name] = node
         for text in node.input:
             users.setdefault(parse_input(text)[0], []).append(node.name)
         users[node.name] = list(region.state)
         fused.append(v.name)
+    add_nodes(out, made)
     return out, fused
 
 

@@ -247,9 +247,10 @@ def shard_optimizer_states(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, 
         node.device = device
     add_nodes(graph_def, made + gathered + assigns)
     data_read = {parse_input(t)[0] for n in graph_def.node for t in n.input if not t.startswith("^")}
+    ops = node_map(graph_def)
     for u, assign in zip(updates, assigns):
         if isinstance(u, RegionUpdate):
-            retire_region(u, graph_def, assign.name)
+            retire_region(u, ops, assign.name)
         else:
             _replace_update(u, assign.name, data_read)
     _drop_slots(out, [s for u in updates for _, s in u.slots], defs)

@@ -92,13 +92,15 @@ class RegionUpdate:
 
 
 def find_region(graph_def: graph_pb2.GraphDef, nodes: dict, var: VariablePlacement, slot_names: list[str],
-                shapes: dict[str, tuple | None]) -> RegionUpdate | None:
+                shapes: dict[str, tuple | None], users: dict[str, list[str]] | None = None) -> RegionUpdate | None:
     """``var``'s update region in ``graph_def`` (its ops in an ``update_<var>/`` scope), or ``None`` where it has
     none.
 
     Args:
         shapes: each tensor's static shape (``None``: unknown), by name (what is computed from the variable's
             gradient is whole whatever its static shape says: :func:`_from_gradient`).
+        users: :func:`~parallax.graph.graph_ops.consumers` of ``graph_def`` (``None``: each op is looked at), for a
+            caller that finds many regions in one graph.
 
     Raises:
         RewriteError: the region cannot be cut into parts (see the module docstring).
@@ -152,7 +154,8 @@ def find_region(graph_def: graph_pb2.GraphDef, nodes: dict, var: VariablePlaceme
             elif shape is None or _elements(shape) != 1:
                 raise _whole(var, f'"{name}" ({node.op}) combines its state with {_tensor(text)} of shape '
                                   f"{shape if shape is not None else 'unknown'}")
-    outside = [n for n in graph_def.node if n.name not in ops]
+    outside = (n for n in graph_def.node if n.name not in ops) if users is None else \
+        (nodes[c] for c in sorted({c for s in state for c in users.get(s, ())}) if c not in ops)
     for node in outside:
         for text in node.input:
             if not text.startswith("^") and parse_input(text)[0] in state:
@@ -235,17 +238,17 @@ def copy_region(u: RegionUpdate, nodes: dict, part: str, slot_parts: list[str], 
     return made + [done], done.name
 
 
-def retire_region(u: RegionUpdate, graph_def: graph_pb2.GraphDef, assign: str) -> None:
+def retire_region(u: RegionUpdate, nodes: dict[str, node_def_pb2.NodeDef], assign: str) -> None:
     """The region's state ops (its reads and writes of the whole variable and slots, and what is computed from
     them: only state ops take them) become ``NoOp`` ops that wait for the variable's new value (``assign``), so
-    whatever waited for the update still does; the region's other ops are left to the copies that take them."""
-    retired = set(u.state)
-    for node in graph_def.node:
-        if node.name in retired:
-            name, device = node.name, node.device
-            node.Clear()
-            node.name, node.device, node.op = name, device, "NoOp"
-            node.input.append("^" + assign)
+    whatever waited for the update still does; the region's other ops are left to the copies that take them.
+    ``nodes``: the graph's ops by name (:func:`~parallax.graph.graph_ops.node_map`), changed where they are."""
+    for name in u.state:
+        node = nodes[name]
+        device = node.device
+        node.Clear()
+        node.name, node.device, node.op = name, device, "NoOp"
+        node.input.append("^" + assign)
 
 
 def rows_part(rows: tf.Tensor, indices: tf.Tensor, shape: tuple, workers: int, index: int) -> tf.Tensor:

@@ -91,6 +91,7 @@ class FitBatches:
                     initial_epoch=initial_epoch, epochs=epochs, shuffle=shuffle, class_weight=class_weight,
                     model=model, steps_per_execution=model._steps_per_execution)
                 self.steps = self._handler.inferred_steps
+                _without_autotuning(self._handler)
                 return self._handler._dataset.element_spec
             from keras.src.backend.tensorflow.trainer import TFEpochIterator
 
@@ -265,18 +266,26 @@ class Ahead:
 
 
 def _without_autotuning(iterator: Any) -> None:
-    """Keras's own pipeline over arrays in memory (its ``ArrayDataAdapter``: each batch's rows gathered by a
-    parallel map, prefetched) run without ``tf.data``'s autotuning, whose thread outlives the epoch: Keras makes a
-    new iterator of the pipeline at each epoch's end, and the old one's destructor waits, holding the interpreter,
-    until that thread next wakes (0.63 s, 1.27 s, ... after the iterator was made; the period doubles): an epoch of
+    """The pipeline the iterator draws from run without ``tf.data``'s autotuning where nobody asked for it (Keras's
+    own over arrays, a dataset whose options leave ``autotune.enabled`` unset). Keras makes a new iterator of the
+    pipeline at each epoch's end, and an autotuned iterator's destructor waits, holding the interpreter, until its
+    autotuning thread next wakes (0.63 s, 1.27 s, ... after the iterator was made; the period doubles): an epoch of
     0.7 s waited 0.55 s more at its end (docs/benchmarks.md), as ``model.fit``'s own epochs do once they last past
-    0.63 s. The batches stay the same; the gather then runs on a thread per core and the prefetch buffer grows
-    as the prefetch needs. A dataset of the program's own keeps its options, whatever they cost."""
-    dataset = getattr(iterator, "_distributed_dataset", None)
-    if type(iterator.data_adapter).__name__ == "ArrayDataAdapter" and isinstance(dataset, tf.data.Dataset):
-        options = tf.data.Options()
-        options.autotune.enabled = False
-        iterator._distributed_dataset = dataset.with_options(options)
+    0.63 s; two workers in step wait for the later of their two pauses. The batches stay the same (autotuning picks
+    how many threads and buffers, not what they hold); a map of ``num_parallel_calls=AUTOTUNE`` then runs on a thread
+    per core and a prefetch buffer grows as the prefetch needs. A dataset whose options turn autotuning on keeps
+    it."""
+    field = "_dataset" if hasattr(iterator, "_dataset") else "_distributed_dataset"  # tf_keras's, Keras 3's
+    dataset = getattr(iterator, field, None)
+    if isinstance(dataset, tf.data.Dataset) and dataset.options().autotune.enabled is None:
+        setattr(iterator, field, dataset.with_options(untuned()))
+
+
+def untuned() -> tf.data.Options:
+    """Options that turn ``tf.data``'s autotuning off (see :func:`_without_autotuning`)."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return options
 
 
 def check_same(group: WorkerGroup, batch: tuple, epoch: int) -> None:

@@ -724,18 +724,25 @@ def test_the_model_gets_the_trained_weights_between_epochs_where_something_may_r
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6, err_msg=a.path)
 
 
-def test_keras_own_pipeline_over_arrays_runs_without_autotuning_and_a_programs_dataset_keeps_its_options():
+def test_pipelines_run_without_autotuning_unless_the_program_turned_it_on():
     """Keras makes a new iterator of its pipeline at each epoch's end, and an autotuned one's destructor waits for
     its autotuning thread's next wake-up (up to 0.6 s an epoch, docs/benchmarks.md): parallax.fit runs the pipeline
-    Keras makes over arrays without autotuning (the batches stay model.fit's: the tests above); a dataset of the
-    program's own keeps the options it has."""
+    Keras makes over arrays, and a dataset of the program's own whose options leave autotuning unset, without it
+    (the batches stay model.fit's: the tests above); a dataset whose options turn it on keeps it, in Keras 3 and
+    tf_keras alike."""
     x, y = np.arange(10.0)[:, None], np.arange(10.0)[:, None]
     _, batches = _parallax_batches(x, y, 4, True)
     assert batches._iterator._distributed_dataset.options().autotune.enabled is False
     import keras
+    import tf_keras
 
-    model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(1)])
-    model.compile(optimizer="sgd", loss="mse")
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
-    own = FitBatches("keras", model, data, None, None, None, None, False, None, 0, 1, 0)
-    assert own._iterator._distributed_dataset.options().autotune.enabled is not False
+    tuned = tf.data.Options()
+    tuned.autotune.enabled = True
+    for flavor, module in (("keras", keras), ("tf_keras", tf_keras)):
+        model = module.Sequential([module.layers.Input((1,)), module.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        for dataset, expected in ((data, False), (data.with_options(tuned), True)):
+            own = FitBatches(flavor, model, dataset, None, None, None, None, False, None, 0, 1, 0)
+            iterated = own._handler._dataset if flavor == "tf_keras" else own._iterator._distributed_dataset
+            assert iterated.options().autotune.enabled is expected, (flavor, expected)
