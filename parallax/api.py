@@ -42,7 +42,7 @@ from parallax.launch.runner import JobResult
 from parallax.logs import log as logger
 from parallax.manifests import write_requested
 from parallax.manifests.common import planner
-from parallax.member.identity import numbers
+from parallax.member.identity import numbers, replicas_in_job
 from parallax.member.joined import JoinedProcess, joined_process
 from parallax.member.rank import LaunchedProcess, launched_process
 from parallax.member.roles import check_local_devices, local_replicas, role_setup
@@ -141,6 +141,20 @@ def _parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | No
     if isinstance(outcome, int):
         raise SystemExit(outcome)  # the one place a parallel_run call ends its process
     return run.wrap(outcome)
+
+
+def job_replicas(resource_info: str | os.PathLike | None, parallax_config: Config | None = None) -> int | None:
+    """How many replicas a ``parallel_run`` call with these arguments trains in all (every worker's), as this
+    process knows it before the call: the same number in the process the user started and in the ranks the
+    launcher starts; ``None`` in a task a cluster manager started, or where the resources cannot be read."""
+    config = parallax_config if parallax_config is not None else Config()
+    invocation = current()
+    try:
+        force = in_force(config, resource_info, invocation, step=True)
+    except ValueError:
+        return None
+    return replicas_in_job(invocation, force.resource_info, force.config.redirect_path,
+                           len(tf.config.list_physical_devices("GPU")))
 
 
 def preview_plan(single_gpu_graph: Graph, resource_info: str | os.PathLike | None, sync: bool = True,

@@ -48,13 +48,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from parallax.api import parallel_run
+from parallax.api import job_replicas, parallel_run
 from parallax.comm.group import Alone
 from parallax.tf2.arguments import check_fit, check_model, check_optimizer, is_dataset_like
 from parallax.tf2.backup import check_restored_alike, restore_backups
 from parallax.tf2.batch_hooks import ENDS, BatchLogs, CallbackReach, reads_logs, saves_after
 from parallax.tf2.batch_parts import parts, per_leaf, worker_block
-from parallax.tf2.batches import FitBatches, check_same
+from parallax.tf2.batches import FitBatches, check_same, with_batch
 from parallax.tf2.draws import mark_part
 from parallax.tf2.evaluate import HostSums, chief_or_shared, evaluate_on, evaluated_whole, numbers, use_job
 from parallax.tf2.exhausted import counting, exhausted_step, warn_uncounted
@@ -142,8 +142,11 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                          targets=not own and flavor.takes_targets(model))
     outputs: dict = {}  # the structure of the model's predictions, seen when the step is traced
     sources: dict = {}  # the metric whose result each log of the model's own train_step is
-    step_fn = own_train_step(model, batches.signature, batches.has_targets, batches.weighted, sources) if own \
-        else _train_step(model, flavor, batches, outputs)
+    # one replica in the job: traced as model.fit traces its step, with the batch size its iterator states
+    rows = batches.static_batch if batches.static_batch and job_replicas(resource_info, parallax_config) == 1 else None
+    signature = [None if s is None else with_batch(s, rows) for s in batches.signature]
+    step_fn = own_train_step(model, signature, batches.has_targets, batches.weighted, sources) if own \
+        else _train_step(model, flavor, batches, outputs, signature, rows)
     exhausted = exhausted_step(model, step_fn, batches.counts_exhausted)  # Keras 3's count of an exhausted step
     counted = exhausted.counted
     if counted:
@@ -335,18 +338,23 @@ def _masked(value: Any, mask: Any) -> tf.Tensor:
     return tensor
 
 
-def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) -> Any:
+def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict, signature: list,
+                rows_known: int | None) -> Any:
     """The model's ``train_step`` for one replica, its metrics left to the host: the loss, the predictions
     (flattened; their structure goes into ``outputs["structure"]``, whether the loss sums over the batch into
     ``outputs["summed"]``) and what the flavor needs to record the
     loss (:meth:`~parallax.tf2.keras_flavor.Flavor.record_loss`). It takes ``(x, y, sample_weight)``
-    (:func:`parallax.tf2.batch_parts.even_parts` makes the weights)."""
+    (:func:`parallax.tf2.batch_parts.even_parts` makes the weights) of ``signature``'s specs; ``rows_known``: the
+    rows of every part, where the step is traced with them (one replica: ``model.fit``'s static batch size)."""
 
     summed = outputs["summed"] = sums_over_batch(model)
 
     def step(x, y, sample_weight, share, real, examples, start):
         # the part's real examples (a part of padding only: one row, whose loss counts for nothing)
         x, y, sample_weight = rows(tf.maximum(real, 1), (x, y, sample_weight))
+        if rows_known:  # every row real: the static size model.fit's trace has (checked as the step runs)
+            x, y, sample_weight = tf.nest.map_structure(
+                lambda t: None if t is None else tf.ensure_shape(t, [rows_known, *t.shape[1:]]), (x, y, sample_weight))
         mark_part(examples, start, tf.shape(tf.nest.flatten(x)[0])[0])  # its random draws: one device's rows
         with tf.GradientTape() as tape:
             prediction = model(x, training=True)
@@ -372,7 +380,7 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict) 
         return step(x, None, sample_weight, share, real, examples, start)
 
     scalar, index = tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32)
-    x_spec, y_spec, w_spec = batches.signature
+    x_spec, y_spec, w_spec = signature
     rest = [w_spec, scalar, index, scalar, index]
     if not batches.has_targets:
         return tf.function(without_targets, input_signature=[x_spec, *rest])

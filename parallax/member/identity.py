@@ -21,7 +21,7 @@ from parallax.member.rank import launched_process
 from parallax.resources.cluster import Role
 from parallax.resources.files import parse_resource_file
 
-__all__ = ["numbers"]
+__all__ = ["numbers", "replicas_in_job"]
 
 
 def numbers(invocation: Invocation, resource_info: str | os.PathLike | None, redirect_path: str | None,
@@ -51,3 +51,21 @@ def numbers(invocation: Invocation, resource_info: str | os.PathLike | None, red
                          "which needs the traced graph: give the tf.function an input_signature")
     first = parse_resource_file(resource_info).workers[0]
     return 1, 0, len(first.devices) if first.devices else max(1, gpus)
+
+
+def replicas_in_job(invocation: Invocation, resource_info: str | os.PathLike | None, redirect_path: str | None,
+                    gpus: int) -> int | None:
+    """How many replicas the whole job trains (every worker's), known alike in the process the user started and in
+    each process the launcher started; ``None`` where it is not known before the plan (a task a cluster manager
+    started) or the resources cannot be read here (arguments as :func:`numbers`)."""
+    if invocation.launch is not None:
+        ranks = launched_process(invocation, redirect_path).context.ranks
+        devices = [r.devices for r in ranks if r.role == Role.WORKER]
+    elif invocation.tf_config is not None:
+        return None
+    else:
+        try:
+            devices = [w.devices for w in parse_resource_file(resource_info).workers]
+        except Exception:  # noqa: BLE001 - parallel_run reads the resources again, and says what is wrong
+            return None
+    return sum(len(d) if d else max(1, gpus) for d in devices)

@@ -37,7 +37,7 @@ from parallax.comm.group import WorkerGroup
 from parallax.logs import log
 from parallax.tf2.input_split import Share, share_of
 
-__all__ = ["FitBatches", "check_same"]
+__all__ = ["FitBatches", "check_same", "with_batch"]
 
 
 class FitBatches:
@@ -77,6 +77,11 @@ class FitBatches:
         weights = tf.TensorSpec([None], tf.float32) if w_spec is None else \
             tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape[1:]], tf.float32), w_spec)  # or per step
         self.signature = [_any_batch(x_spec), None if y_spec is None else _any_batch(y_spec), weights]
+        #: the rows of every batch where the iterator says it statically (arrays that split into whole batches, a
+        #: dataset batched with ``drop_remainder=True``): ``model.fit`` traces its step with that batch size, and
+        #: TensorFlow's gradients then divide by constants where a size is known (``Mean``'s by the reduced axes'
+        #: length), which TensorFlow's graph optimizer turns into products; else ``None``
+        self.static_batch = _static_rows([x_spec, y_spec, w_spec])
 
     def _make(self, x: Any, *, model: Any, y: Any, sample_weight: Any, batch_size: int | None,
               steps_per_epoch: int | None, shuffle: Any, class_weight: dict | None, initial_epoch: int, epochs: int,
@@ -366,6 +371,17 @@ def _to_numpy(value: Any) -> np.ndarray:
     return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
 
 
+def _static_rows(specs: Any) -> int | None:
+    """The first dimension every tensor of ``specs`` has, where it is one number; else ``None``."""
+    rows = {s.shape[0] if s.shape.rank else None for s in tf.nest.flatten(specs) if s is not None}
+    return rows.pop() if len(rows) == 1 and None not in rows else None
+
+
+def with_batch(spec: Any, rows: int | None) -> Any:
+    """``spec`` (a structure of ``tf.TensorSpec``, ``None`` kept) with each tensor's first dimension ``rows``."""
+    return tf.nest.map_structure(lambda s: tf.TensorSpec([rows, *s.shape[1:]], s.dtype), spec)
+
+
 def _any_batch(spec: Any) -> Any:
     """``spec`` with each tensor's first dimension open."""
-    return tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape[1:]], s.dtype), spec)
+    return with_batch(spec, None)
