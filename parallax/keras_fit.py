@@ -216,6 +216,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         last = None  # the logs of the epoch's last step of the model's own train_step
         if host:
             host.restart()
+        if deferred:  # the job's copies too: each step adds to zero, as model.fit's does
+            step.restart_sums()
         callback_list.on_epoch_begin(epoch)
         if epoch == initial_epoch or not quiet_between:
             edits.carry("on_epoch_begin" if epoch == initial_epoch else "on_epoch_end or on_epoch_begin")

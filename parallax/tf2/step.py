@@ -196,6 +196,11 @@ class DistributedStep:
         step (``parallax.fit``: :class:`parallax.tf2.summed.SummedState`)."""
         self._summed.defer()
 
+    def restart_sums(self) -> None:
+        """This worker's copies of the program's metrics in the job set to zero, as the program's were
+        (:meth:`parallax.tf2.summed.SummedState.restart`)."""
+        self._summed.restart(self._traced.summed_writes)
+
     def flush_sums(self, flags: tuple = ()) -> np.ndarray:
         """What the steps since the last flush added to the program's metrics, summed over the workers, added to
         them; ``flags`` summed along and returned (every worker calls it at the same points)."""

@@ -115,20 +115,45 @@ class SummedState:
         self._pending = None
         total = self._group.sum(np.concatenate([pending, np.asarray(flags, dtype=np.float64)]))
         if pending.size:
-            self._add(pending, total[:pending.size])
+            self._add(pending, total[:pending.size], exact=True)
         return total[pending.size:]
 
-    def _add(self, flat: np.ndarray, total: np.ndarray) -> None:
-        """Add ``total`` (``flat``, this worker's own, for a variable on a server) to the program's variables."""
+    def restart(self, writes: dict) -> None:
+        """Set this worker's copies in the job to zero, as the program's were just set (``parallax.fit`` resets the
+        model's metrics at each epoch's start, as ``model.fit`` does): each step then adds to zero as one device's
+        step does, so that on one worker the sums :meth:`flush` brings are one device's to the bit (a copy that
+        ran on carries the epochs before, and a step's sum taken as its difference from that loses the last bits).
+        Call it between flushes (what the steps before added is kept).
+
+        Args:
+            writes: each variable's placeholder and write (:attr:`parallax.tf2.trace.TracedStep.summed_writes`); a
+                variable without one keeps its copy.
+        """
+        known = [n for n in self._names if n in writes]
+        if not known:
+            return
+        feeds = {writes[n][0]: [np.zeros_like(b) for _ in range(self._session.num_replicas)]
+                 for n, b in zip(self._names, self._base) if n in writes}
+        self._session.run([writes[n][1] for n in known], feed_dict=feeds)
+        self._base = self._read()  # what the copies now hold (a write a server's worker left to the chief: their own)
+
+    def _add(self, flat: np.ndarray, total: np.ndarray, exact: bool = False) -> None:
+        """Add ``total`` (``flat``, this worker's own, for a variable on a server) to the program's variables;
+        ``exact``: the sum made in float64 from the variable's value and written (one round, not two)."""
         shared = set(self._shared)
         at = 0
         for name, eager, base in zip(self._names, self._eager, self._base):
             size = base.size
             step = (flat if name in shared else total)[at:at + size].reshape(base.shape)
             at += size
-            if step.any():  # the op alone: Variable.assign_add's Python layers cost several times it, each step
-                gen_resource_variable_ops.assign_add_variable_op(eager.variable.handle,
-                                                                 tf.constant(step.astype(eager.dtype.as_numpy_dtype)))
+            if not step.any():
+                continue
+            dtype = eager.dtype.as_numpy_dtype
+            if exact:
+                value = (np.asarray(eager.variable.numpy(), np.float64) + step).astype(dtype)
+                gen_resource_variable_ops.assign_variable_op(eager.variable.handle, tf.constant(value))
+            else:  # the op alone: Variable.assign_add's Python layers cost several times it, each step
+                gen_resource_variable_ops.assign_add_variable_op(eager.variable.handle, tf.constant(step.astype(dtype)))
         self._warn_once()
 
     def _read(self) -> list[np.ndarray]:

@@ -89,6 +89,8 @@ class TracedStep:
         function: the ``tf.function`` traced (whose parameters bind a call's keyword arguments).
         part_rows: where the step draws random numbers of its part's rows, a scalar placeholder the step is fed
             each replica's part's rows with (:func:`parallax.tf2.draws.mark_replica_parts`), else ``None``.
+        summed_writes: as ``host_writes``, for each metric's state (summed over the replicas): how the job's copies
+            are reset (:meth:`parallax.tf2.summed.SummedState.restart`).
     """
 
     graph: tf.Graph
@@ -101,6 +103,7 @@ class TracedStep:
     host_writes: dict = field(default_factory=dict)
     function: Any = None
     part_rows: Any = None
+    summed_writes: dict = field(default_factory=dict)
 
 
 def is_step_function(obj: Any) -> bool:
@@ -179,6 +182,7 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
     bindings: dict[str, str] = {}  # capture placeholder -> op that stands for it
     variables: dict[str, Any] = {}
     writes: dict[str, tuple[str, str]] = {}
+    summed_writes: dict[str, tuple[str, str]] = {}
     with scratch.as_default():
         for name, table in sorted(tables.items()):
             bindings[name] = build_table(table, f"parallax_table/{name.replace('/', '_')}")
@@ -197,8 +201,8 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
                 made = _graph_variable(eager, taken)
             variables[made.op.name] = eager
             bindings[name] = made.op.name
-            if owner is None and eager.variable is not None and not eager.summed:  # the program may set it
-                writes[made.op.name] = _host_write(made, eager)
+            if owner is None and eager.variable is not None:  # the program may set it (a metric: reset it)
+                (summed_writes if eager.summed else writes)[made.op.name] = _host_write(made, eager)
     with scratch.as_default():
         meta = tf.compat.v1.train.export_meta_graph(graph=scratch)
     step_def = _bound(step_def, bindings)
@@ -234,7 +238,8 @@ def trace_step(fn: Any, input_signature: Any = None) -> TracedStep:
         func_graph.structured_outputs)
     train_op = graph.get_operation_by_name(STEP_OP)
     part_rows = graph.get_tensor_by_name(f"{mine(replica_marks[2])}:0") if replica_marks else None
-    return TracedStep(graph, tuple(args), outputs, train_op, variables, signature, scratch, writes, fn, part_rows)
+    return TracedStep(graph, tuple(args), outputs, train_op, variables, signature, scratch, writes, fn, part_rows,
+                      summed_writes)
 
 
 @dataclass(frozen=True)
