@@ -1,4 +1,4 @@
-"""Small single-device graphs shared by the tests, each built in a fresh tf.Graph."""
+"""Small single-device graphs shared by the tests, each built in a fresh tf.Graph, and a Keras model."""
 
 from __future__ import annotations
 
@@ -281,3 +281,14 @@ DATA = {"mlp": lambda steps, batch: batches("mlp", steps, batch),
         "mlp_ref": lambda steps, batch: batches("mlp", steps, batch),
         "deep_mlp": lambda steps, batch: batches("mlp", steps, batch),
         "cnn_bn": image_batches}
+
+
+def averaged_embedding_model(module):
+    """A compiled Keras model of ``module`` (``keras`` or ``tf_keras``), seeded: 5 ids into an Embedding(300, 8)
+    averaged by ``GlobalAveragePooling1D`` (whose gradient divides by the sequence's length), two Dense, Adam."""
+    module.utils.set_random_seed(11)
+    model = module.Sequential([module.Input((5,), dtype="int32"), module.layers.Embedding(300, 8),
+                               module.layers.GlobalAveragePooling1D(), module.layers.Dense(16, activation="relu"),
+                               module.layers.Dense(1, activation="sigmoid")])
+    model.compile(optimizer=module.optimizers.Adam(0.01), loss="binary_crossentropy")
+    return model

@@ -18,14 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-
-def _model(module):
-    module.utils.set_random_seed(11)
-    model = module.Sequential([module.Input((5,), dtype="int32"), module.layers.Embedding(300, 8),
-                               module.layers.GlobalAveragePooling1D(), module.layers.Dense(16, activation="relu"),
-                               module.layers.Dense(1, activation="sigmoid")])
-    model.compile(optimizer=module.optimizers.Adam(0.01), loss="binary_crossentropy")
-    return model
+from tests.models import averaged_embedding_model
 
 
 @pytest.mark.parametrize("flavor, examples, form", [
@@ -48,10 +41,10 @@ def test_one_worker_trains_the_bits_model_fit_trains(tmp_path, flavor, examples,
             return {"x": x, "y": y, "batch_size": 16}
         return {"x": tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True)}
 
-    reference = _model(module)
+    reference = averaged_embedding_model(module)
     expected = reference.fit(**data(), epochs=2, verbose=0)
     (tmp_path / "resource_info").write_text("localhost: cpu:0\n")
-    model = _model(module)
+    model = averaged_embedding_model(module)
     got = parallax.fit(model, **data(), epochs=2, verbose=0, resource_info=str(tmp_path / "resource_info"))
     if flavor == "keras":
         assert got.history["loss"] == expected.history["loss"]

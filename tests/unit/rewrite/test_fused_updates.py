@@ -15,6 +15,7 @@ from parallax.comm import native
 from parallax.plan import build_plan
 from parallax.rewrite.fused_updates import OP_NAME, fuse_updates, fused_graph, optimized_nodes
 from parallax.tf2.trace import trace_step
+from tests.models import averaged_embedding_model
 from tests.tf2.optimizer_matrix import batches, build
 from tests.unit.rewrite.helpers import export
 
@@ -116,22 +117,15 @@ def test_parallax_fit_on_one_worker_runs_adam_fused_to_the_same_bits_as_without(
 
     import parallax
 
-    def made():
-        keras.utils.set_random_seed(11)
-        model = keras.Sequential([keras.Input((5,), dtype="int32"), keras.layers.Embedding(300, 8),
-                                  keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(16, activation="relu"),
-                                  keras.layers.Dense(1, activation="sigmoid")])
-        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy")
-        return model
 
     rng = np.random.RandomState(4)
     x, y = rng.randint(0, 300, (96, 5)), rng.randint(0, 2, (96, 1)).astype(np.float32)
-    reference = made()
+    reference = averaged_embedding_model(keras)
     reference.fit(x, y, batch_size=16, epochs=2, verbose=0)
     (tmp_path / "resource_info").write_text("localhost: cpu:0\n")
     trained = {}
     for fuse in (True, False):
-        model = made()
+        model = averaged_embedding_model(keras)
         parallax.fit(model, x, y, batch_size=16, epochs=2, verbose=0, resource_info=str(tmp_path / "resource_info"),
                      parallax_config=parallax.Config(export_graph_path=str(tmp_path / str(fuse)), fuse_updates=fuse))
         ran = (tmp_path / str(fuse) / "worker-0_metagraph").read_text()
