@@ -143,10 +143,11 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     outputs: dict = {}  # the structure of the model's predictions, seen when the step is traced
     sources: dict = {}  # the metric whose result each log of the model's own train_step is
     # one replica in the job: traced as model.fit traces its step, with the batch size its iterator states
-    rows = batches.static_batch if batches.static_batch and job_replicas(resource_info, parallax_config) == 1 else None
-    signature = [None if s is None else with_batch(s, rows) for s in batches.signature]
+    static_rows = batches.static_batch if batches.static_batch and job_replicas(resource_info, parallax_config) == 1 \
+        else None
+    signature = [None if s is None else with_batch(s, static_rows) for s in batches.signature]
     step_fn = own_train_step(model, signature, batches.has_targets, batches.weighted, sources) if own \
-        else _train_step(model, flavor, batches, outputs, signature, rows)
+        else _train_step(model, flavor, batches, outputs, signature, static_rows)
     exhausted = exhausted_step(model, step_fn, batches.counts_exhausted)  # Keras 3's count of an exhausted step
     counted = exhausted.counted
     if counted:

@@ -43,14 +43,12 @@ def numbers(invocation: Invocation, resource_info: str | os.PathLike | None, red
         workers = [i for i, r in enumerate(ranks) if r.role == Role.WORKER]
         if launched.rank not in workers:  # a server: it trains nothing
             return len(workers), 0, 1
-        devices = ranks[launched.rank].devices
-        return len(workers), workers.index(launched.rank), len(devices) if devices else max(1, gpus)
+        return len(workers), workers.index(launched.rank), _replicas(ranks[launched.rank].devices, gpus)
     if invocation.tf_config is not None:
         raise ValueError("parallel_run: a tf.function step without an input_signature is traced at its first call, "
                          "and a task a cluster manager starts (TF_CONFIG) learns its worker_id from the job's plan, "
                          "which needs the traced graph: give the tf.function an input_signature")
-    first = parse_resource_file(resource_info).workers[0]
-    return 1, 0, len(first.devices) if first.devices else max(1, gpus)
+    return 1, 0, _replicas(parse_resource_file(resource_info).workers[0].devices, gpus)
 
 
 def replicas_in_job(invocation: Invocation, resource_info: str | os.PathLike | None, redirect_path: str | None,
@@ -68,4 +66,9 @@ def replicas_in_job(invocation: Invocation, resource_info: str | os.PathLike | N
             devices = [w.devices for w in parse_resource_file(resource_info).workers]
         except Exception:  # noqa: BLE001 - parallel_run reads the resources again, and says what is wrong
             return None
-    return sum(len(d) if d else max(1, gpus) for d in devices)
+    return sum(_replicas(d, gpus) for d in devices)
+
+
+def _replicas(devices: tuple | None, gpus: int) -> int:
+    """The replicas of a worker of ``devices`` (``None``: a bare host line, every GPU or one CPU)."""
+    return len(devices) if devices else max(1, gpus)

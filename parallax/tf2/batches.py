@@ -96,7 +96,7 @@ class FitBatches:
                     initial_epoch=initial_epoch, epochs=epochs, shuffle=shuffle, class_weight=class_weight,
                     model=model, steps_per_execution=model._steps_per_execution)
                 self.steps = self._handler.inferred_steps
-                _without_autotuning(self._handler)
+                _without_autotuning(self._handler, "_dataset")
                 return self._handler._dataset.element_spec
             from keras.src.backend.tensorflow.trainer import TFEpochIterator
 
@@ -105,7 +105,7 @@ class FitBatches:
                 shuffle=shuffle, class_weight=class_weight, distribute_strategy=tf.distribute.get_strategy(),
                 steps_per_execution=1)
             self._iterator.reset()
-            _without_autotuning(self._iterator)
+            _without_autotuning(self._iterator, "_distributed_dataset")
             self.steps = self._iterator.num_batches
             return self._iterator._distributed_dataset.element_spec
 
@@ -270,17 +270,17 @@ class Ahead:
         self._thread.join(10.0)
 
 
-def _without_autotuning(iterator: Any) -> None:
-    """The pipeline the iterator draws from run without ``tf.data``'s autotuning where nobody asked for it (Keras's
-    own over arrays, a dataset whose options leave ``autotune.enabled`` unset). Keras makes a new iterator of the
-    pipeline at each epoch's end, and an autotuned iterator's destructor waits, holding the interpreter, until its
-    autotuning thread next wakes (0.63 s, 1.27 s, ... after the iterator was made; the period doubles): an epoch of
+def _without_autotuning(iterator: Any, field: str) -> None:
+    """The pipeline the iterator draws from (its attribute ``field``: tf_keras's ``DataHandler._dataset``, Keras
+    3's ``TFEpochIterator._distributed_dataset``) run without ``tf.data``'s autotuning where nobody asked for it
+    (Keras's own over arrays, a dataset whose options leave ``autotune.enabled`` unset). Keras makes a new iterator
+    of the pipeline at each epoch's end, and an autotuned iterator's destructor waits, holding the interpreter, until
+    its autotuning thread next wakes (0.63 s, 1.27 s, ... after the iterator was made; the period doubles): an epoch of
     0.7 s waited 0.55 s more at its end (docs/benchmarks.md), as ``model.fit``'s own epochs do once they last past
     0.63 s; two workers in step wait for the later of their two pauses. The batches stay the same (autotuning picks
     how many threads and buffers, not what they hold); a map of ``num_parallel_calls=AUTOTUNE`` then runs on a thread
     per core and a prefetch buffer grows as the prefetch needs. A dataset whose options turn autotuning on keeps
     it."""
-    field = "_dataset" if hasattr(iterator, "_dataset") else "_distributed_dataset"  # tf_keras's, Keras 3's
     dataset = getattr(iterator, field, None)
     if isinstance(dataset, tf.data.Dataset) and dataset.options().autotune.enabled is None:
         setattr(iterator, field, dataset.with_options(untuned()))

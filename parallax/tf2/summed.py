@@ -129,12 +129,11 @@ class SummedState:
             writes: each variable's placeholder and write (:attr:`parallax.tf2.trace.TracedStep.summed_writes`); a
                 variable without one keeps its copy.
         """
-        known = [n for n in self._names if n in writes]
+        known = [(writes[n], b) for n, b in zip(self._names, self._base) if n in writes]
         if not known:
             return
-        feeds = {writes[n][0]: [np.zeros_like(b) for _ in range(self._session.num_replicas)]
-                 for n, b in zip(self._names, self._base) if n in writes}
-        self._session.run([writes[n][1] for n in known], feed_dict=feeds)
+        feeds = {placeholder: [np.zeros_like(b)] * self._session.num_replicas for (placeholder, _), b in known}
+        self._session.run([write for (_, write), _ in known], feed_dict=feeds)
         self._base = self._read()  # what the copies now hold (a write a server's worker left to the chief: their own)
 
     def _add(self, flat: np.ndarray, total: np.ndarray, exact: bool = False) -> None:
