@@ -6,8 +6,7 @@ and returns a Keras ``History`` on every worker. Under it:
 
 * **the step**: the model's forward pass, its compiled loss and its optimizer's update, as that Keras's own
   ``train_step`` writes them (:mod:`parallax.tf2.keras_flavor`), in a ``tf.function`` that Parallax traces
-  and trains data-parallel (:mod:`parallax.tf2.trace`); it returns the loss and the predictions of each
-  replica's part;
+  and trains data-parallel (:mod:`parallax.tf2.trace`); it returns each replica's loss and its metrics' state;
 * **the examples**: the global batches are those ``model.fit`` draws, in its order, from that Keras's own
   data handling made with the same arguments (arrays and their shuffle, ``class_weight``, a dataset, a
   generator, a ``PyDataset``: :mod:`parallax.tf2.batches`); every worker draws them all alike, and
@@ -17,12 +16,10 @@ and returns a Keras ``History`` on every worker. Under it:
   before the forward pass: each replica trains on its part's real examples, and its whole loss (the compiled
   loss, the model's own losses: regularization, ``add_loss``, a ``compute_loss`` of its own) counts for its
   share of the batch's examples, so that the replicas' mean loss is the batch's, as on one device;
-* **the metrics**: Keras 3: the step updates the compiled metrics and the loss tracker, in the graph, as
-  ``model.fit``'s does, and after every step what the replicas added is summed over the workers into the
-  model's metrics (:mod:`parallax.tf2.summed`): the progress bar, the logs, the ``History`` and the callbacks
-  see every example so far, as on one device. tf_keras (whose compiled loss keeps loss metrics of its own):
-  they are updated on each worker, on the host, from its replicas' predictions, and their states summed over
-  the workers at each epoch's end;
+* **the metrics**: the step updates the compiled metrics and the loss metrics, in the graph, as ``model.fit``'s
+  does (Keras 3's loss tracker, tf_keras's compiled loss's own), and what the replicas added is summed over the
+  workers into the model's metrics where they are read (:mod:`parallax.tf2.summed`): the progress bar, the logs,
+  the ``History`` and the callbacks see every example so far, as on one device;
 * **validation**: ``validation_data`` is evaluated after each epoch on the trained weights, sharded over
   the workers as :func:`parallax.evaluate` does (:mod:`parallax.tf2.evaluate`): every worker has the same
   ``val_`` logs, those of every validation example; a ``tf.data`` pipeline each worker reads its share of, as
@@ -56,7 +53,7 @@ from parallax.tf2.batch_hooks import ENDS, BatchLogs, CallbackReach, reads_logs,
 from parallax.tf2.batch_parts import parts, per_leaf, worker_block
 from parallax.tf2.batches import FitBatches, check_same, with_batch
 from parallax.tf2.draws import mark_part
-from parallax.tf2.evaluate import HostSums, chief_or_shared, evaluate_on, evaluated_whole, numbers, use_job
+from parallax.tf2.evaluate import chief_or_shared, evaluate_on, evaluated_whole, numbers, use_job
 from parallax.tf2.exhausted import counting, exhausted_step, warn_uncounted
 from parallax.tf2.host_edits import HostEdits, metric_state
 from parallax.tf2.keras_flavor import Flavor, flavor_of
@@ -140,14 +137,13 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     batches = FitBatches(flavor.module.__name__.split(".")[0], model, x, y, sample_weight, batch_size,
                          steps_per_epoch, shuffle, class_weight, initial_epoch, epochs, seed,
                          targets=not own and flavor.takes_targets(model))
-    outputs: dict = {}  # the structure of the model's predictions, seen when the step is traced
     sources: dict = {}  # the metric whose result each log of the model's own train_step is
     # one replica in the job: traced as model.fit traces its step, with the batch size its iterator states
     static_rows = batches.static_batch if batches.static_batch and job_replicas(resource_info, parallax_config) == 1 \
         else None
     signature = [None if s is None else with_batch(s, static_rows) for s in batches.signature]
     step_fn = own_train_step(model, signature, batches.has_targets, batches.weighted, sources) if own \
-        else _train_step(model, flavor, batches, outputs, signature, static_rows)
+        else _train_step(model, flavor, batches, signature, static_rows)
     exhausted = exhausted_step(model, step_fn, batches.counts_exhausted)  # Keras 3's count of an exhausted step
     counted = exhausted.counted
     if counted:
@@ -157,16 +153,14 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                                                                   parallax_config=parallax_config)
     if worker_id == 0:  # said once a job
         warn_own_fit(model, flavor.module)
-        warn_masked_loss(model, num_workers * num_replicas, step.sums_masked_counts, logged=flavor.metrics_in_step)
+        warn_masked_loss(model, num_workers * num_replicas, step.sums_masked_counts)
         if own:
             warn_summed_trackers(model, num_workers * num_replicas)
         warn_uncounted(exhausted)
     step.weighs_parts()  # a batch's parts are padded to one size, the padding weighed 0
-    deferred = not own and flavor.metrics_in_step
+    deferred = not own
     if deferred:
         step.defer_sums()  # summed over the workers where the logs are read (BatchLogs) and at each epoch's end
-    elif not own:
-        step.leave_metrics()  # the compiled metrics are updated here, on the host
     group = step.session.group
     if group is None and num_workers > 1:
         step.close()
@@ -202,8 +196,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     # between epochs only contained hooks run (a timer) and nothing set a variable within: the model's variables
     # need the trained values only where something reads them (a validation, the end of training)
     quiet_between = not reach.sets and not reach.between_epochs and not counted
-    host = HostSums(model, group) if not own and not deferred and num_workers > 1 else None  # tf_keras
-    flush = step.flush_sums if deferred else host.flush if host else None  # the metrics summed over the workers
+    flush = step.flush_sums if deferred else None  # the metrics summed over the workers
     batch_logs = BatchLogs(model, reads_logs(kept, flavor, ENDS), chief and verbose != 0, steps, flush=flush,
                            workers=num_workers, read_alike=reach.reads or verbose != 0)
     logs: dict = {}
@@ -215,8 +208,6 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         ran_out = True  # the epoch's data ran out (no callback stopped it within)
         model.reset_metrics()
         last = None  # the logs of the epoch's last step of the model's own train_step
-        if host:
-            host.restart()
         if deferred:  # the job's copies too: each step adds to zero, as model.fit's does
             step.restart_sums()
         callback_list.on_epoch_begin(epoch)
@@ -237,7 +228,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
                 last = _own_step(step, batch, num_workers, worker_id, num_replicas, examples, count)
                 callback_list.on_train_batch_end(index, last)
             else:
-                _one_step(step, model, flavor, batch, num_workers, worker_id, num_replicas, outputs, examples, count)
+                _one_step(step, batch, num_workers, worker_id, num_replicas, examples, count)
                 # a batch hook that may read the weights, or a ModelCheckpoint(save_freq=<batches>) that saves after
                 # this batch (on worker 0), gets the weights trained so far: every worker brings them into the model
                 # (zero_stage's slots are gathered by all)
@@ -291,66 +282,29 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     return history
 
 
-def _one_step(step: Any, model: Any, flavor: Flavor, batch: tuple, num_workers: int, worker_id: int,
-              num_replicas: int, outputs: dict, examples: int | None = None, count: list = ()) -> None:
+def _one_step(step: Any, batch: tuple, num_workers: int, worker_id: int, num_replicas: int,
+              examples: int | None = None, count: list = ()) -> None:
     """One step of ``parallax.fit``'s own step on this worker's parts of ``batch`` (padded to split evenly):
     ``batch`` the global batch, or, where this worker reads only its share of the data, its block of a global batch
-    of ``examples``; ``count``: :func:`parallax.tf2.exhausted.counting`'s argument."""
-    fed, size, first, examples = worker_block(batch, num_workers, worker_id, num_replicas, examples)
+    of ``examples``; ``count``: :func:`parallax.tf2.exhausted.counting`'s argument. The step updates the compiled
+    metrics itself (summed over the workers where they are read, :mod:`parallax.tf2.summed`)."""
+    fed, size, _, examples = worker_block(batch, num_workers, worker_id, num_replicas, examples)
     mine = [parts(a, 1, 0, num_replicas) for a in fed]  # a part per replica each
     share = np.float32(examples / (num_workers * num_replicas))
     starts = [(worker_id * num_replicas + k) * size for k in range(num_replicas)]  # of this worker's parts
     real = [np.int32(min(max(examples - at, 0), size)) for at in starts]  # their examples; the rest: padding
-    got = step(*[per_leaf(m, a) for m, a in zip(mine, fed) if a is not None], [share] * num_replicas, real,
-               [np.float32(examples)] * num_replicas, [np.int32(at) for at in starts], *count)
-    if not flavor.metrics_in_step:  # else updated in the step, summed over the workers (parallax.tf2.summed)
-        at = [first + k * size for k in range(num_replicas)]  # in ``batch``
-        _host_metrics(model, flavor, got, batch, mine, zip(at, real), share, outputs, examples)
+    step(*[per_leaf(m, a) for m, a in zip(mine, fed) if a is not None], [share] * num_replicas, real,
+         [np.float32(examples)] * num_replicas, [np.int32(at) for at in starts], *count)
 
 
-def _host_metrics(model: Any, flavor: Flavor, got: tuple, batch: tuple, mine: list, parts_at: Any, share: float,
-                  outputs: dict, examples: int) -> None:
-    """Update the compiled metrics on the host from what the step returned (its losses, predictions, regularization
-    and the predictions' masks; tf_keras, whose compiled loss keeps loss metrics of its own): replica ``k``'s real
-    examples, ``parts_at[k] = (where its part starts in the batch, how many are real)``; each one's loss counts for
-    ``share`` examples (a loss that sums over the batch of ``examples``: its parts' sum,
-    :func:`~parallax.tf2.part_loss.summed_weights`); ``outputs``: what the step's trace found (the predictions'
-    structure, whether the loss sums over the batch)."""
-    losses, predicted, regularization, masks = got
-    structure, summed = outputs["structure"], outputs["summed"]
-    for k, (at, n) in enumerate(parts_at):
-        prediction = tf.nest.pack_sequence_as(structure, [_masked(leaf[k][:n], None if mask is None else mask[k][:n])
-                                                          for leaf, mask in zip(predicted, masks)])
-        part_x, part_y = (None if m[k] is None else
-                          tf.nest.map_structure(lambda a, n=n: tf.convert_to_tensor(a[:n]), m[k]) for m in mine[:2])
-        part_w = None if batch[2] is None else \
-            tf.nest.map_structure(lambda w, at=at, n=n: tf.convert_to_tensor(w[at:at + n]), batch[2])
-        loss_w = summed_weights(per_example(tf.ones([n]), prediction) if part_w is None else part_w,
-                                tf.constant(examples, tf.float32), part_x) if summed and n else part_w
-        flavor.record_loss(model, losses[k], tf.constant(regularization[k]), part_x, part_y, loss_w, prediction,
-                           float(share))
-        if n:
-            model.compute_metrics(part_x, part_y, prediction, part_w)
+def _train_step(model: Any, flavor: Flavor, batches: FitBatches, signature: list, rows_known: int | None) -> Any:
+    """The model's ``train_step`` for one replica, its compiled metrics updated as ``model.fit``'s step updates them
+    (on the part's real examples): it returns the loss and the metrics' state after the update. It takes
+    ``(x, y, sample_weight)`` (:func:`parallax.tf2.batch_parts.even_parts` makes the weights) of ``signature``'s
+    specs; ``rows_known``: the rows of every part, where the step is traced with them (one replica: ``model.fit``'s
+    static batch size)."""
 
-
-def _masked(value: Any, mask: Any) -> tf.Tensor:
-    """A replica's prediction on the host, with its Keras mask (the metrics and the loss leave masked values out)."""
-    tensor = tf.convert_to_tensor(value)
-    if mask is not None:
-        tensor._keras_mask = tf.convert_to_tensor(mask)
-    return tensor
-
-
-def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict, signature: list,
-                rows_known: int | None) -> Any:
-    """The model's ``train_step`` for one replica, its metrics left to the host: the loss, the predictions
-    (flattened; their structure goes into ``outputs["structure"]``, whether the loss sums over the batch into
-    ``outputs["summed"]``) and what the flavor needs to record the
-    loss (:meth:`~parallax.tf2.keras_flavor.Flavor.record_loss`). It takes ``(x, y, sample_weight)``
-    (:func:`parallax.tf2.batch_parts.even_parts` makes the weights) of ``signature``'s specs; ``rows_known``: the
-    rows of every part, where the step is traced with them (one replica: ``model.fit``'s static batch size)."""
-
-    summed = outputs["summed"] = sums_over_batch(model)
+    summed = sums_over_batch(model)
 
     def step(x, y, sample_weight, share, real, examples, start):
         # the part's real examples (a part of padding only: one row, whose loss counts for nothing)
@@ -369,15 +323,11 @@ def _train_step(model: Any, flavor: Flavor, batches: FitBatches, outputs: dict, 
             loss = part_loss(with_added_sums(loss, flavor.added_per_example(model), examples, x), real, share)
             scaled = flavor.scaled(model, loss)  # as that Keras's step: a loss scale (mixed precision) applied
         flavor.apply(model, tape, scaled)
-        if flavor.metrics_in_step:  # on the part's real examples (a padded batch's padding cut off), as the host did
-            cut = functools.partial(rows, real)
-            flavor.update_metrics(model, cut(x), cut(y), cut(prediction),
-                                  cut(sample_weight) if batches.weighted else None, loss, share)
-            # their state after the update, fetched with the step (parallax.tf2.summed: no second run to read it)
-            return loss, [tf.identity(v.value) for v in model.metrics_variables]
-        outputs["structure"] = prediction
-        masks = [getattr(p, "_keras_mask", None) for p in tf.nest.flatten(prediction)]  # a masked output's
-        return loss, tf.nest.flatten(prediction), flavor.regularization(model), masks
+        cut = functools.partial(rows, real)  # the part's real examples (a padded batch's padding cut off)
+        flavor.update_metrics(model, cut(x), cut(y), cut(prediction), cut(sample_weight) if batches.weighted else None,
+                              loss, share)
+        # their state after the update, fetched with the step (parallax.tf2.summed: no second run to read it)
+        return loss, flavor.metric_values(model)
 
     def without_targets(x, sample_weight, share, real, examples, start):  # a model whose loss is its own (add_loss)
         return step(x, None, sample_weight, share, real, examples, start)

@@ -283,12 +283,13 @@ DATA = {"mlp": lambda steps, batch: batches("mlp", steps, batch),
         "cnn_bn": image_batches}
 
 
-def averaged_embedding_model(module):
+def averaged_embedding_model(module, metrics=None):
     """A compiled Keras model of ``module`` (``keras`` or ``tf_keras``), seeded: 5 ids into an Embedding(300, 8)
-    averaged by ``GlobalAveragePooling1D`` (whose gradient divides by the sequence's length), two Dense, Adam."""
+    averaged by ``GlobalAveragePooling1D`` (whose gradient divides by the sequence's length), two Dense, Adam;
+    ``metrics`` as ``compile`` takes them."""
     module.utils.set_random_seed(11)
     model = module.Sequential([module.Input((5,), dtype="int32"), module.layers.Embedding(300, 8),
                                module.layers.GlobalAveragePooling1D(), module.layers.Dense(16, activation="relu"),
                                module.layers.Dense(1, activation="sigmoid")])
-    model.compile(optimizer=module.optimizers.Adam(0.01), loss="binary_crossentropy")
+    model.compile(optimizer=module.optimizers.Adam(0.01), loss="binary_crossentropy", metrics=metrics)
     return model

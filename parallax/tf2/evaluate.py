@@ -38,7 +38,7 @@ from parallax.tf2.own_step import overrides
 from parallax.tf2.part_loss import masked_losses, sums_over_batch
 
 __all__ = ["evaluate", "predict", "worker_part", "in_order", "use_job", "job_group", "evaluate_on", "evaluated_whole",
-           "global_batches", "sum_metrics", "check_same_metrics", "HostSums", "numbers", "CHIEF_ONLY",
+           "global_batches", "sum_metrics", "check_same_metrics", "numbers", "CHIEF_ONLY",
            "chief_or_shared"]
 
 #: The workers of the job of this process's last ``parallax.fit`` (set by :func:`use_job`).
@@ -259,54 +259,6 @@ def check_same_metrics(group: WorkerGroup, shapes: list) -> None:
         described = "; ".join(f"worker {w}: {len(s)} variables" for w, s in enumerate(every))
         raise ValueError(f"the workers' models keep different metrics ({described}); build and compile the same "
                          "model, with the same metrics, on every worker")
-
-
-class HostSums:
-    """The compiled metrics a worker updates on the host (``tf_keras`` in ``parallax.fit``), summed over the
-    workers at each :meth:`flush`: what this worker added since the last flush, summed, is what every worker's
-    metrics gain, so at a flush they hold every example's so far, and in between those plus this worker's own.
-    A metric's variables made after the last flush (``tf_keras`` builds them at its first update) started at 0.
-
-    Args:
-        model: the model, whose ``metrics`` are updated on this worker's examples.
-        group: the job's workers.
-    """
-
-    def __init__(self, model: Any, group: Any) -> None:
-        self._model, self._group = model, group
-        self._base: dict[int, np.ndarray] = {}
-        self._checked = False
-        self.restart()
-
-    def restart(self) -> None:
-        """Take the metrics as they are now (reset at an epoch's start) as what the next flush adds to."""
-        self._base = {id(v): value for v, value in zip(self._variables(), self._read(self._variables()))}
-
-    def flush(self, flags: tuple = ()) -> np.ndarray:
-        """Sum over the workers what each added since the last flush, into every worker's metrics; ``flags``
-        summed along and returned (every worker calls it at the same points: a collective)."""
-        variables = self._variables()
-        if not self._checked:  # the same metrics everywhere, or the sums would not line up
-            check_same_metrics(self._group, [v.shape for v in variables])
-            self._checked = True
-        now = self._read(variables)
-        base = [self._base.get(id(v), np.zeros_like(a)) for v, a in zip(variables, now)]
-        added = np.concatenate([(a - b).reshape(-1) for a, b in zip(now, base)] + [np.zeros(0)])
-        total = self._group.sum(np.concatenate([added, np.asarray(flags, dtype=np.float64)]))
-        at = 0
-        for variable, start in zip(variables, base):
-            variable.assign((start + total[at:at + start.size].reshape(start.shape))
-                            .astype(tf.as_dtype(variable.dtype).as_numpy_dtype))
-            at += start.size
-        self.restart()
-        return total[at:]
-
-    def _variables(self) -> list:
-        return [v for m in self._model.metrics for v in m.variables]
-
-    @staticmethod
-    def _read(variables: list) -> list[np.ndarray]:
-        return [np.asarray(v.numpy(), dtype=np.float64) for v in variables]
 
 
 def numbers(logs: dict) -> dict:

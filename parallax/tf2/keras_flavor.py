@@ -16,6 +16,7 @@ from typing import Any
 import tensorflow as tf
 
 from parallax.graph.graph_ops import added_to_itself, parse_input
+from parallax.tf2.host_edits import metric_state
 
 __all__ = ["Flavor", "flavor_of"]
 
@@ -25,9 +26,6 @@ class Flavor:
     optimizer's ``apply_gradients``."""
 
     name = "Keras 3"
-    #: Whether ``fit``'s step updates the compiled metrics (and the loss tracker) itself, in the graph, as
-    #: ``model.fit``'s does (:meth:`update_metrics`); else the host updates them from the step's predictions.
-    metrics_in_step = True
 
     def __init__(self, module: Any) -> None:
         self.module = module
@@ -120,18 +118,9 @@ class Flavor:
             return False
         return any(loss.shape[0] == rows for loss in self.added_per_example(model, traced=False))
 
-    def regularization(self, model: Any) -> Any:
-        """What the step returns beside the loss for :meth:`record_loss`: nothing Keras 3 needs."""
-        return tf.zeros([])
-
-    def record_loss(self, model: Any, loss: Any, regularization: Any, x: Any, y: Any, sample_weight: Any,
-                    prediction: Any, share: float) -> None:
-        """Update the model's loss metric on the host with one replica's part, as its ``train_step`` does:
-        Keras 3 averages the step's loss, weighted by the batch's examples; a replica's ``loss`` counts for
-        its ``share`` of them (the batch's examples over the replicas: the losses of a padded batch's parts
-        are scaled so that their mean is the batch's, :func:`parallax.tf2.batch_parts.even_parts`)."""
-        tracker = next(m for m in model.metrics if m.name == "loss")
-        tracker.update_state(loss, sample_weight=share)
+    def metric_values(self, model: Any) -> list:
+        """The state of the model's metrics, read in the step after their update."""
+        return [tf.identity(v.value) for v in model.metrics_variables]
 
     def update_metrics(self, model: Any, x: Any, y: Any, prediction: Any, weight: Any, loss: Any,
                        share: Any) -> None:
@@ -167,7 +156,6 @@ class TfKerasFlavor(Flavor):
     and new optimizers alike)."""
 
     name = "tf_keras"
-    metrics_in_step = False  # its compiled loss keeps loss metrics of its own: updated on the host (record_loss)
 
     def compiled(self, model: Any) -> bool:
         return getattr(model, "optimizer", None) is not None and bool(getattr(model, "_is_compiled", False))
@@ -178,9 +166,40 @@ class TfKerasFlavor(Flavor):
     def loss(self, model: Any, x: Any, y: Any, prediction: Any, sample_weight: Any) -> Any:
         return model.compute_loss(x, y, prediction, sample_weight)
 
+    @tf.autograph.experimental.do_not_convert  # Python that runs while the step is traced, on the graph made
     def part_loss(self, model: Any, x: Any, y: Any, prediction: Any, sample_weight: Any, counts: Any) -> Any:
-        """:meth:`loss`: the loss metrics are updated on the host (:meth:`record_loss`)."""
-        return self.loss(model, x, y, prediction, sample_weight)
+        """:meth:`loss` on one replica's part, whose examples ``counts`` for that many times its share of the batch.
+        tf_keras's compiled loss updates its loss metrics itself, as its ``train_step`` does: each by the loss
+        times the part's examples (the batch's on one device), which the replicas' parts add up to. A part of
+        padding only (one row, weighed 0) adds nothing. Without targets (a loss its layers add) the loss metric
+        counts each batch once, by weight 1: each part then counts ``counts`` times, its examples over its share."""
+        if tf.executing_eagerly():
+            return self.loss(model, x, y, prediction, sample_weight)
+        graph = tf.compat.v1.get_default_graph()
+        first = len(graph.get_operations())
+        loss = self.loss(model, x, y, prediction, sample_weight)
+        made = graph.get_operations()[first:]
+        times = counts if y is None else tf.cast(counts > 0.0, counts.dtype)
+        for tracker in self._loss_trackers(model):
+            for state in (tracker.total, tracker.count):
+                added = _added_to(made, graph.capture(state.handle).name)
+                if added is not None:  # (a tracker the loss did not update: an output without a loss)
+                    state.assign_add(added * tf.cast(times - 1.0, added.dtype))
+        return loss
+
+    @staticmethod
+    def _loss_trackers(model: Any) -> list:
+        """The compiled loss's metrics: the total's and one per output."""
+        return list(getattr(model.compiled_loss, "metrics", None) or [])
+
+    def metric_values(self, model: Any) -> list:
+        return [tf.identity(v) for v in metric_state(model)]
+
+    def update_metrics(self, model: Any, x: Any, y: Any, prediction: Any, weight: Any, loss: Any,
+                       share: Any) -> None:
+        """Update the compiled metrics inside the step, with one replica's part, as its ``train_step`` does (the
+        loss metrics were updated with the loss, :meth:`part_loss`)."""
+        model.compute_metrics(x, y, prediction, weight)
 
     def scaled(self, model: Any, loss: Any) -> Any:
         """tf_keras' ``minimize`` scales the loss itself (its ``LossScaleOptimizer``)."""
@@ -200,24 +219,6 @@ class TfKerasFlavor(Flavor):
 
     def adds_per_example(self, model: Any, x: Any) -> bool:
         return False
-
-    def regularization(self, model: Any) -> Any:
-        return tf.add_n(model.losses) if model.losses else tf.zeros([])
-
-    def record_loss(self, model: Any, loss: Any, regularization: Any, x: Any, y: Any, sample_weight: Any,
-                    prediction: Any, share: float) -> None:
-        """tf_keras's compiled loss updates its loss metrics itself (inside the step, where they would be each
-        replica's own): it runs again on the host, on the replica's predictions, with the regularization
-        losses the step computed, so its loss metrics (the total, and one per output) are updated as its
-        ``train_step`` updates them."""
-        del loss
-        examples = len(tf.nest.flatten(x)[0])
-        if not examples:  # a part of padding only
-            return
-        # no compiled loss (y None): its loss metric counts each batch's loss (its layers') once, by weight 1; here
-        # each part by its examples over its share instead (a batch's parts then count by the replicas)
-        _counted(self._counted_once(model, y), examples / share, lambda: model.compiled_loss(
-            y, prediction, sample_weight, regularization_losses=[regularization] if model.losses else None))
 
     def test_batch(self, model: Any, x: Any, y: Any, sample_weight: Any, counts: float = 1.0) -> None:
         """``test_on_batch``: its loss metrics weigh each batch by its examples, but for a model without a compiled

@@ -115,23 +115,15 @@ def masked_losses(model: Any) -> list[str]:
                      if getattr(loss, "ignore_class", None) is not None]
 
 
-def warn_masked_loss(model: Any, replicas: int, summed: bool, logged: bool) -> None:
+def warn_masked_loss(model: Any, replicas: int, summed: bool) -> None:
     """Say at WARNING where a model's compiled loss averages over the batch's unmasked values (a mask carried to an
     output, an ``Embedding(mask_zero=True)``'s; a loss with ``ignore_class``) and the job cannot make it the union
     batch's: Keras divides a masked loss by the batch's own count of unmasked values, which the step makes the
-    job's count where it finds the division (``summed``, :mod:`parallax.tf2.masked_means`); tf_keras's loss
-    metrics, which the host updates from each replica's part, are ``logged`` otherwise (not ``logged``)."""
-    if replicas < 2 or (summed and logged):
+    job's count where it finds the division (``summed``, :mod:`parallax.tf2.masked_means`)."""
+    if replicas < 2 or summed:
         return
     masked = masked_losses(model)
     if not masked:
-        return
-    if summed:
-        log.warning("parallax.fit: the loss averages over the unmasked values of each batch (%s): the job trains as "
-                    "one device does (each replica divides by the whole batch's count of them), but tf_keras's loss "
-                    "in the logs is computed on the host from each of the %d replicas' parts, each averaged over its "
-                    "own unmasked values: the logged loss differs from model.fit's where the parts hold different "
-                    "numbers of them (the metrics do not)", "; ".join(masked), replicas)
         return
     log.warning("parallax.fit: the loss averages over the unmasked time steps of each batch (%s), and Parallax did not "
                 "find where Keras divides by their count (a loss computed in a function the step calls): each of "

@@ -185,12 +185,6 @@ class DistributedStep:
                            "examples. Where they are equal (a last batch that divides), it trains as one device",
                            " and ".join(map(str, sizes)), self._part)
 
-    def leave_metrics(self) -> None:
-        """Keep the program's metric variables out of the step's reach: no sums after each step, and
-        :meth:`sync_variables` writes this worker's copies (``parallax.fit``, which updates the compiled metrics
-        on the host, keeps them itself)."""
-        self._summed = SummedState(self._session, {}, self._traced.graph)
-
     def defer_sums(self) -> None:
         """Sum the program's metrics over the workers only when :meth:`flush_sums` is called, not after every
         step (``parallax.fit``: :class:`parallax.tf2.summed.SummedState`)."""

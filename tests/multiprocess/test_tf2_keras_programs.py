@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from tests.multiprocess.harness import LAYOUTS, ROOT, ScriptJobs, selected
-from tests.tf2.keras_programs import PROGRAMS, WARNED_LOGS
+from tests.tf2.keras_programs import PROGRAMS
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -97,8 +97,6 @@ def test_a_public_keras_program_trains_as_its_own_model_fit(jobs, group, name):
             logged = json.loads(str(got["history"]))
             assert sorted(logged) == sorted(history), where
             for key, values in history.items():
-                if key in WARNED_LOGS.get(name, ()):
-                    continue
                 np.testing.assert_allclose(logged[key], values, rtol=1e-5, err_msg=f"{where}: {key}")
             for i, value in enumerate(weights):
                 np.testing.assert_allclose(got[f"v{i}"], value, rtol=1e-5, atol=1e-6, err_msg=f"{where}: weight {i}")

@@ -88,9 +88,6 @@ CONFIGS = {"cnn": {"sync_batch_norm": True}}
 FITS = {"bert": {"shuffle": False}}
 UNEVEN = ("distiller", "regularized")  # 29 examples: the last batch of 5 does not split into equal parts
 NORMALISED = ("cnn", "timeseries", "annealed")  # compared with every weight (moving statistics, set ones)
-#: logs a program's job gives otherwise than its model.fit, said at WARNING (tf_keras's loss of a masked output,
-#: computed on the host from each part: parallax/tf2/part_loss.warn_masked_loss); its weights are compared
-WARNED_LOGS = {"tf_keras-ner": ("loss",)}
 FIT = {"batch_size": 8, "epochs": 2}
 EXAMPLES = 32
 MAXLEN, VOCAB = 6, 20
