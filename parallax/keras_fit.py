@@ -161,13 +161,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     deferred = not own
     if deferred:
         step.defer_sums()  # summed over the workers where the logs are read (BatchLogs) and at each epoch's end
-    group = step.session.group
-    if group is None and num_workers > 1:
-        step.close()
-        raise ValueError("parallax.fit sums the metrics over the workers, which the tasks of a job a cluster manager "
-                         "starts (TF_CONFIG) cannot do; launch the job with parallel_run's launcher (python train.py "
-                         "or parallax-run), or train with a tf.function step and parallel_run")
-    group = group or Alone()
+    group = step.session.group or Alone()  # (every worker of a job of several has its group)
     check_restored_alike(group, model, backups)  # a BackupAndRestore's backup read alike by every worker
     use_job(group)  # parallax.evaluate and parallax.predict shard over this job's workers from now on
     batches.split(group, num_workers, worker_id, num_replicas)  # a dataset: each worker reads its share, if it can

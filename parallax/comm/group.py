@@ -5,10 +5,11 @@ metrics over the workers' batches, agreeing to stop. :class:`WorkerGroup` is tha
 smallest form: how many workers, which one this is, a sum of arrays, a gather of values, an
 agreement. Processes
 Parallax launches hold an MPI communicator of the workers (:class:`MPIWorkers`); a process that
-trains alone is a group of one (:class:`Alone`). A process a cluster manager started
-(``TF_CONFIG``) has no MPI and no group.
+trains alone is a group of one (:class:`Alone`). The processes a cluster manager started
+(``TF_CONFIG``) have no MPI: they talk over worker 0's TensorFlow server
+(:class:`parallax.comm.chief_queues.ChiefQueues`).
 
-Every worker must make the same calls in the same order (they are MPI collectives).
+Every worker must make the same calls in the same order (they are collectives).
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ done here over the tasks' TensorFlow servers (gRPC) alone:
   queue on worker 0's server when its program ends, waits until every task has,
   then leaves; worker 0 leaves last, so no task loses a server it still needs;
 * a task whose server goes away before that (its process died, or its host) ends
-  every other task within seconds, naming it (:class:`~parallax.member.peer_watch.PeerWatch`).
+  every other task within seconds, naming it (:class:`~parallax.member.peer_watch.PeerWatch`);
+* the workers talk between steps (``parallax.fit``'s metrics summed, a stop agreed) over queues on
+  worker 0's server (:class:`~parallax.comm.chief_queues.ChiefQueues`).
 
 GPUs: unlike a launched rank, a task gets no ``CUDA_VISIBLE_DEVICES`` from Parallax. The
 manager gives each task its GPUs (the Kubernetes device plugin decides what CUDA shows the
@@ -49,6 +51,7 @@ from parallax.resources.cluster import Role
 
 if TYPE_CHECKING:
     from parallax.comm.broadcast import Broadcast
+    from parallax.comm.group import WorkerGroup
     from parallax.job.plan import JobPlan, ProcessSpec
     from parallax.job.settings import Settings
 
@@ -76,6 +79,7 @@ class JoinedProcess:
         self._finish_timeout = 0.0
         self._beat: Any = None  # its heartbeat to worker 0's stall monitor
         self._monitor: Any = None  # worker 0's
+        self._group: WorkerGroup | None = None  # a worker's, once its server has started
 
     @property
     def task(self) -> Task:
@@ -143,6 +147,11 @@ class JoinedProcess:
                                 grace=min(settings.timeouts.stall or 3.0, 3.0))
         self._watch.start()
         self._beat, self._monitor = _stall_check(job, process, identity, settings, self._identity, self.managed)
+        if process.role == Role.WORKER:
+            from parallax.comm.chief_queues import ChiefQueues
+
+            self._group = ChiefQueues(server.target, process.index, len(job.workers), _CHIEF_DEVICE,
+                                      settings.timeouts.operation_ms)
         atexit.register(self._leave)
         logger.info("Parallax: %s serving as %s %d on port %d", self.managed.source, process.role, process.index,
                     process.port)
@@ -171,9 +180,10 @@ class JoinedProcess:
         self._how = self._how or how
         self._finish_timeout = finish_timeout
 
-    def workers_group(self) -> None:
-        """No group: the tasks of a manager's job share no MPI (:mod:`parallax.comm.group`)."""
-        return None
+    def workers_group(self) -> WorkerGroup | None:
+        """The job's workers over queues on worker 0's server (the tasks share no MPI); ``None`` before this
+        worker's server has started."""
+        return self._group
 
     def broadcast(self, job: JobPlan, process: ProcessSpec, settings: Settings) -> Broadcast:
         from parallax.comm.broadcast import CollectiveBroadcast

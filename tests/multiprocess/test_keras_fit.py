@@ -113,9 +113,13 @@ def _cases():
 
 @pytest.mark.parametrize("group, case", list(_cases()))
 def test_parallax_fit_evaluate_and_predict_equal_keras_on_one_device(jobs, group, case):
-    out = _out(jobs, group, case)
+    check_case(_out(jobs, group, case), case, GROUPS[group][2], group)
+
+
+def check_case(out: str, case: str, workers: int, group: str) -> None:
+    """What each of the ``workers`` of a job (``group``) wrote for ``case`` under ``out`` (tests/tf2/fit_script.py)
+    is what ``model.fit``, ``model.evaluate`` and ``model.predict`` give on one device."""
     history, weights, evaluated, predicted = reference(case)
-    workers = GROUPS[group][2]
     seen = single_device_batch_logs(case) if "early-stopping" in case else None
     for worker in range(workers):
         where = f"{group} {case} worker {worker}"

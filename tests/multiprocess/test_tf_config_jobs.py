@@ -43,18 +43,20 @@ def tf_cluster(**counts: int) -> dict[str, list[str]]:
 
 def run_managed(tmp_path, cluster: dict | None, *args: str, timeout: float = 150, prefix: dict | None = None,
                 namespace: bool = True, manifest: str | None = None, script: str = SCRIPT,
-                restart_policy: str = "Never", restart_delay: float = 0.0) -> ManagedRun:
+                restart_policy: str = "Never", restart_delay: float = 0.0, sized: bool = True) -> ManagedRun:
     """Start each task of ``cluster`` as a manager does (all in one loopback-only namespace when allowed
     and ``namespace``; ``prefix``: host -> the command that runs a task there; ``restart_policy``: a TFJob's,
     ``Never`` or ``ExitCode``; ``restart_delay``: seconds before a task starts again), or the pods of ``manifest``
-    (a TFJob or polyaxonfile: their commands are theirs, ``args`` unused)."""
+    (a TFJob or polyaxonfile: their commands are theirs, ``args`` unused); ``sized``: ``script`` takes
+    ``--steps`` and ``--batch``."""
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     tasks_from = ["--manifest", manifest] if manifest else ["--cluster", json.dumps(cluster)]
-    command = [] if manifest else [sys.executable, script, "--resource_info", "unused", "--out", str(out),
-                                   "--steps", str(STEPS), "--batch", str(BATCH), *args]
+    size = ["--steps", str(STEPS), "--batch", str(BATCH)] if sized else []
+    command = [] if manifest else [sys.executable, script, "--resource_info", "unused", "--out", str(out), *size,
+                                   *args]
     argv = [*(namespace_prefix() if namespace else ()), sys.executable, MANAGER, *tasks_from,
             "--out", str(out / "tasks"), "--timeout", str(timeout), "--prefix", json.dumps(prefix or {}),
             "--restart_policy", restart_policy, "--restart_delay", str(restart_delay), "--", *command]

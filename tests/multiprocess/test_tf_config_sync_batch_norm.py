@@ -5,8 +5,8 @@ workers taking its part of every global batch, trains as the same program on one
 step's loss, every weight, the moving mean and variance among them), with workers only (layout MPI over TF collectives)
 and refused beside a ps task (whose workers would sum with MPI, which such tasks lack);
 ``Config(sync_batch_norm=True)`` with a step's plain ``BatchNormalization()`` is refused in every task, as it is in
-a launched job (it reaches the layers of ``parallax.fit``'s model only, and ``fit`` refuses TF_CONFIG jobs:
-docs/tf2_programs.md). The program: tests/tf2/sync_batch_norm_script.py."""
+a launched job (it reaches the layers of ``parallax.fit``'s model only: docs/tf2_programs.md). The program:
+tests/tf2/sync_batch_norm_script.py."""
 
 from __future__ import annotations
 
