@@ -129,7 +129,7 @@ def _parallel_run(single_gpu_graph: Graph, resource_info: str | os.PathLike | No
         return deferred(single_gpu_graph, lambda first: _parallel_run(
             single_gpu_graph, resource_info, sync, parallax_config, first), known)
     # everything that replaces the script's settings, and a TensorFlow 2 step's conventions
-    force = in_force(config, resource_info, invocation, step=is_step_function(single_gpu_graph))
+    force = in_force(config, resource_info, invocation, step=is_step_function(single_gpu_graph), sync=sync)
     run = program(single_gpu_graph, force.config, signature)  # a TensorFlow 2 step: traced
     try:
         outcome = _run(run, force, sync, invocation)
@@ -167,7 +167,7 @@ def preview_plan(single_gpu_graph: Graph, resource_info: str | os.PathLike | Non
     config = _checked_config(parallax_config, sync, resource_info)
     step = is_step_function(single_gpu_graph)
     invocation = current()
-    force = in_force(config, resource_info, invocation, step=step)
+    force = in_force(config, resource_info, invocation, step=step, sync=sync)
     graph, _ = load_graph(graph_of(single_gpu_graph) if step else single_gpu_graph)
     cluster = parse_resource_file(force.resource_info)
     return plan_job(force.config, sync, cluster, analyse_graph(graph), invocation=invocation)[1].plan

@@ -328,7 +328,9 @@ class Config(_ConfigBase):
 
     Args:
         run_option: ``"PS"``, ``"MPI"``, ``"HYBRID"`` or ``"AUTO"`` (case does
-            not matter); ``None`` means the default, ``"HYBRID"``.
+            not matter); ``None`` means the default: ``"HYBRID"`` (the seed's) for a
+            ``tf.compat.v1`` graph; ``"AUTO"`` (Parallax only) for ``parallax.fit`` and a
+            ``tf.function`` step (:mod:`parallax.job.in_force`); ``"PS"`` for ``sync=False``.
         average_sparse: update sparse variables with the average of the
             replicas' gradients (``True``) or their sum (``False``, the seed's
             default). ``None`` (the default) is the program's own convention: a

@@ -12,10 +12,16 @@ and resources in force with what the environment replaced of the script's:
 3. a ``parallax plan`` / ``manifest`` / ``tune`` request: its resource file, run option, plan overrides and fields;
    or else a trial's choice (:func:`parallax.job.choice.with_choice`);
 4. the checkpoints an elastic launcher chose for its ranks;
-5. for a TensorFlow 2 step (``step=True``), TensorFlow 2's conventions where the script leaves a setting to its
-   default: sparse gradients averaged over the replicas (``average_sparse=None`` becomes ``True``), as
-   ``model.fit`` and TensorFlow's distribution strategies average every gradient; a ``tf.compat.v1`` graph keeps
-   the seed's sum.
+5. for a TensorFlow 2 step (``step=True``: ``parallax.fit``'s, or a ``tf.function``), TensorFlow 2's conventions
+   where the script leaves a setting to its default: sparse gradients averaged over the replicas
+   (``average_sparse=None`` becomes ``True``), as ``model.fit`` and TensorFlow's distribution strategies average
+   every gradient; and the layout the cost model finds cheapest (``run_option=None`` becomes ``AUTO``) in a
+   synchronous job Parallax launches. A ``tf.compat.v1`` graph keeps the seed's sum and its default, ``HYBRID``.
+   Keras 3's optimizers update an embedding's every row at every step (its moments), so a table on a parameter
+   server costs its server a dense update and every step the servers' round trips, which all-reducing or
+   all-gathering its rows does not: on one host, ``HYBRID`` trained the benchmark's Keras model at 0.43x
+   ``model.fit`` where ``AUTO`` (as MPI) trained it at 1.03x (docs/benchmarks.md). A job a cluster manager
+   starts keeps its own default (``PS`` with ps tasks, else ``MPI``: :func:`parallax.job.settings.derive`).
 
 The layout ``parallax tune`` stored (:mod:`parallax.tuning.cache`) is looked up where the cluster is known, and
 applied by :func:`with_tuned`, which adds what it replaced: the graph the tune key is made from exists only once
@@ -30,13 +36,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from parallax.config import Config
-from parallax.invocation import RUN_OPTION_ENV, Invocation
+from parallax.invocation import RUN_OPTION_ENV, Invocation, Kind
 from parallax.job.choice import replaced_by_choice, with_choice
 from parallax.job.overrides import PARTITION_COUNT, EnvironmentOverride, Replaced, environment_overrides
 from parallax.launch.elastic import checkpoint_from_text, elastic_from_text
 from parallax.launch.launcher import resource_override, run_option_override
 
-__all__ = ["InForce", "in_force", "with_tuned"]
+__all__ = ["InForce", "in_force", "with_tuned", "STEP_RUN_OPTION"]
+
+#: The run option of a TensorFlow 2 step whose script leaves it to its default (item 5 above).
+STEP_RUN_OPTION = "AUTO"
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,7 @@ class InForce:
 
 
 def in_force(config: Config, resource_info: str | os.PathLike | None, invocation: Invocation,
-             step: bool = False) -> InForce:
+             step: bool = False, sync: bool = True) -> InForce:
     """``config`` and ``resource_info`` with every replacement ``invocation`` asks for, and TensorFlow 2's
     conventions for a ``step`` (the module's list).
 
@@ -67,6 +76,7 @@ def in_force(config: Config, resource_info: str | os.PathLike | None, invocation
         resource_info: the script's ``resource_info``.
         invocation: how this process was started (:func:`parallax.invocation.current`, read by the door).
         step: the program is a TensorFlow 2 step (a ``tf.function``), not a ``tf.compat.v1`` graph.
+        sync: the job trains synchronously.
 
     Raises:
         ValueError: ``PARALLAX_RUN_OPTION`` is no run option.
@@ -93,6 +103,9 @@ def in_force(config: Config, resource_info: str | os.PathLike | None, invocation
         config = replace(config, ckpt_config=checkpoint_from_text(invocation.elastic_ckpt))
     if step and config.average_sparse is None:  # TensorFlow 2's convention: every gradient averaged
         config = replace(config, average_sparse=True)
+    managed = invocation.kind is Kind.MANAGED or (request is not None and request.manager is not None)
+    if step and config.run_option is None and sync and not managed:  # the cheapest layout by the cost model
+        config = replace(config, run_option=STEP_RUN_OPTION)
     return InForce(config, resource_info, replaced)
 
 

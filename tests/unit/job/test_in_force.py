@@ -94,3 +94,20 @@ def test_a_step_averages_sparse_gradients_unless_the_script_says():
     assert in_force(parallax.Config(), None, Invocation(), step=True).config.average_sparse is True
     assert in_force(parallax.Config(average_sparse=False), None, Invocation(), step=True).config.average_sparse is False
     assert in_force(parallax.Config(), None, Invocation()).config.average_sparse is None  # a graph: the seed's sum
+
+
+def test_a_step_left_to_the_default_layout_takes_the_cost_models_choice():
+    """A TensorFlow 2 step's ``run_option=None`` is ``AUTO`` (Keras 3's optimizers update a table's every row: on
+    servers it costs their round trips and a dense update); a graph keeps the seed's default (``HYBRID``, decided by
+    ``derive``); so does a job a cluster manager starts, planned there or by ``parallax manifest``, and an
+    asynchronous one (``PS``)."""
+    step = in_force(parallax.Config(), None, Invocation(), step=True)
+    assert step.config.run_option == "AUTO" and step.environment == () and step.tuned == ()
+    assert in_force(parallax.Config(run_option="HYBRID"), None, Invocation(), step=True).config.run_option == "HYBRID"
+    assert in_force(parallax.Config(), None, Invocation(run_option="PS"), step=True).config.run_option == "PS"
+    assert in_force(parallax.Config(), None, Invocation()).config.run_option is None
+    assert in_force(parallax.Config(), None, Invocation(), step=True, sync=False).config.run_option is None
+    managed = '{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 0}}'
+    assert in_force(parallax.Config(), None, Invocation(tf_config=managed), step=True).config.run_option is None
+    manifest = PlanRequest(manifest="tfjob", manager="TF_CONFIG")
+    assert in_force(parallax.Config(), None, Invocation(plan=manifest), step=True).config.run_option is None
