@@ -50,7 +50,7 @@ from parallax.comm.group import Alone
 from parallax.tf2.arguments import check_fit, check_model, check_optimizer, is_dataset_like
 from parallax.tf2.backup import check_restored_alike, restore_backups
 from parallax.tf2.batch_hooks import ENDS, BatchLogs, CallbackReach, reads_logs, saves_after
-from parallax.tf2.batch_parts import parts, per_leaf, worker_block
+from parallax.tf2.batch_parts import block_rows, parts, per_leaf, worker_block
 from parallax.tf2.batches import FitBatches, check_same, with_batch
 from parallax.tf2.draws import mark_part
 from parallax.tf2.evaluate import chief_or_shared, evaluate_on, evaluated_whole, numbers, use_job
@@ -282,11 +282,12 @@ def _one_step(step: Any, batch: tuple, num_workers: int, worker_id: int, num_rep
     ``batch`` the global batch, or, where this worker reads only its share of the data, its block of a global batch
     of ``examples``; ``count``: :func:`parallax.tf2.exhausted.counting`'s argument. The step updates the compiled
     metrics itself (summed over the workers where they are read, :mod:`parallax.tf2.summed`)."""
-    fed, size, _, examples = worker_block(batch, num_workers, worker_id, num_replicas, examples)
+    fed, size, examples = worker_block(batch, num_workers, worker_id, num_replicas, examples)
     mine = [parts(a, 1, 0, num_replicas) for a in fed]  # a part per replica each
     share = np.float32(examples / (num_workers * num_replicas))
-    starts = [(worker_id * num_replicas + k) * size for k in range(num_replicas)]  # of this worker's parts
-    real = [np.int32(min(max(examples - at, 0), size)) for at in starts]  # their examples; the rest: padding
+    first = worker_id * num_replicas  # this worker's parts: their starts, and their examples (the rest: padding)
+    starts = [(first + k) * size for k in range(num_replicas)]
+    real = [np.int32(block_rows(examples, num_workers * num_replicas, first + k)) for k in range(num_replicas)]
     step(*[per_leaf(m, a) for m, a in zip(mine, fed) if a is not None], [share] * num_replicas, real,
          [np.float32(examples)] * num_replicas, [np.int32(at) for at in starts], *count)
 
@@ -350,9 +351,9 @@ def _own_step(step: Any, batch: tuple, num_workers: int, worker_id: int, num_rep
 
 
 def _sync(step: Any, model: Any, look: bool = True) -> None:
-    """The trained weights into the model's variables; its metrics' states stay the host's (a loss that updates
-    a metric inside the step, as tf_keras's compiled loss does, updates each worker's own copy in the graph, which
-    is not the epoch's). ``look``: whether a callback may have set a variable within the epoch (said at WARNING)."""
+    """The trained weights into the model's variables; its metrics' states stay the host's (summed over the workers;
+    the job's copy of a metric is this worker's own). ``look``: whether a callback may have set a variable within the
+    epoch (said at WARNING)."""
     variables = metric_state(model)
     kept = [v.numpy() for v in variables]
     step.sync_variables(whole_slots=True, look=look)  # every worker, at each epoch's end: zero_stage's slots gathered

@@ -21,11 +21,11 @@ Parallax job has not: refused, naming the way round.
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
+
+from parallax.tf2.digest import digest
 
 __all__ = ["NAME", "restore_backups", "check_restored_alike"]
 
@@ -59,12 +59,9 @@ def restored_state(model: Any, found: list) -> tuple[bool, int | None, int]:
     the workers' own initial values may differ, the job starts from worker 0's)."""
     if not any(tf.io.gfile.exists(c._weights_path) for c in found):
         return False, None, 0
-    digest = 0
     optimizer = getattr(model, "optimizer", None)
-    for variable in [*model.weights, *(getattr(optimizer, "variables", None) or [])]:
-        value = np.ascontiguousarray(np.asarray(variable))
-        digest = zlib.crc32(value.view(np.uint8).reshape(-1), digest)
-    return True, getattr(model, "_initial_epoch", None), digest
+    return True, getattr(model, "_initial_epoch", None), digest([*model.weights,
+                                                                 *(getattr(optimizer, "variables", None) or [])])
 
 
 def check_restored_alike(group: Any, model: Any, found: list) -> None:

@@ -79,18 +79,18 @@ def block_parts(block: tuple, examples: int, replicas: int, here: int, real: int
 
 
 def worker_block(batch: tuple, num_workers: int, worker_id: int, num_replicas: int,
-                 examples: int | None) -> tuple[tuple, int, int, int]:
+                 examples: int | None) -> tuple[tuple, int, int]:
     """This worker's block of the global batch, padded (:func:`block_parts`: its weights, 0 for the padding, are
-    also the metrics'): ``(fed, size of a part, where the block starts in batch, examples of the global batch)``."""
+    also the metrics'): ``(fed, size of a part, examples of the global batch)``; ``batch`` the global batch
+    (``examples`` ``None``), or this worker's block of one of ``examples``."""
     replicas = num_workers * num_replicas
     if examples is None:  # the global batch
         examples = len(tf.nest.flatten(batch[0])[0])
         whole, size = block_parts(batch, examples, replicas, replicas, examples)
-        first = worker_id * num_replicas * size
-        return tuple(parts(a, num_workers, worker_id, 1)[0] for a in whole), size, first, examples
+        return tuple(parts(a, num_workers, worker_id, 1)[0] for a in whole), size, examples
     real = block_rows(examples, num_workers, worker_id, num_replicas)
     block, size = block_parts(batch, examples, replicas, num_replicas, real)
-    return block, size, 0, examples
+    return block, size, examples
 
 
 def block_rows(examples: int, num_workers: int, worker_id: int, num_replicas: int = 1) -> int:

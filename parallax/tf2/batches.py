@@ -26,7 +26,6 @@ import contextlib
 import functools
 import queue
 import threading
-import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,6 +34,7 @@ import tensorflow as tf
 
 from parallax.comm.group import WorkerGroup
 from parallax.logs import log
+from parallax.tf2.digest import digest
 from parallax.tf2.input_split import Share, share_of
 
 __all__ = ["FitBatches", "check_same", "with_batch"]
@@ -301,18 +301,7 @@ def check_same(group: WorkerGroup, batch: tuple, epoch: int) -> None:
     Raises:
         ValueError: naming the epoch and what to change.
     """
-    digest = 0
-    for leaf in tf.nest.flatten(batch):
-        if leaf is None:
-            continue
-        leaf = np.asarray(leaf)
-        if leaf.dtype.kind in "OSU":  # strings: their text (an object array's bytes are its pointers)
-            data = "\x00".join(v.decode(errors="replace") if isinstance(v, bytes) else str(v)
-                                for v in leaf.reshape(-1)).encode()
-        else:
-            data = np.ascontiguousarray(leaf).tobytes()
-        digest = zlib.crc32(data, digest)
-    every = group.gather(digest)
+    every = group.gather(digest(tf.nest.flatten(batch)))
     if len(set(every)) > 1:
         raise ValueError(
             f"parallax.fit: the workers' data gave different global batches at the start of epoch {epoch} (each "

@@ -26,13 +26,13 @@ is not watched. The cost is one pass over the watched variables' bytes at each l
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
 from parallax.logs import log as logger
+from parallax.tf2.digest import digest
 
 __all__ = ["HostWatch", "HostEdits", "metric_state", "shown"]
 
@@ -44,7 +44,7 @@ def metric_state(model: Any) -> list:
 
 
 def _digest(value: Any) -> int:
-    return zlib.crc32(np.ascontiguousarray(np.asarray(value)).view(np.uint8).reshape(-1))
+    return digest([value])
 
 
 class HostWatch:
