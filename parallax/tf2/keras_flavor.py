@@ -62,17 +62,12 @@ class Flavor:
         trackers = self._output_losses(model)
         if not trackers or tf.executing_eagerly():
             return self.loss(model, x, y, prediction, sample_weight)
-        graph = tf.compat.v1.get_default_graph()
-        first = len(graph.get_operations())
-        loss = self.loss(model, x, y, prediction, sample_weight)
-        made = graph.get_operations()[first:]
+        loss, recount = _traced_loss(lambda: self.loss(model, x, y, prediction, sample_weight))
         for tracker in trackers:
-            added = _added_to(made, graph.capture(tracker.total.value.handle).name)
-            if added is None:
+            if not recount(tracker.total, tracker.total.value.handle, counts):
                 raise ValueError(f"parallax.fit: the compiled loss's metric {tracker.name!r} is updated in a way this "
                                  f"version of Parallax does not know (Keras {self.module.__version__}); train with "
                                  "a tf.function step and parallel_run")
-            tracker.total.assign_add(added * tf.cast(counts - 1.0, added.dtype))
         return loss
 
     def _output_losses(self, model: Any) -> list:
@@ -175,16 +170,11 @@ class TfKerasFlavor(Flavor):
         counts each batch once, by weight 1: each part then counts ``counts`` times, its examples over its share."""
         if tf.executing_eagerly():
             return self.loss(model, x, y, prediction, sample_weight)
-        graph = tf.compat.v1.get_default_graph()
-        first = len(graph.get_operations())
-        loss = self.loss(model, x, y, prediction, sample_weight)
-        made = graph.get_operations()[first:]
+        loss, recount = _traced_loss(lambda: self.loss(model, x, y, prediction, sample_weight))
         times = counts if y is None else tf.cast(counts > 0.0, counts.dtype)
         for tracker in self._loss_trackers(model):
-            for state in (tracker.total, tracker.count):
-                added = _added_to(made, graph.capture(state.handle).name)
-                if added is not None:  # (a tracker the loss did not update: an output without a loss)
-                    state.assign_add(added * tf.cast(times - 1.0, added.dtype))
+            for state in (tracker.total, tracker.count):  # (one the loss did not update: an output without a loss)
+                recount(state, state.handle, times)
         return loss
 
     @staticmethod
@@ -247,6 +237,25 @@ def _counted(trackers: list, counts: float, run: Any) -> None:
         if times:
             tracker.total.assign(total + (tracker.total.numpy() - total) / times * counts)
             tracker.count.assign(count + counts)
+
+
+def _traced_loss(compute: Any) -> tuple[Any, Any]:
+    """``compute()`` (a loss that updates metrics, traced in the current graph), and ``recount(state, handle,
+    times)``: what the ops ``compute`` made added to the metric variable ``state`` (its resource ``handle``) made to
+    count ``times`` times, by adding ``times - 1`` times more; ``False`` where they added nothing to it."""
+    graph = tf.compat.v1.get_default_graph()
+    first = len(graph.get_operations())
+    loss = compute()
+    made = graph.get_operations()[first:]
+
+    def recount(state: Any, handle: Any, times: Any) -> bool:
+        added = _added_to(made, graph.capture(handle).name)
+        if added is None:
+            return False
+        state.assign_add(added * tf.cast(times - 1.0, added.dtype))
+        return True
+
+    return loss, recount
 
 
 def _added_to(made: list, handle: str) -> tf.Tensor | None:
