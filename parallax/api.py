@@ -284,13 +284,20 @@ def _run_managed(call: _Call) -> tuple | int:
     joined.begin_call(settings)
     check_local_devices(job, settings, cluster.source, joined.process_in(job) if job.launched else None)
     if not job.launched:  # one worker and no ps task: it trains alone
-        for note in job.notes:
-            logger.warning("Parallax: %s", note)
+        _say_notes(job)
         return start_worker(local_replicas(job, settings), job, settings, call.graph, call.meta_graph)
     setup = role_setup(job, settings, joined)
     if setup.serve_only:
         return 0  # the exit barrier holds the server until every worker has finished
     return start_worker(setup, job, settings, call.graph, call.meta_graph)
+
+
+def _say_notes(job: JobPlan) -> None:
+    """What the job chose for the user (INFO) and what differs from what was asked or from one device (WARNING)."""
+    for choice in job.choices:
+        logger.info("Parallax: %s", choice)
+    for note in job.notes:
+        logger.warning("Parallax: %s", note)
 
 
 def _run_plain(call: _Call) -> tuple | int:
@@ -311,8 +318,7 @@ def _run_plain(call: _Call) -> tuple | int:
     if checkpoints is not None:
         config = replace(config, ckpt_config=checkpoints)
         settings, job = plan_job(config, call.sync, cluster, analysis, invocation=call.invocation)
-    for note in job.notes:
-        logger.warning("Parallax: %s", note)
+    _say_notes(job)
     dry_run = call.invocation.dry_run
     if dry_run:  # parallax-run --dry_run
         text = "# one worker on this machine: the script trains in its own process, nothing is launched"

@@ -112,7 +112,9 @@ class JobPlan:
         plan: the variable plan every worker rewrites its graph with.
         servers: whether the workers run TensorFlow servers (parameter
             servers, or an all-reduce backend that needs them).
-        notes: what the launching process tells the user about the layout.
+        notes: what the launching process tells the user about the layout (at WARNING: it is not what was asked,
+            or training will differ from one device).
+        choices: what the job chose where the user left the choice to it (run_option AUTO's layout), said at INFO.
     """
 
     layout: Layout
@@ -121,6 +123,7 @@ class JobPlan:
     plan: Plan
     servers: bool
     notes: tuple[str, ...] = ()
+    choices: tuple[str, ...] = ()
 
     @property
     def launched(self) -> bool:
@@ -150,7 +153,7 @@ class JobPlan:
                 if p.visible_gpus else ""
             port = f", port {p.port}" if p.port else ""
             lines.append(f"  rank {p.rank}: {p.role} {p.index} on {p.host}: devices {devices}{gpus}{port}")
-        lines.extend(f"  note: {n}" for n in self.notes)
+        lines.extend(f"  note: {n}" for n in self.choices + self.notes)
         return "\n".join(lines) + "\n" + self.plan.describe()
 
 
@@ -185,6 +188,7 @@ def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis)
     cluster = cluster.with_bare_hosts(settings.gpus)  # every GPU of the host, in every layout
     settings, by_memory = _fit_memory(cluster, settings, analysis)
     layout, ranks, notes = _layout(cluster, settings, analysis)
+    choices, notes = (notes, ()) if settings.run_option == "AUTO" else ((), notes)  # AUTO was asked to choose
     if layout is Layout.LOCAL:
         worker = cluster.workers[0]
         devices = worker.devices or _bare_host_devices(settings.gpus)
@@ -212,7 +216,7 @@ def make_job_plan(cluster: Cluster, settings: Settings, analysis: GraphAnalysis)
     plan = _variable_plan(layout, processes, servers, settings, analysis, by_memory, ranks)
     refuse_unsynchronised(analysis, settings.sync_batch_norm, settings.pipeline)
     notes += statistics_note(analysis.batch_statistics, sum(len(w.replica_devices) for w in plan.workers))
-    return JobPlan(layout, processes, ranks, plan, servers, notes)
+    return JobPlan(layout, processes, ranks, plan, servers, notes, choices)
 
 
 def _fit_memory(cluster: Cluster, settings: Settings, analysis: GraphAnalysis) -> tuple[Settings, bool]:

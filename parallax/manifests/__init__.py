@@ -93,6 +93,6 @@ def write_requested(job: JobPlan, cluster: Cluster, request: dict, plan_for: Pla
         return 2
     paths = write_manifest(files, request["directory"])
     with open(request["report"], "w", encoding="utf-8") as f:
-        json.dump({"paths": paths, "files": files.files, "notes": [*files.notes, *job.notes], "layout": job.layout,
-                   "processes": len(job.processes)}, f)
+        json.dump({"paths": paths, "files": files.files, "notes": [*files.notes, *job.choices, *job.notes],
+                   "layout": job.layout, "processes": len(job.processes)}, f)
     return 0

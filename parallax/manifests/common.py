@@ -131,7 +131,7 @@ def check_views(job: JobPlan, manifest: Files, plan_for: PlanFor, source: str) -
 
 
 def _option_hint(job: JobPlan) -> str:
-    return "; give --run_option to choose the run option every process uses" if job.notes else ""
+    return "; give --run_option to choose the run option every process uses" if job.notes or job.choices else ""
 
 
 def _parts(processes: tuple[ProcessSpec, ...]) -> list[tuple[Role, int, int, int]]:

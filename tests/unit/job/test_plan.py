@@ -64,6 +64,14 @@ def test_a_run_option_that_runs_as_another_layout_says_so(mlp):
     assert "run_option=HYBRID runs as MPI" in job.plan.notes
 
 
+def test_autos_choice_of_layout_is_a_choice_not_a_warning(mlp):
+    job = job_for("localhost: cpu:0,cpu:1", mlp, run_option="AUTO")
+    assert job.layout == "MPI" and job.notes == ()
+    assert job.choices == ("run_option=AUTO: no variable goes to parameter servers (the cost model chose all-reduce "
+                           "or all-gather for every variable), so the job runs as MPI",)
+    assert f"  note: {job.choices[0]}" in job.describe()
+
+
 def test_a_sparse_gradient_tied_to_the_all_reduced_updates_is_the_reason_hybrid_runs_as_mpi():
     clipped = analyse_graph(build_embedding("adam", clip=0.5).graph)  # clip_by_global_norm over every gradient
     job = job_for("localhost: cpu:0,cpu:1", clipped, run_option="HYBRID")
