@@ -26,7 +26,7 @@ import numpy as np
 
 from parallax.comm.group import WorkerGroup
 
-__all__ = ["ChiefQueues"]
+__all__ = ["ChiefQueues", "ChiefSession"]
 
 
 class ChiefQueues(WorkerGroup):
@@ -59,7 +59,7 @@ class ChiefQueues(WorkerGroup):
                 self._take = copies[index].dequeue()
         device = chief_device.split("/device:")[0]
         config = tf.compat.v1.ConfigProto(device_filters=[device], operation_timeout_in_ms=timeout_ms)
-        self._run = _Runner(target, graph, config).run
+        self._run = ChiefSession(target, graph, config).run
 
     @property
     def size(self) -> int:
@@ -89,18 +89,27 @@ class ChiefQueues(WorkerGroup):
         return total
 
 
-class _Runner:
-    """A session on ``graph`` through the server ``target``, made at its first use; one call at a time."""
+class ChiefSession:
+    """A session on ``graph`` through the server ``target``, made at its first use; one call at a time.
 
-    def __init__(self, target: str, graph: Any, config: Any) -> None:
+    ``lock_timeout``: how long a call waits for the one before it (:class:`TimeoutError`, "worker 0 does not
+    answer", past it); ``None`` waits as long as that call takes.
+    """
+
+    def __init__(self, target: str, graph: Any, config: Any, lock_timeout: float | None = None) -> None:
         self._target, self._graph, self._config = target, graph, config
         self._session: Any = None
         self._lock = threading.Lock()
+        self._lock_timeout = -1 if lock_timeout is None else lock_timeout
 
     def run(self, fetches: Any, feeds: dict | None = None) -> Any:
         import tensorflow as tf
 
-        with self._lock:
+        if not self._lock.acquire(timeout=self._lock_timeout):
+            raise TimeoutError("worker 0 does not answer")
+        try:
             if self._session is None:
                 self._session = tf.compat.v1.Session(self._target, graph=self._graph, config=self._config)
             return self._session.run(fetches, feed_dict=feeds)
+        finally:
+            self._lock.release()

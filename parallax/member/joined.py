@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from parallax.comm.chief_queues import ChiefQueues, ChiefSession
 from parallax.errors import LaunchError, PeerLost
 from parallax.invocation import Invocation
 from parallax.logs import log as logger
@@ -148,8 +149,6 @@ class JoinedProcess:
         self._watch.start()
         self._beat, self._monitor = _stall_check(job, process, identity, settings, self._identity, self.managed)
         if process.role == Role.WORKER:
-            from parallax.comm.chief_queues import ChiefQueues
-
             self._group = ChiefQueues(server.target, process.index, len(job.workers), _CHIEF_DEVICE,
                                       settings.timeouts.operation_ms)
         atexit.register(self._leave)
@@ -293,21 +292,7 @@ class ExitBarrier:
             self._leave, self._left = left.enqueue(identity), left.size()
         config = tf.compat.v1.ConfigProto(device_filters=["/job:worker/replica:0/task:0"],
                                           operation_timeout_in_ms=timeout_ms)
-        self._graph, self._target, self._config = graph, target, config
-        self._lock = threading.Lock()
-        self._session: Any = None
-
-    def _run(self, fetch):
-        import tensorflow as tf
-
-        if not self._lock.acquire(timeout=30):
-            raise TimeoutError("worker 0 does not answer")
-        try:
-            if self._session is None:
-                self._session = tf.compat.v1.Session(self._target, graph=self._graph, config=self._config)
-            return self._session.run(fetch)
-        finally:
-            self._lock.release()
+        self._run = ChiefSession(target, graph, config, lock_timeout=30).run
 
     def complete(self, within: float = 2.0) -> bool:
         """Whether every task has finished, asked of worker 0; ``False`` when it does not answer
