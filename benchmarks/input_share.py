@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -121,6 +122,16 @@ def epoch_seconds(make, n: int, workers: int, worker: int) -> tuple[float, int]:
 
 
 def measure(n: int, rounds: int) -> list[dict]:
+    """Each pipeline's rows; the record files written for it are removed at the end."""
+    try:
+        return _measure(n, rounds)
+    finally:
+        for paths in _RECORDS.values():
+            shutil.rmtree(os.path.dirname(paths[0]), ignore_errors=True)
+        _RECORDS.clear()
+
+
+def _measure(n: int, rounds: int) -> list[dict]:
     rows = []
     for name, make in PIPELINES.items():
         epoch_seconds(make, n, 1, 0)  # warm up: the first epoch pays for tracing

@@ -290,8 +290,9 @@ def run_horovod(args, workers: int = 2) -> None:
     from benchmarks.compare import HOROVOD_PYTHON, _mpirun
 
     program = [a if a != args.run else "horovod-worker" for a in sys.argv]
-    argv, env = _mpirun(HOROVOD_PYTHON, ["localhost"] * workers, program, tempfile.mkdtemp(prefix="tf2_horovod_"))
-    code = subprocess.run(argv, env={**os.environ, **env}).returncode
+    with tempfile.TemporaryDirectory(prefix="tf2_horovod_") as work:
+        argv, env = _mpirun(HOROVOD_PYTHON, ["localhost"] * workers, program, work)
+        code = subprocess.run(argv, env={**os.environ, **env}).returncode
     if code:
         raise SystemExit(f"the Horovod job exited with {code}")
 

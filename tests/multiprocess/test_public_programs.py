@@ -47,10 +47,10 @@ def reference(case: str):
     if name == "cnn_benchmark":
         fetched, values = cnn_benchmark.single_device(variant == "resource", STEPS)
         return [{"global_step": int(f["global_step"]), "loss": float(f["loss"])} for f in fetched], values
-    directory = tempfile.mkdtemp()
-    fetched, values = ptb.single_device(variant != "ref", EPOCHS, directory)
-    if variant == "resume":
-        fetched, values = ptb.single_device(True, 1, directory, first=EPOCHS)
+    with tempfile.TemporaryDirectory() as directory:
+        fetched, values = ptb.single_device(variant != "ref", EPOCHS, directory)
+        if variant == "resume":
+            fetched, values = ptb.single_device(True, 1, directory, first=EPOCHS)
     return [(float(assigned), [float(c) for c in costs]) for assigned, costs in fetched], values
 
 

@@ -244,3 +244,4 @@ def test_the_input_share_benchmark_maps_each_workers_share_alone(tmp_path):
         (p, n, w) for p in input_share.PIPELINES for n in (1, 2, 3) for w in range(n))
     for r in rows:  # 4 global batches of 384: each worker maps its 384 / N of each
         assert r["mapped"] == 1536 // r["workers"], r
+    assert not input_share._RECORDS  # the record files are removed
