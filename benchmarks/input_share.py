@@ -7,11 +7,12 @@ A worker reads only its share of a ``tf.data`` pipeline of global batches (paral
 per-example maps before ``batch()`` run on its block of each batch alone. Measured here without training, in
 one process, one worker after the other: the CPU seconds (all of the process's threads: the work, whatever
 else runs on the machine) to iterate one epoch of what a worker iterates, for one worker (the whole pipeline:
-what every worker read before) and for each worker of 2 and 3, and the examples its maps processed. Three
+what every worker read before) and for each worker of 2 and 3, and the examples its maps processed. Four
 pipelines: the one ``make bench-tf2`` trains (ids made strings, hashed back, cast, clipped:
 ``benchmarks/tf2_runs.dataset``), a text pipeline (a line of 64 words split, hashed into a vocabulary, cut
-or padded to 64 ids), and the same lines read from ``TFRecord`` files (a length known only by reading them:
-each global batch's size comes with it), all in global batches of 384 (which 2 and 3 divide). The ratio is a
+or padded to 64 ids), the same lines read from ``TFRecord`` files (a length known only by reading them:
+each global batch's size comes with it), and images scaled and resized by a map after ``batch()`` (of whole
+batches, which works row by row), all in global batches of 384 (which 2 and 3 divide). The ratio is a
 worker's seconds over one worker's, the median over the rounds; 1/N is the goal. Results:
 ``benchmarks/results/input_share.{json,png}``.
 """
@@ -94,12 +95,30 @@ def records_dataset(n: int, mapped):
             .prefetch(tf.data.AUTOTUNE))
 
 
+def images_dataset(n: int, mapped):
+    """Images of 32x32x3 bytes, batched, then each batch scaled to [0, 1] and resized to 96x96 by a map of whole
+    batches (``ds.batch(B).map(...)``, as keras-io's image programs write it): a map that works row by row, so that
+    each worker maps its own block of each batch (``mapped`` counts the rows it maps)."""
+    import numpy as np
+    import tensorflow as tf
+
+    images = np.random.default_rng(2).integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+
+    def prepare(x, label):
+        mapped.assign_add(tf.cast(tf.shape(x)[0], tf.int64))
+        return tf.image.resize(tf.cast(x, tf.float32) / 255.0, [96, 96]), label
+
+    return (tf.data.Dataset.from_tensor_slices((images, np.zeros(n, np.float32))).shuffle(n, seed=1).batch(BATCH)
+            .map(prepare, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))
+
+
 def ids_dataset(n: int, mapped):
     """``make bench-tf2``'s tf.data input (model A's ids)."""
     return dataset(*examples("A", n), batch=BATCH, mapped=mapped)
 
 
-PIPELINES = {"ids (bench-tf2)": ids_dataset, "text": text_dataset, "text records": records_dataset}
+PIPELINES = {"ids (bench-tf2)": ids_dataset, "text": text_dataset, "text records": records_dataset,
+             "images, batches mapped": images_dataset}
 
 
 def epoch_seconds(make, n: int, workers: int, worker: int) -> tuple[float, int]:

@@ -12,6 +12,10 @@ only on the examples of that worker's block of each global batch:
     source ... -> batch(B) -> map(this worker's block of the batch) -> unbatch -> map(f) -> ... -> map(g)
       -> batch(B / N) [-> the same tail]
 
+Maps of whole batches after ``batch(B)`` that work row by row (:func:`parallax.analysis.row_wise.row_wise`: a cast,
+a rescaling, a lookup, a crop of each image) are applied after ``batch(B / N)``, to the worker's block: the rows
+the map would give it in the whole batch.
+
 each step's block coming with the size of the global batch it is cut from: from the epoch's length where it is
 known; else each example carries it through the maps, so that the short last batch of a pipeline whose length is
 not known before iterating (files read by a ``TFRecordDataset``, a ``filter``) is cut alike on every worker as it
@@ -31,7 +35,7 @@ starts (:attr:`Share.fingerprint`), and a pipeline that draws without a seed (a 
 with no seed and no global seed) is not split.
 
 Read whole (and said at INFO, with the reason; the training is the same, only the input work is not
-divided) when: the pipeline is not of that shape (a ``map`` after ``batch``, which may look across a batch's
+divided) when: the pipeline is not of that shape (a ``map`` after ``batch`` that may look across a batch's
 examples; ``padded_batch``; ``repeat`` after the maps), it repeats without end before its maps, the global
 batch does not split into the replicas' equal parts, a map draws random numbers (its draws would follow each
 worker's examples, not the one-device order), or something before the maps draws without a seed.
@@ -47,6 +51,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from parallax.analysis.row_wise import row_wise
 from parallax.graph.graph_ops import STATEFUL_DRAWS
 
 __all__ = ["Share", "share_of"]
@@ -81,16 +86,19 @@ def share_of(dataset: tf.data.Dataset, num_workers: int, worker_id: int, num_rep
     """Worker ``worker_id``'s :class:`Share` of ``dataset`` (global batches, as ``parallax.fit`` takes them), or
     why it is read whole (see the module docstring)."""
     tail, batched = _peel_tail(dataset)
+    after, batched, mixed = _peel_row_maps(batched)
+    if mixed:
+        return f"a map() after its batch() may look across a batch's examples: {mixed}"
     if not _is_batch(batched):
-        return (f"it does not end in batch(): its last transformation before the prefetch is "
-                f"{_name(batched)} (a map after batch() may look across a batch's examples)")
+        return (f"it does not end in batch() (and maps that work row by row): its last transformation before the "
+                f"prefetch is {_name(batched)}")
     batch_size, drop_remainder = _constant(batched._batch_size), bool(_constant(batched._drop_remainder))
     parts = num_workers * num_replicas
     if batch_size % parts:
         return f"its global batch ({batch_size}) does not split into {parts} equal parts"
     maps, prefix = _peel_maps(batched._input_dataset)
-    if not maps:
-        return "no per-example map() comes before its batch(): there is no input work to divide"
+    if not maps and not after:
+        return "no map() comes before or after its batch(): there is no input work to divide"
     unseeded = _unseeded(prefix)
     if unseeded:
         return f"{unseeded}: each worker would draw another order"
@@ -117,6 +125,8 @@ def share_of(dataset: tf.data.Dataset, num_workers: int, worker_id: int, num_rep
     for ds in reversed(maps):
         share = _map_again(share, ds, sized=not known)
     share = share.batch(batch_size // num_workers)
+    for ds in reversed(after):  # each row alone: this worker's block of the batch the map would have made
+        share = _map_again(share, ds, sized=not known)
     steps = None
     if known:  # the sizes of an epoch's global batches, known: one a step beside the blocks (cheaper than carried)
         full, rest = divmod(examples, batch_size)
@@ -165,6 +175,25 @@ def _peel_maps(dataset: tf.data.Dataset) -> tuple[list, tf.data.Dataset]:
         maps.append(dataset)
         dataset = dataset._input_dataset
     return maps, dataset
+
+
+def _peel_row_maps(dataset: tf.data.Dataset) -> tuple[list, tf.data.Dataset, str]:
+    """The maps of whole batches at the end that work row by row and draw nothing (the last first), what is before
+    them, and why the map before those may look across rows (``""`` where it is not a map)."""
+    from tensorflow.python.data.ops import map_op
+
+    maps = []
+    while isinstance(dataset, (map_op._MapDataset, map_op._ParallelMapDataset)):
+        graph = dataset._map_func.function.graph
+        captured = {t.ref() for t in graph.internal_captures}
+        mixed = row_wise(graph, [t for t in graph.inputs if t.ref() not in captured], graph.outputs)
+        if _draws(dataset):
+            mixed = "it draws random numbers (its draws would follow each worker's rows, not one device's order)"
+        if mixed:
+            return maps, dataset, mixed
+        maps.append(dataset)
+        dataset = dataset._input_dataset
+    return maps, dataset, ""
 
 
 def _map_again(dataset: tf.data.Dataset, like: tf.data.Dataset, sized: bool) -> tf.data.Dataset:

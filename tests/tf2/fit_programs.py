@@ -149,22 +149,29 @@ def dataset(case: str = "dataset", mapped=None):
     ``RAGGED_DATASET`` examples in batches of ``BATCH``: a last batch of one, which leaves a worker's block (and a
     replica's part) empty. The "unknown" one is of unknown length (a ``filter()`` that keeps every example), where
     Keras 3 counts a step more at each epoch's end (parallax/tf2/exhausted.py), and ragged too: each worker reads its
-    share, the short last batch's size known only as it comes."""
+    share, the short last batch's size known only as it comes. Those two cast their targets in a map after
+    ``batch()``, which works row by row: it is divided too."""
     import tensorflow as tf
 
     x, y, _ = data()
     if "ragged" in case or "unknown" in case:
         x, y = x[:RAGGED_DATASET], y[:RAGGED_DATASET]
 
+    late = "ragged" in case or "unknown" in case  # the targets cast by a map of whole batches, after batch()
+
     def parse(ids, target):
         if mapped is not None:
             mapped.assign_add(1)
-        return tf.cast(ids, tf.int32), tf.cast(target, tf.float32)
+        return tf.cast(ids, tf.int32), (target if late else tf.cast(target, tf.float32))
 
-    examples = tf.data.Dataset.from_tensor_slices((x.astype(np.int64), y)).shuffle(len(x), seed=5)
+    examples = tf.data.Dataset.from_tensor_slices((x.astype(np.int64), y.astype(np.float64) if late else y))
+    examples = examples.shuffle(len(x), seed=5)
     if "unknown" in case:
         examples = examples.filter(lambda ids, target: True)
-    return examples.map(parse, num_parallel_calls=2).batch(BATCH).prefetch(2)
+    batches = examples.map(parse, num_parallel_calls=2).batch(BATCH)
+    if late:  # works row by row: each worker maps its own rows alone
+        batches = batches.map(lambda ids, target: (ids, tf.cast(target, tf.float32)))
+    return batches.prefetch(2)
 
 
 #: the dataset cases' validation data: 9 of data()'s 12 validation examples, in batches of 4 (on 2 workers the last
