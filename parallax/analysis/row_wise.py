@@ -14,6 +14,12 @@ which holds its size). An op is followed only where it is known to keep rows apa
 broadcasting against values of lower rank, reshapes, slices, concatenations, stacks and gathers along other axes,
 one-hot, lookups, image resizing); anything else that takes rows, or the size as a value, makes the answer "no",
 with the op named. Nested functions and control flow are not followed (no).
+
+Strings split into words (``StringSplitV2``: ``tf.strings.split``, ``TextVectorization``) make a ragged batch: its
+values (every row's words, one row after another), each value's row, and the number of rows, each tied to the
+split. Element-wise ops and lookups of the values keep them apart by row; ``RaggedTensorToTensor`` of one split's
+parts to a fixed length (``[-1, L]``) gives rows again. The longest row's length (the split's shape), a padding
+to it, or any other use of the parts looks across rows.
 """
 
 from __future__ import annotations
@@ -35,6 +41,15 @@ class State(enum.Enum):
     ROWS = "rows"  # axis 0 is the inputs' rows
     FIXED = "fixed"  # the same whatever the rows
     SIZED = "sized"  # the shape of something with rows: it holds the batch's size
+    # a ragged split of rows of strings (StringSplitV2): its parts, each tied to the split that made it
+    SPLIT_INDICES = "split indices"  # [value, (row, position)]
+    SPLIT_SHAPE = "split shape"  # (rows, the longest row's length): the latter looks across rows
+    VALUES = "values"  # every row's values, one row after another
+    ROW_IDS = "row ids"  # each value's row
+    NROWS = "nrows"  # how many rows
+
+
+_RAGGED = frozenset({State.SPLIT_INDICES, State.SPLIT_SHAPE, State.VALUES, State.ROW_IDS, State.NROWS})
 
 
 _UNARY = frozenset({
@@ -68,14 +83,14 @@ def row_wise(graph: Any, inputs: Iterable[Any], outputs: Iterable[Any]) -> str:
     capture) may look across rows, or ``""`` where each row of every one of ``outputs`` depends only on the
     inputs' same row."""
     outputs = list(outputs)
-    states: dict[Any, State] = {t.ref(): State.ROWS for t in inputs}
+    states: dict[Any, tuple[State, str]] = {t.ref(): (State.ROWS, "") for t in inputs}
     needed = _needed(outputs)
     try:
         for op in graph.get_operations():
             if op in needed:
                 _follow(op, states)
         for t in outputs:
-            state = states.get(t.ref(), State.FIXED)
+            state, _ = states.get(t.ref(), (State.FIXED, ""))
             if state is not State.ROWS:
                 raise _NotRowWise(f"its output {t.name} has no rows of its own (it is the same for every row, or the "
                                   "batch's size)")
@@ -96,19 +111,23 @@ def _needed(outputs: list) -> set:
 
 
 def _follow(op: Any, states: dict) -> None:
-    """Each output of ``op``'s state, from its inputs'; :class:`_NotRowWise` where ``op`` may mix rows."""
+    """Each output of ``op``'s state (and the ragged split it belongs to), from its inputs'; :class:`_NotRowWise`
+    where ``op`` may mix rows."""
     if op.type == "Placeholder" and op.outputs[0].ref() in states:
         return
-    given = [states.get(t.ref(), State.FIXED) for t in op.inputs]
+    given, splits = zip(*[states.get(t.ref(), (State.FIXED, "")) for t in op.inputs]) if op.inputs else ((), ())
     if all(s is State.FIXED for s in given):
         return  # computed from what is the same for every batch (an input-less op too)
     rule = _RULES.get(op.type)
     if rule is None:
         taken = "the batch's size" if State.SIZED in given else "the rows"
         raise _NotRowWise(f"{op.type} ({op.name}) takes {taken}, and it is not known to keep rows apart")
-    result = rule(op, given)
+    if len(set(splits) - {""}) > 1:
+        raise _refuse(op, "takes the parts of two ragged splits, whose values need not line up")
+    result = rule(op, list(given))
+    split = op.name if op.type == "StringSplitV2" else max(splits)
     for t, s in zip(op.outputs, result if isinstance(result, list) else [result] * len(op.outputs)):
-        states[t.ref()] = s
+        states[t.ref()] = (s, split if s in _RAGGED else "")
 
 
 def _refuse(op: Any, why: str) -> _NotRowWise:
@@ -130,13 +149,15 @@ def _const(op: Any, t: Any) -> np.ndarray:
 
 
 def _only_rows(op: Any, given: list[State]) -> None:
-    if State.SIZED in given:
+    if State.SIZED in given or State.NROWS in given:
         raise _refuse(op, "takes the batch's size as a value")
+    if _RAGGED & set(given):
+        raise _refuse(op, "takes a ragged split's parts, and it is not known to keep their rows apart")
 
 
 def _unary(op: Any, given: list[State]) -> State:
-    if op.type in ("Identity", "Snapshot") and given[0] is State.SIZED:
-        return State.SIZED
+    if op.type in ("Identity", "Snapshot") or (given[0] is State.VALUES and len(given) == 1):
+        return given[0]  # an element-wise op of a split's values: each row's values alone
     _only_rows(op, given)
     if any(s is State.ROWS for s in given[1:]):
         raise _refuse(op, "takes rows beside its first operand")
@@ -145,16 +166,17 @@ def _unary(op: Any, given: list[State]) -> State:
 
 def _broadcast(op: Any, given: list[State]) -> State:
     """Rows broadcast against operands of lower rank (aligned on their last axes) or a leading axis of 1; operands
-    with rows all of one rank."""
-    _only_rows(op, given)
-    rows = [t for t, s in zip(op.inputs, given) if s is State.ROWS]
+    with rows all of one rank. A split's values likewise (of one split: :func:`_follow`)."""
+    kind = State.VALUES if State.VALUES in given else State.ROWS
+    _only_rows(op, [State.ROWS if s is kind else s for s in given])
+    rows = [t for t, s in zip(op.inputs, given) if s is kind]
     rank = _rank(rows[0])
     if any(_rank(t) != rank for t in rows):
         raise _refuse(op, "aligns operands with rows of different ranks (one's rows meet another's other axis)")
     for t, s in zip(op.inputs, given):
         if s is State.FIXED and (_rank(t) > rank or (_rank(t) == rank and t.shape[0] != 1)):
             raise _refuse(op, f"broadcasts rows against {t.name} of shape {t.shape}, whose axis 0 meets theirs")
-    return State.ROWS
+    return kind
 
 
 def _select(op: Any, given: list[State]) -> State:
@@ -216,17 +238,52 @@ def _strided_slice(op: Any, given: list[State]) -> State:
     ellipsis, new_axis, shrink = (op.get_attr(a) for a in ("ellipsis_mask", "new_axis_mask", "shrink_axis_mask"))
     begin, end = op.get_attr("begin_mask"), op.get_attr("end_mask")
     starts, strides = _const(op, op.inputs[1]), _const(op, op.inputs[3])
+    if given[0] in (State.SPLIT_INDICES, State.SPLIT_SHAPE):
+        return _split_part(op, given[0], starts, strides, (ellipsis, new_axis, shrink, begin, end))
     if given[0] is State.SIZED:  # the shape of rows: its axes after the first are the same for every batch
         first, length = (int(starts[0]) if starts.size else 0), op.inputs[0].shape[0]
         first += length if first < 0 and length is not None else 0
         if not ellipsis & 1 and not new_axis & 1 and not begin & 1 and first >= 1 and int(strides[0]) > 0:
             return State.FIXED
         raise _refuse(op, "takes the batch's size from a shape")
+    _only_rows(op, given)
     if ellipsis & 1 and not new_axis & 1:
         return State.ROWS
     whole = begin & 1 and end & 1 and not (shrink & 1) and not (new_axis & 1) and int(strides[0]) == 1
     if not whole:
         raise _refuse(op, "slices the rows' axis")
+    return State.ROWS
+
+
+def _split_part(op: Any, part: State, starts: np.ndarray, strides: np.ndarray, masks: tuple[int, ...]) -> State:
+    """``indices[:, 0]`` of a split (each value's row) and ``shape[0]`` (its rows); nothing else of them."""
+    ellipsis, new_axis, shrink, begin, end = masks
+    plain = not ellipsis and not new_axis and all(int(v) == 1 for v in strides)
+    if part is State.SPLIT_INDICES and plain and begin & 1 and end & 1 and shrink == 2 and int(starts[1]) == 0:
+        return State.ROW_IDS
+    if part is State.SPLIT_SHAPE and plain and not begin & 1 and shrink == 1 and int(starts[0]) == 0:
+        return State.NROWS
+    raise _refuse(op, "takes a ragged split's positions or its longest row's length, which look across rows")
+
+
+def _string_split(op: Any, given: list[State]) -> list[State]:
+    """Rows of strings split into ragged rows: (indices, values, shape)."""
+    _first_only(op, given)
+    if _rank(op.inputs[0]) != 1:
+        raise _refuse(op, "splits rows of more than one string each")
+    return [State.SPLIT_INDICES, State.VALUES, State.SPLIT_SHAPE]
+
+
+def _ragged_to_tensor(op: Any, given: list[State]) -> State:
+    """A split's rows, each cut or padded to one fixed length (not the batch's longest row's)."""
+    shape, values, default, *partitions = given
+    kinds = [k.decode() if isinstance(k, bytes) else k for k in op.get_attr("row_partition_types")]
+    if values is not State.VALUES or default is not State.FIXED or shape is not State.FIXED \
+            or list(zip(kinds, partitions)) != [("FIRST_DIM_SIZE", State.NROWS), ("VALUE_ROWIDS", State.ROW_IDS)]:
+        raise _refuse(op, "makes a tensor of other parts than one split's values, row ids and rows")
+    size = tensor_util.constant_value(op.inputs[0])
+    if size is None or size.ndim != 1 or len(size) != 2 or int(size[0]) != -1 or int(size[1]) < 0:
+        raise _refuse(op, f"pads each row to the batch's longest (shape {size}): give the rows a fixed length")
     return State.ROWS
 
 
@@ -296,9 +353,11 @@ def _one_hot(op: Any, given: list[State]) -> State:
 
 
 def _lookup(op: Any, given: list[State]) -> State:
-    """A table's values for keys with rows (each key looked up alone)."""
-    _only_rows(op, given)
+    """A table's values for keys with rows, or for a split's values (each key looked up alone)."""
     table, keys, default = given
+    if keys is State.VALUES and table is default is State.FIXED:
+        return State.VALUES
+    _only_rows(op, given)
     if table is not State.FIXED or default is not State.FIXED or keys is not State.ROWS or _rank(op.inputs[1]) < 1:
         raise _refuse(op, "looks up keys without rows, or with a table or default that has rows")
     return State.ROWS
@@ -310,7 +369,7 @@ def _per_image(op: Any, given: list[State]) -> State:
 
 
 def _shape(op: Any, given: list[State]) -> State | list[State]:
-    states = [State.SIZED if s is State.ROWS else s for s in given]
+    states = [State.FIXED if s is State.FIXED else State.SIZED for s in given]
     return states if op.type == "ShapeN" else states[0]
 
 
@@ -324,5 +383,5 @@ _RULES = {
     "Transpose": _transpose, "StridedSlice": _strided_slice, "Slice": _slice, "ConcatV2": _concat, "Pack": _pack,
     "Unpack": _unpack, "GatherV2": _gather, "Gather": _gather_rows, "ResourceGather": _gather_rows,
     "OneHot": _one_hot, "LookupTableFindV2": _lookup, "LookupTableFind": _lookup, "Shape": _shape, "ShapeN": _shape,
-    "IdentityN": _identity_n,
+    "IdentityN": _identity_n, "StringSplitV2": _string_split, "RaggedTensorToTensor": _ragged_to_tensor,
 }

@@ -126,8 +126,8 @@ class FitBatches:
         if isinstance(share, str):
             log.info("parallax.fit: every worker reads the whole dataset and keeps its part of each batch: %s", share)
             return
-        log.info("parallax.fit: each worker reads its share of the dataset (the maps before its batch() run on "
-                 "1/%d of the examples)", num_workers)
+        log.info("parallax.fit: each worker reads its share of the dataset (its maps run on 1/%d of the examples)",
+                 num_workers)
         self.share = share
         blocks = share.dataset
         if self._class_weight:  # on each block's examples, as Keras maps them over whole batches

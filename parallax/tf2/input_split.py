@@ -97,7 +97,7 @@ def share_of(dataset: tf.data.Dataset, num_workers: int, worker_id: int, num_rep
     if batch_size % parts:
         return f"its global batch ({batch_size}) does not split into {parts} equal parts"
     maps, prefix = _peel_maps(batched._input_dataset)
-    if not maps and not after:
+    if not maps and not any(map(_is_map, after)):
         return "no map() comes before or after its batch(): there is no input work to divide"
     unseeded = _unseeded(prefix)
     if unseeded:
@@ -126,7 +126,10 @@ def share_of(dataset: tf.data.Dataset, num_workers: int, worker_id: int, num_rep
         share = _map_again(share, ds, sized=not known)
     share = share.batch(batch_size // num_workers)
     for ds in reversed(after):  # each row alone: this worker's block of the batch the map would have made
-        share = _map_again(share, ds, sized=not known)
+        if _is_map(ds):
+            share = _map_again(share, ds, sized=not known)
+        else:
+            share = share.prefetch(int(_constant(ds._buffer_size)))
     steps = None
     if known:  # the sizes of an epoch's global batches, known: one a step beside the blocks (cheaper than carried)
         full, rest = divmod(examples, batch_size)
@@ -168,22 +171,25 @@ def _is_batch(dataset: tf.data.Dataset) -> bool:
 def _peel_maps(dataset: tf.data.Dataset) -> tuple[list, tf.data.Dataset]:
     """The per-example maps just before the batch that draw nothing random (the last first), and what is before
     them."""
-    from tensorflow.python.data.ops import map_op
-
     maps = []
-    while isinstance(dataset, (map_op._MapDataset, map_op._ParallelMapDataset)) and not _draws(dataset):
+    while _is_map(dataset) and not _draws(dataset):
         maps.append(dataset)
         dataset = dataset._input_dataset
     return maps, dataset
 
 
 def _peel_row_maps(dataset: tf.data.Dataset) -> tuple[list, tf.data.Dataset, str]:
-    """The maps of whole batches at the end that work row by row and draw nothing (the last first), what is before
-    them, and why the map before those may look across rows (``""`` where it is not a map)."""
-    from tensorflow.python.data.ops import map_op
+    """The maps of whole batches at the end that work row by row and draw nothing, and the prefetches between them
+    (``text_dataset_from_directory``'s, before a user's map; the last first), what is before them, and why the map
+    before those may look across rows (``""`` where it is not a map)."""
+    from tensorflow.python.data.ops import prefetch_op
 
     maps = []
-    while isinstance(dataset, (map_op._MapDataset, map_op._ParallelMapDataset)):
+    while _is_map(dataset) or isinstance(dataset, prefetch_op._PrefetchDataset):
+        if not _is_map(dataset):
+            maps.append(dataset)
+            dataset = dataset._input_dataset
+            continue
         graph = dataset._map_func.function.graph
         captured = {t.ref() for t in graph.internal_captures}
         mixed = row_wise(graph, [t for t in graph.inputs if t.ref() not in captured], graph.outputs)
@@ -194,6 +200,12 @@ def _peel_row_maps(dataset: tf.data.Dataset) -> tuple[list, tf.data.Dataset, str
         maps.append(dataset)
         dataset = dataset._input_dataset
     return maps, dataset, ""
+
+
+def _is_map(dataset: tf.data.Dataset) -> bool:
+    from tensorflow.python.data.ops import map_op
+
+    return isinstance(dataset, (map_op._MapDataset, map_op._ParallelMapDataset))
 
 
 def _map_again(dataset: tf.data.Dataset, like: tf.data.Dataset, sized: bool) -> tf.data.Dataset:

@@ -64,7 +64,9 @@ by ``keras.utils.set_random_seed``): the reference ``parallax.fit(model, <the sa
 * ``vae``, ``own-test-step``, ``weather`` and others of the guides' shapes (tests/tf2/guide_programs.py);
 * learning-rate schedules with clipping, a ``PyDataset``, built-in metrics (tests/tf2/probe_programs.py);
 * ``ocr-ctc``: keras-io's captcha OCR, whose CTC loss a layer adds per example (tests/tf2/ctc_programs.py);
-* ``mnist-convnet``, ``augmented``: dropout and augmentation layers, as written (tests/tf2/random_programs.py).
+* ``mnist-convnet``, ``augmented``: dropout and augmentation layers, as written (tests/tf2/random_programs.py);
+* ``vectorized-text``: keras-io's text classification, its texts vectorized by a map of whole batches
+  (tests/tf2/vectorized_programs.py).
 
 ``build(name)`` makes the compiled model (seeded); ``data(name)`` its ``(x, y)``; ``FIT`` the fit arguments;
 ``CONFIGS`` what a program adds to its ``parallax.Config``; ``fit_arguments(name)`` what its ``fit`` takes;
@@ -78,10 +80,10 @@ import functools
 
 import numpy as np
 
-from tests.tf2 import ctc_programs, guide_programs, loss_programs, probe_programs, random_programs
+from tests.tf2 import ctc_programs, guide_programs, loss_programs, probe_programs, random_programs, vectorized_programs
 
-PARTS = {n: part for part in (loss_programs, guide_programs, probe_programs, ctc_programs, random_programs)
-         for n in part.PROGRAMS}
+PARTS = {n: part for part in (loss_programs, guide_programs, probe_programs, ctc_programs, random_programs,
+                              vectorized_programs) for n in part.PROGRAMS}
 PROGRAMS = ("transformer", "seq2seq", "recommender", "masked", "structured", "custom-step", "gan", "cnn",
             "timeseries", "bert", "distiller", "regularized", "ema", "shared-split", "renamed-logs", *PARTS)
 CONFIGS = {"cnn": {"sync_batch_norm": True}}

@@ -39,11 +39,31 @@ def test_kerass_preprocessing_layers_work_row_by_row(make, spec):
     assert _said(make(), spec) == ""
 
 
-def test_text_vectorization_is_not_followed_naming_the_op():
-    layer = keras.layers.TextVectorization(max_tokens=20, output_sequence_length=4)
+@pytest.mark.parametrize("options, said", [
+    ({"output_sequence_length": 4}, ""),
+    ({}, "RaggedTensorToTensor ("),  # each row padded to the batch's longest
+    ({"output_sequence_length": 4, "ngrams": 2}, "Cast ("),  # its row partition: not followed
+    ({"output_mode": "multi_hot"}, "Cast ("),
+], ids=["fixed length", "longest", "ngrams", "multi_hot"])
+def test_text_vectorization_to_a_fixed_length_works_row_by_row(options, said):
+    layer = keras.layers.TextVectorization(max_tokens=20, **options)
     layer.adapt(["a b c", "d e"])
-    said = _said(layer, tf.TensorSpec([None], tf.string))
-    assert said.startswith("StringSplitV2 (") and "not known to keep rows apart" in said, said
+    got = _said(layer, tf.TensorSpec([None], tf.string))
+    assert got.startswith(said) if said else got == "", got
+
+
+def test_a_ragged_split_cut_to_a_fixed_length_works_row_by_row_and_its_longest_row_does_not():
+    lines = tf.TensorSpec([None], tf.string)
+    assert _said(lambda x: tf.strings.to_hash_bucket_fast(tf.strings.split(x), 9).to_tensor(shape=[None, 5]),
+                 lines) == ""
+    assert "pads each row to the batch's longest" in _said(lambda x: tf.strings.split(x).to_tensor(), lines)
+
+    def longest_added(x):  # every row's ids plus the batch's longest row's length
+        words = tf.strings.split(x)
+        return tf.strings.to_hash_bucket_fast(words, 9).to_tensor(shape=[None, 5]) + words.bounding_shape()[1]
+
+    said = _said(longest_added, lines)
+    assert said.startswith(("StridedSlice (", "Cast (", "Max (")), said
 
 
 def test_a_value_the_same_for_every_row_is_no_output_of_rows():

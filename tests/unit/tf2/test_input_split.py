@@ -316,3 +316,37 @@ def test_a_map_after_batch_that_may_look_across_rows_is_not_divided_naming_the_o
     said = share_of(ds, 2, 0, 1)
     assert isinstance(said, str) and said.startswith("a map() after its batch() may look across a batch's "
                                                      f"examples: {op} ("), said
+
+
+def test_text_vectorized_after_batch_to_a_fixed_length_is_divided_and_to_the_longest_is_not():
+    """keras-io's text classification: ``text_dataset_from_directory`` gives batches of strings, which
+    ``.map(vectorize_text)`` (``TextVectorization`` of each batch, the text expanded to a column first) makes ids.
+    With ``output_sequence_length`` each row is cut or padded alone: each worker vectorises its block alone and
+    gets the rows of the whole batch's; without it the rows are padded to the batch's longest: read whole."""
+    import keras
+
+    words = [" ".join(f"w{(7 * i + j) % 23}" for j in range(1 + i % 9)) for i in range(26)]
+
+    def pipeline(layer):
+        def vectorize_text(text, label):
+            return layer(tf.expand_dims(text, -1)), label
+
+        ds = tf.data.Dataset.from_tensor_slices((words, np.arange(26) % 2)).shuffle(26, seed=1).batch(8)
+        # text_dataset_from_directory's prefetch, then the example's map, cache and prefetch
+        return ds.prefetch(tf.data.AUTOTUNE).map(vectorize_text).cache().prefetch(10)
+
+    fixed = keras.layers.TextVectorization(max_tokens=30, output_sequence_length=6)
+    fixed.adapt(words)
+    one_device = [x.numpy() for x, _ in pipeline(fixed)]
+    for worker in range(2):
+        share = share_of(pipeline(fixed), 2, worker, 1)
+        assert not isinstance(share, str), share
+        for ((x, _), n), whole in zip(share.dataset, one_device):
+            size = -(-len(whole) // 2)  # the last batch of 2: one row each
+            rows = slice(size * worker, size * worker + size)
+            assert int(n) == len(whole)
+            np.testing.assert_array_equal(x.numpy(), whole[rows])
+    longest = keras.layers.TextVectorization(max_tokens=30)
+    longest.adapt(words)
+    said = share_of(pipeline(longest), 2, 0, 1)
+    assert isinstance(said, str) and "pads each row to the batch's longest" in said, said
