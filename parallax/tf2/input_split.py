@@ -12,15 +12,15 @@ only on the examples of that worker's block of each global batch:
     source ... -> batch(B) -> map(this worker's block of the batch) -> unbatch -> map(f) -> ... -> map(g)
       -> batch(B / N) [-> the same tail]
 
-Maps of whole batches after ``batch(B)`` that work row by row (:func:`parallax.analysis.row_wise.row_wise`: a cast,
-a rescaling, a lookup, a crop of each image) are applied after ``batch(B / N)``, to the worker's block: the rows
-the map would give it in the whole batch.
-
 each step's block coming with the size of the global batch it is cut from: from the epoch's length where it is
 known; else each example carries it through the maps, so that the short last batch of a pipeline whose length is
 not known before iterating (files read by a ``TFRecordDataset``, a ``filter``) is cut alike on every worker as it
 arrives. A worker the short last batch leaves no example gets that batch's first one as padding (weighing 0), so
 that every worker has a block at every step.
+
+Maps of whole batches after ``batch(B)`` that work row by row (:func:`parallax.analysis.row_wise.row_wise`: a
+cast, a rescaling, a lookup, a crop of each image, text vectorized to a fixed length), and the prefetches between
+them, are applied after ``batch(B / N)``, to the worker's block: the rows the map would give it in the whole batch.
 
 Global batch ``k`` is the examples ``k*B ... k*B + B - 1`` of what the maps are applied to, as on one device;
 worker ``w`` keeps the block ``parallax.fit`` gives it from that batch (:func:`parallax.tf2.batch_parts.parts`: the
