@@ -52,7 +52,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallax.analysis.row_wise import row_wise
-from parallax.graph.graph_ops import STATEFUL_DRAWS
+from parallax.graph.graph_ops import STATEFUL_DRAWS, STATELESS_DRAWS
 
 __all__ = ["Share", "share_of"]
 
@@ -61,6 +61,10 @@ _RANDOM_OPS = STATEFUL_DRAWS | frozenset({
     "ParameterizedTruncatedNormal", "RandomCrop", "RandomGammaGrad", "StatefulUniform", "StatefulUniformInt",
     "StatefulStandardNormalV2", "StatefulTruncatedNormal", "StatefulUniformFullInt", "StatefulRandomBinomial",
     "RngSkip", "RngReadAndSkip", "AnonymousSeedGenerator"})
+#: draws whose seed is an input: Keras 3's random layers (``RandomFlip``, ``GaussianNoise``, ...) draw with one a
+#: ``SeedGenerator`` moves on at every call, so that a map with one cannot run on a part either; seeded by their
+#: input (the generator's state, alike on every worker), they are no draw without a seed
+_SEEDED_BY_INPUT = STATELESS_DRAWS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,15 +235,20 @@ def _draws(dataset: tf.data.Dataset) -> bool:
 
 
 def _random_ops(graph: Any) -> list:
-    """The ops of ``graph`` and of the functions it calls that draw random numbers: ``(type, seed, seed2)``."""
-    found = []
+    """The ops of ``graph`` and of the functions it calls that draw random numbers: ``(type, seed, seed2)``, the
+    seeds ``None`` where the seed is an input."""
+    found: list[tuple[str, int | None, int | None]] = []
     for op in graph.get_operations():
-        if op.type in _RANDOM_OPS:
+        if op.type in _SEEDED_BY_INPUT:
+            found.append((op.type, None, None))
+        elif op.type in _RANDOM_OPS:
             seeds = [op.get_attr(a) if a in op.node_def.attr else 0 for a in ("seed", "seed2")]
             found.append((op.type, *seeds))
     for function in graph._functions.values():
         for node in function.cached_definition.node_def:
-            if node.op in _RANDOM_OPS:
+            if node.op in _SEEDED_BY_INPUT:
+                found.append((node.op, None, None))
+            elif node.op in _RANDOM_OPS:
                 found.append((node.op, node.attr["seed"].i, node.attr["seed2"].i))
     return found
 

@@ -176,6 +176,37 @@ def test_a_map_that_draws_random_numbers_is_not_divided():
     assert isinstance(said, str) and "without a seed (RandomUniformInt)" in said, said
 
 
+@pytest.mark.parametrize("layer", ["RandomFlip", "GaussianNoise", "RandomRotation"])
+def test_a_keras_random_layer_in_a_map_stays_whole_and_the_maps_after_it_are_divided(layer):
+    """Keras 3's random layers draw with a seed that their ``SeedGenerator`` moves on at every call (stateless ops
+    seeded by an input): mapped over a worker's examples alone, they would draw other numbers than one device
+    (until 2026-12-07 such a map was divided, and the blocks differed from one device's rows). Kept before the
+    split, with the maps after it divided, each worker's blocks are one device's rows."""
+    import keras
+
+    images = np.random.default_rng(0).random((10, 4, 4, 1)).astype(np.float32)
+
+    def pipeline():
+        made = {"RandomFlip": lambda: keras.layers.RandomFlip(seed=1),
+                "GaussianNoise": lambda: keras.layers.GaussianNoise(0.5, seed=2),
+                "RandomRotation": lambda: keras.layers.RandomRotation(0.2, seed=3)}[layer]()
+        ds = tf.data.Dataset.from_tensor_slices(images).map(lambda x: made(x, training=True))
+        return ds.map(lambda x: x * 2.0).batch(4)
+
+    one_device = [b.numpy() for b in pipeline()]
+    for worker in range(2):
+        share = share_of(pipeline(), 2, worker, 1)
+        assert not isinstance(share, str), share
+        for (block, n), whole in zip(share.dataset, one_device):
+            size = -(-len(whole) // 2)
+            assert int(n) == len(whole)
+            np.testing.assert_array_equal(block.numpy(), whole[worker * size:worker * size + size])
+    noise = keras.layers.GaussianNoise(0.5, seed=2)
+    after_batch = tf.data.Dataset.from_tensor_slices(images).batch(4).map(lambda x: noise(x, training=True))
+    said = share_of(after_batch, 2, 0, 1)
+    assert isinstance(said, str) and "draws random numbers" in said, said
+
+
 def test_the_fingerprint_is_alike_in_processes_that_made_other_things_before():
     """What each worker hashes names no counter of the process: datasets, functions and resources made before
     (another epoch iterator, the chief's callbacks) number theirs differently on each worker."""
