@@ -122,7 +122,8 @@ class FitBatches:
             share = f"it could not be divided ({type(e).__name__}: {e})"
         every = group.gather(None if isinstance(share, str) else share.fingerprint)  # every worker, collectively
         if not isinstance(share, str) and (None in every or len(set(every)) > 1):
-            share = "another worker could not divide it, or what comes before its maps differs between the workers"
+            share = ("another worker could not divide it, or what comes before its maps (or the variables its "
+                     "functions read) differs between the workers")
         if isinstance(share, str):
             log.info("parallax.fit: every worker reads the whole dataset and keeps its part of each batch: %s", share)
             return

@@ -30,9 +30,10 @@ and every replica trains the same examples as when each worker read everything: 
 
 What is before the maps (the source, a shuffle, a cache, a filter) still runs whole on every worker: it is
 cheap (slices, file names) where the maps are not, and it must give every worker the same order. That is
-checked: the prefix's graph (its data, seeds and functions) hashed on every worker and compared when the job
-starts (:attr:`Share.fingerprint`), and a pipeline that draws without a seed (a ``shuffle`` or a random op
-with no seed and no global seed) is not split.
+checked: the prefix's graph (its data, seeds and functions), with the values of the variables the pipeline's
+functions read (which the graph does not hold: a Keras ``SeedGenerator``'s state), hashed on every worker and
+compared when the job starts (:attr:`Share.fingerprint`), and a pipeline that draws without a seed (a ``shuffle``
+or a random op with no seed and no global seed) is not split.
 
 Read whole (and said at INFO, with the reason; the training is the same, only the input work is not
 divided) when: the pipeline is not of that shape (a ``map`` after ``batch`` that may look across a batch's
@@ -46,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -53,6 +55,7 @@ import tensorflow as tf
 
 from parallax.analysis.row_wise import row_wise
 from parallax.graph.graph_ops import STATEFUL_DRAWS, STATELESS_DRAWS
+from parallax.tf2.digest import digest
 
 __all__ = ["Share", "share_of"]
 
@@ -75,7 +78,8 @@ class Share:
         dataset: one element a step, ``(this worker's block of the global batch, the examples of that global
             batch)``; where the last, short batch leaves this worker no example, its block is that batch's
             first example (padding: ``parallax.fit`` weighs it 0, as it weighs the padding of any part).
-        fingerprint: a hash of what comes before the maps (alike on every worker, or their orders differ).
+        fingerprint: a hash of what comes before the maps and of the variables the pipeline's functions read (alike
+            on every worker, or their orders or their maps' values differ).
         steps: the global batches of an epoch (also ``dataset.cardinality()``), or ``None`` where the pipeline's
             length is not known before iterating (a file reader, a ``filter``): each global batch's size then
             comes with it, so that the short last one is cut alike on every worker as it arrives.
@@ -146,7 +150,9 @@ def share_of(dataset: tf.data.Dataset, num_workers: int, worker_id: int, num_rep
         share = share.map(lambda block, rows: (block, rows[0]))
     for again in reversed(tail):
         share = again(share)
-    return Share(share.with_options(dataset.options()), _fingerprint(prefix), steps)
+    # what every worker must have alike: the prefix's graph, and the state of the variables its functions read
+    return Share(share.with_options(dataset.options()), digest([_fingerprint(prefix), *_variables_read(dataset)]),
+                 steps)
 
 
 def _peel_tail(dataset: tf.data.Dataset) -> tuple[list, tf.data.Dataset]:
@@ -253,24 +259,47 @@ def _random_ops(graph: Any) -> list:
     return found
 
 
+def _walk(dataset: tf.data.Dataset) -> Iterator[tf.data.Dataset]:
+    """``dataset`` and every dataset it is made from, each once, in one order on every worker."""
+    seen, todo = set(), [dataset]
+    while todo:
+        ds = todo.pop()
+        if id(ds) not in seen:
+            seen.add(id(ds))
+            yield ds
+            todo.extend(ds._inputs())
+
+
 def _unseeded(dataset: tf.data.Dataset) -> str:
     """What in ``dataset`` and its inputs draws without a seed (``""`` if nothing)."""
     from tensorflow.python.data.ops import shuffle_op
 
-    seen, todo = set(), [dataset]
-    while todo:
-        ds = todo.pop()
-        if id(ds) in seen:
-            continue
-        seen.add(id(ds))
+    for ds in _walk(dataset):
         if isinstance(ds, shuffle_op._ShuffleDataset) and _constant(ds._seed) == 0 and _constant(ds._seed2) == 0:
             return "a Dataset.shuffle without a seed (and no global seed)"
         for wrapper in ds._functions():
             unseeded = [t for t, seed, seed2 in _random_ops(wrapper.function.graph) if seed == 0 and seed2 == 0]
             if unseeded:
                 return f"a function of its {_name(ds)} draws random numbers without a seed ({unseeded[0]})"
-        todo.extend(ds._inputs())
     return ""
+
+
+def _variables_read(dataset: tf.data.Dataset) -> list:
+    """The values of the variables the functions of ``dataset`` and its inputs read (a Keras ``SeedGenerator``'s
+    state, a counter), which the graph does not hold: in a job whose processes are not seeded alike (a cluster
+    manager's), an unseeded Keras random layer's state differs between the workers."""
+    values = []
+    for ds in _walk(dataset):
+        for wrapper in ds._functions():
+            for handle in wrapper.function.captured_inputs:
+                data = getattr(handle, "_handle_data", None)
+                if handle.dtype != tf.resource or data is None or not data.is_set or not data.shape_and_type:
+                    continue  # not a variable (a lookup table's handle has no type)
+                try:
+                    values.append(tf.raw_ops.ReadVariableOp(resource=handle, dtype=data.shape_and_type[0].dtype))
+                except (tf.errors.OpError, TypeError, ValueError):
+                    continue
+    return values
 
 
 def _fingerprint(dataset: tf.data.Dataset) -> int:

@@ -224,6 +224,20 @@ def test_the_fingerprint_is_alike_in_processes_that_made_other_things_before():
         _fingerprint(tf.data.Dataset.from_tensor_slices(np.arange(10)).shuffle(10, seed=1))
 
 
+def test_the_fingerprint_holds_the_values_of_the_variables_the_pipeline_reads():
+    """A variable a map reads (a scale, a Keras ``SeedGenerator``'s state) is no part of the pipeline's graph: the
+    fingerprint has its value, so workers whose values differ (a job whose processes are not seeded alike, a
+    cluster manager's) are found, and read everything (the first-batch check judging), where each would otherwise
+    map its block with its own value: here two pipelines alike but for the value of the scale they map with."""
+
+    def make(value: float):
+        scale = tf.Variable(value)
+        return tf.data.Dataset.from_tensor_slices(np.ones((8, 2), np.float32)).map(lambda x: x * scale).batch(4)
+
+    prints = [share_of(make(value), 2, 0, 1).fingerprint for value in (2.0, 2.0, 3.0)]
+    assert prints[0] == prints[1] != prints[2]
+
+
 class _Group:
     """Two workers whose pipelines hash alike (``differ``: not; ``other``: what the other worker says)."""
 
