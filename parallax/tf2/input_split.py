@@ -202,9 +202,9 @@ def _peel_row_maps(dataset: tf.data.Dataset) -> tuple[list, tf.data.Dataset, str
             continue
         graph = dataset._map_func.function.graph
         captured = {t.ref() for t in graph.internal_captures}
-        mixed = row_wise(graph, [t for t in graph.inputs if t.ref() not in captured], graph.outputs)
-        if _draws(dataset):
-            mixed = "it draws random numbers (its draws would follow each worker's rows, not one device's order)"
+        mixed = ("it draws random numbers (its draws would follow each worker's rows, not one device's order)"
+                 if _draws(dataset) else
+                 row_wise(graph, [t for t in graph.inputs if t.ref() not in captured], graph.outputs))
         if mixed:
             return maps, dataset, mixed
         maps.append(dataset)
