@@ -1,0 +1,55 @@
+"""A parameter server's optimizer updates fused (parallax/rewrite/fused_updates.py): in PS and HYBRID jobs on one
+host the chief's graph runs each Keras 3 Adam update the servers hold as one ``ParallaxFusedUpdate`` op on the
+server (which loaded the op when it started), and training equals ``model.fit`` on one device: every weight and
+every Adam slot, on every worker (rtol 1e-5)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+from tests.multiprocess.harness import LAYOUTS, ROOT, run_script
+from tests.tf2.fused_script import data, trained_values
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+SCRIPT = os.path.join(ROOT, "tests", "tf2", "fused_script.py")
+SERVER = "/job:ps/replica:0/task:0/device:CPU:0"
+TABLE = "sequential/embedding/embeddings"
+
+
+def _fused_on_the_server(graph: str) -> set[str]:
+    """The variables whose update ``graph`` (a worker's exported graph) runs as one op on the server."""
+    found = set()
+    for node in re.findall(r"\n  node \{\n(.*?)\n  \}", graph, re.S):
+        if 'op: "ParallaxFusedUpdate"' in node and f'device: "{SERVER}"' in node:
+            found.add(re.search(r'name: "parallax_fused/(.*)/update"', node).group(1))
+    return found
+
+
+@pytest.mark.parametrize("layout", ["PS-2", "HYBRID-2"])
+def test_a_servers_updates_run_fused_on_the_server_and_train_as_model_fit(tmp_path, layout):
+    import keras
+
+    from tests.models import averaged_embedding_model
+
+    resource, run_option, workers, _ = LAYOUTS[layout]
+    run = run_script(tmp_path, resource, "--run_option", run_option, timeout=240, script=SCRIPT)
+    assert run.returncode == 0, run.output[-4000:]
+    reference = averaged_embedding_model(keras)
+    x, y = data()
+    reference.fit(x, y, batch_size=16, epochs=2, verbose=0)
+    expected = trained_values(reference)
+    for rank in range(workers):
+        with np.load(os.path.join(run.out_dir, f"rank_{rank}.npz")) as got:
+            assert len(got.files) == len(expected)
+            for i, value in enumerate(expected):
+                np.testing.assert_allclose(got[f"v{i}"], value, rtol=1e-5, atol=1e-7, err_msg=f"{layout} rank {rank}: "
+                                           f"{(reference.weights + reference.optimizer.variables)[i].path}")
+    with open(os.path.join(run.out_dir, "graphs", "worker-0_metagraph"), encoding="utf-8") as f:
+        fused = _fused_on_the_server(f.read())
+    trained = {v.path.rsplit(":", 1)[0] for v in reference.trainable_variables}
+    assert fused == (trained if run_option == "PS" else {TABLE}), fused
