@@ -244,18 +244,13 @@ def _random_ops(graph: Any) -> list:
     """The ops of ``graph`` and of the functions it calls that draw random numbers: ``(type, seed, seed2)``, the
     seeds ``None`` where the seed is an input."""
     found: list[tuple[str, int | None, int | None]] = []
-    for op in graph.get_operations():
-        if op.type in _SEEDED_BY_INPUT:
-            found.append((op.type, None, None))
-        elif op.type in _RANDOM_OPS:
-            seeds = [op.get_attr(a) if a in op.node_def.attr else 0 for a in ("seed", "seed2")]
-            found.append((op.type, *seeds))
-    for function in graph._functions.values():
-        for node in function.cached_definition.node_def:
-            if node.op in _SEEDED_BY_INPUT:
-                found.append((node.op, None, None))
-            elif node.op in _RANDOM_OPS:
-                found.append((node.op, node.attr["seed"].i, node.attr["seed2"].i))
+    nodes = [op.node_def for op in graph.get_operations()]
+    nodes += [node for function in graph._functions.values() for node in function.cached_definition.node_def]
+    for node in nodes:
+        if node.op in _SEEDED_BY_INPUT:
+            found.append((node.op, None, None))
+        elif node.op in _RANDOM_OPS:
+            found.append((node.op, *(node.attr[a].i if a in node.attr else 0 for a in ("seed", "seed2"))))
     return found
 
 
