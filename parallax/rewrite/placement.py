@@ -8,15 +8,19 @@ read from the program's eager variables (``parallax_initial/``) run on the
 worker, whose Python holds those variables.
 
 With ``boundary_between_workers_and_servers`` (default on) a replica's
-gather of rows from a server variable (``embedding_lookup``) runs on the
-server, so only the rows travel, and each row once: the replica finds the
-distinct indices (``<gather>/parallax_unique/``), the server gathers those
-(the original op, renamed ``<gather>/parallax_rows``), and an op of the
-original's name on the replica spreads them back to the original shape (a
-batch of Zipf-distributed words repeats a third of its ids). Off, the gather
-runs on the replica's device: ``<gather>/parallax_read`` reads the whole
-variable from the server and a ``GatherV2`` of the same name as the original
-picks the rows there.
+gather of rows from a server variable runs on the server, so only the rows
+travel, and each row once: the replica finds the distinct indices
+(``<gather>/parallax_unique/``), the server gathers those (the original op,
+renamed ``<gather>/parallax_rows``), and an op of the original's name on the
+replica spreads them back to the original shape (a batch of
+Zipf-distributed words repeats a third of its ids). A gather is TF1's
+``embedding_lookup`` (``ResourceGather``), or a ``GatherV2`` along the first
+axis of a read of the variable (Keras 3's ``Embedding``: ``ops.take`` of the
+table's value), which would otherwise carry the whole table to the replica
+every step. Off, the gather runs on the replica's device: a
+``ResourceGather``'s ``<gather>/parallax_read`` reads the whole variable from
+the server and a ``GatherV2`` of the same name as the original picks the
+rows there.
 
 With ``boundary_among_servers`` (``PSConfig``, default on), the other ops
 between the gradients and the update (clipping, scaling) also move to a
@@ -39,7 +43,7 @@ from tensorflow.core.framework import node_def_pb2, types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 from tensorflow.python.framework import tensor_util
 
-from parallax.graph.graph_ops import add_nodes, colocated_with, consumers, descendants, parse_input
+from parallax.graph.graph_ops import add_nodes, colocated_with, consumers, descendants, node_map, parse_input
 from parallax.graph.names import INITIAL_VALUE_PREFIX, copy_replica, is_parallax_op
 from parallax.plan.model import Plan, TaskSpec
 from parallax.rewrite.classify import classify
@@ -143,13 +147,30 @@ def _gather_on_workers(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task
 
 
 def _server_gathers(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec,
-                    device_of: dict[str, str]):
-    """``(gather node, the device of its replica)`` for every gather of rows from a server variable."""
+                    device_of: dict[str, str], of_reads: bool = False):
+    """``(gather node, the device of its replica)`` for every ``ResourceGather`` of rows from a server variable,
+    and with ``of_reads`` every ``GatherV2`` of a read of one (:func:`_gathered_read`)."""
     worker = plan.workers[task.worker_index]
+    nodes = node_map(meta_graph.graph_def) if of_reads else {}
     for node in list(meta_graph.graph_def.node):
-        if node.op == "ResourceGather" and node.input and parse_input(node.input[0])[0] in device_of:
+        if node.op == "ResourceGather" and node.input and parse_input(node.input[0])[0] in device_of \
+                or of_reads and _gathered_read(node, nodes, device_of):
             replica = copy_replica(node.name)
             yield node, worker.replica_devices[min(replica, len(worker.replica_devices) - 1)]
+
+
+def _gathered_read(node: node_def_pb2.NodeDef, nodes: dict[str, node_def_pb2.NodeDef],
+                   device_of: dict[str, str]) -> str | None:
+    """The server variable whose rows ``node`` gathers, where it is a ``GatherV2`` along axis 0 (a constant),
+    without batch dimensions, of a ``ReadVariableOp`` of the variable itself; else ``None``."""
+    if node.op != "GatherV2" or len(node.input) != 3 or node.attr["batch_dims"].i:
+        return None
+    read, axis = nodes.get(parse_input(node.input[0])[0]), nodes.get(parse_input(node.input[2])[0])
+    if read is None or read.op != "ReadVariableOp" or parse_input(read.input[0])[0] not in device_of:
+        return None
+    if axis is None or axis.op != "Const" or tensor_util.MakeNdarray(axis.attr["value"].tensor).tolist() != 0:
+        return None
+    return parse_input(read.input[0])[0]
 
 
 def _distinct_rows_from_servers(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec,
@@ -159,10 +180,21 @@ def _distinct_rows_from_servers(meta_graph: meta_graph_pb2.MetaGraphDef, plan: P
     from parallax.rewrite.aggregate import build_subgraph
 
     added = []
-    for node, device in _server_gathers(meta_graph, plan, task, device_of):
+    by_name = node_map(meta_graph.graph_def)
+    for node, device in _server_gathers(meta_graph, plan, task, device_of, of_reads=True):
         if node.attr["batch_dims"].i:
             continue
         name, server_name = node.name, f"{node.name}/parallax_rows"
+        dtype = node.attr["dtype"].type
+        variable = _gathered_read(node, by_name, device_of)
+        if variable is not None:  # a GatherV2 of the variable's value: on the server, its axis there too
+            dtype = node.attr["Tparams"].type
+            axis = node_def_pb2.NodeDef(name=f"{name}/parallax_axis", op="Const", device=device_of[variable])
+            axis.attr["dtype"].CopyFrom(by_name[parse_input(node.input[2])[0]].attr["dtype"])
+            axis.attr["value"].CopyFrom(by_name[parse_input(node.input[2])[0]].attr["value"])
+            node.input[2] = axis.name
+            node.device = device_of[variable]
+            added.append(axis)
 
         def builder(inputs):
             ids, rows = inputs
@@ -172,7 +204,7 @@ def _distinct_rows_from_servers(meta_graph: meta_graph_pb2.MetaGraphDef, plan: P
                 return [unique, tf.reshape(tf.gather(rows, position), shape, name="spread")]
 
         nodes, (unique, spread) = build_subgraph(
-            builder, [tf.dtypes.as_dtype(node.attr["Tindices"].type), tf.dtypes.as_dtype(node.attr["dtype"].type)],
+            builder, [tf.dtypes.as_dtype(node.attr["Tindices"].type), tf.dtypes.as_dtype(dtype)],
             [node.input[1], f"{server_name}:0"], f"{name}/parallax_unique/")
         for new in nodes:
             new.device = device

@@ -1,7 +1,8 @@
-"""A parameter server's optimizer updates fused (parallax/rewrite/fused_updates.py): in PS and HYBRID jobs on one
-host the chief's graph runs each Keras 3 Adam update the servers hold as one ``ParallaxFusedUpdate`` op on the
-server (which loaded the op when it started), and training equals ``model.fit`` on one device: every weight and
-every Adam slot, on every worker (rtol 1e-5)."""
+"""A parameter server's part of a Keras 3 model, as fast as it can be: in PS and HYBRID jobs on one host the
+chief's graph runs each Adam update the servers hold as one ``ParallaxFusedUpdate`` op on the server (which loaded
+the op when it started; parallax/rewrite/fused_updates.py), the Embedding's rows are gathered on the server
+(parallax/rewrite/placement.py), and training equals ``model.fit`` on one device: every weight and every Adam
+slot, on every worker (rtol 1e-5)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,15 @@ SERVER = "/job:ps/replica:0/task:0/device:CPU:0"
 TABLE = "sequential/embedding/embeddings"
 
 
+def _nodes(graph: str) -> list[str]:
+    """The text of each op of ``graph`` (a worker's exported graph)."""
+    return re.findall(r"\n  node \{\n(.*?)\n  \}", graph, re.S)
+
+
 def _fused_on_the_server(graph: str) -> set[str]:
     """The variables whose update ``graph`` (a worker's exported graph) runs as one op on the server."""
     found = set()
-    for node in re.findall(r"\n  node \{\n(.*?)\n  \}", graph, re.S):
+    for node in _nodes(graph):
         if 'op: "ParallaxFusedUpdate"' in node and f'device: "{SERVER}"' in node:
             found.add(re.search(r'name: "parallax_fused/(.*)/update"', node).group(1))
     return found
@@ -50,6 +56,10 @@ def test_a_servers_updates_run_fused_on_the_server_and_train_as_model_fit(tmp_pa
                 np.testing.assert_allclose(got[f"v{i}"], value, rtol=1e-5, atol=1e-7, err_msg=f"{layout} rank {rank}: "
                                            f"{(reference.weights + reference.optimizer.variables)[i].path}")
     with open(os.path.join(run.out_dir, "graphs", "worker-0_metagraph"), encoding="utf-8") as f:
-        fused = _fused_on_the_server(f.read())
+        graph = f.read()
     trained = {v.path.rsplit(":", 1)[0] for v in reference.trainable_variables}
+    fused = _fused_on_the_server(graph)
     assert fused == (trained if run_option == "PS" else {TABLE}), fused
+    # the Embedding's rows gathered on the server (parallax/rewrite/placement.py), not the whole table sent
+    rows = [n for n in _nodes(graph) if re.search(r'name: ".*/parallax_rows"', n)]
+    assert len(rows) == 1 and 'op: "GatherV2"' in rows[0] and f'device: "{SERVER}"' in rows[0], rows

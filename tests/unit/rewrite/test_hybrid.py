@@ -93,3 +93,41 @@ def test_the_chiefs_chain_stays_on_the_server():
     after = {i.lstrip("^") for i in release.input if i.startswith("^")}
     assert set(updates) <= after and unsynchronised_train_op(plan.train_ops[0]) not in after
     assert all(chief[n].device == SERVER for n in after)
+
+
+def test_a_keras_3_embeddings_rows_are_gathered_on_the_server():
+    """Keras 3's Embedding takes its rows by a ``GatherV2`` of the table's value (``ops.take``), not a
+    ``ResourceGather``: the gather runs on the server, of the batch's distinct ids, and only those rows travel, as
+    for TF1's ``embedding_lookup`` (it used to carry the whole table to every worker each step)."""
+    import keras
+
+    from parallax.graph.graph_ops import parse_input
+    from parallax.tf2.trace import trace_step
+
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((4,), dtype="int32"), keras.layers.Embedding(50, 8),
+                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+    opt = keras.optimizers.Adam(0.05)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.int32), tf.TensorSpec([None, 1], tf.float32)])
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    traced = trace_step(step)
+    plan = hybrid(traced)
+    table = "sequential/embedding/embeddings"
+    assert plan.variable(table).server is not None
+    nodes = nodes_of(rewrite_for_task(export(traced.graph), plan, TaskSpec(1)))
+    [rows] = [n for n in nodes.values() if n.name.endswith("/parallax_rows")]
+    assert rows.op == "GatherV2" and rows.device == SERVER
+    assert nodes[parse_input(rows.input[1])[0]].op == "Unique"
+    assert nodes[parse_input(rows.input[2])[0]].device == SERVER  # the axis: no transfer of its own
+    spread = nodes[rows.name.rsplit("/", 1)[0]]
+    assert spread.op == "Reshape" and spread.device == "/job:worker/replica:0/task:1/device:CPU:0"
+    reads = {n.name for n in nodes.values() if n.op == "ReadVariableOp" and n.input[0] == table}
+    off_server = [n.name for n in nodes.values() if n.device != SERVER
+                  and {parse_input(i)[0] for i in n.input if not i.startswith("^")} & reads]
+    assert not off_server, f"the whole table goes to the worker for {off_server}"
