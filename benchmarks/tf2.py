@@ -44,7 +44,7 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from benchmarks.common import RESULTS, namespace_prefix, read_json, run_logged, write_json  # noqa: E402
-from benchmarks.tf2_runs import INPUTS, MODELS, NOT_BY_DEFAULT, RUNS, VOCAB  # noqa: E402
+from benchmarks.tf2_runs import INPUTS, MODELS, NOT_BY_DEFAULT, RUNS, VOCAB, processes  # noqa: E402
 
 LABELS = {"fit": "model.fit", "fit-1thread": "model.fit, 1 thread", "fit-2threads": "model.fit, 2 threads",
           "fit-tfkeras": "tf_keras model.fit", "mwms-keras3": "MultiWorkerMirroredStrategy x2, Keras 3",
@@ -52,7 +52,10 @@ LABELS = {"fit": "model.fit", "fit-1thread": "model.fit, 1 thread", "fit-2thread
           "parallax-mpi-zero": "parallax.fit MPI x2, zero_stage=1",
           "parallax-hybrid": "parallax.fit HYBRID x2", "parallax-auto": "parallax.fit AUTO x2",
           "loop-mpi": "tf.function loop, parallel_run MPI x2", "mirrored": "MirroredStrategy, 2 logical CPUs",
-          "mwms": "MultiWorkerMirroredStrategy x2, tf_keras", "horovod": "Horovod x2"}
+          "mwms": "MultiWorkerMirroredStrategy x2, tf_keras", "horovod": "Horovod x2",
+          "parallax-mpi-x3": "parallax.fit MPI x3", "parallax-hybrid-x3": "parallax.fit HYBRID x3",
+          "parallax-auto-x3": "parallax.fit AUTO x3", "mwms-x3": "MultiWorkerMirroredStrategy x3, tf_keras",
+          "horovod-x3": "Horovod x3"}
 REFERENCE = "fit"
 HOROVOD_PYTHON = os.path.join(ROOT, ".venv-horovod", "bin", "python")
 HOROVOD_MISSING = "not measured: .venv-horovod missing (make horovod-venv)"
@@ -74,7 +77,7 @@ def _error_text(log: str) -> str:
 def run_one(run: str, model: str, form: str, args, work: str, round_: int) -> dict:
     """One run in its own process; its row: ``steps_per_sec`` (its fastest epoch after the first) or ``error``."""
     row = {"run": run, "label": LABELS[run], "model": model, "input": form, "round": round_}
-    if run == "horovod" and not os.access(HOROVOD_PYTHON, os.X_OK):
+    if run.startswith("horovod") and not os.access(HOROVOD_PYTHON, os.X_OK):
         row["error"] = HOROVOD_MISSING
         return row
     name = f"{model}_{form}_{run}_{round_}"
@@ -85,7 +88,7 @@ def run_one(run: str, model: str, form: str, args, work: str, round_: int) -> di
     if run.startswith(("parallax", "loop")):
         resources = os.path.join(work, f"{name}.resources")
         with open(resources, "w") as f:  # one line per worker
-            f.write("".join(f"localhost: cpu:{i}\n" for i in range(1 if run == "parallax-1" else 2)))
+            f.write("".join(f"localhost: cpu:{i}\n" for i in range(processes(run))))
         argv += ["--resource_info", resources]
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     if os.geteuid() == 0:

@@ -8,10 +8,10 @@ TensorFlow's intra-op pool set to 1 or 2 threads; ``fit-tfkeras``: the same mode
 processes, that run option; ``parallax-mpi-zero`` with ``zero_stage=1``: each worker updates its half of every
 variable and of its optimizer slots, and the halves are gathered), ``loop-mpi`` (a custom ``tf.function`` loop
 through ``parallax.parallel_run``, 2 workers, MPI), ``mirrored`` (``MirroredStrategy`` over two logical CPU devices,
-``model.fit`` in its scope),
-``mwms`` (``MultiWorkerMirroredStrategy``, 2 processes on localhost, the tf_keras model: see
-:data:`NOT_BY_DEFAULT`) and ``horovod`` (in ``.venv-horovod``; ``tf2.py`` records it as not measured when that
-venv is missing).
+``model.fit`` in its scope), ``mwms`` (``MultiWorkerMirroredStrategy``, 2 processes on localhost, the tf_keras
+model: see :data:`NOT_BY_DEFAULT`) and ``horovod`` (in ``.venv-horovod``; ``tf2.py`` records it as not measured
+when that venv is missing). A run named with ``-x3`` (``parallax-mpi-x3``, ``mwms-x3``, ``horovod-x3``, ...) is
+the same on 3 processes (:func:`processes`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import sys
 import time
 
 RUNS = ("fit", "fit-1thread", "fit-2threads", "fit-tfkeras", "parallax-1", "parallax-mpi", "parallax-mpi-zero",
-        "parallax-hybrid", "parallax-auto", "loop-mpi", "mirrored", "mwms", "horovod", "mwms-keras3")
+        "parallax-hybrid", "parallax-auto", "loop-mpi", "mirrored", "mwms", "horovod", "mwms-keras3",
+        "parallax-mpi-x3", "parallax-hybrid-x3", "parallax-auto-x3", "mwms-x3", "horovod-x3")
 #: Left out unless asked for: Keras 3's ``model.fit`` under ``MultiWorkerMirroredStrategy`` fails in TensorFlow 2.21
 #: (``ValueError: Attempt to convert a value (PerReplica:...)``; keras-team/keras#20585), so ``mwms`` trains the
 #: same model built with tf_keras, beside ``fit-tfkeras``, tf_keras's ``model.fit`` in one process.
@@ -34,6 +35,14 @@ MODELS = {"A": "Embedding(20000, 64) + 2 x Dense(512) MLP, 20 ids",
 INPUTS = {"numpy": "numpy arrays", "tfdata": "tf.data: from_tensor_slices + map (hash, cast, clip) + batch + prefetch"}
 VOCAB, BATCH = 20_000, 256
 LENGTH = {"A": 20, "B": 64}
+
+
+def processes(run: str) -> int:
+    """The processes ``run`` trains in: three for a ``-x3`` run, one for ``fit``, ``parallax-1`` and ``mirrored``,
+    else two."""
+    if run.endswith("-x3"):
+        return 3
+    return 1 if run.startswith("fit") or run in ("parallax-1", "mirrored") else 2
 
 
 def examples(model: str, n: int) -> tuple:
@@ -248,7 +257,7 @@ def run_mwms_worker(args) -> None:
     Parallax gives each of its processes."""
     import tensorflow as tf
 
-    threads = max(1, (os.cpu_count() or 1) // 2)
+    threads = max(1, (os.cpu_count() or 1) // len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]))
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads + 1)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -330,6 +339,8 @@ def run(args) -> None:
     elif args.run.startswith("parallax"):
         run_parallax(args)
     else:
-        {"loop-mpi": run_loop, "mirrored": run_mirrored, "mwms": run_mwms, "mwms-keras3": run_mwms,
-         "mwms-worker": run_mwms_worker, "mwms-keras3-worker": run_mwms_worker, "horovod": run_horovod,
-         "horovod-worker": run_horovod_worker}[args.run](args)
+        workers = processes(args.run)
+        {"loop-mpi": run_loop, "mirrored": run_mirrored, "mwms": lambda a: run_mwms(a, workers),
+         "mwms-keras3": run_mwms, "mwms-worker": run_mwms_worker, "mwms-keras3-worker": run_mwms_worker,
+         "horovod": lambda a: run_horovod(a, workers),
+         "horovod-worker": run_horovod_worker}[args.run.replace("-x3", "")](args)
