@@ -15,7 +15,7 @@ from parallax.comm import native
 from parallax.plan import build_plan
 from parallax.rewrite.fused_updates import OP_NAME, fuse_updates, fused_graph, optimized_nodes
 from parallax.tf2.trace import trace_step
-from tests.models import averaged_embedding_model
+from tests.models import averaged_embedding_model, keras_embedding_step
 from tests.tf2.optimizer_matrix import batches, build
 from tests.unit.rewrite.helpers import export
 
@@ -76,42 +76,11 @@ def test_a_fused_update_trains_to_the_same_bits(case, cache):
 def test_an_embeddings_sparse_gradient_and_its_adam_update_fused_train_to_the_same_bits(cache):
     """Keras 3's Adam sums the table's sparse gradient into a dense one (``UnsortedSegmentSum``) and its squares
     into another; ids repeated in a batch, rows never looked up (their moments decay all the same)."""
-    import keras
-
-    keras.utils.set_random_seed(3)
-    model = keras.Sequential([keras.Input((4,), dtype="int32"), keras.layers.Embedding(50, 8),
-                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
-    opt = keras.optimizers.Adam(0.05)
-
-    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.int32), tf.TensorSpec([None, 1], tf.float32)])
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(model(x) - y))
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
+    step = keras_embedding_step()
     rng = np.random.RandomState(0)
     feeds = [(rng.randint(0, 20, (6, 4)).astype(np.int32), rng.randn(6, 1).astype(np.float32)) for _ in range(4)]
     fused, differ, trained = _fused_and_trained(step, feeds, cache)
     assert not differ and set(fused) == trained, (fused, differ)
-
-
-def _embedding_step():
-    import keras
-
-    keras.utils.set_random_seed(3)
-    model = keras.Sequential([keras.Input((4,), dtype="int32"), keras.layers.Embedding(50, 8),
-                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
-    opt = keras.optimizers.Adam(0.05)
-
-    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.int32), tf.TensorSpec([None, 1], tf.float32)])
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(model(x) - y))
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
-    return step
 
 
 @pytest.mark.parametrize("run_option", ["HYBRID", "PS"])
@@ -123,7 +92,7 @@ def test_a_parameter_servers_updates_are_fused_by_the_workers_of_its_host_only(c
     from parallax.plan import TaskSpec
     from parallax.rewrite.pipeline import rewrite_for_task
 
-    traced = trace_step(_embedding_step())
+    traced = trace_step(keras_embedding_step())
     server = "/job:ps/replica:0/task:0/device:CPU:0"
     fused = {}
     for host in ("h", "g"):

@@ -99,24 +99,11 @@ def test_a_keras_3_embeddings_rows_are_gathered_on_the_server():
     """Keras 3's Embedding takes its rows by a ``GatherV2`` of the table's value (``ops.take``), not a
     ``ResourceGather``: the gather runs on the server, of the batch's distinct ids, and only those rows travel, as
     for TF1's ``embedding_lookup`` (it used to carry the whole table to every worker each step)."""
-    import keras
-
     from parallax.graph.graph_ops import parse_input
     from parallax.tf2.trace import trace_step
+    from tests.models import keras_embedding_step
 
-    keras.utils.set_random_seed(3)
-    model = keras.Sequential([keras.Input((4,), dtype="int32"), keras.layers.Embedding(50, 8),
-                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
-    opt = keras.optimizers.Adam(0.05)
-
-    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.int32), tf.TensorSpec([None, 1], tf.float32)])
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(model(x) - y))
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
-    traced = trace_step(step)
+    traced = trace_step(keras_embedding_step())
     plan = hybrid(traced)
     table = "sequential/embedding/embeddings"
     assert plan.variable(table).server is not None
