@@ -185,10 +185,9 @@ def _distinct_rows_from_servers(meta_graph: meta_graph_pb2.MetaGraphDef, plan: P
         if node.attr["batch_dims"].i:
             continue
         name, server_name = node.name, f"{node.name}/parallax_rows"
-        dtype = node.attr["dtype"].type
         variable = _gathered_read(node, by_name, device_of)
+        dtype = node.attr["Tparams" if variable is not None else "dtype"].type
         if variable is not None:  # a GatherV2 of the variable's value: on the server, its axis there too
-            dtype = node.attr["Tparams"].type
             axis = node_def_pb2.NodeDef(name=f"{name}/parallax_axis", op="Const", device=device_of[variable])
             axis.attr["dtype"].CopyFrom(by_name[parse_input(node.input[2])[0]].attr["dtype"])
             axis.attr["value"].CopyFrom(by_name[parse_input(node.input[2])[0]].attr["value"])

@@ -109,7 +109,8 @@ def test_a_keras_3_embeddings_rows_are_gathered_on_the_server():
     assert plan.variable(table).server is not None
     nodes = nodes_of(rewrite_for_task(export(traced.graph), plan, TaskSpec(1)))
     [rows] = [n for n in nodes.values() if n.name.endswith("/parallax_rows")]
-    assert rows.op == "GatherV2" and rows.device == SERVER
+    assert rows.op == "GatherV2" and rows.device == SERVER and sorted(rows.attr) == ["Taxis", "Tindices", "Tparams",
+                                                                                  "batch_dims"]
     assert nodes[parse_input(rows.input[1])[0]].op == "Unique"
     assert nodes[parse_input(rows.input[2])[0]].device == SERVER  # the axis: no transfer of its own
     spread = nodes[rows.name.rsplit("/", 1)[0]]
