@@ -193,8 +193,8 @@ bench-scale: $(STAMP) cluster-packages
 # `make bench-tf2`: TensorFlow 2 programs (benchmarks/tf2.py): parallax.fit on 1 worker and on 2 and 3 in MPI, HYBRID
 # and AUTO, and a tf.function loop through parallel_run, beside model.fit (also at 1 and 2 intra-op threads),
 # MirroredStrategy over two logical CPU devices, MultiWorkerMirroredStrategy over 2 and 3 processes and Horovod on 2
-# and 3 (when .venv-horovod is built; else recorded as not measured), on an embedding MLP and a small Transformer fed numpy
-# arrays and tf.data: steps/s and ratios to model.fit, benchmarks/results/tf2.{json,png} (docs/benchmarks.md).
+# and 3 (when .venv-horovod is built; else recorded as not measured), on an embedding MLP and a small Transformer fed
+# numpy arrays and tf.data: steps/s and ratios to model.fit, benchmarks/results/tf2.{json,png} (docs/benchmarks.md).
 # BENCH_ARGS passes options, e.g. BENCH_ARGS="--rounds 1", "--quick" (about 3 minutes) or "--models A --inputs numpy".
 .PHONY: bench-tf2
 bench-tf2: $(STAMP)

@@ -123,7 +123,7 @@ def _make_worker_variables_local(meta_graph: meta_graph_pb2.MetaGraphDef, on_wor
 def _gather_on_workers(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec,
                        device_of: dict[str, str]) -> None:
     added = []
-    for node, device in _server_gathers(meta_graph, plan, task, device_of):
+    for node, device, _ in _server_gathers(meta_graph, plan, task, device_of):
         dtype, tindices = node.attr["dtype"].type, node.attr["Tindices"].type
         read = node_def_pb2.NodeDef(name=f"{node.name}/parallax_read", op="ReadVariableOp", input=[node.input[0]])
         read.attr["dtype"].type = dtype
@@ -148,21 +148,24 @@ def _gather_on_workers(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task
 
 def _server_gathers(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec,
                     device_of: dict[str, str], of_reads: bool = False):
-    """``(gather node, the device of its replica)`` for every ``ResourceGather`` of rows from a server variable,
-    and with ``of_reads`` every ``GatherV2`` of a read of one (:func:`_gathered_read`)."""
+    """``(gather node, the device of its replica, what it gathers from)`` for every ``ResourceGather`` of rows
+    from a server variable (what: ``None``), and with ``of_reads`` every ``GatherV2`` of a read of one (what:
+    :func:`_gathered_read`'s)."""
     worker = plan.workers[task.worker_index]
     nodes = node_map(meta_graph.graph_def) if of_reads else {}
     for node in list(meta_graph.graph_def.node):
-        if node.op == "ResourceGather" and node.input and parse_input(node.input[0])[0] in device_of \
-                or of_reads and _gathered_read(node, nodes, device_of):
+        read = _gathered_read(node, nodes, device_of) if of_reads else None
+        if read is not None or node.op == "ResourceGather" and node.input \
+                and parse_input(node.input[0])[0] in device_of:
             replica = copy_replica(node.name)
-            yield node, worker.replica_devices[min(replica, len(worker.replica_devices) - 1)]
+            yield node, worker.replica_devices[min(replica, len(worker.replica_devices) - 1)], read
 
 
 def _gathered_read(node: node_def_pb2.NodeDef, nodes: dict[str, node_def_pb2.NodeDef],
-                   device_of: dict[str, str]) -> str | None:
-    """The server variable whose rows ``node`` gathers, where it is a ``GatherV2`` along axis 0 (a constant),
-    without batch dimensions, of a ``ReadVariableOp`` of the variable itself; else ``None``."""
+                   device_of: dict[str, str]) -> tuple[str, node_def_pb2.NodeDef] | None:
+    """The server variable whose rows ``node`` gathers and the gather's axis (a constant 0), where ``node`` is a
+    ``GatherV2`` along axis 0, without batch dimensions, of a ``ReadVariableOp`` of the variable itself; else
+    ``None``."""
     if node.op != "GatherV2" or len(node.input) != 3 or node.attr["batch_dims"].i:
         return None
     read, axis = nodes.get(parse_input(node.input[0])[0]), nodes.get(parse_input(node.input[2])[0])
@@ -170,7 +173,7 @@ def _gathered_read(node: node_def_pb2.NodeDef, nodes: dict[str, node_def_pb2.Nod
         return None
     if axis is None or axis.op != "Const" or tensor_util.MakeNdarray(axis.attr["value"].tensor).tolist() != 0:
         return None
-    return parse_input(read.input[0])[0]
+    return parse_input(read.input[0])[0], axis
 
 
 def _distinct_rows_from_servers(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, task: TaskSpec,
@@ -180,17 +183,16 @@ def _distinct_rows_from_servers(meta_graph: meta_graph_pb2.MetaGraphDef, plan: P
     from parallax.rewrite.aggregate import build_subgraph
 
     added = []
-    by_name = node_map(meta_graph.graph_def)
-    for node, device in _server_gathers(meta_graph, plan, task, device_of, of_reads=True):
+    for node, device, read in _server_gathers(meta_graph, plan, task, device_of, of_reads=True):
         if node.attr["batch_dims"].i:
             continue
         name, server_name = node.name, f"{node.name}/parallax_rows"
-        variable = _gathered_read(node, by_name, device_of)
-        dtype = node.attr["Tparams" if variable is not None else "dtype"].type
-        if variable is not None:  # a GatherV2 of the variable's value: on the server, its axis there too
+        dtype = node.attr["Tparams" if read is not None else "dtype"].type
+        if read is not None:  # a GatherV2 of the variable's value: on the server, its axis there too
+            variable, original = read
             axis = node_def_pb2.NodeDef(name=f"{name}/parallax_axis", op="Const", device=device_of[variable])
-            axis.attr["dtype"].CopyFrom(by_name[parse_input(node.input[2])[0]].attr["dtype"])
-            axis.attr["value"].CopyFrom(by_name[parse_input(node.input[2])[0]].attr["value"])
+            axis.attr["dtype"].CopyFrom(original.attr["dtype"])
+            axis.attr["value"].CopyFrom(original.attr["value"])
             node.input[2] = axis.name
             node.device = device_of[variable]
             added.append(axis)
