@@ -266,6 +266,12 @@ def _stall_check(job: JobPlan, process: ProcessSpec, identity: int, settings: Se
 class ExitBarrier:
     """Every task leaves when all have finished; worker 0, which holds the barrier's queues, last.
 
+    A task arrives once however often it starts: each has a queue of its own on worker 0, which holds one
+    arrival. A parameter server arrives as soon as it starts; one that ended (its peer watch saw a worker gone)
+    and was started again by its manager, while worker 0 went on, arrives again, and a count of arrivals would
+    then reach the number of tasks while worker 0 still trained: the server would leave with 0, which no
+    manager restarts, and worker 0 would wait for it without end (so it went in CI, 2026-12-07).
+
     Args:
         target: this task's server (``grpc://...``).
         identity: this task's number (0: worker 0).
@@ -284,11 +290,13 @@ class ExitBarrier:
         self._done = threading.Event()
         graph = tf.Graph()
         with graph.as_default(), tf.device(_CHIEF_DEVICE):
-            arrived = tf.queue.FIFOQueue(total, [tf.int32], shapes=[[]], shared_name="parallax_exit_arrived",
-                                         name="parallax_exit_arrived")
+            arrived = [tf.queue.FIFOQueue(1, [tf.int32], shapes=[[]], shared_name=f"parallax_exit_arrived_{i}",
+                                          name=f"parallax_exit_arrived_{i}") for i in range(total)]
             left = tf.queue.FIFOQueue(total, [tf.int32], shapes=[[]], shared_name="parallax_exit_left",
                                       name="parallax_exit_left")
-            self._arrive, self._arrived = arrived.enqueue(identity), arrived.size()
+            own = arrived[identity]
+            self._arrive = tf.cond(own.size() > 0, tf.no_op, lambda: own.enqueue(identity))
+            self._arrived = tf.add_n([tf.minimum(queue.size(), 1) for queue in arrived])
             self._leave, self._left = left.enqueue(identity), left.size()
         config = tf.compat.v1.ConfigProto(device_filters=["/job:worker/replica:0/task:0"],
                                           operation_timeout_in_ms=timeout_ms)

@@ -232,13 +232,24 @@ def test_a_killed_ps_worker_back_at_once_rejoins_the_job_that_goes_on(tmp_path):
     """A parameter-server job's worker killed (137) and started again at once by its manager joins the job still
     running, at the global step the servers hold (TensorFlow's own recovery: the variables live on the servers,
     and the chief waits for the worker's gradient of that step); no other task ends, and the job ends equal to
-    single-device training of every step."""
+    single-device training of every step.
+
+    Its peers wait for it for their watch's grace (3 s): a worker whose new process takes longer to listen (a
+    loaded machine: CI's 2 cores, 2026-12-07) is taken for gone, and the chief and the server end with 143 and
+    resume from the checkpoint of step 4 with it, as after a later restart. Both ends are right; neither may
+    hang: CI saw the server, started again while the chief went on, arrive twice at the exit barrier, leave
+    with 0 and the chief wait for it to the test's timeout (ExitBarrier now counts each task once)."""
     run = run_killed_task(tmp_path, {"chief": 1, "worker": 1, "ps": 1}, "PS", 0)
     assert all(task["rc"] == 0 for task in run.tasks.values()), (run.tasks, run.output[-6000:])
-    assert run.tasks["worker_0"]["restarts"] == [137], run.tasks
-    assert run.tasks["chief_0"]["restarts"] == run.tasks["ps_0"]["restarts"] == [], run.tasks
+    assert run.tasks["worker_0"]["restarts"][:1] == [137], run.tasks
     starts = re.findall(r"worker 1 of 2 starts at global step (\d+)", run.log("worker_0"))
-    assert len(starts) == 2 and starts[0] == "0" and 4 <= int(starts[1]) <= 5, run.log("worker_0")[-3000:]
+    if run.tasks["chief_0"]["restarts"] == run.tasks["ps_0"]["restarts"] == []:  # rejoined within the grace
+        assert run.tasks["worker_0"]["restarts"] == [137], run.tasks
+        assert len(starts) == 2 and starts[0] == "0" and 4 <= int(starts[1]) <= 5, run.log("worker_0")[-3000:]
+    else:  # back after the grace: the job started again from its checkpoint
+        assert run.tasks["chief_0"]["restarts"] == run.tasks["ps_0"]["restarts"] == [143], run.tasks
+        assert starts[0] == "0" and starts[-1] == "4", run.log("worker_0")[-3000:]
+        assert "worker 0 of 2 starts at global step 4" in run.log("chief_0"), run.log("chief_0")[-3000:]
     check_ranks_match(run, single_device(), 2)
     assert not leftover_processes(tmp_path)
 

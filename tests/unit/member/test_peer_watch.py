@@ -163,3 +163,30 @@ def test_the_exit_barrier_asks_worker_0_nothing_before_its_port_takes_connection
     monkeypatch.setattr(barrier, "_run", lambda fetch: asked.append((len(probes), fetch)) or 2)
     assert barrier.wait(bound=None) is None
     assert asked[0] == (3, barrier._arrive)  # the first call after the third probe, the first that connected
+
+
+def test_a_task_started_again_arrives_at_the_exit_barrier_once():
+    """A parameter server that arrived, ended (its watch saw a worker gone) and was started again by its manager
+    while worker 0 went on, arrives again: the barrier still waits for worker 0 and the other worker (a count
+    of arrivals let the server leave with 0, and worker 0 then waited for it without end)."""
+    import tensorflow as tf
+
+    from parallax.member.joined import ExitBarrier
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    server = tf.distribute.Server(tf.train.ClusterSpec({"worker": [f"localhost:{port}"]}), job_name="worker",
+                                  task_index=0, start=True)
+
+    def arrive(identity: int) -> ExitBarrier:
+        barrier = ExitBarrier(server.target, identity, total=3, chief=identity == 0, timeout_ms=5000)
+        barrier._run(barrier._arrive)
+        return barrier
+
+    arrive(2)
+    again = arrive(2)  # the server started again
+    assert not again.complete()
+    arrive(1)
+    assert not again.complete()
+    assert arrive(0).complete() and again.complete()
