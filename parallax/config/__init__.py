@@ -417,9 +417,10 @@ class Config(_ConfigBase):
             while another reads it (:mod:`parallax.member.entry`). Costs the host's processes' ways to their
             training call one after another, once per job. Default ``True``.
         fuse_updates: (Parallax only) each optimizer update made of element-wise ops (Keras 3's optimizers) that
-            runs in a worker is one op: one pass over the variable, its slots and its gradient instead of a dozen,
-            compiled on first use, the same numbers to the bit (what TensorFlow's graph optimizer would compute
-            otherwise is left as it is): :mod:`parallax.rewrite.fused_updates`. Default ``True``.
+            runs in a worker (or on a parameter server of its host) is one op: one pass over the variable, its
+            slots and its gradient instead of a dozen, compiled on first use, the same numbers to the bit (what
+            TensorFlow's graph optimizer would compute otherwise is left as it is):
+            :mod:`parallax.rewrite.fused_updates`. Default ``True``.
     """
 
     run_option: str | None = _field(None, _run_option)

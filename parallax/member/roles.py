@@ -143,6 +143,10 @@ def role_setup(job: JobPlan, settings: Settings, member: JobMember) -> ProcessSe
         return _allreduce_worker(job, settings, member, process)
     # PS and HYBRID: every rank splits the workers' communicators first (an MPI collective)
     comms = member.split_comms()
+    if process.role == Role.PS and settings.fuse_updates:
+        from parallax.comm.native import update_ops
+
+        update_ops(settings.cache_root)  # the workers of its host fuse its updates (parallax.rewrite.fused_updates)
     server = member.server(lambda: member.start_server(job, settings, process), chief=process.index == 0)
     member.exit_together("barrier", settings.timeouts.finish)  # servers wait for the workers
     if process.role == Role.PS:

@@ -63,7 +63,7 @@ def start_worker(setup: ProcessSetup, job: JobPlan, settings: Settings, graph: t
         meta_graph = export_graph(graph)
     rewritten = rewrite_for_task(meta_graph, plan, task)
     if settings.fuse_updates:
-        rewritten = fused_graph(rewritten, plan, settings.cache_root)
+        rewritten = fused_graph(rewritten, plan, settings.cache_root, process.host)
     if settings.export_graph_path:
         os.makedirs(settings.export_graph_path, exist_ok=True)
         path = os.path.join(settings.export_graph_path, f"worker-{task.worker_index}_metagraph")

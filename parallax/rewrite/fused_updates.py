@@ -16,8 +16,10 @@ TensorFlow's graph optimizer (grappler) rewrites some such chains before they ru
 session. So the graph is first optimized as the session would (:func:`optimized_nodes`), and a region whose
 state ops the optimizer changes (another op, other inputs) keeps its ops: what runs is then what would have run.
 
-Only updates that run in this process are fused (not a parameter server's or a pipeline stage server's, not a
-ZeRO part's: each keeps its ops), on CPUs, of ``float32``/``float64`` variables. An update the loop cannot say
+Updates that run in this process are fused, and a parameter server's on this process's host (the server loads the
+op when it starts, :func:`parallax.member.roles.role_setup`, and opens the loop's library from this host's cache;
+a server on another host may not see that file, so its updates keep their ops); not a pipeline stage server's,
+nor a ZeRO part's. Only on CPUs, of ``float32``/``float64`` variables. An update the loop cannot say
 exactly (another kind of op: ``Rsqrt``, ``Pow``, ``Sign``, a ``Select``; an update inside a loss scale's
 conditional) keeps its ops, which is logged at DEBUG. Where the op cannot be built (no compiler), nothing is
 fused (logged at INFO).
@@ -45,10 +47,11 @@ __all__ = ["fuse_updates", "fused_graph", "OP_NAME"]
 OP_NAME = "ParallaxFusedUpdate"
 
 
-def fused_graph(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, cache_root: str | None
+def fused_graph(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, cache_root: str | None, host: str | None = None
                 ) -> meta_graph_pb2.MetaGraphDef:
     """``meta_graph`` with its updates fused (:func:`fuse_updates`), the op and each loop built under
-    ``cache_root`` (:mod:`parallax.comm.native`); ``meta_graph`` itself where the op cannot be had."""
+    ``cache_root`` (:mod:`parallax.comm.native`); ``meta_graph`` itself where the op cannot be had. ``host``: this
+    process's host (the servers on it have their updates fused too)."""
     from parallax.comm.native import build_loop, update_ops
 
     if update_ops(cache_root) is None:
@@ -60,7 +63,7 @@ def fused_graph(meta_graph: meta_graph_pb2.MetaGraphDef, plan: Plan, cache_root:
         log.info("Parallax: no update is fused: TensorFlow's graph optimizer failed on the graph (%s)", e)
         return meta_graph
     graph_def, fused = fuse_updates(meta_graph.graph_def, plan, lambda source: build_loop(source, cache_root),
-                                    optimized)
+                                    optimized, host)
     log.debug("Parallax: fused the updates of %d variables in %.2f s: %s", len(fused), time.monotonic() - started,
               ", ".join(fused))
     if not fused:
@@ -87,7 +90,8 @@ def optimized_nodes(meta_graph: meta_graph_pb2.MetaGraphDef) -> dict[str, node_d
 
 
 def fuse_updates(graph_def: graph_pb2.GraphDef, plan: Plan, build: Callable[[str], str],
-                 optimized: dict[str, node_def_pb2.NodeDef] | None) -> tuple[graph_pb2.GraphDef, list[str]]:
+                 optimized: dict[str, node_def_pb2.NodeDef] | None, host: str | None = None
+                 ) -> tuple[graph_pb2.GraphDef, list[str]]:
     """A copy of ``graph_def`` in which the update of each variable of ``plan`` that can be fused is one op, and
     those variables' names.
 
@@ -96,6 +100,7 @@ def fuse_updates(graph_def: graph_pb2.GraphDef, plan: Plan, build: Callable[[str
             leaves that update as it is).
         optimized: :func:`optimized_nodes` of the graph: a region the optimizer rewrites is not fused (``None``:
             no check, for graphs that run without the optimizer).
+        host: this process's host: the updates of the parameter servers on it are fused too (``None``: none).
     """
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
@@ -105,7 +110,7 @@ def fuse_updates(graph_def: graph_pb2.GraphDef, plan: Plan, build: Callable[[str
     fused: list[str] = []
     made: list[node_def_pb2.NodeDef] = []
     for v in plan.variables:
-        if v.gradient is None or v.server is not None or v.sharded or v.slot_of is not None:
+        if v.gradient is None or v.sharded or v.slot_of is not None or not _fused_here(v.server, plan, host):
             continue
         if shapes is None:
             shapes = static_shapes(out)  # before the first op of ours is in the graph: it imports it
@@ -138,6 +143,14 @@ def fuse_updates(graph_def: graph_pb2.GraphDef, plan: Plan, build: Callable[[str
         fused.append(v.name)
     add_nodes(out, made)
     return out, fused
+
+
+def _fused_here(server: int | None, plan: Plan, host: str | None) -> bool:
+    """Whether an update that runs in this process (``server`` ``None``) or on parameter server ``server`` is
+    fused by this process: a server's where it runs on ``host``."""
+    if server is None:
+        return True
+    return host is not None and server < len(plan.server_hosts) and plan.server_hosts[server] == host
 
 
 def _carried(u: RegionUpdate, nodes: dict[str, node_def_pb2.NodeDef], users: dict[str, list[str]]) -> list[str]:

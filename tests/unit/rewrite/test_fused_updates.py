@@ -83,6 +83,38 @@ def test_an_embeddings_sparse_gradient_and_its_adam_update_fused_train_to_the_sa
     assert not differ and set(fused) == trained, (fused, differ)
 
 
+@pytest.mark.parametrize("run_option", ["HYBRID", "PS"])
+def test_a_parameter_servers_updates_are_fused_by_the_workers_of_its_host_only(cache, run_option):
+    """A server's update runs in the server's process, which opens the loop's library from the worker's cache: the
+    chief on the server's host fuses it (HYBRID: the table; PS: every variable), the chief of another host leaves
+    it op by op (the file may not be there). The updates that run in the worker are fused on either host. (Worker 1,
+    on the server's host, is the other worker of the job.)"""
+    from parallax.plan import TaskSpec
+    from parallax.rewrite.pipeline import rewrite_for_task
+
+    traced = trace_step(keras_embedding_step())
+    server = "/job:ps/replica:0/task:0/device:CPU:0"
+    fused = {}
+    for host in ("h", "g"):
+        devices = [f"/job:worker/replica:0/task:{w}/device:CPU:0" for w in range(2)]
+        workers = [(h, (device,), device) for h, device in zip((host, "h"), devices)]
+        plan = build_plan(analyse_graph(traced.graph), workers, run_option=run_option, sync=True,
+                          average_sparse=True, cross_worker=run_option.lower(), server_devices=(server,),
+                          server_hosts=("h",))
+        meta = rewrite_for_task(export(traced.graph), plan, TaskSpec(0))
+        graph_def, fused[host] = fuse_updates(meta.graph_def, plan, lambda source: native.build_loop(source, cache),
+                                              optimized_nodes(meta), host)
+        placed = {n.name.split("/", 1)[1].rsplit("/", 1)[0]: n.device for n in graph_def.node if n.op == OP_NAME}
+        assert {v for v, d in placed.items() if d == server} == \
+            {v.name for v in plan.variables if v.server is not None and v.name in fused[host]}
+        on_servers = {v.name for v in plan.variables if v.server is not None and v.gradient is not None}
+        assert on_servers, run_option
+        assert on_servers <= set(fused[host]) if host == "h" else not on_servers & set(fused[host]), (host, fused)
+    trained = {v.name for v in plan.variables if v.gradient is not None and v.slot_of is None}
+    assert set(fused["h"]) == trained
+    assert set(fused["g"]) == trained - on_servers
+
+
 def test_without_the_op_the_graph_is_left_as_it_is(tmp_path, monkeypatch):
     native.update_ops.cache_clear()
     monkeypatch.setenv("CXX", "false")

@@ -1,6 +1,6 @@
 """A user's ``parallax.fit`` of tests/models.py's averaged Embedding model (Adam), its graph exported: what
-tests/multiprocess/test_server_gathers.py runs in PS and HYBRID. Every rank writes the model's weights and its
-optimizer's variables after training (``rank_<r>.npz``)."""
+tests/multiprocess/test_keras_on_servers.py runs in PS and HYBRID. Every rank writes the model's weights and its
+optimizer's variables after training, and its trainable variables' names (``rank_<r>.npz``)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ def main() -> None:
                            parallax_config=parallax.Config(run_option=args.run_option, stall_timeout=60,
                                                            export_graph_path=os.path.join(args.out, "graphs")))
     np.savez(os.path.join(args.out, f"rank_{history.worker_id}.npz"),
+             trainable=[v.path for v in model.trainable_variables],
              **{f"v{i}": v for i, v in enumerate(trained_values(model))})
 
 
