@@ -3,27 +3,19 @@ three TensorFlow servers of one cluster in this process (loopback, fresh ports),
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import numpy as np
-import tensorflow as tf
 
 from parallax.comm.chief_queues import ChiefQueues
+from tests.unit.comm.local_servers import worker_servers
 
 CHIEF = "/job:worker/replica:0/task:0/device:CPU:0"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _workers(size: int) -> list[ChiefQueues]:
-    spec = tf.train.ClusterSpec({"worker": [f"localhost:{_free_port()}" for _ in range(size)]})
-    servers = [tf.distribute.Server(spec, job_name="worker", task_index=i, start=True) for i in range(size)]
-    return [ChiefQueues(server.target, i, size, CHIEF, timeout_ms=60_000) for i, server in enumerate(servers)]
+    return [ChiefQueues(server.target, i, size, CHIEF, timeout_ms=60_000)
+            for i, server in enumerate(worker_servers(size))]
 
 
 def test_each_call_gives_every_worker_every_value_in_worker_order_however_far_ahead_one_runs():

@@ -169,15 +169,10 @@ def test_a_task_started_again_arrives_at_the_exit_barrier_once():
     """A parameter server that arrived, ended (its watch saw a worker gone) and was started again by its manager
     while worker 0 went on, arrives again: the barrier still waits for worker 0 and the other worker (a count
     of arrivals let the server leave with 0, and worker 0 then waited for it without end)."""
-    import tensorflow as tf
-
     from parallax.member.joined import ExitBarrier
+    from tests.unit.comm.local_servers import worker_servers
 
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
-    server = tf.distribute.Server(tf.train.ClusterSpec({"worker": [f"localhost:{port}"]}), job_name="worker",
-                                  task_index=0, start=True)
+    server = worker_servers(1)[0]
 
     def arrive(identity: int) -> ExitBarrier:
         barrier = ExitBarrier(server.target, identity, total=3, chief=identity == 0, timeout_ms=5000)
