@@ -16,7 +16,8 @@ from parallax.comm.compression import UNIT_ROUNDOFF
 from parallax.comm.native import OP_NAME
 from tests.multiprocess.harness import ROOT, rank_results
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.core]
+# one xdist worker runs the module's one job for all its tests
+pytestmark = [pytest.mark.multiprocess, pytest.mark.core, pytest.mark.xdist_group("compression")]
 
 SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "compression_script.py")
 RANKS = 3  # sums of 3 are rounded twice: the bound must hold beyond one rounding

@@ -10,7 +10,8 @@ import pytest
 from tests.multiprocess.gather_script import WAYS, pairs
 from tests.multiprocess.harness import ROOT, rank_results
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.core]
+# one xdist worker runs the module's one job for all its tests
+pytestmark = [pytest.mark.multiprocess, pytest.mark.core, pytest.mark.xdist_group("mpi-gather")]
 
 SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "gather_script.py")
 RANKS = 3
