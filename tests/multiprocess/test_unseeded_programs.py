@@ -1,6 +1,6 @@
 """A program that seeds nothing (tests/tf2/unseeded_script.py: TensorFlow's "Load NumPy data" shape, synthetic arrays
 from ``np.random``, an unseeded ``Dataset.shuffle``, a vocabulary read from a ``set`` of words, weights initialised
-without seeds) trained by ``parallax.fit`` on 2 processes (MPI in ``make test``, PS and HYBRID in the extended
+without seeds) trained by ``parallax.fit`` on 2 processes (MPI in ``make test``, HYBRID in the extended
 suite): every rank seeds its generators with the job's seed before the program runs (parallax/member/seeds.py), so
 both workers prepare the same data and draw the same order, and the job equals ``model.fit`` of the same program on
 one device with its generators so seeded (History and weights, rtol 1e-5). Until 2026-12-06 ``parallax.fit`` refused
@@ -22,7 +22,9 @@ SCRIPT = f"{ROOT}/tests/tf2/unseeded_script.py"
 RESOURCES = "localhost: cpu:0\nlocalhost: cpu:1\n"
 
 
-@pytest.mark.parametrize("mode", [pytest.param("MPI", marks=pytest.mark.core), "PS", "HYBRID"])
+# (PS out for CI's time, 2026-12-07: 30 s; HYBRID seeds both of its paths, the table the chief initialises on a
+# server as PS does and the dense weights each worker initialises as MPI does)
+@pytest.mark.parametrize("mode", [pytest.param("MPI", marks=pytest.mark.core), "HYBRID"])
 def test_a_program_that_seeds_nothing_trains_as_one_device_with_the_jobs_seed(tmp_path, mode):
     job = run_script(tmp_path / "job", RESOURCES, "--run_option", mode, timeout=240, script=SCRIPT)
     assert job.returncode == 0, job.output[-4000:]
