@@ -43,7 +43,9 @@ demo: $(STAMP)
 # Of the multi-process tests, `make test` runs the core (marked `core`: one job per mode and kind of program,
 # and the failures a job must end on), `make test-extended` the rest (tests/conftest.py marks them `extended`).
 PYTEST_WORKERS ?= auto
-CORE_SUITE = -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --doctest-modules \
+# every core, a shared job's cases on one worker (xdist_group): make test, test-extended, test-horovod, test-nightly
+ON_CORES = -n $(PYTEST_WORKERS) --dist loadgroup
+CORE_SUITE = -m pytest $(ON_CORES) --doctest-modules \
 	    -m "not cluster and not slurm and not extended" parallax tests $(PYTEST_ARGS)
 test: $(STAMP) bytecode
 	$(BIN)/python $(CORE_SUITE)
@@ -75,7 +77,7 @@ clean-nightly:
 EXTENDED_TESTS ?= tests
 .PHONY: test-extended
 test-extended: $(STAMP) bytecode
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "extended and not cluster and not elastic" \
+	$(BIN)/python -m pytest $(ON_CORES) -m "extended and not cluster and not elastic" \
 	    $(EXTENDED_TESTS) $(PYTEST_ARGS)
 
 # `make test-elastic`: the restart and preemption cases outside the core (tests/multiprocess/test_elastic.py), one
@@ -149,8 +151,7 @@ horovod-venv: $(HVD_STAMP)
 # not depend on the backend either.)
 # On every core, as make test runs them (104 s one at a time in CI, 2026-12-07).
 test-horovod: $(HVD_STAMP)
-	PARALLAX_TEST_BACKEND=horovod $(HVD_BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m core \
-	    tests/multiprocess/test_mpi_mode.py \
+	PARALLAX_TEST_BACKEND=horovod $(HVD_BIN)/python -m pytest $(ON_CORES) -m core tests/multiprocess/test_mpi_mode.py \
 	    tests/multiprocess/test_hybrid_mode.py -k "not redirect_path" $(PYTEST_ARGS)
 
 clean-horovod:

@@ -14,10 +14,10 @@ import pytest
 
 from parallax.comm.compression import UNIT_ROUNDOFF
 from parallax.comm.native import OP_NAME
-from tests.multiprocess.harness import ROOT, rank_results
+from tests.multiprocess.harness import ROOT, in_group, rank_results
 
 # one xdist worker runs the module's one job for all its tests
-pytestmark = [pytest.mark.multiprocess, pytest.mark.core, pytest.mark.xdist_group("compression")]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.core, in_group("compression")]
 
 SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "compression_script.py")
 RANKS = 3  # sums of 3 are rounded twice: the bound must hold beyond one rounding

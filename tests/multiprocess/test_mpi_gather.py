@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from tests.multiprocess.gather_script import WAYS, pairs
-from tests.multiprocess.harness import ROOT, rank_results
+from tests.multiprocess.harness import ROOT, in_group, rank_results
 
 # one xdist worker runs the module's one job for all its tests
-pytestmark = [pytest.mark.multiprocess, pytest.mark.core, pytest.mark.xdist_group("mpi-gather")]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.core, in_group("mpi-gather")]
 
 SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "gather_script.py")
 RANKS = 3

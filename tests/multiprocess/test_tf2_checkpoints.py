@@ -13,11 +13,11 @@ import sys
 import numpy as np
 import pytest
 
-from tests.multiprocess.harness import ROOT, run_command
+from tests.multiprocess.harness import ROOT, in_group, run_command
 from tests.requirements import unavailable
 
 # one worker runs the module's two jobs for both cases (each xdist worker that took a case ran them: 44 s twice)
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.xdist_group("tf2-checkpoints")]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, in_group("tf2-checkpoints")]
 
 SCRIPT = os.path.join(ROOT, "tests", "tf2", "checkpoint_script.py")
 CASES = ["keras3-adam", "tfkeras-adam"]
