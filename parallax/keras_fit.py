@@ -54,6 +54,7 @@ from parallax.tf2.batch_parts import block_rows, parts, per_leaf, worker_block
 from parallax.tf2.batches import FitBatches, check_same, with_batch
 from parallax.tf2.draws import mark_part
 from parallax.tf2.evaluate import chief_or_shared, evaluate_on, evaluated_whole, numbers, use_job
+from parallax.tf2.executions import Executions
 from parallax.tf2.exhausted import counting, exhausted_step, warn_uncounted
 from parallax.tf2.host_edits import HostEdits, metric_state
 from parallax.tf2.keras_flavor import Flavor, flavor_of
@@ -144,7 +145,9 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     signature = [None if s is None else with_batch(s, static_rows) for s in batches.signature]
     step_fn = own_train_step(model, signature, batches.has_targets, batches.weighted, sources) if own \
         else _train_step(model, flavor, batches, signature, static_rows)
-    exhausted = exhausted_step(model, step_fn, batches.counts_exhausted)  # Keras 3's count of an exhausted step
+    executions = Executions.of(model, legacy=not keras_3)  # steps_per_execution: where the batch hooks run
+    # Keras 3's count of the step that finds the data exhausted (a step of its own, not one of several)
+    exhausted = exhausted_step(model, step_fn, batches.exhausts and executions.size == 1)
     counted = exhausted.counted
     if counted:
         step_fn = counting(step_fn, counted)
@@ -198,6 +201,30 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     inputs = whole = None  # a training batch's inputs; whether the validation evaluates whole batches in turn
     behind_host = False  # the model's variables are behind the job's (quiet_between)
     behind = 0  # the optimizer steps model.fit counted that the job has not (parallax.tf2.exhausted)
+    def begin_execution(index: int) -> None:
+        callback_list.on_train_batch_begin(index)
+        if sets_in_epochs:  # a scalar a batch's callback set (the learning rate, a loss's weight, annealed)
+            edits.carry("on_train_batch_end or on_train_batch_begin", scalars)
+
+    def end_execution(index: int, last: dict | None) -> bool:
+        """The hooks after batch ``index``, the last of its execution (``last``: the logs of the model's own
+        ``train_step``); whether a callback stopped the training (on any worker: a worker that went on would
+        wait)."""
+        at = executions.end_index(index, batches.epoch_steps)
+        if own:
+            callback_list.on_train_batch_end(at, last)
+        else:
+            # a batch hook that may read the weights, or a ModelCheckpoint(save_freq=<batches>) that saves after
+            # this batch (on worker 0), gets the weights trained so far: every worker brings them into the model
+            # (zero_stage's slots are gathered by all)
+            if reach.weighs or reach.saves and group.any(chief and saves_after(kept, at)):
+                _sync(step, model, look=reach.sets)
+            callback_list.on_train_batch_end(at, batch_logs.after(index))
+        if reach.stops and group.any(bool(model.stop_training)):
+            model.stop_training = True
+            return True
+        return False
+
     for epoch, epoch_batches in batches.epochs(initial_epoch, epochs):
         ran_out = True  # the epoch's data ran out (no callback stopped it within)
         model.reset_metrics()
@@ -207,33 +234,33 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         callback_list.on_epoch_begin(epoch)
         if epoch == initial_epoch or not quiet_between:
             edits.carry("on_epoch_begin" if epoch == initial_epoch else "on_epoch_end or on_epoch_begin")
+        pending = None  # the batch that ended the epoch's data within an execution (its end hooks still to run)
+        trained = 0
         for index, (batch, examples) in enumerate(epoch_batches):  # examples: where batch is this worker's share
             if index == 0 and num_workers > 1 and not batches.share:
                 check_same(group, batch, epoch)
             if index == 0:
                 inputs = batch[0]  # the validation's way is decided on such inputs (evaluated_whole)
-            callback_list.on_train_batch_begin(index)
-            if sets_in_epochs:  # a scalar a batch's callback set (the learning rate, a loss's weight, annealed)
-                edits.carry("on_train_batch_end or on_train_batch_begin", scalars)
+            if executions.begins(index):  # steps_per_execution: the hooks around each execution's batches only
+                begin_execution(index)
             count = [[np.int64(behind)] * num_replicas] if counted else []  # counting's argument
             behind = 0
             epoch_batches.running()  # the next batch is drawn while the step runs, not beside the work between steps
             if own:
                 last = _own_step(step, batch, num_workers, worker_id, num_replicas, examples, count)
-                callback_list.on_train_batch_end(index, last)
             else:
                 _one_step(step, batch, num_workers, worker_id, num_replicas, examples, count)
-                # a batch hook that may read the weights, or a ModelCheckpoint(save_freq=<batches>) that saves after
-                # this batch (on worker 0), gets the weights trained so far: every worker brings them into the model
-                # (zero_stage's slots are gathered by all)
-                if reach.weighs or reach.saves and group.any(chief and saves_after(kept, index)):
-                    _sync(step, model, look=reach.sets)
-                callback_list.on_train_batch_end(index, batch_logs.after(index))
-            if reach.stops and group.any(bool(model.stop_training)):  # a callback stopped it: as model.fit,
-                model.stop_training = True  # after this batch (every worker: a worker that went on would wait)
-                ran_out = False
-                break
+            pending, trained = index, index + 1
+            if executions.ends(index, batches.epoch_steps):
+                pending = None
+                if end_execution(index, last):  # a callback stopped it: as model.fit, after this execution
+                    ran_out = False
+                    break
         epoch_batches.close()  # the thread drawing ahead ends here, also when training stopped within the epoch
+        if pending is not None and end_execution(pending, last):
+            ran_out = False
+        if ran_out and batches.exhausts:  # as model.fit, the execution that finds the data exhausted
+            begin_execution(executions.after(trained))
         if flush:  # what the steps added since the last flush, summed over the workers
             flush()
         logs = numbers(model.get_metrics_result())

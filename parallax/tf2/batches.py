@@ -148,13 +148,20 @@ class FitBatches:
             yield epoch, Ahead(self._sized(self._epoch()))
 
     @property
-    def counts_exhausted(self) -> bool:
-        """Whether ``model.fit`` counts one optimizer step more than it trains at the end of each epoch that runs
-        out of data: Keras 3's, where the data's length is unknown (a generator, a ``tf.data`` pipeline after
-        ``filter()``): the step that finds the data exhausted still increments ``optimizer.iterations`` (15 after 3
-        epochs of 4 batches, 5 in the first epoch's ``on_epoch_end``), which an optimizer that reads the count
-        (Adam's bias correction, a learning-rate schedule) sees from the second epoch on. ``parallax.fit`` counts
-        it too (:mod:`parallax.keras_fit`)."""
+    def epoch_steps(self) -> int | None:
+        """The batches of an epoch as that Keras's iterator knows them now (``None``: not yet; an epoch of data of
+        unknown length teaches it)."""
+        return self._handler.inferred_steps if self._legacy else self._iterator.num_batches
+
+    @property
+    def exhausts(self) -> bool:
+        """Whether ``model.fit`` runs its step once more than it trains at the end of each epoch, to find the data
+        exhausted: Keras 3's, where the data's length is unknown (a generator, a ``tf.data`` pipeline after
+        ``filter()``). It calls ``on_train_batch_begin`` for that step (:mod:`parallax.tf2.executions`), and of one
+        batch a call (no ``steps_per_execution``) the step increments ``optimizer.iterations`` (15 after 3 epochs
+        of 4 batches, 5 in the first epoch's ``on_epoch_end``), which an optimizer that reads the count (Adam's
+        bias correction, a learning-rate schedule) sees from the second epoch on. ``parallax.fit`` does both
+        (:mod:`parallax.keras_fit`, :mod:`parallax.tf2.exhausted`)."""
         return not self._legacy and self.steps is None and not self._steps_per_epoch
 
     def one_epoch(self) -> Iterator[tuple[tuple, int | None]]:
@@ -187,8 +194,9 @@ class FitBatches:
 
     def _legacy_epoch(self, iterator: Any) -> Iterator[tuple]:
         with self._handler.catch_stop_iteration():
-            for _ in self._handler.steps():
-                yield next(iterator)
+            for _ in self._handler.steps():  # one a model.fit execution (steps_per_execution): its batches each
+                for _ in range(self._handler.step_increment + 1):
+                    yield next(iterator)
 
 
 class Ahead:

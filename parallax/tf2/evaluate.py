@@ -212,7 +212,7 @@ def predict(model: Any, x: Any, batch_size: int | None = None, verbose: Any = "a
         callback_list.on_predict_batch_begin(index)
         part = worker_part(batch[0], group.size, group.index)
         sizes.append(len(tf.nest.flatten(batch[0])[0]))
-        outputs = model.predict_on_batch(part) if len(tf.nest.flatten(part)[0]) else None
+        outputs = flavor.predict_batch(model, part) if len(tf.nest.flatten(part)[0]) else None
         mine.append(None if outputs is None else tf.nest.map_structure(np.asarray, outputs))
         callback_list.on_predict_batch_end(index, {"outputs": outputs})
     every = group.gather((sizes, mine))

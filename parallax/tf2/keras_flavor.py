@@ -2,9 +2,9 @@
 
 The loops of :mod:`parallax.keras_fit` and :mod:`parallax.tf2.evaluate` are one; a :class:`Flavor` is the
 little that each Keras does its own way: its callbacks module, whether a model is compiled, how its
-``train_step`` computes the loss and applies the update, its evaluation step, and the order of its metrics.
-Everything else (``compute_metrics``, ``reset_metrics``, ``get_metrics_result``, ``predict_on_batch``,
-``metrics``, ``CallbackList``) both spell alike.
+``train_step`` computes the loss and applies the update, its evaluation and prediction of one batch, and the order
+of its metrics. Everything else (``compute_metrics``, ``reset_metrics``, ``get_metrics_result``, ``metrics``,
+``CallbackList``) both spell alike.
 """
 
 from __future__ import annotations
@@ -141,6 +141,10 @@ class Flavor:
         data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)  # as Keras's iterator: (x, y) without weights
         _counted(self._output_losses(model), counts, lambda: step(data))
 
+    def predict_batch(self, model: Any, x: Any) -> Any:
+        """The model's predictions of the one batch ``x``."""
+        return model.predict_on_batch(x)
+
     def in_order(self, model: Any, logs: dict) -> Any:
         """``logs`` as ``model.evaluate(..., return_dict=False)`` returns them."""
         return model._flatten_metrics_in_order(logs)
@@ -151,6 +155,10 @@ class TfKerasFlavor(Flavor):
     and new optimizers alike)."""
 
     name = "tf_keras"
+
+    def __init__(self, module: Any) -> None:
+        super().__init__(module)
+        self._one_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def compiled(self, model: Any) -> bool:
         return getattr(model, "optimizer", None) is not None and bool(getattr(model, "_is_compiled", False))
@@ -213,8 +221,36 @@ class TfKerasFlavor(Flavor):
     def test_batch(self, model: Any, x: Any, y: Any, sample_weight: Any, counts: float = 1.0) -> None:
         """``test_on_batch``: its loss metrics weigh each batch by its examples, but for a model without a compiled
         loss (its layers' losses alone), whose loss metric counts each batch once (:meth:`Flavor.test_batch`)."""
-        _counted(self._counted_once(model, y), counts,
-                 lambda: model.test_on_batch(x, y, sample_weight=sample_weight, reset_metrics=False))
+        _counted(self._counted_once(model, y), counts, lambda: self._one_step(
+            model, "test", lambda: model.test_on_batch(x, y, sample_weight=sample_weight, reset_metrics=False)))
+
+    def predict_batch(self, model: Any, x: Any) -> Any:
+        return self._one_step(model, "predict", lambda: model.predict_on_batch(x))
+
+    def _one_step(self, model: Any, kind: str, run: Any) -> Any:
+        """``run()`` with a ``{kind}_function`` of one step of the model's, made once a model, the model's own back
+        after. tf_keras's ``test_on_batch`` and ``predict_on_batch`` use the model's, which is of as many steps as
+        ``steps_per_execution`` says when it is made: above 1, it reads that many batches of the one it is given (an
+        ``OutOfRangeError``, on one device too), and one made while a data handler holds that count at 1 for an
+        epoch's short last execution (a validation within ``parallax.fit``) stays of one step, for the model's own
+        ``evaluate`` after."""
+        attribute, ours = f"{kind}_function", self._one_steps.setdefault(model, {})
+        theirs = getattr(model, attribute)
+        if kind not in ours:
+            held = getattr(model, "_steps_per_execution", None)  # (None: a model not compiled, to predict with)
+            size = None if held is None else int(held.numpy())
+            if held is not None:
+                held.assign(1)
+            try:
+                ours[kind] = getattr(model, f"make_{kind}_function")(force=True)
+            finally:
+                if held is not None:
+                    held.assign(size)
+        setattr(model, attribute, ours[kind])
+        try:
+            return run()
+        finally:
+            setattr(model, attribute, theirs)
 
     @staticmethod
     def _counted_once(model: Any, y: Any) -> list:

@@ -28,11 +28,12 @@ SCRIPT = os.path.join(ROOT, "tests", "tf2", "fit_script.py")
 KERAS_3 = ["ordered", "shuffled", "dataset", "positions"]
 
 # tf_keras, sample weights with validation_split, batches that do not split evenly, a learning rate set by a
-# callback, data of unknown length, a loss that sums over the batch: in the local replicas' job, beside the Keras 3
-# cases; elsewhere, a job of their own
+# callback, data of unknown length, a loss that sums over the batch, steps_per_execution: in the local replicas'
+# job, beside the Keras 3 cases; elsewhere, a job of their own
 MORE = ["tf_keras-legacy", "tf_keras-new", "weighted", "tf_keras-weighted", "ragged", "ragged-dataset",
         "tf_keras-dataset", "tf_keras-ragged", "scheduled", "tf_keras-scheduled", "early-stopping",
-        "tf_keras-early-stopping", "unknown-dataset", "summed-ragged", "tf_keras-summed-ragged"]
+        "tf_keras-early-stopping", "unknown-dataset", "summed-ragged", "tf_keras-summed-ragged", "executions",
+        "tf_keras-executions"]
 # group: (resource file, run option, workers, replicas each)
 GROUPS = {
     "MPI-2": ("localhost: cpu:0,cpu:1\n", "MPI", 2),
@@ -50,7 +51,7 @@ WITH_MORE = ("local-2-replicas",)
 # (a callback's learning rate, early stopping, tf_keras' forms of the same) what the local replicas do (out, for CI's
 # time on a 2-core machine: 2026-12-04)
 MORE_IN = {"MPI-2": ["tf_keras-legacy", "weighted", "ragged", "unknown-dataset", "tf_keras-dataset", "summed-ragged",
-                     "tf_keras-summed-ragged"], **{g: MORE for g in WITH_MORE}}
+                     "tf_keras-summed-ragged", "tf_keras-executions"], **{g: MORE for g in WITH_MORE}}
 # the groups of the fit jobs (PS-2 and HYBRID-2 trained the Keras 3 cases too until 2026-12-04, 147 s and 144 s in
 # the first lane; parallax.fit in PS and HYBRID: make test's PS job of a cached text pipeline and its HYBRID
 # Transformer, the Keras programs in PS (5) and HYBRID (3); MPI-3 until 2026-12-04, its uneven parts of a batch

@@ -18,12 +18,16 @@ CASES = {"ordered": "keras", "shuffled": "keras", "dataset": "keras", "tf_keras-
          "tf_keras-ragged": "tf_keras-new",
          "scheduled": "keras", "tf_keras-scheduled": "tf_keras-legacy", "mixed-float16": "keras-mixed",
          "early-stopping": "keras", "tf_keras-early-stopping": "tf_keras-new", "positions": "keras-positions",
-         "unknown-dataset": "keras", "summed-ragged": "keras-summed", "tf_keras-summed-ragged": "tf_keras-summed"}
+         "unknown-dataset": "keras", "summed-ragged": "keras-summed", "tf_keras-summed-ragged": "tf_keras-summed",
+         "executions": "keras-executions", "tf_keras-executions": "tf_keras-executions"}
 # cases that fit as a user calls model.fit, shuffled by Keras (build() seeds it)
 SHUFFLED = ("shuffled", "positions")
 # the "summed" cases' models: compiled with a loss that sums over the batch (reduction="sum"), trained by SGD (whose
 # steps show a gradient's scale, which Adam's hide)
 SUMMED = ("keras-summed", "tf_keras-summed")
+# the "executions" cases' models: compiled with steps_per_execution=3, so that each epoch's 4 batches are an execution
+# of 3 and one of 1 (tf_keras's data handler gave parallax.fit one batch an execution until 2026-12-07)
+EXECUTIONS = ("keras-executions", "tf_keras-executions")
 # the "ragged" cases' batch: batches of 9 and a last of 3, none of which splits evenly over 2 replicas
 RAGGED = 9
 # the "ragged-dataset" case's examples: 3 batches of BATCH and a last of 1
@@ -111,7 +115,7 @@ def _token_and_position(k):
 
 
 def build(flavor: str = "keras"):
-    if flavor in ("keras", "keras-mixed", "keras-positions", "keras-summed"):
+    if flavor in ("keras", "keras-mixed", "keras-positions", "keras-summed", "keras-executions"):
         import keras as k
 
         optimizer = k.optimizers.Adam(0.05)
@@ -138,7 +142,7 @@ def build(flavor: str = "keras"):
     loss = "mse"
     if flavor in SUMMED:
         optimizer, loss = k.optimizers.SGD(0.002), k.losses.MeanSquaredError(reduction="sum")
-    model.compile(optimizer=optimizer, loss=loss, metrics=["mae"])
+    model.compile(optimizer=optimizer, loss=loss, metrics=["mae"], steps_per_execution=3 if flavor in EXECUTIONS else 1)
     return model
 
 

@@ -478,10 +478,10 @@ def test_only_keras_3_data_of_unknown_length_is_counted_and_what_parallax_fit_ca
     model.compile(keras.optimizers.SGD(0.1), "mse")
     x, y = np.zeros((8, 1), np.float32), np.zeros((8, 1), np.float32)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True).batch(4)
-    assert FitBatches("keras", model, dataset, None, None, None, None, False, None, 0, 2, 0).counts_exhausted
+    assert FitBatches("keras", model, dataset, None, None, None, None, False, None, 0, 2, 0).exhausts
     known = dataset.apply(tf.data.experimental.assert_cardinality(2))
-    assert not FitBatches("keras", model, known, None, None, None, None, False, None, 0, 2, 0).counts_exhausted
-    assert not FitBatches("keras", model, x, y, None, 4, None, False, None, 0, 2, 0).counts_exhausted
+    assert not FitBatches("keras", model, known, None, None, None, None, False, None, 0, 2, 0).exhausts
+    assert not FitBatches("keras", model, x, y, None, 4, None, False, None, 0, 2, 0).exhausts
 
     @tf.function(input_signature=[tf.TensorSpec([None, 1]), tf.TensorSpec([None, 1])])
     def step(a, b):
