@@ -29,11 +29,26 @@ class Flavor:
 
     def __init__(self, module: Any) -> None:
         self.module = module
-        self._test_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    #: what a model's ``compile`` makes anew: a function traced before it updates the metrics of the compile before
+    COMPILED = ("optimizer", "_compile_loss", "_compile_metrics", "_loss_tracker")
 
     @property
     def callbacks(self) -> Any:
         return self.module.callbacks
+
+    def made_for(self, model: Any, kind: str, make: Any) -> Any:
+        """``make()``, once for ``model`` as it is compiled now. A function traced for it before a later compile
+        would update the metrics of the compile before, which the model no longer reads (``parallax.evaluate``
+        and ``fit``'s validation after a fine-tuning's second ``compile`` gave 0 until 2026-12-07)."""
+        state = tuple(getattr(model, name, None) for name in self.COMPILED)
+        held = self._made.get(model)
+        if held is None or any(a is not b for a, b in zip(held[0], state)):
+            held = self._made[model] = (state, {})
+        if kind not in held[1]:
+            held[1][kind] = make()
+        return held[1][kind]
 
     def compiled(self, model: Any) -> bool:
         return getattr(model, "optimizer", None) is not None and bool(getattr(model, "compiled", False))
@@ -134,10 +149,8 @@ class Flavor:
         output to that output's loss metric once (:meth:`part_loss`): a part adds that share of its own."""
         import keras
 
-        step = self._test_steps.get(model)
-        if step is None:
-            step = tf.function(model.test_step, reduce_retracing=True, jit_compile=bool(model.jit_compile))
-            self._test_steps[model] = step
+        step = self.made_for(model, "test", lambda: tf.function(model.test_step, reduce_retracing=True,
+                                                                 jit_compile=bool(model.jit_compile)))
         data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)  # as Keras's iterator: (x, y) without weights
         _counted(self._output_losses(model), counts, lambda: step(data))
 
@@ -155,10 +168,7 @@ class TfKerasFlavor(Flavor):
     and new optimizers alike)."""
 
     name = "tf_keras"
-
-    def __init__(self, module: Any) -> None:
-        super().__init__(module)
-        self._one_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    COMPILED = ("optimizer", "compiled_loss", "compiled_metrics")
 
     def compiled(self, model: Any) -> bool:
         return getattr(model, "optimizer", None) is not None and bool(getattr(model, "_is_compiled", False))
@@ -228,25 +238,28 @@ class TfKerasFlavor(Flavor):
         return self._one_step(model, "predict", lambda: model.predict_on_batch(x))
 
     def _one_step(self, model: Any, kind: str, run: Any) -> Any:
-        """``run()`` with a ``{kind}_function`` of one step of the model's, made once a model, the model's own back
+        """``run()`` with a ``{kind}_function`` of one step of the model's (:meth:`made_for`), the model's own back
         after. tf_keras's ``test_on_batch`` and ``predict_on_batch`` use the model's, which is of as many steps as
         ``steps_per_execution`` says when it is made: above 1, it reads that many batches of the one it is given (an
         ``OutOfRangeError``, on one device too), and one made while a data handler holds that count at 1 for an
         epoch's short last execution (a validation within ``parallax.fit``) stays of one step, for the model's own
         ``evaluate`` after."""
-        attribute, ours = f"{kind}_function", self._one_steps.setdefault(model, {})
+        attribute = f"{kind}_function"
         theirs = getattr(model, attribute)
-        if kind not in ours:
+
+        def make() -> Any:
             held = getattr(model, "_steps_per_execution", None)  # (None: a model not compiled, to predict with)
             size = None if held is None else int(held.numpy())
             if held is not None:
                 held.assign(1)
             try:
-                ours[kind] = getattr(model, f"make_{kind}_function")(force=True)
+                return getattr(model, f"make_{kind}_function")(force=True)
             finally:
                 if held is not None:
                     held.assign(size)
-        setattr(model, attribute, ours[kind])
+
+        ours = self.made_for(model, kind, make)
+        setattr(model, attribute, ours)
         try:
             return run()
         finally:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import parallax
 from parallax.tf2.evaluate import sum_metrics
 
 
@@ -214,3 +215,24 @@ def test_validation_steps_of_a_repeated_dataset_are_taken_as_model_fit_takes_the
                                                           **kwargs))
     for key, values in expected.items():
         np.testing.assert_allclose(got[key], values, rtol=1e-5, err_msg=key)
+
+
+@pytest.mark.parametrize("module", ["keras", "tf_keras"])
+def test_an_evaluation_after_the_model_is_compiled_again_updates_the_new_metrics(module):
+    """A fine-tuning compiles the model again (new metrics, a new loss tracker): the evaluation step made for the
+    first compile updated the old ones, and ``parallax.evaluate`` gave 0 for every metric (Keras 3, until
+    2026-12-07)."""
+    import importlib
+
+    keras = importlib.import_module(module)
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(10, 3).astype("float32"), rng.randn(10, 1).astype("float32")
+    for rate in (0.1, 0.01):
+        model.compile(keras.optimizers.SGD(rate), "mse", metrics=["mae"])
+        expected = model.evaluate(x, y, batch_size=4, verbose=0, return_dict=True)
+        got = parallax.evaluate(model, x, y, batch_size=4, verbose=0, return_dict=True)
+        assert sorted(got) == sorted(expected)
+        for key, value in expected.items():
+            np.testing.assert_allclose(got[key], value, rtol=1e-6, err_msg=f"{key} after compile at {rate}")
