@@ -47,7 +47,7 @@ import tensorflow as tf
 
 from parallax.api import job_replicas, parallel_run
 from parallax.comm.group import Alone
-from parallax.tf2.arguments import check_fit, check_model, check_optimizer, is_dataset_like
+from parallax.tf2.arguments import check_fit, check_model, check_optimizer, input_queue, is_dataset_like
 from parallax.tf2.backup import check_restored_alike, restore_backups
 from parallax.tf2.batch_hooks import ENDS, BatchLogs, CallbackReach, reads_logs, saves_after
 from parallax.tf2.batch_parts import block_rows, parts, per_leaf, worker_block
@@ -85,7 +85,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         verbose: Any = "auto", callbacks: list | None = None, validation_split: float = 0.0,
         validation_data: Any = None, shuffle: bool = True, class_weight: dict | None = None,
         sample_weight: Any = None, initial_epoch: int = 0, steps_per_epoch: int | None = None,
-        validation_steps: int | None = None, validation_batch_size: int | None = None, validation_freq: int = 1, *,
+        validation_steps: int | None = None, validation_batch_size: int | None = None, validation_freq: int = 1,
+        max_queue_size: int | None = None, workers: int | None = None, use_multiprocessing: bool | None = None, *,
         resource_info: Any = None, seed: int = 0, sync: bool = True, parallax_config: Any = None) -> Any:
     """Train a compiled Keras ``model`` data-parallel, as ``model.fit`` does on one device (see the module
     docstring).
@@ -99,6 +100,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
             initial_epoch, steps_per_epoch, validation_steps, validation_batch_size, validation_freq: as
             ``model.fit`` takes them (``validation_freq`` an int; Keras 3's ``BackupAndRestore`` restores before
             the job is made, tf_keras's is refused).
+        max_queue_size, workers, use_multiprocessing: as tf_keras's ``model.fit`` takes them, for a generator or a
+            ``Sequence`` (Keras 3's ``model.fit`` takes none of them: ``TypeError``).
         resource_info, sync, parallax_config: as :func:`parallax.parallel_run` takes them.
         seed: the global seed the shuffle of arrays is drawn with where the program set none
             (``keras.utils.set_random_seed``), so that every worker draws the same batches.
@@ -122,6 +125,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     own = overrides(model, flavor.module)
     flavor.ready(model)  # the optimizer's variables a callback may set (the learning rate), made before the trace
     keras_3 = not flavor.module.__name__.startswith("tf_keras")
+    queue = input_queue(keras_3, max_queue_size, workers, use_multiprocessing)
     backups = restore_backups(model, callbacks, legacy=not keras_3)  # before the job's variables are made
     if class_weight is not None and sample_weight is not None:
         raise ValueError("parallax.fit: class_weight goes with arrays x, y and no sample_weight (as in model.fit)")
@@ -137,7 +141,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         raise TypeError("parallax.fit: x is missing (arrays, or a tf.data.Dataset of (inputs, targets) batches)")
     batches = FitBatches(flavor.module.__name__.split(".")[0], model, x, y, sample_weight, batch_size,
                          steps_per_epoch, shuffle, class_weight, initial_epoch, epochs, seed,
-                         targets=not own and flavor.takes_targets(model))
+                         targets=not own and flavor.takes_targets(model), queue=queue)
     sources: dict = {}  # the metric whose result each log of the model's own train_step is
     # one replica in the job: traced as model.fit traces its step, with the batch size its iterator states
     static_rows = batches.static_batch if batches.static_batch and job_replicas(resource_info, parallax_config) == 1 \
@@ -279,7 +283,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
             if validating is None:  # as model.fit: that Keras's own iterator, made at the first validation, kept
                 validating = FitBatches(flavor.module.__name__.split(".")[0], model, *_triple(validation_data),
                                         validation_batch_size or batch_size, validation_steps, False, None, 0, 1, seed,
-                                        targets=False)
+                                        targets=False, queue=queue)
                 # decided on each worker's own inputs, which every worker takes (a split reads collectively)
                 whole = None if inputs is None else group.any(evaluated_whole(model, flavor, group, inputs))
                 if whole is False:  # each worker evaluates its part of every batch: it may read only that

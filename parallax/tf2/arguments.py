@@ -39,6 +39,26 @@ def _count(caller: str, name: str, value: Any, *, least: int = 1, none: bool = T
         raise ValueError(f"{caller}: {name} must be at least {least}, got {value}")
 
 
+def input_queue(keras_3: bool, max_queue_size: Any, workers: Any, use_multiprocessing: Any) -> dict:
+    """tf_keras's ``model.fit`` arguments for the threads or processes that read a generator or a ``Sequence``, as its
+    data handler takes them (those given). Keras 3's ``model.fit`` takes none (a ``keras.utils.PyDataset`` takes its
+    own ``workers``).
+
+    Raises:
+        TypeError: one given for a Keras 3 model, or of another type; ValueError: a count below its least.
+    """
+    given = {name: value for name, value in (("max_queue_size", max_queue_size), ("workers", workers),
+                                             ("use_multiprocessing", use_multiprocessing)) if value is not None}
+    if given and keras_3:
+        raise TypeError(f"parallax.fit: {', '.join(given)} is an argument of tf_keras's model.fit, which Keras 3's "
+                        "does not take (a keras.utils.PyDataset takes its workers and use_multiprocessing itself)")
+    _count("parallax.fit", "max_queue_size", max_queue_size)
+    _count("parallax.fit", "workers", workers, least=0)
+    if use_multiprocessing is not None and not isinstance(use_multiprocessing, bool):
+        raise TypeError(f"parallax.fit: use_multiprocessing must be a bool, got {use_multiprocessing!r}")
+    return given
+
+
 def _verbose(caller: str, verbose: Any) -> None:
     if verbose != "auto" and (isinstance(verbose, bool) or verbose not in (0, 1, 2)):
         raise ValueError(f"{caller}: verbose must be 'auto', 0, 1 or 2, got {verbose!r}")

@@ -51,17 +51,19 @@ class FitBatches:
             as ``model.fit`` takes them.
         seed: the seed of the shuffle where the program set no global seed.
         targets: whether the data must have targets (a model's own ``train_step`` may take inputs alone).
+        queue: tf_keras's ``max_queue_size``, ``workers`` and ``use_multiprocessing``, those given
+            (:func:`parallax.tf2.arguments.input_queue`).
     """
 
     def __init__(self, flavor_name: str, model: Any, x: Any, y: Any, sample_weight: Any, batch_size: int | None,
                  steps_per_epoch: int | None, shuffle: Any, class_weight: dict | None, initial_epoch: int,
-                 epochs: int, seed: int, targets: bool = True) -> None:
+                 epochs: int, seed: int, targets: bool = True, queue: dict | None = None) -> None:
         self._legacy = flavor_name == "tf_keras"
         self._x, self._steps_per_epoch, self._class_weight = x, steps_per_epoch, class_weight
         self._made = functools.partial(self._make, model=model, y=y, sample_weight=sample_weight,
                                        batch_size=batch_size, steps_per_epoch=steps_per_epoch, shuffle=shuffle,
                                        class_weight=class_weight, initial_epoch=initial_epoch, epochs=epochs,
-                                       seed=seed)
+                                       seed=seed, queue=queue or {})
         spec = self._made(x)
         #: this worker's share of a dataset where it reads only that (:meth:`split`), else ``None``
         self.share: Share | None = None
@@ -85,7 +87,7 @@ class FitBatches:
 
     def _make(self, x: Any, *, model: Any, y: Any, sample_weight: Any, batch_size: int | None,
               steps_per_epoch: int | None, shuffle: Any, class_weight: dict | None, initial_epoch: int, epochs: int,
-              seed: int) -> Any:
+              seed: int, queue: dict) -> Any:
         """That Keras's own iterator over ``x`` (and the other arguments); the element spec of its batches."""
         with _seeded(seed):
             if self._legacy:
@@ -94,7 +96,7 @@ class FitBatches:
                 self._handler = data_adapter.get_data_handler(
                     x=x, y=y, sample_weight=sample_weight, batch_size=batch_size, steps_per_epoch=steps_per_epoch,
                     initial_epoch=initial_epoch, epochs=epochs, shuffle=shuffle, class_weight=class_weight,
-                    model=model, steps_per_execution=model._steps_per_execution)
+                    model=model, steps_per_execution=model._steps_per_execution, **queue)
                 self.steps = self._handler.inferred_steps
                 _without_autotuning(self._handler, "_dataset")
                 return self._handler._dataset.element_spec

@@ -746,3 +746,39 @@ def test_pipelines_run_without_autotuning_unless_the_program_turned_it_on():
             own = FitBatches(flavor, model, dataset, None, None, None, None, False, None, 0, 1, 0)
             iterated = own._handler._dataset if flavor == "tf_keras" else own._iterator._distributed_dataset
             assert iterated.options().autotune.enabled is expected, (flavor, expected)
+
+
+def test_tf_keras_reading_a_sequence_on_workers_trains_as_its_model_fit(tmp_path):
+    """tf_keras's ``model.fit`` takes ``workers``, ``use_multiprocessing`` and ``max_queue_size`` for a generator or a
+    ``Sequence`` (threads that read it ahead, in order); ``parallax.fit`` takes them too (a TypeError until
+    2026-12-07)."""
+    import tf_keras
+
+    class Batches(tf_keras.utils.Sequence):
+        def __len__(self):
+            return 5
+
+        def __getitem__(self, index):
+            rng = np.random.RandomState(index)
+            return rng.randn(4, 2).astype("float32"), rng.randint(0, 3, 4)
+
+    queue = dict(workers=2, use_multiprocessing=False, max_queue_size=3)
+    expected = _tiny(tf_keras)
+    history = expected.fit(Batches(), epochs=2, verbose=0, **queue)
+    model = _tiny(tf_keras)
+    (tmp_path / "resource_info").write_text("localhost: cpu:0\n")
+    got = parallax.fit(model, Batches(), epochs=2, verbose=0, resource_info=str(tmp_path / "resource_info"), **queue)
+    np.testing.assert_allclose(got.history["loss"], history.history["loss"], rtol=1e-5)
+    for want, have in zip(expected.get_weights(), model.get_weights()):
+        np.testing.assert_allclose(have, want, rtol=1e-5)
+
+
+def test_the_reading_arguments_of_tf_keras_are_refused_for_a_keras_3_model_as_its_model_fit_does():
+    with pytest.raises(TypeError, match=r"^parallax.fit: workers, use_multiprocessing is an argument of tf_keras's "
+                                        r"model.fit, which Keras 3's does not take"):
+        parallax.fit(_tiny(), np.zeros((4, 2)), np.zeros((4,)), workers=2, use_multiprocessing=True,
+                     resource_info="unused")
+    import tf_keras
+
+    with pytest.raises(TypeError, match=r"^parallax.fit: workers must be an int or None, got str '2'"):
+        parallax.fit(_tiny(tf_keras), np.zeros((4, 2)), np.zeros((4,)), workers="2", resource_info="unused")
