@@ -52,6 +52,7 @@ from parallax.tf2.backup import check_restored_alike, restore_backups
 from parallax.tf2.batch_hooks import ENDS, BatchLogs, CallbackReach, reads_logs, saves_after
 from parallax.tf2.batch_parts import block_rows, parts, per_leaf, worker_block
 from parallax.tf2.batches import FitBatches, check_same, with_batch
+from parallax.tf2.data_order import check_ordered
 from parallax.tf2.draws import mark_part
 from parallax.tf2.evaluate import chief_or_shared, evaluate_on, evaluated_whole, numbers, use_job
 from parallax.tf2.executions import Executions
@@ -164,6 +165,8 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
         if own:
             warn_summed_trackers(model, num_workers * num_replicas)
         warn_uncounted(exhausted)
+    for argument, data in (("x", x), ("validation_data", validation_data)):  # read in one order by every worker
+        check_ordered(data, num_workers, "parallax.fit", argument)
     step.weighs_parts()  # a batch's parts are padded to one size, the padding weighed 0
     deferred = not own
     if deferred:

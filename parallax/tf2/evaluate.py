@@ -33,6 +33,7 @@ from parallax.comm.group import Alone, WorkerGroup
 from parallax.logs import log
 from parallax.tf2.arguments import check_evaluate, check_predict
 from parallax.tf2.batch_parts import block_rows
+from parallax.tf2.data_order import check_ordered
 from parallax.tf2.keras_flavor import Flavor, flavor_of
 from parallax.tf2.own_step import overrides
 from parallax.tf2.part_loss import masked_losses, sums_over_batch
@@ -118,7 +119,7 @@ def evaluate(model: Any, x: Any = None, y: Any = None, batch_size: int | None = 
     flavor = flavor_of(model, "parallax.evaluate")
     check_evaluate(x, y, batch_size, verbose, sample_weight, steps)
     group = job_group("parallax.evaluate")
-    count, batches = global_batches(x, y, sample_weight, batch_size, steps, "parallax.evaluate")
+    count, batches = global_batches(x, y, sample_weight, batch_size, steps, "parallax.evaluate", group.size)
     logs = evaluate_on(model, flavor, group, ((batch, None) for batch in batches),
                        _callbacks(flavor, callbacks, group, verbose, count, model))
     return logs if return_dict else flavor.in_order(model, logs)
@@ -203,7 +204,7 @@ def predict(model: Any, x: Any, batch_size: int | None = None, verbose: Any = "a
     flavor = flavor_of(model, "parallax.predict", compiled=False)
     check_predict(x, batch_size, verbose, steps)
     group = job_group("parallax.predict")
-    count, batches = global_batches(x, None, None, batch_size, steps, "parallax.predict")
+    count, batches = global_batches(x, None, None, batch_size, steps, "parallax.predict", group.size)
     callback_list = _callbacks(flavor, callbacks, group, verbose, count, model)
     callback_list.on_predict_begin()
     sizes: list[int] = []
@@ -289,13 +290,14 @@ def chief_or_shared(callbacks: list | None, flavor: Flavor, chief: bool) -> list
 
 
 def global_batches(x: Any, y: Any, sample_weight: Any, batch_size: int | None, steps: int | None,
-                   caller: str) -> tuple[int | None, Iterator[tuple]]:
+                   caller: str, workers: int = 1) -> tuple[int | None, Iterator[tuple]]:
     """How many global batches (``None``: as many as a dataset yields) and the batches ``(x, y, sample_weight)``
-    of arrays (in order, the last as short as it is) or of a ``tf.data.Dataset`` (as it yields them), at most
-    ``steps`` of them."""
+    of arrays (in order, the last as short as it is) or of a ``tf.data.Dataset`` (as it yields them, in order on
+    each of ``workers``: :func:`parallax.tf2.data_order.check_ordered`), at most ``steps`` of them."""
     if x is None:
         raise TypeError(f"{caller}: x is missing (arrays, or a tf.data.Dataset of batches)")
     if isinstance(x, tf.data.Dataset):
+        check_ordered(x, workers, caller, "x")
         return steps, _dataset_batches(x, steps)
     n = len(tf.nest.flatten(x)[0])
     size = batch_size or 32
