@@ -208,6 +208,7 @@ def fit(model: Any, x: Any = None, y: Any = None, batch_size: int | None = None,
     inputs = whole = None  # a training batch's inputs; whether the validation evaluates whole batches in turn
     behind_host = False  # the model's variables are behind the job's (quiet_between)
     behind = 0  # the optimizer steps model.fit counted that the job has not (parallax.tf2.exhausted)
+
     def begin_execution(index: int) -> None:
         callback_list.on_train_batch_begin(index)
         if sets_in_epochs:  # a scalar a batch's callback set (the learning rate, a loss's weight, annealed)
