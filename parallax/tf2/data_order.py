@@ -13,17 +13,24 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from parallax.logs import log
+
 __all__ = ["check_ordered", "unordered"]
 
 
 def unordered(dataset: tf.data.Dataset) -> list[str]:
     """Where ``dataset`` asks to yield in the order its work ends: each ``deterministic=False`` op by its kind
-    (``ParallelMapDatasetV2``, ...), and ``options().deterministic = False``; empty where it yields in order."""
+    (``ParallelMapDatasetV2``, ...), and ``options().deterministic = False``; empty where it yields in order (or
+    where TensorFlow cannot serialise its graph, which ``parallax.fit``'s first-batch check then watches alone)."""
     from tensorflow.core.framework import graph_pb2
     from tensorflow.python.data.ops import options
 
-    graph = graph_pb2.GraphDef.FromString(
-        dataset._as_serialized_graph(external_state_policy=options.ExternalStatePolicy.IGNORE).numpy())
+    try:
+        graph = graph_pb2.GraphDef.FromString(
+            dataset._as_serialized_graph(external_state_policy=options.ExternalStatePolicy.IGNORE).numpy())
+    except Exception as e:  # noqa: BLE001 - a pipeline TensorFlow cannot serialise: its options alone are read
+        log.debug("Parallax: the dataset's graph could not be read for its order (%s: %s)", type(e).__name__, e)
+        graph = graph_pb2.GraphDef()
     found = [node.op for node in [*graph.node, *(n for f in graph.library.function for n in f.node_def)]
              if "deterministic" in node.attr and node.attr["deterministic"].s == b"false"]
     if dataset.options().deterministic is False:
