@@ -33,19 +33,17 @@ def _keras(flavor: str):
     return keras
 
 
-class _Hooks:
-    """A callback that records the batch hooks' calls, and the loss each ``on_train_batch_end`` gets."""
+def _hooks(keras, calls: list):
+    """A callback that records the batch hooks' calls in ``calls``, and the loss each ``on_train_batch_end`` gets."""
 
-    @staticmethod
-    def of(keras, calls: list):
-        class Hooks(keras.callbacks.Callback):
-            def on_train_batch_begin(self, batch, logs=None):
-                calls.append(("begin", batch))
+    class Hooks(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            calls.append(("begin", batch))
 
-            def on_train_batch_end(self, batch, logs=None):
-                calls.append(("end", batch, float(logs["loss"])))
+        def on_train_batch_end(self, batch, logs=None):
+            calls.append(("end", batch, float(logs["loss"])))
 
-        return Hooks()
+    return Hooks()
 
 
 def _fit(flavor: str, tmp_path, data, job: bool, size: int = 4) -> tuple[list, list, dict]:
@@ -55,7 +53,7 @@ def _fit(flavor: str, tmp_path, data, job: bool, size: int = 4) -> tuple[list, l
     model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Dense(5, activation="relu")(inputs)))
     model.compile(keras.optimizers.Adam(0.05), "mse", steps_per_execution=size)
     calls: list = []
-    arguments = dict(epochs=3, verbose=0, callbacks=[_Hooks.of(keras, calls)], **data())
+    arguments = dict(epochs=3, verbose=0, callbacks=[_hooks(keras, calls)], **data())
     if job:
         (tmp_path / "resource_info").write_text("localhost: cpu:0\n")
         history = parallax.fit(model, resource_info=str(tmp_path / "resource_info"), **arguments)
